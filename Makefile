@@ -1,0 +1,39 @@
+# The front door. Everything real is in CMakeLists.txt; these targets install
+# what is missing on a Debian machine, build, and run.
+BUILD ?= build
+ASAN_BUILD ?= build-asan
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+PREFIX ?= /usr/local
+CMAKE_FLAGS ?=
+
+.PHONY: all deps build demo check check-asan bench install clean format
+
+all: build
+
+deps:
+	@sh scripts/deps.sh build
+
+build: deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS) >/dev/null
+	cmake --build $(BUILD) -j $(JOBS)
+
+demo: build
+	@sh scripts/demo.sh $(BUILD)/idem
+
+# Two builds, both tested: the normal one, then one with ASan and UBSan.
+check:
+	@sh scripts/deps.sh check
+	sh scripts/check.sh $(BUILD) $(ASAN_BUILD) $(JOBS)
+
+bench: build
+	@sh scripts/deps.sh bench
+	sh bench/run.sh $(BUILD)/idem
+
+install: build
+	cmake --install $(BUILD) --prefix $(PREFIX)
+
+format:
+	clang-format -i include/*.h lib/*.c lib/*.h src/*.c src/*.h tests/*.c
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD)

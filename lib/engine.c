@@ -1,0 +1,569 @@
+/*
+ * engine.c -- the record state machine: argument checks, defaults, the §3
+ * decision table, and dispatch to a store backend.
+ */
+#include "store.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#define DEFAULT_LEASE_MS 30000
+#define DEFAULT_RETENTION_MS (24 * 3600 * 1000LL)
+#define MAX_ID_PART 255
+
+struct idem_store {
+  const idem__store_methods *methods;
+  void *state;
+};
+
+/* ---- helpers for backends ------------------------------------------- */
+
+int64_t idem__now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int idem__new_token(char token[IDEM__TOKEN_SIZE]) {
+  static const char digits[] = "0123456789abcdef";
+  unsigned char raw[16];
+  size_t got = 0;
+  while (got < sizeof raw) {
+    ssize_t n = getrandom(raw + got, sizeof raw - got, 0);
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      return idem__fail(IDEM_EIO, "getrandom: %s", strerror(errno));
+    }
+    got += (size_t)n;
+  }
+  for (size_t i = 0; i < sizeof raw; i++) {
+    token[2 * i] = digits[raw[i] >> 4];
+    token[2 * i + 1] = digits[raw[i] & 15];
+  }
+  token[32] = '\0';
+  return IDEM_OK;
+}
+
+int idem__op_fail(idem__op *op, int rc, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(op->errmsg, sizeof op->errmsg, fmt, ap);
+  va_end(ap);
+  op->rc = rc;
+  return rc;
+}
+
+char *idem__strdup(const char *s) {
+  size_t n = strlen(s) + 1;
+  char *p = malloc(n);
+  if (p)
+    memcpy(p, s, n);
+  return p;
+}
+
+void *idem__memdup(const void *p, size_t n) {
+  void *q = malloc(n ? n : 1);
+  if (q && n)
+    memcpy(q, p, n);
+  return q;
+}
+
+int idem__claim_set_response(idem_call *claim, int status, const void *meta,
+                             size_t meta_len, const void *body,
+                             size_t body_len) {
+  /* One buffer, each part NUL-terminated so text can be printed as is. */
+  char *buf = malloc(meta_len + body_len + 2);
+  if (!buf)
+    return IDEM_ENOMEM;
+  if (meta_len)
+    memcpy(buf, meta, meta_len);
+  buf[meta_len] = '\0';
+  if (body_len)
+    memcpy(buf + meta_len + 1, body, body_len);
+  buf[meta_len + 1 + body_len] = '\0';
+  free(claim->resp_buf);
+  claim->resp_buf = buf;
+  claim->has_response = 1;
+  claim->response.status = status;
+  claim->response.meta = meta ? buf : NULL;
+  claim->response.meta_len = meta_len;
+  claim->response.body = buf + meta_len + 1;
+  claim->response.body_len = body_len;
+  return IDEM_OK;
+}
+
+int idem__response_checksum(const char *fingerprint, int status,
+                            const void *meta, size_t meta_len,
+                            const void *body, size_t body_len,
+                            char hex[IDEM_FINGERPRINT_SIZE]) {
+  /* Lengths are part of the hashed bytes so that moving bytes between the
+   * metadata and the body changes the checksum. */
+  char head[128];
+  int n = snprintf(head, sizeof head, "%s:%d:%zu:%zu:", fingerprint, status,
+                   meta_len, body_len);
+  size_t total = (size_t)n + meta_len + body_len;
+  char *buf = malloc(total ? total : 1);
+  int rc;
+  if (!buf)
+    return IDEM_ENOMEM;
+  memcpy(buf, head, (size_t)n);
+  if (meta_len)
+    memcpy(buf + n, meta, meta_len);
+  if (body_len)
+    memcpy(buf + n + meta_len, body, body_len);
+  rc = idem_sha256_hex(buf, total, hex);
+  free(buf);
+  return rc;
+}
+
+/* ---- the decision ---------------------------------------------------- */
+
+idem_outcome idem__decide(const idem__row *row, const char *fingerprint,
+                          int64_t now_ms, const idem_call_options *opts,
+                          idem__action *action, int64_t *retry_after_ms) {
+  int lease_active;
+  *action = IDEM__ACT_NONE;
+  *retry_after_ms = 0;
+  if (!row->exists) {
+    *action = IDEM__ACT_INSERT;
+    return IDEM_PROCEED;
+  }
+  lease_active = row->state == IDEM_STATE_IN_PROGRESS &&
+                 row->lease_expires_ms > now_ms;
+  /* A retention-expired record is absent, except one whose holder is still
+   * inside its lease: that holder is acting right now. */
+  if (row->expires_ms <= now_ms && !lease_active) {
+    *action = IDEM__ACT_INSERT;
+    return IDEM_PROCEED;
+  }
+  if (strcmp(row->fingerprint, fingerprint) != 0)
+    return IDEM_CONFLICT;
+  switch (row->state) {
+  case IDEM_STATE_COMPLETED:
+    return IDEM_REPLAY;
+  case IDEM_STATE_IN_PROGRESS:
+    if (lease_active) {
+      *retry_after_ms = row->lease_expires_ms - now_ms;
+      return IDEM_IN_FLIGHT;
+    }
+    if (opts->no_takeover)
+      return IDEM_UNKNOWN;
+    *action = IDEM__ACT_TAKEOVER;
+    return IDEM_RECOVER;
+  default: /* IDEM_STATE_UNKNOWN */
+    if (!opts->takeover_unknown)
+      return IDEM_UNKNOWN;
+    *action = IDEM__ACT_TAKEOVER;
+    return IDEM_RECOVER;
+  }
+}
+
+/* ---- names ------------------------------------------------------------ */
+
+const char *idem_outcome_name(int outcome) {
+  static const char *const names[] = {"none",      "proceed",   "replay",
+                                      "conflict",  "in_flight", "recover",
+                                      "unknown"};
+  if (outcome < 1 || outcome > 6)
+    return "invalid";
+  return names[outcome];
+}
+
+const char *idem_state_name(int state) {
+  switch (state) {
+  case IDEM_STATE_IN_PROGRESS:
+    return "in_progress";
+  case IDEM_STATE_COMPLETED:
+    return "completed";
+  case IDEM_STATE_UNKNOWN:
+    return "unknown";
+  }
+  return "invalid";
+}
+
+/* ---- argument checks ------------------------------------------------ */
+
+int idem_key_check(const char *key) {
+  size_t n;
+  if (!key)
+    return idem__fail(IDEM_EKEY, "key: missing");
+  n = strlen(key);
+  if (n == 0)
+    return idem__fail(IDEM_EKEY, "key: empty; keys are 1-255 bytes");
+  if (n > MAX_ID_PART)
+    return idem__fail(IDEM_EKEY, "key: %zu bytes; keys are 1-255 bytes", n);
+  for (size_t i = 0; i < n; i++) {
+    unsigned char c = (unsigned char)key[i];
+    if (c < 0x21 || c > 0x7e)
+      return idem__fail(IDEM_EKEY,
+                        "key: byte %zu is 0x%02x; keys are printable ASCII "
+                        "(0x21-0x7e), without spaces",
+                        i, c);
+  }
+  return IDEM_OK;
+}
+
+static int check_text(const char *what, const char *s, int may_be_empty) {
+  size_t n;
+  if (!s)
+    return idem__fail(IDEM_EINVAL, "%s: missing", what);
+  n = strlen(s);
+  if (n == 0 && !may_be_empty)
+    return idem__fail(IDEM_EINVAL, "%s: empty", what);
+  if (n > MAX_ID_PART)
+    return idem__fail(IDEM_EINVAL, "%s: %zu bytes; at most 255", what, n);
+  for (size_t i = 0; i < n; i++)
+    if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
+      return idem__fail(IDEM_EINVAL, "%s: control byte 0x%02x at %zu", what,
+                        (unsigned char)s[i], i);
+  return IDEM_OK;
+}
+
+static int check_id(const idem_id *id) {
+  int rc;
+  if (!id)
+    return idem__fail(IDEM_EINVAL, "id: NULL");
+  if ((rc = check_text("tenant", id->tenant ? id->tenant : "", 1)) ||
+      (rc = check_text("operation", id->operation, 0)) ||
+      (rc = idem_key_check(id->key)))
+    return rc;
+  return IDEM_OK;
+}
+
+static int check_fingerprint(const char *fp) {
+  if (!fp || strlen(fp) != 64)
+    return idem__fail(IDEM_EINVAL,
+                      "fingerprint: expected 64 lowercase hex digits");
+  for (int i = 0; i < 64; i++)
+    if (!((fp[i] >= '0' && fp[i] <= '9') || (fp[i] >= 'a' && fp[i] <= 'f')))
+      return idem__fail(IDEM_EINVAL,
+                        "fingerprint: expected 64 lowercase hex digits");
+  return IDEM_OK;
+}
+
+static int check_response(const idem_response *r) {
+  if (!r)
+    return idem__fail(IDEM_EINVAL, "response: NULL");
+  if ((r->meta_len && !r->meta) || (r->body_len && !r->body))
+    return idem__fail(IDEM_EINVAL, "response: NULL data with a length");
+  if (r->meta_len > IDEM_MAX_RESPONSE ||
+      r->body_len > IDEM_MAX_RESPONSE - r->meta_len)
+    return idem__fail(IDEM_ETOOBIG,
+                      "response: %zu bytes; a record keeps at most %u",
+                      r->meta_len + r->body_len, IDEM_MAX_RESPONSE);
+  return IDEM_OK;
+}
+
+static int fill_options(const idem_call_options *in, idem_call_options *out) {
+  memset(out, 0, sizeof *out);
+  if (in)
+    *out = *in;
+  if (out->lease_ms < 0 || out->retention_ms < 0)
+    return idem__fail(IDEM_EINVAL, "options: negative lease or retention");
+  if (out->lease_ms == 0)
+    out->lease_ms = DEFAULT_LEASE_MS;
+  if (out->retention_ms == 0)
+    out->retention_ms = DEFAULT_RETENTION_MS;
+  /* The canonical request is kept for operators only; an oversized one is
+   * not stored rather than failing the call. */
+  if (out->request_len > 65536 || !out->request) {
+    out->request = NULL;
+    out->request_len = 0;
+  }
+  return IDEM_OK;
+}
+
+/* ---- stores ----------------------------------------------------------- */
+
+int idem_store_open(const char *url, const idem_store_options *opts,
+                    idem_store **out) {
+  const idem__store_methods *m = NULL;
+  const char *target = NULL;
+  idem_store *s = NULL;
+  idem_store_options o;
+  int rc;
+
+  if (!out)
+    return idem__fail(IDEM_EINVAL, "store: NULL output");
+  *out = NULL;
+  memset(&o, 0, sizeof o);
+  if (opts)
+    o = *opts;
+  if (!url || !*url)
+    url = getenv("IDEM_STORE");
+  if (!url || !*url)
+    url = "./idem.db";
+
+  if (strncmp(url, "postgresql://", 13) == 0 ||
+      strncmp(url, "postgres://", 11) == 0) {
+    return idem__fail(IDEM_EURL, "store '%s': this build of idem has no "
+                                 "PostgreSQL backend",
+                      url);
+  } else if (strncmp(url, "sqlite:", 7) == 0) {
+    m = &idem__sqlite_methods;
+    target = url + 7;
+    /* Accept sqlite:///abs/path as well as sqlite:/abs/path. */
+    if (strncmp(target, "//", 2) == 0)
+      target += 2;
+  } else if (strstr(url, "://") != NULL) {
+    return idem__fail(IDEM_EURL,
+                      "store '%s': unknown scheme; use sqlite:PATH, a path "
+                      "or postgresql://...",
+                      url);
+  } else {
+    m = &idem__sqlite_methods;
+    target = url;
+  }
+  if (!*target)
+    return idem__fail(IDEM_EURL, "store '%s': empty path", url);
+
+  s = calloc(1, sizeof *s);
+  if (!s)
+    return idem__fail(IDEM_ENOMEM, "store: out of memory");
+  s->methods = m;
+  rc = m->open(target, &o, &s->state);
+  if (rc != IDEM_OK) {
+    free(s);
+    return rc;
+  }
+  *out = s;
+  return IDEM_OK;
+}
+
+void idem_store_close(idem_store *store) {
+  if (!store)
+    return;
+  store->methods->close(store->state);
+  free(store);
+}
+
+const char *idem_store_backend(const idem_store *store) {
+  return store ? store->methods->name : "";
+}
+
+const char *idem_store_engine_version(const idem_store *store) {
+  return store ? store->methods->engine_version(store->state) : "";
+}
+
+/* ---- claims ----------------------------------------------------------- */
+
+void idem_call_free(idem_call *claim) {
+  if (!claim)
+    return;
+  free(claim->tenant);
+  free(claim->operation);
+  free(claim->key);
+  free(claim->resp_buf);
+  free(claim);
+}
+
+idem_outcome idem_call_outcome(const idem_call *c) {
+  return c ? c->outcome : (idem_outcome)0;
+}
+
+const idem_response *idem_call_response(const idem_call *c) {
+  return c && c->has_response ? &c->response : NULL;
+}
+
+int64_t idem_call_retry_after_ms(const idem_call *c) {
+  return c ? c->retry_after_ms : 0;
+}
+
+int idem_call_attempt(const idem_call *c) { return c ? c->attempt : 0; }
+
+static idem_call *new_claim(const idem_id *id, const char *fp,
+                             int64_t retention_ms) {
+  idem_call *c = calloc(1, sizeof *c);
+  if (!c)
+    return NULL;
+  c->tenant = idem__strdup(id->tenant ? id->tenant : "");
+  c->operation = idem__strdup(id->operation);
+  c->key = idem__strdup(id->key);
+  if (!c->tenant || !c->operation || !c->key) {
+    idem_call_free(c);
+    return NULL;
+  }
+  memcpy(c->fingerprint, fp, IDEM_FINGERPRINT_SIZE);
+  c->retention_ms = retention_ms;
+  return c;
+}
+
+/* Runs op on the backend and carries its detail into this thread. */
+static int run_op(idem_store *store, idem__op *op) {
+  op->rc = IDEM_OK;
+  op->errmsg[0] = '\0';
+  store->methods->run(store->state, op);
+  if (op->rc != IDEM_OK)
+    return idem__fail(op->rc, "%s",
+                      op->errmsg[0] ? op->errmsg : idem_strerror(op->rc));
+  return IDEM_OK;
+}
+
+static int start(idem_store *store, idem__op_kind kind, const idem_id *id,
+                 const char *fp, const idem_call_options *opts,
+                 idem_local_fn fn, void *ctx, idem_call **out) {
+  idem__op op;
+  int rc;
+  if (!out)
+    return idem__fail(IDEM_EINVAL, "claim: NULL output");
+  *out = NULL;
+  if (!store)
+    return idem__fail(IDEM_EINVAL, "claim: NULL store");
+  if ((rc = check_id(id)) || (rc = check_fingerprint(fp)))
+    return rc;
+  memset(&op, 0, sizeof op);
+  if ((rc = fill_options(opts, &op.opts)))
+    return rc;
+  op.kind = kind;
+  op.id = id;
+  op.fingerprint = fp;
+  op.fn = fn;
+  op.ctx = ctx;
+  op.claim = new_claim(id, fp, op.opts.retention_ms);
+  if (!op.claim)
+    return idem__fail(IDEM_ENOMEM, "claim: out of memory");
+  rc = run_op(store, &op);
+  if (rc != IDEM_OK) {
+    idem_call_free(op.claim);
+    return rc;
+  }
+  *out = op.claim;
+  return IDEM_OK;
+}
+
+int idem_claim(idem_store *store, const idem_id *id, const char *fingerprint,
+               const idem_call_options *opts, idem_call **out) {
+  return start(store, IDEM__OP_CLAIM, id, fingerprint, opts, NULL, NULL, out);
+}
+
+int idem_execute_local(idem_store *store, const idem_id *id,
+                       const char *fingerprint, const idem_call_options *opts,
+                       idem_local_fn fn, void *ctx, idem_call **out) {
+  if (!fn) {
+    if (out)
+      *out = NULL;
+    return idem__fail(IDEM_EINVAL, "execute_local: NULL function");
+  }
+  return start(store, IDEM__OP_LOCAL, id, fingerprint, opts, fn, ctx, out);
+}
+
+static int finish(idem_store *store, idem_call *claim, idem__op_kind kind,
+                  const idem_response *response, int64_t lease_ms) {
+  idem__op op;
+  idem_id id;
+  int rc;
+  if (!store || !claim)
+    return idem__fail(IDEM_EINVAL, "NULL store or claim");
+  if (!claim->held)
+    return idem__fail(IDEM_ESTATE,
+                      "claim of key '%s' is not held (outcome %s, or "
+                      "already completed, released or marked unknown)",
+                      claim->key, idem_outcome_name(claim->outcome));
+  if (kind == IDEM__OP_COMPLETE && (rc = check_response(response)))
+    return rc;
+  if (kind == IDEM__OP_RENEW && lease_ms <= 0)
+    return idem__fail(IDEM_EINVAL, "renew: lease must be positive");
+  memset(&op, 0, sizeof op);
+  id.tenant = claim->tenant;
+  id.operation = claim->operation;
+  id.key = claim->key;
+  op.kind = kind;
+  op.id = &id;
+  op.fingerprint = claim->fingerprint;
+  op.claim = claim;
+  op.response = response;
+  op.lease_ms = lease_ms;
+  op.opts.retention_ms = claim->retention_ms;
+  rc = run_op(store, &op);
+  if (rc == IDEM_OK && kind != IDEM__OP_RENEW)
+    claim->held = 0;
+  if (rc == IDEM_ESTALE)
+    claim->held = 0;
+  return rc;
+}
+
+int idem_complete(idem_store *store, idem_call *claim,
+                  const idem_response *response) {
+  return finish(store, claim, IDEM__OP_COMPLETE, response, 0);
+}
+
+int idem_release(idem_store *store, idem_call *claim) {
+  return finish(store, claim, IDEM__OP_RELEASE, NULL, 0);
+}
+
+int idem_mark_unknown(idem_store *store, idem_call *claim) {
+  return finish(store, claim, IDEM__OP_MARK_UNKNOWN, NULL, 0);
+}
+
+int idem_renew(idem_store *store, idem_call *claim, int64_t lease_ms) {
+  return finish(store, claim, IDEM__OP_RENEW, NULL, lease_ms);
+}
+
+/* ---- operators -------------------------------------------------------- */
+
+void idem_record_free(idem_record *r) {
+  if (!r)
+    return;
+  free(r->tenant);
+  free(r->operation);
+  free(r->key);
+  free(r->fingerprint);
+  free(r->request);
+  free((void *)r->response.meta);
+  free((void *)r->response.body);
+  free(r);
+}
+
+int idem_get(idem_store *store, const idem_id *id, idem_record **out) {
+  int rc;
+  if (!out)
+    return idem__fail(IDEM_EINVAL, "get: NULL output");
+  *out = NULL;
+  if (!store)
+    return idem__fail(IDEM_EINVAL, "get: NULL store");
+  if ((rc = check_id(id)))
+    return rc;
+  return store->methods->get(store->state, id, out);
+}
+
+int idem_list(idem_store *store, const idem_filter *filter, idem_record_fn fn,
+              void *ctx) {
+  idem_filter f;
+  if (!store || !fn)
+    return idem__fail(IDEM_EINVAL, "list: NULL store or function");
+  memset(&f, 0, sizeof f);
+  if (filter)
+    f = *filter;
+  return store->methods->list(store->state, &f, fn, ctx);
+}
+
+int idem_prune(idem_store *store, int64_t *removed) {
+  int64_t n = 0;
+  int rc;
+  if (removed)
+    *removed = 0;
+  if (!store)
+    return idem__fail(IDEM_EINVAL, "prune: NULL store");
+  rc = store->methods->prune(store->state, &n);
+  if (removed)
+    *removed = n;
+  return rc;
+}
+
+int idem_resolve(idem_store *store, const idem_id *id,
+                 const idem_response *response) {
+  int rc;
+  if (!store)
+    return idem__fail(IDEM_EINVAL, "resolve: NULL store");
+  if ((rc = check_id(id)))
+    return rc;
+  if (response && (rc = check_response(response)))
+    return rc;
+  return store->methods->resolve(store->state, id, response);
+}

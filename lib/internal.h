@@ -1,0 +1,17 @@
+/* internal.h -- helpers shared inside libidem; never installed. */
+#ifndef IDEM_INTERNAL_H
+#define IDEM_INTERNAL_H
+
+#include "idem.h"
+
+#if defined(__GNUC__)
+#define IDEM__PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define IDEM__PRINTF(a, b)
+#endif
+
+/* Records the calling thread's error detail and returns rc. */
+int idem__fail(int rc, const char *fmt, ...) IDEM__PRINTF(2, 3);
+void idem__clear_err(void);
+
+#endif

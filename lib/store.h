@@ -1,0 +1,128 @@
+/*
+ * store.h -- the method table through which the engine reaches a backend.
+ *
+ * Like sqlite3_io_methods, the table is versioned: a backend fills in the
+ * version it was written for, and the engine never calls a method that a
+ * lower version lacks. The engine includes neither sqlite3.h nor libpq-fe.h;
+ * each backend owns its connections and keeps its own SQL.
+ *
+ * The engine validates every argument, fills in defaults and then hands the
+ * backend one idem__op. The backend reads the stored row, asks
+ * idem__decide() what the outcome is, and performs the write that outcome
+ * needs, atomically. Keeping the decision in one pure function means every
+ * backend answers the same question the same way.
+ */
+#ifndef IDEM_STORE_H
+#define IDEM_STORE_H
+
+#include "internal.h"
+
+#define IDEM__STORE_METHODS_VERSION 1
+
+/* Owner tokens are 16 random bytes in hex. */
+#define IDEM__TOKEN_SIZE 33
+
+/* What a claim handle holds. The engine allocates it; backends fill it. */
+struct idem_call {
+  idem_outcome outcome;
+  char *tenant, *operation, *key; /* copies of the id */
+  char fingerprint[IDEM_FINGERPRINT_SIZE];
+  char token[IDEM__TOKEN_SIZE]; /* owner token while held */
+  int attempt;
+  int64_t retry_after_ms;
+  int64_t retention_ms; /* applied again when the record completes */
+  int has_response;
+  idem_response response; /* points into resp_buf */
+  void *resp_buf;
+  int held; /* PROCEED/RECOVER not yet completed, released or marked */
+};
+
+typedef enum idem__op_kind {
+  IDEM__OP_CLAIM = 1,
+  IDEM__OP_LOCAL,
+  IDEM__OP_COMPLETE,
+  IDEM__OP_RELEASE,
+  IDEM__OP_MARK_UNKNOWN,
+  IDEM__OP_RENEW
+} idem__op_kind;
+
+/*
+ * One request to a backend. Backends that batch several callers into one
+ * transaction (group commit) run an op on another thread than its caller's,
+ * so the op carries its own result code and error detail back.
+ */
+typedef struct idem__op {
+  idem__op_kind kind;
+  const idem_id *id;
+  const char *fingerprint;
+  idem_call_options opts; /* defaults filled in */
+  idem_local_fn fn;       /* IDEM__OP_LOCAL */
+  void *ctx;
+  const idem_response *response; /* IDEM__OP_COMPLETE */
+  int64_t lease_ms;              /* IDEM__OP_RENEW */
+  idem_call *claim;             /* filled (claim, local) or read (others) */
+  int rc;
+  char errmsg[512];
+  struct idem__op *next; /* the backend's queue */
+  int done;
+} idem__op;
+
+/* A stored row as the decision needs it. */
+typedef struct idem__row {
+  int exists;
+  int state; /* idem_state */
+  char fingerprint[IDEM_FINGERPRINT_SIZE];
+  int attempt;
+  int64_t lease_expires_ms;
+  int64_t expires_ms;
+} idem__row;
+
+typedef enum idem__action {
+  IDEM__ACT_NONE = 0, /* nothing to write */
+  IDEM__ACT_INSERT,   /* new record (replacing a retention-expired one) */
+  IDEM__ACT_TAKEOVER  /* new owner, attempt + 1 */
+} idem__action;
+
+/* The §3 table: what a claim of fingerprint at time now does to row. */
+idem_outcome idem__decide(const idem__row *row, const char *fingerprint,
+                          int64_t now_ms, const idem_call_options *opts,
+                          idem__action *action, int64_t *retry_after_ms);
+
+typedef struct idem__store_methods {
+  int version;
+  const char *name;
+  int (*open)(const char *target, const idem_store_options *opts,
+              void **state);
+  void (*close)(void *state);
+  const char *(*engine_version)(void *state);
+  /* Runs one op; the result is in op->rc / op->errmsg and op->claim. */
+  void (*run)(void *state, idem__op *op);
+  int (*get)(void *state, const idem_id *id, idem_record **out);
+  int (*list)(void *state, const idem_filter *filter, idem_record_fn fn,
+              void *ctx);
+  int (*prune)(void *state, int64_t *removed);
+  int (*resolve)(void *state, const idem_id *id,
+                 const idem_response *response);
+} idem__store_methods;
+
+extern const idem__store_methods idem__sqlite_methods;
+
+/* Helpers for backends. */
+int64_t idem__now_ms(void);
+int idem__new_token(char token[IDEM__TOKEN_SIZE]);
+/* Sets op's result code and detail. Returns rc. */
+int idem__op_fail(idem__op *op, int rc, const char *fmt, ...)
+    IDEM__PRINTF(3, 4);
+/* Copies a response into the claim (one allocation). */
+int idem__claim_set_response(idem_call *claim, int status, const void *meta,
+                             size_t meta_len, const void *body,
+                             size_t body_len);
+/* The checksum that detects a corrupted completed record. */
+int idem__response_checksum(const char *fingerprint, int status,
+                            const void *meta, size_t meta_len,
+                            const void *body, size_t body_len,
+                            char hex[IDEM_FINGERPRINT_SIZE]);
+char *idem__strdup(const char *s);
+void *idem__memdup(const void *p, size_t n);
+
+#endif

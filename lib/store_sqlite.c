@@ -1,0 +1,1032 @@
+/*
+ * store_sqlite.c -- the embedded SQLite backend.
+ *
+ * One database file holds the records (and, for local actions, the caller's
+ * own tables). WAL lets readers proceed while one writer commits; writers
+ * take the write lock up front with BEGIN IMMEDIATE so that the read that
+ * decides an outcome and the write that follows it can never interleave
+ * with another writer, in this process or any other.
+ *
+ * Group commit. With synchronous=FULL every commit waits for an fsync, the
+ * physical limit of a durable store. Callers in one process therefore do not
+ * commit one by one: they queue their operation, and whichever caller finds
+ * no commit in progress becomes the leader, takes every queued operation,
+ * runs each inside its own SAVEPOINT (so a rejected local action or a failed
+ * write rolls back alone) and commits them all with one fsync. Each caller
+ * sees exactly the outcome it would have seen alone, because the operations
+ * still run one after another under the write lock.
+ *
+ * Claims that only read (replay, conflict, in flight, unknown) never queue:
+ * they are answered from a pooled connection's snapshot, which is exact,
+ * since those outcomes write nothing.
+ */
+#include "store.h"
+
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SCHEMA_VERSION 1
+#define BATCH_MAX 64
+#define PRUNE_EVERY_MS 60000
+#define DEFAULT_RETENTION_MS (24 * 3600 * 1000LL)
+
+enum {
+  ST_SELECT,
+  ST_INSERT,
+  ST_TAKEOVER,
+  ST_COMPLETE,
+  ST_RELEASE,
+  ST_UNKNOWN,
+  ST_RENEW,
+  ST_GET,
+  ST_LIST,
+  ST_PRUNE,
+  ST_PRUNE_SOME,
+  ST_RESOLVE_DONE,
+  ST_RESOLVE_DELETE,
+  ST_COUNT
+};
+
+#define RECORD_COLUMNS                                                        \
+  "tenant, operation, key, fingerprint, state, attempt, created_ms, "         \
+  "updated_ms, lease_expires_ms, expires_ms, request, status, meta, body, "   \
+  "checksum"
+
+/* Expired by retention, and not held by a holder inside its lease. */
+#define EXPIRED_SQL "(expires_ms <= ?1 AND NOT (state = 1 AND lease_expires_ms > ?1))"
+
+static const char *const sql_text[ST_COUNT] = {
+    [ST_SELECT] = "SELECT fingerprint, state, attempt, lease_expires_ms, "
+                  "expires_ms, status, meta, body, checksum FROM idem_records "
+                  "WHERE tenant = ?1 AND operation = ?2 AND key = ?3",
+    [ST_INSERT] =
+        "INSERT OR REPLACE INTO idem_records (tenant, operation, key, "
+        "fingerprint, request, state, owner, attempt, created_ms, updated_ms, "
+        "lease_expires_ms, expires_ms) VALUES (?1, ?2, ?3, ?4, ?5, 1, ?6, 1, "
+        "?7, ?7, ?8, ?9)",
+    [ST_TAKEOVER] = "UPDATE idem_records SET state = 1, owner = ?4, attempt = "
+                    "attempt + 1, updated_ms = ?5, lease_expires_ms = ?6 "
+                    "WHERE tenant = ?1 AND operation = ?2 AND key = ?3",
+    [ST_COMPLETE] =
+        "UPDATE idem_records SET state = 2, owner = NULL, lease_expires_ms = "
+        "0, updated_ms = ?5, expires_ms = ?6, status = ?7, meta = ?8, body = "
+        "?9, checksum = ?10 WHERE tenant = ?1 AND operation = ?2 AND key = ?3 "
+        "AND owner = ?4 AND state = 1",
+    [ST_RELEASE] = "DELETE FROM idem_records WHERE tenant = ?1 AND operation "
+                   "= ?2 AND key = ?3 AND owner = ?4 AND state = 1",
+    [ST_UNKNOWN] = "UPDATE idem_records SET state = 3, owner = NULL, "
+                   "lease_expires_ms = 0, updated_ms = ?5 WHERE tenant = ?1 "
+                   "AND operation = ?2 AND key = ?3 AND owner = ?4 AND state "
+                   "= 1",
+    [ST_RENEW] = "UPDATE idem_records SET lease_expires_ms = ?5, updated_ms = "
+                 "?6 WHERE tenant = ?1 AND operation = ?2 AND key = ?3 AND "
+                 "owner = ?4 AND state = 1",
+    [ST_GET] = "SELECT " RECORD_COLUMNS " FROM idem_records WHERE tenant = ?2 "
+               "AND operation = ?3 AND key = ?4 AND NOT " EXPIRED_SQL,
+    [ST_LIST] = "SELECT " RECORD_COLUMNS " FROM idem_records WHERE (?2 IS "
+                "NULL OR tenant = ?2) AND (?3 IS NULL OR operation = ?3) AND "
+                "(?4 = 0 OR state = ?4) AND (?5 OR NOT " EXPIRED_SQL ") "
+                "ORDER BY created_ms, tenant, operation, key LIMIT ?6",
+    [ST_PRUNE] = "DELETE FROM idem_records WHERE " EXPIRED_SQL,
+    [ST_PRUNE_SOME] = "DELETE FROM idem_records WHERE (tenant, operation, "
+                      "key) IN (SELECT tenant, operation, key FROM "
+                      "idem_records WHERE " EXPIRED_SQL " LIMIT 256)",
+    [ST_RESOLVE_DONE] =
+        "UPDATE idem_records SET state = 2, owner = NULL, lease_expires_ms = "
+        "0, updated_ms = ?4, expires_ms = MAX(expires_ms, ?5), status = ?6, "
+        "meta = ?7, body = ?8, checksum = ?9 WHERE tenant = ?1 AND operation "
+        "= ?2 AND key = ?3 AND state <> 2",
+    [ST_RESOLVE_DELETE] = "DELETE FROM idem_records WHERE tenant = ?1 AND "
+                          "operation = ?2 AND key = ?3 AND state <> 2",
+};
+
+static const char schema_v1[] =
+    "CREATE TABLE idem_records ("
+    " tenant TEXT NOT NULL,"
+    " operation TEXT NOT NULL,"
+    " key TEXT NOT NULL,"
+    " fingerprint TEXT NOT NULL,"
+    " request BLOB,"
+    " state INTEGER NOT NULL,"
+    " owner TEXT,"
+    " attempt INTEGER NOT NULL,"
+    " created_ms INTEGER NOT NULL,"
+    " updated_ms INTEGER NOT NULL,"
+    " lease_expires_ms INTEGER NOT NULL,"
+    " expires_ms INTEGER NOT NULL,"
+    " status INTEGER,"
+    " meta BLOB,"
+    " body BLOB,"
+    " checksum TEXT,"
+    " PRIMARY KEY (tenant, operation, key)) WITHOUT ROWID;"
+    "CREATE INDEX idem_records_expires ON idem_records (expires_ms);";
+
+typedef struct conn {
+  sqlite3 *db;
+  sqlite3_stmt *st[ST_COUNT];
+  struct conn *next;
+} conn;
+
+typedef struct sq_store {
+  char *path;
+  idem_store_options o;
+  char version[32];
+
+  pthread_mutex_t pool_mu;
+  pthread_cond_t pool_cv;
+  conn *idle;
+  int nconn;
+
+  /* Group commit: the queue, whether a leader is committing, and the
+   * connection leaders use. */
+  pthread_mutex_t gc_mu;
+  pthread_cond_t gc_cv;
+  idem__op *head, *tail;
+  int leading;
+  conn *writer;
+  int64_t last_prune_ms;
+} sq_store;
+
+/* ---- errors ------------------------------------------------------------ */
+
+static int map_rc(int src) {
+  switch (src & 0xff) {
+  case SQLITE_BUSY:
+  case SQLITE_LOCKED:
+    return IDEM_EBUSY;
+  case SQLITE_NOMEM:
+    return IDEM_ENOMEM;
+  case SQLITE_TOOBIG:
+    return IDEM_ETOOBIG;
+  case SQLITE_CORRUPT:
+  case SQLITE_NOTADB:
+    return IDEM_ESTORE;
+  default:
+    return IDEM_ESTORE;
+  }
+}
+
+static int op_sqlite_fail(idem__op *op, conn *c, const char *what) {
+  int src = sqlite3_extended_errcode(c->db);
+  return idem__op_fail(op, map_rc(src), "sqlite: %s: %s", what,
+                       sqlite3_errmsg(c->db));
+}
+
+static int sqlite_fail(conn *c, const char *what) {
+  int src = sqlite3_extended_errcode(c->db);
+  return idem__fail(map_rc(src), "sqlite: %s: %s", what,
+                    sqlite3_errmsg(c->db));
+}
+
+/* ---- connections ----------------------------------------------------- */
+
+static void conn_close(conn *c) {
+  if (!c)
+    return;
+  for (int i = 0; i < ST_COUNT; i++)
+    sqlite3_finalize(c->st[i]);
+  sqlite3_close(c->db);
+  free(c);
+}
+
+static sqlite3_stmt *stmt(conn *c, int which) {
+  if (!c->st[which]) {
+    if (sqlite3_prepare_v3(c->db, sql_text[which], -1,
+                           SQLITE_PREPARE_PERSISTENT, &c->st[which],
+                           NULL) != SQLITE_OK)
+      return NULL;
+  } else {
+    sqlite3_reset(c->st[which]);
+    sqlite3_clear_bindings(c->st[which]);
+  }
+  return c->st[which];
+}
+
+static int exec(conn *c, const char *sql) {
+  return sqlite3_exec(c->db, sql, NULL, NULL, NULL);
+}
+
+static int conn_open(sq_store *s, conn **out) {
+  conn *c = calloc(1, sizeof *c);
+  const char *sync = s->o.sqlite_sync_normal ? "PRAGMA synchronous=NORMAL"
+                                             : "PRAGMA synchronous=FULL";
+  int rc;
+  *out = NULL;
+  if (!c)
+    return idem__fail(IDEM_ENOMEM, "sqlite: out of memory");
+  rc = sqlite3_open_v2(s->path, &c->db,
+                       SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
+                           SQLITE_OPEN_NOMUTEX,
+                       NULL);
+  if (rc != SQLITE_OK) {
+    rc = idem__fail(map_rc(rc), "store '%s': cannot open: %s", s->path,
+                    c->db ? sqlite3_errmsg(c->db) : sqlite3_errstr(rc));
+    conn_close(c);
+    return rc;
+  }
+  sqlite3_extended_result_codes(c->db, 1);
+  sqlite3_busy_timeout(c->db, s->o.busy_timeout_ms);
+  /* The first statement reads the file header: a file that is not a
+   * database fails here, before anything could be written to it. */
+  if (exec(c, "PRAGMA journal_mode=WAL") != SQLITE_OK ||
+      exec(c, sync) != SQLITE_OK) {
+    rc = idem__fail(map_rc(sqlite3_extended_errcode(c->db)),
+                    "store '%s': %s", s->path, sqlite3_errmsg(c->db));
+    conn_close(c);
+    return rc;
+  }
+  *out = c;
+  return IDEM_OK;
+}
+
+static int pool_get(sq_store *s, conn **out) {
+  conn *c = NULL;
+  int rc;
+  *out = NULL;
+  pthread_mutex_lock(&s->pool_mu);
+  while (!s->idle && s->nconn >= s->o.max_connections)
+    pthread_cond_wait(&s->pool_cv, &s->pool_mu);
+  if (s->idle) {
+    c = s->idle;
+    s->idle = c->next;
+    pthread_mutex_unlock(&s->pool_mu);
+    *out = c;
+    return IDEM_OK;
+  }
+  s->nconn++;
+  pthread_mutex_unlock(&s->pool_mu);
+  rc = conn_open(s, &c);
+  if (rc != IDEM_OK) {
+    pthread_mutex_lock(&s->pool_mu);
+    s->nconn--;
+    pthread_cond_signal(&s->pool_cv);
+    pthread_mutex_unlock(&s->pool_mu);
+    return rc;
+  }
+  *out = c;
+  return IDEM_OK;
+}
+
+static void pool_put(sq_store *s, conn *c) {
+  if (!c)
+    return;
+  /* Never hand out a connection inside a transaction. */
+  if (!sqlite3_get_autocommit(c->db))
+    exec(c, "ROLLBACK");
+  pthread_mutex_lock(&s->pool_mu);
+  c->next = s->idle;
+  s->idle = c;
+  pthread_cond_signal(&s->pool_cv);
+  pthread_mutex_unlock(&s->pool_mu);
+}
+
+/* ---- schema ------------------------------------------------------------ */
+
+static int ensure_schema(sq_store *s, conn *c) {
+  sqlite3_stmt *q = NULL;
+  int version = 0, rc;
+  if (exec(c, "BEGIN IMMEDIATE") != SQLITE_OK)
+    return idem__fail(map_rc(sqlite3_extended_errcode(c->db)),
+                      "store '%s': %s", s->path, sqlite3_errmsg(c->db));
+  if (exec(c, "CREATE TABLE IF NOT EXISTS idem_meta (name TEXT PRIMARY KEY, "
+              "value TEXT NOT NULL) WITHOUT ROWID") != SQLITE_OK)
+    goto fail;
+  if (sqlite3_prepare_v2(c->db,
+                         "SELECT value FROM idem_meta WHERE name = "
+                         "'schema_version'",
+                         -1, &q, NULL) != SQLITE_OK)
+    goto fail;
+  if (sqlite3_step(q) == SQLITE_ROW)
+    version = sqlite3_column_int(q, 0);
+  sqlite3_finalize(q);
+  q = NULL;
+  if (version > SCHEMA_VERSION) {
+    exec(c, "ROLLBACK");
+    return idem__fail(IDEM_ESCHEMA,
+                      "store '%s': schema version %d; this idem knows up to "
+                      "%d; the store was left untouched",
+                      s->path, version, SCHEMA_VERSION);
+  }
+  /* Migrations run in order, each inside this one transaction. */
+  if (version < 1) {
+    if (exec(c, schema_v1) != SQLITE_OK)
+      goto fail;
+  }
+  if (version < SCHEMA_VERSION &&
+      exec(c, "INSERT OR REPLACE INTO idem_meta VALUES ('schema_version', "
+              "'1')") != SQLITE_OK)
+    goto fail;
+  if (exec(c, "COMMIT") != SQLITE_OK)
+    goto fail;
+  return IDEM_OK;
+fail:
+  rc = idem__fail(map_rc(sqlite3_extended_errcode(c->db)),
+                  "store '%s': schema: %s", s->path, sqlite3_errmsg(c->db));
+  sqlite3_finalize(q);
+  exec(c, "ROLLBACK");
+  return rc;
+}
+
+/* ---- reading rows -------------------------------------------------------- */
+
+static void bind_id(sqlite3_stmt *q, const idem_id *id, int first) {
+  sqlite3_bind_text(q, first, id->tenant ? id->tenant : "", -1,
+                    SQLITE_STATIC);
+  sqlite3_bind_text(q, first + 1, id->operation, -1, SQLITE_STATIC);
+  sqlite3_bind_text(q, first + 2, id->key, -1, SQLITE_STATIC);
+}
+
+/*
+ * Reads the record of op->id and decides the outcome at time now. For REPLAY
+ * the stored response is checked against its checksum and copied into the
+ * claim. Returns 0, or op->rc on failure.
+ */
+static int load_and_decide(conn *c, idem__op *op, int64_t now, idem__row *row,
+                           idem__action *action) {
+  sqlite3_stmt *q = stmt(c, ST_SELECT);
+  idem_call *cl = op->claim;
+  int step;
+  memset(row, 0, sizeof *row);
+  if (!q)
+    return op_sqlite_fail(op, c, "prepare");
+  bind_id(q, op->id, 1);
+  step = sqlite3_step(q);
+  if (step == SQLITE_ROW) {
+    const unsigned char *fp = sqlite3_column_text(q, 0);
+    row->exists = 1;
+    snprintf(row->fingerprint, sizeof row->fingerprint, "%s",
+             fp ? (const char *)fp : "");
+    row->state = sqlite3_column_int(q, 1);
+    row->attempt = sqlite3_column_int(q, 2);
+    row->lease_expires_ms = sqlite3_column_int64(q, 3);
+    row->expires_ms = sqlite3_column_int64(q, 4);
+  } else if (step != SQLITE_DONE) {
+    op_sqlite_fail(op, c, "read record");
+    sqlite3_reset(q);
+    return op->rc;
+  }
+  cl->outcome = idem__decide(row, op->fingerprint, now, &op->opts, action,
+                             &cl->retry_after_ms);
+  cl->attempt = row->attempt;
+  if (cl->outcome == IDEM_IN_FLIGHT && cl->retry_after_ms < 1)
+    cl->retry_after_ms = 1;
+  if (cl->outcome == IDEM_REPLAY) {
+    int status = sqlite3_column_int(q, 5);
+    const void *meta = sqlite3_column_blob(q, 6);
+    size_t meta_len = (size_t)sqlite3_column_bytes(q, 6);
+    const void *body = sqlite3_column_blob(q, 7);
+    size_t body_len = (size_t)sqlite3_column_bytes(q, 7);
+    const unsigned char *sum = sqlite3_column_text(q, 8);
+    char want[IDEM_FINGERPRINT_SIZE];
+    if (idem__response_checksum(row->fingerprint, status, meta, meta_len,
+                                body, body_len, want) != IDEM_OK ||
+        !sum || strcmp((const char *)sum, want) != 0) {
+      sqlite3_reset(q);
+      return idem__op_fail(op, IDEM_ECORRUPT,
+                           "record (%s, %s, %s): the stored response does "
+                           "not match its checksum; it is not replayed",
+                           op->id->tenant ? op->id->tenant : "",
+                           op->id->operation, op->id->key);
+    }
+    if (idem__claim_set_response(cl, status, meta_len ? meta : NULL,
+                                 meta_len, body, body_len) != IDEM_OK) {
+      sqlite3_reset(q);
+      return idem__op_fail(op, IDEM_ENOMEM, "out of memory");
+    }
+  }
+  sqlite3_reset(q);
+  return IDEM_OK;
+}
+
+/* ---- writes, inside the batch's transaction ------------------------------ */
+
+static int write_claim(conn *c, idem__op *op, const idem__row *row,
+                       idem__action action, int64_t now) {
+  idem_call *cl = op->claim;
+  sqlite3_stmt *q;
+  if (idem__new_token(cl->token) != IDEM_OK)
+    return idem__op_fail(op, IDEM_EIO, "%s", idem_errmsg());
+  if (action == IDEM__ACT_INSERT) {
+    q = stmt(c, ST_INSERT);
+    if (!q)
+      return op_sqlite_fail(op, c, "prepare");
+    bind_id(q, op->id, 1);
+    sqlite3_bind_text(q, 4, op->fingerprint, -1, SQLITE_STATIC);
+    if (op->opts.request)
+      sqlite3_bind_blob(q, 5, op->opts.request, (int)op->opts.request_len,
+                        SQLITE_STATIC);
+    sqlite3_bind_text(q, 6, cl->token, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(q, 7, now);
+    sqlite3_bind_int64(q, 8, now + op->opts.lease_ms);
+    sqlite3_bind_int64(q, 9, now + op->opts.retention_ms);
+    cl->attempt = 1;
+  } else {
+    q = stmt(c, ST_TAKEOVER);
+    if (!q)
+      return op_sqlite_fail(op, c, "prepare");
+    bind_id(q, op->id, 1);
+    sqlite3_bind_text(q, 4, cl->token, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(q, 5, now);
+    sqlite3_bind_int64(q, 6, now + op->opts.lease_ms);
+    cl->attempt = row->attempt + 1;
+  }
+  if (sqlite3_step(q) != SQLITE_DONE) {
+    op_sqlite_fail(op, c, "write claim");
+    sqlite3_reset(q);
+    return op->rc;
+  }
+  sqlite3_reset(q);
+  return IDEM_OK;
+}
+
+static int write_complete(conn *c, idem__op *op, const idem_response *r,
+                          int64_t now) {
+  char sum[IDEM_FINGERPRINT_SIZE];
+  sqlite3_stmt *q = stmt(c, ST_COMPLETE);
+  int changed;
+  if (!q)
+    return op_sqlite_fail(op, c, "prepare");
+  if (idem__response_checksum(op->fingerprint, r->status, r->meta,
+                              r->meta_len, r->body, r->body_len,
+                              sum) != IDEM_OK)
+    return idem__op_fail(op, IDEM_ENOMEM, "checksum: out of memory");
+  bind_id(q, op->id, 1);
+  sqlite3_bind_text(q, 4, op->claim->token, -1, SQLITE_STATIC);
+  sqlite3_bind_int64(q, 5, now);
+  sqlite3_bind_int64(q, 6, now + op->opts.retention_ms);
+  sqlite3_bind_int(q, 7, r->status);
+  if (r->meta)
+    sqlite3_bind_blob(q, 8, r->meta, (int)r->meta_len, SQLITE_STATIC);
+  sqlite3_bind_blob(q, 9, r->body_len ? r->body : "", (int)r->body_len,
+                    SQLITE_STATIC);
+  sqlite3_bind_text(q, 10, sum, -1, SQLITE_STATIC);
+  if (sqlite3_step(q) != SQLITE_DONE) {
+    op_sqlite_fail(op, c, "complete");
+    sqlite3_reset(q);
+    return op->rc;
+  }
+  changed = sqlite3_changes(c->db);
+  sqlite3_reset(q);
+  if (changed == 0)
+    return idem__op_fail(op, IDEM_ESTALE,
+                         "key '%s': the lease was taken over by a newer "
+                         "attempt or the record was removed; this response "
+                         "was not stored",
+                         op->id->key);
+  return IDEM_OK;
+}
+
+/* Release, mark unknown and renew: one fenced statement each. */
+static int write_fenced(conn *c, idem__op *op, int which, int64_t now) {
+  sqlite3_stmt *q = stmt(c, which);
+  int changed;
+  if (!q)
+    return op_sqlite_fail(op, c, "prepare");
+  bind_id(q, op->id, 1);
+  sqlite3_bind_text(q, 4, op->claim->token, -1, SQLITE_STATIC);
+  if (which == ST_UNKNOWN) {
+    sqlite3_bind_int64(q, 5, now);
+  } else if (which == ST_RENEW) {
+    sqlite3_bind_int64(q, 5, now + op->lease_ms);
+    sqlite3_bind_int64(q, 6, now);
+  }
+  if (sqlite3_step(q) != SQLITE_DONE) {
+    op_sqlite_fail(op, c, "update");
+    sqlite3_reset(q);
+    return op->rc;
+  }
+  changed = sqlite3_changes(c->db);
+  sqlite3_reset(q);
+  if (changed == 0)
+    return idem__op_fail(op, IDEM_ESTALE,
+                         "key '%s': the lease was taken over by a newer "
+                         "attempt or the record was removed",
+                         op->id->key);
+  return IDEM_OK;
+}
+
+static void run_local(conn *c, idem__op *op, int64_t now) {
+  idem_response r;
+  int fn_rc;
+  memset(&r, 0, sizeof r);
+  fn_rc = op->fn(c->db, op->ctx, &r);
+  if (fn_rc != 0) {
+    idem__op_fail(op, IDEM_EREJECTED,
+                  "key '%s': the action returned %d; it was rolled back and "
+                  "no record was kept",
+                  op->id->key, fn_rc);
+    return;
+  }
+  if ((r.meta_len && !r.meta) || (r.body_len && !r.body)) {
+    idem__op_fail(op, IDEM_EINVAL, "action's response: NULL data with a "
+                                   "length");
+    return;
+  }
+  if (r.meta_len + r.body_len > IDEM_MAX_RESPONSE) {
+    idem__op_fail(op, IDEM_ETOOBIG,
+                  "action's response: %zu bytes; a record keeps at most %u",
+                  r.meta_len + r.body_len, IDEM_MAX_RESPONSE);
+    return;
+  }
+  if (write_complete(c, op, &r, now) != IDEM_OK)
+    return;
+  if (idem__claim_set_response(op->claim, r.status, r.meta, r.meta_len,
+                               r.body, r.body_len) != IDEM_OK)
+    idem__op_fail(op, IDEM_ENOMEM, "out of memory");
+}
+
+/* Runs one op inside the open transaction. */
+static void run_one(conn *c, idem__op *op, int64_t now) {
+  idem__row row;
+  idem__action action;
+  switch (op->kind) {
+  case IDEM__OP_CLAIM:
+  case IDEM__OP_LOCAL:
+    if (load_and_decide(c, op, now, &row, &action) != IDEM_OK)
+      return;
+    if (action == IDEM__ACT_NONE)
+      return;
+    if (write_claim(c, op, &row, action, now) != IDEM_OK)
+      return;
+    if (op->kind == IDEM__OP_LOCAL)
+      run_local(c, op, now);
+    else
+      op->claim->held = 1;
+    return;
+  case IDEM__OP_COMPLETE:
+    write_complete(c, op, op->response, now);
+    return;
+  case IDEM__OP_RELEASE:
+    write_fenced(c, op, ST_RELEASE, now);
+    return;
+  case IDEM__OP_MARK_UNKNOWN:
+    write_fenced(c, op, ST_UNKNOWN, now);
+    return;
+  case IDEM__OP_RENEW:
+    write_fenced(c, op, ST_RENEW, now);
+    return;
+  }
+  idem__op_fail(op, IDEM_EINVAL, "unknown operation");
+}
+
+static void prune_some(sq_store *s, conn *c, int64_t now) {
+  sqlite3_stmt *q;
+  if (now - s->last_prune_ms < PRUNE_EVERY_MS)
+    return;
+  s->last_prune_ms = now;
+  if (exec(c, "SAVEPOINT idem_prune") != SQLITE_OK)
+    return;
+  q = stmt(c, ST_PRUNE_SOME);
+  if (q) {
+    sqlite3_bind_int64(q, 1, now);
+    if (sqlite3_step(q) != SQLITE_DONE)
+      exec(c, "ROLLBACK TO idem_prune");
+    sqlite3_reset(q);
+  }
+  exec(c, "RELEASE idem_prune");
+}
+
+/*
+ * Runs ops[0..n) in one transaction with one commit. On a failed BEGIN or
+ * COMMIT every op of the batch fails and nothing of it is stored.
+ */
+static void run_batch(sq_store *s, conn *c, idem__op **ops, int n) {
+  int64_t now = idem__now_ms();
+  int i;
+  if (exec(c, "BEGIN IMMEDIATE") != SQLITE_OK) {
+    for (i = 0; i < n; i++)
+      op_sqlite_fail(ops[i], c, "begin");
+    return;
+  }
+  for (i = 0; i < n; i++) {
+    idem__op *op = ops[i];
+    if (exec(c, "SAVEPOINT idem_op") != SQLITE_OK) {
+      op_sqlite_fail(op, c, "savepoint");
+      continue;
+    }
+    run_one(c, op, now);
+    if (op->rc != IDEM_OK) {
+      if (op->kind == IDEM__OP_CLAIM || op->kind == IDEM__OP_LOCAL)
+        op->claim->held = 0;
+      exec(c, "ROLLBACK TO idem_op");
+    }
+    exec(c, "RELEASE idem_op");
+  }
+  prune_some(s, c, now);
+  if (exec(c, "COMMIT") != SQLITE_OK) {
+    char msg[256];
+    snprintf(msg, sizeof msg, "%s", sqlite3_errmsg(c->db));
+    int rc = map_rc(sqlite3_extended_errcode(c->db));
+    exec(c, "ROLLBACK");
+    for (i = 0; i < n; i++) {
+      if (ops[i]->rc == IDEM_OK)
+        idem__op_fail(ops[i], rc,
+                      "sqlite: commit failed, nothing was stored: %s", msg);
+      if (ops[i]->kind == IDEM__OP_CLAIM || ops[i]->kind == IDEM__OP_LOCAL)
+        ops[i]->claim->held = 0;
+    }
+  }
+}
+
+/* Queues op for the next group commit and returns once it has run. */
+static void submit(sq_store *s, idem__op *op) {
+  idem__op *batch[BATCH_MAX];
+  op->next = NULL;
+  op->done = 0;
+  pthread_mutex_lock(&s->gc_mu);
+  if (s->tail)
+    s->tail->next = op;
+  else
+    s->head = op;
+  s->tail = op;
+  while (!op->done) {
+    if (s->leading) {
+      pthread_cond_wait(&s->gc_cv, &s->gc_mu);
+      continue;
+    }
+    int n = 0;
+    s->leading = 1;
+    while (s->head && n < BATCH_MAX) {
+      batch[n++] = s->head;
+      s->head = s->head->next;
+    }
+    if (!s->head)
+      s->tail = NULL;
+    pthread_mutex_unlock(&s->gc_mu);
+    run_batch(s, s->writer, batch, n);
+    pthread_mutex_lock(&s->gc_mu);
+    for (int i = 0; i < n; i++)
+      batch[i]->done = 1;
+    s->leading = 0;
+    pthread_cond_broadcast(&s->gc_cv);
+  }
+  pthread_mutex_unlock(&s->gc_mu);
+}
+
+static void sq_run(void *state, idem__op *op) {
+  sq_store *s = state;
+  conn *c = NULL;
+  int rc;
+
+  /* Claims first read a snapshot: outcomes that write nothing are answered
+   * from it without waiting for the write lock. */
+  if (op->kind == IDEM__OP_CLAIM || op->kind == IDEM__OP_LOCAL) {
+    idem__row row;
+    idem__action action;
+    rc = pool_get(s, &c);
+    if (rc != IDEM_OK) {
+      idem__op_fail(op, rc, "%s", idem_errmsg());
+      return;
+    }
+    rc = load_and_decide(c, op, idem__now_ms(), &row, &action);
+    if (rc == IDEM_OK && action == IDEM__ACT_NONE) {
+      pool_put(s, c);
+      return;
+    }
+    if (rc != IDEM_OK && rc != IDEM_EBUSY) {
+      pool_put(s, c);
+      return;
+    }
+    op->rc = IDEM_OK;
+    op->errmsg[0] = '\0';
+    free(op->claim->resp_buf);
+    op->claim->resp_buf = NULL;
+    op->claim->has_response = 0;
+    if (s->writer) {
+      pool_put(s, c);
+      submit(s, op);
+    } else {
+      run_batch(s, c, &op, 1);
+      pool_put(s, c);
+    }
+    return;
+  }
+  if (s->writer) {
+    submit(s, op);
+    return;
+  }
+  rc = pool_get(s, &c);
+  if (rc != IDEM_OK) {
+    idem__op_fail(op, rc, "%s", idem_errmsg());
+    return;
+  }
+  run_batch(s, c, &op, 1);
+  pool_put(s, c);
+}
+
+/* ---- open and close ------------------------------------------------------ */
+
+static void sq_close(void *state) {
+  sq_store *s = state;
+  conn *c;
+  if (!s)
+    return;
+  while ((c = s->idle)) {
+    s->idle = c->next;
+    conn_close(c);
+  }
+  conn_close(s->writer);
+  pthread_mutex_destroy(&s->pool_mu);
+  pthread_cond_destroy(&s->pool_cv);
+  pthread_mutex_destroy(&s->gc_mu);
+  pthread_cond_destroy(&s->gc_cv);
+  free(s->path);
+  free(s);
+}
+
+static int sq_open(const char *target, const idem_store_options *opts,
+                   void **state) {
+  sq_store *s = calloc(1, sizeof *s);
+  conn *c = NULL;
+  int rc;
+  *state = NULL;
+  if (!s)
+    return idem__fail(IDEM_ENOMEM, "sqlite: out of memory");
+  s->o = *opts;
+  if (s->o.busy_timeout_ms <= 0)
+    s->o.busy_timeout_ms = 10000;
+  if (s->o.max_connections <= 0)
+    s->o.max_connections = 16;
+  s->path = idem__strdup(target);
+  pthread_mutex_init(&s->pool_mu, NULL);
+  pthread_cond_init(&s->pool_cv, NULL);
+  pthread_mutex_init(&s->gc_mu, NULL);
+  pthread_cond_init(&s->gc_cv, NULL);
+  snprintf(s->version, sizeof s->version, "%s", sqlite3_libversion());
+  if (!s->path) {
+    sq_close(s);
+    return idem__fail(IDEM_ENOMEM, "sqlite: out of memory");
+  }
+  rc = conn_open(s, &c);
+  if (rc == IDEM_OK)
+    rc = ensure_schema(s, c);
+  if (rc != IDEM_OK) {
+    conn_close(c);
+    sq_close(s);
+    return rc;
+  }
+  s->nconn = 1;
+  c->next = NULL;
+  s->idle = c;
+  if (s->o.group_commit >= 0) {
+    rc = conn_open(s, &s->writer);
+    if (rc != IDEM_OK) {
+      sq_close(s);
+      return rc;
+    }
+  }
+  *state = s;
+  return IDEM_OK;
+}
+
+static const char *sq_engine_version(void *state) {
+  return ((sq_store *)state)->version;
+}
+
+/* ---- operators ------------------------------------------------------------ */
+
+static char *col_text(sqlite3_stmt *q, int i) {
+  const unsigned char *t = sqlite3_column_text(q, i);
+  return idem__strdup(t ? (const char *)t : "");
+}
+
+static void *col_blob(sqlite3_stmt *q, int i, size_t *len) {
+  const void *b = sqlite3_column_blob(q, i);
+  size_t n = (size_t)sqlite3_column_bytes(q, i);
+  *len = n;
+  if (sqlite3_column_type(q, i) == SQLITE_NULL) {
+    *len = 0;
+    return NULL;
+  }
+  /* One spare NUL so that text can be printed as is. */
+  char *p = malloc(n + 1);
+  if (p) {
+    if (n)
+      memcpy(p, b, n);
+    p[n] = '\0';
+  }
+  return p;
+}
+
+static int row_to_record(sqlite3_stmt *q, idem_record **out) {
+  idem_record *r = calloc(1, sizeof *r);
+  size_t n;
+  if (!r)
+    return idem__fail(IDEM_ENOMEM, "out of memory");
+  r->tenant = col_text(q, 0);
+  r->operation = col_text(q, 1);
+  r->key = col_text(q, 2);
+  r->fingerprint = col_text(q, 3);
+  r->state = (idem_state)sqlite3_column_int(q, 4);
+  r->attempt = sqlite3_column_int(q, 5);
+  r->created_ms = sqlite3_column_int64(q, 6);
+  r->updated_ms = sqlite3_column_int64(q, 7);
+  r->lease_expires_ms = sqlite3_column_int64(q, 8);
+  r->expires_ms = sqlite3_column_int64(q, 9);
+  r->request = col_blob(q, 10, &r->request_len);
+  if (r->state == IDEM_STATE_COMPLETED) {
+    r->has_response = 1;
+    r->response.status = sqlite3_column_int(q, 11);
+    r->response.meta = col_blob(q, 12, &n);
+    r->response.meta_len = r->response.meta ? n : 0;
+    r->response.body = col_blob(q, 13, &n);
+    r->response.body_len = r->response.body ? n : 0;
+  }
+  if (!r->tenant || !r->operation || !r->key || !r->fingerprint) {
+    idem_record_free(r);
+    return idem__fail(IDEM_ENOMEM, "out of memory");
+  }
+  *out = r;
+  return IDEM_OK;
+}
+
+static int sq_get(void *state, const idem_id *id, idem_record **out) {
+  sq_store *s = state;
+  conn *c;
+  sqlite3_stmt *q;
+  int rc = pool_get(s, &c), step;
+  if (rc != IDEM_OK)
+    return rc;
+  q = stmt(c, ST_GET);
+  if (!q) {
+    rc = sqlite_fail(c, "prepare");
+    goto out;
+  }
+  sqlite3_bind_int64(q, 1, idem__now_ms());
+  bind_id(q, id, 2);
+  step = sqlite3_step(q);
+  if (step == SQLITE_ROW)
+    rc = row_to_record(q, out);
+  else if (step == SQLITE_DONE)
+    rc = idem__fail(IDEM_ENOTFOUND, "no record (%s, %s, %s)",
+                    id->tenant ? id->tenant : "", id->operation, id->key);
+  else
+    rc = sqlite_fail(c, "get");
+  sqlite3_reset(q);
+out:
+  pool_put(s, c);
+  return rc;
+}
+
+static int sq_list(void *state, const idem_filter *f, idem_record_fn fn,
+                   void *ctx) {
+  sq_store *s = state;
+  conn *c;
+  sqlite3_stmt *q;
+  int rc = pool_get(s, &c), step;
+  if (rc != IDEM_OK)
+    return rc;
+  /* A prepared statement of its own: fn may call back into the store. */
+  if (sqlite3_prepare_v2(c->db, sql_text[ST_LIST], -1, &q, NULL) !=
+      SQLITE_OK) {
+    rc = sqlite_fail(c, "prepare");
+    pool_put(s, c);
+    return rc;
+  }
+  sqlite3_bind_int64(q, 1, idem__now_ms());
+  if (f->tenant)
+    sqlite3_bind_text(q, 2, f->tenant, -1, SQLITE_STATIC);
+  if (f->operation)
+    sqlite3_bind_text(q, 3, f->operation, -1, SQLITE_STATIC);
+  sqlite3_bind_int(q, 4, f->state);
+  sqlite3_bind_int(q, 5, f->expired ? 1 : 0);
+  sqlite3_bind_int64(q, 6, f->limit > 0 ? f->limit : -1);
+  while ((step = sqlite3_step(q)) == SQLITE_ROW) {
+    idem_record *r = NULL;
+    rc = row_to_record(q, &r);
+    if (rc != IDEM_OK)
+      break;
+    rc = fn(r, ctx);
+    idem_record_free(r);
+    if (rc != 0)
+      break;
+  }
+  if (rc == IDEM_OK && step != SQLITE_DONE)
+    rc = sqlite_fail(c, "list");
+  sqlite3_finalize(q);
+  pool_put(s, c);
+  return rc;
+}
+
+static int sq_prune(void *state, int64_t *removed) {
+  sq_store *s = state;
+  conn *c;
+  sqlite3_stmt *q;
+  int rc = pool_get(s, &c);
+  if (rc != IDEM_OK)
+    return rc;
+  q = stmt(c, ST_PRUNE);
+  if (!q) {
+    rc = sqlite_fail(c, "prepare");
+  } else {
+    sqlite3_bind_int64(q, 1, idem__now_ms());
+    if (sqlite3_step(q) != SQLITE_DONE)
+      rc = sqlite_fail(c, "prune");
+    else
+      *removed = sqlite3_changes(c->db);
+    sqlite3_reset(q);
+  }
+  pool_put(s, c);
+  return rc;
+}
+
+static int sq_resolve(void *state, const idem_id *id,
+                      const idem_response *r) {
+  sq_store *s = state;
+  conn *c;
+  sqlite3_stmt *q;
+  char fp[IDEM_FINGERPRINT_SIZE] = "", sum[IDEM_FINGERPRINT_SIZE];
+  int found = 0, st = 0, step;
+  int64_t now = idem__now_ms();
+  int rc = pool_get(s, &c);
+  if (rc != IDEM_OK)
+    return rc;
+  if (exec(c, "BEGIN IMMEDIATE") != SQLITE_OK) {
+    rc = sqlite_fail(c, "begin");
+    pool_put(s, c);
+    return rc;
+  }
+  q = stmt(c, ST_SELECT);
+  if (!q) {
+    rc = sqlite_fail(c, "prepare");
+    goto out;
+  }
+  bind_id(q, id, 1);
+  step = sqlite3_step(q);
+  if (step == SQLITE_ROW) {
+    found = 1;
+    snprintf(fp, sizeof fp, "%s", (const char *)sqlite3_column_text(q, 0));
+    st = sqlite3_column_int(q, 1);
+  } else if (step != SQLITE_DONE) {
+    rc = sqlite_fail(c, "read record");
+    sqlite3_reset(q);
+    goto out;
+  }
+  sqlite3_reset(q);
+  if (!found) {
+    rc = idem__fail(IDEM_ENOTFOUND, "no record (%s, %s, %s)",
+                    id->tenant ? id->tenant : "", id->operation, id->key);
+    goto out;
+  }
+  if (st == IDEM_STATE_COMPLETED) {
+    rc = idem__fail(IDEM_ESTATE,
+                    "record (%s, %s, %s) is already completed; nothing to "
+                    "resolve",
+                    id->tenant ? id->tenant : "", id->operation, id->key);
+    goto out;
+  }
+  if (r) {
+    if (idem__response_checksum(fp, r->status, r->meta, r->meta_len, r->body,
+                                r->body_len, sum) != IDEM_OK) {
+      rc = idem__fail(IDEM_ENOMEM, "out of memory");
+      goto out;
+    }
+    q = stmt(c, ST_RESOLVE_DONE);
+    if (!q) {
+      rc = sqlite_fail(c, "prepare");
+      goto out;
+    }
+    bind_id(q, id, 1);
+    sqlite3_bind_int64(q, 4, now);
+    sqlite3_bind_int64(q, 5, now + DEFAULT_RETENTION_MS);
+    sqlite3_bind_int(q, 6, r->status);
+    if (r->meta)
+      sqlite3_bind_blob(q, 7, r->meta, (int)r->meta_len, SQLITE_STATIC);
+    sqlite3_bind_blob(q, 8, r->body_len ? r->body : "", (int)r->body_len,
+                      SQLITE_STATIC);
+    sqlite3_bind_text(q, 9, sum, -1, SQLITE_STATIC);
+  } else {
+    q = stmt(c, ST_RESOLVE_DELETE);
+    if (!q) {
+      rc = sqlite_fail(c, "prepare");
+      goto out;
+    }
+    bind_id(q, id, 1);
+  }
+  if (sqlite3_step(q) != SQLITE_DONE)
+    rc = sqlite_fail(c, "resolve");
+  sqlite3_reset(q);
+  if (rc == IDEM_OK && exec(c, "COMMIT") != SQLITE_OK)
+    rc = sqlite_fail(c, "commit");
+out:
+  if (!sqlite3_get_autocommit(c->db))
+    exec(c, "ROLLBACK");
+  pool_put(s, c);
+  return rc;
+}
+
+const idem__store_methods idem__sqlite_methods = {
+    IDEM__STORE_METHODS_VERSION,
+    "sqlite",
+    sq_open,
+    sq_close,
+    sq_engine_version,
+    sq_run,
+    sq_get,
+    sq_list,
+    sq_prune,
+    sq_resolve,
+};

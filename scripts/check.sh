@@ -1,0 +1,27 @@
+#!/bin/sh
+# make check: build twice (normal, then ASan+UBSan) and run every test on both.
+# A throwaway PostgreSQL cluster is started for the PostgreSQL tests and
+# stopped at the end, also when a test fails.
+set -eu
+BUILD=${1:-build}
+ASAN_BUILD=${2:-build-asan}
+JOBS=${3:-2}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+
+. "$ROOT/scripts/pg.sh"
+pg_start
+trap 'pg_stop' EXIT INT TERM
+
+status=0
+cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build "$BUILD" -j "$JOBS"
+echo "== tests (RelWithDebInfo) =="
+(cd "$BUILD" && ctest --output-on-failure -j "$JOBS") || status=1
+
+cmake -S "$ROOT" -B "$ASAN_BUILD" -DCMAKE_BUILD_TYPE=Debug -DIDEM_SANITIZE=ON >/dev/null
+cmake --build "$ASAN_BUILD" -j "$JOBS"
+echo "== tests (ASan+UBSan) =="
+(cd "$ASAN_BUILD" && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --output-on-failure -j "$JOBS") || status=1
+exit $status
