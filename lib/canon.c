@@ -325,7 +325,7 @@ typedef struct nul_names {
 } nul_names;
 
 /* Makes *copy the rewritten text and fills *nn; IDEM_EJSON when every
- * candidate code point is taken. */
+ * candidate code point is taken, IDEM_ENOMEM when memory is. */
 static int prepare_nul_names(const char *json, size_t len, char **copy,
                              nul_names *nn) {
   static const char digits[] = "0123456789ABCDEF";
@@ -351,9 +351,11 @@ static int prepare_nul_names(const char *json, size_t len, char **copy,
     if (!(used[c >> 3] & (1u << (c & 7))))
       cp = c;
   if (cp < 0) {
+    /* Only a document built to defeat this can get here: its names would
+     * need every code point from U+0800 to U+FFFD, some 180 KiB of them. */
     rc = idem__fail(IDEM_EJSON,
-                    "at byte 0: member names contain U+0000 and use every "
-                    "code point this implementation could stand it in with");
+                    "at byte 0: member names contain U+0000 and every code "
+                    "point from U+0800 to U+FFFD, which is not supported");
     goto cleanup;
   }
   for (int k = 0; k < 4; k++)
@@ -434,14 +436,19 @@ static int compare_members(const void *pa, const void *pb) {
   return rx < ry ? -1 : rx > ry;
 }
 
+/* Writes a string with RFC 8785's escapes: the two-character forms where
+ * JSON has them, \u00xx in lowercase for the other controls, and every other
+ * character, '/' and DEL included, as its literal UTF-8. */
 static int write_string(canon_buf *b, const char *s, size_t n) {
   static const char hex[] = "0123456789abcdef";
+  static const char short_from[] = "\"\\\b\f\n\r\t", short_to[] = "\"\\bfnrt";
   size_t run = 0;
   int rc = buf_putc(b, '"');
   for (size_t i = 0; i < n && rc == IDEM_OK; i++) {
     unsigned char c = (unsigned char)s[i];
     char esc[7];
     size_t esc_len = 2;
+    const char *hit;
     if (c >= 0x20 && c != '"' && c != '\\')
       continue;
     /* Flush the literal run before this character, then its escape. */
@@ -450,15 +457,10 @@ static int write_string(canon_buf *b, const char *s, size_t n) {
       break;
     run = i + 1;
     esc[0] = '\\';
-    switch (c) {
-    case '"': esc[1] = '"'; break;
-    case '\\': esc[1] = '\\'; break;
-    case '\b': esc[1] = 'b'; break;
-    case '\f': esc[1] = 'f'; break;
-    case '\n': esc[1] = 'n'; break;
-    case '\r': esc[1] = 'r'; break;
-    case '\t': esc[1] = 't'; break;
-    default:
+    hit = memchr(short_from, c, sizeof short_from - 1);
+    if (hit != NULL) {
+      esc[1] = short_to[hit - short_from];
+    } else {
       memcpy(esc + 1, "u00", 3);
       esc[4] = hex[c >> 4];
       esc[5] = hex[c & 15];
@@ -615,9 +617,8 @@ static int map_parse_error(const json_error_t *e, const char *json, size_t len,
                       pos - start > 40 ? "..." : "");
   }
   case json_error_stack_overflow:
-    return idem__fail(IDEM_EDEPTH,
-                      "at byte %zu: nesting deeper than the parser allows",
-                      pos);
+    return idem__fail(
+        IDEM_EDEPTH, "at byte %zu: nesting deeper than the parser allows", pos);
   case json_error_end_of_input_expected:
     *offset = after_first_value(json, len);
     return idem__fail(IDEM_EJSON,

@@ -302,9 +302,24 @@ int idem_store_open(const char *url, const idem_store_options *opts,
 
   if (strncmp(url, "postgresql://", 13) == 0 ||
       strncmp(url, "postgres://", 11) == 0) {
+#ifdef IDEM_HAVE_PG
+    m = &idem__pg_methods;
+    target = url;
+#else
     return idem__fail(IDEM_EURL, "store '%s': this build of idem has no "
                                  "PostgreSQL backend",
                       url);
+#endif
+  } else if (strncmp(url, "pg:", 3) == 0) {
+#ifdef IDEM_HAVE_PG
+    /* Any libpq conninfo: "pg:host=/run/postgresql dbname=idem". */
+    m = &idem__pg_methods;
+    target = url + 3;
+#else
+    return idem__fail(IDEM_EURL, "store '%s': this build of idem has no "
+                                 "PostgreSQL backend",
+                      url);
+#endif
   } else if (strncmp(url, "sqlite:", 7) == 0) {
     m = &idem__sqlite_methods;
     target = url + 7;

@@ -106,6 +106,7 @@ typedef struct idem__store_methods {
 } idem__store_methods;
 
 extern const idem__store_methods idem__sqlite_methods;
+extern const idem__store_methods idem__pg_methods;
 
 /* Helpers for backends. */
 int64_t idem__now_ms(void);

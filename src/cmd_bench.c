@@ -117,7 +117,8 @@ typedef struct ticket {
  * A backend whose insert_ticket is NULL has no bench yet.
  */
 typedef struct bench_backend {
-  const char *name;
+  const char *name;  /* as idem_store_backend() says it */
+  const char *title; /* for messages */
   int (*setup)(const char *target, char *err, size_t errlen);
   idem_local_fn insert_ticket;
 } bench_backend;
@@ -162,10 +163,11 @@ static int sqlite_insert_ticket(void *conn, void *ctx, idem_response *r) {
   return 0;
 }
 
-static const bench_backend sqlite_backend = {"sqlite", sqlite_setup,
+static const bench_backend sqlite_backend = {"sqlite", "SQLite", sqlite_setup,
                                              sqlite_insert_ticket};
 /* Its insert_ticket would take a PGconn * and run one INSERT ... RETURNING. */
-static const bench_backend pg_backend = {"postgresql", NULL, NULL};
+static const bench_backend pg_backend = {"postgresql", "PostgreSQL", NULL,
+                                         NULL};
 
 /* The backend of url and the part of url it reads (engine's syntax). */
 static const bench_backend *backend_for(const char *url, const char **target) {
@@ -780,7 +782,7 @@ static int run(int argc, char **argv) {
     if (!b.backend->insert_ticket) {
       cli_error("bench", "the %s bench is not available yet; use an SQLite "
                          "store (--store sqlite:PATH, or no --store)",
-                b.backend->name);
+                b.backend->title);
       goto out;
     }
   } else {

@@ -7,10 +7,11 @@
 #define _POSIX_C_SOURCE 200809L
 #endif
 
+#include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <setjmp.h>
+
 #include <cmocka.h>
 
 #include <dirent.h>
@@ -57,8 +58,8 @@ static void expect_reject_n(const char *in, size_t n,
   char at[64];
   int rc = idem_canonicalize(in, n, limits, &out, &out_len, &off);
   if (rc != want_rc)
-    fail_msg("input '%.*s': got %s (%s), want %s", (int)n, in,
-             idem_rc_name(rc), idem_errmsg(), idem_rc_name(want_rc));
+    fail_msg("input '%.*s': got %s (%s), want %s", (int)n, in, idem_rc_name(rc),
+             idem_errmsg(), idem_rc_name(want_rc));
   assert_null(out);
   assert_int_equal(out_len, 0);
   if (off != want_off)
@@ -206,8 +207,9 @@ static void test_utf16_order(void **state) {
   expect_canon("{\"\xee\x80\x80\":1,\"\xf0\x9f\x98\x82\":2}",
                "{\"\xf0\x9f\x98\x82\":2,\"\xee\x80\x80\":1}");
   /* Below U+D800 code point order holds: U+D7FF before U+10000. */
-  expect_canon("{\"\\ud800\\udc00\":1,\"\\ud7ff\":2,\"\\uffff\":3}",
-               "{\"\xed\x9f\xbf\":2,\"\xf0\x90\x80\x80\":1,\"\xef\xbf\xbf\":3}");
+  expect_canon(
+      "{\"\\ud800\\udc00\":1,\"\\ud7ff\":2,\"\\uffff\":3}",
+      "{\"\xed\x9f\xbf\":2,\"\xf0\x90\x80\x80\":1,\"\xef\xbf\xbf\":3}");
   /* A prefix sorts first, also inside multi-byte characters. */
   expect_canon("{\"\xc3\xa9x\":1,\"\xc3\xa9\":2}",
                "{\"\xc3\xa9\":2,\"\xc3\xa9x\":1}");
@@ -221,13 +223,48 @@ static void test_nul_in_member_names(void **state) {
   expect_canon("{\"a\\u0000b\":1,\"a\\u0000c\":2}",
                "{\"a\\u0000b\":1,\"a\\u0000c\":2}");
   /* Other names using the first private-use code point do not collide. */
-  expect_canon("{\"\\ue000\":1,\"\\u0000\":2,\"x\":\"\\u0000\\ue000\"}",
-               "{\"\\u0000\":2,\"x\":\"\\u0000\xee\x80\x80\",\"\xee\x80\x80\":1}");
+  expect_canon(
+      "{\"\\ue000\":1,\"\\u0000\":2,\"x\":\"\\u0000\\ue000\"}",
+      "{\"\\u0000\":2,\"x\":\"\\u0000\xee\x80\x80\",\"\xee\x80\x80\":1}");
   expect_canon("{\"\xee\x80\x80\":1,\"\\u0000\\ue001\":2}",
                "{\"\\u0000\xee\x80\x81\":2,\"\xee\x80\x80\":1}");
   /* An escaped backslash before "u0000" is no NUL. */
   expect_canon("{\"\\\\u0000\":1}", "{\"\\\\u0000\":1}");
   expect_reject("{\"a\\u0000\":1,\"a\\u0000\":2}", IDEM_EDUPKEY, 13);
+}
+
+/* Appends {"\uXXXX":0, for every code point in [lo, hi] to s at *n. */
+static void append_names(char *s, size_t *n, long lo, long hi) {
+  for (long c = lo; c <= hi; c++)
+    *n += (size_t)sprintf(s + *n, "\"\\u%04lx\":0,", c);
+}
+
+/* The stand-in for U+0000 must be a code point no name uses: with the whole
+ * private-use area taken it comes from elsewhere, and with every candidate
+ * taken the text is refused rather than misread. */
+static void test_nul_in_member_names_crowded(void **state) {
+  size_t n = 0;
+  char *s = malloc(1024 * 1024), *out = NULL;
+  size_t out_len = 0, off = 99;
+  (void)state;
+  assert_non_null(s);
+  s[n++] = '{';
+  append_names(s, &n, 0xE000, 0xFFFD);
+  n += (size_t)sprintf(s + n, "\"a\\u0000\":1}");
+  assert_int_equal(idem_canonicalize(s, n, NULL, &out, &out_len, &off),
+                   IDEM_OK);
+  assert_non_null(strstr(out, "{\"a\\u0000\":1,"));
+  idem_free(out);
+
+  n -= strlen("\"a\\u0000\":1}");
+  append_names(s, &n, 0x0800, 0xD7FF);
+  n += (size_t)sprintf(s + n, "\"a\\u0000\":1}");
+  assert_int_equal(idem_canonicalize(s, n, NULL, &out, &out_len, &off),
+                   IDEM_EJSON);
+  assert_null(out);
+  assert_int_equal(off, 0);
+  assert_non_null(strstr(idem_errmsg(), "U+0000"));
+  free(s);
 }
 
 /* ------------------------------------------------------------------ */
@@ -406,10 +443,10 @@ static void test_fingerprint_seed(void **state) {
     assert_string_equal(
         fp, "46990e904d1d53f99c2e6b502ab422a3dd934849c57cb0c41897de5b59ebf59e");
   }
-  assert_int_equal(idem_fingerprint(urgent, strlen(urgent), 1, other),
-                   IDEM_OK);
+  assert_int_equal(idem_fingerprint(urgent, strlen(urgent), 1, other), IDEM_OK);
   assert_string_equal(
-      other, "02047dca2595f45f7fe3c43a47e81e59b99fa7bd11c4edbeafa917be3ae8a8a5");
+      other,
+      "02047dca2595f45f7fe3c43a47e81e59b99fa7bd11c4edbeafa917be3ae8a8a5");
   assert_string_not_equal(fp, other);
 
   /* Invalid JSON fails the fingerprint as it fails canonicalisation. */
@@ -426,6 +463,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_member_order),
       cmocka_unit_test(test_utf16_order),
       cmocka_unit_test(test_nul_in_member_names),
+      cmocka_unit_test(test_nul_in_member_names_crowded),
       cmocka_unit_test(test_duplicate_names),
       cmocka_unit_test(test_invalid_utf8),
       cmocka_unit_test(test_lone_surrogates),

@@ -3,10 +3,11 @@
  * Usage: test_numfmt VECTORS_DIR, the directory holding es6-numbers-10k.txt
  * (shared/vectors/jcs).
  */
+#include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <setjmp.h>
+
 #include <cmocka.h>
 
 #include <math.h>
