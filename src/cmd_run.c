@@ -234,12 +234,15 @@ static int parse_size(const char *s, size_t *out) {
 static int replay(const idem_response *r) {
   json_error_t e;
   json_t *meta = r->meta ? json_loadb(r->meta, r->meta_len, 0, &e) : NULL;
-  json_int_t out_len = meta ? json_integer_value(json_object_get(meta,
-                                                                 "stdout"))
-                            : 0;
+  /* Without metadata (an operator's `idem keys resolve --completed`), the
+   * whole body is standard output. */
+  json_int_t out_len =
+      meta ? json_integer_value(json_object_get(meta, "stdout"))
+           : (json_int_t)r->body_len;
   int truncated = meta && json_is_true(json_object_get(meta, "truncated"));
+  int bad = r->meta && !meta;
   json_decref(meta);
-  if (!meta || out_len < 0 || (size_t)out_len > r->body_len) {
+  if (bad || out_len < 0 || (size_t)out_len > r->body_len) {
     cli_error("run", "the stored result is not one `idem run` wrote");
     return EXIT_RUN_ERROR;
   }

@@ -1,0 +1,126 @@
+#!/bin/sh
+# idem run: at-most-once commands, driven through the real program.
+IDEM=$1
+. "$(dirname "$0")/lib.sh"
+export IDEM_STORE="$TMP/run.db"
+
+# A command that appends a line to a file (the side effect) and prints.
+
+
+# 1. Twice with one key: one execution, the same output and status.
+for status in 0 7; do
+  f="$TMP/effect-$status"
+  : > "$f"
+  out1=$("$IDEM" run --key "twice-$status" -- sh -c 'echo ran >> "$1"; echo "out $2"; echo "err $2" >&2; exit $3' x "$f" hello "$status" 2>"$TMP/e1" </dev/null)
+  s1=$?
+  out2=$("$IDEM" run --key "twice-$status" -- sh -c 'echo ran >> "$1"; echo "out $2"; echo "err $2" >&2; exit $3' x "$f" hello "$status" 2>"$TMP/e2" </dev/null)
+  s2=$?
+  expect_eq "status of the first run ($status)" "$status" "$s1"
+  expect_eq "status of the replay ($status)" "$status" "$s2"
+  expect_eq "stdout of the first run" "out hello" "$out1"
+  expect_eq "stdout replayed" "$out1" "$out2"
+  expect_eq "stderr replayed" "$(cat "$TMP/e1")" "$(cat "$TMP/e2")"
+  expect_eq "executions ($status)" 1 "$(wc -l < "$f")"
+done
+
+# 2. Eight concurrent runs with one key: one execution; the others are told
+#    it is in flight (75) or get the replay.
+: > "$TMP/conc"
+i=0
+while [ $i -lt 8 ]; do
+  ( "$IDEM" run --key concurrent -- sh -c 'echo ran >> "$1"; sleep 1; echo done' x "$TMP/conc" \
+      >"$TMP/conc.out.$i" 2>/dev/null </dev/null; echo $? > "$TMP/conc.st.$i" ) &
+  i=$((i + 1))
+done
+wait
+expect_eq "concurrent executions" 1 "$(wc -l < "$TMP/conc")"
+zeros=0; tempfails=0; i=0
+while [ $i -lt 8 ]; do
+  st=$(cat "$TMP/conc.st.$i")
+  if [ "$st" = 0 ]; then
+    zeros=$((zeros + 1))
+    expect_eq "concurrent output $i" "done" "$(cat "$TMP/conc.out.$i")"
+  elif [ "$st" = 75 ]; then tempfails=$((tempfails + 1))
+  else fail "concurrent run $i exited $st"; fi
+  i=$((i + 1))
+done
+expect_eq "concurrent: every run got 0 or 75" 8 $((zeros + tempfails))
+expect_match "concurrent: at least the executing run got 0" '^[1-8]$' "$zeros"
+out=$("$IDEM" run --key concurrent -- sh -c 'echo ran >> "$1"; sleep 1; echo done' x "$TMP/conc" </dev/null 2>/dev/null)
+expect_eq "after the race: replay" "done" "$out"
+
+# 3. Same key, other argv: refused with 3, nothing runs.
+: > "$TMP/argv"
+"$IDEM" run --key argv-key -- sh -c 'echo ran >> "$1"' x "$TMP/argv" </dev/null
+msg=$("$IDEM" run --key argv-key -- sh -c 'echo ran >> "$1"; echo changed' x "$TMP/argv" </dev/null 2>&1)
+expect_eq "changed argv: exit status" 3 "$?"
+expect_match "changed argv: message names the key" "argv-key" "$msg"
+expect_eq "changed argv: executions" 1 "$(wc -l < "$TMP/argv")"
+
+# 4. Standard input is part of the request.
+out=$(echo first | "$IDEM" run --key stdin-key -- cat)
+expect_eq "stdin reaches the command" "first" "$out"
+echo second | "$IDEM" run --key stdin-key -- cat >/dev/null 2>&1
+expect_eq "other stdin: conflict" 3 "$?"
+out=$(echo first | "$IDEM" run --key stdin-key -- cat)
+expect_eq "same stdin: replay" "first" "$out"
+
+# 5. Binary output replayed byte for byte.
+head -c 300000 /dev/urandom > "$TMP/blob"
+"$IDEM" run --key binary -- cat "$TMP/blob" > "$TMP/blob.1" </dev/null
+"$IDEM" run --key binary -- cat "$TMP/blob" > "$TMP/blob.2" </dev/null
+cmp -s "$TMP/blob" "$TMP/blob.1" && ok || fail "binary output, first run"
+cmp -s "$TMP/blob" "$TMP/blob.2" && ok || fail "binary output, replay"
+
+# 6. A command ended by a signal: 128+N, stored and replayed.
+"$IDEM" run --key signalled -- sh -c 'kill -TERM $$' </dev/null
+expect_eq "signal status" 143 "$?"
+"$IDEM" run --key signalled -- sh -c 'kill -TERM $$' </dev/null
+expect_eq "signal status replayed" 143 "$?"
+
+# 7. SIGKILL of idem run mid-command: the command dies with it, the record
+#    stays in progress; after the lease a retry is refused as unknown (4),
+#    and --on-unknown rerun runs it.
+: > "$TMP/killed"
+"$IDEM" run --key killed --lease 500ms -- sh -c 'echo started >> "$1"; sleep 2; echo finished >> "$1"' x "$TMP/killed" </dev/null &
+pid=$!
+sleep 0.4
+kill -KILL $pid
+wait $pid 2>/dev/null
+sleep 2.2
+expect_eq "killed: the command died with idem run" "started" "$(cat "$TMP/killed")"
+msg=$("$IDEM" run --key killed --lease 500ms -- sh -c 'echo started >> "$1"; sleep 2; echo finished >> "$1"' x "$TMP/killed" </dev/null 2>&1)
+expect_eq "killed: retry refused as unknown" 4 "$?"
+expect_match "killed: message says outcome unknown" "outcome unknown" "$msg"
+"$IDEM" run --key killed --lease 500ms --on-unknown rerun -- sh -c 'echo started >> "$1"; sleep 2; echo finished >> "$1"' x "$TMP/killed" </dev/null 2>/dev/null
+expect_eq "killed: rerun exit status" 0 "$?"
+expect_eq "killed: rerun ran the command" "started started finished" "$(tr '\n' ' ' < "$TMP/killed" | sed 's/ $//')"
+
+# 8. A command that runs past its lease is renewed, never taken over.
+: > "$TMP/long"
+"$IDEM" run --key long --lease 300ms -- sh -c 'echo ran >> "$1"; sleep 1.5; echo long-done' x "$TMP/long" >"$TMP/long.out" </dev/null &
+pid=$!
+sleep 1
+"$IDEM" run --key long --lease 300ms -- sh -c 'echo ran >> "$1"; sleep 1.5; echo long-done' x "$TMP/long" >/dev/null 2>&1 </dev/null
+expect_eq "long: a second run while it lives is in flight" 75 "$?"
+wait $pid
+expect_eq "long: first run status" 0 "$?"
+expect_eq "long: executions" 1 "$(wc -l < "$TMP/long")"
+out=$("$IDEM" run --key long --lease 300ms -- sh -c 'echo ran >> "$1"; sleep 1.5; echo long-done' x "$TMP/long" </dev/null)
+expect_eq "long: replay afterwards" "long-done" "$out"
+
+# 9. A command that is not found: 127, and the key is free again.
+"$IDEM" run --key missing -- /nonexistent/command </dev/null 2>/dev/null
+expect_eq "missing command: 127" 127 "$?"
+out=$("$IDEM" run --key missing -- /nonexistent/command </dev/null 2>&1)
+expect_match "missing command: not stored, tried again" "No such file" "$out"
+
+# 10. Usage errors.
+"$IDEM" run -- true 2>/dev/null
+expect_eq "no key: usage" 2 "$?"
+"$IDEM" run --key 'bad key' -- true 2>/dev/null
+expect_eq "bad key: usage" 2 "$?"
+"$IDEM" run --key ok-key 2>/dev/null
+expect_eq "no command: usage" 2 "$?"
+
+finish
