@@ -285,9 +285,27 @@ static void pool_put(sq_store *s, conn *c) {
 
 /* ---- schema ------------------------------------------------------------ */
 
+/* The schema version, or 0 when the store has none yet. */
+static int read_version(conn *c) {
+  sqlite3_stmt *q = NULL;
+  int version = 0;
+  if (sqlite3_prepare_v2(c->db,
+                         "SELECT value FROM idem_meta WHERE name = "
+                         "'schema_version'",
+                         -1, &q, NULL) == SQLITE_OK &&
+      sqlite3_step(q) == SQLITE_ROW)
+    version = sqlite3_column_int(q, 0);
+  sqlite3_finalize(q);
+  return version;
+}
+
 static int ensure_schema(sq_store *s, conn *c) {
   sqlite3_stmt *q = NULL;
   int version = 0, rc;
+  /* The common case reads only: many processes opening one store at once
+   * do not queue for the write lock just to find the schema in place. */
+  if (read_version(c) == SCHEMA_VERSION)
+    return IDEM_OK;
   if (exec(c, "BEGIN IMMEDIATE") != SQLITE_OK)
     return idem__fail(map_rc(sqlite3_extended_errcode(c->db)),
                       "store '%s': %s", s->path, sqlite3_errmsg(c->db));

@@ -624,7 +624,7 @@ static int make_temp_dir(char *dir, size_t size) {
 static void remove_temp_dir(const char *dir) {
   DIR *d = opendir(dir);
   struct dirent *e;
-  char path[4200];
+  char path[4096 + 256 + 2];
   if (d) {
     while ((e = readdir(d))) {
       if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
