@@ -107,19 +107,9 @@ int idem__response_checksum(const char *fingerprint, int status,
   char head[128];
   int n = snprintf(head, sizeof head, "%s:%d:%zu:%zu:", fingerprint, status,
                    meta_len, body_len);
-  size_t total = (size_t)n + meta_len + body_len;
-  char *buf = malloc(total ? total : 1);
-  int rc;
-  if (!buf)
-    return IDEM_ENOMEM;
-  memcpy(buf, head, (size_t)n);
-  if (meta_len)
-    memcpy(buf + n, meta, meta_len);
-  if (body_len)
-    memcpy(buf + n + meta_len, body, body_len);
-  rc = idem_sha256_hex(buf, total, hex);
-  free(buf);
-  return rc;
+  const void *parts[3] = {head, meta, body};
+  size_t sizes[3] = {(size_t)n, meta ? meta_len : 0, body ? body_len : 0};
+  return idem__sha256_parts(parts, sizes, 3, hex);
 }
 
 /* ---- the decision ---------------------------------------------------- */

@@ -20,6 +20,7 @@
  * they are answered from a pooled connection's snapshot, which is exact,
  * since those outcomes write nothing.
  */
+#include "cache.h"
 #include "store.h"
 
 #include <pthread.h>
@@ -27,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define SCHEMA_VERSION 1
 #define BATCH_MAX 64
@@ -147,7 +149,19 @@ typedef struct sq_store {
   idem__op *head, *tail;
   int leading;
   conn *writer;
+  pthread_cond_t gather_cv; /* a leader gathering waits here for callers */
+  int queued, inside, peak;  /* queued ops; callers in submit(); their peak */
+  int last_batch, prev_batch;
+  unsigned batches;
+
+  /* Checkpoints run on a thread of their own, so that no batch of callers
+   * waits for the write-ahead log to be copied into the database. */
+  pthread_t ckpt_thread;
+  int ckpt_running, ckpt_wanted, ckpt_stop;
+  pthread_cond_t ckpt_cv;
   int64_t last_prune_ms;
+
+  idem__cache *cache; /* completed records, for replays */
 } sq_store;
 
 /* ---- errors ------------------------------------------------------------ */
@@ -375,8 +389,11 @@ static int load_and_decide(conn *c, idem__op *op, int64_t now, idem__row *row,
   if (step == SQLITE_ROW) {
     const unsigned char *fp = sqlite3_column_text(q, 0);
     row->exists = 1;
-    snprintf(row->fingerprint, sizeof row->fingerprint, "%s",
-             fp ? (const char *)fp : "");
+    size_t fplen = fp ? (size_t)sqlite3_column_bytes(q, 0) : 0;
+    if (fplen >= sizeof row->fingerprint)
+      fplen = sizeof row->fingerprint - 1;
+    memcpy(row->fingerprint, fp ? (const char *)fp : "", fplen);
+    row->fingerprint[fplen] = '\0';
     row->state = sqlite3_column_int(q, 1);
     row->attempt = sqlite3_column_int(q, 2);
     row->lease_expires_ms = sqlite3_column_int64(q, 3);
@@ -649,6 +666,62 @@ static void run_batch(sq_store *s, conn *c, idem__op **ops, int n) {
   }
 }
 
+/* ---- checkpoints ----------------------------------------------------------- */
+
+#define CKPT_FRAMES 1000    /* as SQLite's own automatic checkpoint */
+#define CKPT_PERIOD_MS 1000 /* and now and then for other processes' frames */
+
+/* Called after each commit of the writer: asks for a checkpoint once the
+ * log holds enough frames. Installing it turns the writer's automatic
+ * checkpoint off. */
+static int wal_hook(void *arg, sqlite3 *db, const char *name, int frames) {
+  sq_store *s = arg;
+  (void)db;
+  (void)name;
+  if (frames >= CKPT_FRAMES) {
+    pthread_mutex_lock(&s->gc_mu);
+    s->ckpt_wanted = 1;
+    pthread_cond_signal(&s->ckpt_cv);
+    pthread_mutex_unlock(&s->gc_mu);
+  }
+  return SQLITE_OK;
+}
+
+static void *checkpointer(void *arg) {
+  sq_store *s = arg;
+  conn *c = NULL;
+  if (conn_open(s, &c) != IDEM_OK)
+    return NULL;
+  pthread_mutex_lock(&s->gc_mu);
+  while (!s->ckpt_stop) {
+    if (!s->ckpt_wanted) {
+      struct timespec until;
+      clock_gettime(CLOCK_REALTIME, &until);
+      until.tv_sec += CKPT_PERIOD_MS / 1000;
+      pthread_cond_timedwait(&s->ckpt_cv, &s->gc_mu, &until);
+      if (s->ckpt_stop)
+        break;
+    }
+    s->ckpt_wanted = 0;
+    pthread_mutex_unlock(&s->gc_mu);
+    /* PASSIVE never blocks writers or readers; what it cannot copy now it
+     * copies next time. */
+    sqlite3_wal_checkpoint_v2(c->db, NULL, SQLITE_CHECKPOINT_PASSIVE, NULL,
+                              NULL);
+    pthread_mutex_lock(&s->gc_mu);
+  }
+  pthread_mutex_unlock(&s->gc_mu);
+  conn_close(c);
+  return NULL;
+}
+
+/*
+ * How long a leader waits for more callers before it commits: a fraction of
+ * a commit, so that callers who just got their answer and come straight back
+ * join the next batch instead of starting a half-empty one of their own.
+ */
+#define GATHER_MAX_US 400
+
 /* Queues op for the next group commit and returns once it has run. */
 static void submit(sq_store *s, idem__op *op) {
   idem__op *batch[BATCH_MAX];
@@ -660,19 +733,50 @@ static void submit(sq_store *s, idem__op *op) {
   else
     s->head = op;
   s->tail = op;
+  s->queued++;
+  s->inside++;
+  if (s->inside > s->peak)
+    s->peak = s->inside;
+  pthread_cond_signal(&s->gather_cv);
   while (!op->done) {
     if (s->leading) {
       pthread_cond_wait(&s->gc_cv, &s->gc_mu);
       continue;
     }
-    int n = 0;
     s->leading = 1;
+    /* Gather: with several callers about, wait briefly until as many are
+     * queued as took part in the last two batches (no more than have been
+     * seen at once). A lone caller never waits. */
+    int target = s->last_batch > 1 ? s->last_batch + s->prev_batch : 1;
+    if (target > s->peak)
+      target = s->peak;
+    if (target > BATCH_MAX)
+      target = BATCH_MAX;
+    if (s->queued < target) {
+      struct timespec until;
+      clock_gettime(CLOCK_REALTIME, &until);
+      until.tv_nsec += GATHER_MAX_US * 1000L;
+      if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+      }
+      while (s->queued < target &&
+             pthread_cond_timedwait(&s->gather_cv, &s->gc_mu, &until) == 0)
+        ;
+    }
+    int n = 0;
     while (s->head && n < BATCH_MAX) {
       batch[n++] = s->head;
       s->head = s->head->next;
     }
     if (!s->head)
       s->tail = NULL;
+    s->queued -= n;
+    s->prev_batch = s->last_batch;
+    s->last_batch = n;
+    /* The peak is re-learned now and then, so that it follows the load. */
+    if (++s->batches % 64 == 0)
+      s->peak = s->inside;
     pthread_mutex_unlock(&s->gc_mu);
     run_batch(s, s->writer, batch, n);
     pthread_mutex_lock(&s->gc_mu);
@@ -681,6 +785,7 @@ static void submit(sq_store *s, idem__op *op) {
     s->leading = 0;
     pthread_cond_broadcast(&s->gc_cv);
   }
+  s->inside--;
   pthread_mutex_unlock(&s->gc_mu);
 }
 
@@ -694,14 +799,23 @@ static void sq_run(void *state, idem__op *op) {
   if (op->kind == IDEM__OP_CLAIM || op->kind == IDEM__OP_LOCAL) {
     idem__row row;
     idem__action action;
+    int64_t now = idem__now_ms();
+    if (idem__cache_get(s->cache, op, now))
+      return;
     rc = pool_get(s, &c);
     if (rc != IDEM_OK) {
       idem__op_fail(op, rc, "%s", idem_errmsg());
       return;
     }
-    rc = load_and_decide(c, op, idem__now_ms(), &row, &action);
+    rc = load_and_decide(c, op, now, &row, &action);
     if (rc == IDEM_OK && action == IDEM__ACT_NONE) {
       pool_put(s, c);
+      if (op->claim->outcome == IDEM_REPLAY) {
+        const idem_response *r = &op->claim->response;
+        idem__cache_put(s->cache, op->id, row.fingerprint, row.expires_ms,
+                        row.attempt, r->status, r->meta, r->meta_len,
+                        r->body, r->body_len);
+      }
       return;
     }
     if (rc != IDEM_OK && rc != IDEM_EBUSY) {
@@ -742,15 +856,25 @@ static void sq_close(void *state) {
   conn *c;
   if (!s)
     return;
+  if (s->ckpt_running) {
+    pthread_mutex_lock(&s->gc_mu);
+    s->ckpt_stop = 1;
+    pthread_cond_signal(&s->ckpt_cv);
+    pthread_mutex_unlock(&s->gc_mu);
+    pthread_join(s->ckpt_thread, NULL);
+  }
   while ((c = s->idle)) {
     s->idle = c->next;
     conn_close(c);
   }
   conn_close(s->writer);
+  idem__cache_free(s->cache);
   pthread_mutex_destroy(&s->pool_mu);
   pthread_cond_destroy(&s->pool_cv);
   pthread_mutex_destroy(&s->gc_mu);
   pthread_cond_destroy(&s->gc_cv);
+  pthread_cond_destroy(&s->gather_cv);
+  pthread_cond_destroy(&s->ckpt_cv);
   free(s->path);
   free(s);
 }
@@ -769,12 +893,15 @@ static int sq_open(const char *target, const idem_store_options *opts,
   if (s->o.max_connections <= 0)
     s->o.max_connections = 16;
   s->path = idem__strdup(target);
+  s->cache = idem__cache_new();
   pthread_mutex_init(&s->pool_mu, NULL);
   pthread_cond_init(&s->pool_cv, NULL);
   pthread_mutex_init(&s->gc_mu, NULL);
   pthread_cond_init(&s->gc_cv, NULL);
+  pthread_cond_init(&s->gather_cv, NULL);
+  pthread_cond_init(&s->ckpt_cv, NULL);
   snprintf(s->version, sizeof s->version, "%s", sqlite3_libversion());
-  if (!s->path) {
+  if (!s->path || !s->cache) {
     sq_close(s);
     return idem__fail(IDEM_ENOMEM, "sqlite: out of memory");
   }
@@ -795,6 +922,11 @@ static int sq_open(const char *target, const idem_store_options *opts,
       sq_close(s);
       return rc;
     }
+    sqlite3_wal_hook(s->writer->db, wal_hook, s);
+    if (pthread_create(&s->ckpt_thread, NULL, checkpointer, s) == 0)
+      s->ckpt_running = 1;
+    else
+      sqlite3_wal_autocheckpoint(s->writer->db, CKPT_FRAMES);
   }
   *state = s;
   return IDEM_OK;
