@@ -199,6 +199,30 @@ int idem_key_check(const char *key) {
   return IDEM_OK;
 }
 
+/* Length of the valid UTF-8 sequence at p (at most n bytes), or 0. */
+static size_t utf8_seq(const unsigned char *p, size_t n) {
+  if (p[0] < 0x80)
+    return 1;
+  if (p[0] >= 0xc2 && p[0] <= 0xdf)
+    return n >= 2 && (p[1] & 0xc0) == 0x80 ? 2 : 0;
+  if (p[0] >= 0xe0 && p[0] <= 0xef) {
+    if (n < 3 || (p[1] & 0xc0) != 0x80 || (p[2] & 0xc0) != 0x80)
+      return 0;
+    if ((p[0] == 0xe0 && p[1] < 0xa0) || (p[0] == 0xed && p[1] > 0x9f))
+      return 0; /* overlong, or a surrogate */
+    return 3;
+  }
+  if (p[0] >= 0xf0 && p[0] <= 0xf4) {
+    if (n < 4 || (p[1] & 0xc0) != 0x80 || (p[2] & 0xc0) != 0x80 ||
+        (p[3] & 0xc0) != 0x80)
+      return 0;
+    if ((p[0] == 0xf0 && p[1] < 0x90) || (p[0] == 0xf4 && p[1] > 0x8f))
+      return 0;
+    return 4;
+  }
+  return 0;
+}
+
 static int check_text(const char *what, const char *s, int may_be_empty) {
   size_t n;
   if (!s)
@@ -208,10 +232,16 @@ static int check_text(const char *what, const char *s, int may_be_empty) {
     return idem__fail(IDEM_EINVAL, "%s: empty", what);
   if (n > MAX_ID_PART)
     return idem__fail(IDEM_EINVAL, "%s: %zu bytes; at most 255", what, n);
-  for (size_t i = 0; i < n; i++)
+  for (size_t i = 0; i < n;) {
+    size_t k = utf8_seq((const unsigned char *)s + i, n - i);
+    if (k == 0)
+      return idem__fail(IDEM_EINVAL, "%s: invalid UTF-8 at byte %zu", what,
+                        i);
     if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
       return idem__fail(IDEM_EINVAL, "%s: control byte 0x%02x at %zu", what,
                         (unsigned char)s[i], i);
+    i += k;
+  }
   return IDEM_OK;
 }
 

@@ -244,9 +244,16 @@ static int conn_open(sq_store *s, conn **out) {
   sqlite3_extended_result_codes(c->db, 1);
   sqlite3_busy_timeout(c->db, s->o.busy_timeout_ms);
   /* The first statement reads the file header: a file that is not a
-   * database fails here, before anything could be written to it. */
-  if (exec(c, "PRAGMA journal_mode=WAL") != SQLITE_OK ||
-      exec(c, sync) != SQLITE_OK) {
+   * database fails here, before anything could be written to it. Switching
+   * a new file to WAL needs a moment alone with it, and SQLite does not call
+   * the busy handler for that, so wait here as the busy timeout says. */
+  for (int waited = 0;; waited += 10) {
+    rc = exec(c, "PRAGMA journal_mode=WAL");
+    if ((rc & 0xff) != SQLITE_BUSY || waited >= s->o.busy_timeout_ms)
+      break;
+    sqlite3_sleep(10);
+  }
+  if (rc != SQLITE_OK || exec(c, sync) != SQLITE_OK) {
     rc = idem__fail(map_rc(sqlite3_extended_errcode(c->db)),
                     "store '%s': %s", s->path, sqlite3_errmsg(c->db));
     conn_close(c);
