@@ -21,9 +21,10 @@
  * fsync in the store's directory is measured too, since one durable commit
  * cannot be faster than one fsync.
  *
- * The program may include sqlite3.h: it is the caller whose table the local
- * action writes to, not the engine. What differs per backend is kept to one
- * bench_backend entry: how to create the table and the mutation itself.
+ * The program may include sqlite3.h and libpq-fe.h: it is the caller whose
+ * table the local action writes to, not the engine. What differs per backend
+ * is kept to one bench_backend entry: how to create the table and the
+ * mutation itself.
  */
 #include "cli.h"
 
@@ -31,6 +32,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <libpq-fe.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sqlite3.h>
@@ -55,23 +57,27 @@ static const char usage[] =
     "  conflict        the same keys with another request: refused\n"
     "\n"
     "Every call fingerprints its request and every write is durable: the\n"
-    "store runs with its defaults (synchronous=FULL, group commit). The\n"
+    "store runs with its defaults (SQLite: synchronous=FULL, group commit;\n"
+    "PostgreSQL: the server's synchronous_commit, reported). The\n"
     "machine's fsync rate in the store's directory (4 KiB write + fdatasync\n"
     "for 1 s), the physical limit of one durable commit, is reported too.\n"
     "\n"
-    "  --store URL    the store to write to: sqlite:PATH or a PATH. Without\n"
-    "                 it (IDEM_STORE is ignored, so that a real store is never\n"
-    "                 filled by accident) a fresh store is made in a temporary\n"
-    "                 directory under $TMPDIR (or /tmp) and removed at the end.\n"
-    "                 With it, records and bench_tickets rows are left there.\n"
+    "  --store URL    the store to write to: sqlite:PATH, a PATH or\n"
+    "                 postgresql://... (bench_tickets is then created in the\n"
+    "                 connection's search_path, next to the caller's tables;\n"
+    "                 the fsync rate is that of $TMPDIR on this machine).\n"
+    "                 Without it (IDEM_STORE is ignored, so that a real store\n"
+    "                 is never filled by accident) a fresh SQLite store is\n"
+    "                 made in a temporary directory under $TMPDIR (or /tmp)\n"
+    "                 and removed at the end. With it, records and\n"
+    "                 bench_tickets rows are left there.\n"
     "  --workers N    worker threads (default 1, at most 1024)\n"
     "  --seconds S    length of each phase (default 3; fractions such as 0.5\n"
     "                 and units such as 500ms are accepted)\n"
     "  --json         print one JSON object instead of the table\n"
     "  --help         this text\n"
     "\n"
-    "Latencies are per call, in microseconds (p50 and p99). The PostgreSQL\n"
-    "bench is not available yet.\n"
+    "Latencies are per call, in microseconds (p50 and p99).\n"
     "\n"
     "Exit status: 0 every call had the expected outcome, 1 some call failed\n"
     "or had an unexpected outcome (or the store could not be set up), 2 usage.\n";
@@ -105,9 +111,10 @@ static void on_signal(int sig) {
 
 /* What the local action gets: its request and room for its response. */
 typedef struct ticket {
-  const char *payload; /* the canonical request */
+  const char *payload; /* the canonical request, NUL-terminated */
   size_t payload_len;
   char body[64]; /* {"ticket_id":N}; valid until execute_local returns */
+  char err[256]; /* why the mutation failed, when it did */
 } ticket;
 
 /*
@@ -122,6 +129,17 @@ typedef struct bench_backend {
   int (*setup)(const char *target, char *err, size_t errlen);
   idem_local_fn insert_ticket;
 } bench_backend;
+
+/* The ticket's failure, for the report; the first one wins. */
+static void ticket_fail(ticket *t, const char *what, const char *detail) {
+  size_t n;
+  if (t->err[0])
+    return;
+  snprintf(t->err, sizeof t->err, "%s: %s", what, detail ? detail : "");
+  n = strlen(t->err);
+  while (n > 0 && (t->err[n - 1] == '\n' || t->err[n - 1] == ' '))
+    t->err[--n] = '\0';
+}
 
 static int sqlite_setup(const char *path, char *err, size_t errlen) {
   sqlite3 *db = NULL;
@@ -148,10 +166,14 @@ static int sqlite_insert_ticket(void *conn, void *ctx, idem_response *r) {
   int n;
   if (sqlite3_prepare_v2(db,
                          "INSERT INTO bench_tickets (payload) VALUES (?1)",
-                         -1, &q, NULL) != SQLITE_OK)
+                         -1, &q, NULL) != SQLITE_OK) {
+    ticket_fail(t, "prepare", sqlite3_errmsg(db));
     return 1;
+  }
   sqlite3_bind_text(q, 1, t->payload, (int)t->payload_len, SQLITE_STATIC);
   n = sqlite3_step(q);
+  if (n != SQLITE_DONE)
+    ticket_fail(t, "insert", sqlite3_errmsg(db));
   sqlite3_finalize(q);
   if (n != SQLITE_DONE)
     return 1;
@@ -165,9 +187,220 @@ static int sqlite_insert_ticket(void *conn, void *ctx, idem_response *r) {
 
 static const bench_backend sqlite_backend = {"sqlite", "SQLite", sqlite_setup,
                                              sqlite_insert_ticket};
-/* Its insert_ticket would take a PGconn * and run one INSERT ... RETURNING. */
-static const bench_backend pg_backend = {"postgresql", "PostgreSQL", NULL,
-                                         NULL};
+
+/*
+ * PostgreSQL. The table lives wherever the caller's own tables do: the
+ * connection's search_path, which idem never changes (its records are in
+ * their own schema). The mutation is one prepared INSERT ... RETURNING.
+ */
+#define PG_TICKET_STMT "idem_bench_insert_ticket"
+#define PG_TICKET_SQL                                                         \
+  "INSERT INTO bench_tickets (payload) VALUES ($1::text) RETURNING id"
+#define PG_PREPARED_MAX 256
+
+/* The server's synchronous_commit, read at setup for the report. */
+static char pg_synchronous_commit[32] = "?";
+
+/* Ignores notices ("relation already exists, skipping"). */
+static void pg_quiet(void *arg, const char *message) {
+  (void)arg;
+  (void)message;
+}
+
+/*
+ * The URL as libpq takes it: idem's own query parameter idem_schema (which
+ * says where idem's tables are, not the caller's) removed. NULL when out of
+ * memory; free() it.
+ */
+static char *pg_libpq_url(const char *url) {
+  const char *q = strchr(url, '?'), *p, *end;
+  char *out = malloc(strlen(url) + 1);
+  size_t o;
+  int first = 1;
+  if (!out || !q) {
+    if (out)
+      strcpy(out, url);
+    return out;
+  }
+  o = (size_t)(q - url);
+  memcpy(out, url, o);
+  for (p = q + 1;; p = end + 1) {
+    size_t n;
+    end = strchr(p, '&');
+    n = end ? (size_t)(end - p) : strlen(p);
+    if (n > 0 && !(n >= 11 && strncmp(p, "idem_schema", 11) == 0 &&
+                   (n == 11 || p[11] == '='))) {
+      out[o++] = first ? '?' : '&';
+      memcpy(out + o, p, n);
+      o += n;
+      first = 0;
+    }
+    if (!end)
+      break;
+  }
+  out[o] = '\0';
+  return out;
+}
+
+static int pg_setup(const char *url, char *err, size_t errlen) {
+  const char *const kw[] = {"connect_timeout", "fallback_application_name",
+                            "dbname", NULL};
+  const char *val[] = {"10", "idem-bench", NULL, NULL};
+  char *libpq_url = pg_libpq_url(url);
+  PGconn *pg;
+  PGresult *res;
+  int ok;
+  if (!libpq_url) {
+    snprintf(err, errlen, "out of memory");
+    return -1;
+  }
+  val[2] = libpq_url;
+  pg = PQconnectdbParams(kw, val, 1);
+  free(libpq_url);
+  if (!pg || PQstatus(pg) != CONNECTION_OK) {
+    snprintf(err, errlen, "postgresql: cannot connect to create "
+                          "bench_tickets: %s",
+             pg ? PQerrorMessage(pg) : "out of memory");
+    PQfinish(pg);
+    return -1;
+  }
+  PQsetNoticeProcessor(pg, pg_quiet, NULL);
+  res = PQexec(pg, "CREATE TABLE IF NOT EXISTS bench_tickets (id bigserial "
+                   "PRIMARY KEY, payload text NOT NULL)");
+  ok = PQresultStatus(res) == PGRES_COMMAND_OK;
+  if (!ok)
+    snprintf(err, errlen, "postgresql: create table bench_tickets: %s",
+             PQresultErrorMessage(res));
+  PQclear(res);
+  if (ok) {
+    res = PQexec(pg, "SHOW synchronous_commit");
+    if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1)
+      snprintf(pg_synchronous_commit, sizeof pg_synchronous_commit, "%s",
+               PQgetvalue(res, 0, 0));
+    PQclear(res);
+  }
+  PQfinish(pg);
+  return ok ? 0 : -1;
+}
+
+/*
+ * The sessions in which the insert is prepared. The store hands the action
+ * its pooled connections, so one PGconn serves many calls (from whichever
+ * thread holds it at the time) and the statement is prepared once per
+ * session. A session is known by the PGconn and its server process: a
+ * reconnect (PQreset) keeps the pointer but starts a session without the
+ * statement, and a freed PGconn's address may be reused by a new one.
+ */
+typedef struct pg_prepared {
+  const PGconn *conn;
+  int pid;
+} pg_prepared;
+
+static pthread_mutex_t pg_prepared_mu = PTHREAD_MUTEX_INITIALIZER;
+static pg_prepared pg_prepared_set[PG_PREPARED_MAX];
+static size_t pg_prepared_n, pg_prepared_evict;
+
+static int pg_prepared_find(const PGconn *conn, int pid) {
+  int found = 0;
+  pthread_mutex_lock(&pg_prepared_mu);
+  for (size_t i = 0; i < pg_prepared_n && !found; i++)
+    found = pg_prepared_set[i].conn == conn && pg_prepared_set[i].pid == pid;
+  pthread_mutex_unlock(&pg_prepared_mu);
+  return found;
+}
+
+/* Remembers (conn, pid), replacing conn's older session; pid 0 forgets. */
+static void pg_prepared_set_pid(const PGconn *conn, int pid) {
+  size_t i;
+  pthread_mutex_lock(&pg_prepared_mu);
+  for (i = 0; i < pg_prepared_n; i++)
+    if (pg_prepared_set[i].conn == conn)
+      break;
+  if (pid == 0) {
+    if (i < pg_prepared_n)
+      pg_prepared_set[i] = pg_prepared_set[--pg_prepared_n];
+  } else {
+    if (i == pg_prepared_n) {
+      if (pg_prepared_n < PG_PREPARED_MAX) {
+        pg_prepared_n++;
+      } else { /* many reconnects: forget an older session */
+        i = pg_prepared_evict++ % PG_PREPARED_MAX;
+      }
+    }
+    pg_prepared_set[i].conn = conn;
+    pg_prepared_set[i].pid = pid;
+  }
+  pthread_mutex_unlock(&pg_prepared_mu);
+}
+
+/*
+ * Prepares the insert in conn's session unless it already is. A session
+ * not in the set asks the server first: "prepared statement already
+ * exists" would abort the store's transaction, and the set may have
+ * forgotten a session that still has it. That query runs once per session.
+ */
+static int pg_prepare_ticket(PGconn *pg, ticket *t) {
+  const char *name = PG_TICKET_STMT;
+  int pid = PQbackendPID(pg), exists;
+  PGresult *res;
+  if (pg_prepared_find(pg, pid))
+    return 0;
+  res = PQexecParams(pg,
+                     "SELECT 1 FROM pg_prepared_statements WHERE name = $1",
+                     1, NULL, &name, NULL, NULL, 0);
+  if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+    ticket_fail(t, "prepare", PQresultErrorMessage(res));
+    PQclear(res);
+    return -1;
+  }
+  exists = PQntuples(res) > 0;
+  PQclear(res);
+  if (!exists) {
+    res = PQprepare(pg, PG_TICKET_STMT, PG_TICKET_SQL, 0, NULL);
+    if (PQresultStatus(res) != PGRES_COMMAND_OK) {
+      ticket_fail(t, "prepare", PQresultErrorMessage(res));
+      PQclear(res);
+      return -1;
+    }
+    PQclear(res);
+  }
+  pg_prepared_set_pid(pg, pid);
+  return 0;
+}
+
+/* The mutation: one row, whose id becomes the response. */
+static int pg_insert_ticket(void *conn, void *ctx, idem_response *r) {
+  PGconn *pg = conn;
+  ticket *t = ctx;
+  const char *v[1] = {t->payload};
+  const char *state;
+  PGresult *res;
+  int n;
+  if (pg_prepare_ticket(pg, t) != 0)
+    return 1;
+  res = PQexecPrepared(pg, PG_TICKET_STMT, 1, v, NULL, NULL, 0);
+  if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
+    ticket_fail(t, "insert", PQresultErrorMessage(res));
+    /* Deallocated behind our back (DISCARD ALL): prepare it next time. */
+    state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+    if (state && strcmp(state, "26000") == 0)
+      pg_prepared_set_pid(pg, 0);
+    PQclear(res);
+    return 1;
+  }
+  n = snprintf(t->body, sizeof t->body, "{\"ticket_id\":%s}",
+               PQgetvalue(res, 0, 0));
+  PQclear(res);
+  if (n < 0 || (size_t)n >= sizeof t->body)
+    return 1;
+  r->status = 201;
+  r->body = t->body;
+  r->body_len = (size_t)n;
+  return 0;
+}
+
+static const bench_backend pg_backend = {"postgresql", "PostgreSQL", pg_setup,
+                                         pg_insert_ticket};
 
 /* The backend of url and the part of url it reads (engine's syntax). */
 static const bench_backend *backend_for(const char *url, const char **target) {
@@ -290,11 +523,12 @@ static int do_local(worker *w, const char *key, const char *json,
   o.request_len = len;
   w->t.payload = canon;
   w->t.payload_len = len;
+  w->t.err[0] = '\0';
   rc = idem_execute_local(b->store, &id, fp, &o, b->backend->insert_ticket,
                           &w->t, &call);
   if (rc != IDEM_OK) {
-    report(b, key, "execute_local: %s (%s)", rc_detail(rc),
-           idem_rc_name(rc));
+    report(b, key, "execute_local: %s (%s)%s%s", rc_detail(rc),
+           idem_rc_name(rc), w->t.err[0] ? "; the action: " : "", w->t.err);
     goto out;
   }
   if (idem_call_outcome(call) != want) {
@@ -669,6 +903,9 @@ static int print_json(const bench *b, const char *url, int temporary,
   json_object_set_new(o, "store", json_string(idem_store_backend(b->store)));
   json_object_set_new(o, "store_engine_version",
                       json_string(idem_store_engine_version(b->store)));
+  if (b->backend == &pg_backend)
+    json_object_set_new(o, "postgresql_version",
+                        json_string(idem_store_engine_version(b->store)));
   json_object_set_new(o, "store_url",
                       temporary ? json_null() : json_string(url));
   json_object_set_new(o, "workers", json_integer(b->nworkers));
@@ -688,8 +925,16 @@ static int print_json(const bench *b, const char *url, int temporary,
     json_object_set_new(phases, phase_names[p], ph);
   }
   json_object_set_new(o, "prepared_keys", json_integer((json_int_t)b->nkeys));
-  json_object_set_new(o, "synchronous", json_string("FULL"));
-  json_object_set_new(o, "group_commit", json_true());
+  if (b->backend == &pg_backend) {
+    /* Each call commits on its own pooled connection; the server's WAL
+     * flush is what batches concurrent commits. */
+    json_object_set_new(o, "synchronous_commit",
+                        json_string(pg_synchronous_commit));
+    json_object_set_new(o, "group_commit", json_false());
+  } else {
+    json_object_set_new(o, "synchronous", json_string("FULL"));
+    json_object_set_new(o, "group_commit", json_true());
+  }
   json_object_set_new(o, "phases", phases);
   rc = json_dumpf(o, stdout,
                   JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(12));
@@ -793,7 +1038,14 @@ static int run(int argc, char **argv) {
     url = target = path;
     b.backend = &sqlite_backend;
   }
-  dir_of(target, store_dir, sizeof store_dir);
+  if (b.backend == &pg_backend) {
+    /* The server's disk may be elsewhere: this machine's temporary
+     * directory stands in, as the local side of the comparison. */
+    const char *tmp = getenv("TMPDIR");
+    snprintf(store_dir, sizeof store_dir, "%s", tmp && *tmp ? tmp : "/tmp");
+  } else {
+    dir_of(target, store_dir, sizeof store_dir);
+  }
 
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_signal;
@@ -829,8 +1081,14 @@ static int run(int argc, char **argv) {
   if (!json) {
     printf("idem bench: %s store %s%s\n", idem_store_backend(b.store), url,
            temporary ? " (temporary)" : "");
-    printf("idem %s, SQLite %s, synchronous=FULL, group commit on\n",
-           idem_version(), idem_store_engine_version(b.store));
+    if (b.backend == &pg_backend)
+      printf("idem %s, PostgreSQL %s, synchronous_commit=%s, idem's "
+             "default pool (16 connections)\n",
+             idem_version(), idem_store_engine_version(b.store),
+             pg_synchronous_commit);
+    else
+      printf("idem %s, SQLite %s, synchronous=FULL, group commit on\n",
+             idem_version(), idem_store_engine_version(b.store));
     printf("%d worker%s, %g s per phase, %d prepared keys for replay and "
            "conflict\n",
            b.nworkers, b.nworkers == 1 ? "" : "s", b.seconds, PREPARED_KEYS);

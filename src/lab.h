@@ -19,6 +19,9 @@ typedef struct lab {
   json_t *suites; /* suite name -> {"scenarios": {name: values}} */
   json_t *current; /* the running suite's scenarios object */
   char engine_version[64]; /* of the store's database engine */
+  int pg;                  /* the store is PostgreSQL */
+  char *made[64];          /* PostgreSQL: the schemas this run made */
+  int nmade;
 } lab;
 
 /* One fresh store for a scenario: its URL (written to url) and the path of
@@ -56,6 +59,9 @@ long long lab_db_balance(const char *url, const char *tenant,
                          const char *account);
 /* Number of idem records in the store, expired ones included. */
 long long lab_count_records(const char *url);
+/* PostgreSQL: drops the scenario's schema (a no-op on SQLite). */
+int lab_db_drop(const char *url);
+const char *lab_db_sqlite_version(void);
 
 int lab_suite_tickets(lab *L);
 int lab_suite_credit(lab *L);

@@ -468,7 +468,9 @@ static void scenario_output(lab *L) {
              json_pack("{s:o,s:o,s:b,s:s,s:o}", "after_distinct_tenant",
                        after_tenant, "after_retry", after_retry,
                        "conflicting_payload_rejected", c == C_CONFLICT,
-                       "fixture", "synthetic local SQLite transaction",
+                       "fixture",
+                       L->pg ? "synthetic local PostgreSQL transaction"
+                             : "synthetic local SQLite transaction",
                        "recovered_result",
                        recovered ? recovered : json_null()));
 }
