@@ -9,13 +9,21 @@
 #   reference fresh, 1 worker      idem bench, 1 worker
 #   reference fresh, 16 workers    idem bench, 16 workers
 #   reference replay, 1 worker
+# Then the PostgreSQL section: a throwaway cluster (scripts/pg.sh: Unix
+# socket in a temporary folder, fsync=on, stopped at exit) and, interleaved,
+# for the same number of rounds:
+#   idem bench --store postgresql://... --workers 16
+#   pgbench -n -f ticket.sql -c 16 -j 2 -T SECS   one-row INSERT into its own
+#                                                 table, the floor that a
+#                                                 durable write costs there
 # Then it prints the median of the rounds for every number and the ratios
-# idem / reference against their targets. A missed target is reported, never
-# a failure; the script exits non-zero only when a run itself failed (a crash,
-# or a call with an unexpected outcome).
+# idem / reference (and idem / pgbench) against their targets. A missed
+# target is reported, never a failure; the script exits non-zero only when a
+# run itself failed (a crash, or a call with an unexpected outcome).
 #
 # Environment: BENCH_SECONDS (per phase, default 2), BENCH_ROUNDS (default 3),
-# TMPDIR (where the stores are made; both sides use the same directory).
+# BENCH_PG (0 skips the PostgreSQL section; default 1), TMPDIR (where the
+# stores are made; both sides use the same directory).
 set -eu
 
 if [ $# -ne 1 ]; then
@@ -32,14 +40,23 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 REF=$HERE/seed_reference.py
 SECS=${BENCH_SECONDS:-2}
 ROUNDS=${BENCH_ROUNDS:-3}
+BENCH_PG=${BENCH_PG:-1}
+case $BENCH_PG in
+  0 | 1) ;;
+  *) echo "bench: BENCH_PG must be 0 or 1, not '$BENCH_PG'" >&2; exit 2 ;;
+esac
 
+# The PostgreSQL cluster, if one is started, is stopped at exit whatever
+# happens (pg_stop is a no-op when none was).
+. "$HERE/../scripts/pg.sh"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/idem-bench-run.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
+trap 'pg_stop; rm -rf "$WORK"' EXIT
 trap 'exit 130' INT TERM
 mkdir "$WORK/tmp" "$WORK/out"
 failed=0
 
-# step NAME CMD...: runs one measurement, its JSON into out/NAME.json.
+# step NAME CMD...: runs one measurement, its output into out/NAME.json
+# (pgbench's text, for the pgbench steps).
 step() {
   name=$1
   shift
@@ -66,10 +83,48 @@ while [ "$r" -le "$ROUNDS" ]; do
   r=$((r + 1))
 done
 
-python3 - "$WORK/out" "$ROUNDS" <<'EOF'
-import json, os, statistics, sys
+pg_ran=0
+if [ "$BENCH_PG" = 1 ]; then
+  echo "PostgreSQL: idem bench and pgbench, 16 clients each" >&2
+  if ! pg_start >&2; then
+    failed=1
+    echo "bench: could not start PostgreSQL (install it: sh scripts/deps.sh bench; or skip: BENCH_PG=0)" >&2
+  else
+    PGBENCH=$PG_BIN/pgbench
+    [ -x "$PGBENCH" ] || PGBENCH=$(command -v pgbench || echo pgbench)
+    PSQL=$PG_BIN/psql
+    [ -x "$PSQL" ] || PSQL=$(command -v psql || echo psql)
+    # pgbench -T takes whole seconds; BENCH_SECONDS may be a fraction.
+    PGB_T=$(python3 -c 'import sys; print(max(1, round(float(sys.argv[1]))))' "$SECS")
+    # The same ticket as idem's, in its canonical form, in a table shaped
+    # like bench_tickets.
+    cat >"$WORK/ticket.sql" <<'SQL'
+INSERT INTO pgbench_ticket (payload) VALUES ('{"priority":"normal","project":"demo-agent","title":"Investigate a synthetic queue backlog"}');
+SQL
+    if "$PSQL" -X -q -v ON_ERROR_STOP=1 -h "$PG_DIR" -p "$PG_PORT" -U idem postgres \
+      -c "CREATE TABLE IF NOT EXISTS pgbench_ticket (id bigserial PRIMARY KEY, payload text NOT NULL)" >&2; then
+      pg_ran=1
+      r=1
+      while [ "$r" -le "$ROUNDS" ]; do
+        echo "round $r" >&2
+        step "r$r.idem_pg_16" "$IDEM" bench --store "$IDEM_TEST_PG_URL" --workers 16 --seconds "$SECS" --json
+        step "r$r.pgbench_16" "$PGBENCH" -n -f "$WORK/ticket.sql" -c 16 -j 2 -T "$PGB_T" \
+          -h "$PG_DIR" -p "$PG_PORT" -U idem postgres
+        r=$((r + 1))
+      done
+    else
+      failed=1
+      echo "bench: could not create pgbench_ticket" >&2
+    fi
+  fi
+  pg_stop
+fi
+
+python3 - "$WORK/out" "$ROUNDS" "$BENCH_PG" "$pg_ran" <<'EOF'
+import json, os, re, statistics, sys
 
 out, rounds = sys.argv[1], int(sys.argv[2])
+pg_wanted, pg_ran = sys.argv[3] == '1', sys.argv[4] == '1'
 
 def load(name):
     vals = []
@@ -166,7 +221,86 @@ if fs:
         if f is not None:
             print('idem fresh, %d worker%s: %.2f durable calls per fsync'
                   % (w, '' if w == 1 else 's', f / fs))
-errs = sum(r.get('errors', 0) for r in idem1 + idem16 + ref1 + ref16 + refr)
+
+# ---- PostgreSQL: idem bench against pgbench on the same server ----------
+def load_pgbench(name):
+    runs = []
+    for r in range(1, rounds + 1):
+        try:
+            with open(os.path.join(out, 'r%d.%s.json' % (r, name))) as f:
+                text = f.read()
+        except OSError:
+            continue
+        run = {'errors': 0}
+        for field, pat in (('tps', r'^tps = ([0-9.]+)'),
+                           ('latency_ms', r'^latency average = ([0-9.]+) ms'),
+                           ('transactions', r'^number of transactions actually processed: ([0-9]+)'),
+                           ('failed', r'^number of failed transactions: ([0-9]+)'),
+                           ('version', r'^pgbench \((.*)\)')):
+            m = re.search(pat, text, re.M)
+            if m:
+                run[field] = m.group(1) if field == 'version' else float(m.group(1))
+        if 'tps' in run:
+            run['errors'] = int(run.get('failed', 0))
+            runs.append(run)
+    return runs
+
+idem_pg, pgb = load('idem_pg_16'), load_pgbench('pgbench_16')
+if not pg_wanted:
+    print()
+    print('PostgreSQL section skipped (BENCH_PG=0)')
+elif not pg_ran:
+    print()
+    print('PostgreSQL section: the cluster could not be set up (see above)')
+else:
+    pinfo = (idem_pg or [{}])[0]
+    print()
+    print('PostgreSQL %s (throwaway cluster, Unix socket, fsync=on, '
+          'synchronous_commit=%s): idem bench --workers 16 vs pgbench -c 16 '
+          '-j 2, a one-row INSERT per transaction (%s, simple protocol)'
+          % (pinfo.get('postgresql_version', '?'),
+             pinfo.get('synchronous_commit', '?'),
+             'pgbench ' + (pgb or [{}])[0].get('version', '?')))
+    print('medians of %d rounds (ops/s; latency p50/p99 in us; pgbench: '
+          'average latency)' % rounds)
+    print()
+    print('%-34s %12s %10s %10s' % ('measurement', 'ops/s', 'p50 us', 'p99 us'))
+    for phase in ('fresh', 'claim_complete', 'replay', 'conflict'):
+        ph = [r['phases'][phase] for r in idem_pg if phase in r.get('phases', {})]
+        print('%-34s %12s %10s %10s' % ('idem pg %s, 16 workers' % phase,
+                                         fmt(med(idem_pg, phase + '_ops_per_s')),
+                                         fmt(med(ph, 'p50_us')),
+                                         fmt(med(ph, 'p99_us'))))
+    lat = med(pgb, 'latency_ms')
+    print('%-34s %12s %10s %10s' % ('pgbench one-row insert, 16 clients',
+                                     fmt(med(pgb, 'tps')),
+                                     '-' if lat is None else 'avg %.0f' % (lat * 1000),
+                                     '-'))
+    tps = med(pgb, 'tps')
+    pg_checks = [
+        ('pg fresh, 16 workers: idem / pgbench',
+         ratio(med(idem_pg, 'fresh_ops_per_s'), tps), 0.5),
+        ('pg claim+complete, 16 workers: idem / pgbench',
+         ratio(med(idem_pg, 'claim_complete_ops_per_s'), tps), None),
+    ]
+    print()
+    print('%-48s %8s %8s  %s' % ('ratio', 'x', 'target', 'result'))
+    for label, x, target in pg_checks:
+        if target is None:
+            verdict = 'reported'
+        elif x is None:
+            verdict = 'NO DATA'
+            missed += 1
+        elif x >= target:
+            verdict = 'met'
+        else:
+            verdict = 'MISSED'
+            missed += 1
+        print('%-48s %8s %8s  %s' % (label, '-' if x is None else '%.2f' % x,
+                                     '-' if target is None else '>= %g' % target,
+                                     verdict))
+
+errs = sum(r.get('errors', 0) for r in idem1 + idem16 + ref1 + ref16 + refr + idem_pg + pgb)
 print()
 print('%d target%s missed; %d calls with errors' % (missed, '' if missed == 1 else 's', errs))
 EOF
