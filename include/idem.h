@@ -178,7 +178,14 @@ typedef struct idem_store_options {
 IDEM_API int idem_store_open(const char *url, const idem_store_options *opts,
                              idem_store **out);
 
-/* Closes the store. NULL is a no-op. No call may be in progress. */
+/*
+ * Closes the store. NULL is a no-op. No call may be in progress.
+ *
+ * A store handle belongs to the process that opened it: after fork() the
+ * child opens a handle of its own and neither uses nor closes the parent's
+ * (SQLite connections, PostgreSQL sockets and the SQLite store's checkpoint
+ * thread do not survive a fork).
+ */
 IDEM_API void idem_store_close(idem_store *store);
 
 /* "sqlite" or "postgresql". */
