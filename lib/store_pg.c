@@ -865,12 +865,10 @@ static int run_local(pg_store *s, conn *c, idem__op *op) {
   int fn_rc;
   memset(&r, 0, sizeof r);
   fn_rc = op->fn(c->pg, op->ctx, &r);
-  if (fn_rc != 0)
-    return idem__op_fail(op, IDEM_EREJECTED,
-                         "key '%s': the action returned %d; it was rolled "
-                         "back and no record was kept",
-                         op->id->key, fn_rc);
   ts = PQtransactionStatus(c->pg);
+  /* A lost connection is checked first: an action that fails because its
+   * statement could not reach the server was not rejected, and a retry is
+   * safe, since nothing of it was committed. */
   if (PQstatus(c->pg) == CONNECTION_BAD) {
     oneline(text, sizeof text, PQerrorMessage(c->pg));
     return idem__op_fail(op, IDEM_EUNAVAILABLE,
@@ -878,6 +876,11 @@ static int run_local(pg_store *s, conn *c, idem__op *op) {
                          "action ran; nothing was stored: %s",
                          text);
   }
+  if (fn_rc != 0)
+    return idem__op_fail(op, IDEM_EREJECTED,
+                         "key '%s': the action returned %d; it was rolled "
+                         "back and no record was kept",
+                         op->id->key, fn_rc);
   if (ts == PQTRANS_INERROR)
     return idem__op_fail(op, IDEM_ESTORE,
                          "key '%s': the action returned 0 but a statement "

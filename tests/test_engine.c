@@ -12,14 +12,23 @@
  *
  * One suite serves every backend. IDEM_TEST_STORE selects it: "sqlite" (the
  * default when unset) makes a fresh database file per test; "postgresql"
- * will use IDEM_TEST_PG_URL and, until that backend exists, fails every test
- * that needs a store. Everything backend-specific lives in the "backends"
- * section below: the store URL, the caller's table, the ticket insert, the
- * side connection used to count and to tamper with stored rows.
+ * uses the server named by IDEM_TEST_PG_URL (a postgresql:// URL; without
+ * one the run fails, it never skips) with a fresh schema per test
+ * (idem_schema=t_<pid>_<n>), dropped at the end of the test. Everything
+ * backend-specific lives in the "backends" section below: the store URL, the
+ * caller's table (on PostgreSQL in the test's schema, named with it, since
+ * idem never changes the search_path), the ticket insert through the
+ * connection the local action receives (a sqlite3 * or a PGconn *), the side
+ * connection used to count and to tamper with stored rows.
+ *
+ * One difference shows in the tests themselves: a PostgreSQL sequence is not
+ * rolled back with the transaction that used it, so after a rolled-back
+ * insert the next ticket id there is one past the rolled-back one, where
+ * SQLite reuses it.
  *
  * A few tests are about SQLite files as such (a file that is not a database,
  * a read-only file, a file another connection is writing while the store
- * opens); they always use SQLite.
+ * opens); they always use SQLite and run only in the SQLite run.
  */
 /* cmocka needs these, in this order. */
 /* clang-format off */
@@ -33,6 +42,7 @@
 #include <errno.h>
 #include <ftw.h>
 #include <grp.h>
+#include <libpq-fe.h>
 #include <pthread.h>
 #include <sqlite3.h>
 #include <stdio.h>
@@ -176,8 +186,10 @@ static test_backend backend_from_env(void) {
 /*
  * The SQL the tests run outside the library: the caller's table, its insert
  * (one text parameter, returning the new id) and the side connection's
- * counting and tampering. A PostgreSQL variant will use BIGSERIAL, $1 and
- * bytea literals; the tests themselves do not change.
+ * counting and tampering. The PostgreSQL variant names every table with
+ * "{S}", the quoted schema of the test's store (see pg_expand()): idem never
+ * puts its schema on the search_path, so the caller's table lives in that
+ * schema and its SQL says so. The tests themselves do not change.
  */
 typedef struct backend_sql {
   const char *create_tickets;
@@ -203,16 +215,172 @@ static const backend_sql sqlite_sql = {
     "'schema_version'",
 };
 
+static const backend_sql pg_sql = {
+    "CREATE TABLE {S}.tickets (id BIGSERIAL PRIMARY KEY, payload TEXT NOT "
+    "NULL)",
+    "INSERT INTO {S}.tickets (payload) VALUES ($1::text) RETURNING id",
+    "SELECT COUNT(*) FROM {S}.tickets",
+    "SELECT COUNT(*) FROM {S}.idem_records",
+    "UPDATE {S}.idem_records SET body = convert_to('{\"ticket_id\":999}', "
+    "'UTF8') WHERE key = $1::text",
+    "UPDATE {S}.idem_records SET status = status + 1 WHERE key = $1::text",
+    "UPDATE {S}.idem_meta SET value = '99' WHERE name = 'schema_version'",
+    "SELECT value::integer FROM {S}.idem_meta WHERE name = "
+    "'schema_version'",
+};
+
+/* PostgreSQL: removes a test's schema with everything in it. */
+static const char pg_drop_schema[] = "DROP SCHEMA IF EXISTS {S} CASCADE";
+
+/*
+ * PostgreSQL: the whole store as one text, to show it was left untouched:
+ * the relations and columns of the schema, and every row of idem's tables
+ * with its xmin (which changes when a row is rewritten, even with the same
+ * values). Parameter: the schema name.
+ */
+static const char pg_snapshot[] =
+    "SELECT string_agg(x, E'\\n' ORDER BY x) FROM ("
+    " SELECT 'relation ' || c.relname || ' ' || c.relkind::text"
+    " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+    " WHERE n.nspname::text = $1::text"
+    " UNION ALL SELECT 'column ' || table_name || '.' || column_name || ' ' ||"
+    " data_type FROM information_schema.columns"
+    " WHERE table_schema::text = $1::text"
+    " UNION ALL SELECT 'record ' || r.xmin::text || ' ' || r::text"
+    " FROM {S}.idem_records r"
+    " UNION ALL SELECT 'meta ' || m.xmin::text || ' ' || m::text"
+    " FROM {S}.idem_meta m) q(x)";
+
 /* The database file behind an "sqlite:PATH" URL. */
 static const char *sqlite_path(const char *url) {
   return strncmp(url, "sqlite:", 7) == 0 ? url + 7 : url;
 }
 
+static int is_pg_url(const char *url) {
+  return strncmp(url, "postgresql://", 13) == 0 ||
+         strncmp(url, "postgres://", 11) == 0;
+}
+
+/*
+ * PostgreSQL: the schema of the store fresh_store_url() made last, for the
+ * local actions, which get only a connection (a PGconn *) and must name the
+ * caller's table with it. One store per test, so one schema at a time.
+ */
+static char pg_schema[64];
+static unsigned pg_serial;
+
+/* Replaces every "{S}" in tmpl with the quoted schema. 0, or -1 when out
+ * does not hold the result. */
+static int pg_expand(const char *tmpl, const char *schema, char *out,
+                     size_t size) {
+  size_t o = 0;
+  for (const char *p = tmpl; *p;) {
+    size_t n;
+    if (strncmp(p, "{S}", 3) == 0) {
+      n = strlen(schema) + 2;
+      if (o + n >= size)
+        return -1;
+      snprintf(out + o, size - o, "\"%s\"", schema);
+      p += 3;
+    } else {
+      n = 1;
+      if (o + n >= size)
+        return -1;
+      out[o] = *p++;
+    }
+    o += n;
+  }
+  out[o] = '\0';
+  return 0;
+}
+
+/*
+ * Splits a store URL made by fresh_store_url() into what libpq accepts (the
+ * URL without idem_schema=, which is idem's and unknown to libpq) and the
+ * schema. 0, or -1 with the reason printed.
+ */
+static int pg_split_url(const char *url, char *target, size_t size,
+                        char *schema, size_t schema_size) {
+  const char *hit = NULL, *rest;
+  size_t head, vlen;
+  for (const char *p = url; (p = strstr(p, "idem_schema=")) != NULL; p++)
+    if (p > url && (p[-1] == '?' || p[-1] == '&')) {
+      hit = p;
+      break;
+    }
+  if (!hit) {
+    print_error("%s: no idem_schema= in the store URL\n", url);
+    return -1;
+  }
+  vlen = strcspn(hit + 12, "&");
+  if (vlen == 0 || vlen >= schema_size) {
+    print_error("%s: bad idem_schema= in the store URL\n", url);
+    return -1;
+  }
+  snprintf(schema, schema_size, "%.*s", (int)vlen, hit + 12);
+  rest = hit + 12 + vlen;     /* "" or "&more" */
+  head = (size_t)(hit - url); /* up to and with the '?' or '&' before */
+  if (*rest == '&')
+    rest++;
+  else
+    head--; /* it was the last parameter: drop its separator too */
+  if ((size_t)snprintf(target, size, "%.*s%s", (int)head, url, rest) >= size)
+    return -1;
+  return 0;
+}
+
+static void pg_ignore_notice(void *arg, const char *message) {
+  /* DROP SCHEMA IF EXISTS and friends send notices; keep the output clean. */
+  (void)arg;
+  (void)message;
+}
+
+/*
+ * PostgreSQL side connection: runs tmpl ("{S}" = the URL's schema) with an
+ * optional text parameter on a connection of its own. On success returns the
+ * result (TUPLES_OK or COMMAND_OK) and the connection, both for the caller
+ * to free; NULL with the reason printed otherwise.
+ */
+static PGresult *pg_side_exec(const char *url, const char *tmpl,
+                              const char *param, PGconn **conn_out) {
+  char target[URL_MAX], schema[64], sql[4096];
+  const char *values[1] = {param};
+  PGconn *conn;
+  PGresult *res;
+  ExecStatusType st;
+  *conn_out = NULL;
+  if (pg_split_url(url, target, sizeof target, schema, sizeof schema) != 0)
+    return NULL;
+  if (pg_expand(tmpl, schema, sql, sizeof sql) != 0) {
+    print_error("side connection: SQL too long: %s\n", tmpl);
+    return NULL;
+  }
+  conn = PQconnectdb(target);
+  if (!conn || PQstatus(conn) != CONNECTION_OK) {
+    print_error("side connection to %s: %s\n", target,
+                conn ? PQerrorMessage(conn) : "out of memory");
+    PQfinish(conn);
+    return NULL;
+  }
+  PQsetNoticeProcessor(conn, pg_ignore_notice, NULL);
+  res = PQexecParams(conn, sql, param ? 1 : 0, NULL, values, NULL, NULL, 0);
+  st = PQresultStatus(res);
+  if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {
+    print_error("side connection: %s: %s\n", sql, PQerrorMessage(conn));
+    PQclear(res);
+    PQfinish(conn);
+    return NULL;
+  }
+  *conn_out = conn;
+  return res;
+}
+
 /*
  * Runs one statement with an optional text parameter through a connection of
  * its own (never the store's): sqlite_side_sql() on a database file,
- * side_sql() on the store of a URL. Returns the first column of the first row
- * when there is one, otherwise the number of rows changed; -1 on error.
+ * side_sql() on the store of a URL (SQLite or PostgreSQL). Returns the first
+ * column of the first row when there is one, otherwise the number of rows
+ * changed; -1 on error.
  */
 static long long sqlite_side_sql(const char *path, const char *sql,
                                  const char *param) {
@@ -245,17 +413,37 @@ static long long sqlite_side_sql(const char *path, const char *sql,
   return result;
 }
 
+static long long pg_side_sql(const char *url, const char *tmpl,
+                             const char *param) {
+  PGconn *conn;
+  PGresult *res = pg_side_exec(url, tmpl, param, &conn);
+  long long result;
+  if (!res)
+    return -1;
+  if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) > 0)
+    result = PQgetisnull(res, 0, 0) ? -1 : atoll(PQgetvalue(res, 0, 0));
+  else
+    result = atoll(PQcmdTuples(res)); /* "" (0) for DDL */
+  PQclear(res);
+  PQfinish(conn);
+  return result;
+}
+
 static long long side_sql(const char *url, const char *sql, const char *param) {
+  if (is_pg_url(url))
+    return pg_side_sql(url, sql, param);
   switch (backend_from_env()) {
   case BACKEND_SQLITE:
     return sqlite_side_sql(sqlite_path(url), sql, param);
   default:
-    print_error("side connection: backend not built\n");
+    print_error("side connection: %s: not a store URL of this suite\n", url);
     return -1;
   }
 }
 
-static const backend_sql *sql_of_backend(void) { return &sqlite_sql; }
+static const backend_sql *sql_of_backend(void) {
+  return backend_from_env() == BACKEND_POSTGRESQL ? &pg_sql : &sqlite_sql;
+}
 
 /* How many tickets exist, read through a separate connection. */
 static long long count_tickets(const char *url) {
@@ -264,36 +452,78 @@ static long long count_tickets(const char *url) {
 
 /*
  * The mutation of a local action: inserts one ticket through the connection
- * the action receives (a sqlite3 * here; a PGconn * for PostgreSQL), so it
- * commits or rolls back with the record. 0 and the new id, or -1.
+ * the action receives (a sqlite3 * or a PGconn *), so it commits or rolls
+ * back with the record. 0 and the new id, or -1.
  */
 static int insert_ticket(void *conn, const char *payload, long long *id) {
-  sqlite3 *db = conn;
-  sqlite3_stmt *q = NULL;
-  int step;
   *id = -1;
-  if (backend_from_env() != BACKEND_SQLITE)
+  switch (backend_from_env()) {
+  case BACKEND_SQLITE: {
+    sqlite3 *db = conn;
+    sqlite3_stmt *q = NULL;
+    int step;
+    if (sqlite3_prepare_v2(db, sqlite_sql.insert_ticket, -1, &q, NULL) !=
+        SQLITE_OK)
+      return -1;
+    sqlite3_bind_text(q, 1, payload, -1, SQLITE_STATIC);
+    while ((step = sqlite3_step(q)) == SQLITE_ROW)
+      *id = sqlite3_column_int64(q, 0);
+    sqlite3_finalize(q);
+    return step == SQLITE_DONE && *id > 0 ? 0 : -1;
+  }
+  case BACKEND_POSTGRESQL: {
+    char sql[512];
+    const char *values[1] = {payload};
+    PGresult *res;
+    if (pg_expand(pg_sql.insert_ticket, pg_schema, sql, sizeof sql) != 0)
+      return -1;
+    res = PQexecParams(conn, sql, 1, NULL, values, NULL, NULL, 0);
+    if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1)
+      *id = atoll(PQgetvalue(res, 0, 0));
+    PQclear(res);
+    return *id > 0 ? 0 : -1;
+  }
+  default:
     return -1;
-  if (sqlite3_prepare_v2(db, sql_of_backend()->insert_ticket, -1, &q, NULL) !=
-      SQLITE_OK)
-    return -1;
-  sqlite3_bind_text(q, 1, payload, -1, SQLITE_STATIC);
-  while ((step = sqlite3_step(q)) == SQLITE_ROW)
-    *id = sqlite3_column_int64(q, 0);
-  sqlite3_finalize(q);
-  return step == SQLITE_DONE && *id > 0 ? 0 : -1;
+  }
 }
 
-/* The bytes that stand for the whole store, to show it was left untouched. */
+/* The bytes that stand for the whole store, to show it was left untouched:
+ * the database file, or PostgreSQL's pg_snapshot text. */
 static unsigned char *store_snapshot(const char *url, size_t *len) {
-  return read_whole(sqlite_path(url), len);
+  char target[URL_MAX], schema[64];
+  unsigned char *out = NULL;
+  PGconn *conn;
+  PGresult *res;
+  *len = 0;
+  if (!is_pg_url(url))
+    return read_whole(sqlite_path(url), len);
+  if (pg_split_url(url, target, sizeof target, schema, sizeof schema) != 0)
+    return NULL;
+  res = pg_side_exec(url, pg_snapshot, schema, &conn);
+  if (!res)
+    return NULL;
+  if (PQntuples(res) == 1 && !PQgetisnull(res, 0, 0)) {
+    out = (unsigned char *)strdup(PQgetvalue(res, 0, 0));
+    if (out)
+      *len = strlen((char *)out);
+  }
+  PQclear(res);
+  PQfinish(conn);
+  return out;
 }
 
 /* Removes what fresh_store_url() made. The store must be closed. */
 static void discard_store(const char *url) {
   char dir[URL_MAX];
   char *slash;
-  if (!url[0] || backend_from_env() != BACKEND_SQLITE)
+  if (!url[0])
+    return;
+  if (is_pg_url(url)) {
+    side_sql(url, pg_drop_schema, NULL);
+    return;
+  }
+  if (backend_from_env() != BACKEND_SQLITE)
     return;
   snprintf(dir, sizeof dir, "%s", sqlite_path(url));
   slash = strrchr(dir, '/');
@@ -304,12 +534,33 @@ static void discard_store(const char *url) {
 }
 
 /*
+ * Why IDEM_TEST_STORE=postgresql cannot run here, or NULL when it can:
+ * IDEM_TEST_PG_URL must name a server with a postgresql:// URL, without an
+ * idem_schema of its own (each test chooses its schema).
+ */
+static const char *pg_url_problem(void) {
+  const char *pg = getenv("IDEM_TEST_PG_URL");
+  if (!pg || !*pg)
+    return "IDEM_TEST_PG_URL is not set: no PostgreSQL server for the "
+           "postgresql tests (scripts/check.sh starts one; by hand: "
+           "`. scripts/pg.sh && pg_start`)";
+  if (!is_pg_url(pg))
+    return "IDEM_TEST_PG_URL must be a postgresql:// URL";
+  if (strstr(pg, "idem_schema="))
+    return "IDEM_TEST_PG_URL must not carry idem_schema=: every test "
+           "makes a schema of its own";
+  return NULL;
+}
+
+/*
  * The URL of a store that does not exist yet: for SQLite a file not yet
- * created in a new folder under /tmp. url_out has URL_MAX bytes. 0, or -1
- * with the reason printed.
+ * created in a new folder under /tmp; for PostgreSQL IDEM_TEST_PG_URL with
+ * idem_schema=t_<pid>_<n>, a schema nobody uses (dropped first, should an
+ * earlier process with the same pid have left it). url_out has URL_MAX
+ * bytes. 0, or -1 with the reason printed.
  */
 static int fresh_store_url(char *url_out) {
-  const char *pg;
+  const char *pg, *problem;
   char dir[] = TMP_TEMPLATE;
   url_out[0] = '\0';
   switch (backend_from_env()) {
@@ -321,11 +572,24 @@ static int fresh_store_url(char *url_out) {
     snprintf(url_out, URL_MAX, "sqlite:%s/store.db", dir);
     return 0;
   case BACKEND_POSTGRESQL:
+    if ((problem = pg_url_problem()) != NULL) {
+      print_error("IDEM_TEST_STORE=postgresql: %s\n", problem);
+      return -1;
+    }
     pg = getenv("IDEM_TEST_PG_URL");
-    print_error("IDEM_TEST_STORE=postgresql (IDEM_TEST_PG_URL=%s): "
-                "PostgreSQL backend not built\n",
-                pg ? pg : "(unset)");
-    return -1;
+    snprintf(pg_schema, sizeof pg_schema, "t_%ld_%u", (long)getpid(),
+             ++pg_serial);
+    if ((size_t)snprintf(url_out, URL_MAX, "%s%cidem_schema=%s", pg,
+                         strchr(pg, '?') ? '&' : '?', pg_schema) >= URL_MAX) {
+      print_error("IDEM_TEST_PG_URL is too long\n");
+      url_out[0] = '\0';
+      return -1;
+    }
+    if (side_sql(url_out, pg_drop_schema, NULL) < 0) {
+      url_out[0] = '\0';
+      return -1;
+    }
+    return 0;
   default:
     print_error("IDEM_TEST_STORE=%s: unknown store; use sqlite or "
                 "postgresql\n",
@@ -336,11 +600,13 @@ static int fresh_store_url(char *url_out) {
 
 /*
  * Opens a store of its own for one test, with the caller's table `tickets`
- * created through a separate connection. url_out (URL_MAX bytes) receives
- * the URL, for other handles and processes to open. 0, or -1 with the
- * reason printed.
+ * created through a separate connection (in the store's schema on
+ * PostgreSQL). url_out (URL_MAX bytes) receives the URL, for other handles
+ * and processes to open. 0, or -1 with the reason printed.
  */
 static int open_fresh_store(idem_store **out, char *url_out) {
+  const char *want =
+      backend_from_env() == BACKEND_POSTGRESQL ? "postgresql" : "sqlite";
   int rc;
   *out = NULL;
   if (fresh_store_url(url_out) != 0)
@@ -349,6 +615,14 @@ static int open_fresh_store(idem_store **out, char *url_out) {
   if (rc != IDEM_OK) {
     print_error("idem_store_open(%s): %s: %s\n", url_out, idem_rc_name(rc),
                 idem_errmsg());
+    discard_store(url_out);
+    return -1;
+  }
+  if (strcmp(idem_store_backend(*out), want) != 0) {
+    print_error("idem_store_open(%s): backend %s, expected %s\n", url_out,
+                idem_store_backend(*out), want);
+    idem_store_close(*out);
+    *out = NULL;
     discard_store(url_out);
     return -1;
   }
@@ -1863,9 +2137,14 @@ static void test_failure_before_commit(void **state) {
   assert_absent(f->store, &id);
   assert_int_equal(list_count(f->store, NULL), 0);
 
+  /* The retry's ticket is the only one. SQLite reuses the rolled-back id;
+   * a PostgreSQL sequence is not rolled back, so there it is the next one. */
   c = LOCAL(f->store, &id, fp, NULL, &retry, IDEM_PROCEED);
   assert_int_equal(idem_call_attempt(c), 1);
-  assert_int_equal(ticket_id_of(idem_call_response(c)), 1);
+  assert_int_equal(
+      ticket_id_of(idem_call_response(c)),
+      backend_from_env() == BACKEND_POSTGRESQL ? failing.ticket_id + 1 : 1);
+  assert_int_equal(retry.ticket_id, ticket_id_of(idem_call_response(c)));
   idem_call_free(c);
   assert_int_equal(count_tickets(f->url), 1);
   assert_int_equal(list_count(f->store, NULL), 1);
@@ -2550,6 +2829,11 @@ static void test_corrupted_record(void **state) {
       side_sql(f->url, sql_of_backend()->corrupt_body, body_id.key), 1);
   assert_int_equal(
       side_sql(f->url, sql_of_backend()->corrupt_status, status_id.key), 1);
+  /* A new handle, as a new process would have: one that had replayed these
+   * records before could answer from its cache of completed records. */
+  idem_store_close(f->store);
+  f->store = NULL;
+  EXPECT_RC(IDEM_OK, idem_store_open(f->url, NULL, &f->store));
 
   for (int i = 0; i < 2; i++) {
     const idem_id *id = i ? &status_id : &body_id;
@@ -2651,16 +2935,41 @@ int main(void) {
       STORE_TEST(test_threads_race_claim_complete),
       STORE_TEST(test_processes_race_execute_local),
       cmocka_unit_test(test_processes_open_fresh_store),
+      STORE_TEST(test_corrupted_record),
+      STORE_TEST(test_newer_schema),
+  };
+  /* About SQLite files as such: the SQLite run only. */
+  const struct CMUnitTest sqlite_file_tests[] = {
       cmocka_unit_test_setup_teardown(test_sqlite_not_a_database, setup_tmpdir,
                                       teardown_tmpdir),
       cmocka_unit_test_setup_teardown(test_sqlite_read_only_file, setup_tmpdir,
                                       teardown_tmpdir),
       cmocka_unit_test_setup_teardown(test_sqlite_open_waits_for_writer,
                                       setup_tmpdir, teardown_tmpdir),
-      STORE_TEST(test_corrupted_record),
-      STORE_TEST(test_newer_schema),
   };
-  int failed = cmocka_run_group_tests_name("engine", tests, NULL, NULL);
+  test_backend backend = backend_from_env();
+  const char *problem;
+  int failed;
+  if (backend == BACKEND_POSTGRESQL && (problem = pg_url_problem()) != NULL) {
+    /* A missing server is a failure, never a skip. */
+    fprintf(stderr, "test_engine: IDEM_TEST_STORE=postgresql: %s\n", problem);
+    return 1;
+  }
+  if (backend == BACKEND_UNKNOWN) {
+    fprintf(stderr,
+            "test_engine: IDEM_TEST_STORE=%s: unknown store; use sqlite or "
+            "postgresql\n",
+            getenv("IDEM_TEST_STORE"));
+    return 1;
+  }
+  failed = cmocka_run_group_tests_name(
+      backend == BACKEND_POSTGRESQL ? "engine (postgresql)" : "engine (sqlite)",
+      tests, NULL, NULL);
   clean_left_over();
+  if (backend == BACKEND_SQLITE) {
+    failed += cmocka_run_group_tests_name("engine (sqlite files)",
+                                          sqlite_file_tests, NULL, NULL);
+    clean_left_over();
+  }
   return failed;
 }
