@@ -158,6 +158,7 @@ typedef struct sq_store {
    * waits for the write-ahead log to be copied into the database. */
   pthread_t ckpt_thread;
   int ckpt_running, ckpt_wanted, ckpt_stop;
+  int ckpt_seen, ckpt_next; /* log frames at the last commit; next request */
   pthread_cond_t ckpt_cv;
   int64_t last_prune_ms;
 
@@ -685,12 +686,19 @@ static int wal_hook(void *arg, sqlite3 *db, const char *name, int frames) {
   sq_store *s = arg;
   (void)db;
   (void)name;
-  if (frames >= CKPT_FRAMES) {
-    pthread_mutex_lock(&s->gc_mu);
+  pthread_mutex_lock(&s->gc_mu);
+  /* Ask once per CKPT_FRAMES new frames, not after every commit: a log that
+   * cannot restart yet (a reader still uses it) stays long, and asking on
+   * every commit would checkpoint on every commit. */
+  if (frames < s->ckpt_seen)
+    s->ckpt_next = CKPT_FRAMES; /* the log restarted */
+  s->ckpt_seen = frames;
+  if (frames >= s->ckpt_next) {
+    s->ckpt_next = frames + CKPT_FRAMES;
     s->ckpt_wanted = 1;
     pthread_cond_signal(&s->ckpt_cv);
-    pthread_mutex_unlock(&s->gc_mu);
   }
+  pthread_mutex_unlock(&s->gc_mu);
   return SQLITE_OK;
 }
 
@@ -907,6 +915,7 @@ static int sq_open(const char *target, const idem_store_options *opts,
   pthread_cond_init(&s->gc_cv, NULL);
   pthread_cond_init(&s->gather_cv, NULL);
   pthread_cond_init(&s->ckpt_cv, NULL);
+  s->ckpt_next = CKPT_FRAMES;
   snprintf(s->version, sizeof s->version, "%s", sqlite3_libversion());
   if (!s->path || !s->cache) {
     sq_close(s);
