@@ -66,6 +66,7 @@ enum {
   ST_REPLACE,
   ST_TAKEOVER,
   ST_COMPLETE,
+  ST_COMPLETE_LOCAL,
   ST_RELEASE,
   ST_UNKNOWN,
   ST_RENEW,
@@ -128,6 +129,20 @@ static const char *const sql_text[ST_COUNT] = {
         "$5::bigint, status = $6::integer, meta = $7::bytea, body = "
         "$8::bytea, checksum = $9::text FROM " NOW_ROW " WHERE " PK
         " AND owner = $4::text AND state = 1",
+    /* The same inside a local action's transaction, sent together with its
+     * COMMIT: a row that is not there (it cannot be, under the row lock)
+     * must fail the statement, so that the COMMIT becomes a rollback and
+     * the caller's mutation is never kept without its record. */
+    /* It leaves expires_ms as the insert set it (the same transaction, a
+     * moment earlier), so that no indexed column changes and PostgreSQL can
+     * update the row in place (HOT) without new index entries. */
+    [ST_COMPLETE_LOCAL] =
+        "WITH u AS (UPDATE {S}.idem_records SET state = 2, owner = NULL, "
+        "lease_expires_ms = 0, updated_ms = n.now_ms, status = $5::integer, "
+        "meta = $6::bytea, body = $7::bytea, checksum = $8::text FROM " NOW_ROW
+        " WHERE " PK
+        " AND owner = $4::text AND state = 1 RETURNING 1) SELECT 1 / (SELECT "
+        "count(*)::integer FROM u)",
     [ST_RELEASE] = "DELETE FROM {S}.idem_records WHERE " PK
                    " AND owner = $4::text AND state = 1",
     [ST_UNKNOWN] = "UPDATE {S}.idem_records SET state = 3, owner = NULL, "
@@ -592,6 +607,24 @@ static void pool_put(pg_store *s, conn *c) {
  * Runs prepared statement which (preparing it first in this session) with
  * binary results. On success *out holds a TUPLES_OK or COMMAND_OK result.
  */
+static int prepare(pg_store *s, conn *c, int which, char name[32],
+                   char *err) {
+  PGresult *res;
+  int rc;
+  snprintf(name, 32, "idem__%d", which);
+  if (c->prepared[which])
+    return IDEM_OK;
+  res = PQprepare(c->pg, name, s->sql[which], 0, NULL);
+  if (PQresultStatus(res) != PGRES_COMMAND_OK) {
+    rc = pg_fail(c, res, "prepare", err);
+    PQclear(res);
+    return rc;
+  }
+  PQclear(res);
+  c->prepared[which] = 1;
+  return IDEM_OK;
+}
+
 static int run_stmt(pg_store *s, conn *c, int which, const params *p,
                     const char *what, PGresult **out, char *err) {
   char name[32];
@@ -599,17 +632,8 @@ static int run_stmt(pg_store *s, conn *c, int which, const params *p,
   ExecStatusType st;
   int rc;
   *out = NULL;
-  snprintf(name, sizeof name, "idem__%d", which);
-  if (!c->prepared[which]) {
-    res = PQprepare(c->pg, name, s->sql[which], 0, NULL);
-    if (PQresultStatus(res) != PGRES_COMMAND_OK) {
-      rc = pg_fail(c, res, "prepare", err);
-      PQclear(res);
-      return rc;
-    }
-    PQclear(res);
-    c->prepared[which] = 1;
-  }
+  if ((rc = prepare(s, c, which, name, err)) != IDEM_OK)
+    return rc;
   res = PQexecPrepared(c->pg, name, p->n, p->v, p->len, p->fmt, 1);
   st = PQresultStatus(res);
   if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {
@@ -619,6 +643,99 @@ static int run_stmt(pg_store *s, conn *c, int which, const params *p,
   }
   *out = res;
   return IDEM_OK;
+}
+
+/*
+ * One round trip for a prepared statement and the transaction control
+ * around it: `before` (e.g. BEGIN) and/or `after` (e.g. COMMIT), either may
+ * be NULL, sent together in libpq's pipeline mode. On success *out holds the
+ * statement's result and *after_status (may be NULL) the command tag of
+ * `after`, e.g. "COMMIT" or "ROLLBACK". When the connection breaks on the
+ * way, nobody can tell whether `after` ran: the result is IDEM_EUNAVAILABLE.
+ */
+static int run_pipelined(pg_store *s, conn *c, const char *before, int which,
+                         const params *p, const char *after, const char *what,
+                         PGresult **out, char *after_status, char *err) {
+  PGresult *res[3] = {NULL, NULL, NULL}, *r;
+  const char *texts[3] = {before, NULL, after};
+  char name[32];
+  int n = 0, rc = IDEM_OK, i;
+
+  *out = NULL;
+  if (after_status)
+    after_status[0] = '\0';
+  if ((rc = prepare(s, c, which, name, err)) != IDEM_OK)
+    return rc;
+  if (!PQenterPipelineMode(c->pg))
+    return pg_fail(c, NULL, what, err);
+  for (i = 0; i < 3; i++) {
+    int sent;
+    if (i != 1 && !texts[i])
+      continue;
+    sent = i == 1 ? PQsendQueryPrepared(c->pg, name, p->n, p->v, p->len,
+                                        p->fmt, 1)
+                  : PQsendQueryParams(c->pg, texts[i], 0, NULL, NULL, NULL,
+                                      NULL, 0);
+    if (!sent)
+      goto broken;
+    n++;
+  }
+  if (!PQpipelineSync(c->pg))
+    goto broken;
+  /* Each query's result is followed by a NULL; then the sync's result. */
+  for (i = 0; i < 3; i++) {
+    if (i != 1 && !texts[i])
+      continue;
+    res[i] = PQgetResult(c->pg);
+    if (!res[i])
+      goto broken;
+    while ((r = PQgetResult(c->pg)) != NULL)
+      PQclear(r);
+  }
+  r = PQgetResult(c->pg);
+  if (!r || PQresultStatus(r) != PGRES_PIPELINE_SYNC) {
+    PQclear(r);
+    goto broken;
+  }
+  PQclear(r);
+  PQexitPipelineMode(c->pg);
+  /* The first failure explains the rest (later ones are "aborted"). */
+  for (i = 0; i < 3; i++) {
+    ExecStatusType st;
+    if (!res[i])
+      continue;
+    st = PQresultStatus(res[i]);
+    if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {
+      rc = pg_fail(c, res[i], i == 1 ? what : texts[i], err);
+      break;
+    }
+  }
+  if (rc == IDEM_OK && after && after_status)
+    snprintf(after_status, 16, "%s", PQcmdStatus(res[2]));
+  if (rc == IDEM_OK) {
+    *out = res[1];
+    res[1] = NULL;
+  }
+  for (i = 0; i < 3; i++)
+    PQclear(res[i]);
+  return rc;
+broken:
+  for (i = 0; i < 3; i++)
+    PQclear(res[i]);
+  /* Drain what can be drained so that the connection leaves pipeline mode;
+   * a broken one is re-established before its next use. */
+  while (PQstatus(c->pg) != CONNECTION_BAD && (r = PQgetResult(c->pg)))
+    PQclear(r);
+  PQexitPipelineMode(c->pg);
+  (void)n;
+  if (PQstatus(c->pg) == CONNECTION_BAD) {
+    char text[ERR_SIZE];
+    oneline(text, sizeof text, PQerrorMessage(c->pg));
+    return failf(err, IDEM_EUNAVAILABLE,
+                 "postgresql: %s: the connection was lost%s: %s", what,
+                 after ? "; whether it committed is unknown" : "", text);
+  }
+  return pg_fail(c, NULL, what, err);
 }
 
 /*
@@ -752,8 +869,10 @@ static int load_and_decide(pg_store *s, conn *c, idem__op *op, int which,
   return IDEM_OK;
 }
 
-/* Tries to insert a new record; *inserted says whether it did. */
-static int try_insert(pg_store *s, conn *c, idem__op *op, int *inserted) {
+/* Tries to insert a new record; *inserted says whether it did. With begin
+ * set, the transaction starts in the same round trip. */
+static int try_insert(pg_store *s, conn *c, idem__op *op, int begin_too,
+                      int *inserted) {
   PGresult *res = NULL;
   params p = {0};
   int rc;
@@ -763,7 +882,12 @@ static int try_insert(pg_store *s, conn *c, idem__op *op, int *inserted) {
   p_text(&p, op->claim->token);
   p_i64(&p, period(op->opts.lease_ms));
   p_i64(&p, period(op->opts.retention_ms));
-  rc = run_stmt(s, c, ST_INSERT, &p, "write claim", &res, op->errmsg);
+  if (begin_too)
+    rc = run_pipelined(s, c, "BEGIN ISOLATION LEVEL READ COMMITTED",
+                       ST_INSERT, &p, NULL, "write claim", &res, NULL,
+                       op->errmsg);
+  else
+    rc = run_stmt(s, c, ST_INSERT, &p, "write claim", &res, op->errmsg);
   if (rc != IDEM_OK)
     return op->rc = rc;
   *inserted = PQntuples(res) > 0;
@@ -856,6 +980,35 @@ static int write_fenced(pg_store *s, conn *c, idem__op *op, int which) {
   return IDEM_OK;
 }
 
+/* Completes the record of a local action and commits its transaction, in
+ * one round trip. */
+static int complete_and_commit(pg_store *s, conn *c, idem__op *op,
+                               const idem_response *r) {
+  char sum[IDEM_FINGERPRINT_SIZE], tag[16];
+  PGresult *res = NULL;
+  params p = {0};
+  int rc;
+  if (idem__response_checksum(op->fingerprint, r->status, r->meta, r->meta_len,
+                              r->body, r->body_len, sum) != IDEM_OK)
+    return idem__op_fail(op, IDEM_ENOMEM, "checksum: out of memory");
+  p_id(&p, op->id);
+  p_text(&p, op->claim->token);
+  p_i64(&p, r->status);
+  p_bytes(&p, r->meta, r->meta_len);
+  p_bytes(&p, r->body_len ? r->body : "", r->body_len);
+  p_text(&p, sum);
+  rc = run_pipelined(s, c, NULL, ST_COMPLETE_LOCAL, &p, "COMMIT", "complete",
+                     &res, tag, op->errmsg);
+  PQclear(res);
+  if (rc != IDEM_OK)
+    return op->rc = rc;
+  if (strcmp(tag, "COMMIT") != 0)
+    return idem__op_fail(op, IDEM_ESTORE,
+                         "postgresql: commit failed, nothing was stored: the "
+                         "transaction was rolled back");
+  return IDEM_OK;
+}
+
 /* Runs the caller's mutation inside the claim's transaction and completes
  * the record in the same transaction. */
 static int run_local(pg_store *s, conn *c, idem__op *op) {
@@ -907,7 +1060,7 @@ static int run_local(pg_store *s, conn *c, idem__op *op) {
         op, IDEM_ETOOBIG,
         "action's response: %zu bytes; a record keeps at most %u",
         r.meta_len + r.body_len, IDEM_MAX_RESPONSE);
-  if (write_complete(s, c, op, &r) != IDEM_OK)
+  if (complete_and_commit(s, c, op, &r) != IDEM_OK)
     return op->rc;
   if (idem__claim_set_response(op->claim, r.status, r.meta, r.meta_len, r.body,
                                r.body_len) != IDEM_OK)
@@ -952,13 +1105,11 @@ static void run_claim(pg_store *s, conn *c, idem__op *op) {
     idem__op_fail(op, IDEM_EIO, "%s", idem_errmsg());
     return;
   }
-  if ((op->rc = begin(c, op->errmsg)) != IDEM_OK)
-    return;
-  /* Insert, or else lock the existing row. A row deleted between the two
-   * (released, resolved as failed, pruned) makes the insert worth another
-   * try. */
+  /* Begin and insert in one round trip, or else lock the existing row. A
+   * row deleted between the two (released, resolved as failed, pruned)
+   * makes the insert worth another try. */
   for (int tries = 0;; tries++) {
-    if (try_insert(s, c, op, &inserted) != IDEM_OK)
+    if (try_insert(s, c, op, tries == 0, &inserted) != IDEM_OK)
       goto fail;
     if (inserted) {
       cl->outcome = IDEM_PROCEED;
@@ -986,10 +1137,13 @@ static void run_claim(pg_store *s, conn *c, idem__op *op) {
   }
   if (!inserted && write_claim(s, c, op, action) != IDEM_OK)
     goto fail;
-  if (op->kind == IDEM__OP_LOCAL && run_local(s, c, op) != IDEM_OK)
+  /* A local action completes and commits in its own last round trip. */
+  if (op->kind == IDEM__OP_LOCAL) {
+    if (run_local(s, c, op) != IDEM_OK)
+      goto fail;
+  } else if ((op->rc = commit(c, op->errmsg)) != IDEM_OK) {
     goto fail;
-  if ((op->rc = commit(c, op->errmsg)) != IDEM_OK)
-    goto fail;
+  }
   if (op->kind == IDEM__OP_CLAIM)
     cl->held = 1;
   prune_some(s, c);
