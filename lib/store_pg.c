@@ -133,14 +133,14 @@ static const char *const sql_text[ST_COUNT] = {
      * COMMIT: a row that is not there (it cannot be, under the row lock)
      * must fail the statement, so that the COMMIT becomes a rollback and
      * the caller's mutation is never kept without its record. */
-    /* It leaves expires_ms as the insert set it (the same transaction, a
-     * moment earlier), so that no indexed column changes and PostgreSQL can
-     * update the row in place (HOT) without new index entries. */
+    /* It leaves expires_ms and updated_ms as the insert set them (in the
+     * same transaction, so nobody saw the moment between), so that no
+     * indexed column changes and PostgreSQL can update the row in place
+     * (HOT) without new index entries. */
     [ST_COMPLETE_LOCAL] =
         "WITH u AS (UPDATE {S}.idem_records SET state = 2, owner = NULL, "
-        "lease_expires_ms = 0, updated_ms = n.now_ms, status = $5::integer, "
-        "meta = $6::bytea, body = $7::bytea, checksum = $8::text FROM " NOW_ROW
-        " WHERE " PK
+        "lease_expires_ms = 0, status = $5::integer, meta = $6::bytea, body "
+        "= $7::bytea, checksum = $8::text WHERE " PK
         " AND owner = $4::text AND state = 1 RETURNING 1) SELECT 1 / (SELECT "
         "count(*)::integer FROM u)",
     [ST_RELEASE] = "DELETE FROM {S}.idem_records WHERE " PK
