@@ -96,6 +96,20 @@ expect_match "killed: message says outcome unknown" "outcome unknown" "$msg"
 expect_eq "killed: rerun exit status" 0 "$?"
 expect_eq "killed: rerun ran the command" "started started finished" "$(tr '\n' ' ' < "$TMP/killed" | sed 's/ $//')"
 
+# 7b. SIGTERM to idem run: the command is terminated too, idem run exits
+#     128+15, and the record stays in progress (in flight within its lease).
+: > "$TMP/termed"
+"$IDEM" run --key termed --lease 5s -- sh -c 'echo started >> "$1"; sleep 2; echo finished >> "$1"' x "$TMP/termed" </dev/null 2>/dev/null &
+pid=$!
+sleep 0.4
+kill -TERM $pid
+wait $pid
+expect_eq "SIGTERM: idem run exits 143" 143 "$?"
+sleep 2
+expect_eq "SIGTERM: the command was terminated" "started" "$(cat "$TMP/termed")"
+"$IDEM" run --key termed --lease 5s -- sh -c 'echo started >> "$1"; sleep 2; echo finished >> "$1"' x "$TMP/termed" </dev/null 2>/dev/null
+expect_eq "SIGTERM: the record stays in progress" 75 "$?"
+
 # 8. A command that runs past its lease is renewed, never taken over.
 : > "$TMP/long"
 "$IDEM" run --key long --lease 300ms -- sh -c 'echo ran >> "$1"; sleep 1.5; echo long-done' x "$TMP/long" >"$TMP/long.out" </dev/null &
