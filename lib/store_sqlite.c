@@ -49,6 +49,11 @@ enum {
   ST_PRUNE_SOME,
   ST_RESOLVE_DONE,
   ST_RESOLVE_DELETE,
+  ST_INSERT_DONE,
+  ST_TAKEOVER_DONE,
+  ST_SAVEPOINT,
+  ST_RELEASE_SP,
+  ST_ROLLBACK_SP,
   ST_COUNT
 };
 
@@ -103,6 +108,23 @@ static const char *const sql_text[ST_COUNT] = {
         "= ?2 AND key = ?3 AND state <> 2",
     [ST_RESOLVE_DELETE] = "DELETE FROM idem_records WHERE tenant = ?1 AND "
                           "operation = ?2 AND key = ?3 AND state <> 2",
+    /* A local action's record, written once, completed, after the action
+     * ran: the batch holds the write lock throughout, so no one could have
+     * seen it in progress. */
+    [ST_INSERT_DONE] =
+        "INSERT OR REPLACE INTO idem_records (tenant, operation, key, "
+        "fingerprint, request, state, owner, attempt, created_ms, updated_ms, "
+        "lease_expires_ms, expires_ms, status, meta, body, checksum) VALUES "
+        "(?1, ?2, ?3, ?4, ?5, 2, NULL, 1, ?6, ?6, 0, ?7, ?8, ?9, ?10, ?11)",
+    [ST_TAKEOVER_DONE] =
+        "UPDATE idem_records SET state = 2, owner = NULL, attempt = attempt + "
+        "1, updated_ms = ?6, lease_expires_ms = 0, expires_ms = ?7, status = "
+        "?8, meta = ?9, body = ?10, checksum = ?11 WHERE tenant = ?1 AND "
+        "operation = ?2 AND key = ?3 AND fingerprint = ?4",
+    /* Prepared once: every operation of a batch runs in its own savepoint. */
+    [ST_SAVEPOINT] = "SAVEPOINT idem_op",
+    [ST_RELEASE_SP] = "RELEASE idem_op",
+    [ST_ROLLBACK_SP] = "ROLLBACK TO idem_op",
 };
 
 static const char schema_v1[] =
@@ -159,6 +181,7 @@ typedef struct sq_store {
   pthread_t ckpt_thread;
   int ckpt_running, ckpt_wanted, ckpt_stop;
   int ckpt_seen, ckpt_next; /* log frames at the last commit; next request */
+  int restart_due;          /* the thread copied the log: restart it */
   pthread_cond_t ckpt_cv;
   int64_t last_prune_ms;
 
@@ -551,8 +574,15 @@ static int write_fenced(conn *c, idem__op *op, int which, int64_t now) {
   return IDEM_OK;
 }
 
-static void run_local(conn *c, idem__op *op, int64_t now) {
+/*
+ * A local action: runs fn, then writes its record, completed, in one
+ * statement (a new record, or the takeover of an expired holder's).
+ */
+static void run_local(conn *c, idem__op *op, const idem__row *row,
+                      idem__action action, int64_t now) {
   idem_response r;
+  char sum[IDEM_FINGERPRINT_SIZE];
+  sqlite3_stmt *q;
   int fn_rc;
   memset(&r, 0, sizeof r);
   fn_rc = op->fn(c->db, op->ctx, &r);
@@ -574,8 +604,44 @@ static void run_local(conn *c, idem__op *op, int64_t now) {
                   r.meta_len + r.body_len, IDEM_MAX_RESPONSE);
     return;
   }
-  if (write_complete(c, op, &r, now) != IDEM_OK)
+  if (idem__response_checksum(op->fingerprint, r.status, r.meta, r.meta_len,
+                              r.body, r.body_len, sum) != IDEM_OK) {
+    idem__op_fail(op, IDEM_ENOMEM, "checksum: out of memory");
     return;
+  }
+  q = stmt(c, action == IDEM__ACT_INSERT ? ST_INSERT_DONE : ST_TAKEOVER_DONE);
+  if (!q) {
+    op_sqlite_fail(op, c, "prepare");
+    return;
+  }
+  bind_id(q, op->id, 1);
+  sqlite3_bind_text(q, 4, op->fingerprint, -1, SQLITE_STATIC);
+  if (op->opts.request)
+    sqlite3_bind_blob(q, 5, op->opts.request, (int)op->opts.request_len,
+                      SQLITE_STATIC);
+  sqlite3_bind_int64(q, 6, now);
+  sqlite3_bind_int64(q, 7, now + op->opts.retention_ms);
+  sqlite3_bind_int(q, 8, r.status);
+  if (r.meta)
+    sqlite3_bind_blob(q, 9, r.meta, (int)r.meta_len, SQLITE_STATIC);
+  sqlite3_bind_blob(q, 10, r.body_len ? r.body : "", (int)r.body_len,
+                    SQLITE_STATIC);
+  sqlite3_bind_text(q, 11, sum, -1, SQLITE_STATIC);
+  if (sqlite3_step(q) != SQLITE_DONE) {
+    op_sqlite_fail(op, c, "write record");
+    sqlite3_reset(q);
+    return;
+  }
+  sqlite3_reset(q);
+  /* The action's rows must never commit without their record. */
+  if (sqlite3_changes(c->db) != 1) {
+    idem__op_fail(op, IDEM_ESTORE,
+                  "key '%s': the record changed under the write lock; the "
+                  "action was rolled back",
+                  op->id->key);
+    return;
+  }
+  op->claim->attempt = action == IDEM__ACT_INSERT ? 1 : row->attempt + 1;
   if (idem__claim_set_response(op->claim, r.status, r.meta, r.meta_len,
                                r.body, r.body_len) != IDEM_OK)
     idem__op_fail(op, IDEM_ENOMEM, "out of memory");
@@ -592,11 +658,11 @@ static void run_one(conn *c, idem__op *op, int64_t now) {
       return;
     if (action == IDEM__ACT_NONE)
       return;
-    if (write_claim(c, op, &row, action, now) != IDEM_OK)
+    if (op->kind == IDEM__OP_LOCAL) {
+      run_local(c, op, &row, action, now);
       return;
-    if (op->kind == IDEM__OP_LOCAL)
-      run_local(c, op, now);
-    else
+    }
+    if (write_claim(c, op, &row, action, now) == IDEM_OK)
       op->claim->held = 1;
     return;
   case IDEM__OP_COMPLETE:
@@ -613,6 +679,17 @@ static void run_one(conn *c, idem__op *op, int64_t now) {
     return;
   }
   idem__op_fail(op, IDEM_EINVAL, "unknown operation");
+}
+
+/* Runs a statement without parameters or rows. */
+static int step_once(conn *c, int which) {
+  sqlite3_stmt *q = stmt(c, which);
+  int rc;
+  if (!q)
+    return sqlite3_errcode(c->db);
+  rc = sqlite3_step(q);
+  sqlite3_reset(q);
+  return rc == SQLITE_DONE ? SQLITE_OK : rc;
 }
 
 static void prune_some(sq_store *s, conn *c, int64_t now) {
@@ -638,7 +715,23 @@ static void prune_some(sq_store *s, conn *c, int64_t now) {
  */
 static void run_batch(sq_store *s, conn *c, idem__op **ops, int n) {
   int64_t now = idem__now_ms();
-  int i;
+  int i, restart;
+  /*
+   * The log starts over from its beginning only when a write transaction
+   * begins with every frame already copied into the database, which never
+   * happens while the checkpoint thread races the writers. A log that only
+   * grows makes every commit an append that must also sync the file's size,
+   * nearly twice the cost of rewriting blocks in place. So once the thread
+   * has copied the bulk, the writer copies the few frames added since, here,
+   * and the BEGIN below restarts the log.
+   */
+  pthread_mutex_lock(&s->gc_mu);
+  restart = s->restart_due;
+  s->restart_due = 0;
+  pthread_mutex_unlock(&s->gc_mu);
+  if (restart)
+    sqlite3_wal_checkpoint_v2(c->db, NULL, SQLITE_CHECKPOINT_PASSIVE, NULL,
+                              NULL);
   if (exec(c, "BEGIN IMMEDIATE") != SQLITE_OK) {
     for (i = 0; i < n; i++)
       op_sqlite_fail(ops[i], c, "begin");
@@ -646,7 +739,7 @@ static void run_batch(sq_store *s, conn *c, idem__op **ops, int n) {
   }
   for (i = 0; i < n; i++) {
     idem__op *op = ops[i];
-    if (exec(c, "SAVEPOINT idem_op") != SQLITE_OK) {
+    if (step_once(c, ST_SAVEPOINT) != SQLITE_OK) {
       op_sqlite_fail(op, c, "savepoint");
       continue;
     }
@@ -654,9 +747,9 @@ static void run_batch(sq_store *s, conn *c, idem__op **ops, int n) {
     if (op->rc != IDEM_OK) {
       if (op->kind == IDEM__OP_CLAIM || op->kind == IDEM__OP_LOCAL)
         op->claim->held = 0;
-      exec(c, "ROLLBACK TO idem_op");
+      step_once(c, ST_ROLLBACK_SP);
     }
-    exec(c, "RELEASE idem_op");
+    step_once(c, ST_RELEASE_SP);
   }
   prune_some(s, c, now);
   if (exec(c, "COMMIT") != SQLITE_OK) {
@@ -719,10 +812,15 @@ static void *checkpointer(void *arg) {
     }
     s->ckpt_wanted = 0;
     pthread_mutex_unlock(&s->gc_mu);
-    /* PASSIVE never blocks writers or readers; what it cannot copy now it
-     * copies next time. */
-    sqlite3_wal_checkpoint_v2(c->db, NULL, SQLITE_CHECKPOINT_PASSIVE, NULL,
-                              NULL);
+    /* PASSIVE copies the log into the database without blocking anyone. */
+    int log = 0, done = 0;
+    if (sqlite3_wal_checkpoint_v2(c->db, NULL, SQLITE_CHECKPOINT_PASSIVE,
+                                  &log, &done) == SQLITE_OK &&
+        log > 0) {
+      pthread_mutex_lock(&s->gc_mu);
+      s->restart_due = 1;
+      pthread_mutex_unlock(&s->gc_mu);
+    }
     pthread_mutex_lock(&s->gc_mu);
   }
   pthread_mutex_unlock(&s->gc_mu);
