@@ -29,6 +29,16 @@
  * see its usual search_path, so idem never changes it: its tables are named
  * with the schema ("idem" unless the URL says idem_schema=NAME) in the text
  * of each prepared statement.
+ *
+ * Cost. A fresh local action is six statements in four round trips: the
+ * read, BEGIN with the insert (pipelined), the caller's own statement, and
+ * the completion with COMMIT (pipelined). On a CPU-bound server that is
+ * what limits it. Two ways to cut it further: skip the first read for local
+ * actions (it only pays off for replays, which could then come from an
+ * in-process cache as on SQLite, with expiry measured on the server's clock
+ * and carried over as a local deadline), and serialise claimers of a key
+ * with a transaction-scoped advisory lock instead of the in-progress row,
+ * so that a local action inserts its record once, completed.
  */
 #include "store.h"
 
