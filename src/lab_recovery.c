@@ -14,6 +14,12 @@
 
 static const char payload[] = "{\"title\":\"Rotate the synthetic queue\"}";
 
+/* Long enough that a loaded machine still makes its next call inside them:
+ * the checks inside the lease and inside retention must not race the
+ * clock. */
+#define LEASE_MS 1500
+#define RETENTION_MS 1000
+
 static int fingerprint(char fp[IDEM_FINGERPRINT_SIZE]) {
   return idem_fingerprint(payload, strlen(payload), 1, fp);
 }
@@ -62,7 +68,7 @@ static void lease_and_stale(lab *L) {
     char cbuf[128], rcname[64];
     close(up[0]);
     close(down[1]);
-    o.lease_ms = 300;
+    o.lease_ms = LEASE_MS;
     if (idem_store_open(url, NULL, &s) != IDEM_OK ||
         idem_claim(s, &id, fp, &o, &call) != IDEM_OK ||
         idem_call_outcome(call) != IDEM_PROCEED)
@@ -100,7 +106,7 @@ static void lease_and_stale(lab *L) {
     in_flight = idem_call_outcome(during) == IDEM_IN_FLIGHT &&
                 idem_call_retry_after_ms(during) > 0;
   lab_check(L, n, in_flight, "inside the holder's lease: IN_FLIGHT");
-  lab_sleep_ms(450);
+  lab_sleep_ms(LEASE_MS + 300);
   if (idem_claim(s, &id, fp, NULL, &call) == IDEM_OK) {
     outcome = idem_call_outcome(call);
     attempt = idem_call_attempt(call);
@@ -179,11 +185,11 @@ static void retention_expiry(lab *L) {
   if (lab_fresh_store(L, n, url, sizeof url) || fingerprint(fp) ||
       idem_store_open(url, NULL, &s) != IDEM_OK)
     return;
-  o.retention_ms = 150;
+  o.retention_ms = RETENTION_MS;
   idem_execute_local(s, &id, fp, &o, ticket_fn, &t1, &a);
   idem_execute_local(s, &id, fp, &o, ticket_fn, &t2, &b);
   before = b ? (int)idem_call_outcome(b) : 0;
-  lab_sleep_ms(300);
+  lab_sleep_ms(RETENTION_MS + 300);
   idem_execute_local(s, &id, fp, &o, ticket_fn, &t3, &c);
   after = c ? (int)idem_call_outcome(c) : 0;
   long long tickets = lab_db_count_tickets(url);

@@ -7,9 +7,9 @@ export IDEM_STORE="sqlite:$TMP/keys.db"
 "$IDEM" run --key done-1 --tenant acme -- echo one >/dev/null </dev/null
 "$IDEM" run --key done-2 --tenant other -- echo two >/dev/null </dev/null
 # A run that dies holding its key leaves an in-progress record.
-"$IDEM" run --key dying --lease 200ms -- sh -c 'sleep 5' </dev/null &
+"$IDEM" run --key dying --lease 200ms -- sh -c 'echo up > "$1"; sleep 5' x "$TMP/up" </dev/null &
 pid=$!
-sleep 0.3
+wait_for "$TMP/up" || fail "the dying run did not start"
 kill -KILL $pid; wait $pid 2>/dev/null
 
 out=$("$IDEM" keys list)
@@ -29,12 +29,12 @@ expect_eq "unknown action: exit 2" 2 "$?"
 expect_eq "resolve needs --completed or --failed" 2 "$?"
 
 sleep 0.3
-"$IDEM" run --key dying -- sh -c 'sleep 5' </dev/null 2>/dev/null
+"$IDEM" run --key dying -- sh -c 'echo up > "$1"; sleep 5' x "$TMP/up" </dev/null 2>/dev/null
 expect_eq "the dead run's key is unknown" 4 "$?"
 printf 'settled by hand\n' > "$TMP/body"
 "$IDEM" keys resolve dying --completed --status 0 --body "$TMP/body" >/dev/null
 expect_eq "resolve --completed" 0 "$?"
-out=$("$IDEM" run --key dying -- sh -c 'sleep 5' </dev/null)
+out=$("$IDEM" run --key dying -- sh -c 'echo up > "$1"; sleep 5' x "$TMP/up" </dev/null)
 expect_eq "after resolve: the given response replays" "settled by hand" "$out"
 "$IDEM" keys resolve dying --failed 2>/dev/null
 expect_eq "a completed record cannot be resolved again" 1 "$?"

@@ -84,7 +84,7 @@ expect_eq "signal status replayed" 143 "$?"
 : > "$TMP/killed"
 "$IDEM" run --key killed --lease 500ms -- sh -c 'echo started >> "$1"; sleep 2; echo finished >> "$1"' x "$TMP/killed" </dev/null &
 pid=$!
-sleep 0.4
+wait_for "$TMP/killed" || fail "killed: the command did not start"
 kill -KILL $pid
 wait $pid 2>/dev/null
 sleep 2.2
@@ -101,7 +101,7 @@ expect_eq "killed: rerun ran the command" "started started finished" "$(tr '\n' 
 : > "$TMP/termed"
 "$IDEM" run --key termed --lease 5s -- sh -c 'echo started >> "$1"; sleep 2; echo finished >> "$1"' x "$TMP/termed" </dev/null 2>/dev/null &
 pid=$!
-sleep 0.4
+wait_for "$TMP/termed" || fail "SIGTERM: the command did not start"
 kill -TERM $pid
 wait $pid
 expect_eq "SIGTERM: idem run exits 143" 143 "$?"
@@ -112,15 +112,16 @@ expect_eq "SIGTERM: the record stays in progress" 75 "$?"
 
 # 8. A command that runs past its lease is renewed, never taken over.
 : > "$TMP/long"
-"$IDEM" run --key long --lease 300ms -- sh -c 'echo ran >> "$1"; sleep 1.5; echo long-done' x "$TMP/long" >"$TMP/long.out" </dev/null &
+"$IDEM" run --key long --lease 300ms -- sh -c 'echo ran >> "$1"; sleep 3; echo long-done' x "$TMP/long" >"$TMP/long.out" </dev/null &
 pid=$!
-sleep 1
-"$IDEM" run --key long --lease 300ms -- sh -c 'echo ran >> "$1"; sleep 1.5; echo long-done' x "$TMP/long" >/dev/null 2>&1 </dev/null
+wait_for "$TMP/long" || fail "long: the command did not start"
+sleep 0.6 # two leases of 300 ms: alive only because it is renewed
+"$IDEM" run --key long --lease 300ms -- sh -c 'echo ran >> "$1"; sleep 3; echo long-done' x "$TMP/long" >/dev/null 2>&1 </dev/null
 expect_eq "long: a second run while it lives is in flight" 75 "$?"
 wait $pid
 expect_eq "long: first run status" 0 "$?"
 expect_eq "long: executions" 1 "$(wc -l < "$TMP/long")"
-out=$("$IDEM" run --key long --lease 300ms -- sh -c 'echo ran >> "$1"; sleep 1.5; echo long-done' x "$TMP/long" </dev/null)
+out=$("$IDEM" run --key long --lease 300ms -- sh -c 'echo ran >> "$1"; sleep 3; echo long-done' x "$TMP/long" </dev/null)
 expect_eq "long: replay afterwards" "long-done" "$out"
 
 # 9. A command that is not found: 127, and the key is free again.

@@ -18,6 +18,14 @@ expect_match() {
   if printf '%s' "$3" | grep -Eq -- "$2"; then ok; else fail "$1: [$3] does not match /$2/"; fi
 }
 
+# wait_for FILE: waits (up to 20 s) until FILE is not empty; a loaded
+# machine may take a while to start a process.
+wait_for() {
+  n=0
+  while [ ! -s "$1" ] && [ $n -lt 200 ]; do sleep 0.1; n=$((n + 1)); done
+  [ -s "$1" ]
+}
+
 finish() {
   echo "$PASSED passed, $FAILED failed"
   [ "$FAILED" = 0 ]
