@@ -196,6 +196,8 @@ static int run(int argc, char **argv) {
                      "schema for every scenario");
     return EXIT_USAGE;
   }
+  if (L.pg && lab_db_reachable(store) != 0)
+    return EXIT_FAIL;
   if (make_dir(&L, L.pg ? NULL : store) != 0)
     return EXIT_FAIL;
   L.store_arg = store;

@@ -61,6 +61,8 @@ long long lab_db_balance(const char *url, const char *tenant,
 long long lab_count_records(const char *url);
 /* PostgreSQL: drops the scenario's schema (a no-op on SQLite). */
 int lab_db_drop(const char *url);
+/* PostgreSQL: 0 when the server answers, else -1 after saying why. */
+int lab_db_reachable(const char *url);
 const char *lab_db_sqlite_version(void);
 
 int lab_suite_tickets(lab *L);

@@ -406,6 +406,17 @@ long long lab_db_balance(const char *url, const char *tenant,
                       tenant, account);
 }
 
+int lab_db_reachable(const char *url) {
+  PGconn *pg;
+  if (!is_pg(url))
+    return 0;
+  pg = pg_open(url); /* says why when it cannot connect */
+  if (!pg)
+    return -1;
+  PQfinish(pg);
+  return 0;
+}
+
 int lab_db_drop(const char *url) {
   char schema[64], sql[128];
   PGconn *pg;
