@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -402,7 +403,9 @@ static int run(int argc, char **argv) {
   char **cmd = argv + cmd_index;
   int ncmd = argc - cmd_index;
 
-  if (!isatty(STDIN_FILENO)) {
+  /* A closed standard input (fstat fails) is no input, like a terminal. */
+  struct stat st_in;
+  if (fstat(STDIN_FILENO, &st_in) == 0 && !isatty(STDIN_FILENO)) {
     if (spool_stdin(&stdin_fd, stdin_hex) != 0) {
       cli_error("run", "cannot read standard input: %s", strerror(errno));
       return EXIT_RUN_ERROR;
