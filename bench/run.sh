@@ -198,23 +198,30 @@ checks = [
     ('claim+complete, 16 workers: idem / ref fresh 1',
      ratio(med(idem16, 'claim_complete_ops_per_s'), med(ref1, 'ops_per_s')), None),
 ]
-print()
-print('%-48s %8s %8s  %s' % ('ratio', 'x', 'target', 'result'))
-missed = 0
-for label, x, target in checks:
-    if target is None:
-        verdict = 'reported'
-    elif x is None:
-        verdict = 'NO DATA'
-        missed += 1
-    elif x >= target:
-        verdict = 'met'
-    else:
-        verdict = 'MISSED'
-        missed += 1
-    print('%-48s %8s %8s  %s' % (label, '-' if x is None else '%.1f' % x,
-                                 '-' if target is None else '>= %d' % target,
-                                 verdict))
+def print_ratios(rows, digits):
+    """Prints (label, ratio, target) rows; returns how many targets missed."""
+    print()
+    print('%-48s %8s %8s  %s' % ('ratio', 'x', 'target', 'result'))
+    missed = 0
+    for label, x, target in rows:
+        if target is None:
+            verdict = 'reported'
+        elif x is None:
+            verdict = 'NO DATA'
+            missed += 1
+        elif x >= target:
+            verdict = 'met'
+        else:
+            verdict = 'MISSED'
+            missed += 1
+        print('%-48s %8s %8s  %s' % (label,
+                                     '-' if x is None else '%.*f' % (digits, x),
+                                     '-' if target is None else '>= %g' % target,
+                                     verdict))
+    return missed
+
+
+missed = print_ratios(checks, 1)
 if fs:
     for w, runs in ((1, idem1), (16, idem16)):
         f = med(runs, 'fresh_ops_per_s')
@@ -283,22 +290,7 @@ else:
         ('pg claim+complete, 16 workers: idem / pgbench',
          ratio(med(idem_pg, 'claim_complete_ops_per_s'), tps), None),
     ]
-    print()
-    print('%-48s %8s %8s  %s' % ('ratio', 'x', 'target', 'result'))
-    for label, x, target in pg_checks:
-        if target is None:
-            verdict = 'reported'
-        elif x is None:
-            verdict = 'NO DATA'
-            missed += 1
-        elif x >= target:
-            verdict = 'met'
-        else:
-            verdict = 'MISSED'
-            missed += 1
-        print('%-48s %8s %8s  %s' % (label, '-' if x is None else '%.2f' % x,
-                                     '-' if target is None else '>= %g' % target,
-                                     verdict))
+    missed += print_ratios(pg_checks, 2)
 
 errs = sum(r.get('errors', 0) for r in idem1 + idem16 + ref1 + ref16 + refr + idem_pg + pgb)
 print()

@@ -67,13 +67,6 @@ char *idem__strdup(const char *s) {
   return p;
 }
 
-void *idem__memdup(const void *p, size_t n) {
-  void *q = malloc(n ? n : 1);
-  if (q && n)
-    memcpy(q, p, n);
-  return q;
-}
-
 int idem__claim_set_response(idem_call *claim, int status, const void *meta,
                              size_t meta_len, const void *body,
                              size_t body_len) {

@@ -43,6 +43,4 @@ int idem__fail(int rc, const char *fmt, ...) {
   return rc;
 }
 
-void idem__clear_err(void) { errbuf[0] = '\0'; }
-
 void idem_free(void *p) { free(p); }

@@ -12,7 +12,6 @@
 
 /* Records the calling thread's error detail and returns rc. */
 int idem__fail(int rc, const char *fmt, ...) IDEM__PRINTF(2, 3);
-void idem__clear_err(void);
 
 /* SHA-256 of the concatenation of n parts, in lowercase hex. */
 int idem__sha256_parts(const void *const *parts, const size_t *sizes, int n,

@@ -124,6 +124,5 @@ int idem__response_checksum(const char *fingerprint, int status,
                             const void *body, size_t body_len,
                             char hex[IDEM_FINGERPRINT_SIZE]);
 char *idem__strdup(const char *s);
-void *idem__memdup(const void *p, size_t n);
 
 #endif

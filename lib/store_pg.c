@@ -937,22 +937,36 @@ static int write_claim(pg_store *s, conn *c, idem__op *op,
   return IDEM_OK;
 }
 
+/*
+ * The parameters of a completion (ST_COMPLETE with the retention, or
+ * ST_COMPLETE_LOCAL without): id, owner token, [retention], status, meta,
+ * body and the checksum, which is written into sum (p points into it).
+ */
+static int response_params(idem__op *op, const idem_response *r,
+                           int with_retention, params *p,
+                           char sum[IDEM_FINGERPRINT_SIZE]) {
+  if (idem__response_checksum(op->fingerprint, r->status, r->meta, r->meta_len,
+                              r->body, r->body_len, sum) != IDEM_OK)
+    return idem__op_fail(op, IDEM_ENOMEM, "checksum: out of memory");
+  p_id(p, op->id);
+  p_text(p, op->claim->token);
+  if (with_retention)
+    p_i64(p, period(op->opts.retention_ms));
+  p_i64(p, r->status);
+  p_bytes(p, r->meta, r->meta_len);
+  p_bytes(p, r->body_len ? r->body : "", r->body_len);
+  p_text(p, sum);
+  return IDEM_OK;
+}
+
 static int write_complete(pg_store *s, conn *c, idem__op *op,
                           const idem_response *r) {
   char sum[IDEM_FINGERPRINT_SIZE];
   PGresult *res = NULL;
   params p = {0};
   int changed, rc;
-  if (idem__response_checksum(op->fingerprint, r->status, r->meta, r->meta_len,
-                              r->body, r->body_len, sum) != IDEM_OK)
-    return idem__op_fail(op, IDEM_ENOMEM, "checksum: out of memory");
-  p_id(&p, op->id);
-  p_text(&p, op->claim->token);
-  p_i64(&p, period(op->opts.retention_ms));
-  p_i64(&p, r->status);
-  p_bytes(&p, r->meta, r->meta_len);
-  p_bytes(&p, r->body_len ? r->body : "", r->body_len);
-  p_text(&p, sum);
+  if (response_params(op, r, 1, &p, sum) != IDEM_OK)
+    return op->rc;
   rc = run_stmt(s, c, ST_COMPLETE, &p, "complete", &res, op->errmsg);
   if (rc != IDEM_OK)
     return op->rc = rc;
@@ -998,15 +1012,8 @@ static int complete_and_commit(pg_store *s, conn *c, idem__op *op,
   PGresult *res = NULL;
   params p = {0};
   int rc;
-  if (idem__response_checksum(op->fingerprint, r->status, r->meta, r->meta_len,
-                              r->body, r->body_len, sum) != IDEM_OK)
-    return idem__op_fail(op, IDEM_ENOMEM, "checksum: out of memory");
-  p_id(&p, op->id);
-  p_text(&p, op->claim->token);
-  p_i64(&p, r->status);
-  p_bytes(&p, r->meta, r->meta_len);
-  p_bytes(&p, r->body_len ? r->body : "", r->body_len);
-  p_text(&p, sum);
+  if (response_params(op, r, 0, &p, sum) != IDEM_OK)
+    return op->rc;
   rc = run_pipelined(s, c, NULL, ST_COMPLETE_LOCAL, &p, "COMMIT", "complete",
                      &res, tag, op->errmsg);
   PQclear(res);

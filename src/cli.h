@@ -49,6 +49,10 @@ int cli_parse_uint(const char *s, long max, long *out);
 /* Milliseconds of CLOCK_MONOTONIC, for measuring. */
 double cli_now_ms(void);
 
+/* A postgresql:// store URL as libpq takes it: idem's own query parameter
+ * idem_schema removed. NULL when out of memory; free() it. */
+char *cli_pg_libpq_url(const char *url);
+
 /* The store URL: the --store value, else IDEM_STORE, else ./idem.db. */
 const char *cli_store_url(const char *flag);
 

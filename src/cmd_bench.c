@@ -213,46 +213,11 @@ static void pg_quiet(void *arg, const char *message) {
   (void)message;
 }
 
-/*
- * The URL as libpq takes it: idem's own query parameter idem_schema (which
- * says where idem's tables are, not the caller's) removed. NULL when out of
- * memory; free() it.
- */
-static char *pg_libpq_url(const char *url) {
-  const char *q = strchr(url, '?'), *p, *end;
-  char *out = malloc(strlen(url) + 1);
-  size_t o;
-  int first = 1;
-  if (!out || !q) {
-    if (out)
-      strcpy(out, url);
-    return out;
-  }
-  o = (size_t)(q - url);
-  memcpy(out, url, o);
-  for (p = q + 1;; p = end + 1) {
-    size_t n;
-    end = strchr(p, '&');
-    n = end ? (size_t)(end - p) : strlen(p);
-    if (n > 0 && !(n >= 11 && strncmp(p, "idem_schema", 11) == 0 &&
-                   (n == 11 || p[11] == '='))) {
-      out[o++] = first ? '?' : '&';
-      memcpy(out + o, p, n);
-      o += n;
-      first = 0;
-    }
-    if (!end)
-      break;
-  }
-  out[o] = '\0';
-  return out;
-}
-
 static int pg_setup(const char *url, char *err, size_t errlen) {
   const char *const kw[] = {"connect_timeout", "fallback_application_name",
                             "dbname", NULL};
   const char *val[] = {"10", "idem-bench", NULL, NULL};
-  char *libpq_url = pg_libpq_url(url);
+  char *libpq_url = cli_pg_libpq_url(url);
   PGconn *pg;
   PGresult *res;
   int ok;

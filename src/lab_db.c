@@ -205,20 +205,12 @@ static void quiet(void *arg, const char *message) {
 
 /* libpq does not know idem's own parameter: drop it. */
 static PGconn *pg_open(const char *url) {
-  char conninfo[1024], *q;
+  char *conninfo = cli_pg_libpq_url(url);
   PGconn *pg;
-  snprintf(conninfo, sizeof conninfo, "%s", url);
-  if ((q = strstr(conninfo, "idem_schema=")) != NULL) {
-    char *end = strchr(q, '&');
-    if (end)
-      memmove(q, end + 1, strlen(end + 1) + 1);
-    else
-      *q = '\0';
-    size_t n = strlen(conninfo);
-    while (n && (conninfo[n - 1] == '?' || conninfo[n - 1] == '&'))
-      conninfo[--n] = '\0';
-  }
+  if (!conninfo)
+    return NULL;
   pg = PQconnectdb(conninfo);
+  free(conninfo);
   if (PQstatus(pg) != CONNECTION_OK) {
     fprintf(stderr, "idem lab: PostgreSQL: %s", PQerrorMessage(pg));
     PQfinish(pg);

@@ -140,3 +140,38 @@ const char *cli_store_url(const char *flag) {
     return env;
   return "./idem.db";
 }
+
+/*
+ * The URL as libpq takes it: idem's own query parameter idem_schema (which
+ * says where idem's tables are, not the caller's) removed. NULL when out of
+ * memory; free() it.
+ */
+char *cli_pg_libpq_url(const char *url) {
+  const char *q = strchr(url, '?'), *p, *end;
+  char *out = malloc(strlen(url) + 1);
+  size_t o;
+  int first = 1;
+  if (!out || !q) {
+    if (out)
+      strcpy(out, url);
+    return out;
+  }
+  o = (size_t)(q - url);
+  memcpy(out, url, o);
+  for (p = q + 1;; p = end + 1) {
+    size_t n;
+    end = strchr(p, '&');
+    n = end ? (size_t)(end - p) : strlen(p);
+    if (n > 0 && !(n >= 11 && strncmp(p, "idem_schema", 11) == 0 &&
+                   (n == 11 || p[11] == '='))) {
+      out[o++] = first ? '?' : '&';
+      memcpy(out + o, p, n);
+      o += n;
+      first = 0;
+    }
+    if (!end)
+      break;
+  }
+  out[o] = '\0';
+  return out;
+}
