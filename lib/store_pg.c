@@ -42,6 +42,8 @@
  */
 #include "store.h"
 
+#include "cache.h"
+
 #include <ctype.h>
 #include <libpq-fe.h>
 #include <poll.h>
@@ -50,6 +52,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define SCHEMA_VERSION 1
 #define SCHEMA_MAX 63 /* PostgreSQL's NAMEDATALEN - 1 */
@@ -70,9 +73,13 @@
 #define NOW_MS "(floor(extract(epoch FROM clock_timestamp()) * 1000))::bigint"
 
 enum {
+  ST_BEGIN,
+  ST_COMMIT,
   ST_PEEK,
   ST_LOCK,
   ST_INSERT,
+  ST_INSERT_DONE,
+  ST_KEY_LOCK,
   ST_REPLACE,
   ST_TAKEOVER,
   ST_COMPLETE,
@@ -113,6 +120,12 @@ enum {
 
 /* "{S}" stands for the quoted schema name; see build_sql(). */
 static const char *const sql_text[ST_COUNT] = {
+    /* READ COMMITTED whatever the session's default: each statement must
+     * see rows committed by concurrent claimers, and no serialization
+     * failure may reach the caller. Prepared like the rest, so that a
+     * round trip that begins or commits parses nothing. */
+    [ST_BEGIN] = "BEGIN ISOLATION LEVEL READ COMMITTED",
+    [ST_COMMIT] = "COMMIT",
     [ST_PEEK] = SELECT_ROW,
     [ST_LOCK] = SELECT_ROW " FOR UPDATE",
     [ST_INSERT] =
@@ -123,6 +136,21 @@ static const char *const sql_text[ST_COUNT] = {
         "$7::bigint, n.now_ms + $8::bigint FROM " NOW_ROW
         " ON CONFLICT (tenant, operation, key) DO NOTHING RETURNING "
         "created_ms",
+    /* A local action's record, written once, completed, after the action
+     * and in its transaction. No ON CONFLICT: a record that another caller
+     * wrote meanwhile must fail the statement (unique_violation, after
+     * waiting for that caller's transaction), so that the COMMIT sent with
+     * it becomes a rollback and this action is not kept. */
+    [ST_INSERT_DONE] =
+        "INSERT INTO {S}.idem_records (tenant, operation, key, fingerprint, "
+        "request, state, attempt, created_ms, updated_ms, lease_expires_ms, "
+        "expires_ms, status, meta, body, checksum) SELECT $1::text, $2::text, "
+        "$3::text, $4::text, $5::bytea, 2, 1, n.now_ms, n.now_ms, 0, n.now_ms "
+        "+ $6::bigint, $7::integer, $8::bytea, $9::bytea, $10::text FROM " NOW_ROW,
+    /* Local actions on one key wait for each other here, so that a second
+     * one reads the first one's record instead of running its action too.
+     * Held until the transaction ends. */
+    [ST_KEY_LOCK] = "SELECT pg_advisory_xact_lock($1::bigint)",
     [ST_REPLACE] =
         "UPDATE {S}.idem_records SET fingerprint = $4::text, request = "
         "$5::bytea, state = 1, owner = $6::text, attempt = 1, created_ms = "
@@ -227,6 +255,7 @@ typedef struct conn {
   /* Which statements this session has prepared. A reconnect starts a new
    * session, which has none. */
   unsigned char prepared[ST_COUNT];
+  char sqlstate[6]; /* of the last failure pg_fail() classified */
   struct conn *next;
 } conn;
 
@@ -243,6 +272,7 @@ typedef struct pg_store {
   conn *idle;
   int nconn;
   int64_t last_prune_ms;
+  idem__cache *cache; /* completed records, for replays (monotonic clock) */
 } pg_store;
 
 /* ---- errors -------------------------------------------------------------- */
@@ -290,6 +320,7 @@ static int pg_fail(conn *c, const PGresult *res, const char *what, char *err) {
   char text[ERR_SIZE];
   int rc = IDEM_ESTORE;
 
+  snprintf(c->sqlstate, sizeof c->sqlstate, "%s", state ? state : "");
   if (PQstatus(c->pg) == CONNECTION_BAD) {
     oneline(text, sizeof text, PQerrorMessage(c->pg));
     return failf(err, IDEM_EUNAVAILABLE, "postgresql: %s: %s", what,
@@ -377,6 +408,20 @@ static void p_id(params *p, const idem_id *id) {
   p_text(p, id->tenant ? id->tenant : "");
   p_text(p, id->operation);
   p_text(p, id->key);
+}
+
+/* The advisory lock key of a record: FNV-1a over the schema and the id. Two
+ * ids with one key only wait for each other needlessly. */
+static void p_lock_key(params *p, const char *schema, const idem_id *id) {
+  const char *parts[4] = {schema, id->tenant ? id->tenant : "", id->operation,
+                          id->key};
+  uint64_t h = 14695981039346656037ULL;
+  for (int i = 0; i < 4; i++) {
+    for (const unsigned char *q = (const unsigned char *)parts[i]; *q; q++)
+      h = (h ^ *q) * 1099511628211ULL;
+    h = (h ^ 0xff) * 1099511628211ULL; /* a separator no UTF-8 text has */
+  }
+  p_i64(p, (int64_t)h);
 }
 
 static int64_t period(int64_t ms) {
@@ -655,49 +700,49 @@ static int run_stmt(pg_store *s, conn *c, int which, const params *p,
   return IDEM_OK;
 }
 
+/* One prepared statement of a pipeline (p may be NULL: no parameters). */
+typedef struct step {
+  int which;
+  const params *p;
+} step;
+
+static const params no_params;
+
+#define MAX_STEPS 4
+
 /*
- * One round trip for a prepared statement and the transaction control
- * around it: `before` (e.g. BEGIN) and/or `after` (e.g. COMMIT), either may
- * be NULL, sent together in libpq's pipeline mode. On success *out holds the
- * statement's result and *after_status (may be NULL) the command tag of
- * `after`, e.g. "COMMIT" or "ROLLBACK". When the connection breaks on the
- * way, nobody can tell whether `after` ran: the result is IDEM_EUNAVAILABLE.
+ * One round trip for up to MAX_STEPS statements, sent together in libpq's
+ * pipeline mode. On success *out holds the result of step `keep` and
+ * last_tag (may be NULL) the command tag of the last step, e.g. "COMMIT"
+ * or "ROLLBACK". The first failure is reported (the statements after it
+ * are not run). When the connection breaks on the way, nobody can tell
+ * whether a COMMIT in it ran: the result is IDEM_EUNAVAILABLE.
  */
-static int run_pipelined(pg_store *s, conn *c, const char *before, int which,
-                         const params *p, const char *after, const char *what,
-                         PGresult **out, char *after_status, char *err) {
-  PGresult *res[3] = {NULL, NULL, NULL}, *r;
-  const char *texts[3] = {before, NULL, after};
-  char name[32];
-  int n = 0, rc = IDEM_OK, i;
+static int run_steps(pg_store *s, conn *c, const step *st, int n, int keep,
+                     const char *what, PGresult **out, char *last_tag,
+                     char *err) {
+  PGresult *res[MAX_STEPS] = {NULL}, *r;
+  char name[MAX_STEPS][32];
+  int rc = IDEM_OK, i;
 
   *out = NULL;
-  if (after_status)
-    after_status[0] = '\0';
-  if ((rc = prepare(s, c, which, name, err)) != IDEM_OK)
-    return rc;
+  if (last_tag)
+    last_tag[0] = '\0';
+  for (i = 0; i < n; i++)
+    if ((rc = prepare(s, c, st[i].which, name[i], err)) != IDEM_OK)
+      return rc;
   if (!PQenterPipelineMode(c->pg))
     return pg_fail(c, NULL, what, err);
-  for (i = 0; i < 3; i++) {
-    int sent;
-    if (i != 1 && !texts[i])
-      continue;
-    sent = i == 1 ? PQsendQueryPrepared(c->pg, name, p->n, p->v, p->len,
-                                        p->fmt, 1)
-                  : PQsendQueryParams(c->pg, texts[i], 0, NULL, NULL, NULL,
-                                      NULL, 0);
-    if (!sent)
+  for (i = 0; i < n; i++) {
+    const params *p = st[i].p ? st[i].p : &no_params;
+    if (!PQsendQueryPrepared(c->pg, name[i], p->n, p->v, p->len, p->fmt, 1))
       goto broken;
-    n++;
   }
   if (!PQpipelineSync(c->pg))
     goto broken;
   /* Each query's result is followed by a NULL; then the sync's result. */
-  for (i = 0; i < 3; i++) {
-    if (i != 1 && !texts[i])
-      continue;
-    res[i] = PQgetResult(c->pg);
-    if (!res[i])
+  for (i = 0; i < n; i++) {
+    if (!(res[i] = PQgetResult(c->pg)))
       goto broken;
     while ((r = PQgetResult(c->pg)) != NULL)
       PQclear(r);
@@ -710,42 +755,58 @@ static int run_pipelined(pg_store *s, conn *c, const char *before, int which,
   PQclear(r);
   PQexitPipelineMode(c->pg);
   /* The first failure explains the rest (later ones are "aborted"). */
-  for (i = 0; i < 3; i++) {
-    ExecStatusType st;
-    if (!res[i])
-      continue;
-    st = PQresultStatus(res[i]);
-    if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {
-      rc = pg_fail(c, res[i], i == 1 ? what : texts[i], err);
+  for (i = 0; i < n; i++) {
+    ExecStatusType es = PQresultStatus(res[i]);
+    if (es != PGRES_TUPLES_OK && es != PGRES_COMMAND_OK) {
+      rc = pg_fail(c, res[i],
+                   st[i].which == ST_BEGIN    ? "begin"
+                   : st[i].which == ST_COMMIT ? "commit"
+                                              : what,
+                   err);
       break;
     }
   }
-  if (rc == IDEM_OK && after && after_status)
-    snprintf(after_status, 16, "%s", PQcmdStatus(res[2]));
+  if (rc == IDEM_OK && last_tag)
+    snprintf(last_tag, 16, "%s", PQcmdStatus(res[n - 1]));
   if (rc == IDEM_OK) {
-    *out = res[1];
-    res[1] = NULL;
+    *out = res[keep];
+    res[keep] = NULL;
   }
-  for (i = 0; i < 3; i++)
+  for (i = 0; i < n; i++)
     PQclear(res[i]);
   return rc;
 broken:
-  for (i = 0; i < 3; i++)
+  for (i = 0; i < n; i++)
     PQclear(res[i]);
   /* Drain what can be drained so that the connection leaves pipeline mode;
    * a broken one is re-established before its next use. */
   while (PQstatus(c->pg) != CONNECTION_BAD && (r = PQgetResult(c->pg)))
     PQclear(r);
   PQexitPipelineMode(c->pg);
-  (void)n;
   if (PQstatus(c->pg) == CONNECTION_BAD) {
     char text[ERR_SIZE];
     oneline(text, sizeof text, PQerrorMessage(c->pg));
     return failf(err, IDEM_EUNAVAILABLE,
                  "postgresql: %s: the connection was lost%s: %s", what,
-                 after ? "; whether it committed is unknown" : "", text);
+                 st[n - 1].which == ST_COMMIT
+                     ? "; whether it committed is unknown"
+                     : "",
+                 text);
   }
   return pg_fail(c, NULL, what, err);
+}
+
+/* A prepared statement after BEGIN or before COMMIT, in one round trip;
+ * commit_tag as run_steps()'s last_tag. */
+static int run_pipelined(pg_store *s, conn *c, int begin, int which,
+                         const params *p, const char *what, PGresult **out,
+                         char *commit_tag, char *err) {
+  step st[2] = {{ST_BEGIN, NULL}, {which, p}};
+  if (!begin) {
+    st[0] = st[1];
+    st[1] = (step){ST_COMMIT, NULL};
+  }
+  return run_steps(s, c, st, 2, begin ? 1 : 0, what, out, commit_tag, err);
 }
 
 /*
@@ -810,26 +871,59 @@ static int commit(conn *c, char *err) {
 
 /* ---- claims -------------------------------------------------------------- */
 
+
+/* This machine's monotonic clock in milliseconds: the cache's clock. A
+ * record's expiry read from the server at server time N becomes a local
+ * deadline of (local time when the read was sent) + (expiry - N), which is
+ * never later than the server's own. */
+static int64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 /*
  * Runs ST_PEEK or ST_LOCK for op->id and decides the outcome at the server's
- * time. *found is 0 when there is no row. For REPLAY the stored response is
- * checked against its checksum and copied into the claim.
+ * time; with begin_too, a transaction begins in the same round trip. *found
+ * is 0 when there is no row. For REPLAY the stored response is checked
+ * against its checksum, copied into the claim and kept in the cache.
  */
 static int load_and_decide(pg_store *s, conn *c, idem__op *op, int which,
-                           int *found, idem__row *row, idem__action *action) {
+                           int begin_too, int *found, idem__row *row,
+                           idem__action *action) {
   idem_call *cl = op->claim;
   PGresult *res = NULL;
   params p = {0};
-  int64_t now = 0;
-  int rc;
+  int64_t now = 0, sent = mono_ms();
+  params lk = {0};
+  /* A local action's first read waits for the key's advisory lock. */
+  step st[3] = {{ST_BEGIN, NULL}, {ST_KEY_LOCK, &lk}, {which, &p}};
+  int rc, nst = which == ST_PEEK ? 3 : 2;
 
   memset(row, 0, sizeof *row);
   *found = 0;
   p_id(&p, op->id);
   p_text(&p, op->fingerprint);
-  rc = which == ST_PEEK
-           ? run_stmt_retry(s, c, which, &p, "read record", &res, op->errmsg)
-           : run_stmt(s, c, which, &p, "read record", &res, op->errmsg);
+  p_lock_key(&lk, s->schema, op->id);
+  if (nst == 2)
+    st[1] = st[2];
+  if (begin_too)
+    rc = run_steps(s, c, st, nst, nst - 1, "read record", &res, NULL,
+                   op->errmsg);
+  else
+    rc = run_stmt(s, c, which, &p, "read record", &res, op->errmsg);
+  /* A read that opens the operation is safe to send again on a connection
+   * found dead: nothing of the operation has happened yet. */
+  if (rc == IDEM_EUNAVAILABLE && (begin_too || which == ST_PEEK) &&
+      PQstatus(c->pg) == CONNECTION_BAD &&
+      PQtransactionStatus(c->pg) == PQTRANS_UNKNOWN &&
+      conn_revive(s, c, op->errmsg) == IDEM_OK) {
+    sent = mono_ms();
+    rc = begin_too ? run_steps(s, c, st, nst, nst - 1, "read record", &res,
+                               NULL, op->errmsg)
+                   : run_stmt(s, c, which, &p, "read record", &res,
+                              op->errmsg);
+  }
   if (rc != IDEM_OK)
     return op->rc = rc;
   if (PQntuples(res) > 0) {
@@ -874,6 +968,9 @@ static int load_and_decide(pg_store *s, conn *c, idem__op *op, int which,
       PQclear(res);
       return idem__op_fail(op, IDEM_ENOMEM, "out of memory");
     }
+    idem__cache_put(s->cache, op->id, row->fingerprint,
+                    sent + (row->expires_ms - now), row->attempt, status,
+                    meta, meta_len, body, body_len);
   }
   PQclear(res);
   return IDEM_OK;
@@ -893,8 +990,7 @@ static int try_insert(pg_store *s, conn *c, idem__op *op, int begin_too,
   p_i64(&p, period(op->opts.lease_ms));
   p_i64(&p, period(op->opts.retention_ms));
   if (begin_too)
-    rc = run_pipelined(s, c, "BEGIN ISOLATION LEVEL READ COMMITTED",
-                       ST_INSERT, &p, NULL, "write claim", &res, NULL,
+    rc = run_pipelined(s, c, 1, ST_INSERT, &p, "write claim", &res, NULL,
                        op->errmsg);
   else
     rc = run_stmt(s, c, ST_INSERT, &p, "write claim", &res, op->errmsg);
@@ -938,19 +1034,24 @@ static int write_claim(pg_store *s, conn *c, idem__op *op,
 }
 
 /*
- * The parameters of a completion (ST_COMPLETE with the retention, or
- * ST_COMPLETE_LOCAL without): id, owner token, [retention], status, meta,
- * body and the checksum, which is written into sum (p points into it).
+ * The parameters of a completion: the id, then (which) ST_COMPLETE: owner
+ * token, retention; ST_COMPLETE_LOCAL: owner token; ST_INSERT_DONE:
+ * fingerprint, request, retention; then status, meta, body and the
+ * checksum, which is written into sum (p points into it).
  */
-static int response_params(idem__op *op, const idem_response *r,
-                           int with_retention, params *p,
-                           char sum[IDEM_FINGERPRINT_SIZE]) {
+static int response_params(idem__op *op, const idem_response *r, int which,
+                           params *p, char sum[IDEM_FINGERPRINT_SIZE]) {
   if (idem__response_checksum(op->fingerprint, r->status, r->meta, r->meta_len,
                               r->body, r->body_len, sum) != IDEM_OK)
     return idem__op_fail(op, IDEM_ENOMEM, "checksum: out of memory");
   p_id(p, op->id);
-  p_text(p, op->claim->token);
-  if (with_retention)
+  if (which == ST_INSERT_DONE) {
+    p_text(p, op->fingerprint);
+    p_bytes(p, op->opts.request, op->opts.request_len);
+  } else {
+    p_text(p, op->claim->token);
+  }
+  if (which != ST_COMPLETE_LOCAL)
     p_i64(p, period(op->opts.retention_ms));
   p_i64(p, r->status);
   p_bytes(p, r->meta, r->meta_len);
@@ -965,7 +1066,7 @@ static int write_complete(pg_store *s, conn *c, idem__op *op,
   PGresult *res = NULL;
   params p = {0};
   int changed, rc;
-  if (response_params(op, r, 1, &p, sum) != IDEM_OK)
+  if (response_params(op, r, ST_COMPLETE, &p, sum) != IDEM_OK)
     return op->rc;
   rc = run_stmt(s, c, ST_COMPLETE, &p, "complete", &res, op->errmsg);
   if (rc != IDEM_OK)
@@ -1004,18 +1105,18 @@ static int write_fenced(pg_store *s, conn *c, idem__op *op, int which) {
   return IDEM_OK;
 }
 
-/* Completes the record of a local action and commits its transaction, in
- * one round trip. */
-static int complete_and_commit(pg_store *s, conn *c, idem__op *op,
+/* Writes the record of a local action, completed (which: ST_COMPLETE_LOCAL
+ * on its claimed row, or ST_INSERT_DONE as a new row), and commits its
+ * transaction, in one round trip. */
+static int complete_and_commit(pg_store *s, conn *c, idem__op *op, int which,
                                const idem_response *r) {
   char sum[IDEM_FINGERPRINT_SIZE], tag[16];
   PGresult *res = NULL;
   params p = {0};
   int rc;
-  if (response_params(op, r, 0, &p, sum) != IDEM_OK)
+  if (response_params(op, r, which, &p, sum) != IDEM_OK)
     return op->rc;
-  rc = run_pipelined(s, c, NULL, ST_COMPLETE_LOCAL, &p, "COMMIT", "complete",
-                     &res, tag, op->errmsg);
+  rc = run_pipelined(s, c, 0, which, &p, "complete", &res, tag, op->errmsg);
   PQclear(res);
   if (rc != IDEM_OK)
     return op->rc = rc;
@@ -1026,15 +1127,15 @@ static int complete_and_commit(pg_store *s, conn *c, idem__op *op,
   return IDEM_OK;
 }
 
-/* Runs the caller's mutation inside the claim's transaction and completes
- * the record in the same transaction. */
-static int run_local(pg_store *s, conn *c, idem__op *op) {
+/* Runs the caller's mutation inside the open transaction and checks what
+ * it left: a transaction still open and usable, and a response idem can
+ * keep. */
+static int call_action(conn *c, idem__op *op, idem_response *r) {
   PGTransactionStatusType ts;
-  idem_response r;
   char text[ERR_SIZE];
   int fn_rc;
-  memset(&r, 0, sizeof r);
-  fn_rc = op->fn(c->pg, op->ctx, &r);
+  memset(r, 0, sizeof *r);
+  fn_rc = op->fn(c->pg, op->ctx, r);
   ts = PQtransactionStatus(c->pg);
   /* A lost connection is checked first: an action that fails because its
    * statement could not reach the server was not rejected, and a retry is
@@ -1068,21 +1169,99 @@ static int run_local(pg_store *s, conn *c, idem__op *op) {
                          "itself; local actions must not begin, commit or "
                          "roll back transactions",
                          op->id->key);
-  if ((r.meta_len && !r.meta) || (r.body_len && !r.body))
+  if ((r->meta_len && !r->meta) || (r->body_len && !r->body))
     return idem__op_fail(op, IDEM_EINVAL,
                          "action's response: NULL data with "
                          "a length");
-  if (r.meta_len + r.body_len > IDEM_MAX_RESPONSE)
+  if (r->meta_len + r->body_len > IDEM_MAX_RESPONSE)
     return idem__op_fail(
         op, IDEM_ETOOBIG,
         "action's response: %zu bytes; a record keeps at most %u",
-        r.meta_len + r.body_len, IDEM_MAX_RESPONSE);
-  if (complete_and_commit(s, c, op, &r) != IDEM_OK)
+        r->meta_len + r->body_len, IDEM_MAX_RESPONSE);
+  return IDEM_OK;
+}
+
+/* Runs the caller's mutation inside the claim's transaction and completes
+ * the claimed record in the same transaction. */
+static int run_local(pg_store *s, conn *c, idem__op *op) {
+  idem_response r;
+  if (call_action(c, op, &r) != IDEM_OK ||
+      complete_and_commit(s, c, op, ST_COMPLETE_LOCAL, &r) != IDEM_OK)
     return op->rc;
   if (idem__claim_set_response(op->claim, r.status, r.meta, r.meta_len, r.body,
                                r.body_len) != IDEM_OK)
     return idem__op_fail(op, IDEM_ENOMEM, "out of memory");
   return IDEM_OK;
+}
+
+/* After this caller's action was rolled back: reads the key again, and
+ * when a record decides the outcome without a write (another caller
+ * completed the key meanwhile, or holds it), that outcome is the answer.
+ * Returns 1 then, with op->rc cleared; else 0 and op untouched. */
+static int answered_by_record(pg_store *s, conn *c, idem__op *op) {
+  int rc = op->rc, found = 0;
+  char msg[sizeof op->errmsg];
+  idem__row row;
+  idem__action action;
+  memcpy(msg, op->errmsg, sizeof msg);
+  op->rc = IDEM_OK;
+  if (load_and_decide(s, c, op, ST_PEEK, 0, &found, &row, &action) ==
+          IDEM_OK &&
+      found && action == IDEM__ACT_NONE) {
+    op->errmsg[0] = '\0';
+    return 1;
+  }
+  if (op->rc == IDEM_ECORRUPT)
+    return 1; /* the record is the answer, and it is damaged */
+  op->rc = rc;
+  memcpy(op->errmsg, msg, sizeof msg);
+  return 0;
+}
+
+/*
+ * A local action on a key with no record (the read that said so began its
+ * transaction): the action runs at once and its record is inserted once,
+ * completed, and committed with it. A caller that raced this one on the
+ * same key makes the insert fail after that caller commits; this action is
+ * then rolled back and the other's record is the answer. Returns 1 when the
+ * operation is settled (op->rc says how), 0 when it is rolled back and the
+ * claim must be taken the slow way (insert, lock, decide).
+ */
+static int run_local_first(pg_store *s, conn *c, idem__op *op) {
+  idem_call *cl = op->claim;
+  idem_response r;
+  int64_t sent;
+  cl->outcome = IDEM_PROCEED;
+  cl->attempt = 1;
+  cl->retry_after_ms = 0;
+  if (call_action(c, op, &r) != IDEM_OK) {
+    if (op->rc == IDEM_EUNAVAILABLE)
+      return 1;
+    /* The action may have failed on the racing caller's rows. */
+    rollback(c);
+    answered_by_record(s, c, op);
+    return 1;
+  }
+  sent = mono_ms();
+  c->sqlstate[0] = '\0';
+  if (complete_and_commit(s, c, op, ST_INSERT_DONE, &r) != IDEM_OK) {
+    if (strcmp(c->sqlstate, "23505") != 0 ||
+        PQstatus(c->pg) == CONNECTION_BAD)
+      return 1;
+    rollback(c);
+    if (answered_by_record(s, c, op))
+      return 1;
+    op->rc = IDEM_OK;
+    op->errmsg[0] = '\0';
+    return 0;
+  }
+  if (idem__claim_set_response(cl, r.status, r.meta, r.meta_len, r.body,
+                               r.body_len) != IDEM_OK)
+    return idem__op_fail(op, IDEM_ENOMEM, "out of memory"), 1;
+  idem__cache_put(s->cache, op->id, op->fingerprint,
+                  sent + period(op->opts.retention_ms), 1, r.status, r.meta,
+                  r.meta_len, r.body, r.body_len);
+  return 1;
 }
 
 /* Deletes some retention-expired records now and then; failures only mean
@@ -1104,29 +1283,47 @@ static void prune_some(pg_store *s, conn *c) {
     PQclear(res);
 }
 
+/*
+ * A claim or a local action. A local action reads in its own transaction
+ * (BEGIN in the same round trip), and when there is no record it runs at
+ * once (run_local_first). A claim reads on its own: replays, conflicts and
+ * in-flight answers write nothing; a new record is one INSERT, committed
+ * by itself. Otherwise the row is locked and decided on, and the write
+ * follows in the same transaction.
+ */
 static void run_claim(pg_store *s, conn *c, idem__op *op) {
   idem_call *cl = op->claim;
+  int local = op->kind == IDEM__OP_LOCAL;
+  int found = 0, inserted = 0, open = local;
   idem__row row;
   idem__action action;
-  int found = 0, inserted = 0;
 
-  /* Outcomes that write nothing are answered from a plain read. */
-  if (load_and_decide(s, c, op, ST_PEEK, &found, &row, &action) != IDEM_OK)
+  if (load_and_decide(s, c, op, ST_PEEK, local, &found, &row, &action) !=
+      IDEM_OK)
+    goto fail;
+  if (action == IDEM__ACT_NONE) {
+    if (open)
+      rollback(c);
     return;
-  if (action == IDEM__ACT_NONE)
-    return;
+  }
+  if (local && !found) {
+    if (run_local_first(s, c, op))
+      goto done;
+    open = 0; /* rolled back: another caller wrote the key meanwhile */
+  }
   free(cl->resp_buf);
   cl->resp_buf = NULL;
   cl->has_response = 0;
   if (idem__new_token(cl->token) != IDEM_OK) {
     idem__op_fail(op, IDEM_EIO, "%s", idem_errmsg());
-    return;
+    goto fail;
   }
-  /* Begin and insert in one round trip, or else lock the existing row. A
-   * row deleted between the two (released, resolved as failed, pruned)
-   * makes the insert worth another try. */
+  /* Insert, or else lock the existing row. A row deleted between the two
+   * (released, resolved as failed, pruned) makes the insert worth another
+   * try. A claim's insert commits by itself; a local action's stays in its
+   * transaction. */
   for (int tries = 0;; tries++) {
-    if (try_insert(s, c, op, tries == 0, &inserted) != IDEM_OK)
+    if (try_insert(s, c, op, local && !open, &inserted) != IDEM_OK)
       goto fail;
     if (inserted) {
       cl->outcome = IDEM_PROCEED;
@@ -1135,10 +1332,16 @@ static void run_claim(pg_store *s, conn *c, idem__op *op) {
       action = IDEM__ACT_INSERT;
       break;
     }
-    if (load_and_decide(s, c, op, ST_LOCK, &found, &row, &action) != IDEM_OK)
+    if (load_and_decide(s, c, op, ST_LOCK, !local, &found, &row, &action) !=
+        IDEM_OK)
       goto fail;
+    open = 1;
     if (found)
       break;
+    if (!local) {
+      rollback(c);
+      open = 0;
+    }
     if (tries + 1 == CLAIM_TRIES) {
       idem__op_fail(op, IDEM_EBUSY,
                     "key '%s': the record kept changing during the claim; "
@@ -1155,16 +1358,19 @@ static void run_claim(pg_store *s, conn *c, idem__op *op) {
   if (!inserted && write_claim(s, c, op, action) != IDEM_OK)
     goto fail;
   /* A local action completes and commits in its own last round trip. */
-  if (op->kind == IDEM__OP_LOCAL) {
+  if (local) {
     if (run_local(s, c, op) != IDEM_OK)
       goto fail;
-  } else if ((op->rc = commit(c, op->errmsg)) != IDEM_OK) {
+  } else if (!inserted && (op->rc = commit(c, op->errmsg)) != IDEM_OK) {
     goto fail;
   }
   if (op->kind == IDEM__OP_CLAIM)
     cl->held = 1;
-  prune_some(s, c);
-  return;
+done:
+  if (op->rc == IDEM_OK) {
+    prune_some(s, c);
+    return;
+  }
 fail:
   cl->held = 0;
   rollback(c);
@@ -1173,7 +1379,11 @@ fail:
 static void pg_run(void *state, idem__op *op) {
   pg_store *s = state;
   conn *c = NULL;
-  int rc = pool_get(s, &c, op->errmsg);
+  int rc;
+  if ((op->kind == IDEM__OP_CLAIM || op->kind == IDEM__OP_LOCAL) &&
+      idem__cache_get(s->cache, op, mono_ms()))
+    return;
+  rc = pool_get(s, &c, op->errmsg);
   if (rc != IDEM_OK) {
     op->rc = rc;
     return;
@@ -1494,6 +1704,7 @@ static void pg_close(void *state) {
   pthread_mutex_destroy(&s->mu);
   pthread_cond_destroy(&s->cv);
   free(s->conninfo);
+  idem__cache_free(s->cache);
   free(s);
 }
 
@@ -1531,6 +1742,8 @@ static int pg_open(const char *target, const idem_store_options *opts,
     s->o.busy_timeout_ms = 10000;
   if (s->o.max_connections <= 0)
     s->o.max_connections = 16;
+  if (!(s->cache = idem__cache_new()))
+    goto nomem;
   if (!PQisthreadsafe()) {
     rc = failf(err, IDEM_ESTORE, "postgresql: this libpq is not thread-safe");
     goto fail;
