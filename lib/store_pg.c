@@ -1283,21 +1283,42 @@ static void prune_some(pg_store *s, conn *c) {
     PQclear(res);
 }
 
+/* A fresh owner token for a claim about to be written. */
+static int new_token(idem__op *op) {
+  idem_call *cl = op->claim;
+  free(cl->resp_buf);
+  cl->resp_buf = NULL;
+  cl->has_response = 0;
+  if (idem__new_token(cl->token) != IDEM_OK)
+    return idem__op_fail(op, IDEM_EIO, "%s", idem_errmsg());
+  return IDEM_OK;
+}
+
 /*
- * A claim or a local action. A local action reads in its own transaction
- * (BEGIN in the same round trip), and when there is no record it runs at
- * once (run_local_first). A claim reads on its own: replays, conflicts and
- * in-flight answers write nothing; a new record is one INSERT, committed
- * by itself. Otherwise the row is locked and decided on, and the write
- * follows in the same transaction.
+ * A claim or a local action. A claim first tries to insert its record: on a
+ * new key (the common case) that one statement is the whole claim, committed
+ * by itself. A local action first reads the key in its own transaction,
+ * under the key's advisory lock (one round trip with BEGIN), and on a new
+ * key runs at once (run_local_first). Either way, an existing record whose
+ * outcome writes nothing (replay, conflict, in flight) is answered from
+ * that read; any other is locked and decided on, and the write follows in
+ * the same transaction.
  */
 static void run_claim(pg_store *s, conn *c, idem__op *op) {
   idem_call *cl = op->claim;
   int local = op->kind == IDEM__OP_LOCAL;
-  int found = 0, inserted = 0, open = local;
+  int found = 0, inserted = 0, open = local, tries = 0;
   idem__row row;
   idem__action action;
 
+  if (!local) {
+    if (new_token(op) != IDEM_OK ||
+        try_insert(s, c, op, 0, &inserted) != IDEM_OK)
+      goto fail;
+    if (inserted)
+      goto claimed;
+    tries = 1;
+  }
   if (load_and_decide(s, c, op, ST_PEEK, local, &found, &row, &action) !=
       IDEM_OK)
     goto fail;
@@ -1311,28 +1332,23 @@ static void run_claim(pg_store *s, conn *c, idem__op *op) {
       goto done;
     open = 0; /* rolled back: another caller wrote the key meanwhile */
   }
-  free(cl->resp_buf);
-  cl->resp_buf = NULL;
-  cl->has_response = 0;
-  if (idem__new_token(cl->token) != IDEM_OK) {
-    idem__op_fail(op, IDEM_EIO, "%s", idem_errmsg());
+  if (local && new_token(op) != IDEM_OK)
     goto fail;
-  }
-  /* Insert, or else lock the existing row. A row deleted between the two
-   * (released, resolved as failed, pruned) makes the insert worth another
-   * try. A claim's insert commits by itself; a local action's stays in its
+  /* Insert, or else lock the existing row (a claim that found one has
+   * tried its insert already). A row deleted between the two (released,
+   * resolved as failed, pruned) makes the insert worth another try. A
+   * claim's insert commits by itself; a local action's stays in its
    * transaction. */
-  for (int tries = 0;; tries++) {
+  if (found)
+    goto lock;
+  for (;; tries++) {
     if (try_insert(s, c, op, local && !open, &inserted) != IDEM_OK)
       goto fail;
-    if (inserted) {
-      cl->outcome = IDEM_PROCEED;
-      cl->attempt = 1;
-      cl->retry_after_ms = 0;
-      action = IDEM__ACT_INSERT;
+    open = local;
+    if (inserted)
       break;
-    }
-    if (load_and_decide(s, c, op, ST_LOCK, !local, &found, &row, &action) !=
+  lock:
+    if (load_and_decide(s, c, op, ST_LOCK, !open, &found, &row, &action) !=
         IDEM_OK)
       goto fail;
     open = 1;
@@ -1342,7 +1358,7 @@ static void run_claim(pg_store *s, conn *c, idem__op *op) {
       rollback(c);
       open = 0;
     }
-    if (tries + 1 == CLAIM_TRIES) {
+    if (tries + 1 >= CLAIM_TRIES) {
       idem__op_fail(op, IDEM_EBUSY,
                     "key '%s': the record kept changing during the claim; "
                     "try again",
@@ -1350,22 +1366,35 @@ static void run_claim(pg_store *s, conn *c, idem__op *op) {
       goto fail;
     }
   }
-  if (action == IDEM__ACT_NONE) {
+  if (inserted) {
+    action = IDEM__ACT_INSERT;
+    if (!local)
+      goto claimed;
+    cl->outcome = IDEM_PROCEED;
+    cl->attempt = 1;
+    cl->retry_after_ms = 0;
+  } else if (action == IDEM__ACT_NONE) {
     /* Decided on the locked row: nothing to write. */
     rollback(c);
     return;
-  }
-  if (!inserted && write_claim(s, c, op, action) != IDEM_OK)
+  } else if (write_claim(s, c, op, action) != IDEM_OK) {
     goto fail;
+  }
   /* A local action completes and commits in its own last round trip. */
   if (local) {
     if (run_local(s, c, op) != IDEM_OK)
       goto fail;
-  } else if (!inserted && (op->rc = commit(c, op->errmsg)) != IDEM_OK) {
-    goto fail;
+    goto done;
   }
-  if (op->kind == IDEM__OP_CLAIM)
-    cl->held = 1;
+  if ((op->rc = commit(c, op->errmsg)) != IDEM_OK)
+    goto fail;
+  cl->held = 1;
+  goto done;
+claimed:
+  cl->outcome = IDEM_PROCEED;
+  cl->attempt = 1;
+  cl->retry_after_ms = 0;
+  cl->held = 1;
 done:
   if (op->rc == IDEM_OK) {
     prune_some(s, c);

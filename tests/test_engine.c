@@ -2898,6 +2898,113 @@ static void test_newer_schema(void **state) {
 
 /* ------------------------------------------------------------------ */
 
+/* ---- PostgreSQL: a claimer that writes the key while a local action runs -- */
+
+/*
+ * On PostgreSQL a local action on a new key runs before its record exists:
+ * the record is inserted, completed, with the action's commit. Callers of
+ * idem_execute_local() on one key wait for each other (an advisory lock),
+ * but an idem_claim() from another process does not, so it can write the
+ * key while the action runs. These tests play that claimer from inside the
+ * action, on a second store handle: the action must then be rolled back
+ * (its ticket with it) and the claimer's record must be the answer.
+ */
+typedef enum twin_does {
+  TWIN_CLAIMS = 1,         /* and holds the key */
+  TWIN_COMPLETES,          /* claims and completes with TWIN_BODY */
+  TWIN_COMPLETES_THEN_FAIL /* the same, and then the action fails */
+} twin_does;
+
+#define TWIN_BODY "{\"ticket_id\":777}"
+
+typedef struct twin_action {
+  ticket_action ticket;
+  idem_store *other;
+  const idem_id *id;
+  const char *fp;
+  twin_does does;
+  int twin_rc;
+  idem_outcome twin_outcome;
+} twin_action;
+
+static int twin_then_ticket(void *conn, void *ctx, idem_response *response) {
+  twin_action *t = ctx;
+  idem_response done = {201, TICKET_META, strlen(TICKET_META), TWIN_BODY,
+                        strlen(TWIN_BODY)};
+  idem_call *c = NULL;
+  int rc = create_ticket(conn, &t->ticket, response);
+  if (rc != 0)
+    return rc;
+  t->twin_rc = idem_claim(t->other, t->id, t->fp, NULL, &c);
+  if (t->twin_rc == IDEM_OK) {
+    t->twin_outcome = idem_call_outcome(c);
+    if (t->does != TWIN_CLAIMS)
+      t->twin_rc = idem_complete(t->other, c, &done);
+  }
+  idem_call_free(c);
+  return t->does == TWIN_COMPLETES_THEN_FAIL ? 1 : 0;
+}
+
+static void run_twin(fixture *f, twin_does does, idem_outcome want) {
+  char fp[IDEM_FINGERPRINT_SIZE];
+  idem_id id = {"tenant-a", OPERATION, KEY};
+  idem_response twin = {201, TICKET_META, strlen(TICKET_META), TWIN_BODY,
+                        strlen(TWIN_BODY)};
+  twin_action t = {.ticket = {.payload = PAYLOAD}, .id = &id, .does = does};
+  ticket_action later = {.payload = PAYLOAD};
+  idem_record *r;
+  idem_call *c;
+  fp_of(PAYLOAD, fp);
+  t.fp = fp;
+  EXPECT_RC(IDEM_OK, idem_store_open(f->url, NULL, &t.other));
+
+  c = NULL;
+  EXPECT_RC(IDEM_OK, idem_execute_local(f->store, &id, fp, NULL,
+                                        twin_then_ticket, &t, &c));
+  assert_non_null(c);
+  assert_int_equal(idem_call_outcome(c), want);
+  /* The action ran once, and the claimer got in while it ran... */
+  assert_int_equal(t.ticket.runs, 1);
+  assert_true(t.ticket.ticket_id > 0);
+  EXPECT_RC(IDEM_OK, t.twin_rc);
+  assert_int_equal(t.twin_outcome, IDEM_PROCEED);
+  /* ...so the action's ticket was rolled back, and the answer is the
+   * claimer's record: its response, or "in flight" while it holds it. */
+  assert_int_equal(count_tickets(f->url), 0);
+  if (want == IDEM_REPLAY)
+    assert_response_equal(idem_call_response(c), &twin);
+  else
+    assert_true(idem_call_retry_after_ms(c) > 0);
+  idem_call_free(c);
+
+  r = get_record(f->store, &id);
+  assert_int_equal(r->state, does == TWIN_CLAIMS ? IDEM_STATE_IN_PROGRESS
+                                                 : IDEM_STATE_COMPLETED);
+  idem_record_free(r);
+  assert_int_equal(list_count(f->store, NULL), 1);
+
+  /* Later callers get the claimer's outcome too, and run nothing. */
+  c = LOCAL(f->store, &id, fp, NULL, &later, want);
+  assert_int_equal(later.runs, 0);
+  idem_call_free(c);
+  assert_int_equal(count_tickets(f->url), 0);
+  idem_store_close(t.other);
+}
+
+static void test_pg_claimer_completes_during_action(void **state) {
+  run_twin(*state, TWIN_COMPLETES, IDEM_REPLAY);
+}
+
+static void test_pg_claimer_holds_key_during_action(void **state) {
+  run_twin(*state, TWIN_CLAIMS, IDEM_IN_FLIGHT);
+}
+
+/* The action failed (it could have failed on the claimer's rows); the
+ * claimer's record answers, not the failure. */
+static void test_pg_claimer_completes_then_action_fails(void **state) {
+  run_twin(*state, TWIN_COMPLETES_THEN_FAIL, IDEM_REPLAY);
+}
+
 #define STORE_TEST(fn)                                                         \
   cmocka_unit_test_setup_teardown(fn, setup_store, teardown_store)
 
@@ -2947,6 +3054,12 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_sqlite_open_waits_for_writer,
                                       setup_tmpdir, teardown_tmpdir),
   };
+  /* About the PostgreSQL backend's own way of running local actions. */
+  const struct CMUnitTest pg_tests[] = {
+      STORE_TEST(test_pg_claimer_completes_during_action),
+      STORE_TEST(test_pg_claimer_holds_key_during_action),
+      STORE_TEST(test_pg_claimer_completes_then_action_fails),
+  };
   test_backend backend = backend_from_env();
   const char *problem;
   int failed;
@@ -2969,6 +3082,10 @@ int main(void) {
   if (backend == BACKEND_SQLITE) {
     failed += cmocka_run_group_tests_name("engine (sqlite files)",
                                           sqlite_file_tests, NULL, NULL);
+    clean_left_over();
+  } else {
+    failed += cmocka_run_group_tests_name("engine (postgresql local actions)",
+                                          pg_tests, NULL, NULL);
     clean_left_over();
   }
   return failed;
