@@ -16,14 +16,19 @@
 #   pgbench -n -f ticket.sql -c 16 -j 2 -T SECS   one-row INSERT into its own
 #                                                 table, the floor that a
 #                                                 durable write costs there
+#   pgbench -M prepared -f pg_idem_shape.sql ...  idem's own statements for a
+#                                                 local action, sent as idem
+#                                                 sends them: what idem adds
+#                                                 to its SQL
 # Then it prints the median of the rounds for every number and the ratios
 # idem / reference (and idem / pgbench) against their targets. A missed
 # target is reported, never a failure; the script exits non-zero only when a
 # run itself failed (a crash, or a call with an unexpected outcome).
 #
 # Environment: BENCH_SECONDS (per phase, default 2), BENCH_ROUNDS (default 3),
-# BENCH_PG (0 skips the PostgreSQL section; default 1), TMPDIR (where the
-# stores are made; both sides use the same directory).
+# BENCH_PG (0 skips the PostgreSQL section; default 1), BENCH_SQLITE (0
+# skips the SQLite section; default 1), TMPDIR (where the stores are made;
+# both sides use the same directory).
 set -eu
 
 if [ $# -ne 1 ]; then
@@ -41,10 +46,13 @@ REF=$HERE/seed_reference.py
 SECS=${BENCH_SECONDS:-2}
 ROUNDS=${BENCH_ROUNDS:-3}
 BENCH_PG=${BENCH_PG:-1}
-case $BENCH_PG in
-  0 | 1) ;;
-  *) echo "bench: BENCH_PG must be 0 or 1, not '$BENCH_PG'" >&2; exit 2 ;;
-esac
+BENCH_SQLITE=${BENCH_SQLITE:-1}
+for v in "BENCH_PG=$BENCH_PG" "BENCH_SQLITE=$BENCH_SQLITE"; do
+  case ${v#*=} in
+    0 | 1) ;;
+    *) echo "bench: ${v%%=*} must be 0 or 1, not '${v#*=}'" >&2; exit 2 ;;
+  esac
+done
 
 # The PostgreSQL cluster, if one is started, is stopped at exit whatever
 # happens (pg_stop is a no-op when none was).
@@ -73,6 +81,7 @@ step() {
 
 echo "bench: $ROUNDS rounds, $SECS s per phase; idem: $IDEM" >&2
 r=1
+[ "$BENCH_SQLITE" = 1 ] || r=$((ROUNDS + 1))
 while [ "$r" -le "$ROUNDS" ]; do
   echo "round $r" >&2
   step "r$r.ref_fresh_1" python3 "$REF" --mode fresh --workers 1 --seconds "$SECS" --json
@@ -110,6 +119,8 @@ SQL
         step "r$r.idem_pg_16" "$IDEM" bench --store "$IDEM_TEST_PG_URL" --workers 16 --seconds "$SECS" --json
         step "r$r.pgbench_16" "$PGBENCH" -n -f "$WORK/ticket.sql" -c 16 -j 2 -T "$PGB_T" \
           -h "$PG_DIR" -p "$PG_PORT" -U idem postgres
+        step "r$r.pgbench_shape_16" "$PGBENCH" -n -M prepared -f "$HERE/pg_idem_shape.sql" \
+          -c 16 -j 2 -T "$PGB_T" -h "$PG_DIR" -p "$PG_PORT" -U idem postgres
         r=$((r + 1))
       done
     else
@@ -120,11 +131,12 @@ SQL
   pg_stop
 fi
 
-python3 - "$WORK/out" "$ROUNDS" "$BENCH_PG" "$pg_ran" <<'EOF'
+python3 - "$WORK/out" "$ROUNDS" "$BENCH_PG" "$pg_ran" "$BENCH_SQLITE" <<'EOF'
 import json, os, re, statistics, sys
 
 out, rounds = sys.argv[1], int(sys.argv[2])
 pg_wanted, pg_ran = sys.argv[3] == '1', sys.argv[4] == '1'
+sqlite_wanted = sys.argv[5] == '1'
 
 def load(name):
     vals = []
@@ -147,57 +159,9 @@ idem1, idem16 = load('idem_1'), load('idem_16')
 def fmt(x, unit=''):
     return '-' if x is None else '%.1f%s' % (x, unit)
 
-print()
-info = (idem1 or idem16 or [{}])[0]
-refinfo = (ref1 or refr or [{}])[0]
-print('idem %s (store %s, SQLite %s, synchronous=FULL, group commit) vs the '
-      'lab seed reference' % (info.get('idem_version', '?'),
-                              info.get('store', '?'),
-                              info.get('sqlite_version', '?')))
-print('reference: Python %s, SQLite %s, journal_mode=%s, synchronous=%s, '
-      'a connection per call' % (refinfo.get('python', '?'),
-                                 refinfo.get('sqlite_version', '?'),
-                                 refinfo.get('journal_mode', '?'),
-                                 refinfo.get('synchronous', '?')))
-print('medians of %d rounds (ops/s; latency p50/p99 in us)' % rounds)
-print()
-print('%-34s %12s %10s %10s' % ('measurement', 'ops/s', 'p50 us', 'p99 us'))
-rows = [
-    ('reference fresh, 1 worker', ref1, 'ops_per_s', None),
-    ('reference fresh, 16 workers', ref16, 'ops_per_s', None),
-    ('reference replay, 1 worker', refr, 'ops_per_s', None),
-]
-for label, runs, field, _ in rows:
-    print('%-34s %12s %10s %10s' % (label, fmt(med(runs, field)),
-                                     fmt(med(runs, 'p50_us')),
-                                     fmt(med(runs, 'p99_us'))))
-for w, runs in ((1, idem1), (16, idem16)):
-    for phase in ('fresh', 'claim_complete', 'replay', 'conflict'):
-        ph = [r['phases'][phase] for r in runs if phase in r.get('phases', {})]
-        label = 'idem %s, %d worker%s' % (phase, w, '' if w == 1 else 's')
-        print('%-34s %12s %10s %10s' % (label, fmt(med(runs, phase + '_ops_per_s')),
-                                         fmt(med(ph, 'p50_us')),
-                                         fmt(med(ph, 'p99_us'))))
-fs = med(idem1 + idem16, 'fsync_per_s')
-print('%-34s %12s' % ('fsync rate (4 KiB + fdatasync)', fmt(fs)))
-
 def ratio(a, b):
     return None if a is None or b in (None, 0) else a / b
 
-checks = [
-    ('fresh, 1 worker: idem / ref 1 worker',
-     ratio(med(idem1, 'fresh_ops_per_s'), med(ref1, 'ops_per_s')), 4),
-    ('fresh, 16 workers: idem / ref 1 worker',
-     ratio(med(idem16, 'fresh_ops_per_s'), med(ref1, 'ops_per_s')), 15),
-    ('fresh, 16 workers: idem / ref 16 workers',
-     ratio(med(idem16, 'fresh_ops_per_s'), med(ref16, 'ops_per_s')), 15),
-    ('replay, 1 worker: idem / ref',
-     ratio(med(idem1, 'replay_ops_per_s'), med(refr, 'ops_per_s')), 20),
-    ('claim+complete, 1 worker: idem / ref fresh 1',
-     ratio(med(idem1, 'claim_complete_ops_per_s'), med(ref1, 'ops_per_s')), None),
-    ('claim+complete, 16 workers: idem / ref fresh 1',
-     ratio(med(idem16, 'claim_complete_ops_per_s'), med(ref1, 'ops_per_s')), None),
-]
 def print_ratios(rows, digits):
     """Prints (label, ratio, target) rows; returns how many targets missed."""
     print()
@@ -220,14 +184,66 @@ def print_ratios(rows, digits):
                                      verdict))
     return missed
 
-
-missed = print_ratios(checks, 1)
-if fs:
+missed = 0
+if not sqlite_wanted:
+    print()
+    print('SQLite section skipped (BENCH_SQLITE=0)')
+else:
+    print()
+    info = (idem1 or idem16 or [{}])[0]
+    refinfo = (ref1 or refr or [{}])[0]
+    print('idem %s (store %s, SQLite %s, synchronous=FULL, group commit) vs the '
+          'lab seed reference' % (info.get('idem_version', '?'),
+                                  info.get('store', '?'),
+                                  info.get('sqlite_version', '?')))
+    print('reference: Python %s, SQLite %s, journal_mode=%s, synchronous=%s, '
+          'a connection per call' % (refinfo.get('python', '?'),
+                                     refinfo.get('sqlite_version', '?'),
+                                     refinfo.get('journal_mode', '?'),
+                                     refinfo.get('synchronous', '?')))
+    print('medians of %d rounds (ops/s; latency p50/p99 in us)' % rounds)
+    print()
+    print('%-34s %12s %10s %10s' % ('measurement', 'ops/s', 'p50 us', 'p99 us'))
+    rows = [
+        ('reference fresh, 1 worker', ref1, 'ops_per_s', None),
+        ('reference fresh, 16 workers', ref16, 'ops_per_s', None),
+        ('reference replay, 1 worker', refr, 'ops_per_s', None),
+    ]
+    for label, runs, field, _ in rows:
+        print('%-34s %12s %10s %10s' % (label, fmt(med(runs, field)),
+                                         fmt(med(runs, 'p50_us')),
+                                         fmt(med(runs, 'p99_us'))))
     for w, runs in ((1, idem1), (16, idem16)):
-        f = med(runs, 'fresh_ops_per_s')
-        if f is not None:
-            print('idem fresh, %d worker%s: %.2f durable calls per fsync'
-                  % (w, '' if w == 1 else 's', f / fs))
+        for phase in ('fresh', 'claim_complete', 'replay', 'conflict'):
+            ph = [r['phases'][phase] for r in runs if phase in r.get('phases', {})]
+            label = 'idem %s, %d worker%s' % (phase, w, '' if w == 1 else 's')
+            print('%-34s %12s %10s %10s' % (label, fmt(med(runs, phase + '_ops_per_s')),
+                                             fmt(med(ph, 'p50_us')),
+                                             fmt(med(ph, 'p99_us'))))
+    fs = med(idem1 + idem16, 'fsync_per_s')
+    print('%-34s %12s' % ('fsync rate (4 KiB + fdatasync)', fmt(fs)))
+
+    checks = [
+        ('fresh, 1 worker: idem / ref 1 worker',
+         ratio(med(idem1, 'fresh_ops_per_s'), med(ref1, 'ops_per_s')), 4),
+        ('fresh, 16 workers: idem / ref 1 worker',
+         ratio(med(idem16, 'fresh_ops_per_s'), med(ref1, 'ops_per_s')), 15),
+        ('fresh, 16 workers: idem / ref 16 workers',
+         ratio(med(idem16, 'fresh_ops_per_s'), med(ref16, 'ops_per_s')), 15),
+        ('replay, 1 worker: idem / ref',
+         ratio(med(idem1, 'replay_ops_per_s'), med(refr, 'ops_per_s')), 20),
+        ('claim+complete, 1 worker: idem / ref fresh 1',
+         ratio(med(idem1, 'claim_complete_ops_per_s'), med(ref1, 'ops_per_s')), None),
+        ('claim+complete, 16 workers: idem / ref fresh 1',
+         ratio(med(idem16, 'claim_complete_ops_per_s'), med(ref1, 'ops_per_s')), None),
+    ]
+    missed += print_ratios(checks, 1)
+    if fs:
+        for w, runs in ((1, idem1), (16, idem16)):
+            f = med(runs, 'fresh_ops_per_s')
+            if f is not None:
+                print('idem fresh, %d worker%s: %.2f durable calls per fsync'
+                      % (w, '' if w == 1 else 's', f / fs))
 
 # ---- PostgreSQL: idem bench against pgbench on the same server ----------
 def load_pgbench(name):
@@ -253,6 +269,7 @@ def load_pgbench(name):
     return runs
 
 idem_pg, pgb = load('idem_pg_16'), load_pgbench('pgbench_16')
+shape = load_pgbench('pgbench_shape_16')
 if not pg_wanted:
     print()
     print('PostgreSQL section skipped (BENCH_PG=0)')
@@ -283,16 +300,25 @@ else:
                                      fmt(med(pgb, 'tps')),
                                      '-' if lat is None else 'avg %.0f' % (lat * 1000),
                                      '-'))
+    lat = med(shape, 'latency_ms')
+    print('%-34s %12s %10s %10s' % ('pgbench, idem\'s statements',
+                                     fmt(med(shape, 'tps')),
+                                     '-' if lat is None else 'avg %.0f' % (lat * 1000),
+                                     '-'))
     tps = med(pgb, 'tps')
     pg_checks = [
         ('pg fresh, 16 workers: idem / pgbench',
          ratio(med(idem_pg, 'fresh_ops_per_s'), tps), 0.5),
+        ('pg: pgbench running idem\'s statements / pgbench',
+         ratio(med(shape, 'tps'), tps), None),
+        ('pg fresh: idem / pgbench running idem\'s statements',
+         ratio(med(idem_pg, 'fresh_ops_per_s'), med(shape, 'tps')), None),
         ('pg claim+complete, 16 workers: idem / pgbench',
          ratio(med(idem_pg, 'claim_complete_ops_per_s'), tps), None),
     ]
     missed += print_ratios(pg_checks, 2)
 
-errs = sum(r.get('errors', 0) for r in idem1 + idem16 + ref1 + ref16 + refr + idem_pg + pgb)
+errs = sum(r.get('errors', 0) for r in idem1 + idem16 + ref1 + ref16 + refr + idem_pg + pgb + shape)
 print()
 print('%d target%s missed; %d calls with errors' % (missed, '' if missed == 1 else 's', errs))
 EOF
