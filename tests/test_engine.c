@@ -2898,6 +2898,48 @@ static void test_newer_schema(void **state) {
 
 /* ------------------------------------------------------------------ */
 
+/*
+ * Replays come from a cache of completed records. A handle that learned a
+ * record by reading it (another handle wrote it) must forget it no later
+ * than the store's own expiry: then the key acts again, on that handle too.
+ */
+static void test_cached_replay_expires(void **state) {
+  fixture *f = *state;
+  char fp[IDEM_FINGERPRINT_SIZE];
+  idem_id id = {"tenant-a", OPERATION, KEY};
+  /* Long enough for the replays below on a loaded machine. */
+  idem_call_options keep = {.retention_ms = 2000};
+  ticket_action first = {.payload = PAYLOAD}, again = {.payload = PAYLOAD},
+                after = {.payload = PAYLOAD};
+  idem_store *reader = NULL;
+  idem_call *c;
+  fp_of(PAYLOAD, fp);
+  EXPECT_RC(IDEM_OK, idem_store_open(f->url, NULL, &reader));
+
+  c = LOCAL(f->store, &id, fp, &keep, &first, IDEM_PROCEED);
+  idem_call_free(c);
+  /* The reader replays it, twice (the second from its cache)... */
+  for (int i = 0; i < 2; i++) {
+    c = LOCAL(reader, &id, fp, &keep, &again, IDEM_REPLAY);
+    assert_int_equal(ticket_id_of(idem_call_response(c)), first.ticket_id);
+    idem_call_free(c);
+  }
+  assert_int_equal(again.runs, 0);
+  /* Once the record expired, the reader acts, and the writer replays the
+   * reader's new record. */
+  sleep_ms(2300);
+  c = LOCAL(reader, &id, fp, &keep, &after, IDEM_PROCEED);
+  assert_int_equal(after.runs, 1);
+  assert_int_equal(ticket_id_of(idem_call_response(c)), after.ticket_id);
+  assert_true(after.ticket_id != first.ticket_id);
+  idem_call_free(c);
+  c = LOCAL(f->store, &id, fp, &keep, &again, IDEM_REPLAY);
+  assert_int_equal(ticket_id_of(idem_call_response(c)), after.ticket_id);
+  idem_call_free(c);
+  assert_int_equal(count_tickets(f->url), 2);
+  idem_store_close(reader);
+}
+
 /* ---- PostgreSQL: a claimer that writes the key while a local action runs -- */
 
 /*
@@ -3031,6 +3073,7 @@ int main(void) {
       STORE_TEST(test_no_takeover),
       STORE_TEST(test_renew_keeps_holder),
       STORE_TEST(test_retention_expiry_boundary),
+      STORE_TEST(test_cached_replay_expires),
       STORE_TEST(test_prune),
       STORE_TEST(test_get_returns_record_fields),
       STORE_TEST(test_list_filters),
