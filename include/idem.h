@@ -335,6 +335,12 @@ IDEM_API int idem_renew(idem_store *store, idem_call *claim,
  * fn runs only for PROCEED and RECOVER. For REPLAY, CONFLICT, IN_FLIGHT and
  * UNKNOWN it does not run and nothing is written. After a run the claim
  * already holds the completed record; the caller does not complete it.
+ * One exception, on PostgreSQL: there a new key's record is written after
+ * fn, and if an idem_claim() from elsewhere takes the key while fn runs,
+ * fn's transaction is rolled back and the claim's outcome is returned (it
+ * may then be REPLAY or IN_FLIGHT, or RECOVER with fn run again). So fn
+ * may run and be rolled back; whatever it does outside the transaction
+ * (sequence values, its ctx, calls to other systems) is not undone.
  */
 typedef int (*idem_local_fn)(void *conn, void *ctx, idem_response *response);
 

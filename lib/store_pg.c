@@ -27,13 +27,16 @@
  *   INSERT ... (completed, no ON CONFLICT); COMMIT
  *
  * Local actions on one key wait for each other on the advisory lock, so a
- * second one reads the first one's record and never runs its action. A
+ * second one reads the first one's record and does not run its action. A
  * claim does not take that lock: if one writes the key while an action
  * runs, the final INSERT fails on the primary key (after waiting for that
- * claim's transaction), the COMMIT sent with it becomes a rollback, and the
- * claim's record is the answer. An existing record that needs a write
- * (a lease to take over, an expired record to replace) goes the claim's
- * locked way and the action completes the claimed row.
+ * claim's transaction), the COMMIT sent with it is skipped, the action is
+ * rolled back, and the claim's record is the answer; only when that record
+ * still needs a write (its lease ran out meanwhile) does the action run a
+ * second time, the slow way. An existing record that needs a write (a
+ * lease to take over, an expired record to replace) goes the claim's
+ * locked way, still under the advisory lock, and the action completes the
+ * claimed row.
  *
  * Completed records never change until their retention ends, so replays
  * and conflicts are answered from an in-process cache (cache.h); the expiry
@@ -97,6 +100,7 @@ enum {
   ST_INSERT,
   ST_INSERT_DONE,
   ST_KEY_LOCK,
+  ST_INSERT_UNKNOWN,
   ST_REPLACE,
   ST_TAKEOVER,
   ST_COMPLETE,
@@ -156,8 +160,8 @@ static const char *const sql_text[ST_COUNT] = {
     /* A local action's record, written once, completed, after the action
      * and in its transaction. No ON CONFLICT: a record that another caller
      * wrote meanwhile must fail the statement (unique_violation, after
-     * waiting for that caller's transaction), so that the COMMIT sent with
-     * it becomes a rollback and this action is not kept. */
+     * waiting for that caller's transaction): the COMMIT sent with it is
+     * then skipped, the transaction rolled back, and this action not kept. */
     [ST_INSERT_DONE] =
         "INSERT INTO {S}.idem_records (tenant, operation, key, fingerprint, "
         "request, state, attempt, created_ms, updated_ms, lease_expires_ms, "
@@ -168,6 +172,14 @@ static const char *const sql_text[ST_COUNT] = {
      * one reads the first one's record instead of running its action too.
      * Held until the transaction ends. */
     [ST_KEY_LOCK] = "SELECT pg_advisory_xact_lock($1::bigint)",
+    /* For an action that ended idem's transaction itself: whether its
+     * mutation committed is unknown, and the key must say so. */
+    [ST_INSERT_UNKNOWN] =
+        "INSERT INTO {S}.idem_records (tenant, operation, key, fingerprint, "
+        "request, state, attempt, created_ms, updated_ms, lease_expires_ms, "
+        "expires_ms) SELECT $1::text, $2::text, $3::text, $4::text, "
+        "$5::bytea, 3, 1, n.now_ms, n.now_ms, 0, n.now_ms + $6::bigint FROM " NOW_ROW
+        " ON CONFLICT (tenant, operation, key) DO NOTHING",
     [ST_REPLACE] =
         "UPDATE {S}.idem_records SET fingerprint = $4::text, request = "
         "$5::bytea, state = 1, owner = $6::text, attempt = 1, created_ms = "
@@ -273,6 +285,7 @@ typedef struct conn {
    * session, which has none. */
   unsigned char prepared[ST_COUNT];
   char sqlstate[6]; /* of the last failure pg_fail() classified */
+  int failed_step;  /* run_steps(): which statement failed, or -1 */
   struct conn *next;
 } conn;
 
@@ -743,6 +756,7 @@ static int run_steps(pg_store *s, conn *c, const step *st, int n, int keep,
   int rc = IDEM_OK, i;
 
   *out = NULL;
+  c->failed_step = -1;
   if (last_tag)
     last_tag[0] = '\0';
   for (i = 0; i < n; i++)
@@ -775,6 +789,7 @@ static int run_steps(pg_store *s, conn *c, const step *st, int n, int keep,
   for (i = 0; i < n; i++) {
     ExecStatusType es = PQresultStatus(res[i]);
     if (es != PGRES_TUPLES_OK && es != PGRES_COMMAND_OK) {
+      c->failed_step = i;
       rc = pg_fail(c, res[i],
                    st[i].which == ST_BEGIN    ? "begin"
                    : st[i].which == ST_COMMIT ? "commit"
@@ -899,6 +914,14 @@ static int64_t mono_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* The local deadline of a record that the server keeps for `left` ms more
+ * as of a moment no earlier than `sent`: a tenth of a percent earlier, and
+ * 10 ms, for clocks that run at slightly different rates (100 ppm is 9 s
+ * a day). A server clock stepped forward is not covered. */
+static int64_t cache_deadline(int64_t sent, int64_t left) {
+  return sent + left - left / 1000 - 10;
+}
+
 /*
  * Runs ST_PEEK or ST_LOCK for op->id and decides the outcome at the server's
  * time; with begin_too, a transaction begins in the same round trip. *found
@@ -986,8 +1009,8 @@ static int load_and_decide(pg_store *s, conn *c, idem__op *op, int which,
       return idem__op_fail(op, IDEM_ENOMEM, "out of memory");
     }
     idem__cache_put(s->cache, op->id, row->fingerprint,
-                    sent + (row->expires_ms - now), row->attempt, status,
-                    meta, meta_len, body, body_len);
+                    cache_deadline(sent, row->expires_ms - now), row->attempt,
+                    status, meta_len ? meta : NULL, meta_len, body, body_len);
   }
   PQclear(res);
   return IDEM_OK;
@@ -1006,10 +1029,14 @@ static int try_insert(pg_store *s, conn *c, idem__op *op, int begin_too,
   p_text(&p, op->claim->token);
   p_i64(&p, period(op->opts.lease_ms));
   p_i64(&p, period(op->opts.retention_ms));
-  if (begin_too)
-    rc = run_pipelined(s, c, 1, ST_INSERT, &p, "write claim", &res, NULL,
-                       op->errmsg);
-  else
+  if (begin_too) {
+    /* Only a local action's insert begins a transaction: it takes its
+     * key's advisory lock first, as run_claim()'s first read does. */
+    params lk = {0};
+    step st[3] = {{ST_BEGIN, NULL}, {ST_KEY_LOCK, &lk}, {ST_INSERT, &p}};
+    p_lock_key(&lk, s->schema, op->id);
+    rc = run_steps(s, c, st, 3, 2, "write claim", &res, NULL, op->errmsg);
+  } else
     rc = run_stmt(s, c, ST_INSERT, &p, "write claim", &res, op->errmsg);
   if (rc != IDEM_OK)
     return op->rc = rc;
@@ -1213,8 +1240,9 @@ static int run_local(pg_store *s, conn *c, idem__op *op) {
 
 /* After this caller's action was rolled back: reads the key again, and
  * when a record decides the outcome without a write (another caller
- * completed the key meanwhile, or holds it), that outcome is the answer.
- * Returns 1 then, with op->rc cleared; else 0 and op untouched. */
+ * completed the key meanwhile, or holds it), that outcome is the answer:
+ * returns 1 with op->rc cleared. A damaged record is the answer too:
+ * returns 1 with IDEM_ECORRUPT. Else returns 0 with op as it was. */
 static int answered_by_record(pg_store *s, conn *c, idem__op *op) {
   int rc = op->rc, found = 0;
   char msg[sizeof op->errmsg];
@@ -1236,13 +1264,43 @@ static int answered_by_record(pg_store *s, conn *c, idem__op *op) {
 }
 
 /*
+ * An action that ended idem's transaction itself (against the contract of
+ * idem_local_fn) may have committed its mutation, and no record exists to
+ * say so: the key is marked unknown, as a holder that cannot tell whether
+ * it acted marks it, so that retries do not act again until an operator
+ * resolves it. Returns op->rc.
+ */
+static int mark_self_ended(pg_store *s, conn *c, idem__op *op) {
+  PGresult *res = NULL;
+  params p = {0};
+  char why[sizeof op->errmsg];
+  p_id(&p, op->id);
+  p_text(&p, op->fingerprint);
+  p_bytes(&p, op->opts.request, op->opts.request_len);
+  p_i64(&p, period(op->opts.retention_ms));
+  memcpy(why, op->errmsg, sizeof why);
+  if (run_stmt(s, c, ST_INSERT_UNKNOWN, &p, "mark unknown", &res,
+               op->errmsg) != IDEM_OK)
+    return idem__op_fail(op, IDEM_ESTORE,
+                         "%s; whether it committed is unknown, and marking "
+                         "the key unknown failed: %s",
+                         why, op->errmsg);
+  PQclear(res);
+  return idem__op_fail(op, IDEM_ESTORE,
+                       "%s; whether it committed is unknown, so the key is "
+                       "marked unknown (see idem keys resolve)",
+                       why);
+}
+
+/*
  * A local action on a key with no record (the read that said so began its
- * transaction): the action runs at once and its record is inserted once,
- * completed, and committed with it. A caller that raced this one on the
- * same key makes the insert fail after that caller commits; this action is
- * then rolled back and the other's record is the answer. Returns 1 when the
- * operation is settled (op->rc says how), 0 when it is rolled back and the
- * claim must be taken the slow way (insert, lock, decide).
+ * transaction and holds the key's advisory lock): the action runs at once
+ * and its record is inserted once, completed, and committed with it. An
+ * idem_claim() that wrote the key meanwhile (claims do not take the lock)
+ * makes that insert fail; this action is then rolled back and the claim's
+ * record is the answer. Returns 1 when the operation is settled (op->rc
+ * says how), 0 when it is rolled back and the claim must be taken the slow
+ * way (insert, lock, decide), where the action may run again.
  */
 static int run_local_first(pg_store *s, conn *c, idem__op *op) {
   idem_call *cl = op->claim;
@@ -1254,7 +1312,11 @@ static int run_local_first(pg_store *s, conn *c, idem__op *op) {
   if (call_action(c, op, &r) != IDEM_OK) {
     if (op->rc == IDEM_EUNAVAILABLE)
       return 1;
-    /* The action may have failed on the racing caller's rows. */
+    if (PQtransactionStatus(c->pg) == PQTRANS_IDLE) {
+      mark_self_ended(s, c, op);
+      return 1;
+    }
+    /* The action may have failed on the racing claimer's rows. */
     rollback(c);
     answered_by_record(s, c, op);
     return 1;
@@ -1262,7 +1324,10 @@ static int run_local_first(pg_store *s, conn *c, idem__op *op) {
   sent = mono_ms();
   c->sqlstate[0] = '\0';
   if (complete_and_commit(s, c, op, ST_INSERT_DONE, &r) != IDEM_OK) {
-    if (strcmp(c->sqlstate, "23505") != 0 ||
+    /* Only the record's own insert (the first of the two statements) says
+     * that someone else wrote the key; the caller's deferred constraints
+     * fail at COMMIT. */
+    if (c->failed_step != 0 || strcmp(c->sqlstate, "23505") != 0 ||
         PQstatus(c->pg) == CONNECTION_BAD)
       return 1;
     rollback(c);
@@ -1272,12 +1337,14 @@ static int run_local_first(pg_store *s, conn *c, idem__op *op) {
     op->errmsg[0] = '\0';
     return 0;
   }
+  if (!r.meta_len)
+    r.meta = NULL; /* as a read from the store gives it */
   if (idem__claim_set_response(cl, r.status, r.meta, r.meta_len, r.body,
                                r.body_len) != IDEM_OK)
     return idem__op_fail(op, IDEM_ENOMEM, "out of memory"), 1;
   idem__cache_put(s->cache, op->id, op->fingerprint,
-                  sent + period(op->opts.retention_ms), 1, r.status, r.meta,
-                  r.meta_len, r.body, r.body_len);
+                  cache_deadline(sent, period(op->opts.retention_ms)), 1,
+                  r.status, r.meta, r.meta_len, r.body, r.body_len);
   return 1;
 }
 

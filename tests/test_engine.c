@@ -2965,6 +2965,9 @@ typedef struct twin_action {
   const idem_id *id;
   const char *fp;
   twin_does does;
+  idem_call_options twin_opts; /* the claimer's */
+  int pause_ms;                /* after the claimer, before returning */
+  int twin_done; /* the claimer acts once, on the action's first run */
   int twin_rc;
   idem_outcome twin_outcome;
 } twin_action;
@@ -2975,15 +2978,18 @@ static int twin_then_ticket(void *conn, void *ctx, idem_response *response) {
                         strlen(TWIN_BODY)};
   idem_call *c = NULL;
   int rc = create_ticket(conn, &t->ticket, response);
-  if (rc != 0)
+  if (rc != 0 || t->twin_done)
     return rc;
-  t->twin_rc = idem_claim(t->other, t->id, t->fp, NULL, &c);
+  t->twin_done = 1;
+  t->twin_rc = idem_claim(t->other, t->id, t->fp, &t->twin_opts, &c);
   if (t->twin_rc == IDEM_OK) {
     t->twin_outcome = idem_call_outcome(c);
     if (t->does != TWIN_CLAIMS)
       t->twin_rc = idem_complete(t->other, c, &done);
   }
   idem_call_free(c);
+  if (t->pause_ms)
+    sleep_ms(t->pause_ms);
   return t->does == TWIN_COMPLETES_THEN_FAIL ? 1 : 0;
 }
 
@@ -3047,6 +3053,115 @@ static void test_pg_claimer_completes_then_action_fails(void **state) {
   run_twin(*state, TWIN_COMPLETES_THEN_FAIL, IDEM_REPLAY);
 }
 
+/*
+ * The claimer's lease runs out while the action runs: the action's record
+ * insert fails on the claimer's row, the action is rolled back, and the
+ * key is taken over the slow way (RECOVER), where the action runs again,
+ * under the key's lock, and commits once.
+ */
+static void test_pg_claimer_lease_expires_during_action(void **state) {
+  fixture *f = *state;
+  char fp[IDEM_FINGERPRINT_SIZE];
+  idem_id id = {"tenant-a", OPERATION, KEY};
+  twin_action t = {.ticket = {.payload = PAYLOAD},
+                   .id = &id,
+                   .does = TWIN_CLAIMS,
+                   .twin_opts = {.lease_ms = 1},
+                   .pause_ms = 50};
+  idem_record *r;
+  idem_call *c = NULL;
+  fp_of(PAYLOAD, fp);
+  t.fp = fp;
+  EXPECT_RC(IDEM_OK, idem_store_open(f->url, NULL, &t.other));
+  EXPECT_RC(IDEM_OK, idem_execute_local(f->store, &id, fp, NULL,
+                                        twin_then_ticket, &t, &c));
+  EXPECT_RC(IDEM_OK, t.twin_rc);
+  assert_int_equal(t.twin_outcome, IDEM_PROCEED);
+  assert_int_equal(idem_call_outcome(c), IDEM_RECOVER);
+  assert_int_equal(idem_call_attempt(c), 2);
+  /* Two runs, the first rolled back: one ticket, the second run's. */
+  assert_int_equal(t.ticket.runs, 2);
+  assert_int_equal(count_tickets(f->url), 1);
+  assert_int_equal(ticket_id_of(idem_call_response(c)), t.ticket.ticket_id);
+  idem_call_free(c);
+  r = get_record(f->store, &id);
+  assert_int_equal(r->state, IDEM_STATE_COMPLETED);
+  idem_record_free(r);
+  idem_store_close(t.other);
+}
+
+/* An action that commits idem's transaction itself breaks its contract;
+ * its mutation may then be kept without a record, so the key is marked
+ * unknown and a retry does not act again. */
+static int ticket_then_commit(void *conn, void *ctx, idem_response *response) {
+  int rc = create_ticket(conn, ctx, response);
+  PQclear(PQexec(conn, "COMMIT"));
+  return rc;
+}
+
+static void test_pg_action_commits_itself(void **state) {
+  fixture *f = *state;
+  char fp[IDEM_FINGERPRINT_SIZE];
+  idem_id id = {"tenant-a", OPERATION, KEY};
+  ticket_action bad = {.payload = PAYLOAD}, retry = {.payload = PAYLOAD};
+  idem_record *r;
+  idem_call *c = (idem_call *)&c;
+  fp_of(PAYLOAD, fp);
+  EXPECT_RC(IDEM_ESTORE, idem_execute_local(f->store, &id, fp, NULL,
+                                            ticket_then_commit, &bad, &c));
+  assert_null(c);
+  assert_non_null(strstr(idem_errmsg(), "marked unknown"));
+  assert_int_equal(bad.runs, 1);
+  assert_int_equal(count_tickets(f->url), 1);
+  r = get_record(f->store, &id);
+  assert_int_equal(r->state, IDEM_STATE_UNKNOWN);
+  idem_record_free(r);
+  c = LOCAL(f->store, &id, fp, NULL, &retry, IDEM_UNKNOWN);
+  idem_call_free(c);
+  assert_int_equal(retry.runs, 0);
+  assert_int_equal(count_tickets(f->url), 1);
+}
+
+/* A unique violation at COMMIT from the caller's own deferred constraint
+ * is the action's failure, not a sign of another writer: reported, rolled
+ * back, no record, and the action not run again. */
+static int ticket_and_duplicate(void *conn, void *ctx, idem_response *response) {
+  char sql[256];
+  PGresult *res;
+  int rc = create_ticket(conn, ctx, response);
+  if (rc != 0 ||
+      pg_expand("INSERT INTO {S}.deferred_unique VALUES (1)", pg_schema, sql,
+                sizeof sql) != 0)
+    return 1;
+  res = PQexec(conn, sql);
+  rc = PQresultStatus(res) == PGRES_COMMAND_OK ? 0 : 1;
+  PQclear(res);
+  return rc;
+}
+
+static void test_pg_deferred_constraint_fails_at_commit(void **state) {
+  fixture *f = *state;
+  char fp[IDEM_FINGERPRINT_SIZE];
+  idem_id id = {"tenant-a", OPERATION, KEY};
+  ticket_action act = {.payload = PAYLOAD};
+  idem_call *c = (idem_call *)&c;
+  fp_of(PAYLOAD, fp);
+  assert_int_equal(side_sql(f->url,
+                            "CREATE TABLE {S}.deferred_unique (v integer, "
+                            "UNIQUE (v) DEFERRABLE INITIALLY DEFERRED)",
+                            NULL),
+                   0);
+  assert_int_equal(
+      side_sql(f->url, "INSERT INTO {S}.deferred_unique VALUES (1)", NULL), 1);
+  EXPECT_RC(IDEM_ESTORE, idem_execute_local(f->store, &id, fp, NULL,
+                                            ticket_and_duplicate, &act, &c));
+  assert_null(c);
+  assert_non_null(strstr(idem_errmsg(), "23505"));
+  assert_int_equal(act.runs, 1);
+  assert_int_equal(count_tickets(f->url), 0);
+  assert_absent(f->store, &id);
+}
+
 #define STORE_TEST(fn)                                                         \
   cmocka_unit_test_setup_teardown(fn, setup_store, teardown_store)
 
@@ -3102,6 +3217,9 @@ int main(void) {
       STORE_TEST(test_pg_claimer_completes_during_action),
       STORE_TEST(test_pg_claimer_holds_key_during_action),
       STORE_TEST(test_pg_claimer_completes_then_action_fails),
+      STORE_TEST(test_pg_claimer_lease_expires_during_action),
+      STORE_TEST(test_pg_action_commits_itself),
+      STORE_TEST(test_pg_deferred_constraint_fails_at_commit),
   };
   test_backend backend = backend_from_env();
   const char *problem;
