@@ -828,30 +828,21 @@ broken:
   return pg_fail(c, NULL, what, err);
 }
 
-/* A prepared statement after BEGIN or before COMMIT, in one round trip;
- * commit_tag as run_steps()'s last_tag. */
-static int run_pipelined(pg_store *s, conn *c, int begin, int which,
-                         const params *p, const char *what, PGresult **out,
-                         char *commit_tag, char *err) {
-  step st[2] = {{ST_BEGIN, NULL}, {which, p}};
-  if (!begin) {
-    st[0] = st[1];
-    st[1] = (step){ST_COMMIT, NULL};
-  }
-  return run_steps(s, c, st, 2, begin ? 1 : 0, what, out, commit_tag, err);
+/* After a failure rc on c: whether the connection was found dead and is
+ * re-established, so that a statement safe to send twice may be sent
+ * again. */
+static int revived(pg_store *s, conn *c, int rc, char *err) {
+  return rc == IDEM_EUNAVAILABLE && PQstatus(c->pg) == CONNECTION_BAD &&
+         PQtransactionStatus(c->pg) == PQTRANS_UNKNOWN &&
+         conn_revive(s, c, err) == IDEM_OK;
 }
 
-/*
- * run_stmt() for statements that are safe to send twice (reads and the
- * first statement of an operation): a connection found dead is
- * re-established once and the statement sent again.
- */
+/* run_stmt() for statements that are safe to send twice (reads): sent once
+ * more on a connection found dead and re-established. */
 static int run_stmt_retry(pg_store *s, conn *c, int which, const params *p,
                           const char *what, PGresult **out, char *err) {
   int rc = run_stmt(s, c, which, p, what, out, err);
-  if (rc == IDEM_EUNAVAILABLE && PQstatus(c->pg) == CONNECTION_BAD &&
-      PQtransactionStatus(c->pg) == PQTRANS_UNKNOWN &&
-      conn_revive(s, c, err) == IDEM_OK)
+  if (revived(s, c, rc, err))
     rc = run_stmt(s, c, which, p, what, out, err);
   return rc;
 }
@@ -934,35 +925,32 @@ static int load_and_decide(pg_store *s, conn *c, idem__op *op, int which,
   idem_call *cl = op->claim;
   PGresult *res = NULL;
   params p = {0};
-  int64_t now = 0, sent = mono_ms();
+  int64_t now = 0, sent;
   params lk = {0};
-  /* A local action's first read waits for the key's advisory lock. */
-  step st[3] = {{ST_BEGIN, NULL}, {ST_KEY_LOCK, &lk}, {which, &p}};
-  int rc, nst = which == ST_PEEK ? 3 : 2;
+  step st[3] = {{ST_BEGIN, NULL}, {which, &p}};
+  int rc, nst = 2;
 
   memset(row, 0, sizeof *row);
   *found = 0;
   p_id(&p, op->id);
   p_text(&p, op->fingerprint);
-  p_lock_key(&lk, s->schema, op->id);
-  if (nst == 2)
-    st[1] = st[2];
-  if (begin_too)
-    rc = run_steps(s, c, st, nst, nst - 1, "read record", &res, NULL,
-                   op->errmsg);
-  else
-    rc = run_stmt(s, c, which, &p, "read record", &res, op->errmsg);
+  if (begin_too && which == ST_PEEK) {
+    /* A local action's first read waits for the key's advisory lock. */
+    p_lock_key(&lk, s->schema, op->id);
+    st[1] = (step){ST_KEY_LOCK, &lk};
+    st[nst++] = (step){which, &p};
+  }
   /* A read that opens the operation is safe to send again on a connection
    * found dead: nothing of the operation has happened yet. */
-  if (rc == IDEM_EUNAVAILABLE && (begin_too || which == ST_PEEK) &&
-      PQstatus(c->pg) == CONNECTION_BAD &&
-      PQtransactionStatus(c->pg) == PQTRANS_UNKNOWN &&
-      conn_revive(s, c, op->errmsg) == IDEM_OK) {
+  for (int tries = 0;; tries++) {
     sent = mono_ms();
     rc = begin_too ? run_steps(s, c, st, nst, nst - 1, "read record", &res,
                                NULL, op->errmsg)
                    : run_stmt(s, c, which, &p, "read record", &res,
                               op->errmsg);
+    if (tries > 0 || !(begin_too || which == ST_PEEK) ||
+        !revived(s, c, rc, op->errmsg))
+      break;
   }
   if (rc != IDEM_OK)
     return op->rc = rc;
@@ -1104,15 +1092,12 @@ static int response_params(idem__op *op, const idem_response *r, int which,
   return IDEM_OK;
 }
 
-static int write_complete(pg_store *s, conn *c, idem__op *op,
-                          const idem_response *r) {
-  char sum[IDEM_FINGERPRINT_SIZE];
+/* Runs a statement fenced by the holder's token, on its own (an implicit
+ * transaction): no row changed means the holder lost the record. */
+static int run_fenced(pg_store *s, conn *c, idem__op *op, int which,
+                      const params *p, const char *what, const char *lost) {
   PGresult *res = NULL;
-  params p = {0};
-  int changed, rc;
-  if (response_params(op, r, ST_COMPLETE, &p, sum) != IDEM_OK)
-    return op->rc;
-  rc = run_stmt(s, c, ST_COMPLETE, &p, "complete", &res, op->errmsg);
+  int changed, rc = run_stmt(s, c, which, p, what, &res, op->errmsg);
   if (rc != IDEM_OK)
     return op->rc = rc;
   changed = atoi(PQcmdTuples(res));
@@ -1120,33 +1105,29 @@ static int write_complete(pg_store *s, conn *c, idem__op *op,
   if (changed == 0)
     return idem__op_fail(op, IDEM_ESTALE,
                          "key '%s': the lease was taken over by a newer "
-                         "attempt or the record was removed; this response "
-                         "was not stored",
-                         op->id->key);
+                         "attempt or the record was removed%s",
+                         op->id->key, lost);
   return IDEM_OK;
 }
 
-/* Release, mark unknown and renew: one fenced statement each, on its own
- * (an implicit transaction). */
-static int write_fenced(pg_store *s, conn *c, idem__op *op, int which) {
-  PGresult *res = NULL;
+static int write_complete(pg_store *s, conn *c, idem__op *op,
+                          const idem_response *r) {
+  char sum[IDEM_FINGERPRINT_SIZE];
   params p = {0};
-  int changed, rc;
+  if (response_params(op, r, ST_COMPLETE, &p, sum) != IDEM_OK)
+    return op->rc;
+  return run_fenced(s, c, op, ST_COMPLETE, &p, "complete",
+                    "; this response was not stored");
+}
+
+/* Release, mark unknown and renew. */
+static int write_fenced(pg_store *s, conn *c, idem__op *op, int which) {
+  params p = {0};
   p_id(&p, op->id);
   p_text(&p, op->claim->token);
   if (which == ST_RENEW)
     p_i64(&p, period(op->lease_ms));
-  rc = run_stmt(s, c, which, &p, "update", &res, op->errmsg);
-  if (rc != IDEM_OK)
-    return op->rc = rc;
-  changed = atoi(PQcmdTuples(res));
-  PQclear(res);
-  if (changed == 0)
-    return idem__op_fail(op, IDEM_ESTALE,
-                         "key '%s': the lease was taken over by a newer "
-                         "attempt or the record was removed",
-                         op->id->key);
-  return IDEM_OK;
+  return run_fenced(s, c, op, which, &p, "update", "");
 }
 
 /* Writes the record of a local action, completed (which: ST_COMPLETE_LOCAL
@@ -1158,9 +1139,10 @@ static int complete_and_commit(pg_store *s, conn *c, idem__op *op, int which,
   PGresult *res = NULL;
   params p = {0};
   int rc;
+  step st[2] = {{which, &p}, {ST_COMMIT, NULL}};
   if (response_params(op, r, which, &p, sum) != IDEM_OK)
     return op->rc;
-  rc = run_pipelined(s, c, 0, which, &p, "complete", &res, tag, op->errmsg);
+  rc = run_steps(s, c, st, 2, 0, "complete", &res, tag, op->errmsg);
   PQclear(res);
   if (rc != IDEM_OK)
     return op->rc = rc;
