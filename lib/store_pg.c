@@ -109,6 +109,7 @@ enum {
   ST_UNKNOWN,
   ST_RENEW,
   ST_GET,
+  ST_HOLDER,
   ST_LIST,
   ST_PRUNE,
   ST_PRUNE_SOME,
@@ -221,6 +222,9 @@ static const char *const sql_text[ST_COUNT] = {
     [ST_GET] =
         "SELECT " RECORD_COLUMNS " FROM {S}.idem_records r CROSS JOIN " NOW_ROW
         " WHERE r." PK " AND NOT " EXPIRED_SQL,
+    /* After a write whose connection died before its answer came: what the
+     * row says now, to tell whether that write had committed. */
+    [ST_HOLDER] = "SELECT state, owner, checksum FROM {S}.idem_records WHERE " PK,
     /* Keyset pagination, so that no connection is held while the caller's
      * function runs (it may call back into the store) and memory stays
      * bounded. Text is ordered by bytes (COLLATE "C"), as SQLite does. */
@@ -1004,6 +1008,49 @@ static int load_and_decide(pg_store *s, conn *c, idem__op *op, int which,
   return IDEM_OK;
 }
 
+/*
+ * After a write whose connection died before its answer came, sent again on
+ * the re-established connection and changing nothing: whether the first
+ * send had committed, told by the row as it is now (*done). which is the
+ * write: ST_INSERT (the row is in progress under this claim's token),
+ * ST_COMPLETE (completed, with this response's checksum sum), ST_RELEASE
+ * (gone) or ST_UNKNOWN (marked unknown). A renewal sent again succeeds by
+ * itself, so it never gets here.
+ */
+static int wrote_before_loss(pg_store *s, conn *c, idem__op *op, int which,
+                             const char *sum, int *done) {
+  PGresult *res = NULL;
+  params p = {0};
+  size_t n = 0;
+  const char *v;
+  int rc, state;
+
+  *done = 0;
+  p_id(&p, op->id);
+  if ((rc = run_stmt(s, c, ST_HOLDER, &p, "read record", &res, op->errmsg)) !=
+      IDEM_OK)
+    return op->rc = rc;
+  if (PQntuples(res) == 0) {
+    *done = which == ST_RELEASE;
+    PQclear(res);
+    return IDEM_OK;
+  }
+  state = (int)col_int(res, 0, 0);
+  if (which == ST_INSERT) {
+    v = col_ptr(res, 0, 1, &n);
+    *done = state == 1 && v && n == strlen(op->claim->token) &&
+            memcmp(v, op->claim->token, n) == 0;
+  } else if (which == ST_COMPLETE) {
+    v = col_ptr(res, 0, 2, &n);
+    *done = state == 2 && sum && v && n == strlen(sum) &&
+            memcmp(v, sum, n) == 0;
+  } else if (which == ST_UNKNOWN) {
+    *done = state == 3;
+  }
+  PQclear(res);
+  return IDEM_OK;
+}
+
 /* Tries to insert a new record; *inserted says whether it did. With begin
  * set, the transaction starts in the same round trip. */
 static int try_insert(pg_store *s, conn *c, idem__op *op, int begin_too,
@@ -1024,8 +1071,19 @@ static int try_insert(pg_store *s, conn *c, idem__op *op, int begin_too,
     step st[3] = {{ST_BEGIN, NULL}, {ST_KEY_LOCK, &lk}, {ST_INSERT, &p}};
     p_lock_key(&lk, s->schema, op->id);
     rc = run_steps(s, c, st, 3, 2, "write claim", &res, NULL, op->errmsg);
-  } else
+  } else {
     rc = run_stmt(s, c, ST_INSERT, &p, "write claim", &res, op->errmsg);
+    if (revived(s, c, rc, op->errmsg)) {
+      /* The insert commits by itself and may have done so before the
+       * connection died: send it again, and if the key is taken, see
+       * whether it is this claim that took it. */
+      rc = run_stmt(s, c, ST_INSERT, &p, "write claim", &res, op->errmsg);
+      if (rc == IDEM_OK && PQntuples(res) == 0) {
+        PQclear(res);
+        return wrote_before_loss(s, c, op, ST_INSERT, NULL, inserted);
+      }
+    }
+  }
   if (rc != IDEM_OK)
     return op->rc = rc;
   *inserted = PQntuples(res) > 0;
@@ -1095,14 +1153,26 @@ static int response_params(idem__op *op, const idem_response *r, int which,
 /* Runs a statement fenced by the holder's token, on its own (an implicit
  * transaction): no row changed means the holder lost the record. */
 static int run_fenced(pg_store *s, conn *c, idem__op *op, int which,
-                      const params *p, const char *what, const char *lost) {
+                      const params *p, const char *what, const char *lost,
+                      const char *sum) {
   PGresult *res = NULL;
-  int changed, rc = run_stmt(s, c, which, p, what, &res, op->errmsg);
+  int changed, resent = 0, done = 0,
+               rc = run_stmt(s, c, which, p, what, &res, op->errmsg);
+  if (revived(s, c, rc, op->errmsg)) {
+    /* It may have committed before the connection died. Sent again, it
+     * changes nothing if so (the row is no longer held under the token),
+     * and the row then tells. */
+    resent = 1;
+    rc = run_stmt(s, c, which, p, what, &res, op->errmsg);
+  }
   if (rc != IDEM_OK)
     return op->rc = rc;
   changed = atoi(PQcmdTuples(res));
   PQclear(res);
-  if (changed == 0)
+  if (changed == 0 && resent &&
+      wrote_before_loss(s, c, op, which, sum, &done) != IDEM_OK)
+    return op->rc;
+  if (changed == 0 && !done)
     return idem__op_fail(op, IDEM_ESTALE,
                          "key '%s': the lease was taken over by a newer "
                          "attempt or the record was removed%s",
@@ -1117,7 +1187,7 @@ static int write_complete(pg_store *s, conn *c, idem__op *op,
   if (response_params(op, r, ST_COMPLETE, &p, sum) != IDEM_OK)
     return op->rc;
   return run_fenced(s, c, op, ST_COMPLETE, &p, "complete",
-                    "; this response was not stored");
+                    "; this response was not stored", sum);
 }
 
 /* Release, mark unknown and renew. */
@@ -1127,7 +1197,7 @@ static int write_fenced(pg_store *s, conn *c, idem__op *op, int which) {
   p_text(&p, op->claim->token);
   if (which == ST_RENEW)
     p_i64(&p, period(op->lease_ms));
-  return run_fenced(s, c, op, which, &p, "update", "");
+  return run_fenced(s, c, op, which, &p, "update", "", NULL);
 }
 
 /* Writes the record of a local action, completed (which: ST_COMPLETE_LOCAL

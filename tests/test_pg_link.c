@@ -1,0 +1,698 @@
+/*
+ * test_pg_link.c -- the PostgreSQL store when its connection dies with a
+ * write on the wire.
+ *
+ * The store is opened through a small proxy (a thread of this test, on a
+ * Unix socket of its own) that forwards the protocol between libpq and the
+ * server of IDEM_TEST_PG_URL, and that can be told to cut one connection:
+ *
+ *   CUT_REQUEST  when the client sends bytes containing a pattern, drop
+ *                them and close both sides: the server never ran the
+ *                statement;
+ *   CUT_REPLY    when the server answers with bytes containing a pattern,
+ *                drop them and close both sides: the statement ran and
+ *                committed (an answer is flushed only after the commit),
+ *                but the client never learns it.
+ *
+ * For each write idem makes outside a caller's transaction (the claim's
+ * insert, complete, release, mark unknown) both cuts must end the same way
+ * for the caller: the call succeeds once the connection is re-established,
+ * because the store sends the write again and, when it changes nothing,
+ * reads the row to tell whether the first send had committed. A local
+ * action whose COMMIT answer is lost gets a clear IDEM_EUNAVAILABLE; its
+ * retry replays the one committed response. When the server cannot be
+ * reached again, the claim fails with IDEM_EUNAVAILABLE and the key waits
+ * for its lease, then is recovered.
+ *
+ * Every test checks that the cut happened, the outcome and attempt, the
+ * records and side effects counted through a separate connection, and the
+ * response bytes read back through a second store handle.
+ *
+ * Needs IDEM_TEST_PG_URL (scripts/check.sh starts a server); without it the
+ * test fails, it never skips. Each test uses a schema of its own, dropped
+ * at the end.
+ */
+#include <errno.h>
+#include <libpq-fe.h>
+#include <netdb.h>
+#include <poll.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "idem.h"
+
+#define OPERATION "POST /tickets"
+#define TENANT "tenant-a"
+#define PAYLOAD "{\"title\":\"printer on fire\"}"
+#define META "{\"content-type\":\"application/json\"}"
+#define MAX_PAIRS 32
+#define URL_MAX 1024
+
+/* ---- the proxy ------------------------------------------------------------ */
+
+typedef enum cut_kind { CUT_NONE, CUT_REQUEST, CUT_REPLY } cut_kind;
+
+typedef struct proxy {
+  char dir[64];      /* holds the listening socket .s.PGSQL.<port> */
+  char port[16];     /* the server's port, which the socket name carries */
+  char target[256];  /* the server: a socket path, or a TCP host */
+  int target_is_tcp;
+  int lfd;           /* listening */
+  int wake[2];       /* a byte here ends the loop */
+  pthread_t thread;
+  int pairs[MAX_PAIRS][2]; /* client, server; -1 when unused */
+  pthread_mutex_t mu;
+  cut_kind armed;    /* one cut at a time, disarmed when it happens */
+  char pattern[64];
+  size_t pattern_len;
+  int refuse;        /* close new connections at once */
+  int cuts;          /* cuts made */
+} proxy;
+
+static int connect_target(proxy *p) {
+  int fd = -1;
+  if (!p->target_is_tcp) {
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    if ((size_t)snprintf(a.sun_path, sizeof a.sun_path, "%s/.s.PGSQL.%s",
+                         p->target, p->port) >= sizeof a.sun_path)
+      return -1;
+    fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+      close(fd);
+      fd = -1;
+    }
+    return fd;
+  }
+  struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai, *i;
+  if (getaddrinfo(p->target, p->port, &hints, &ai) != 0)
+    return -1;
+  for (i = ai; i && fd < 0; i = i->ai_next) {
+    fd = socket(i->ai_family, i->ai_socktype, i->ai_protocol);
+    if (fd >= 0 && connect(fd, i->ai_addr, i->ai_addrlen) != 0) {
+      close(fd);
+      fd = -1;
+    }
+  }
+  freeaddrinfo(ai);
+  return fd;
+}
+
+static int write_all(int fd, const char *b, size_t n) {
+  while (n > 0) {
+    ssize_t w = send(fd, b, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w <= 0)
+      return -1;
+    b += w;
+    n -= (size_t)w;
+  }
+  return 0;
+}
+
+static void close_pair(proxy *p, int i) {
+  close(p->pairs[i][0]);
+  close(p->pairs[i][1]);
+  p->pairs[i][0] = p->pairs[i][1] = -1;
+}
+
+static void accept_one(proxy *p) {
+  int c = accept(p->lfd, NULL, NULL), s, i, refuse;
+  if (c < 0)
+    return;
+  pthread_mutex_lock(&p->mu);
+  refuse = p->refuse;
+  pthread_mutex_unlock(&p->mu);
+  if (refuse || (s = connect_target(p)) < 0) {
+    close(c);
+    return;
+  }
+  for (i = 0; i < MAX_PAIRS; i++)
+    if (p->pairs[i][0] < 0) {
+      p->pairs[i][0] = c;
+      p->pairs[i][1] = s;
+      return;
+    }
+  close(c);
+  close(s);
+}
+
+/* Forwards what side `from` of pair i has, unless the armed cut matches. */
+static void forward(proxy *p, int i, int from) {
+  char buf[65536];
+  ssize_t n = recv(p->pairs[i][from], buf, sizeof buf, 0);
+  int cut = 0;
+  if (n <= 0) {
+    close_pair(p, i);
+    return;
+  }
+  pthread_mutex_lock(&p->mu);
+  if (p->armed == (from == 0 ? CUT_REQUEST : CUT_REPLY) &&
+      memmem(buf, (size_t)n, p->pattern, p->pattern_len)) {
+    p->armed = CUT_NONE;
+    p->cuts++;
+    cut = 1;
+  }
+  pthread_mutex_unlock(&p->mu);
+  if (cut || write_all(p->pairs[i][!from], buf, (size_t)n) != 0)
+    close_pair(p, i);
+}
+
+static void *proxy_main(void *arg) {
+  proxy *p = arg;
+  for (;;) {
+    struct pollfd fds[2 + 2 * MAX_PAIRS];
+    int where[2 + 2 * MAX_PAIRS], n = 0, i;
+    fds[n] = (struct pollfd){.fd = p->wake[0], .events = POLLIN};
+    where[n++] = -1;
+    fds[n] = (struct pollfd){.fd = p->lfd, .events = POLLIN};
+    where[n++] = -2;
+    for (i = 0; i < MAX_PAIRS; i++)
+      if (p->pairs[i][0] >= 0) {
+        fds[n] = (struct pollfd){.fd = p->pairs[i][0], .events = POLLIN};
+        where[n++] = 2 * i;
+        fds[n] = (struct pollfd){.fd = p->pairs[i][1], .events = POLLIN};
+        where[n++] = 2 * i + 1;
+      }
+    if (poll(fds, (nfds_t)n, -1) < 0) {
+      if (errno == EINTR)
+        continue;
+      break;
+    }
+    if (fds[0].revents)
+      break;
+    if (fds[1].revents)
+      accept_one(p);
+    for (i = 2; i < n; i++) {
+      int pair = where[i] / 2;
+      /* A pair closed earlier in this pass has nothing more to say. */
+      if (fds[i].revents && p->pairs[pair][0] >= 0)
+        forward(p, pair, where[i] % 2);
+    }
+  }
+  return NULL;
+}
+
+/* Starts the proxy for the server of `url`. 0, or -1 with the reason. */
+static int proxy_start(proxy *p, const char *url) {
+  PQconninfoOption *o = PQconninfoParse(url, NULL), *i;
+  const char *host = NULL, *port = NULL;
+  struct sockaddr_un a = {.sun_family = AF_UNIX};
+  memset(p, 0, sizeof *p);
+  for (int k = 0; k < MAX_PAIRS; k++)
+    p->pairs[k][0] = p->pairs[k][1] = -1;
+  p->lfd = p->wake[0] = p->wake[1] = -1;
+  if (!o) {
+    fprintf(stderr, "proxy: cannot parse IDEM_TEST_PG_URL\n");
+    return -1;
+  }
+  for (i = o; i->keyword; i++) {
+    if (!strcmp(i->keyword, "host") && i->val && *i->val)
+      host = i->val;
+    if (!strcmp(i->keyword, "port") && i->val && *i->val)
+      port = i->val;
+  }
+  snprintf(p->target, sizeof p->target, "%s", host ? host : "/tmp");
+  snprintf(p->port, sizeof p->port, "%s", port ? port : "5432");
+  PQconninfoFree(o);
+  p->target_is_tcp = p->target[0] != '/';
+  pthread_mutex_init(&p->mu, NULL);
+  snprintf(p->dir, sizeof p->dir, "/tmp/idem-link.XXXXXX");
+  if (!mkdtemp(p->dir) || pipe(p->wake) != 0) {
+    fprintf(stderr, "proxy: %s\n", strerror(errno));
+    return -1;
+  }
+  snprintf(a.sun_path, sizeof a.sun_path, "%s/.s.PGSQL.%s", p->dir, p->port);
+  p->lfd = socket(AF_UNIX, SOCK_STREAM, 0);
+  if (p->lfd < 0 || bind(p->lfd, (struct sockaddr *)&a, sizeof a) != 0 ||
+      listen(p->lfd, 16) != 0 ||
+      pthread_create(&p->thread, NULL, proxy_main, p) != 0) {
+    fprintf(stderr, "proxy: listen on %s: %s\n", a.sun_path, strerror(errno));
+    return -1;
+  }
+  return 0;
+}
+
+static void proxy_stop(proxy *p) {
+  char sock[128];
+  if (write(p->wake[1], "x", 1) == 1)
+    pthread_join(p->thread, NULL);
+  for (int i = 0; i < MAX_PAIRS; i++)
+    if (p->pairs[i][0] >= 0)
+      close_pair(p, i);
+  close(p->lfd);
+  close(p->wake[0]);
+  close(p->wake[1]);
+  snprintf(sock, sizeof sock, "%s/.s.PGSQL.%s", p->dir, p->port);
+  unlink(sock);
+  rmdir(p->dir);
+  pthread_mutex_destroy(&p->mu);
+}
+
+static void proxy_arm(proxy *p, cut_kind kind, const char *pattern) {
+  pthread_mutex_lock(&p->mu);
+  p->armed = kind;
+  snprintf(p->pattern, sizeof p->pattern, "%s", pattern);
+  p->pattern_len = strlen(p->pattern);
+  pthread_mutex_unlock(&p->mu);
+}
+
+static void proxy_refuse(proxy *p, int refuse) {
+  pthread_mutex_lock(&p->mu);
+  p->refuse = refuse;
+  pthread_mutex_unlock(&p->mu);
+}
+
+static int proxy_cuts(proxy *p) {
+  int n;
+  pthread_mutex_lock(&p->mu);
+  n = p->cuts;
+  pthread_mutex_unlock(&p->mu);
+  return n;
+}
+
+/* ---- fixture ---------------------------------------------------------------- */
+
+typedef struct fixture {
+  proxy px;
+  char schema[64];
+  char direct[URL_MAX]; /* the server itself, with idem_schema= */
+  char linked[URL_MAX]; /* through the proxy, with idem_schema= */
+  idem_store *store;    /* through the proxy */
+  idem_store *other;    /* direct: a fresh cache, for reading back */
+} fixture;
+
+static unsigned serial;
+
+/* Runs sql (with "{S}" for the quoted schema) on a connection of its own;
+ * returns the first column of the first row as a number, 0 when there is
+ * none, and fails the test on an error. */
+static long side_sql(const fixture *f, const char *tmpl) {
+  char sql[1024], *o = sql;
+  const char *t;
+  char url[URL_MAX];
+  PGconn *c;
+  PGresult *r;
+  long v = 0;
+  for (t = tmpl; *t && o < sql + sizeof sql - 80; t++)
+    if (!strncmp(t, "{S}", 3)) {
+      o += sprintf(o, "\"%s\"", f->schema);
+      t += 2;
+    } else
+      *o++ = *t;
+  *o = '\0';
+  snprintf(url, sizeof url, "%s", getenv("IDEM_TEST_PG_URL"));
+  c = PQconnectdb(url);
+  if (PQstatus(c) != CONNECTION_OK)
+    fail_msg("side connection: %s", PQerrorMessage(c));
+  r = PQexec(c, sql);
+  if (PQresultStatus(r) != PGRES_TUPLES_OK &&
+      PQresultStatus(r) != PGRES_COMMAND_OK)
+    fail_msg("%s: %s", sql, PQresultErrorMessage(r));
+  if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) > 0)
+    v = atol(PQgetvalue(r, 0, 0));
+  PQclear(r);
+  PQfinish(c);
+  return v;
+}
+
+static int setup(void **state) {
+  const char *url = getenv("IDEM_TEST_PG_URL");
+  fixture *f = calloc(1, sizeof *f);
+  PQconninfoOption *o;
+  const char *user = NULL, *db = NULL;
+  int rc;
+  if (!f)
+    return -1;
+  if (proxy_start(&f->px, url) != 0)
+    return -1;
+  snprintf(f->schema, sizeof f->schema, "link_%ld_%u", (long)getpid(),
+           ++serial);
+  snprintf(f->direct, sizeof f->direct, "%s%cidem_schema=%s", url,
+           strchr(url, '?') ? '&' : '?', f->schema);
+  o = PQconninfoParse(url, NULL);
+  for (PQconninfoOption *i = o; i && i->keyword; i++) {
+    if (!strcmp(i->keyword, "user") && i->val && *i->val)
+      user = i->val;
+    if (!strcmp(i->keyword, "dbname") && i->val && *i->val)
+      db = i->val;
+  }
+  snprintf(f->linked, sizeof f->linked,
+           "postgresql://%s%s/%s?host=%s&port=%s&idem_schema=%s",
+           user ? user : "", user ? "@" : "", db ? db : "postgres", f->px.dir,
+           f->px.port, f->schema);
+  PQconninfoFree(o);
+  *state = f;
+  side_sql(f, "DROP SCHEMA IF EXISTS {S} CASCADE");
+  if ((rc = idem_store_open(f->direct, NULL, &f->other)) != IDEM_OK ||
+      (rc = idem_store_open(f->linked, NULL, &f->store)) != IDEM_OK) {
+    fprintf(stderr, "idem_store_open: %s: %s\n", idem_rc_name(rc),
+            idem_errmsg());
+    return -1;
+  }
+  side_sql(f, "CREATE TABLE {S}.tickets (id bigserial PRIMARY KEY, payload "
+              "text NOT NULL)");
+  return 0;
+}
+
+static int teardown(void **state) {
+  fixture *f = *state;
+  if (!f)
+    return 0;
+  idem_store_close(f->store);
+  idem_store_close(f->other);
+  proxy_stop(&f->px);
+  side_sql(f, "DROP SCHEMA IF EXISTS {S} CASCADE");
+  free(f);
+  return 0;
+}
+
+/* ---- helpers ---------------------------------------------------------------- */
+
+#define EXPECT_RC(want, expr) expect_rc_at((want), (expr), #expr, __LINE__)
+
+static void expect_rc_at(int want, int got, const char *what, int line) {
+  if (got != want)
+    fail_msg("line %d: %s returned %s (%s), expected %s", line, what,
+             idem_rc_name(got), idem_errmsg(), idem_rc_name(want));
+}
+
+static void fp_of(const char *payload, char hex[IDEM_FINGERPRINT_SIZE]) {
+  EXPECT_RC(IDEM_OK, idem_fingerprint(payload, strlen(payload), 1, hex));
+}
+
+static long count_records(const fixture *f) {
+  return side_sql(f, "SELECT count(*) FROM {S}.idem_records");
+}
+
+static long count_tickets(const fixture *f) {
+  return side_sql(f, "SELECT count(*) FROM {S}.tickets");
+}
+
+/* Claims id through `store` and checks the outcome and attempt. */
+static idem_call *claim(idem_store *store, const idem_id *id, const char *fp,
+                        const idem_call_options *o, idem_outcome want,
+                        int attempt) {
+  idem_call *c = NULL;
+  EXPECT_RC(IDEM_OK, idem_claim(store, id, fp, o, &c));
+  assert_non_null(c);
+  if (idem_call_outcome(c) != want)
+    fail_msg("outcome %s, expected %s", idem_outcome_name(idem_call_outcome(c)),
+             idem_outcome_name(want));
+  if (attempt)
+    assert_int_equal(idem_call_attempt(c), attempt);
+  return c;
+}
+
+static void assert_body(const idem_call *c, const char *body) {
+  const idem_response *r = idem_call_response(c);
+  assert_non_null(r);
+  assert_int_equal(r->status, 201);
+  assert_int_equal(r->body_len, strlen(body));
+  assert_memory_equal(r->body, body, strlen(body));
+  assert_int_equal(r->meta_len, strlen(META));
+  assert_memory_equal(r->meta, META, strlen(META));
+}
+
+static idem_record *record_of(const fixture *f, const idem_id *id) {
+  idem_record *r = NULL;
+  EXPECT_RC(IDEM_OK, idem_get(f->other, id, &r));
+  return r;
+}
+
+/* ---- the claim's insert --------------------------------------------------- */
+
+/* The claim's insert with its answer or its request cut: the caller holds
+ * the key all the same (PROCEED, attempt 1), one record, and its response
+ * is the one stored. */
+static void run_claim_cut(fixture *f, cut_kind kind, const char *pattern) {
+  char fp[IDEM_FINGERPRINT_SIZE];
+  idem_id id = {TENANT, OPERATION, "claim-lost-key"};
+  const char body[] = "{\"ticket_id\":101}";
+  idem_response resp = {201, META, strlen(META), body, strlen(body)};
+  idem_call *c, *again;
+  fp_of(PAYLOAD, fp);
+  proxy_arm(&f->px, kind, pattern);
+  c = claim(f->store, &id, fp, NULL, IDEM_PROCEED, 1);
+  assert_int_equal(proxy_cuts(&f->px), 1);
+  assert_int_equal(count_records(f), 1);
+  EXPECT_RC(IDEM_OK, idem_complete(f->store, c, &resp));
+  idem_call_free(c);
+  again = claim(f->other, &id, fp, NULL, IDEM_REPLAY, 1);
+  assert_body(again, body);
+  idem_call_free(again);
+  assert_int_equal(count_records(f), 1);
+}
+
+static void test_claim_answer_lost(void **state) {
+  run_claim_cut(*state, CUT_REPLY, "INSERT 0 1");
+}
+
+static void test_claim_request_lost(void **state) {
+  run_claim_cut(*state, CUT_REQUEST, "claim-lost-key");
+}
+
+/* ---- the fenced writes ---------------------------------------------------- */
+
+static void run_complete_cut(fixture *f, cut_kind kind, const char *pattern,
+                              const char *body) {
+  char fp[IDEM_FINGERPRINT_SIZE];
+  idem_id id = {TENANT, OPERATION, "complete-lost-key"};
+  idem_response resp = {201, META, strlen(META), body, strlen(body)};
+  idem_call *c, *again;
+  idem_record *r;
+  fp_of(PAYLOAD, fp);
+  c = claim(f->store, &id, fp, NULL, IDEM_PROCEED, 1);
+  proxy_arm(&f->px, kind, pattern);
+  EXPECT_RC(IDEM_OK, idem_complete(f->store, c, &resp));
+  assert_int_equal(proxy_cuts(&f->px), 1);
+  idem_call_free(c);
+  r = record_of(f, &id);
+  assert_int_equal(r->state, IDEM_STATE_COMPLETED);
+  idem_record_free(r);
+  again = claim(f->other, &id, fp, NULL, IDEM_REPLAY, 1);
+  assert_body(again, body);
+  idem_call_free(again);
+  assert_int_equal(count_records(f), 1);
+}
+
+static void test_complete_answer_lost(void **state) {
+  run_complete_cut(*state, CUT_REPLY, "UPDATE 1", "{\"ticket_id\":202}");
+}
+
+static void test_complete_request_lost(void **state) {
+  run_complete_cut(*state, CUT_REQUEST, "\"ticket_id\":203",
+                    "{\"ticket_id\":203}");
+}
+
+/* Release with its answer lost: released, so the next claim proceeds
+ * afresh (attempt 1). */
+static void test_release_answer_lost(void **state) {
+  fixture *f = *state;
+  char fp[IDEM_FINGERPRINT_SIZE];
+  idem_id id = {TENANT, OPERATION, "release-lost-key"};
+  idem_call *c;
+  fp_of(PAYLOAD, fp);
+  c = claim(f->store, &id, fp, NULL, IDEM_PROCEED, 1);
+  proxy_arm(&f->px, CUT_REPLY, "DELETE 1");
+  EXPECT_RC(IDEM_OK, idem_release(f->store, c));
+  assert_int_equal(proxy_cuts(&f->px), 1);
+  idem_call_free(c);
+  assert_int_equal(count_records(f), 0);
+  c = claim(f->other, &id, fp, NULL, IDEM_PROCEED, 1);
+  EXPECT_RC(IDEM_OK, idem_release(f->other, c));
+  idem_call_free(c);
+}
+
+/* Mark unknown with its answer lost: marked, and claims see UNKNOWN. */
+static void test_mark_unknown_answer_lost(void **state) {
+  fixture *f = *state;
+  char fp[IDEM_FINGERPRINT_SIZE];
+  idem_id id = {TENANT, OPERATION, "unknown-lost-key"};
+  idem_call *c;
+  idem_record *r;
+  fp_of(PAYLOAD, fp);
+  c = claim(f->store, &id, fp, NULL, IDEM_PROCEED, 1);
+  proxy_arm(&f->px, CUT_REPLY, "UPDATE 1");
+  EXPECT_RC(IDEM_OK, idem_mark_unknown(f->store, c));
+  assert_int_equal(proxy_cuts(&f->px), 1);
+  idem_call_free(c);
+  r = record_of(f, &id);
+  assert_int_equal(r->state, IDEM_STATE_UNKNOWN);
+  idem_record_free(r);
+  c = claim(f->other, &id, fp, NULL, IDEM_UNKNOWN, 0);
+  idem_call_free(c);
+  assert_int_equal(count_records(f), 1);
+}
+
+/* A completion that lost its lease to a newer holder is still refused as
+ * stale when its answer is lost: the row that the resend reads holds the
+ * newer holder's response, not this one. */
+static void test_stale_complete_answer_lost(void **state) {
+  fixture *f = *state;
+  char fp[IDEM_FINGERPRINT_SIZE];
+  idem_id id = {TENANT, OPERATION, "stale-lost-key"};
+  const char newer_body[] = "{\"ticket_id\":301}", old_body[] =
+                                                       "{\"ticket_id\":302}";
+  idem_response newer = {201, META, strlen(META), newer_body,
+                         strlen(newer_body)},
+                old = {201, META, strlen(META), old_body, strlen(old_body)};
+  idem_call_options short_lease = {.lease_ms = 1};
+  idem_call *c, *takeover, *again;
+  struct timespec ms5 = {0, 5 * 1000 * 1000};
+  fp_of(PAYLOAD, fp);
+  c = claim(f->store, &id, fp, &short_lease, IDEM_PROCEED, 1);
+  nanosleep(&ms5, NULL);
+  takeover = claim(f->other, &id, fp, NULL, IDEM_RECOVER, 2);
+  EXPECT_RC(IDEM_OK, idem_complete(f->other, takeover, &newer));
+  idem_call_free(takeover);
+  /* The stale completion changes no row, so its answer says UPDATE 0. */
+  proxy_arm(&f->px, CUT_REPLY, "UPDATE 0");
+  EXPECT_RC(IDEM_ESTALE, idem_complete(f->store, c, &old));
+  assert_int_equal(proxy_cuts(&f->px), 1);
+  idem_call_free(c);
+  again = claim(f->other, &id, fp, NULL, IDEM_REPLAY, 2);
+  assert_body(again, newer_body);
+  idem_call_free(again);
+}
+
+/* ---- a local action ------------------------------------------------------- */
+
+typedef struct ticket {
+  const fixture *f;
+  int runs;
+  long id;
+  char body[64];
+} ticket;
+
+static int create_ticket(void *conn, void *ctx, idem_response *r) {
+  ticket *t = ctx;
+  char sql[256];
+  const char *v[1] = {PAYLOAD};
+  PGresult *res;
+  snprintf(sql, sizeof sql,
+           "INSERT INTO \"%s\".tickets (payload) VALUES ($1) RETURNING id",
+           t->f->schema);
+  t->runs++;
+  res = PQexecParams(conn, sql, 1, NULL, v, NULL, NULL, 0);
+  if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+    PQclear(res);
+    return 1;
+  }
+  t->id = atol(PQgetvalue(res, 0, 0));
+  PQclear(res);
+  snprintf(t->body, sizeof t->body, "{\"ticket_id\":%ld}", t->id);
+  *r = (idem_response){201, META, strlen(META), t->body, strlen(t->body)};
+  return 0;
+}
+
+/* The answer to the COMMIT of a local action is lost: nobody can tell
+ * whether it committed, so the call fails with IDEM_EUNAVAILABLE; it had,
+ * so the retry replays the one ticket and runs nothing. */
+static void test_local_commit_answer_lost(void **state) {
+  fixture *f = *state;
+  char fp[IDEM_FINGERPRINT_SIZE];
+  idem_id id = {TENANT, OPERATION, "local-lost-key"};
+  ticket first = {.f = f}, retry = {.f = f};
+  idem_call *c = NULL;
+  char want[64];
+  fp_of(PAYLOAD, fp);
+  proxy_arm(&f->px, CUT_REPLY, "COMMIT");
+  EXPECT_RC(IDEM_EUNAVAILABLE, idem_execute_local(f->store, &id, fp, NULL,
+                                                  create_ticket, &first, &c));
+  assert_null(c);
+  assert_non_null(strstr(idem_errmsg(), "whether it committed is unknown"));
+  assert_int_equal(proxy_cuts(&f->px), 1);
+  assert_int_equal(first.runs, 1);
+  assert_int_equal(count_tickets(f), 1);
+  EXPECT_RC(IDEM_OK, idem_execute_local(f->store, &id, fp, NULL, create_ticket,
+                                        &retry, &c));
+  assert_int_equal(idem_call_outcome(c), IDEM_REPLAY);
+  assert_int_equal(retry.runs, 0);
+  snprintf(want, sizeof want, "{\"ticket_id\":%ld}", first.id);
+  assert_body(c, want);
+  idem_call_free(c);
+  assert_int_equal(count_tickets(f), 1);
+  assert_int_equal(count_records(f), 1);
+}
+
+/* ---- no way back ------------------------------------------------------------ */
+
+/* The claim's answer is lost and the server cannot be reached again: a
+ * clear IDEM_EUNAVAILABLE. The insert had committed, so once the server is
+ * back the key is in flight until the lease ends, and then recovered
+ * (attempt 2) and completed once. */
+static void test_claim_answer_lost_no_reconnect(void **state) {
+  fixture *f = *state;
+  char fp[IDEM_FINGERPRINT_SIZE];
+  idem_id id = {TENANT, OPERATION, "unreachable-key"};
+  const char body[] = "{\"ticket_id\":404}";
+  idem_response resp = {201, META, strlen(META), body, strlen(body)};
+  idem_call_options lease = {.lease_ms = 300};
+  idem_call *c = NULL, *again;
+  struct timespec wait = {0, 350 * 1000 * 1000};
+  idem_record *none = NULL;
+  fp_of(PAYLOAD, fp);
+  /* A connection in the pool first, for the insert to go out on. */
+  EXPECT_RC(IDEM_ENOTFOUND, idem_get(f->store, &id, &none));
+  proxy_refuse(&f->px, 1);
+  proxy_arm(&f->px, CUT_REPLY, "INSERT 0 1");
+  /* The pool's connection is up: the insert goes out, its answer is cut,
+   * and the reconnect is refused. */
+  EXPECT_RC(IDEM_EUNAVAILABLE, idem_claim(f->store, &id, fp, &lease, &c));
+  assert_null(c);
+  assert_int_equal(proxy_cuts(&f->px), 1);
+  assert_int_equal(count_records(f), 1);
+  proxy_refuse(&f->px, 0);
+  c = claim(f->store, &id, fp, &lease, IDEM_IN_FLIGHT, 1);
+  assert_true(idem_call_retry_after_ms(c) > 0);
+  assert_true(idem_call_retry_after_ms(c) <= 300);
+  idem_call_free(c);
+  nanosleep(&wait, NULL);
+  c = claim(f->store, &id, fp, &lease, IDEM_RECOVER, 2);
+  EXPECT_RC(IDEM_OK, idem_complete(f->store, c, &resp));
+  idem_call_free(c);
+  again = claim(f->other, &id, fp, NULL, IDEM_REPLAY, 2);
+  assert_body(again, body);
+  idem_call_free(again);
+  assert_int_equal(count_records(f), 1);
+}
+
+#define LINK_TEST(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+
+int main(void) {
+  const char *url = getenv("IDEM_TEST_PG_URL");
+  const struct CMUnitTest tests[] = {
+      LINK_TEST(test_claim_answer_lost),
+      LINK_TEST(test_claim_request_lost),
+      LINK_TEST(test_complete_answer_lost),
+      LINK_TEST(test_complete_request_lost),
+      LINK_TEST(test_release_answer_lost),
+      LINK_TEST(test_mark_unknown_answer_lost),
+      LINK_TEST(test_stale_complete_answer_lost),
+      LINK_TEST(test_local_commit_answer_lost),
+      LINK_TEST(test_claim_answer_lost_no_reconnect),
+  };
+  if (!url || (strncmp(url, "postgresql://", 13) != 0 &&
+               strncmp(url, "postgres://", 11) != 0)) {
+    /* A missing server is a failure, never a skip. */
+    fprintf(stderr, "test_pg_link: IDEM_TEST_PG_URL must name a PostgreSQL "
+                    "server (scripts/check.sh starts one; by hand: "
+                    "`. scripts/pg.sh && pg_start`)\n");
+    return 1;
+  }
+  return cmocka_run_group_tests_name("postgresql link", tests, NULL, NULL);
+}
