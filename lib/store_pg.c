@@ -74,7 +74,7 @@
 #include <string.h>
 #include <time.h>
 
-#define SCHEMA_VERSION 1
+#define SCHEMA_VERSION 2
 #define SCHEMA_MAX 63 /* PostgreSQL's NAMEDATALEN - 1 */
 #define ERR_SIZE 512
 #define MAX_PARAMS 12
@@ -283,6 +283,20 @@ static const char schema_v1[] =
     "CREATE INDEX IF NOT EXISTS idem_records_expires ON {S}.idem_records "
     "(expires_ms)";
 
+/*
+ * Version 2: the identifying columns compare as bytes (COLLATE "C"), as on
+ * SQLite, whatever the database's default collation. The primary key index
+ * then never depends on the operating system's locale data, which can
+ * change its order in an upgrade and leave a text index corrupt (a
+ * uniqueness check that misses a row); and its comparisons are plain
+ * memcmp. The table is not rewritten; the primary key index is rebuilt.
+ */
+static const char schema_v2[] =
+    "ALTER TABLE {S}.idem_records"
+    " ALTER COLUMN tenant TYPE text COLLATE \"C\","
+    " ALTER COLUMN operation TYPE text COLLATE \"C\","
+    " ALTER COLUMN key TYPE text COLLATE \"C\"";
+
 typedef struct conn {
   PGconn *pg;
   /* Which statements this session has prepared. A reconnect starts a new
@@ -297,7 +311,7 @@ typedef struct pg_store {
   char *conninfo; /* the target without idem_schema, as libpq gets it */
   char schema[SCHEMA_MAX + 1];
   char *sql[ST_COUNT];
-  char *sql_meta, *sql_v1, *sql_version;
+  char *sql_meta, *sql_v1, *sql_v2, *sql_version;
   idem_store_options o;
   char version[64];
 
@@ -1799,7 +1813,7 @@ static int newer_schema(pg_store *s, int version, char *err) {
  */
 static int ensure_schema(pg_store *s, conn *c, char *err) {
   const char *v[1] = {s->schema};
-  char what[SCHEMA_MAX + 32];
+  char what[SCHEMA_MAX + 48];
   PGresult *res;
   int version, rc;
 
@@ -1835,6 +1849,11 @@ static int ensure_schema(pg_store *s, conn *c, char *err) {
   /* Migrations run in order, each inside this one transaction. */
   if (version < 1 && (rc = run_simple(c, s->sql_v1, what, err)) != IDEM_OK)
     goto fail;
+  if (version == 1)
+    snprintf(what, sizeof what, "migrating schema \"%s\" to version 2",
+             s->schema);
+  if (version < 2 && (rc = run_simple(c, s->sql_v2, what, err)) != IDEM_OK)
+    goto fail;
   if (version < SCHEMA_VERSION) {
     char sql[SCHEMA_MAX + 200];
     snprintf(sql, sizeof sql,
@@ -1865,6 +1884,7 @@ static void pg_close(void *state) {
     free(s->sql[i]);
   free(s->sql_meta);
   free(s->sql_v1);
+  free(s->sql_v2);
   free(s->sql_version);
   pthread_mutex_destroy(&s->mu);
   pthread_cond_destroy(&s->cv);
@@ -1920,10 +1940,11 @@ static int pg_open(const char *target, const idem_store_options *opts,
       goto nomem;
   s->sql_meta = build_sql(schema_meta, s->schema);
   s->sql_v1 = build_sql(schema_v1, s->schema);
+  s->sql_v2 = build_sql(schema_v2, s->schema);
   s->sql_version = build_sql("SELECT value FROM {S}.idem_meta WHERE name = "
                              "'schema_version'",
                              s->schema);
-  if (!s->sql_meta || !s->sql_v1 || !s->sql_version)
+  if (!s->sql_meta || !s->sql_v1 || !s->sql_v2 || !s->sql_version)
     goto nomem;
   if ((rc = conn_open(s, &c, err)) != IDEM_OK ||
       (rc = server_version(s, c, err)) != IDEM_OK ||

@@ -3162,6 +3162,60 @@ static void test_pg_deferred_constraint_fails_at_commit(void **state) {
   assert_absent(f->store, &id);
 }
 
+/* How many of idem_records' identifying columns compare as bytes. */
+static const char pg_c_columns[] =
+    "SELECT count(*) FROM information_schema.columns WHERE table_schema = "
+    "$1::text AND table_name = 'idem_records' AND column_name IN ('tenant', "
+    "'operation', 'key') AND collation_name = 'C'";
+
+/*
+ * A store of schema version 1 (identifying columns in the database's
+ * default collation) is migrated on open: version 2, the columns COLLATE
+ * "C", every record kept and replayed, and no action run again.
+ */
+static void test_pg_migrates_version_1(void **state) {
+  fixture *f = *state;
+  char fp[IDEM_FINGERPRINT_SIZE];
+  idem_id id = {"tenant-a", OPERATION, KEY};
+  ticket_action act = {.payload = PAYLOAD}, retry = {.payload = PAYLOAD};
+  idem_call *c;
+  long long first_id;
+  fp_of(PAYLOAD, fp);
+  assert_int_equal(side_sql(f->url, sql_of_backend()->schema_version, NULL),
+                   2);
+  assert_int_equal(side_sql(f->url, pg_c_columns, pg_schema), 3);
+  c = LOCAL(f->store, &id, fp, NULL, &act, IDEM_PROCEED);
+  first_id = ticket_id_of(idem_call_response(c));
+  idem_call_free(c);
+  idem_store_close(f->store);
+  f->store = NULL;
+
+  /* Back to what version 1 wrote. */
+  side_sql(f->url,
+           "ALTER TABLE {S}.idem_records ALTER COLUMN tenant TYPE text "
+           "COLLATE \"default\", ALTER COLUMN operation TYPE text COLLATE "
+           "\"default\", ALTER COLUMN key TYPE text COLLATE \"default\"",
+           NULL);
+  assert_int_equal(side_sql(f->url,
+                            "UPDATE {S}.idem_meta SET value = '1' WHERE name "
+                            "= 'schema_version'",
+                            NULL),
+                   1);
+  assert_int_equal(side_sql(f->url, pg_c_columns, pg_schema), 0);
+
+  EXPECT_RC(IDEM_OK, idem_store_open(f->url, NULL, &f->store));
+  assert_int_equal(side_sql(f->url, sql_of_backend()->schema_version, NULL),
+                   2);
+  assert_int_equal(side_sql(f->url, pg_c_columns, pg_schema), 3);
+  c = LOCAL(f->store, &id, fp, NULL, &retry, IDEM_REPLAY);
+  assert_int_equal(ticket_id_of(idem_call_response(c)), first_id);
+  idem_call_free(c);
+  assert_int_equal(act.runs, 1);
+  assert_int_equal(retry.runs, 0);
+  assert_int_equal(count_tickets(f->url), 1);
+  assert_int_equal(side_sql(f->url, sql_of_backend()->count_records, NULL), 1);
+}
+
 #define STORE_TEST(fn)                                                         \
   cmocka_unit_test_setup_teardown(fn, setup_store, teardown_store)
 
@@ -3220,6 +3274,7 @@ int main(void) {
       STORE_TEST(test_pg_claimer_lease_expires_during_action),
       STORE_TEST(test_pg_action_commits_itself),
       STORE_TEST(test_pg_deferred_constraint_fails_at_commit),
+      STORE_TEST(test_pg_migrates_version_1),
   };
   test_backend backend = backend_from_env();
   const char *problem;
