@@ -1536,8 +1536,21 @@ static void run_claim(pg_store *s, conn *c, idem__op *op) {
       goto fail;
     goto done;
   }
-  if ((op->rc = commit(c, op->errmsg)) != IDEM_OK)
-    goto fail;
+  if ((op->rc = commit(c, op->errmsg)) != IDEM_OK) {
+    /* The answer to COMMIT was lost with the connection: the row tells
+     * whether this claim holds the key. */
+    int held = 0;
+    if (!revived(s, c, op->rc, op->errmsg) ||
+        wrote_before_loss(s, c, op, ST_INSERT, NULL, &held) != IDEM_OK)
+      goto fail;
+    if (!held) {
+      idem__op_fail(op, IDEM_EUNAVAILABLE,
+                    "postgresql: the connection was lost during commit, "
+                    "before the claim was stored; try again");
+      goto fail;
+    }
+    op->rc = IDEM_OK;
+  }
   cl->held = 1;
   goto done;
 claimed:

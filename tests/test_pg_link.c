@@ -14,15 +14,17 @@
  *                committed (an answer is flushed only after the commit),
  *                but the client never learns it.
  *
- * For each write idem makes outside a caller's transaction (the claim's
- * insert, complete, release, mark unknown) both cuts must end the same way
- * for the caller: the call succeeds once the connection is re-established,
- * because the store sends the write again and, when it changes nothing,
- * reads the row to tell whether the first send had committed. A local
- * action whose COMMIT answer is lost gets a clear IDEM_EUNAVAILABLE; its
- * retry replays the one committed response. When the server cannot be
- * reached again, the claim fails with IDEM_EUNAVAILABLE and the key waits
- * for its lease, then is recovered.
+ * For each write idem makes outside a caller's transaction (a claim's
+ * insert, a takeover's COMMIT, complete, release, mark unknown), a cut
+ * answer or request must not reach the caller: the call succeeds once the
+ * connection is re-established, because the store sends the write again
+ * and, when that changes nothing (or for the COMMIT, which cannot be sent
+ * again), reads the row to tell whether the first send had committed. A
+ * local action whose COMMIT answer is lost gets a clear IDEM_EUNAVAILABLE
+ * (its action cannot be run again); the retry of the call replays the one
+ * committed response. When the server cannot be reached again, the claim
+ * fails with IDEM_EUNAVAILABLE and the key waits for its lease, then is
+ * recovered.
  *
  * Every test checks that the cut happened, the outcome and attempt, the
  * records and side effects counted through a separate connection, and the
@@ -465,6 +467,32 @@ static void test_claim_request_lost(void **state) {
   run_claim_cut(*state, CUT_REQUEST, "claim-lost-key");
 }
 
+/* A takeover (RECOVER) runs in a transaction; its COMMIT's answer is lost:
+ * the caller holds the key all the same, attempt 2. */
+static void test_takeover_commit_answer_lost(void **state) {
+  fixture *f = *state;
+  char fp[IDEM_FINGERPRINT_SIZE];
+  idem_id id = {TENANT, OPERATION, "takeover-lost-key"};
+  const char body[] = "{\"ticket_id\":105}";
+  idem_response resp = {201, META, strlen(META), body, strlen(body)};
+  idem_call_options short_lease = {.lease_ms = 1};
+  idem_call *first, *c, *again;
+  struct timespec ms5 = {0, 5 * 1000 * 1000};
+  fp_of(PAYLOAD, fp);
+  first = claim(f->other, &id, fp, &short_lease, IDEM_PROCEED, 1);
+  idem_call_free(first); /* a holder that died */
+  nanosleep(&ms5, NULL);
+  proxy_arm(&f->px, CUT_REPLY, "COMMIT");
+  c = claim(f->store, &id, fp, NULL, IDEM_RECOVER, 2);
+  assert_int_equal(proxy_cuts(&f->px), 1);
+  EXPECT_RC(IDEM_OK, idem_complete(f->store, c, &resp));
+  idem_call_free(c);
+  again = claim(f->other, &id, fp, NULL, IDEM_REPLAY, 2);
+  assert_body(again, body);
+  idem_call_free(again);
+  assert_int_equal(count_records(f), 1);
+}
+
 /* ---- the fenced writes ---------------------------------------------------- */
 
 static void run_complete_cut(fixture *f, cut_kind kind, const char *pattern,
@@ -682,6 +710,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       LINK_TEST(test_claim_answer_lost),
       LINK_TEST(test_claim_request_lost),
+      LINK_TEST(test_takeover_commit_answer_lost),
       LINK_TEST(test_complete_answer_lost),
       LINK_TEST(test_complete_request_lost),
       LINK_TEST(test_release_answer_lost),
