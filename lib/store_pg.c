@@ -304,6 +304,10 @@ typedef struct conn {
   unsigned char prepared[ST_COUNT];
   char sqlstate[6]; /* of the last failure pg_fail() classified */
   int failed_step;  /* run_steps(): which statement failed, or -1 */
+  /* The server refused a write as read-only (a standby, say after a
+   * failover): reconnect before the next use, so that a multi-host URL
+   * with target_session_attrs=read-write finds the primary. */
+  int read_only;
   struct conn *next;
 } conn;
 
@@ -355,11 +359,19 @@ static void oneline(char *dst, size_t size, const char *src) {
   dst[n] = '\0';
 }
 
+/* Whether the server is a hot standby (reported by PostgreSQL 14 and
+ * later at connection start and whenever it changes). */
+static int standby(const conn *c) {
+  const char *v = PQparameterStatus(c->pg, "in_hot_standby");
+  return v && !strcmp(v, "on");
+}
+
 /*
  * Classifies a failed call on c: res is its result (NULL when libpq could
- * not even produce one). A lost connection is "unavailable"; lock timeouts,
- * deadlocks and serialization failures are "busy"; the rest is a store
- * error. Writes "postgresql: WHAT: TEXT" into err and returns the code.
+ * not even produce one). A lost connection, or a server that accepts no
+ * writes, is "unavailable"; lock timeouts, deadlocks and serialization
+ * failures are "busy"; the rest is a store error. Writes "postgresql: WHAT:
+ * TEXT" into err and returns the code.
  */
 static int pg_fail(conn *c, const PGresult *res, const char *what, char *err) {
   const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
@@ -388,7 +400,18 @@ static int pg_fail(conn *c, const PGresult *res, const char *what, char *err) {
            !strcmp(state, "57P02") || !strcmp(state, "57P03") ||
            !strcmp(state, "53300"))
     rc = IDEM_EUNAVAILABLE;
-  else if (!strcmp(state, "26000"))
+  else if (!strcmp(state, "25006") || standby(c)) {
+    /* A write refused as read-only, or any failure on a server in
+     * recovery (which also refuses idem's advisory locks). */
+    c->read_only = 1;
+    oneline(text, sizeof text, primary ? primary : PQresultErrorMessage(res));
+    return failf(err, IDEM_EUNAVAILABLE,
+                 "postgresql: %s: %s (SQLSTATE %s): the server accepts no "
+                 "writes (a standby, or default_transaction_read_only); "
+                 "point idem at the primary, e.g. with several hosts and "
+                 "target_session_attrs=read-write",
+                 what, text, state);
+  } else if (!strcmp(state, "26000"))
     /* A prepared statement is gone: the caller's SQL on this connection
      * ran DEALLOCATE or DISCARD. Prepare everything again next time. */
     memset(c->prepared, 0, sizeof c->prepared);
@@ -616,9 +639,14 @@ static int conn_revive(pg_store *s, conn *c, char *err) {
 /*
  * Checks an idle connection before use. A server that restarted or ended
  * the session closed the socket, but libpq notices only when it reads: so
- * read whatever is pending now, and reconnect if the connection is gone.
+ * read whatever is pending now, and reconnect if the connection is gone or
+ * its server was found read-only.
  */
 static int conn_check(pg_store *s, conn *c, char *err) {
+  if (c->read_only) {
+    c->read_only = 0;
+    return conn_revive(s, c, err);
+  }
   if (PQstatus(c->pg) == CONNECTION_OK && PQsocket(c->pg) >= 0) {
     struct pollfd pfd;
     PGnotify *note;

@@ -82,6 +82,7 @@ typedef struct proxy {
   size_t pattern_len;
   int refuse;        /* close new connections at once */
   int cuts;          /* cuts made */
+  int accepted;      /* connections forwarded */
 } proxy;
 
 static int connect_target(proxy *p) {
@@ -146,6 +147,9 @@ static void accept_one(proxy *p) {
     if (p->pairs[i][0] < 0) {
       p->pairs[i][0] = c;
       p->pairs[i][1] = s;
+      pthread_mutex_lock(&p->mu);
+      p->accepted++;
+      pthread_mutex_unlock(&p->mu);
       return;
     }
   close(c);
@@ -282,6 +286,14 @@ static int proxy_cuts(proxy *p) {
   int n;
   pthread_mutex_lock(&p->mu);
   n = p->cuts;
+  pthread_mutex_unlock(&p->mu);
+  return n;
+}
+
+static int proxy_accepted(proxy *p) {
+  int n;
+  pthread_mutex_lock(&p->mu);
+  n = p->accepted;
   pthread_mutex_unlock(&p->mu);
   return n;
 }
@@ -703,6 +715,45 @@ static void test_claim_answer_lost_no_reconnect(void **state) {
   assert_int_equal(count_records(f), 1);
 }
 
+/* ---- a server that accepts no writes --------------------------------------- */
+
+/*
+ * Sessions that are read-only (as on a standby the store's URL reached
+ * after a failover): a claim fails with IDEM_EUNAVAILABLE, says why and
+ * what to do, writes nothing, and the connection is re-established before
+ * its next use, so that a URL listing several hosts with
+ * target_session_attrs=read-write would find the primary.
+ */
+static void test_read_only_server(void **state) {
+  fixture *f = *state;
+  char fp[IDEM_FINGERPRINT_SIZE], url[URL_MAX + 64];
+  idem_id id = {TENANT, OPERATION, "read-only-key"};
+  idem_store *ro = NULL;
+  idem_call *c = (idem_call *)&c;
+  int before;
+  fp_of(PAYLOAD, fp);
+  snprintf(url, sizeof url,
+           "%s&options=-c%%20default_transaction_read_only%%3Don", f->linked);
+  /* The schema is up to date, so opening only reads. */
+  EXPECT_RC(IDEM_OK, idem_store_open(url, NULL, &ro));
+  EXPECT_RC(IDEM_EUNAVAILABLE, idem_claim(ro, &id, fp, NULL, &c));
+  assert_null(c);
+  assert_non_null(strstr(idem_errmsg(), "25006"));
+  assert_non_null(strstr(idem_errmsg(), "target_session_attrs=read-write"));
+  assert_int_equal(count_records(f), 0);
+  before = proxy_accepted(&f->px);
+  c = (idem_call *)&c;
+  EXPECT_RC(IDEM_EUNAVAILABLE, idem_claim(ro, &id, fp, NULL, &c));
+  assert_null(c);
+  assert_int_equal(proxy_accepted(&f->px), before + 1);
+  idem_store_close(ro);
+  assert_int_equal(count_records(f), 0);
+  /* The same key through a writable session: a new key, attempt 1. */
+  c = claim(f->store, &id, fp, NULL, IDEM_PROCEED, 1);
+  EXPECT_RC(IDEM_OK, idem_release(f->store, c));
+  idem_call_free(c);
+}
+
 #define LINK_TEST(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
 
 int main(void) {
@@ -718,6 +769,7 @@ int main(void) {
       LINK_TEST(test_stale_complete_answer_lost),
       LINK_TEST(test_local_commit_answer_lost),
       LINK_TEST(test_claim_answer_lost_no_reconnect),
+      LINK_TEST(test_read_only_server),
   };
   if (!url || (strncmp(url, "postgresql://", 13) != 0 &&
                strncmp(url, "postgres://", 11) != 0)) {
