@@ -223,8 +223,11 @@ static const char *const sql_text[ST_COUNT] = {
         "SELECT " RECORD_COLUMNS " FROM {S}.idem_records r CROSS JOIN " NOW_ROW
         " WHERE r." PK " AND NOT " EXPIRED_SQL,
     /* After a write whose connection died before its answer came: what the
-     * row says now, to tell whether that write had committed. */
-    [ST_HOLDER] = "SELECT state, owner, checksum FROM {S}.idem_records WHERE " PK,
+     * row says now, to tell whether that write had committed. FOR SHARE
+     * waits for a transaction of the old session that may still hold the
+     * row. */
+    [ST_HOLDER] = "SELECT state, checksum FROM {S}.idem_records WHERE " PK
+                  " FOR SHARE",
     /* Keyset pagination, so that no connection is held while the caller's
      * function runs (it may call back into the store) and memory stays
      * bounded. Text is ordered by bytes (COLLATE "C"), as SQLite does. */
@@ -1051,13 +1054,36 @@ static int load_and_decide(pg_store *s, conn *c, idem__op *op, int which,
 }
 
 /*
- * After a write whose connection died before its answer came, sent again on
- * the re-established connection and changing nothing: whether the first
- * send had committed, told by the row as it is now (*done). which is the
- * write: ST_INSERT (the row is in progress under this claim's token),
- * ST_COMPLETE (completed, with this response's checksum sum), ST_RELEASE
- * (gone) or ST_UNKNOWN (marked unknown). A renewal sent again succeeds by
- * itself, so it never gets here.
+ * After a claim's write whose answer was lost with its connection (its
+ * insert, sent again and finding the key taken, or its takeover's COMMIT):
+ * whether this claim holds the key (*held). Asked with a renewal of its
+ * lease fenced by its token, which waits for any transaction of the old
+ * session still holding the row, confirms the holder, and restarts the
+ * lease that reconnecting may have used up.
+ */
+static int still_held(pg_store *s, conn *c, idem__op *op, int *held) {
+  PGresult *res = NULL;
+  params p = {0};
+  int rc;
+  *held = 0;
+  p_id(&p, op->id);
+  p_text(&p, op->claim->token);
+  p_i64(&p, period(op->opts.lease_ms));
+  if ((rc = run_stmt(s, c, ST_RENEW, &p, "read record", &res, op->errmsg)) !=
+      IDEM_OK)
+    return op->rc = rc;
+  *held = atoi(PQcmdTuples(res)) == 1;
+  PQclear(res);
+  return IDEM_OK;
+}
+
+/*
+ * After a fenced write whose answer was lost with its connection, sent again
+ * on the re-established one and changing nothing: whether the first send
+ * had done what the caller asked (*done). ST_COMPLETE: the record is
+ * completed with this response (checksum sum); ST_UNKNOWN: it is marked
+ * unknown; ST_RELEASE: this claim no longer holds it, which is all a
+ * release asks. A renewal that changes nothing has lost the lease.
  */
 static int wrote_before_loss(pg_store *s, conn *c, idem__op *op, int which,
                              const char *sum, int *done) {
@@ -1067,27 +1093,20 @@ static int wrote_before_loss(pg_store *s, conn *c, idem__op *op, int which,
   const char *v;
   int rc, state;
 
-  *done = 0;
+  *done = which == ST_RELEASE;
+  if (which != ST_COMPLETE && which != ST_UNKNOWN)
+    return IDEM_OK;
   p_id(&p, op->id);
   if ((rc = run_stmt(s, c, ST_HOLDER, &p, "read record", &res, op->errmsg)) !=
       IDEM_OK)
     return op->rc = rc;
-  if (PQntuples(res) == 0) {
-    *done = which == ST_RELEASE;
-    PQclear(res);
-    return IDEM_OK;
-  }
-  state = (int)col_int(res, 0, 0);
-  if (which == ST_INSERT) {
+  if (PQntuples(res) > 0) {
+    state = (int)col_int(res, 0, 0);
     v = col_ptr(res, 0, 1, &n);
-    *done = state == 1 && v && n == strlen(op->claim->token) &&
-            memcmp(v, op->claim->token, n) == 0;
-  } else if (which == ST_COMPLETE) {
-    v = col_ptr(res, 0, 2, &n);
-    *done = state == 2 && sum && v && n == strlen(sum) &&
-            memcmp(v, sum, n) == 0;
-  } else if (which == ST_UNKNOWN) {
-    *done = state == 3;
+    *done = which == ST_UNKNOWN
+                ? state == 3
+                : state == 2 && sum && v && n == strlen(sum) &&
+                      memcmp(v, sum, n) == 0;
   }
   PQclear(res);
   return IDEM_OK;
@@ -1114,15 +1133,18 @@ static int try_insert(pg_store *s, conn *c, idem__op *op, int begin_too,
     p_lock_key(&lk, s->schema, op->id);
     rc = run_steps(s, c, st, 3, 2, "write claim", &res, NULL, op->errmsg);
   } else {
+    /* On its own (a claim's), or inside a local action's transaction. */
+    int own = PQtransactionStatus(c->pg) == PQTRANS_IDLE;
     rc = run_stmt(s, c, ST_INSERT, &p, "write claim", &res, op->errmsg);
-    if (revived(s, c, rc, op->errmsg)) {
-      /* The insert commits by itself and may have done so before the
-       * connection died: send it again, and if the key is taken, see
-       * whether it is this claim that took it. */
+    if (own && revived(s, c, rc, op->errmsg)) {
+      /* It commits by itself and may have done so before the connection
+       * died: send it again, and if the key is taken, see whether it is
+       * this claim that took it. (A transaction that died is gone: its
+       * statements are never sent again outside it.) */
       rc = run_stmt(s, c, ST_INSERT, &p, "write claim", &res, op->errmsg);
       if (rc == IDEM_OK && PQntuples(res) == 0) {
         PQclear(res);
-        return wrote_before_loss(s, c, op, ST_INSERT, NULL, inserted);
+        return still_held(s, c, op, inserted);
       }
     }
   }
@@ -1198,9 +1220,10 @@ static int run_fenced(pg_store *s, conn *c, idem__op *op, int which,
                       const params *p, const char *what, const char *lost,
                       const char *sum) {
   PGresult *res = NULL;
+  int own = PQtransactionStatus(c->pg) == PQTRANS_IDLE;
   int changed, resent = 0, done = 0,
                rc = run_stmt(s, c, which, p, what, &res, op->errmsg);
-  if (revived(s, c, rc, op->errmsg)) {
+  if (own && revived(s, c, rc, op->errmsg)) {
     /* It may have committed before the connection died. Sent again, it
      * changes nothing if so (the row is no longer held under the token),
      * and the row then tells. */
@@ -1569,7 +1592,7 @@ static void run_claim(pg_store *s, conn *c, idem__op *op) {
      * whether this claim holds the key. */
     int held = 0;
     if (!revived(s, c, op->rc, op->errmsg) ||
-        wrote_before_loss(s, c, op, ST_INSERT, NULL, &held) != IDEM_OK)
+        still_held(s, c, op, &held) != IDEM_OK)
       goto fail;
     if (!held) {
       idem__op_fail(op, IDEM_EUNAVAILABLE,
@@ -1615,9 +1638,10 @@ static void pg_run(void *state, idem__op *op) {
     break;
   case IDEM__OP_COMPLETE:
     /* One statement is its own transaction. If the connection breaks
-     * before its result arrives, the caller gets EUNAVAILABLE and keeps
-     * holding the claim: it never believes a response stored that was
-     * not. */
+     * before its result arrives, it is sent again on a re-established one
+     * (run_fenced); when that fails too, the caller gets EUNAVAILABLE and
+     * keeps holding the claim: it never believes a response stored that
+     * was not. */
     write_complete(s, c, op, op->response);
     break;
   case IDEM__OP_RELEASE:
@@ -1878,7 +1902,9 @@ static int ensure_schema(pg_store *s, conn *c, char *err) {
   }
   PQclear(res);
   snprintf(what, sizeof what, "creating schema \"%s\"", s->schema);
-  if ((rc = run_simple(c, s->sql_meta, what, err)) != IDEM_OK)
+  /* Once a version is written the schema and idem_meta exist; creating
+   * them IF NOT EXISTS would still take the right to create them. */
+  if (version < 1 && (rc = run_simple(c, s->sql_meta, what, err)) != IDEM_OK)
     goto fail;
   /* Read again under the lock: another process may have just done it. */
   if ((rc = read_version(s, c, &version, err)) != IDEM_OK)
@@ -1890,11 +1916,31 @@ static int ensure_schema(pg_store *s, conn *c, char *err) {
   /* Migrations run in order, each inside this one transaction. */
   if (version < 1 && (rc = run_simple(c, s->sql_v1, what, err)) != IDEM_OK)
     goto fail;
-  if (version == 1)
+  if (version == 1) {
+    /*
+     * The table exists and may be busy: its exclusive lock is waited for
+     * one second at most, since every call on it queues behind the wait.
+     * A role that may not alter it (not its owner), or a table too busy,
+     * leaves the store at version 1 for now, which this idem uses as it
+     * is (version 2 changes no statement); an open by the owner at a
+     * quieter moment migrates it.
+     */
     snprintf(what, sizeof what, "migrating schema \"%s\" to version 2",
              s->schema);
-  if (version < 2 && (rc = run_simple(c, s->sql_v2, what, err)) != IDEM_OK)
+    if ((rc = run_simple(c, "SET LOCAL lock_timeout = 1000", what, err)) !=
+        IDEM_OK)
+      goto fail;
+    if ((rc = run_simple(c, s->sql_v2, what, err)) != IDEM_OK) {
+      if (strcmp(c->sqlstate, "42501") != 0 &&
+          strcmp(c->sqlstate, "55P03") != 0)
+        goto fail;
+      rollback(c);
+      return IDEM_OK;
+    }
+  } else if (version < 2 &&
+             (rc = run_simple(c, s->sql_v2, what, err)) != IDEM_OK) {
     goto fail;
+  }
   if (version < SCHEMA_VERSION) {
     char sql[SCHEMA_MAX + 200];
     snprintf(sql, sizeof sql,

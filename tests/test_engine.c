@@ -3168,6 +3168,22 @@ static const char pg_c_columns[] =
     "$1::text AND table_name = 'idem_records' AND column_name IN ('tenant', "
     "'operation', 'key') AND collation_name = 'C'";
 
+/* Turns the store at url back into what schema version 1 made. */
+static void pg_back_to_version_1(const char *url) {
+  side_sql(url,
+           "ALTER TABLE {S}.idem_records ALTER COLUMN tenant TYPE text "
+           "COLLATE \"default\", ALTER COLUMN operation TYPE text COLLATE "
+           "\"default\", ALTER COLUMN key TYPE text COLLATE \"default\"",
+           NULL);
+  assert_int_equal(side_sql(url,
+                            "UPDATE {S}.idem_meta SET value = '1' WHERE name "
+                            "= 'schema_version'",
+                            NULL),
+                   1);
+  assert_int_equal(side_sql(url, pg_c_columns, pg_schema), 0);
+  assert_int_equal(side_sql(url, sql_of_backend()->schema_version, NULL), 1);
+}
+
 /*
  * A store of schema version 1 (identifying columns in the database's
  * default collation) is migrated on open: version 2, the columns COLLATE
@@ -3190,18 +3206,7 @@ static void test_pg_migrates_version_1(void **state) {
   idem_store_close(f->store);
   f->store = NULL;
 
-  /* Back to what version 1 wrote. */
-  side_sql(f->url,
-           "ALTER TABLE {S}.idem_records ALTER COLUMN tenant TYPE text "
-           "COLLATE \"default\", ALTER COLUMN operation TYPE text COLLATE "
-           "\"default\", ALTER COLUMN key TYPE text COLLATE \"default\"",
-           NULL);
-  assert_int_equal(side_sql(f->url,
-                            "UPDATE {S}.idem_meta SET value = '1' WHERE name "
-                            "= 'schema_version'",
-                            NULL),
-                   1);
-  assert_int_equal(side_sql(f->url, pg_c_columns, pg_schema), 0);
+  pg_back_to_version_1(f->url);
 
   EXPECT_RC(IDEM_OK, idem_store_open(f->url, NULL, &f->store));
   assert_int_equal(side_sql(f->url, sql_of_backend()->schema_version, NULL),
@@ -3213,7 +3218,89 @@ static void test_pg_migrates_version_1(void **state) {
   assert_int_equal(act.runs, 1);
   assert_int_equal(retry.runs, 0);
   assert_int_equal(count_tickets(f->url), 1);
-  assert_int_equal(side_sql(f->url, sql_of_backend()->count_records, NULL), 1);
+  /* New keys are claimed and completed on the migrated table. */
+  {
+    idem_id other = {"tenant-a", OPERATION, "after-migration"};
+    idem_response r = {201, TICKET_META, strlen(TICKET_META), TWIN_BODY,
+                       strlen(TWIN_BODY)};
+    c = CLAIM(f->store, &other, fp, NULL, IDEM_PROCEED);
+    EXPECT_RC(IDEM_OK, idem_complete(f->store, c, &r));
+    idem_call_free(c);
+    c = CLAIM(f->store, &other, fp, NULL, IDEM_REPLAY);
+    assert_response_equal(idem_call_response(c), &r);
+    idem_call_free(c);
+  }
+  assert_int_equal(side_sql(f->url, sql_of_backend()->count_records, NULL), 2);
+}
+
+/*
+ * A role that only reads and writes the tables (as docs/postgresql.md
+ * grants a day-to-day role) may not migrate them: a version-1 store opens
+ * all the same, stays at version 1 and works; its owner's next open
+ * migrates it.
+ */
+static void test_pg_non_owner_keeps_version_1(void **state) {
+  fixture *f = *state;
+  char fp[IDEM_FINGERPRINT_SIZE], role[96], sql[1024], url[URL_MAX + 104];
+  idem_id id = {"tenant-a", OPERATION, KEY};
+  idem_id fresh = {"tenant-a", OPERATION, "by-the-app-role"};
+  ticket_action act = {.payload = PAYLOAD}, retry = {.payload = PAYLOAD},
+                later = {.payload = PAYLOAD}, again = {.payload = PAYLOAD};
+  idem_store *app = NULL;
+  idem_call *c;
+  long long first_id, second_id;
+  fp_of(PAYLOAD, fp);
+  c = LOCAL(f->store, &id, fp, NULL, &act, IDEM_PROCEED);
+  first_id = ticket_id_of(idem_call_response(c));
+  idem_call_free(c);
+  idem_store_close(f->store);
+  f->store = NULL;
+  pg_back_to_version_1(f->url);
+
+  snprintf(role, sizeof role, "idem_app_%s", pg_schema);
+  snprintf(sql, sizeof sql,
+           "DO $$BEGIN IF EXISTS (SELECT FROM pg_roles WHERE rolname = '%s') "
+           "THEN DROP OWNED BY %s; DROP ROLE %s; END IF; END$$",
+           role, role, role);
+  side_sql(f->url, sql, NULL);
+  snprintf(sql, sizeof sql, "CREATE ROLE %s LOGIN", role);
+  side_sql(f->url, sql, NULL);
+  snprintf(sql, sizeof sql,
+           "DO $$BEGIN GRANT USAGE ON SCHEMA {S} TO %s; GRANT SELECT, "
+           "INSERT, UPDATE, DELETE ON {S}.idem_records TO %s; GRANT SELECT "
+           "ON {S}.idem_meta TO %s; GRANT SELECT, INSERT ON {S}.tickets TO "
+           "%s; GRANT USAGE ON SEQUENCE {S}.tickets_id_seq TO %s; END$$",
+           role, role, role, role, role);
+  side_sql(f->url, sql, NULL);
+  snprintf(url, sizeof url, "%s&user=%s", f->url, role);
+
+  EXPECT_RC(IDEM_OK, idem_store_open(url, NULL, &app));
+  assert_int_equal(side_sql(f->url, sql_of_backend()->schema_version, NULL),
+                   1);
+  assert_int_equal(side_sql(f->url, pg_c_columns, pg_schema), 0);
+  c = LOCAL(app, &id, fp, NULL, &retry, IDEM_REPLAY);
+  assert_int_equal(ticket_id_of(idem_call_response(c)), first_id);
+  idem_call_free(c);
+  c = LOCAL(app, &fresh, fp, NULL, &later, IDEM_PROCEED);
+  second_id = ticket_id_of(idem_call_response(c));
+  idem_call_free(c);
+  assert_true(second_id != first_id);
+  idem_store_close(app);
+
+  EXPECT_RC(IDEM_OK, idem_store_open(f->url, NULL, &f->store));
+  assert_int_equal(side_sql(f->url, sql_of_backend()->schema_version, NULL),
+                   2);
+  assert_int_equal(side_sql(f->url, pg_c_columns, pg_schema), 3);
+  c = LOCAL(f->store, &fresh, fp, NULL, &again, IDEM_REPLAY);
+  assert_int_equal(ticket_id_of(idem_call_response(c)), second_id);
+  idem_call_free(c);
+  assert_int_equal(act.runs + retry.runs + later.runs + again.runs, 2);
+  assert_int_equal(count_tickets(f->url), 2);
+  assert_int_equal(side_sql(f->url, sql_of_backend()->count_records, NULL), 2);
+
+  snprintf(sql, sizeof sql, "DO $$BEGIN DROP OWNED BY %s; DROP ROLE %s; END$$",
+           role, role);
+  side_sql(f->url, sql, NULL);
 }
 
 #define STORE_TEST(fn)                                                         \
@@ -3275,6 +3362,7 @@ int main(void) {
       STORE_TEST(test_pg_action_commits_itself),
       STORE_TEST(test_pg_deferred_constraint_fails_at_commit),
       STORE_TEST(test_pg_migrates_version_1),
+      STORE_TEST(test_pg_non_owner_keeps_version_1),
   };
   test_backend backend = backend_from_env();
   const char *problem;
