@@ -268,12 +268,21 @@ static void proxy_stop(proxy *p) {
   pthread_mutex_destroy(&p->mu);
 }
 
-static void proxy_arm(proxy *p, cut_kind kind, const char *pattern) {
+/* Arms one cut on the first bytes containing pattern (len bytes, which
+ * may hold NULs). */
+static void proxy_arm_bytes(proxy *p, cut_kind kind, const char *pattern,
+                            size_t len) {
   pthread_mutex_lock(&p->mu);
   p->armed = kind;
-  snprintf(p->pattern, sizeof p->pattern, "%s", pattern);
-  p->pattern_len = strlen(p->pattern);
+  if (len > sizeof p->pattern)
+    len = sizeof p->pattern;
+  memcpy(p->pattern, pattern, len);
+  p->pattern_len = len;
   pthread_mutex_unlock(&p->mu);
+}
+
+static void proxy_arm(proxy *p, cut_kind kind, const char *pattern) {
+  proxy_arm_bytes(p, kind, pattern, strlen(pattern));
 }
 
 static void proxy_refuse(proxy *p, int refuse) {
@@ -505,6 +514,42 @@ static void test_takeover_commit_answer_lost(void **state) {
   assert_int_equal(count_records(f), 1);
 }
 
+/* The takeover's COMMIT never reaches the server: the takeover is rolled
+ * back, the caller is told to try again (the row shows that it does not
+ * hold the key), and its retry takes the key over. */
+static void test_takeover_commit_request_lost(void **state) {
+  fixture *f = *state;
+  char fp[IDEM_FINGERPRINT_SIZE];
+  idem_id id = {TENANT, OPERATION, "takeover-unsent-key"};
+  const char body[] = "{\"ticket_id\":106}";
+  idem_response resp = {201, META, strlen(META), body, strlen(body)};
+  idem_call_options short_lease = {.lease_ms = 1};
+  idem_call *first, *c = (idem_call *)&c, *again;
+  idem_record *r;
+  struct timespec ms5 = {0, 5 * 1000 * 1000};
+  fp_of(PAYLOAD, fp);
+  first = claim(f->other, &id, fp, &short_lease, IDEM_PROCEED, 1);
+  idem_call_free(first);
+  nanosleep(&ms5, NULL);
+  /* The COMMIT query itself ("READ COMMITTED" in BEGIN must not match). */
+  proxy_arm_bytes(&f->px, CUT_REQUEST, "COMMIT", sizeof "COMMIT");
+  EXPECT_RC(IDEM_EUNAVAILABLE, idem_claim(f->store, &id, fp, NULL, &c));
+  assert_null(c);
+  assert_non_null(strstr(idem_errmsg(), "try again"));
+  assert_int_equal(proxy_cuts(&f->px), 1);
+  r = record_of(f, &id);
+  assert_int_equal(r->state, IDEM_STATE_IN_PROGRESS);
+  assert_int_equal(r->attempt, 1);
+  idem_record_free(r);
+  c = claim(f->store, &id, fp, NULL, IDEM_RECOVER, 2);
+  EXPECT_RC(IDEM_OK, idem_complete(f->store, c, &resp));
+  idem_call_free(c);
+  again = claim(f->other, &id, fp, NULL, IDEM_REPLAY, 2);
+  assert_body(again, body);
+  idem_call_free(again);
+  assert_int_equal(count_records(f), 1);
+}
+
 /* ---- the fenced writes ---------------------------------------------------- */
 
 static void run_complete_cut(fixture *f, cut_kind kind, const char *pattern,
@@ -538,16 +583,15 @@ static void test_complete_request_lost(void **state) {
                     "{\"ticket_id\":203}");
 }
 
-/* Release with its answer lost: released, so the next claim proceeds
- * afresh (attempt 1). */
-static void test_release_answer_lost(void **state) {
-  fixture *f = *state;
+/* Release with its answer or its request cut: released, so the next claim
+ * proceeds afresh (attempt 1). */
+static void run_release_cut(fixture *f, cut_kind kind, const char *pattern) {
   char fp[IDEM_FINGERPRINT_SIZE];
   idem_id id = {TENANT, OPERATION, "release-lost-key"};
   idem_call *c;
   fp_of(PAYLOAD, fp);
   c = claim(f->store, &id, fp, NULL, IDEM_PROCEED, 1);
-  proxy_arm(&f->px, CUT_REPLY, "DELETE 1");
+  proxy_arm(&f->px, kind, pattern);
   EXPECT_RC(IDEM_OK, idem_release(f->store, c));
   assert_int_equal(proxy_cuts(&f->px), 1);
   idem_call_free(c);
@@ -557,16 +601,25 @@ static void test_release_answer_lost(void **state) {
   idem_call_free(c);
 }
 
-/* Mark unknown with its answer lost: marked, and claims see UNKNOWN. */
-static void test_mark_unknown_answer_lost(void **state) {
-  fixture *f = *state;
+static void test_release_answer_lost(void **state) {
+  run_release_cut(*state, CUT_REPLY, "DELETE 1");
+}
+
+static void test_release_request_lost(void **state) {
+  run_release_cut(*state, CUT_REQUEST, "release-lost-key");
+}
+
+/* Mark unknown with its answer or its request cut: marked, and claims see
+ * UNKNOWN. */
+static void run_mark_unknown_cut(fixture *f, cut_kind kind,
+                                 const char *pattern) {
   char fp[IDEM_FINGERPRINT_SIZE];
   idem_id id = {TENANT, OPERATION, "unknown-lost-key"};
   idem_call *c;
   idem_record *r;
   fp_of(PAYLOAD, fp);
   c = claim(f->store, &id, fp, NULL, IDEM_PROCEED, 1);
-  proxy_arm(&f->px, CUT_REPLY, "UPDATE 1");
+  proxy_arm(&f->px, kind, pattern);
   EXPECT_RC(IDEM_OK, idem_mark_unknown(f->store, c));
   assert_int_equal(proxy_cuts(&f->px), 1);
   idem_call_free(c);
@@ -576,6 +629,40 @@ static void test_mark_unknown_answer_lost(void **state) {
   c = claim(f->other, &id, fp, NULL, IDEM_UNKNOWN, 0);
   idem_call_free(c);
   assert_int_equal(count_records(f), 1);
+}
+
+static void test_mark_unknown_answer_lost(void **state) {
+  run_mark_unknown_cut(*state, CUT_REPLY, "UPDATE 1");
+}
+
+static void test_mark_unknown_request_lost(void **state) {
+  run_mark_unknown_cut(*state, CUT_REQUEST, "unknown-lost-key");
+}
+
+/* Renew with its answer cut: sent again, it renews again; the holder keeps
+ * the key with the new lease and completes it. */
+static void test_renew_answer_lost(void **state) {
+  fixture *f = *state;
+  char fp[IDEM_FINGERPRINT_SIZE];
+  idem_id id = {TENANT, OPERATION, "renew-lost-key"};
+  const char body[] = "{\"ticket_id\":250}";
+  idem_response resp = {201, META, strlen(META), body, strlen(body)};
+  idem_call *c, *again;
+  idem_record *r;
+  fp_of(PAYLOAD, fp);
+  c = claim(f->store, &id, fp, NULL, IDEM_PROCEED, 1);
+  proxy_arm(&f->px, CUT_REPLY, "UPDATE 1");
+  EXPECT_RC(IDEM_OK, idem_renew(f->store, c, 600000));
+  assert_int_equal(proxy_cuts(&f->px), 1);
+  r = record_of(f, &id);
+  assert_int_equal(r->state, IDEM_STATE_IN_PROGRESS);
+  assert_int_equal(r->lease_expires_ms - r->updated_ms, 600000);
+  idem_record_free(r);
+  EXPECT_RC(IDEM_OK, idem_complete(f->store, c, &resp));
+  idem_call_free(c);
+  again = claim(f->other, &id, fp, NULL, IDEM_REPLAY, 1);
+  assert_body(again, body);
+  idem_call_free(again);
 }
 
 /* A completion that lost its lease to a newer holder is still refused as
@@ -681,7 +768,7 @@ static void test_claim_answer_lost_no_reconnect(void **state) {
   idem_id id = {TENANT, OPERATION, "unreachable-key"};
   const char body[] = "{\"ticket_id\":404}";
   idem_response resp = {201, META, strlen(META), body, strlen(body)};
-  idem_call_options lease = {.lease_ms = 2000};
+  idem_call_options lease = {.lease_ms = 4000};
   idem_call *c = NULL, *again;
   struct timespec wait;
   int64_t left;
@@ -700,7 +787,7 @@ static void test_claim_answer_lost_no_reconnect(void **state) {
   proxy_refuse(&f->px, 0);
   c = claim(f->store, &id, fp, &lease, IDEM_IN_FLIGHT, 1);
   left = idem_call_retry_after_ms(c);
-  assert_true(left > 0 && left <= 2000);
+  assert_true(left > 0 && left <= 4000);
   idem_call_free(c);
   /* Until the lease ends, and a little more. */
   wait.tv_sec = (time_t)((left + 50) / 1000);
@@ -762,10 +849,14 @@ int main(void) {
       LINK_TEST(test_claim_answer_lost),
       LINK_TEST(test_claim_request_lost),
       LINK_TEST(test_takeover_commit_answer_lost),
+      LINK_TEST(test_takeover_commit_request_lost),
       LINK_TEST(test_complete_answer_lost),
       LINK_TEST(test_complete_request_lost),
       LINK_TEST(test_release_answer_lost),
+      LINK_TEST(test_release_request_lost),
       LINK_TEST(test_mark_unknown_answer_lost),
+      LINK_TEST(test_mark_unknown_request_lost),
+      LINK_TEST(test_renew_answer_lost),
       LINK_TEST(test_stale_complete_answer_lost),
       LINK_TEST(test_local_commit_answer_lost),
       LINK_TEST(test_claim_answer_lost_no_reconnect),
