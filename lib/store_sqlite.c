@@ -12,8 +12,7 @@
  * commit one by one: they queue their operation, and whichever caller finds
  * no commit in progress becomes the leader, takes every queued operation,
  * runs each inside its own SAVEPOINT (so a rejected local action or a failed
- * write rolls back alone), keeps taking and running the callers that arrive
- * while it gathers a batch, and commits them all with one fsync. Each caller
+ * write rolls back alone) and commits them all with one fsync. Each caller
  * sees exactly the outcome it would have seen alone, because the operations
  * still run one after another under the write lock.
  *
@@ -714,10 +713,9 @@ static void prune_some(sq_store *s, conn *c, int64_t now) {
  * Runs ops[0..n) in one transaction with one commit. On a failed BEGIN or
  * COMMIT every op of the batch fails and nothing of it is stored.
  */
-/* Begins a batch's transaction on c. SQLITE_OK, or an error code with
- * c's message. */
-static int batch_begin(sq_store *s, conn *c) {
-  int restart;
+static void run_batch(sq_store *s, conn *c, idem__op **ops, int n) {
+  int64_t now = idem__now_ms();
+  int i, restart;
   /*
    * The log starts over from its beginning only when a write transaction
    * begins with every frame already copied into the database, which never
@@ -734,13 +732,12 @@ static int batch_begin(sq_store *s, conn *c) {
   if (restart)
     sqlite3_wal_checkpoint_v2(c->db, NULL, SQLITE_CHECKPOINT_PASSIVE, NULL,
                               NULL);
-  return exec(c, "BEGIN IMMEDIATE");
-}
-
-/* Runs ops[0..n), each in its own savepoint of the open transaction. */
-static void batch_ops(conn *c, idem__op **ops, int n) {
-  int64_t now = idem__now_ms();
-  for (int i = 0; i < n; i++) {
+  if (exec(c, "BEGIN IMMEDIATE") != SQLITE_OK) {
+    for (i = 0; i < n; i++)
+      op_sqlite_fail(ops[i], c, "begin");
+    return;
+  }
+  for (i = 0; i < n; i++) {
     idem__op *op = ops[i];
     if (step_once(c, ST_SAVEPOINT) != SQLITE_OK) {
       op_sqlite_fail(op, c, "savepoint");
@@ -754,18 +751,13 @@ static void batch_ops(conn *c, idem__op **ops, int n) {
     }
     step_once(c, ST_RELEASE_SP);
   }
-}
-
-/* Commits the batch ops[0..n); when COMMIT fails, every op fails and
- * nothing of it is stored. */
-static void batch_commit(sq_store *s, conn *c, idem__op **ops, int n) {
-  prune_some(s, c, idem__now_ms());
+  prune_some(s, c, now);
   if (exec(c, "COMMIT") != SQLITE_OK) {
     char msg[256];
     snprintf(msg, sizeof msg, "%s", sqlite3_errmsg(c->db));
     int rc = map_rc(sqlite3_extended_errcode(c->db));
     exec(c, "ROLLBACK");
-    for (int i = 0; i < n; i++) {
+    for (i = 0; i < n; i++) {
       if (ops[i]->rc == IDEM_OK)
         idem__op_fail(ops[i], rc,
                       "sqlite: commit failed, nothing was stored: %s", msg);
@@ -773,20 +765,6 @@ static void batch_commit(sq_store *s, conn *c, idem__op **ops, int n) {
         ops[i]->claim->held = 0;
     }
   }
-}
-
-/*
- * Runs ops[0..n) in one transaction with one commit. On a failed BEGIN or
- * COMMIT every op of the batch fails and nothing of it is stored.
- */
-static void run_batch(sq_store *s, conn *c, idem__op **ops, int n) {
-  if (batch_begin(s, c) != SQLITE_OK) {
-    for (int i = 0; i < n; i++)
-      op_sqlite_fail(ops[i], c, "begin");
-    return;
-  }
-  batch_ops(c, ops, n);
-  batch_commit(s, c, ops, n);
 }
 
 /* ---- checkpoints ----------------------------------------------------------- */
@@ -879,58 +857,41 @@ static void submit(sq_store *s, idem__op *op) {
       continue;
     }
     s->leading = 1;
-    /* Gather: with several callers about, keep taking callers until as
-     * many have come as took part in the last two batches (no more than
-     * have been seen at once), or for GATHER_MAX_US. A lone caller never
-     * waits. The operations already taken run meanwhile, so that the
-     * wait costs the batch nothing. */
+    /* Gather: with several callers about, wait briefly until as many are
+     * queued as took part in the last two batches (no more than have been
+     * seen at once). A lone caller never waits. */
     int target = s->last_batch > 1 ? s->last_batch + s->prev_batch : 1;
     if (target > s->peak)
       target = s->peak;
     if (target > BATCH_MAX)
       target = BATCH_MAX;
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_nsec += GATHER_MAX_US * 1000L;
-    if (until.tv_nsec >= 1000000000L) {
-      until.tv_sec++;
-      until.tv_nsec -= 1000000000L;
-    }
-    int n = 0, begun = 0, timed_out = 0;
-    for (;;) {
-      int first = n;
-      while (s->head && n < BATCH_MAX) {
-        batch[n++] = s->head;
-        s->head = s->head->next;
+    if (s->queued < target) {
+      struct timespec until;
+      clock_gettime(CLOCK_REALTIME, &until);
+      until.tv_nsec += GATHER_MAX_US * 1000L;
+      if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
       }
-      if (!s->head)
-        s->tail = NULL;
-      s->queued -= n - first;
-      if (n > first) {
-        pthread_mutex_unlock(&s->gc_mu);
-        if (begun >= 0 && !begun)
-          begun = batch_begin(s, s->writer) == SQLITE_OK ? 1 : -1;
-        if (begun > 0)
-          batch_ops(s->writer, batch + first, n - first);
-        else
-          for (int i = first; i < n; i++)
-            op_sqlite_fail(batch[i], s->writer, "begin");
-        pthread_mutex_lock(&s->gc_mu);
-      }
-      if (n >= target || n >= BATCH_MAX || timed_out || begun < 0)
-        break;
-      if (!s->head &&
-          pthread_cond_timedwait(&s->gather_cv, &s->gc_mu, &until) != 0)
-        timed_out = 1;
+      while (s->queued < target &&
+             pthread_cond_timedwait(&s->gather_cv, &s->gc_mu, &until) == 0)
+        ;
     }
+    int n = 0;
+    while (s->head && n < BATCH_MAX) {
+      batch[n++] = s->head;
+      s->head = s->head->next;
+    }
+    if (!s->head)
+      s->tail = NULL;
+    s->queued -= n;
     s->prev_batch = s->last_batch;
     s->last_batch = n;
     /* The peak is re-learned now and then, so that it follows the load. */
     if (++s->batches % 64 == 0)
       s->peak = s->inside;
     pthread_mutex_unlock(&s->gc_mu);
-    if (begun > 0)
-      batch_commit(s, s->writer, batch, n);
+    run_batch(s, s->writer, batch, n);
     pthread_mutex_lock(&s->gc_mu);
     for (int i = 0; i < n; i++)
       batch[i]->done = 1;
