@@ -859,7 +859,12 @@ static void submit(sq_store *s, idem__op *op) {
     s->leading = 1;
     /* Gather: with several callers about, wait briefly until as many are
      * queued as took part in the last two batches (no more than have been
-     * seen at once). A lone caller never waits. */
+     * seen at once). A lone caller never waits. The wait comes before
+     * BEGIN IMMEDIATE on purpose: it is when writers of other processes
+     * get the write lock. Running the first callers while waiting for the
+     * rest (locked) was measured +13% faster with 16 threads, but it let
+     * such a busy process hold the lock all the time, and a second
+     * process's writer then managed one call per second. */
     int target = s->last_batch > 1 ? s->last_batch + s->prev_batch : 1;
     if (target > s->peak)
       target = s->peak;
