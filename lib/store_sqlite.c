@@ -804,7 +804,7 @@ static void *checkpointer(void *arg) {
   while (!s->ckpt_stop) {
     if (!s->ckpt_wanted) {
       struct timespec until;
-      clock_gettime(CLOCK_REALTIME, &until);
+      clock_gettime(CLOCK_MONOTONIC, &until);
       until.tv_sec += CKPT_PERIOD_MS / 1000;
       pthread_cond_timedwait(&s->ckpt_cv, &s->gc_mu, &until);
       if (s->ckpt_stop)
@@ -872,7 +872,7 @@ static void submit(sq_store *s, idem__op *op) {
       target = BATCH_MAX;
     if (s->queued < target) {
       struct timespec until;
-      clock_gettime(CLOCK_REALTIME, &until);
+      clock_gettime(CLOCK_MONOTONIC, &until);
       until.tv_nsec += GATHER_MAX_US * 1000L;
       if (until.tv_nsec >= 1000000000L) {
         until.tv_sec++;
@@ -1016,8 +1016,16 @@ static int sq_open(const char *target, const idem_store_options *opts,
   pthread_cond_init(&s->pool_cv, NULL);
   pthread_mutex_init(&s->gc_mu, NULL);
   pthread_cond_init(&s->gc_cv, NULL);
-  pthread_cond_init(&s->gather_cv, NULL);
-  pthread_cond_init(&s->ckpt_cv, NULL);
+  {
+    /* Their timed waits count on the monotonic clock, which nobody sets
+     * back. */
+    pthread_condattr_t mono;
+    pthread_condattr_init(&mono);
+    pthread_condattr_setclock(&mono, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->gather_cv, &mono);
+    pthread_cond_init(&s->ckpt_cv, &mono);
+    pthread_condattr_destroy(&mono);
+  }
   s->ckpt_next = CKPT_FRAMES;
   snprintf(s->version, sizeof s->version, "%s", sqlite3_libversion());
   if (!s->path || !s->cache) {
