@@ -9,6 +9,8 @@
 #   reference fresh, 1 worker      idem bench, 1 worker
 #   reference fresh, 16 workers    idem bench, 16 workers
 #   reference replay, 1 worker
+#   idem bench, 16 workers, and beside it a second process with 1 worker on
+#   the same SQLite file: whether writers of other processes still get in
 # Then the PostgreSQL section: a throwaway cluster (scripts/pg.sh: Unix
 # socket in a temporary folder, fsync=on, stopped at exit) and, interleaved,
 # for the same number of rounds:
@@ -79,6 +81,26 @@ step() {
   fi
 }
 
+# two_processes: one idem bench process with 16 workers and, started while
+# it runs, a second with 1 worker, on the same SQLite file: whether writers
+# of other processes still get the write lock. One JSON object: both runs.
+two_processes() {
+  d=$(mktemp -d "$WORK/tmp/two.XXXXXX")
+  "$IDEM" bench --store "sqlite:$d/store.db" --workers 1 --seconds 0.2 \
+    >/dev/null || return 1
+  "$IDEM" bench --store "sqlite:$d/store.db" --workers 16 \
+    --seconds "$(awk "BEGIN { print $SECS * 2 }")" --json >"$d/busy.json" &
+  busy=$!
+  sleep "$(awk "BEGIN { print $SECS / 2 }")"
+  "$IDEM" bench --store "sqlite:$d/store.db" --workers 1 --seconds "$SECS" \
+    --json >"$d/second.json" || { wait "$busy"; return 1; }
+  wait "$busy" || return 1
+  python3 -c 'import json, sys
+print(json.dumps({"busy": json.load(open(sys.argv[1])),
+                  "second": json.load(open(sys.argv[2]))}))' \
+    "$d/busy.json" "$d/second.json"
+}
+
 echo "bench: $ROUNDS rounds, $SECS s per phase; idem: $IDEM" >&2
 r=1
 [ "$BENCH_SQLITE" = 1 ] || r=$((ROUNDS + 1))
@@ -89,6 +111,7 @@ while [ "$r" -le "$ROUNDS" ]; do
   step "r$r.ref_fresh_16" python3 "$REF" --mode fresh --workers 16 --seconds "$SECS" --json
   step "r$r.idem_16" "$IDEM" bench --workers 16 --seconds "$SECS" --json
   step "r$r.ref_replay_1" python3 "$REF" --mode replay --workers 1 --seconds "$SECS" --json
+  step "r$r.two_processes" two_processes
   r=$((r + 1))
 done
 
@@ -222,6 +245,13 @@ else:
                                              fmt(med(ph, 'p99_us'))))
     fs = med(idem1 + idem16, 'fsync_per_s')
     print('%-34s %12s' % ('fsync rate (4 KiB + fdatasync)', fmt(fs)))
+    # The second process's fresh phase runs while the busy one writes.
+    two = [r['second'] for r in load('two_processes') if 'second' in r]
+    two_ph = [r['phases']['fresh'] for r in two if 'fresh' in r.get('phases', {})]
+    print('%-34s %12s %10s %10s' % ('idem fresh, 1 worker, beside 16',
+                                     fmt(med(two, 'fresh_ops_per_s')),
+                                     fmt(med(two_ph, 'p50_us')),
+                                     fmt(med(two_ph, 'p99_us'))))
 
     checks = [
         ('fresh, 1 worker: idem / ref 1 worker',
@@ -236,6 +266,8 @@ else:
          ratio(med(idem1, 'claim_complete_ops_per_s'), med(ref1, 'ops_per_s')), None),
         ('claim+complete, 16 workers: idem / ref fresh 1',
          ratio(med(idem16, 'claim_complete_ops_per_s'), med(ref1, 'ops_per_s')), None),
+        ('a second process beside 16 workers / alone',
+         ratio(med(two, 'fresh_ops_per_s'), med(idem1, 'fresh_ops_per_s')), None),
     ]
     missed += print_ratios(checks, 1)
     if fs:
