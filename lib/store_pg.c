@@ -174,13 +174,17 @@ static const char *const sql_text[ST_COUNT] = {
      * Held until the transaction ends. */
     [ST_KEY_LOCK] = "SELECT pg_advisory_xact_lock($1::bigint)",
     /* For an action that ended idem's transaction itself: whether its
-     * mutation committed is unknown, and the key must say so. */
+     * mutation committed is unknown, and the key must say so (a holder's
+     * row too, the one this action took over or its own claim committed by
+     * the action; a completed record is left as it is). */
     [ST_INSERT_UNKNOWN] =
         "INSERT INTO {S}.idem_records (tenant, operation, key, fingerprint, "
         "request, state, attempt, created_ms, updated_ms, lease_expires_ms, "
         "expires_ms) SELECT $1::text, $2::text, $3::text, $4::text, "
         "$5::bytea, 3, 1, n.now_ms, n.now_ms, 0, n.now_ms + $6::bigint FROM " NOW_ROW
-        " ON CONFLICT (tenant, operation, key) DO NOTHING",
+        " ON CONFLICT (tenant, operation, key) DO UPDATE SET state = 3, "
+        "owner = NULL, lease_expires_ms = 0, updated_ms = EXCLUDED.updated_ms "
+        "WHERE idem_records.state = 1",
     [ST_REPLACE] =
         "UPDATE {S}.idem_records SET fingerprint = $4::text, request = "
         "$5::bytea, state = 1, owner = $6::text, attempt = 1, created_ms = "
@@ -1308,6 +1312,14 @@ static int call_action(conn *c, idem__op *op, idem_response *r) {
                          "action ran; nothing was stored: %s",
                          text);
   }
+  /* Checked before the action's answer: whatever it returned, what it
+   * wrote before ending the transaction may be kept. */
+  if (ts == PQTRANS_IDLE)
+    return idem__op_fail(op, IDEM_ESTORE,
+                         "key '%s': the action ended the store's transaction "
+                         "itself; local actions must not begin, commit or "
+                         "roll back transactions",
+                         op->id->key);
   if (fn_rc != 0)
     return idem__op_fail(op, IDEM_EREJECTED,
                          "key '%s': the action returned %d; it was rolled "
@@ -1342,12 +1354,48 @@ static int call_action(conn *c, idem__op *op, idem_response *r) {
   return IDEM_OK;
 }
 
+/*
+ * An action that ended idem's transaction itself (against the contract of
+ * idem_local_fn) may have committed its mutation, and no record exists to
+ * say so: the key is marked unknown, as a holder that cannot tell whether
+ * it acted marks it, so that retries do not act again until an operator
+ * resolves it. Returns op->rc.
+ */
+static int mark_self_ended(pg_store *s, conn *c, idem__op *op) {
+  PGresult *res = NULL;
+  params p = {0};
+  char why[sizeof op->errmsg];
+  p_id(&p, op->id);
+  p_text(&p, op->fingerprint);
+  p_bytes(&p, op->opts.request, op->opts.request_len);
+  p_i64(&p, period(op->opts.retention_ms));
+  memcpy(why, op->errmsg, sizeof why);
+  if (run_stmt(s, c, ST_INSERT_UNKNOWN, &p, "mark unknown", &res,
+               op->errmsg) != IDEM_OK)
+    return idem__op_fail(op, IDEM_ESTORE,
+                         "%s; whether it committed is unknown, and marking "
+                         "the key unknown failed: %s",
+                         why, op->errmsg);
+  PQclear(res);
+  return idem__op_fail(op, IDEM_ESTORE,
+                       "%s; whether it committed is unknown, so the key is "
+                       "marked unknown (see idem keys resolve)",
+                       why);
+}
+
 /* Runs the caller's mutation inside the claim's transaction and completes
  * the claimed record in the same transaction. */
 static int run_local(pg_store *s, conn *c, idem__op *op) {
   idem_response r;
-  if (call_action(c, op, &r) != IDEM_OK ||
-      complete_and_commit(s, c, op, ST_COMPLETE_LOCAL, &r) != IDEM_OK)
+  if (call_action(c, op, &r) != IDEM_OK) {
+    /* Its claim on the key may have been committed with the action's
+     * writes: the key must not be left for a takeover to act again. */
+    if (op->rc != IDEM_EUNAVAILABLE &&
+        PQtransactionStatus(c->pg) == PQTRANS_IDLE)
+      mark_self_ended(s, c, op);
+    return op->rc;
+  }
+  if (complete_and_commit(s, c, op, ST_COMPLETE_LOCAL, &r) != IDEM_OK)
     return op->rc;
   if (idem__claim_set_response(op->claim, r.status, r.meta, r.meta_len, r.body,
                                r.body_len) != IDEM_OK)
@@ -1380,34 +1428,6 @@ static int answered_by_record(pg_store *s, conn *c, idem__op *op) {
   return 0;
 }
 
-/*
- * An action that ended idem's transaction itself (against the contract of
- * idem_local_fn) may have committed its mutation, and no record exists to
- * say so: the key is marked unknown, as a holder that cannot tell whether
- * it acted marks it, so that retries do not act again until an operator
- * resolves it. Returns op->rc.
- */
-static int mark_self_ended(pg_store *s, conn *c, idem__op *op) {
-  PGresult *res = NULL;
-  params p = {0};
-  char why[sizeof op->errmsg];
-  p_id(&p, op->id);
-  p_text(&p, op->fingerprint);
-  p_bytes(&p, op->opts.request, op->opts.request_len);
-  p_i64(&p, period(op->opts.retention_ms));
-  memcpy(why, op->errmsg, sizeof why);
-  if (run_stmt(s, c, ST_INSERT_UNKNOWN, &p, "mark unknown", &res,
-               op->errmsg) != IDEM_OK)
-    return idem__op_fail(op, IDEM_ESTORE,
-                         "%s; whether it committed is unknown, and marking "
-                         "the key unknown failed: %s",
-                         why, op->errmsg);
-  PQclear(res);
-  return idem__op_fail(op, IDEM_ESTORE,
-                       "%s; whether it committed is unknown, so the key is "
-                       "marked unknown (see idem keys resolve)",
-                       why);
-}
 
 /*
  * A local action on a key with no record (the read that said so began its

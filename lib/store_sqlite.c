@@ -51,6 +51,7 @@ enum {
   ST_RESOLVE_DELETE,
   ST_INSERT_DONE,
   ST_TAKEOVER_DONE,
+  ST_INSERT_UNKNOWN,
   ST_SAVEPOINT,
   ST_RELEASE_SP,
   ST_ROLLBACK_SP,
@@ -122,6 +123,16 @@ static const char *const sql_text[ST_COUNT] = {
         "?8, meta = ?9, body = ?10, checksum = ?11 WHERE tenant = ?1 AND "
         "operation = ?2 AND key = ?3 AND fingerprint = ?4",
     /* Prepared once: every operation of a batch runs in its own savepoint. */
+    /* For an action that ended the transaction itself: whether its writes
+     * were kept is unknown, and the key must say so (a holder's expired
+     * row too; a completed one is left as it is). */
+    [ST_INSERT_UNKNOWN] =
+        "INSERT INTO idem_records (tenant, operation, key, fingerprint, "
+        "request, state, owner, attempt, created_ms, updated_ms, "
+        "lease_expires_ms, expires_ms) VALUES (?1, ?2, ?3, ?4, ?5, 3, NULL, 1, "
+        "?6, ?6, 0, ?7) ON CONFLICT (tenant, operation, key) DO UPDATE SET "
+        "state = 3, owner = NULL, lease_expires_ms = 0, updated_ms = ?6 WHERE "
+        "idem_records.state = 1",
     [ST_SAVEPOINT] = "SAVEPOINT idem_op",
     [ST_RELEASE_SP] = "RELEASE idem_op",
     [ST_ROLLBACK_SP] = "ROLLBACK TO idem_op",
@@ -575,6 +586,42 @@ static int write_fenced(conn *c, idem__op *op, int which, int64_t now) {
 }
 
 /*
+ * After an action that ended the transaction itself (COMMIT or ROLLBACK
+ * inside it, against the contract): its writes may have been kept without
+ * their record, so the key is marked unknown, in a statement that commits
+ * by itself, and a retry does not act again.
+ */
+static void mark_self_ended(conn *c, idem__op *op, int64_t now) {
+  sqlite3_stmt *q = stmt(c, ST_INSERT_UNKNOWN);
+  int step = SQLITE_ERROR;
+  if (q) {
+    bind_id(q, op->id, 1);
+    sqlite3_bind_text(q, 4, op->fingerprint, -1, SQLITE_STATIC);
+    if (op->opts.request)
+      sqlite3_bind_blob(q, 5, op->opts.request, (int)op->opts.request_len,
+                        SQLITE_STATIC);
+    sqlite3_bind_int64(q, 6, now);
+    sqlite3_bind_int64(q, 7, now + op->opts.retention_ms);
+    step = sqlite3_step(q);
+    sqlite3_reset(q);
+  }
+  if (step == SQLITE_DONE)
+    idem__op_fail(op, IDEM_ESTORE,
+                  "key '%s': the action ended idem's transaction itself "
+                  "(COMMIT or ROLLBACK), so its writes may have been kept "
+                  "without their record; the key is marked unknown (idem "
+                  "keys resolve)",
+                  op->id->key);
+  else
+    idem__op_fail(op, IDEM_ESTORE,
+                  "key '%s': the action ended idem's transaction itself "
+                  "(COMMIT or ROLLBACK), so its writes may have been kept "
+                  "without their record, and marking the key unknown "
+                  "failed: %s",
+                  op->id->key, sqlite3_errmsg(c->db));
+}
+
+/*
  * A local action: runs fn, then writes its record, completed, in one
  * statement (a new record, or the takeover of an expired holder's).
  */
@@ -586,6 +633,10 @@ static void run_local(conn *c, idem__op *op, const idem__row *row,
   int fn_rc;
   memset(&r, 0, sizeof r);
   fn_rc = op->fn(c->db, op->ctx, &r);
+  if (sqlite3_get_autocommit(c->db)) {
+    mark_self_ended(c, op, now);
+    return;
+  }
   if (fn_rc != 0) {
     idem__op_fail(op, IDEM_EREJECTED,
                   "key '%s': the action returned %d; it was rolled back and "
@@ -710,6 +761,41 @@ static void prune_some(sq_store *s, conn *c, int64_t now) {
 }
 
 /*
+ * The batch's transaction ended while ops[lost] ran. The ops before it were
+ * rolled back, or committed if an action ended the transaction with COMMIT;
+ * the ops after it never ran. None of them holds a claim.
+ */
+static void batch_lost(conn *c, idem__op **ops, int n, int lost) {
+  char why[sizeof ops[0]->errmsg];
+  snprintf(why, sizeof why, "%s",
+           ops[lost]->rc != IDEM_OK ? ops[lost]->errmsg
+                                    : sqlite3_errmsg(c->db));
+  for (int i = 0; i < n; i++) {
+    idem__op *op = ops[i];
+    if (op->kind == IDEM__OP_CLAIM || op->kind == IDEM__OP_LOCAL)
+      op->claim->held = 0;
+    if (i < lost && op->rc == IDEM_OK)
+      idem__op_fail(op, IDEM_EUNAVAILABLE,
+                    "sqlite: the transaction of this call's group commit "
+                    "ended early (%s): this call's write was rolled back, "
+                    "unless an action in the same group committed it; a "
+                    "retry replays it if it was kept",
+                    why);
+    else if (i == lost && op->rc == IDEM_OK)
+      idem__op_fail(op, IDEM_EUNAVAILABLE,
+                    "sqlite: the transaction was rolled back: %s; nothing "
+                    "was stored",
+                    why);
+    else if (i > lost)
+      idem__op_fail(op, IDEM_EUNAVAILABLE,
+                    "sqlite: the transaction of this call's group commit "
+                    "ended before this call ran (%s); nothing was stored; "
+                    "try again",
+                    why);
+  }
+}
+
+/*
  * Runs ops[0..n) in one transaction with one commit. On a failed BEGIN or
  * COMMIT every op of the batch fails and nothing of it is stored.
  */
@@ -744,6 +830,13 @@ static void run_batch(sq_store *s, conn *c, idem__op **ops, int n) {
       continue;
     }
     run_one(c, op, now);
+    /* SQLite rolls a whole transaction back by itself on some errors (disk
+     * full, I/O error, out of memory), and an action may end it against
+     * its contract: the rest must not run outside it. */
+    if (sqlite3_get_autocommit(c->db)) {
+      batch_lost(c, ops, n, i);
+      return;
+    }
     if (op->rc != IDEM_OK) {
       if (op->kind == IDEM__OP_CLAIM || op->kind == IDEM__OP_LOCAL)
         op->claim->held = 0;

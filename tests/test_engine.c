@@ -3090,38 +3090,6 @@ static void test_pg_claimer_lease_expires_during_action(void **state) {
   idem_store_close(t.other);
 }
 
-/* An action that commits idem's transaction itself breaks its contract;
- * its mutation may then be kept without a record, so the key is marked
- * unknown and a retry does not act again. */
-static int ticket_then_commit(void *conn, void *ctx, idem_response *response) {
-  int rc = create_ticket(conn, ctx, response);
-  PQclear(PQexec(conn, "COMMIT"));
-  return rc;
-}
-
-static void test_pg_action_commits_itself(void **state) {
-  fixture *f = *state;
-  char fp[IDEM_FINGERPRINT_SIZE];
-  idem_id id = {"tenant-a", OPERATION, KEY};
-  ticket_action bad = {.payload = PAYLOAD}, retry = {.payload = PAYLOAD};
-  idem_record *r;
-  idem_call *c = (idem_call *)&c;
-  fp_of(PAYLOAD, fp);
-  EXPECT_RC(IDEM_ESTORE, idem_execute_local(f->store, &id, fp, NULL,
-                                            ticket_then_commit, &bad, &c));
-  assert_null(c);
-  assert_non_null(strstr(idem_errmsg(), "marked unknown"));
-  assert_int_equal(bad.runs, 1);
-  assert_int_equal(count_tickets(f->url), 1);
-  r = get_record(f->store, &id);
-  assert_int_equal(r->state, IDEM_STATE_UNKNOWN);
-  idem_record_free(r);
-  c = LOCAL(f->store, &id, fp, NULL, &retry, IDEM_UNKNOWN);
-  idem_call_free(c);
-  assert_int_equal(retry.runs, 0);
-  assert_int_equal(count_tickets(f->url), 1);
-}
-
 /* A unique violation at COMMIT from the caller's own deferred constraint
  * is the action's failure, not a sign of another writer: reported, rolled
  * back, no record, and the action not run again. */
@@ -3160,6 +3128,82 @@ static void test_pg_deferred_constraint_fails_at_commit(void **state) {
   assert_int_equal(act.runs, 1);
   assert_int_equal(count_tickets(f->url), 0);
   assert_absent(f->store, &id);
+}
+
+/*
+ * An action that ends idem's transaction itself (COMMIT or ROLLBACK through
+ * the connection it gets) breaks its contract; what it wrote before may be
+ * kept without a record. Whatever it returns, the call fails, the key is
+ * marked unknown, and a retry does not act again: on a new key (the fast
+ * path on PostgreSQL) and on a key taken over from a holder whose lease
+ * ended (RECOVER).
+ */
+typedef struct ending_action {
+  ticket_action ticket;
+  const char *end; /* "COMMIT" or "ROLLBACK" */
+  int answer;      /* what the action returns */
+} ending_action;
+
+static int ticket_then_end(void *conn, void *ctx, idem_response *response) {
+  ending_action *a = ctx;
+  int rc = create_ticket(conn, &a->ticket, response);
+  if (rc != 0)
+    return rc;
+  if (backend_from_env() == BACKEND_SQLITE)
+    sqlite3_exec(conn, a->end, NULL, NULL, NULL);
+  else
+    PQclear(PQexec(conn, a->end));
+  return a->answer;
+}
+
+static void run_action_ends_transaction(fixture *f, const char *end,
+                                        int answer, int recover) {
+  char fp[IDEM_FINGERPRINT_SIZE];
+  idem_id id = {"tenant-a", OPERATION, KEY};
+  ending_action bad = {.ticket = {.payload = PAYLOAD}, .end = end,
+                       .answer = answer};
+  ticket_action retry = {.payload = PAYLOAD};
+  idem_call_options short_lease = {.lease_ms = 1};
+  long long kept = strcmp(end, "COMMIT") == 0 ? 1 : 0;
+  idem_record *r;
+  idem_call *c;
+  fp_of(PAYLOAD, fp);
+  if (recover) {
+    c = CLAIM(f->store, &id, fp, &short_lease, IDEM_PROCEED);
+    idem_call_free(c); /* a holder that died */
+    sleep_ms(5);
+  }
+  c = (idem_call *)&c;
+  EXPECT_RC(IDEM_ESTORE, idem_execute_local(f->store, &id, fp, NULL,
+                                            ticket_then_end, &bad, &c));
+  assert_null(c);
+  assert_non_null(strstr(idem_errmsg(), "marked unknown"));
+  assert_int_equal(bad.ticket.runs, 1);
+  assert_int_equal(count_tickets(f->url), kept);
+  r = get_record(f->store, &id);
+  assert_int_equal(r->state, IDEM_STATE_UNKNOWN);
+  idem_record_free(r);
+  c = LOCAL(f->store, &id, fp, NULL, &retry, IDEM_UNKNOWN);
+  idem_call_free(c);
+  assert_int_equal(retry.runs, 0);
+  assert_int_equal(count_tickets(f->url), kept);
+  assert_int_equal(list_count(f->store, NULL), 1);
+}
+
+static void test_action_commits_itself(void **state) {
+  run_action_ends_transaction(*state, "COMMIT", 0, 0);
+}
+
+static void test_action_commits_itself_then_fails(void **state) {
+  run_action_ends_transaction(*state, "COMMIT", 1, 0);
+}
+
+static void test_action_rolls_back_itself(void **state) {
+  run_action_ends_transaction(*state, "ROLLBACK", 0, 0);
+}
+
+static void test_recovered_action_commits_itself(void **state) {
+  run_action_ends_transaction(*state, "COMMIT", 0, 1);
 }
 
 /* How many of idem_records' identifying columns compare as bytes. */
@@ -3335,6 +3379,10 @@ int main(void) {
       STORE_TEST(test_list_filters),
       STORE_TEST(test_tenant_isolation),
       STORE_TEST(test_failure_before_commit),
+      STORE_TEST(test_action_commits_itself),
+      STORE_TEST(test_action_commits_itself_then_fails),
+      STORE_TEST(test_action_rolls_back_itself),
+      STORE_TEST(test_recovered_action_commits_itself),
       STORE_TEST(test_response_too_large),
       STORE_TEST(test_threads_race_execute_local),
       STORE_TEST(test_threads_race_execute_local_no_group_commit),
@@ -3359,7 +3407,6 @@ int main(void) {
       STORE_TEST(test_pg_claimer_holds_key_during_action),
       STORE_TEST(test_pg_claimer_completes_then_action_fails),
       STORE_TEST(test_pg_claimer_lease_expires_during_action),
-      STORE_TEST(test_pg_action_commits_itself),
       STORE_TEST(test_pg_deferred_constraint_fails_at_commit),
       STORE_TEST(test_pg_migrates_version_1),
       STORE_TEST(test_pg_non_owner_keeps_version_1),
