@@ -783,8 +783,9 @@ static void batch_lost(conn *c, idem__op **ops, int n, int lost) {
                     why);
     else if (i == lost && op->rc == IDEM_OK)
       idem__op_fail(op, IDEM_EUNAVAILABLE,
-                    "sqlite: the transaction was rolled back: %s; nothing "
-                    "was stored",
+                    "sqlite: the transaction ended while this call ran (%s); "
+                    "whether its write was kept is unknown; a retry replays "
+                    "it if it was",
                     why);
     else if (i > lost)
       idem__op_fail(op, IDEM_EUNAVAILABLE,
