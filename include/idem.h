@@ -329,8 +329,11 @@ IDEM_API int idem_renew(idem_store *store, idem_call *claim,
  * With group commit (the default) fn may run on another thread of the
  * process, the one committing a batch of concurrent calls, and each fn runs
  * inside its own SAVEPOINT of that batch's transaction. fn must therefore
- * not begin or commit transactions itself and must not call back into the
- * same store.
+ * not begin, commit or roll back transactions itself and must not call back
+ * into the same store. An fn that ends the transaction anyway (on either
+ * store) makes the call fail with IDEM_ESTORE and leaves the key marked
+ * unknown, since what it wrote before may have been kept without a record;
+ * other calls of the same batch then fail with IDEM_EUNAVAILABLE.
  *
  * fn runs only for PROCEED and RECOVER. For REPLAY, CONFLICT, IN_FLIGHT and
  * UNKNOWN it does not run and nothing is written. After a run the claim
