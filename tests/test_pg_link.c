@@ -67,6 +67,8 @@
 
 typedef enum cut_kind { CUT_NONE, CUT_REQUEST, CUT_REPLY } cut_kind;
 
+#define TAIL 63 /* a pattern is at most this long */
+
 typedef struct proxy {
   char dir[64];      /* holds the listening socket .s.PGSQL.<port> */
   char port[16];     /* the server's port, which the socket name carries */
@@ -76,9 +78,14 @@ typedef struct proxy {
   int wake[2];       /* a byte here ends the loop */
   pthread_t thread;
   int pairs[MAX_PAIRS][2]; /* client, server; -1 when unused */
+  /* The last bytes each side sent, so that a pattern split between two
+   * reads is still found. */
+  char tail[MAX_PAIRS][2][TAIL];
+  size_t tail_len[MAX_PAIRS][2];
+  char scratch[TAIL + 65536];
   pthread_mutex_t mu;
   cut_kind armed;    /* one cut at a time, disarmed when it happens */
-  char pattern[64];
+  char pattern[TAIL];
   size_t pattern_len;
   int refuse;        /* close new connections at once */
   int cuts;          /* cuts made */
@@ -147,6 +154,7 @@ static void accept_one(proxy *p) {
     if (p->pairs[i][0] < 0) {
       p->pairs[i][0] = c;
       p->pairs[i][1] = s;
+      p->tail_len[i][0] = p->tail_len[i][1] = 0;
       pthread_mutex_lock(&p->mu);
       p->accepted++;
       pthread_mutex_unlock(&p->mu);
@@ -158,23 +166,33 @@ static void accept_one(proxy *p) {
 
 /* Forwards what side `from` of pair i has, unless the armed cut matches. */
 static void forward(proxy *p, int i, int from) {
-  char buf[65536];
-  ssize_t n = recv(p->pairs[i][from], buf, sizeof buf, 0);
+  size_t kept = p->tail_len[i][from], all;
+  char *buf = p->scratch + kept;
+  ssize_t n = recv(p->pairs[i][from], buf, sizeof p->scratch - TAIL, 0);
   int cut = 0;
   if (n <= 0) {
     close_pair(p, i);
     return;
   }
+  /* Searched with the bytes before it: the part already forwarded holds
+   * no whole match, or it would have been cut then. */
+  memcpy(p->scratch, p->tail[i][from], kept);
+  all = kept + (size_t)n;
   pthread_mutex_lock(&p->mu);
   if (p->armed == (from == 0 ? CUT_REQUEST : CUT_REPLY) &&
-      memmem(buf, (size_t)n, p->pattern, p->pattern_len)) {
+      memmem(p->scratch, all, p->pattern, p->pattern_len)) {
     p->armed = CUT_NONE;
     p->cuts++;
     cut = 1;
   }
   pthread_mutex_unlock(&p->mu);
-  if (cut || write_all(p->pairs[i][!from], buf, (size_t)n) != 0)
+  if (cut || write_all(p->pairs[i][!from], buf, (size_t)n) != 0) {
     close_pair(p, i);
+    return;
+  }
+  kept = all < TAIL ? all : TAIL;
+  memcpy(p->tail[i][from], p->scratch + all - kept, kept);
+  p->tail_len[i][from] = kept;
 }
 
 static void *proxy_main(void *arg) {
