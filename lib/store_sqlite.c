@@ -122,7 +122,6 @@ static const char *const sql_text[ST_COUNT] = {
         "1, updated_ms = ?6, lease_expires_ms = 0, expires_ms = ?7, status = "
         "?8, meta = ?9, body = ?10, checksum = ?11 WHERE tenant = ?1 AND "
         "operation = ?2 AND key = ?3 AND fingerprint = ?4",
-    /* Prepared once: every operation of a batch runs in its own savepoint. */
     /* For an action that ended the transaction itself: whether its writes
      * were kept is unknown, and the key must say so (a holder's expired
      * row too; a completed one is left as it is). */
@@ -133,6 +132,7 @@ static const char *const sql_text[ST_COUNT] = {
         "?6, ?6, 0, ?7) ON CONFLICT (tenant, operation, key) DO UPDATE SET "
         "state = 3, owner = NULL, lease_expires_ms = 0, updated_ms = ?6 WHERE "
         "idem_records.state = 1",
+    /* Prepared once: every operation of a batch runs in its own savepoint. */
     [ST_SAVEPOINT] = "SAVEPOINT idem_op",
     [ST_RELEASE_SP] = "RELEASE idem_op",
     [ST_ROLLBACK_SP] = "ROLLBACK TO idem_op",
@@ -585,6 +585,18 @@ static int write_fenced(conn *c, idem__op *op, int which, int64_t now) {
   return IDEM_OK;
 }
 
+/* The parameters a record written by a local action starts with: ?1-?3 its
+ * id, ?4 the fingerprint, ?5 the request, ?6 now, ?7 its expiry. */
+static void bind_new_record(sqlite3_stmt *q, const idem__op *op, int64_t now) {
+  bind_id(q, op->id, 1);
+  sqlite3_bind_text(q, 4, op->fingerprint, -1, SQLITE_STATIC);
+  if (op->opts.request)
+    sqlite3_bind_blob(q, 5, op->opts.request, (int)op->opts.request_len,
+                      SQLITE_STATIC);
+  sqlite3_bind_int64(q, 6, now);
+  sqlite3_bind_int64(q, 7, now + op->opts.retention_ms);
+}
+
 /*
  * After an action that ended the transaction itself (COMMIT or ROLLBACK
  * inside it, against the contract): its writes may have been kept without
@@ -595,30 +607,19 @@ static void mark_self_ended(conn *c, idem__op *op, int64_t now) {
   sqlite3_stmt *q = stmt(c, ST_INSERT_UNKNOWN);
   int step = SQLITE_ERROR;
   if (q) {
-    bind_id(q, op->id, 1);
-    sqlite3_bind_text(q, 4, op->fingerprint, -1, SQLITE_STATIC);
-    if (op->opts.request)
-      sqlite3_bind_blob(q, 5, op->opts.request, (int)op->opts.request_len,
-                        SQLITE_STATIC);
-    sqlite3_bind_int64(q, 6, now);
-    sqlite3_bind_int64(q, 7, now + op->opts.retention_ms);
+    bind_new_record(q, op, now);
     step = sqlite3_step(q);
     sqlite3_reset(q);
   }
-  if (step == SQLITE_DONE)
-    idem__op_fail(op, IDEM_ESTORE,
-                  "key '%s': the action ended idem's transaction itself "
-                  "(COMMIT or ROLLBACK), so its writes may have been kept "
-                  "without their record; the key is marked unknown (idem "
-                  "keys resolve)",
-                  op->id->key);
-  else
-    idem__op_fail(op, IDEM_ESTORE,
-                  "key '%s': the action ended idem's transaction itself "
-                  "(COMMIT or ROLLBACK), so its writes may have been kept "
-                  "without their record, and marking the key unknown "
-                  "failed: %s",
-                  op->id->key, sqlite3_errmsg(c->db));
+  idem__op_fail(op, IDEM_ESTORE,
+                "key '%s': the action ended idem's transaction itself "
+                "(COMMIT or ROLLBACK), so its writes may have been kept "
+                "without their record%s%s",
+                op->id->key,
+                step == SQLITE_DONE
+                    ? "; the key is marked unknown (idem keys resolve)"
+                    : ", and marking the key unknown failed: ",
+                step == SQLITE_DONE ? "" : sqlite3_errmsg(c->db));
 }
 
 /*
@@ -665,13 +666,7 @@ static void run_local(conn *c, idem__op *op, const idem__row *row,
     op_sqlite_fail(op, c, "prepare");
     return;
   }
-  bind_id(q, op->id, 1);
-  sqlite3_bind_text(q, 4, op->fingerprint, -1, SQLITE_STATIC);
-  if (op->opts.request)
-    sqlite3_bind_blob(q, 5, op->opts.request, (int)op->opts.request_len,
-                      SQLITE_STATIC);
-  sqlite3_bind_int64(q, 6, now);
-  sqlite3_bind_int64(q, 7, now + op->opts.retention_ms);
+  bind_new_record(q, op, now);
   sqlite3_bind_int(q, 8, r.status);
   if (r.meta)
     sqlite3_bind_blob(q, 9, r.meta, (int)r.meta_len, SQLITE_STATIC);

@@ -474,6 +474,25 @@ static idem_record *record_of(const fixture *f, const idem_id *id) {
   return r;
 }
 
+/* A claim through the second handle (its own cache) replays body, at
+ * attempt. */
+static void assert_replays(const fixture *f, const idem_id *id, const char *fp,
+                           const char *body, int attempt) {
+  idem_call *again = claim(f->other, id, fp, NULL, IDEM_REPLAY, attempt);
+  assert_body(again, body);
+  idem_call_free(again);
+}
+
+/* Completes the claim c with body (and frees it), then checks the replay. */
+static void complete_then_replay(const fixture *f, idem_call *c,
+                                 const idem_id *id, const char *fp,
+                                 const char *body, int attempt) {
+  idem_response resp = {201, META, strlen(META), body, strlen(body)};
+  EXPECT_RC(IDEM_OK, idem_complete(f->store, c, &resp));
+  idem_call_free(c);
+  assert_replays(f, id, fp, body, attempt);
+}
+
 /* ---- the claim's insert --------------------------------------------------- */
 
 /* The claim's insert with its answer or its request cut: the caller holds
@@ -483,18 +502,13 @@ static void run_claim_cut(fixture *f, cut_kind kind, const char *pattern) {
   char fp[IDEM_FINGERPRINT_SIZE];
   idem_id id = {TENANT, OPERATION, "claim-lost-key"};
   const char body[] = "{\"ticket_id\":101}";
-  idem_response resp = {201, META, strlen(META), body, strlen(body)};
-  idem_call *c, *again;
+  idem_call *c;
   fp_of(PAYLOAD, fp);
   proxy_arm(&f->px, kind, pattern);
   c = claim(f->store, &id, fp, NULL, IDEM_PROCEED, 1);
   assert_int_equal(proxy_cuts(&f->px), 1);
   assert_int_equal(count_records(f), 1);
-  EXPECT_RC(IDEM_OK, idem_complete(f->store, c, &resp));
-  idem_call_free(c);
-  again = claim(f->other, &id, fp, NULL, IDEM_REPLAY, 1);
-  assert_body(again, body);
-  idem_call_free(again);
+  complete_then_replay(f, c, &id, fp, body, 1);
   assert_int_equal(count_records(f), 1);
 }
 
@@ -513,9 +527,8 @@ static void test_takeover_commit_answer_lost(void **state) {
   char fp[IDEM_FINGERPRINT_SIZE];
   idem_id id = {TENANT, OPERATION, "takeover-lost-key"};
   const char body[] = "{\"ticket_id\":105}";
-  idem_response resp = {201, META, strlen(META), body, strlen(body)};
   idem_call_options short_lease = {.lease_ms = 1};
-  idem_call *first, *c, *again;
+  idem_call *first, *c;
   struct timespec ms5 = {0, 5 * 1000 * 1000};
   fp_of(PAYLOAD, fp);
   first = claim(f->other, &id, fp, &short_lease, IDEM_PROCEED, 1);
@@ -524,11 +537,7 @@ static void test_takeover_commit_answer_lost(void **state) {
   proxy_arm(&f->px, CUT_REPLY, "COMMIT");
   c = claim(f->store, &id, fp, NULL, IDEM_RECOVER, 2);
   assert_int_equal(proxy_cuts(&f->px), 1);
-  EXPECT_RC(IDEM_OK, idem_complete(f->store, c, &resp));
-  idem_call_free(c);
-  again = claim(f->other, &id, fp, NULL, IDEM_REPLAY, 2);
-  assert_body(again, body);
-  idem_call_free(again);
+  complete_then_replay(f, c, &id, fp, body, 2);
   assert_int_equal(count_records(f), 1);
 }
 
@@ -540,9 +549,8 @@ static void test_takeover_commit_request_lost(void **state) {
   char fp[IDEM_FINGERPRINT_SIZE];
   idem_id id = {TENANT, OPERATION, "takeover-unsent-key"};
   const char body[] = "{\"ticket_id\":106}";
-  idem_response resp = {201, META, strlen(META), body, strlen(body)};
   idem_call_options short_lease = {.lease_ms = 1};
-  idem_call *first, *c = (idem_call *)&c, *again;
+  idem_call *first, *c = (idem_call *)&c;
   idem_record *r;
   struct timespec ms5 = {0, 5 * 1000 * 1000};
   fp_of(PAYLOAD, fp);
@@ -560,11 +568,7 @@ static void test_takeover_commit_request_lost(void **state) {
   assert_int_equal(r->attempt, 1);
   idem_record_free(r);
   c = claim(f->store, &id, fp, NULL, IDEM_RECOVER, 2);
-  EXPECT_RC(IDEM_OK, idem_complete(f->store, c, &resp));
-  idem_call_free(c);
-  again = claim(f->other, &id, fp, NULL, IDEM_REPLAY, 2);
-  assert_body(again, body);
-  idem_call_free(again);
+  complete_then_replay(f, c, &id, fp, body, 2);
   assert_int_equal(count_records(f), 1);
 }
 
@@ -575,7 +579,7 @@ static void run_complete_cut(fixture *f, cut_kind kind, const char *pattern,
   char fp[IDEM_FINGERPRINT_SIZE];
   idem_id id = {TENANT, OPERATION, "complete-lost-key"};
   idem_response resp = {201, META, strlen(META), body, strlen(body)};
-  idem_call *c, *again;
+  idem_call *c;
   idem_record *r;
   fp_of(PAYLOAD, fp);
   c = claim(f->store, &id, fp, NULL, IDEM_PROCEED, 1);
@@ -586,9 +590,7 @@ static void run_complete_cut(fixture *f, cut_kind kind, const char *pattern,
   r = record_of(f, &id);
   assert_int_equal(r->state, IDEM_STATE_COMPLETED);
   idem_record_free(r);
-  again = claim(f->other, &id, fp, NULL, IDEM_REPLAY, 1);
-  assert_body(again, body);
-  idem_call_free(again);
+  assert_replays(f, &id, fp, body, 1);
   assert_int_equal(count_records(f), 1);
 }
 
@@ -664,8 +666,7 @@ static void test_renew_answer_lost(void **state) {
   char fp[IDEM_FINGERPRINT_SIZE];
   idem_id id = {TENANT, OPERATION, "renew-lost-key"};
   const char body[] = "{\"ticket_id\":250}";
-  idem_response resp = {201, META, strlen(META), body, strlen(body)};
-  idem_call *c, *again;
+  idem_call *c;
   idem_record *r;
   fp_of(PAYLOAD, fp);
   c = claim(f->store, &id, fp, NULL, IDEM_PROCEED, 1);
@@ -676,11 +677,7 @@ static void test_renew_answer_lost(void **state) {
   assert_int_equal(r->state, IDEM_STATE_IN_PROGRESS);
   assert_int_equal(r->lease_expires_ms - r->updated_ms, 600000);
   idem_record_free(r);
-  EXPECT_RC(IDEM_OK, idem_complete(f->store, c, &resp));
-  idem_call_free(c);
-  again = claim(f->other, &id, fp, NULL, IDEM_REPLAY, 1);
-  assert_body(again, body);
-  idem_call_free(again);
+  complete_then_replay(f, c, &id, fp, body, 1);
 }
 
 /* A completion that lost its lease to a newer holder is still refused as
@@ -696,7 +693,7 @@ static void test_stale_complete_answer_lost(void **state) {
                          strlen(newer_body)},
                 old = {201, META, strlen(META), old_body, strlen(old_body)};
   idem_call_options short_lease = {.lease_ms = 1};
-  idem_call *c, *takeover, *again;
+  idem_call *c, *takeover;
   struct timespec ms5 = {0, 5 * 1000 * 1000};
   fp_of(PAYLOAD, fp);
   c = claim(f->store, &id, fp, &short_lease, IDEM_PROCEED, 1);
@@ -709,9 +706,7 @@ static void test_stale_complete_answer_lost(void **state) {
   EXPECT_RC(IDEM_ESTALE, idem_complete(f->store, c, &old));
   assert_int_equal(proxy_cuts(&f->px), 1);
   idem_call_free(c);
-  again = claim(f->other, &id, fp, NULL, IDEM_REPLAY, 2);
-  assert_body(again, newer_body);
-  idem_call_free(again);
+  assert_replays(f, &id, fp, newer_body, 2);
 }
 
 /* ---- a local action ------------------------------------------------------- */
@@ -785,9 +780,8 @@ static void test_claim_answer_lost_no_reconnect(void **state) {
   char fp[IDEM_FINGERPRINT_SIZE];
   idem_id id = {TENANT, OPERATION, "unreachable-key"};
   const char body[] = "{\"ticket_id\":404}";
-  idem_response resp = {201, META, strlen(META), body, strlen(body)};
   idem_call_options lease = {.lease_ms = 4000};
-  idem_call *c = NULL, *again;
+  idem_call *c = NULL;
   struct timespec wait;
   int64_t left;
   idem_record *none = NULL;
@@ -812,11 +806,7 @@ static void test_claim_answer_lost_no_reconnect(void **state) {
   wait.tv_nsec = (long)((left + 50) % 1000) * 1000000L;
   nanosleep(&wait, NULL);
   c = claim(f->store, &id, fp, &lease, IDEM_RECOVER, 2);
-  EXPECT_RC(IDEM_OK, idem_complete(f->store, c, &resp));
-  idem_call_free(c);
-  again = claim(f->other, &id, fp, NULL, IDEM_REPLAY, 2);
-  assert_body(again, body);
-  idem_call_free(again);
+  complete_then_replay(f, c, &id, fp, body, 2);
   assert_int_equal(count_records(f), 1);
 }
 
