@@ -31,7 +31,8 @@ enum {
 static const char usage[] =
     "usage: idem run --key KEY [--tenant T] [--store URL] [--lease DUR]\n"
     "                [--retention DUR] [--on-unknown fail|rerun]\n"
-    "                [--max-output SIZE] -- CMD [ARG...]\n"
+    "                [--max-output SIZE] [--stdin hash|ignore]\n"
+    "                [--max-input SIZE] [--stdin-wait DUR] -- CMD [ARG...]\n"
     "\n"
     "Runs CMD at most once per KEY. The first run executes CMD (no shell\n"
     "unless you run one), streams its standard output and error live while\n"
@@ -40,7 +41,8 @@ static const char usage[] =
     "the stored status, without running CMD.\n"
     "\n"
     "The request is CMD's argv, plus the SHA-256 of standard input when it\n"
-    "is not a terminal (the input is passed on to CMD).\n"
+    "has any bytes (an empty, closed or terminal input is no input). CMD\n"
+    "gets the same bytes, or /dev/null when there are none.\n"
     "\n"
     "  --key KEY          the operation key: 1-255 printable ASCII bytes\n"
     "  --tenant T         scope of the key (default \"\")\n"
@@ -53,7 +55,15 @@ static const char usage[] =
     "  --on-unknown rerun run CMD again in that case\n"
     "  --max-output SIZE  output kept for replay (default 8M; output beyond\n"
     "                     it is still shown, and the record says so)\n"
-    "DUR is 250ms, 30s, 5m, 24h or 7d. SIZE is bytes, or with k, M suffix.\n"
+    "  --stdin hash       (default) read standard input to its end, within\n"
+    "                     --max-input, as part of the request\n"
+    "  --stdin ignore     neither read standard input nor count it in the\n"
+    "                     request; CMD gets /dev/null\n"
+    "  --max-input SIZE   the most standard input read (default 64M)\n"
+    "  --stdin-wait DUR   how long standard input may stay silent, neither\n"
+    "                     sending bytes nor ending, before idem run gives up\n"
+    "                     (default 10s)\n"
+    "DUR is 250ms, 30s, 5m, 24h or 7d. SIZE is bytes, or with k, M, G suffix.\n"
     "\n"
     "Exit status: CMD's own status (128+N when a signal N ended it), live\n"
     "or replayed; otherwise\n"
@@ -63,9 +73,29 @@ static const char usage[] =
     "       ran; see `idem keys resolve` and --on-unknown rerun)\n"
     "   75  the key is in flight in another run, or the store is busy:\n"
     "       retry later\n"
-    "  125  idem failed before running CMD (bad store, ...)\n"
+    "  125  idem failed before running CMD (bad store, standard input too\n"
+    "       large or silent, ...); nothing ran and nothing was stored\n"
     "  126  CMD could not be executed; 127  CMD was not found\n"
     "       (in both cases nothing ran and the key is free again)\n";
+
+typedef enum stdin_mode { STDIN_HASH = 0, STDIN_IGNORE = 1 } stdin_mode;
+
+typedef struct run_opts {
+  const char *key, *tenant, *store;
+  int64_t lease_ms, retention_ms, stdin_wait_ms;
+  int rerun;
+  stdin_mode stdin_mode;
+  size_t max_output, max_input;
+} run_opts;
+
+static void hex32(const unsigned char *md, char hex[IDEM_FINGERPRINT_SIZE]) {
+  static const char digits[] = "0123456789abcdef";
+  for (unsigned i = 0; i < 32; i++) {
+    hex[2 * i] = digits[md[i] >> 4];
+    hex[2 * i + 1] = digits[md[i] & 15];
+  }
+  hex[64] = '\0';
+}
 
 static volatile sig_atomic_t got_signal;
 
@@ -115,45 +145,98 @@ static int write_all(int fd, const char *p, size_t n) {
 }
 
 /*
- * Copies standard input, when it is not a terminal, into an unlinked
- * temporary file while hashing it: the fingerprint must be known before
- * CMD runs, and CMD then reads the same bytes from the file.
+ * Reads standard input to its end into an unlinked temporary file while
+ * hashing it: the fingerprint must be known before CMD runs, and CMD then
+ * reads the same bytes from the file. At most o->max_input bytes are read,
+ * and input that stays silent (no bytes, no end) for o->stdin_wait_ms is
+ * given up on. On success *fd_out is the file, rewound, or -1 when there was
+ * no input (a terminal, a closed descriptor, or no bytes), and hex holds the
+ * SHA-256 when there was. Returns 0, or -1 after printing why.
  */
-static int spool_stdin(int *fd_out, char hex[IDEM_FINGERPRINT_SIZE]) {
-  static const char digits[] = "0123456789abcdef";
-  char path[] = "/tmp/idem-run-stdin.XXXXXX", buf[65536];
+static int read_stdin(const run_opts *o, int *fd_out,
+                      char hex[IDEM_FINGERPRINT_SIZE]) {
+  const char *dir = getenv("TMPDIR");
+  char path[4096], buf[65536];
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int mdlen = 0;
-  EVP_MD_CTX *ctx = EVP_MD_CTX_new();
-  int fd = mkstemp(path);
-  ssize_t n;
+  struct stat st;
+  EVP_MD_CTX *ctx = NULL;
+  size_t total = 0;
+  int fd = -1;
   *fd_out = -1;
+  hex[0] = '\0';
+  if (o->stdin_mode == STDIN_IGNORE || fstat(STDIN_FILENO, &st) != 0 ||
+      isatty(STDIN_FILENO))
+    return 0;
+  if (!dir || !*dir)
+    dir = "/tmp";
+  snprintf(path, sizeof path, "%s/idem-run-stdin.XXXXXX", dir);
+  ctx = EVP_MD_CTX_new();
+  fd = mkostemp(path, O_CLOEXEC);
   if (fd < 0 || !ctx) {
-    EVP_MD_CTX_free(ctx);
-    if (fd >= 0)
-      close(fd);
-    return -1;
+    cli_error("run", "cannot keep standard input in %s: %s", dir,
+              strerror(errno));
+    goto fail;
   }
   unlink(path);
   EVP_DigestInit_ex(ctx, EVP_sha256(), NULL);
-  while ((n = read(STDIN_FILENO, buf, sizeof buf)) != 0) {
+  for (;;) {
+    struct pollfd p = {STDIN_FILENO, POLLIN, 0};
+    int w = o->stdin_wait_ms > 600000 ? 600000 : (int)o->stdin_wait_ms;
+    double quiet_until = cli_now_ms() + (double)o->stdin_wait_ms;
+    int n_ready;
+    while ((n_ready = poll(&p, 1, w)) == 0 ||
+           (n_ready < 0 && errno == EINTR)) {
+      double left = quiet_until - cli_now_ms();
+      if (left <= 0) {
+        cli_error("run",
+                  "standard input sent nothing for %.1fs and did not end; "
+                  "nothing was run (for a command that reads no input, use "
+                  "--stdin ignore or </dev/null; for slow input, a longer "
+                  "--stdin-wait)",
+                  (double)o->stdin_wait_ms / 1000);
+        goto fail;
+      }
+      w = left > 600000 ? 600000 : (int)left + 1;
+    }
+    if (n_ready < 0) {
+      cli_error("run", "cannot read standard input: %s", strerror(errno));
+      goto fail;
+    }
+    ssize_t n = read(STDIN_FILENO, buf, sizeof buf);
     if (n < 0) {
-      if (errno == EINTR)
+      if (errno == EINTR || errno == EAGAIN)
         continue;
+      cli_error("run", "cannot read standard input: %s", strerror(errno));
+      goto fail;
+    }
+    if (n == 0)
+      break;
+    total += (size_t)n;
+    if (total > o->max_input) {
+      cli_error("run",
+                "standard input is larger than --max-input (%zu bytes); "
+                "nothing was run",
+                o->max_input);
       goto fail;
     }
     EVP_DigestUpdate(ctx, buf, (size_t)n);
-    if (write_all(fd, buf, (size_t)n) != 0)
+    if (write_all(fd, buf, (size_t)n) != 0) {
+      cli_error("run", "cannot keep standard input in %s: %s", dir,
+                strerror(errno));
       goto fail;
+    }
   }
   EVP_DigestFinal_ex(ctx, md, &mdlen);
   EVP_MD_CTX_free(ctx);
-  for (unsigned i = 0; i < 32; i++) {
-    hex[2 * i] = digits[md[i] >> 4];
-    hex[2 * i + 1] = digits[md[i] & 15];
+  if (total == 0) {
+    /* No bytes is no input, like /dev/null or a terminal. */
+    close(fd);
+    return 0;
   }
-  hex[64] = '\0';
+  hex32(md, hex);
   if (lseek(fd, 0, SEEK_SET) != 0) {
+    cli_error("run", "cannot rewind standard input: %s", strerror(errno));
     close(fd);
     return -1;
   }
@@ -161,7 +244,8 @@ static int spool_stdin(int *fd_out, char hex[IDEM_FINGERPRINT_SIZE]) {
   return 0;
 fail:
   EVP_MD_CTX_free(ctx);
-  close(fd);
+  if (fd >= 0)
+    close(fd);
   return -1;
 }
 
@@ -215,19 +299,24 @@ static int make_request(char **argv, int argc, const char *stdin_hex,
   return rc == IDEM_OK ? 0 : -1;
 }
 
-static int parse_size(const char *s, size_t *out) {
+/* Bytes, or with a k, M or G suffix; at most max. */
+static int parse_size(const char *s, size_t max, size_t *out) {
   char *end = NULL;
   errno = 0;
-  unsigned long long v = strtoull(s, &end, 10);
+  if (!s || *s < '0' || *s > '9')
+    return -1;
+  unsigned long long v = strtoull(s, &end, 10), unit = 1;
   if (errno || end == s)
     return -1;
   if (*end == 'k' || *end == 'K')
-    v *= 1024, end++;
+    unit = 1024, end++;
   else if (*end == 'M' || *end == 'm')
-    v *= 1024 * 1024, end++;
-  if (*end || v > IDEM_MAX_RESPONSE - 4096)
+    unit = 1024 * 1024, end++;
+  else if (*end == 'G' || *end == 'g')
+    unit = 1024 * 1024 * 1024, end++;
+  if (*end || v > max / unit)
     return -1;
-  *out = (size_t)v;
+  *out = (size_t)(v * unit);
   return 0;
 }
 
@@ -257,17 +346,12 @@ static int replay(const idem_response *r) {
   return r->status;
 }
 
-typedef struct run_opts {
-  const char *key, *tenant, *store;
-  int64_t lease_ms, retention_ms;
-  int rerun;
-  size_t max_output;
-} run_opts;
-
 static int parse(int argc, char **argv, run_opts *o, int *cmd_index) {
   memset(o, 0, sizeof *o);
   o->tenant = "";
   o->max_output = 8u * 1024 * 1024;
+  o->max_input = 64u * 1024 * 1024;
+  o->stdin_wait_ms = 10000;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (strcmp(a, "--") == 0) {
@@ -305,9 +389,29 @@ static int parse(int argc, char **argv, run_opts *o, int *cmd_index) {
         return -1;
       }
     } else if (strcmp(a, "--max-output") == 0) {
-      if (parse_size(v, &o->max_output)) {
+      if (parse_size(v, IDEM_MAX_RESPONSE - 4096, &o->max_output)) {
         cli_error("run", "--max-output: bytes (k and M suffixes), at most "
                          "about 16M");
+        return -1;
+      }
+    } else if (strcmp(a, "--stdin") == 0) {
+      if (strcmp(v, "hash") == 0)
+        o->stdin_mode = STDIN_HASH;
+      else if (strcmp(v, "ignore") == 0)
+        o->stdin_mode = STDIN_IGNORE;
+      else {
+        cli_error("run", "--stdin: hash or ignore");
+        return -1;
+      }
+    } else if (strcmp(a, "--max-input") == 0) {
+      if (parse_size(v, (size_t)1 << 40, &o->max_input)) {
+        cli_error("run", "--max-input: bytes (k, M and G suffixes)");
+        return -1;
+      }
+    } else if (strcmp(a, "--stdin-wait") == 0) {
+      if (cli_parse_duration(v, &o->stdin_wait_ms) || o->stdin_wait_ms < 1 ||
+          o->stdin_wait_ms > 86400000) {
+        cli_error("run", "--stdin-wait: a positive duration, at most 24h");
         return -1;
       }
     } else {
@@ -339,8 +443,16 @@ static pid_t start(char **cmd, int stdin_fd, int out[2], int err[2],
     if (getppid() != parent)
       _exit(EXIT_RUN_ERROR);
     signal(SIGPIPE, SIG_DFL);
-    if (stdin_fd >= 0)
+    if (stdin_fd >= 0) {
       dup2(stdin_fd, STDIN_FILENO);
+    } else {
+      /* No input: CMD reads /dev/null, never idem run's terminal. */
+      int null_fd = open("/dev/null", O_RDONLY);
+      if (null_fd >= 0 && null_fd != STDIN_FILENO) {
+        dup2(null_fd, STDIN_FILENO);
+        close(null_fd);
+      }
+    }
     dup2(out[1], STDOUT_FILENO);
     dup2(err[1], STDERR_FILENO);
     close(out[0]);
@@ -403,14 +515,16 @@ static int run(int argc, char **argv) {
   char **cmd = argv + cmd_index;
   int ncmd = argc - cmd_index;
 
-  /* A closed standard input (fstat fails) is no input, like a terminal. */
-  struct stat st_in;
-  if (fstat(STDIN_FILENO, &st_in) == 0 && !isatty(STDIN_FILENO)) {
-    if (spool_stdin(&stdin_fd, stdin_hex) != 0) {
-      cli_error("run", "cannot read standard input: %s", strerror(errno));
+  /* A closed standard descriptor would be reused by the first file idem
+   * opens; /dev/null takes its place (a closed stdin is then no input). */
+  for (int fd = 0; fd <= 2; fd++)
+    if (fcntl(fd, F_GETFD) < 0 && errno == EBADF &&
+        open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY) != fd) {
+      cli_error("run", "cannot open /dev/null: %s", strerror(errno));
       return EXIT_RUN_ERROR;
     }
-  }
+  if (read_stdin(&o, &stdin_fd, stdin_hex) != 0)
+    return EXIT_RUN_ERROR;
   if (make_request(cmd, ncmd, stdin_fd >= 0 ? stdin_hex : NULL, &req,
                    &req_len, fp) != 0) {
     cli_error("run", "cannot build the request fingerprint");
