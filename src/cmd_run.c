@@ -250,53 +250,52 @@ fail:
 }
 
 /*
- * The request: {"argv": [...], "stdin": HEX or null} as canonical JSON when
- * every argument is UTF-8; otherwise the arguments' raw bytes, each with its
- * length, so that no two different argv vectors share a fingerprint.
+ * The request, as canonical JSON: {"argv": [...], "stdin": HEX or null}.
+ * An argument that is not UTF-8 is written {"hex": "..."}, its bytes in
+ * hex, so that no two argv vectors share a request.
  */
 static int make_request(char **argv, int argc, const char *stdin_hex,
                         char **req, size_t *req_len,
                         char fp[IDEM_FINGERPRINT_SIZE]) {
-  json_t *args = json_array(), *o;
-  char *text;
-  int utf8 = 1, rc;
+  static const char digits[] = "0123456789abcdef";
+  json_t *args = json_array(), *o = NULL;
+  char *text = NULL;
+  int rc = -1;
   *req = NULL;
   *req_len = 0;
-  for (int i = 0; i < argc && utf8; i++) {
-    json_t *s = json_string(argv[i]);
-    if (!s)
-      utf8 = 0;
-    else
-      json_array_append_new(args, s);
-  }
-  if (utf8) {
-    o = json_pack("{s:o,s:s?}", "argv", args, "stdin", stdin_hex);
-    text = o ? json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
-    json_decref(o);
-    if (!text)
-      return -1;
-    rc = idem_canonicalize(text, strlen(text), NULL, req, req_len, NULL);
-    free(text);
-    if (rc != IDEM_OK)
-      return -1;
-    return idem_sha256_hex(*req, *req_len, fp) == IDEM_OK ? 0 : -1;
-  }
-  json_decref(args);
-  size_t total = 0, off = 0;
-  for (int i = 0; i < argc; i++)
-    total += 24 + strlen(argv[i]);
-  total += 80;
-  char *raw = malloc(total);
-  if (!raw)
+  if (!args)
     return -1;
-  for (int i = 0; i < argc; i++)
-    off += (size_t)snprintf(raw + off, total - off, "%zu:%s\n",
-                            strlen(argv[i]), argv[i]);
-  off += (size_t)snprintf(raw + off, total - off, "stdin:%s\n",
-                          stdin_hex ? stdin_hex : "none");
-  rc = idem_sha256_hex(raw, off, fp);
-  free(raw);
-  return rc == IDEM_OK ? 0 : -1;
+  for (int i = 0; i < argc; i++) {
+    json_t *s = json_string(argv[i]);
+    if (!s) {
+      size_t n = strlen(argv[i]);
+      char *h = malloc(2 * n + 1);
+      if (!h)
+        goto out;
+      for (size_t j = 0; j < n; j++) {
+        h[2 * j] = digits[(unsigned char)argv[i][j] >> 4];
+        h[2 * j + 1] = digits[(unsigned char)argv[i][j] & 15];
+      }
+      h[2 * n] = '\0';
+      s = json_pack("{s:s}", "hex", h);
+      free(h);
+    }
+    if (!s || json_array_append_new(args, s) != 0)
+      goto out;
+  }
+  o = json_pack("{s:O,s:s?}", "argv", args, "stdin", stdin_hex);
+  text = o ? json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+  if (!text)
+    goto out;
+  if (idem_canonicalize(text, strlen(text), NULL, req, req_len, NULL) !=
+      IDEM_OK)
+    goto out;
+  rc = idem_sha256_hex(*req, *req_len, fp) == IDEM_OK ? 0 : -1;
+out:
+  free(text);
+  json_decref(o);
+  json_decref(args);
+  return rc;
 }
 
 /* Bytes, or with a k, M or G suffix; at most max. */

@@ -2,10 +2,11 @@
 # idem run: at-most-once commands, driven through the real program.
 IDEM=$1
 . "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/run_lib.sh"
 export IDEM_STORE="$TMP/run.db"
 
-# A command that appends a line to a file (the side effect) and prints.
-
+# The commands append a line to a file (the side effect) and print; the
+# tests count the lines.
 
 # 1. Twice with one key: one execution, the same output and status.
 for status in 0 7; do
@@ -129,6 +130,20 @@ expect_eq "long: replay afterwards" "long-done" "$out"
 expect_eq "missing command: 127" 127 "$?"
 out=$("$IDEM" run --key missing -- /nonexistent/command </dev/null 2>&1)
 expect_match "missing command: not stored, tried again" "No such file" "$out"
+
+# 9b. An argument that is not UTF-8: the request is still JSON, that
+#     argument's bytes in hex, so it is kept for operators; one byte more
+#     is another request.
+: > "$TMP/latin1"
+arg=$(printf 'caf\351')
+"$IDEM" run --key latin1 -- sh -c 'echo ran >> "$1"' x "$TMP/latin1" "$arg" </dev/null
+expect_eq "non-UTF-8 argument: status" 0 "$?"
+"$IDEM" run --key latin1 -- sh -c 'echo ran >> "$1"' x "$TMP/latin1" "$arg" </dev/null
+expect_eq "non-UTF-8 argument: replay" 0 "$?"
+"$IDEM" run --key latin1 -- sh -c 'echo ran >> "$1"' x "$TMP/latin1" "$arg$arg" </dev/null 2>/dev/null
+expect_eq "non-UTF-8 argument: another one conflicts" 3 "$?"
+expect_eq "non-UTF-8 argument: executions" 1 "$(lines "$TMP/latin1")"
+expect_match "non-UTF-8 argument: the request is kept" '\{"hex":"636166e9"\}' "$("$IDEM" keys show latin1)"
 
 # 10. Usage errors.
 "$IDEM" run -- true 2>/dev/null
