@@ -23,6 +23,7 @@
 #include <openssl/evp.h>
 
 enum {
+  EXIT_NOT_RECORDED = 5,  /* CMD ran, but its result was not recorded */
   EXIT_RUN_ERROR = 125,   /* idem itself failed; CMD did not run */
   EXIT_CANNOT_EXEC = 126, /* CMD found but could not be run */
   EXIT_NOT_FOUND = 127    /* CMD not found */
@@ -53,8 +54,9 @@ static const char usage[] =
     "  --on-unknown fail  (default) a run that died without a result is\n"
     "                     refused as outcome unknown\n"
     "  --on-unknown rerun run CMD again in that case\n"
-    "  --max-output SIZE  output kept for replay (default 8M; output beyond\n"
-    "                     it is still shown, and the record says so)\n"
+    "  --max-output SIZE  output kept for replay, stdout and stderr together\n"
+    "                     (default 8M; output beyond it is still shown, and\n"
+    "                     the record says it was cut)\n"
     "  --stdin hash       (default) read standard input to its end, within\n"
     "                     --max-input, as part of the request\n"
     "  --stdin ignore     neither read standard input nor count it in the\n"
@@ -71,6 +73,8 @@ static const char usage[] =
     "    3  the key was used with another command or input (nothing ran)\n"
     "    4  outcome unknown: an earlier run died without a result (nothing\n"
     "       ran; see `idem keys resolve` and --on-unknown rerun)\n"
+    "    5  CMD ran but its result was not recorded; the key is marked\n"
+    "       unknown where the store allowed it. Do not assume either outcome\n"
     "   75  the key is in flight in another run, or the store is busy:\n"
     "       retry later\n"
     "  125  idem failed before running CMD (bad store, standard input too\n"
@@ -101,16 +105,17 @@ static volatile sig_atomic_t got_signal;
 
 static void on_signal(int sig) { got_signal = sig; }
 
+/* Output kept for the record: stdout and stderr share one budget. */
 typedef struct capture {
   char *buf;
-  size_t len, cap, limit;
-  int truncated;
+  size_t len, cap;
 } capture;
 
-static void capture_add(capture *c, const char *p, size_t n) {
-  if (c->len + n > c->limit) {
-    c->truncated = 1;
-    n = c->len < c->limit ? c->limit - c->len : 0;
+static void capture_add(capture *c, const char *p, size_t n, size_t *budget,
+                        int *truncated) {
+  if (n > *budget) {
+    *truncated = 1;
+    n = *budget;
   }
   if (n == 0)
     return;
@@ -120,7 +125,9 @@ static void capture_add(capture *c, const char *p, size_t n) {
       ncap *= 2;
     char *nb = realloc(c->buf, ncap);
     if (!nb) {
-      c->truncated = 1;
+      /* Out of memory: keep what we have; the record says it was cut. */
+      *truncated = 1;
+      *budget = 0;
       return;
     }
     c->buf = nb;
@@ -128,6 +135,7 @@ static void capture_add(capture *c, const char *p, size_t n) {
   }
   memcpy(c->buf + c->len, p, n);
   c->len += n;
+  *budget -= n;
 }
 
 static int write_all(int fd, const char *p, size_t n) {
@@ -483,6 +491,26 @@ static pid_t start(char **cmd, int stdin_fd, int out[2], int err[2],
   return pid;
 }
 
+/* Marks the key unknown after the command may have acted without a
+ * result; returns a phrase for the message that says what became of it. */
+static const char *leave_unknown(idem_store *store, idem_call *call,
+                                 int stale, char *buf, size_t size) {
+  int rc;
+  if (stale)
+    return "the key was taken over by another run or its record removed";
+  rc = idem_mark_unknown(store, call);
+  if (rc == IDEM_OK)
+    return "the key is marked unknown";
+  if (rc == IDEM_ESTALE)
+    return "the key was taken over by another run or its record removed";
+  snprintf(buf, size,
+           "the key could not be marked unknown either (%s); it stays in "
+           "progress, and after its lease a retry is refused as outcome "
+           "unknown",
+           idem_errmsg());
+  return buf;
+}
+
 static int run(int argc, char **argv) {
   run_opts o;
   int cmd_index = 0, stdin_fd = -1, status = EXIT_RUN_ERROR, rc;
@@ -493,6 +521,7 @@ static int run(int argc, char **argv) {
   idem_call *call = NULL;
   idem_call_options co = {0};
   capture cout = {0}, cerr = {0};
+  char note[512];
 
   rc = parse(argc, argv, &o, &cmd_index);
   if (rc == 1) {
@@ -612,8 +641,8 @@ static int run(int argc, char **argv) {
   double next_renew = cli_now_ms() + (double)lease / 3;
   struct pollfd pfd[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
   int open_fds = 2, stdout_ok = 1, stderr_ok = 1;
-  cout.limit = o.max_output;
-  cerr.limit = o.max_output;
+  size_t budget = o.max_output;
+  int truncated = 0;
   while (open_fds > 0 && !got_signal) {
     int wait = (int)(next_renew - cli_now_ms());
     if (wait < 0)
@@ -645,9 +674,8 @@ static int run(int argc, char **argv) {
       if (*ok && write_all(i == 0 ? STDOUT_FILENO : STDERR_FILENO, buf,
                            (size_t)r) != 0)
         *ok = 0; /* our reader went away; keep capturing */
-      capture_add(i == 0 ? &cout : &cerr, buf, (size_t)r);
-      /* Both streams share one cap. */
-      cerr.limit = o.max_output > cout.len ? o.max_output - cout.len : 0;
+      capture_add(i == 0 ? &cout : &cerr, buf, (size_t)r, &budget,
+                  &truncated);
     }
   }
   if (got_signal) {
@@ -674,14 +702,16 @@ static int run(int argc, char **argv) {
 
   /* Store stdout then stderr in one body; the metadata says where stdout
    * ends and whether anything was cut. */
-  int truncated = cout.truncated || cerr.truncated;
   char meta[160];
   snprintf(meta, sizeof meta,
            "{\"stderr\":%zu,\"stdout\":%zu,\"truncated\":%s}", cerr.len,
            cout.len, truncated ? "true" : "false");
   char *body = malloc(cout.len + cerr.len + 1);
   if (!body) {
-    cli_error("run", "out of memory; the result was not stored");
+    cli_error("run", "key '%s': the command ran but its result was not "
+                     "recorded: out of memory; %s",
+              o.key, leave_unknown(store, call, 0, note, sizeof note));
+    status = EXIT_NOT_RECORDED;
     goto out;
   }
   if (cout.len)
@@ -692,8 +722,19 @@ static int run(int argc, char **argv) {
                         cout.len + cerr.len};
   rc = idem_complete(store, call, &resp);
   free(body);
-  if (rc != IDEM_OK)
-    cli_idem_error("run", "the result was not stored", rc);
+  if (rc != IDEM_OK) {
+    char detail[256];
+    snprintf(detail, sizeof detail, "%s (%s)", idem_errmsg(),
+             idem_rc_name(rc));
+    const char *what = leave_unknown(store, call, rc == IDEM_ESTALE, note,
+                                     sizeof note);
+    cli_error("run",
+              "key '%s': the command ran but its result was not recorded "
+              "(it exited with status %d): %s; %s",
+              o.key, status, detail, what);
+    status = EXIT_NOT_RECORDED;
+    goto out;
+  }
   if (truncated)
     cli_error("run", "note: output beyond %zu bytes was shown but not kept "
                      "for replay",

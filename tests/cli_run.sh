@@ -153,4 +153,43 @@ expect_eq "bad key: usage" 2 "$?"
 "$IDEM" run --key ok-key 2>/dev/null
 expect_eq "no command: usage" 2 "$?"
 
+# 12. One output cap shared by both streams: what is kept of stdout and
+#     stderr together never exceeds --max-output (what is cut is still
+#     shown live), and the result is stored.
+"$IDEM" run --key cap-small --max-output 100k -- sh -c 'yes e | head -c 80000 >&2; yes o | head -c 80000' </dev/null >"$TMP/cap.out" 2>"$TMP/cap.err"
+expect_eq "shared cap: status" 0 "$?"
+expect_eq "shared cap: stdout shown whole" 80000 "$(wc -c < "$TMP/cap.out" | tr -d ' ')"
+"$IDEM" run --key cap-small --max-output 100k -- sh -c 'yes e | head -c 80000 >&2; yes o | head -c 80000' </dev/null >"$TMP/cap.out2" 2>"$TMP/cap.err2"
+expect_eq "shared cap: replay status" 0 "$?"
+expect_eq "shared cap: stdout kept is what the cap left" $((102400 - 80000)) "$(wc -c < "$TMP/cap.out2" | tr -d ' ')"
+expect_eq "shared cap: stderr kept whole" "$(yes e | head -c 80000 | cksum)" "$(head -c 80000 "$TMP/cap.err2" | cksum)"
+expect_match "shared cap: the replay says it was cut" "truncated" "$(cat "$TMP/cap.err2")"
+# The default cap (8M): 8M to stderr then 8M to stdout, and 6M + 6M.
+for split in 8388608:8388608 6000000:6000000; do
+  e=${split%:*}; o=${split#*:}
+  "$IDEM" run --key "cap-$e" -- sh -c 'head -c "$1" /dev/zero >&2; head -c "$2" /dev/zero' x "$e" "$o" </dev/null >/dev/null 2>&1
+  expect_eq "default cap $e+$o: status" 0 "$?"
+  "$IDEM" run --key "cap-$e" -- sh -c 'head -c "$1" /dev/zero >&2; head -c "$2" /dev/zero' x "$e" "$o" </dev/null >"$TMP/cap.o" 2>"$TMP/cap.e"
+  expect_eq "default cap $e+$o: replayed" 0 "$?"
+  kept_o=$(wc -c < "$TMP/cap.o" | tr -d ' ')
+  kept_e=$(tr -d '\000' < "$TMP/cap.e" | wc -c | tr -d ' ')
+  kept_e=$(($(wc -c < "$TMP/cap.e" | tr -d ' ') - kept_e))
+  expect_eq "default cap $e+$o: kept stdout+stderr" 8388608 $((kept_o + kept_e))
+done
+
+# 13. The command ran but its result could not be stored (here a trigger
+#     refuses the completion, as a full disk would): exit 5, never 0; the
+#     key is marked unknown, so a retry does not run it again (4).
+sqlite3 "$IDEM_STORE" "CREATE TRIGGER refuse_unstored BEFORE UPDATE OF state ON idem_records WHEN NEW.key = 'unstored' AND NEW.state = 2 BEGIN SELECT RAISE(ABORT, 'no space left (simulated)'); END;"
+: > "$TMP/unstored"
+"$IDEM" run --key unstored -- sh -c 'echo ran >> "$1"; echo out' x "$TMP/unstored" </dev/null >"$TMP/unstored.out" 2>"$TMP/unstored.err"
+expect_eq "unstored: exit status" 5 "$?"
+expect_eq "unstored: output shown live" out "$(cat "$TMP/unstored.out")"
+expect_match "unstored: message" "ran but its result was not recorded" "$(cat "$TMP/unstored.err")"
+expect_match "unstored: message says the key is unknown" "marked unknown" "$(cat "$TMP/unstored.err")"
+expect_eq "unstored: key marked unknown" unknown "$(state unstored)"
+"$IDEM" run --key unstored -- sh -c 'echo ran >> "$1"; echo out' x "$TMP/unstored" </dev/null >/dev/null 2>&1
+expect_eq "unstored: retry refused as unknown" 4 "$?"
+expect_eq "unstored: executions" 1 "$(lines "$TMP/unstored")"
+
 finish
