@@ -5,8 +5,16 @@
  * through live and captured, and stores the exit status and the output. A
  * retry with the same key and request replays the output and the status
  * without running anything.
+ *
+ * The command itself, as a process, is run_child.c's concern. This file
+ * reads and fingerprints standard input, holds the key (renewing its lease
+ * while the command runs), and maps what became of the command to the
+ * record: it ran to its end (completed with its status and output), it
+ * could not be started (released: a retry may run it), or it was stopped by
+ * a signal or a lost lease (marked unknown: it may have acted).
  */
 #include "cli.h"
+#include "run_child.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -15,9 +23,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <openssl/evp.h>
@@ -32,8 +38,9 @@ enum {
 static const char usage[] =
     "usage: idem run --key KEY [--tenant T] [--store URL] [--lease DUR]\n"
     "                [--retention DUR] [--on-unknown fail|rerun]\n"
-    "                [--max-output SIZE] [--stdin hash|ignore]\n"
-    "                [--max-input SIZE] [--stdin-wait DUR] -- CMD [ARG...]\n"
+    "                [--max-output SIZE] [--kill-after DUR]\n"
+    "                [--stdin hash|ignore] [--max-input SIZE]\n"
+    "                [--stdin-wait DUR] -- CMD [ARG...]\n"
     "\n"
     "Runs CMD at most once per KEY. The first run executes CMD (no shell\n"
     "unless you run one), streams its standard output and error live while\n"
@@ -45,18 +52,25 @@ static const char usage[] =
     "has any bytes (an empty, closed or terminal input is no input). CMD\n"
     "gets the same bytes, or /dev/null when there are none.\n"
     "\n"
+    "CMD runs in a process group of its own. SIGINT, SIGTERM and SIGHUP\n"
+    "sent to idem run are passed on to that group (Ctrl-C on a terminal\n"
+    "reaches CMD that way); if the group has not ended --kill-after later,\n"
+    "it is killed. The key is then marked unknown. If idem run is killed,\n"
+    "the group is killed too (see docs/run.md for the limits).\n"
+    "\n"
     "  --key KEY          the operation key: 1-255 printable ASCII bytes\n"
     "  --tenant T         scope of the key (default \"\")\n"
     "  --store URL        default: IDEM_STORE, else ./idem.db\n"
     "  --lease DUR        how long a run owns the key without renewing it\n"
-    "                     (default 30s); renewed while CMD runs\n"
+    "                     (default 30s); renewed until CMD has ended\n"
     "  --retention DUR    how long the result is kept (default 24h)\n"
-    "  --on-unknown fail  (default) a run that died without a result is\n"
-    "                     refused as outcome unknown\n"
+    "  --on-unknown fail  (default) a key whose earlier run has not reported\n"
+    "                     a result is refused as outcome unknown\n"
     "  --on-unknown rerun run CMD again in that case\n"
     "  --max-output SIZE  output kept for replay, stdout and stderr together\n"
     "                     (default 8M; output beyond it is still shown, and\n"
     "                     the record says it was cut)\n"
+    "  --kill-after DUR   from passing a signal on to SIGKILL (default 10s)\n"
     "  --stdin hash       (default) read standard input to its end, within\n"
     "                     --max-input, as part of the request\n"
     "  --stdin ignore     neither read standard input nor count it in the\n"
@@ -71,8 +85,9 @@ static const char usage[] =
     "or replayed; otherwise\n"
     "    2  usage\n"
     "    3  the key was used with another command or input (nothing ran)\n"
-    "    4  outcome unknown: an earlier run died without a result (nothing\n"
-    "       ran; see `idem keys resolve` and --on-unknown rerun)\n"
+    "    4  outcome unknown: an earlier run has not reported a result (it\n"
+    "       may still be running or may have died); nothing ran. See `idem\n"
+    "       keys resolve` and --on-unknown rerun\n"
     "    5  CMD ran but its result was not recorded; the key is marked\n"
     "       unknown where the store allowed it. Do not assume either outcome\n"
     "   75  the key is in flight in another run, or the store is busy:\n"
@@ -80,13 +95,15 @@ static const char usage[] =
     "  125  idem failed before running CMD (bad store, standard input too\n"
     "       large or silent, ...); nothing ran and nothing was stored\n"
     "  126  CMD could not be executed; 127  CMD was not found\n"
-    "       (in both cases nothing ran and the key is free again)\n";
+    "       (in both cases nothing ran and the key is free again)\n"
+    "  128+N  idem run got signal N while CMD ran: CMD was stopped and the\n"
+    "       key marked unknown\n";
 
 typedef enum stdin_mode { STDIN_HASH = 0, STDIN_IGNORE = 1 } stdin_mode;
 
 typedef struct run_opts {
   const char *key, *tenant, *store;
-  int64_t lease_ms, retention_ms, stdin_wait_ms;
+  int64_t lease_ms, retention_ms, kill_after_ms, stdin_wait_ms;
   int rerun;
   stdin_mode stdin_mode;
   size_t max_output, max_input;
@@ -99,43 +116,6 @@ static void hex32(const unsigned char *md, char hex[IDEM_FINGERPRINT_SIZE]) {
     hex[2 * i + 1] = digits[md[i] & 15];
   }
   hex[64] = '\0';
-}
-
-static volatile sig_atomic_t got_signal;
-
-static void on_signal(int sig) { got_signal = sig; }
-
-/* Output kept for the record: stdout and stderr share one budget. */
-typedef struct capture {
-  char *buf;
-  size_t len, cap;
-} capture;
-
-static void capture_add(capture *c, const char *p, size_t n, size_t *budget,
-                        int *truncated) {
-  if (n > *budget) {
-    *truncated = 1;
-    n = *budget;
-  }
-  if (n == 0)
-    return;
-  if (c->len + n > c->cap) {
-    size_t ncap = c->cap ? c->cap : 65536;
-    while (ncap < c->len + n)
-      ncap *= 2;
-    char *nb = realloc(c->buf, ncap);
-    if (!nb) {
-      /* Out of memory: keep what we have; the record says it was cut. */
-      *truncated = 1;
-      *budget = 0;
-      return;
-    }
-    c->buf = nb;
-    c->cap = ncap;
-  }
-  memcpy(c->buf + c->len, p, n);
-  c->len += n;
-  *budget -= n;
 }
 
 static int write_all(int fd, const char *p, size_t n) {
@@ -358,6 +338,7 @@ static int parse(int argc, char **argv, run_opts *o, int *cmd_index) {
   o->tenant = "";
   o->max_output = 8u * 1024 * 1024;
   o->max_input = 64u * 1024 * 1024;
+  o->kill_after_ms = 10000;
   o->stdin_wait_ms = 10000;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -401,6 +382,12 @@ static int parse(int argc, char **argv, run_opts *o, int *cmd_index) {
                          "about 16M");
         return -1;
       }
+    } else if (strcmp(a, "--kill-after") == 0) {
+      if (cli_parse_duration(v, &o->kill_after_ms) ||
+          o->kill_after_ms > 86400000) {
+        cli_error("run", "--kill-after: a duration (0 to 24h)");
+        return -1;
+      }
     } else if (strcmp(a, "--stdin") == 0) {
       if (strcmp(v, "hash") == 0)
         o->stdin_mode = STDIN_HASH;
@@ -430,65 +417,90 @@ static int parse(int argc, char **argv, run_opts *o, int *cmd_index) {
   return -1;
 }
 
-/* Starts CMD with stdout and stderr on pipes. Returns the pid, or -1 with
- * *exec_errno set when CMD could not be executed. */
-static pid_t start(char **cmd, int stdin_fd, int out[2], int err[2],
-                   int *exec_errno) {
-  int report[2];
-  pid_t parent = getpid(), pid;
-  *exec_errno = 0;
-  if (pipe(out) || pipe(err) || pipe2(report, O_CLOEXEC))
-    return -1;
-  fflush(NULL);
-  pid = fork();
-  if (pid < 0)
-    return -1;
-  if (pid == 0) {
-    /* CMD dies with idem run, even when idem run is killed with SIGKILL:
-     * a retry must never find a command still running unowned. */
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent)
-      _exit(EXIT_RUN_ERROR);
-    signal(SIGPIPE, SIG_DFL);
-    if (stdin_fd >= 0) {
-      dup2(stdin_fd, STDIN_FILENO);
-    } else {
-      /* No input: CMD reads /dev/null, never idem run's terminal. */
-      int null_fd = open("/dev/null", O_RDONLY);
-      if (null_fd >= 0 && null_fd != STDIN_FILENO) {
-        dup2(null_fd, STDIN_FILENO);
-        close(null_fd);
-      }
-    }
-    dup2(out[1], STDOUT_FILENO);
-    dup2(err[1], STDERR_FILENO);
-    close(out[0]);
-    close(out[1]);
-    close(err[0]);
-    close(err[1]);
-    close(report[0]);
-    execvp(cmd[0], cmd);
-    int e = errno;
-    if (write(report[1], &e, sizeof e) != (ssize_t)sizeof e)
-      _exit(EXIT_RUN_ERROR);
-    _exit(EXIT_RUN_ERROR);
+/*
+ * Keeps the key held while the command runs: renews the lease a third of
+ * the way through it, and sooner again after a failed renewal.
+ */
+typedef struct renewer {
+  run_keeper k; /* first: run_child() hands it back */
+  idem_store *store;
+  idem_call *call;
+  const char *key;
+  int64_t lease_ms;
+  int stale; /* the lease was taken over, or the record removed */
+} renewer;
+
+static int renew_keep(run_keeper *k) {
+  renewer *r = (renewer *)k;
+  int rc = idem_renew(r->store, r->call, r->lease_ms);
+  if (rc == IDEM_OK) {
+    k->due = cli_now_ms() + (double)r->lease_ms / 3;
+    return 0;
   }
-  close(out[1]);
-  close(err[1]);
-  close(report[1]);
-  int e = 0;
-  ssize_t n;
-  while ((n = read(report[0], &e, sizeof e)) < 0 && errno == EINTR)
-    ;
-  close(report[0]);
-  if (n == (ssize_t)sizeof e) {
-    waitpid(pid, NULL, 0);
-    close(out[0]);
-    close(err[0]);
-    *exec_errno = e;
-    return -1;
+  r->stale = rc == IDEM_ESTALE;
+  cli_error("run", "warning: cannot renew the lease: %s", idem_errmsg());
+  k->due = cli_now_ms() + (double)r->lease_ms / 3;
+  return 0;
+}
+
+/* One run of the command while the key is held, and what it produced. */
+typedef struct run_job {
+  const run_opts *o;
+  char **cmd;
+  int stdin_fd;
+  run_child_result res;
+  char meta[160];
+  char *body;
+} run_job;
+
+typedef enum run_verdict {
+  VERDICT_DONE = 0,     /* ran to its end: record the response */
+  VERDICT_NOT_DONE = 1, /* never started: free the key */
+  VERDICT_UNKNOWN = 2   /* stopped midway: it may have acted */
+} run_verdict;
+
+/*
+ * Runs the command while the key is held; lost_fd and keeper tell when it
+ * is lost. On VERDICT_DONE, *response is the status with stdout and stderr
+ * in one body (the metadata says where stdout ends and whether anything was
+ * cut); it stays valid until run_job_free().
+ */
+static run_verdict run_command(run_job *j, int lost_fd, run_keeper *keeper,
+                               idem_response *response) {
+  run_child_opts co = {j->cmd,  j->stdin_fd, j->o->max_output,
+                       j->o->kill_after_ms, lost_fd, keeper};
+  run_child_result *r = &j->res;
+  memset(response, 0, sizeof *response);
+  run_child(&co, r);
+  if (r->end == RUN_NOT_STARTED)
+    return VERDICT_NOT_DONE;
+  if (r->end != RUN_EXITED)
+    return VERDICT_UNKNOWN;
+  j->body = malloc(r->out_len + r->err_len + 1);
+  if (!j->body) {
+    /* The status at least is recorded; the output counts as cut. */
+    r->out_len = r->err_len = 0;
+    r->truncated = 1;
   }
-  return pid;
+  snprintf(j->meta, sizeof j->meta,
+           "{\"stderr\":%zu,\"stdout\":%zu,\"truncated\":%s}", r->err_len,
+           r->out_len, r->truncated ? "true" : "false");
+  if (r->out_len)
+    memcpy(j->body, r->out, r->out_len);
+  if (r->err_len)
+    memcpy(j->body + r->out_len, r->err, r->err_len);
+  response->status = r->status;
+  response->meta = j->meta;
+  response->meta_len = strlen(j->meta);
+  response->body = j->body;
+  response->body_len = r->out_len + r->err_len;
+  return VERDICT_DONE;
+}
+
+static void run_job_free(run_job *j) {
+  run_child_result_free(&j->res);
+  free(j->body);
+  j->body = NULL;
 }
 
 /* Marks the key unknown after the command may have acted without a
@@ -515,13 +527,13 @@ static int run(int argc, char **argv) {
   run_opts o;
   int cmd_index = 0, stdin_fd = -1, status = EXIT_RUN_ERROR, rc;
   char stdin_hex[IDEM_FINGERPRINT_SIZE], fp[IDEM_FINGERPRINT_SIZE];
-  char *req = NULL;
+  char *req = NULL, note[512];
   size_t req_len = 0;
   idem_store *store = NULL;
   idem_call *call = NULL;
   idem_call_options co = {0};
-  capture cout = {0}, cerr = {0};
-  char note[512];
+  run_job job;
+  memset(&job, 0, sizeof job);
 
   rc = parse(argc, argv, &o, &cmd_index);
   if (rc == 1) {
@@ -572,6 +584,7 @@ static int run(int argc, char **argv) {
   co.request_len = req_len;
   co.no_takeover = !o.rerun;
   co.takeover_unknown = o.rerun;
+  double claimed_at = cli_now_ms();
   rc = idem_claim(store, &id, fp, &co, &call);
   if (rc != IDEM_OK) {
     cli_idem_error("run", "claim", rc);
@@ -597,16 +610,16 @@ static int run(int argc, char **argv) {
     goto out;
   case IDEM_UNKNOWN:
     cli_error("run",
-              "key '%s': outcome unknown: an earlier run started and ended "
-              "without a result, so the command may or may not have acted. "
-              "Nothing was run. Check its effects, then either `idem keys "
-              "resolve %s --failed` (or --completed), or retry with "
-              "--on-unknown rerun",
+              "key '%s': outcome unknown: an earlier run has not reported a "
+              "result: it may still be running or may have died, so the "
+              "command may or may not have acted. Nothing was run. Check its "
+              "effects, then either `idem keys resolve %s --failed` (or "
+              "--completed), or retry with --on-unknown rerun",
               o.key, o.key);
     status = EXIT_UNKNOWN;
     goto out;
   case IDEM_RECOVER:
-    cli_error("run", "key '%s': an earlier run ended without a result; "
+    cli_error("run", "key '%s': an earlier run has not reported a result; "
                      "running the command again (--on-unknown rerun)",
               o.key);
     break;
@@ -615,113 +628,48 @@ static int run(int argc, char **argv) {
   }
 
   /* PROCEED or RECOVER: this run holds the key. */
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_signal;
-  sigaction(SIGINT, &sa, NULL);
-  sigaction(SIGTERM, &sa, NULL);
-  sigaction(SIGHUP, &sa, NULL);
   signal(SIGPIPE, SIG_IGN);
+  int64_t lease = o.lease_ms ? o.lease_ms : 30000;
+  renewer rn = {{claimed_at + (double)lease / 3, renew_keep},
+                store, call, o.key, lease, 0};
+  idem_response resp;
+  job.o = &o;
+  job.cmd = cmd;
+  job.stdin_fd = stdin_fd;
+  run_verdict v = run_command(&job, -1, &rn.k, &resp);
+  const run_child_result *r = &job.res;
 
-  int out[2], err[2], exec_errno = 0;
-  pid_t pid = start(cmd, stdin_fd, out, err, &exec_errno);
-  if (pid < 0) {
+  if (v == VERDICT_NOT_DONE) {
     /* Nothing ran: free the key so that a retry may act. */
     idem_release(store, call);
-    if (exec_errno) {
-      cli_error("run", "%s: %s", cmd[0], strerror(exec_errno));
-      status = exec_errno == ENOENT ? EXIT_NOT_FOUND : EXIT_CANNOT_EXEC;
+    if (r->exec_failed) {
+      cli_error("run", "%s: %s", cmd[0], strerror(r->exec_errno));
+      status = r->exec_errno == ENOENT ? EXIT_NOT_FOUND : EXIT_CANNOT_EXEC;
     } else {
-      cli_error("run", "cannot start %s: %s", cmd[0], strerror(errno));
+      cli_error("run", "cannot start %s: %s", cmd[0],
+                strerror(r->exec_errno));
+    }
+    goto out;
+  }
+  if (v == VERDICT_UNKNOWN) {
+    const char *what = leave_unknown(store, call, rn.stale, note, sizeof note);
+    if (r->end == RUN_INTERRUPTED) {
+      cli_error("run",
+                "stopped by signal %d: the command was stopped and may have "
+                "acted; %s (see `idem keys resolve %s`)",
+                r->signal, what, o.key);
+      status = 128 + r->signal;
+    } else {
+      cli_error("run",
+                "key '%s': the command was stopped after the lease was lost; "
+                "it ran but its result was not recorded; %s",
+                o.key, what);
+      status = EXIT_NOT_RECORDED;
     }
     goto out;
   }
 
-  int64_t lease = o.lease_ms ? o.lease_ms : 30000;
-  double next_renew = cli_now_ms() + (double)lease / 3;
-  struct pollfd pfd[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
-  int open_fds = 2, stdout_ok = 1, stderr_ok = 1;
-  size_t budget = o.max_output;
-  int truncated = 0;
-  while (open_fds > 0 && !got_signal) {
-    int wait = (int)(next_renew - cli_now_ms());
-    if (wait < 0)
-      wait = 0;
-    int n = poll(pfd, 2, wait);
-    if (n < 0 && errno != EINTR)
-      break;
-    if (cli_now_ms() >= next_renew) {
-      /* Renew so that a long command is never taken over while alive. */
-      if (idem_renew(store, call, lease) != IDEM_OK)
-        cli_error("run", "warning: cannot renew the lease: %s",
-                  idem_errmsg());
-      next_renew = cli_now_ms() + (double)lease / 3;
-    }
-    for (int i = 0; i < 2 && n > 0; i++) {
-      char buf[65536];
-      if (pfd[i].fd < 0 || !(pfd[i].revents & (POLLIN | POLLHUP | POLLERR)))
-        continue;
-      ssize_t r = read(pfd[i].fd, buf, sizeof buf);
-      if (r <= 0) {
-        if (r < 0 && errno == EINTR)
-          continue;
-        close(pfd[i].fd);
-        pfd[i].fd = -1;
-        open_fds--;
-        continue;
-      }
-      int *ok = i == 0 ? &stdout_ok : &stderr_ok;
-      if (*ok && write_all(i == 0 ? STDOUT_FILENO : STDERR_FILENO, buf,
-                           (size_t)r) != 0)
-        *ok = 0; /* our reader went away; keep capturing */
-      capture_add(i == 0 ? &cout : &cerr, buf, (size_t)r, &budget,
-                  &truncated);
-    }
-  }
-  if (got_signal) {
-    /* idem run is being stopped: CMD goes too, and the record stays in
-     * progress; after its lease a retry reports the outcome as unknown. */
-    kill(pid, SIGTERM);
-    waitpid(pid, NULL, 0);
-    cli_error("run", "stopped by signal %d; key '%s' stays in progress",
-              (int)got_signal, o.key);
-    status = 128 + got_signal;
-    idem_call_free(call);
-    call = NULL;
-    goto out;
-  }
-  for (int i = 0; i < 2; i++)
-    if (pfd[i].fd >= 0)
-      close(pfd[i].fd);
-  int wstatus = 0;
-  while (waitpid(pid, &wstatus, 0) < 0 && errno == EINTR)
-    ;
-  status = WIFEXITED(wstatus)     ? WEXITSTATUS(wstatus)
-           : WIFSIGNALED(wstatus) ? 128 + WTERMSIG(wstatus)
-                                  : EXIT_RUN_ERROR;
-
-  /* Store stdout then stderr in one body; the metadata says where stdout
-   * ends and whether anything was cut. */
-  char meta[160];
-  snprintf(meta, sizeof meta,
-           "{\"stderr\":%zu,\"stdout\":%zu,\"truncated\":%s}", cerr.len,
-           cout.len, truncated ? "true" : "false");
-  char *body = malloc(cout.len + cerr.len + 1);
-  if (!body) {
-    cli_error("run", "key '%s': the command ran but its result was not "
-                     "recorded: out of memory; %s",
-              o.key, leave_unknown(store, call, 0, note, sizeof note));
-    status = EXIT_NOT_RECORDED;
-    goto out;
-  }
-  if (cout.len)
-    memcpy(body, cout.buf, cout.len);
-  if (cerr.len)
-    memcpy(body + cout.len, cerr.buf, cerr.len);
-  idem_response resp = {status, meta, strlen(meta), body,
-                        cout.len + cerr.len};
   rc = idem_complete(store, call, &resp);
-  free(body);
   if (rc != IDEM_OK) {
     char detail[256];
     snprintf(detail, sizeof detail, "%s (%s)", idem_errmsg(),
@@ -731,17 +679,17 @@ static int run(int argc, char **argv) {
     cli_error("run",
               "key '%s': the command ran but its result was not recorded "
               "(it exited with status %d): %s; %s",
-              o.key, status, detail, what);
+              o.key, r->status, detail, what);
     status = EXIT_NOT_RECORDED;
     goto out;
   }
-  if (truncated)
+  status = r->status;
+  if (r->truncated)
     cli_error("run", "note: output beyond %zu bytes was shown but not kept "
                      "for replay",
               o.max_output);
 out:
-  free(cout.buf);
-  free(cerr.buf);
+  run_job_free(&job);
   idem_call_free(call);
   idem_store_close(store);
   idem_free(req);

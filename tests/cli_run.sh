@@ -93,12 +93,13 @@ expect_eq "killed: the command died with idem run" "started" "$(cat "$TMP/killed
 msg=$("$IDEM" run --key killed --lease 500ms -- sh -c 'echo started >> "$1"; sleep 2; echo finished >> "$1"' x "$TMP/killed" </dev/null 2>&1)
 expect_eq "killed: retry refused as unknown" 4 "$?"
 expect_match "killed: message says outcome unknown" "outcome unknown" "$msg"
+expect_match "killed: message allows for a holder still alive" "may still be running or may have died" "$msg"
 "$IDEM" run --key killed --lease 500ms --on-unknown rerun -- sh -c 'echo started >> "$1"; sleep 2; echo finished >> "$1"' x "$TMP/killed" </dev/null 2>/dev/null
 expect_eq "killed: rerun exit status" 0 "$?"
 expect_eq "killed: rerun ran the command" "started started finished" "$(tr '\n' ' ' < "$TMP/killed" | sed 's/ $//')"
 
 # 7b. SIGTERM to idem run: the command is terminated too, idem run exits
-#     128+15, and the record stays in progress (in flight within its lease).
+#     128+15, and the key is marked unknown: the command may have acted.
 : > "$TMP/termed"
 "$IDEM" run --key termed --lease 5s -- sh -c 'echo started >> "$1"; sleep 2; echo finished >> "$1"' x "$TMP/termed" </dev/null 2>/dev/null &
 pid=$!
@@ -109,7 +110,7 @@ expect_eq "SIGTERM: idem run exits 143" 143 "$?"
 sleep 2
 expect_eq "SIGTERM: the command was terminated" "started" "$(cat "$TMP/termed")"
 "$IDEM" run --key termed --lease 5s -- sh -c 'echo started >> "$1"; sleep 2; echo finished >> "$1"' x "$TMP/termed" </dev/null 2>/dev/null
-expect_eq "SIGTERM: the record stays in progress" 75 "$?"
+expect_eq "SIGTERM: a retry is refused as unknown" 4 "$?"
 
 # 8. A command that runs past its lease is renewed, never taken over.
 : > "$TMP/long"
@@ -152,6 +153,21 @@ expect_eq "no key: usage" 2 "$?"
 expect_eq "bad key: usage" 2 "$?"
 "$IDEM" run --key ok-key 2>/dev/null
 expect_eq "no command: usage" 2 "$?"
+
+# 11. A command that closes its output is renewed until it exits: a retry
+#     meanwhile, even with --on-unknown rerun, finds it in flight (75) and
+#     does not run it beside the first.
+closed_cmd='echo start >> "$1"; exec >/dev/null 2>&1; sleep 2; echo end >> "$1"'
+: > "$TMP/closed"
+"$IDEM" run --key closed --lease 300ms -- sh -c "$closed_cmd" x "$TMP/closed" </dev/null &
+pid=$!
+wait_for "$TMP/closed" || fail "closed output: the command did not start"
+sleep 1 # three leases of 300 ms
+"$IDEM" run --key closed --lease 300ms --on-unknown rerun -- sh -c "$closed_cmd" x "$TMP/closed" </dev/null 2>/dev/null
+expect_eq "closed output: a retry while it runs is in flight" 75 "$?"
+wait $pid
+expect_eq "closed output: status" 0 "$?"
+expect_eq "closed output: executions" "start end" "$(words "$TMP/closed")"
 
 # 12. One output cap shared by both streams: what is kept of stdout and
 #     stderr together never exceeds --max-output (what is cut is still
