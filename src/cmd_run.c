@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <openssl/evp.h>
@@ -34,6 +35,10 @@ enum {
   EXIT_CANNOT_EXEC = 126, /* CMD found but could not be run */
   EXIT_NOT_FOUND = 127    /* CMD not found */
 };
+
+/* How long a completion that fails for a passing reason (store busy or
+ * unreachable) is retried. */
+#define COMPLETE_RETRY_MS 30000
 
 static const char usage[] =
     "usage: idem run --key KEY [--tenant T] [--store URL] [--lease DUR]\n"
@@ -62,7 +67,9 @@ static const char usage[] =
     "  --tenant T         scope of the key (default \"\")\n"
     "  --store URL        default: IDEM_STORE, else ./idem.db\n"
     "  --lease DUR        how long a run owns the key without renewing it\n"
-    "                     (default 30s); renewed until CMD has ended\n"
+    "                     (default 30s); renewed until CMD has ended. A run\n"
+    "                     that cannot renew it in time (taken over, store\n"
+    "                     unreachable) stops CMD and exits 5\n"
     "  --retention DUR    how long the result is kept (default 24h)\n"
     "  --on-unknown fail  (default) a key whose earlier run has not reported\n"
     "                     a result is refused as outcome unknown\n"
@@ -88,8 +95,9 @@ static const char usage[] =
     "    4  outcome unknown: an earlier run has not reported a result (it\n"
     "       may still be running or may have died); nothing ran. See `idem\n"
     "       keys resolve` and --on-unknown rerun\n"
-    "    5  CMD ran but its result was not recorded; the key is marked\n"
-    "       unknown where the store allowed it. Do not assume either outcome\n"
+    "    5  CMD ran (or was stopped after its lease was lost) but its result\n"
+    "       was not recorded; the key is marked unknown where the store\n"
+    "       allowed it. Do not assume either outcome\n"
     "   75  the key is in flight in another run, or the store is busy:\n"
     "       retry later\n"
     "  125  idem failed before running CMD (bad store, standard input too\n"
@@ -419,7 +427,9 @@ static int parse(int argc, char **argv, run_opts *o, int *cmd_index) {
 
 /*
  * Keeps the key held while the command runs: renews the lease a third of
- * the way through it, and sooner again after a failed renewal.
+ * the way through it. A renewal that fails for a passing reason is retried
+ * sooner; the key counts as lost when the lease was taken over (or the
+ * record removed), or when it could not be renewed before the lease ran out.
  */
 typedef struct renewer {
   run_keeper k; /* first: run_child() hands it back */
@@ -427,19 +437,42 @@ typedef struct renewer {
   idem_call *call;
   const char *key;
   int64_t lease_ms;
-  int stale; /* the lease was taken over, or the record removed */
+  double held_until; /* the lease runs at least until then */
+  int stale;         /* the lease was taken over, or the record removed */
+  int warned;
 } renewer;
 
 static int renew_keep(run_keeper *k) {
   renewer *r = (renewer *)k;
+  double t0 = cli_now_ms();
   int rc = idem_renew(r->store, r->call, r->lease_ms);
   if (rc == IDEM_OK) {
+    r->held_until = t0 + (double)r->lease_ms;
+    r->warned = 0;
     k->due = cli_now_ms() + (double)r->lease_ms / 3;
     return 0;
   }
-  r->stale = rc == IDEM_ESTALE;
-  cli_error("run", "warning: cannot renew the lease: %s", idem_errmsg());
-  k->due = cli_now_ms() + (double)r->lease_ms / 3;
+  if (rc == IDEM_ESTALE) {
+    r->stale = 1;
+    cli_error("run",
+              "key '%s': the lease was lost (another run took the key over, "
+              "or its record was removed): stopping the command",
+              r->key);
+    return -1;
+  }
+  if (cli_now_ms() >= r->held_until) {
+    cli_error("run",
+              "key '%s': the lease was lost: it could not be renewed in time "
+              "(%s): stopping the command",
+              r->key, idem_errmsg());
+    return -1;
+  }
+  if (!r->warned)
+    cli_error("run", "warning: cannot renew the lease yet: %s (%s); retrying",
+              idem_errmsg(), idem_rc_name(rc));
+  r->warned = 1;
+  double next = (double)r->lease_ms / 10;
+  k->due = cli_now_ms() + (next < 50 ? 50 : next > 1000 ? 1000 : next);
   return 0;
 }
 
@@ -501,6 +534,55 @@ static void run_job_free(run_job *j) {
   run_child_result_free(&j->res);
   free(j->body);
   j->body = NULL;
+}
+
+static void sleep_ms(double ms) {
+  struct timespec ts;
+  if (ms <= 0)
+    return;
+  ts.tv_sec = (time_t)(ms / 1000);
+  ts.tv_nsec = (long)((ms - (double)ts.tv_sec * 1000) * 1e6);
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+    ;
+}
+
+/*
+ * Records the response. A completion that fails because the store is busy
+ * or unreachable is retried with backoff for COMPLETE_RETRY_MS, renewing
+ * the lease meanwhile; one whose lease was taken over is not.
+ */
+static int complete_with_retries(renewer *rn, const idem_response *resp) {
+  double give_up = cli_now_ms() + COMPLETE_RETRY_MS, delay = 100;
+  int rc, noted = 0;
+  for (;;) {
+    rc = idem_complete(rn->store, rn->call, resp);
+    if (rc == IDEM_OK || rc == IDEM_ESTALE ||
+        (rc != IDEM_EBUSY && rc != IDEM_EUNAVAILABLE) ||
+        cli_now_ms() >= give_up)
+      return rc;
+    if (!noted)
+      cli_error("run", "cannot record the result yet: %s (%s); retrying for "
+                       "up to %ds",
+                idem_errmsg(), idem_rc_name(rc), COMPLETE_RETRY_MS / 1000);
+    noted = 1;
+    double wake = cli_now_ms() + delay;
+    if (wake > give_up)
+      wake = give_up;
+    while (cli_now_ms() < wake) {
+      if (cli_now_ms() >= rn->k.due) {
+        /* The lease only matters against a takeover: a stale one ends
+         * the retries, one that merely could not be renewed does not. */
+        int r = idem_renew(rn->store, rn->call, rn->lease_ms);
+        if (r == IDEM_ESTALE)
+          return r;
+        rn->k.due = cli_now_ms() + (r == IDEM_OK ? (double)rn->lease_ms / 3
+                                                 : 250);
+      }
+      double next = rn->k.due < wake ? rn->k.due : wake;
+      sleep_ms(next - cli_now_ms());
+    }
+    delay = delay * 2 > 2000 ? 2000 : delay * 2;
+  }
 }
 
 /* Marks the key unknown after the command may have acted without a
@@ -631,7 +713,7 @@ static int run(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   int64_t lease = o.lease_ms ? o.lease_ms : 30000;
   renewer rn = {{claimed_at + (double)lease / 3, renew_keep},
-                store, call, o.key, lease, 0};
+                store, call, o.key, lease, claimed_at + (double)lease, 0, 0};
   idem_response resp;
   job.o = &o;
   job.cmd = cmd;
@@ -669,7 +751,7 @@ static int run(int argc, char **argv) {
     goto out;
   }
 
-  rc = idem_complete(store, call, &resp);
+  rc = complete_with_retries(&rn, &resp);
   if (rc != IDEM_OK) {
     char detail[256];
     snprintf(detail, sizeof detail, "%s (%s)", idem_errmsg(),
