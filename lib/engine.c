@@ -12,8 +12,6 @@
 #include <sys/random.h>
 #include <time.h>
 
-#define DEFAULT_LEASE_MS 30000
-#define DEFAULT_RETENTION_MS (24 * 3600 * 1000LL)
 #define MAX_ID_PART 255
 
 struct idem_store {
@@ -27,6 +25,12 @@ int64_t idem__now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int64_t idem__deadline(int64_t now_ms, int64_t period_ms) {
+  if (period_ms > 0 && now_ms > INT64_MAX - period_ms)
+    return INT64_MAX;
+  return now_ms + period_ms;
 }
 
 int idem__new_token(char token[IDEM__TOKEN_SIZE]) {
@@ -110,18 +114,14 @@ int idem__response_checksum(const char *fingerprint, int status,
 idem_outcome idem__decide(const idem__row *row, const char *fingerprint,
                           int64_t now_ms, const idem_call_options *opts,
                           idem__action *action, int64_t *retry_after_ms) {
-  int lease_active;
+  int may_take_over;
   *action = IDEM__ACT_NONE;
   *retry_after_ms = 0;
-  if (!row->exists) {
-    *action = IDEM__ACT_INSERT;
-    return IDEM_PROCEED;
-  }
-  lease_active = row->state == IDEM_STATE_IN_PROGRESS &&
-                 row->lease_expires_ms > now_ms;
-  /* A retention-expired record is absent, except one whose holder is still
-   * inside its lease: that holder is acting right now. */
-  if (row->expires_ms <= now_ms && !lease_active) {
+  /* Retention ends a completed record only. A record in progress or marked
+   * unknown may describe an action that happened; it never expires by
+   * itself, or the next call would act a second time. */
+  if (!row->exists ||
+      (row->state == IDEM_STATE_COMPLETED && row->expires_ms <= now_ms)) {
     *action = IDEM__ACT_INSERT;
     return IDEM_PROCEED;
   }
@@ -131,20 +131,21 @@ idem_outcome idem__decide(const idem__row *row, const char *fingerprint,
   case IDEM_STATE_COMPLETED:
     return IDEM_REPLAY;
   case IDEM_STATE_IN_PROGRESS:
-    if (lease_active) {
+    if (row->lease_expires_ms > now_ms) {
       *retry_after_ms = row->lease_expires_ms - now_ms;
       return IDEM_IN_FLIGHT;
     }
-    if (opts->no_takeover)
-      return IDEM_UNKNOWN;
-    *action = IDEM__ACT_TAKEOVER;
-    return IDEM_RECOVER;
+    may_take_over = opts->on_expired_lease != IDEM_EXPIRED_REPORT;
+    break;
   default: /* IDEM_STATE_UNKNOWN */
-    if (!opts->takeover_unknown)
-      return IDEM_UNKNOWN;
-    *action = IDEM__ACT_TAKEOVER;
-    return IDEM_RECOVER;
+    may_take_over = opts->takeover_unknown != 0;
+    break;
   }
+  if (!may_take_over ||
+      (opts->max_attempts > 0 && row->attempt >= opts->max_attempts))
+    return IDEM_UNKNOWN;
+  *action = IDEM__ACT_TAKEOVER;
+  return IDEM_RECOVER;
 }
 
 /* ---- names ------------------------------------------------------------ */
@@ -174,6 +175,7 @@ const char *idem_state_name(int state) {
 
 int idem_key_check(const char *key) {
   size_t n;
+  idem__clear_error();
   if (!key)
     return idem__fail(IDEM_EKEY, "key: missing");
   n = strlen(key);
@@ -273,16 +275,43 @@ static int check_response(const idem_response *r) {
   return IDEM_OK;
 }
 
+/* Checks one period against its bound. */
+static int check_period(const char *what, int64_t ms, int64_t max,
+                        const char *max_text) {
+  if (ms < 0)
+    return idem__fail(IDEM_EINVAL, "options: %s is negative (%lld ms)", what,
+                      (long long)ms);
+  if (ms > max)
+    return idem__fail(IDEM_EINVAL,
+                      "options: %s of %lld ms is past the bound of %s",
+                      what, (long long)ms, max_text);
+  return IDEM_OK;
+}
+
 static int fill_options(const idem_call_options *in, idem_call_options *out) {
+  int rc;
   memset(out, 0, sizeof *out);
   if (in)
     *out = *in;
-  if (out->lease_ms < 0 || out->retention_ms < 0)
-    return idem__fail(IDEM_EINVAL, "options: negative lease or retention");
+  if ((rc = check_period("lease_ms", out->lease_ms, IDEM_MAX_LEASE_MS,
+                         "IDEM_MAX_LEASE_MS (30 days; renew a longer "
+                         "lease)")) ||
+      (rc = check_period("retention_ms", out->retention_ms,
+                         IDEM_MAX_RETENTION_MS,
+                         "IDEM_MAX_RETENTION_MS (100 years)")))
+    return rc;
+  if (out->on_expired_lease != IDEM_EXPIRED_TAKE_OVER &&
+      out->on_expired_lease != IDEM_EXPIRED_REPORT)
+    return idem__fail(IDEM_EINVAL, "options: on_expired_lease is %d; use "
+                                   "IDEM_EXPIRED_TAKE_OVER or "
+                                   "IDEM_EXPIRED_REPORT",
+                      out->on_expired_lease);
+  if (out->max_attempts < 0)
+    return idem__fail(IDEM_EINVAL, "options: max_attempts is negative");
   if (out->lease_ms == 0)
-    out->lease_ms = DEFAULT_LEASE_MS;
+    out->lease_ms = IDEM__DEFAULT_LEASE_MS;
   if (out->retention_ms == 0)
-    out->retention_ms = DEFAULT_RETENTION_MS;
+    out->retention_ms = IDEM__DEFAULT_RETENTION_MS;
   /* The canonical request is kept for operators only; an oversized one is
    * not stored rather than failing the call. */
   if (out->request_len > 65536 || !out->request) {
@@ -302,6 +331,7 @@ int idem_store_open(const char *url, const idem_store_options *opts,
   idem_store_options o;
   int rc;
 
+  idem__clear_error();
   if (!out)
     return idem__fail(IDEM_EINVAL, "store: NULL output");
   *out = NULL;
@@ -405,6 +435,10 @@ int64_t idem_call_retry_after_ms(const idem_call *c) {
 
 int idem_call_attempt(const idem_call *c) { return c ? c->attempt : 0; }
 
+int64_t idem_call_lease_expires_ms(const idem_call *c) {
+  return c && c->held ? c->lease_expires_ms : 0;
+}
+
 static idem_call *new_claim(const idem_id *id, const char *fp,
                              int64_t retention_ms) {
   idem_call *c = calloc(1, sizeof *c);
@@ -424,6 +458,7 @@ static idem_call *new_claim(const idem_id *id, const char *fp,
 
 /* Runs op on the backend and carries its detail into this thread. */
 static int run_op(idem_store *store, idem__op *op) {
+  idem__clear_error();
   op->rc = IDEM_OK;
   op->errmsg[0] = '\0';
   store->methods->run(store->state, op);
@@ -438,6 +473,7 @@ static int start(idem_store *store, idem__op_kind kind, const idem_id *id,
                  idem_local_fn fn, void *ctx, idem_call **out) {
   idem__op op;
   int rc;
+  idem__clear_error();
   if (!out)
     return idem__fail(IDEM_EINVAL, "claim: NULL output");
   *out = NULL;
@@ -486,6 +522,7 @@ static int finish(idem_store *store, idem_call *claim, idem__op_kind kind,
   idem__op op;
   idem_id id;
   int rc;
+  idem__clear_error();
   if (!store || !claim)
     return idem__fail(IDEM_EINVAL, "NULL store or claim");
   if (!claim->held)
@@ -495,7 +532,11 @@ static int finish(idem_store *store, idem_call *claim, idem__op_kind kind,
                       claim->key, idem_outcome_name(claim->outcome));
   if (kind == IDEM__OP_COMPLETE && (rc = check_response(response)))
     return rc;
-  if (kind == IDEM__OP_RENEW && lease_ms <= 0)
+  if (kind == IDEM__OP_RENEW &&
+      (rc = check_period("renew: lease_ms", lease_ms, IDEM_MAX_LEASE_MS,
+                         "IDEM_MAX_LEASE_MS (30 days)")))
+    return rc;
+  if (kind == IDEM__OP_RENEW && lease_ms == 0)
     return idem__fail(IDEM_EINVAL, "renew: lease must be positive");
   memset(&op, 0, sizeof op);
   id.tenant = claim->tenant;
@@ -509,8 +550,10 @@ static int finish(idem_store *store, idem_call *claim, idem__op_kind kind,
   op.lease_ms = lease_ms;
   op.opts.retention_ms = claim->retention_ms;
   rc = run_op(store, &op);
-  if (rc == IDEM_OK && kind != IDEM__OP_RENEW)
+  if (rc == IDEM_OK && kind != IDEM__OP_RENEW) {
     claim->held = 0;
+    claim->lease_expires_ms = 0;
+  }
   if (rc == IDEM_ESTALE)
     claim->held = 0;
   return rc;
@@ -550,6 +593,7 @@ void idem_record_free(idem_record *r) {
 
 int idem_get(idem_store *store, const idem_id *id, idem_record **out) {
   int rc;
+  idem__clear_error();
   if (!out)
     return idem__fail(IDEM_EINVAL, "get: NULL output");
   *out = NULL;
@@ -563,6 +607,7 @@ int idem_get(idem_store *store, const idem_id *id, idem_record **out) {
 int idem_list(idem_store *store, const idem_filter *filter, idem_record_fn fn,
               void *ctx) {
   idem_filter f;
+  idem__clear_error();
   if (!store || !fn)
     return idem__fail(IDEM_EINVAL, "list: NULL store or function");
   memset(&f, 0, sizeof f);
@@ -574,6 +619,7 @@ int idem_list(idem_store *store, const idem_filter *filter, idem_record_fn fn,
 int idem_prune(idem_store *store, int64_t *removed) {
   int64_t n = 0;
   int rc;
+  idem__clear_error();
   if (removed)
     *removed = 0;
   if (!store)
@@ -584,14 +630,44 @@ int idem_prune(idem_store *store, int64_t *removed) {
   return rc;
 }
 
-int idem_resolve(idem_store *store, const idem_id *id,
-                 const idem_response *response) {
+int idem_resolve_with(idem_store *store, const idem_id *id,
+                      const idem_response *response,
+                      const idem_resolve_options *opts) {
+  idem_resolve_options o;
   int rc;
+  idem__clear_error();
   if (!store)
     return idem__fail(IDEM_EINVAL, "resolve: NULL store");
   if ((rc = check_id(id)))
     return rc;
   if (response && (rc = check_response(response)))
     return rc;
-  return store->methods->resolve(store->state, id, response);
+  memset(&o, 0, sizeof o);
+  if (opts)
+    o = *opts;
+  if ((rc = check_period("resolve: retention_ms", o.retention_ms,
+                         IDEM_MAX_RETENTION_MS,
+                         "IDEM_MAX_RETENTION_MS (100 years)")))
+    return rc;
+  if (o.retention_ms == 0)
+    o.retention_ms = IDEM__DEFAULT_RETENTION_MS;
+  return store->methods->resolve(store->state, id, response, &o);
+}
+
+int idem_resolve(idem_store *store, const idem_id *id,
+                 const idem_response *response) {
+  return idem_resolve_with(store, id, response, NULL);
+}
+
+int idem_delete(idem_store *store, const idem_id *id) {
+  int rc;
+  idem__clear_error();
+  if (!store)
+    return idem__fail(IDEM_EINVAL, "delete: NULL store");
+  if ((rc = check_id(id)))
+    return rc;
+  if (store->methods->version < 2 || !store->methods->remove)
+    return idem__fail(IDEM_ESTATE, "delete: the %s store cannot delete",
+                      store->methods->name);
+  return store->methods->remove(store->state, id);
 }

@@ -17,7 +17,13 @@
 
 #include "internal.h"
 
-#define IDEM__STORE_METHODS_VERSION 1
+#define IDEM__STORE_METHODS_VERSION 2
+
+/* Defaults and rates every backend shares. */
+#define IDEM__DEFAULT_LEASE_MS 30000
+#define IDEM__DEFAULT_RETENTION_MS (24 * 3600 * 1000LL)
+/* How often a store removes some retention-expired records by itself. */
+#define IDEM__PRUNE_EVERY_MS 60000
 
 /* Owner tokens are 16 random bytes in hex. */
 #define IDEM__TOKEN_SIZE 33
@@ -30,7 +36,9 @@ struct idem_call {
   char token[IDEM__TOKEN_SIZE]; /* owner token while held */
   int attempt;
   int64_t retry_after_ms;
-  int64_t retention_ms; /* applied again when the record completes */
+  int64_t lease_expires_ms; /* while held: as the last claim or renewal
+                               wrote it */
+  int64_t retention_ms;     /* applied again when the record completes */
   int has_response;
   idem_response response; /* points into resp_buf */
   void *resp_buf;
@@ -101,8 +109,12 @@ typedef struct idem__store_methods {
   int (*list)(void *state, const idem_filter *filter, idem_record_fn fn,
               void *ctx);
   int (*prune)(void *state, int64_t *removed);
+  /* opts has its defaults filled in. */
   int (*resolve)(void *state, const idem_id *id,
-                 const idem_response *response);
+                 const idem_response *response,
+                 const idem_resolve_options *opts);
+  /* Version 2. */
+  int (*remove)(void *state, const idem_id *id);
 } idem__store_methods;
 
 extern const idem__store_methods idem__sqlite_methods;
@@ -110,6 +122,9 @@ extern const idem__store_methods idem__pg_methods;
 
 /* Helpers for backends. */
 int64_t idem__now_ms(void);
+/* now + period, saturated at INT64_MAX (periods are bounded and never
+ * negative, so this only guards against a clock gone wild). */
+int64_t idem__deadline(int64_t now_ms, int64_t period_ms);
 int idem__new_token(char token[IDEM__TOKEN_SIZE]);
 /* Sets op's result code and detail. Returns rc. */
 int idem__op_fail(idem__op *op, int rc, const char *fmt, ...)

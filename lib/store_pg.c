@@ -79,8 +79,6 @@
 #define ERR_SIZE 512
 #define MAX_PARAMS 12
 #define LIST_PAGE 256
-#define PRUNE_EVERY_MS 60000
-#define DEFAULT_RETENTION_MS (24 * 3600 * 1000LL)
 /* Retries of the insert-or-lock step when the row vanishes in between. */
 #define CLAIM_TRIES 8
 /* Leases and retention are capped so that now + period stays a bigint
@@ -115,6 +113,7 @@ enum {
   ST_PRUNE_SOME,
   ST_RESOLVE_DONE,
   ST_RESOLVE_DELETE,
+  ST_DELETE,
   ST_COUNT
 };
 
@@ -125,10 +124,11 @@ enum {
 
 #define PK "tenant = $1::text AND operation = $2::text AND key = $3::text"
 
-/* Expired by retention, and not held by a holder inside its lease. */
-#define EXPIRED_SQL                                                            \
-  "(r.expires_ms <= n.now_ms AND NOT (r.state = 1 AND r.lease_expires_ms > "   \
-  "n.now_ms))"
+/* Expired by retention: completed records only. A record in progress or
+ * marked unknown may describe an action that happened; it stays. */
+#define EXPIRED_SQL "(r.state = 2 AND r.expires_ms <= n.now_ms)"
+/* Past its retention but kept, waiting for a holder or an operator. */
+#define OVERDUE_SQL "(r.state <> 2 AND r.expires_ms <= n.now_ms)"
 
 /* The response columns are read only when the fingerprint matches: a
  * conflicting claim has no use for a stored body of up to 16 MiB. */
@@ -157,7 +157,7 @@ static const char *const sql_text[ST_COUNT] = {
         "$4::text, $5::bytea, 1, $6::text, 1, n.now_ms, n.now_ms, n.now_ms + "
         "$7::bigint, n.now_ms + $8::bigint FROM " NOW_ROW
         " ON CONFLICT (tenant, operation, key) DO NOTHING RETURNING "
-        "created_ms",
+        "lease_expires_ms",
     /* A local action's record, written once, completed, after the action
      * and in its transaction. No ON CONFLICT: a record that another caller
      * wrote meanwhile must fail the statement (unique_violation, after
@@ -190,11 +190,13 @@ static const char *const sql_text[ST_COUNT] = {
         "$5::bytea, state = 1, owner = $6::text, attempt = 1, created_ms = "
         "n.now_ms, updated_ms = n.now_ms, lease_expires_ms = n.now_ms + "
         "$7::bigint, expires_ms = n.now_ms + $8::bigint, status = NULL, meta "
-        "= NULL, body = NULL, checksum = NULL FROM " NOW_ROW " WHERE " PK,
+        "= NULL, body = NULL, checksum = NULL FROM " NOW_ROW " WHERE " PK
+        " RETURNING lease_expires_ms",
     [ST_TAKEOVER] = "UPDATE {S}.idem_records SET state = 1, owner = $4::text, "
                     "attempt = attempt + 1, updated_ms = n.now_ms, "
-                    "lease_expires_ms = n.now_ms + $5::bigint FROM " NOW_ROW
-                    " WHERE " PK " RETURNING attempt",
+                    "lease_expires_ms = n.now_ms + $5::bigint, expires_ms = "
+                    "GREATEST(expires_ms, n.now_ms + $6::bigint) FROM " NOW_ROW
+                    " WHERE " PK " RETURNING attempt, lease_expires_ms",
     [ST_COMPLETE] =
         "UPDATE {S}.idem_records SET state = 2, owner = NULL, "
         "lease_expires_ms = 0, updated_ms = n.now_ms, expires_ms = n.now_ms + "
@@ -222,7 +224,8 @@ static const char *const sql_text[ST_COUNT] = {
                    " AND owner = $4::text AND state = 1",
     [ST_RENEW] = "UPDATE {S}.idem_records SET lease_expires_ms = n.now_ms + "
                  "$5::bigint, updated_ms = n.now_ms FROM " NOW_ROW " WHERE " PK
-                 " AND owner = $4::text AND state = 1",
+                 " AND owner = $4::text AND state = 1 RETURNING "
+                 "lease_expires_ms",
     [ST_GET] =
         "SELECT " RECORD_COLUMNS " FROM {S}.idem_records r CROSS JOIN " NOW_ROW
         " WHERE r." PK " AND NOT " EXPIRED_SQL,
@@ -240,7 +243,7 @@ static const char *const sql_text[ST_COUNT] = {
         " WHERE ($1::text IS NULL OR r.tenant = $1::text) AND ($2::text IS "
         "NULL OR r.operation = $2::text) AND ($3::integer = 0 OR r.state = "
         "$3::integer) AND ($4::boolean OR NOT " EXPIRED_SQL ") AND "
-        "($5::boolean OR (r.created_ms, r.tenant COLLATE \"C\", r.operation "
+        "(NOT $11::boolean OR " OVERDUE_SQL ") AND ($5::boolean OR (r.created_ms, r.tenant COLLATE \"C\", r.operation "
         "COLLATE \"C\", r.key COLLATE \"C\") > ($6::bigint, $7::text, "
         "$8::text, $9::text)) ORDER BY r.created_ms, r.tenant COLLATE \"C\", "
         "r.operation COLLATE \"C\", r.key COLLATE \"C\" LIMIT $10::bigint",
@@ -261,6 +264,7 @@ static const char *const sql_text[ST_COUNT] = {
         " WHERE " PK " AND state <> 2",
     [ST_RESOLVE_DELETE] =
         "DELETE FROM {S}.idem_records WHERE " PK " AND state <> 2",
+    [ST_DELETE] = "DELETE FROM {S}.idem_records WHERE " PK,
 };
 
 static const char schema_meta[] = "CREATE SCHEMA IF NOT EXISTS {S};"
@@ -1077,6 +1081,8 @@ static int still_held(pg_store *s, conn *c, idem__op *op, int *held) {
       IDEM_OK)
     return op->rc = rc;
   *held = atoi(PQcmdTuples(res)) == 1;
+  if (*held && PQntuples(res) > 0)
+    op->claim->lease_expires_ms = col_int(res, 0, 0);
   PQclear(res);
   return IDEM_OK;
 }
@@ -1155,6 +1161,8 @@ static int try_insert(pg_store *s, conn *c, idem__op *op, int begin_too,
   if (rc != IDEM_OK)
     return op->rc = rc;
   *inserted = PQntuples(res) > 0;
+  if (*inserted)
+    op->claim->lease_expires_ms = col_int(res, 0, 0);
   PQclear(res);
   return IDEM_OK;
 }
@@ -1175,15 +1183,22 @@ static int write_claim(pg_store *s, conn *c, idem__op *op,
     p_i64(&p, period(op->opts.lease_ms));
     p_i64(&p, period(op->opts.retention_ms));
     rc = run_stmt(s, c, ST_REPLACE, &p, "write claim", &res, op->errmsg);
-    if (rc == IDEM_OK)
+    if (rc == IDEM_OK) {
       cl->attempt = 1;
+      if (PQntuples(res) > 0)
+        cl->lease_expires_ms = col_int(res, 0, 0);
+    }
   } else {
     p_text(&p, cl->token);
     p_i64(&p, period(op->opts.lease_ms));
+    p_i64(&p, period(op->opts.retention_ms));
     rc = run_stmt(s, c, ST_TAKEOVER, &p, "write claim", &res, op->errmsg);
-    if (rc == IDEM_OK)
+    if (rc == IDEM_OK) {
       cl->attempt =
           PQntuples(res) > 0 ? (int)col_int(res, 0, 0) : cl->attempt + 1;
+      if (PQntuples(res) > 0)
+        cl->lease_expires_ms = col_int(res, 0, 1);
+    }
   }
   if (rc != IDEM_OK)
     return op->rc = rc;
@@ -1237,6 +1252,8 @@ static int run_fenced(pg_store *s, conn *c, idem__op *op, int which,
   if (rc != IDEM_OK)
     return op->rc = rc;
   changed = atoi(PQcmdTuples(res));
+  if (which == ST_RENEW && changed > 0 && PQntuples(res) > 0)
+    op->claim->lease_expires_ms = col_int(res, 0, 0);
   PQclear(res);
   if (changed == 0 && resent &&
       wrote_before_loss(s, c, op, which, sum, &done) != IDEM_OK)
@@ -1494,7 +1511,7 @@ static void prune_some(pg_store *s, conn *c) {
   char err[ERR_SIZE];
   int due;
   pthread_mutex_lock(&s->mu);
-  due = now - s->last_prune_ms >= PRUNE_EVERY_MS;
+  due = now - s->last_prune_ms >= IDEM__PRUNE_EVERY_MS;
   if (due)
     s->last_prune_ms = now;
   pthread_mutex_unlock(&s->mu);
@@ -2034,7 +2051,8 @@ static int pg_open(const char *target, const idem_store_options *opts,
     s->o.busy_timeout_ms = 10000;
   if (s->o.max_connections <= 0)
     s->o.max_connections = 16;
-  if (!(s->cache = idem__cache_new()))
+  if (!(s->cache = idem__cache_new(s->o.replay_cache_entries)) &&
+      s->o.replay_cache_entries >= 0)
     goto nomem;
   if (!PQisthreadsafe()) {
     rc = failf(err, IDEM_ESTORE, "postgresql: this libpq is not thread-safe");
@@ -2151,13 +2169,14 @@ static int pg_list(void *state, const idem_filter *f, idem_record_fn fn,
     p_text(&p, f->tenant);
     p_text(&p, f->operation);
     p_text(&p, state_s);
-    p_text(&p, f->expired ? "t" : "f");
+    p_text(&p, f->expired || f->overdue ? "t" : "f");
     p_text(&p, first ? "t" : "f");
     p_i64(&p, after_created);
     p_text(&p, after_tenant ? after_tenant : "");
     p_text(&p, after_op ? after_op : "");
     p_text(&p, after_key ? after_key : "");
     p_i64(&p, page);
+    p_text(&p, f->overdue ? "t" : "f");
     if ((rc = pool_get(s, &c, err)) != IDEM_OK) {
       rc = idem__fail(rc, "%s", err);
       break;
@@ -2220,7 +2239,8 @@ static int pg_prune(void *state, int64_t *removed) {
   return IDEM_OK;
 }
 
-static int pg_resolve(void *state, const idem_id *id, const idem_response *r) {
+static int pg_resolve(void *state, const idem_id *id, const idem_response *r,
+                      const idem_resolve_options *o) {
   pg_store *s = state;
   conn *c = NULL;
   PGresult *res = NULL;
@@ -2228,6 +2248,7 @@ static int pg_resolve(void *state, const idem_id *id, const idem_response *r) {
   char err[ERR_SIZE], fp[IDEM_FINGERPRINT_SIZE] = "",
                       sum[IDEM_FINGERPRINT_SIZE];
   int st = 0, found, rc = pool_get(s, &c, err);
+  int64_t lease = 0, now = 0;
   if (rc != IDEM_OK)
     return idem__fail(rc, "%s", err);
   if ((rc = begin(c, err)) != IDEM_OK)
@@ -2245,6 +2266,8 @@ static int pg_resolve(void *state, const idem_id *id, const idem_response *r) {
     snprintf(fp, sizeof fp, "%.*s", (int)(n < sizeof fp ? n : sizeof fp - 1),
              f ? f : "");
     st = (int)col_int(res, 0, 1);
+    lease = col_int(res, 0, 3);
+    now = col_int(res, 0, 9);
   }
   PQclear(res);
   res = NULL;
@@ -2260,6 +2283,15 @@ static int pg_resolve(void *state, const idem_id *id, const idem_response *r) {
                id->tenant ? id->tenant : "", id->operation, id->key);
     goto out;
   }
+  if (st == IDEM_STATE_IN_PROGRESS && lease > now && !o->force) {
+    rc = failf(err, IDEM_ESTATE,
+               "record (%s, %s, %s) is held by a run whose lease ends in "
+               "%.1f s: it may still be acting; wait for the lease to end, "
+               "or force it",
+               id->tenant ? id->tenant : "", id->operation, id->key,
+               (double)(lease - now) / 1000.0);
+    goto out;
+  }
   p.n = 0;
   p_id(&p, id);
   if (r) {
@@ -2268,7 +2300,7 @@ static int pg_resolve(void *state, const idem_id *id, const idem_response *r) {
       rc = failf(err, IDEM_ENOMEM, "out of memory");
       goto out;
     }
-    p_i64(&p, DEFAULT_RETENTION_MS);
+    p_i64(&p, period(o->retention_ms));
     p_i64(&p, r->status);
     p_bytes(&p, r->meta, r->meta_len);
     p_bytes(&p, r->body_len ? r->body : "", r->body_len);
@@ -2286,6 +2318,28 @@ out:
   return rc == IDEM_OK ? IDEM_OK : idem__fail(rc, "%s", err);
 }
 
+static int pg_remove(void *state, const idem_id *id) {
+  pg_store *s = state;
+  conn *c = NULL;
+  PGresult *res = NULL;
+  params p = {0};
+  char err[ERR_SIZE];
+  int rc = pool_get(s, &c, err);
+  if (rc != IDEM_OK)
+    return idem__fail(rc, "%s", err);
+  p_id(&p, id);
+  rc = run_stmt(s, c, ST_DELETE, &p, "delete", &res, err);
+  pool_put(s, c);
+  if (rc != IDEM_OK)
+    return idem__fail(rc, "%s", err);
+  rc = atoi(PQcmdTuples(res)) == 0
+           ? idem__fail(IDEM_ENOTFOUND, "no record (%s, %s, %s)",
+                        id->tenant ? id->tenant : "", id->operation, id->key)
+           : IDEM_OK;
+  PQclear(res);
+  return rc;
+}
+
 const idem__store_methods idem__pg_methods = {
     IDEM__STORE_METHODS_VERSION,
     "postgresql",
@@ -2297,4 +2351,5 @@ const idem__store_methods idem__pg_methods = {
     pg_list,
     pg_prune,
     pg_resolve,
+    pg_remove,
 };

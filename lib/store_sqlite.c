@@ -23,17 +23,18 @@
 #include "cache.h"
 #include "store.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define SCHEMA_VERSION 1
 #define BATCH_MAX 64
-#define PRUNE_EVERY_MS 60000
-#define DEFAULT_RETENTION_MS (24 * 3600 * 1000LL)
 
 enum {
   ST_SELECT,
@@ -52,6 +53,7 @@ enum {
   ST_INSERT_DONE,
   ST_TAKEOVER_DONE,
   ST_INSERT_UNKNOWN,
+  ST_DELETE,
   ST_SAVEPOINT,
   ST_RELEASE_SP,
   ST_ROLLBACK_SP,
@@ -63,8 +65,11 @@ enum {
   "updated_ms, lease_expires_ms, expires_ms, request, status, meta, body, "   \
   "checksum"
 
-/* Expired by retention, and not held by a holder inside its lease. */
-#define EXPIRED_SQL "(expires_ms <= ?1 AND NOT (state = 1 AND lease_expires_ms > ?1))"
+/* Expired by retention: completed records only. A record in progress or
+ * marked unknown may describe an action that happened; it stays. */
+#define EXPIRED_SQL "(state = 2 AND expires_ms <= ?1)"
+/* Past its retention but kept, waiting for a holder or an operator. */
+#define OVERDUE_SQL "(state <> 2 AND expires_ms <= ?1)"
 
 static const char *const sql_text[ST_COUNT] = {
     [ST_SELECT] = "SELECT fingerprint, state, attempt, lease_expires_ms, "
@@ -76,8 +81,9 @@ static const char *const sql_text[ST_COUNT] = {
         "lease_expires_ms, expires_ms) VALUES (?1, ?2, ?3, ?4, ?5, 1, ?6, 1, "
         "?7, ?7, ?8, ?9)",
     [ST_TAKEOVER] = "UPDATE idem_records SET state = 1, owner = ?4, attempt = "
-                    "attempt + 1, updated_ms = ?5, lease_expires_ms = ?6 "
-                    "WHERE tenant = ?1 AND operation = ?2 AND key = ?3",
+                    "attempt + 1, updated_ms = ?5, lease_expires_ms = ?6, "
+                    "expires_ms = MAX(expires_ms, ?7) WHERE tenant = ?1 AND "
+                    "operation = ?2 AND key = ?3",
     [ST_COMPLETE] =
         "UPDATE idem_records SET state = 2, owner = NULL, lease_expires_ms = "
         "0, updated_ms = ?5, expires_ms = ?6, status = ?7, meta = ?8, body = "
@@ -94,10 +100,13 @@ static const char *const sql_text[ST_COUNT] = {
                  "owner = ?4 AND state = 1",
     [ST_GET] = "SELECT " RECORD_COLUMNS " FROM idem_records WHERE tenant = ?2 "
                "AND operation = ?3 AND key = ?4 AND NOT " EXPIRED_SQL,
+    /* One page after the last record of the previous one (?8-?11). */
     [ST_LIST] = "SELECT " RECORD_COLUMNS " FROM idem_records WHERE (?2 IS "
                 "NULL OR tenant = ?2) AND (?3 IS NULL OR operation = ?3) AND "
-                "(?4 = 0 OR state = ?4) AND (?5 OR NOT " EXPIRED_SQL ") "
-                "ORDER BY created_ms, tenant, operation, key LIMIT ?6",
+                "(?4 = 0 OR state = ?4) AND (?5 OR NOT " EXPIRED_SQL ") AND "
+                "(?7 = 0 OR " OVERDUE_SQL ") AND (created_ms, tenant, "
+                "operation, key) > (?8, ?9, ?10, ?11) ORDER BY created_ms, "
+                "tenant, operation, key LIMIT ?6",
     [ST_PRUNE] = "DELETE FROM idem_records WHERE " EXPIRED_SQL,
     [ST_PRUNE_SOME] = "DELETE FROM idem_records WHERE (tenant, operation, "
                       "key) IN (SELECT tenant, operation, key FROM "
@@ -109,6 +118,8 @@ static const char *const sql_text[ST_COUNT] = {
         "= ?2 AND key = ?3 AND state <> 2",
     [ST_RESOLVE_DELETE] = "DELETE FROM idem_records WHERE tenant = ?1 AND "
                           "operation = ?2 AND key = ?3 AND state <> 2",
+    [ST_DELETE] = "DELETE FROM idem_records WHERE tenant = ?1 AND operation = "
+                  "?2 AND key = ?3",
     /* A local action's record, written once, completed, after the action
      * ran: the batch holds the write lock throughout, so no one could have
      * seen it in progress. */
@@ -190,11 +201,12 @@ typedef struct sq_store {
   /* Checkpoints run on a thread of their own, so that no batch of callers
    * waits for the write-ahead log to be copied into the database. */
   pthread_t ckpt_thread;
+  conn *ckpt_conn;
   int ckpt_running, ckpt_wanted, ckpt_stop;
   int ckpt_seen, ckpt_next; /* log frames at the last commit; next request */
   int restart_due;          /* the thread copied the log: restart it */
   pthread_cond_t ckpt_cv;
-  int64_t last_prune_ms;
+  int64_t last_prune_ms; /* under gc_mu */
 
   idem__cache *cache; /* completed records, for replays */
 } sq_store;
@@ -260,14 +272,16 @@ static int exec(conn *c, const char *sql) {
 
 static int conn_open(sq_store *s, conn **out) {
   conn *c = calloc(1, sizeof *c);
-  const char *sync = s->o.sqlite_sync_normal ? "PRAGMA synchronous=NORMAL"
-                                             : "PRAGMA synchronous=FULL";
+  const char *sync = s->o.sqlite_synchronous == IDEM_SYNC_NORMAL
+                         ? "PRAGMA synchronous=NORMAL"
+                         : "PRAGMA synchronous=FULL";
   int rc;
   *out = NULL;
   if (!c)
     return idem__fail(IDEM_ENOMEM, "sqlite: out of memory");
   rc = sqlite3_open_v2(s->path, &c->db,
-                       SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
+                       (s->o.read_only ? SQLITE_OPEN_READONLY
+                                       : SQLITE_OPEN_READWRITE) |
                            SQLITE_OPEN_NOMUTEX,
                        NULL);
   if (rc != SQLITE_OK) {
@@ -283,7 +297,9 @@ static int conn_open(sq_store *s, conn **out) {
    * a new file to WAL needs a moment alone with it, and SQLite does not call
    * the busy handler for that, so wait here as the busy timeout says. */
   for (int waited = 0;; waited += 10) {
-    rc = exec(c, "PRAGMA journal_mode=WAL");
+    /* A reader leaves the journal mode as the writers set it. */
+    rc = exec(c, s->o.read_only ? "SELECT count(*) FROM sqlite_schema"
+                                : "PRAGMA journal_mode=WAL");
     if ((rc & 0xff) != SQLITE_BUSY || waited >= s->o.busy_timeout_ms)
       break;
     sqlite3_sleep(10);
@@ -360,8 +376,20 @@ static int ensure_schema(sq_store *s, conn *c) {
   int version = 0, rc;
   /* The common case reads only: many processes opening one store at once
    * do not queue for the write lock just to find the schema in place. */
-  if (read_version(c) == SCHEMA_VERSION)
+  version = read_version(c);
+  if (version == SCHEMA_VERSION)
     return IDEM_OK;
+  if (s->o.read_only)
+    return version > SCHEMA_VERSION
+               ? idem__fail(IDEM_ESCHEMA,
+                            "store '%s': schema version %d; this idem "
+                            "knows up to %d",
+                            s->path, version, SCHEMA_VERSION)
+               : idem__fail(IDEM_ESTORE,
+                            "store '%s': opened read-only, and it is not an "
+                            "idem store of this version (schema %d)",
+                            s->path, version);
+  version = 0;
   if (exec(c, "BEGIN IMMEDIATE") != SQLITE_OK)
     return idem__fail(map_rc(sqlite3_extended_errcode(c->db)),
                       "store '%s': %s", s->path, sqlite3_errmsg(c->db));
@@ -497,8 +525,8 @@ static int write_claim(conn *c, idem__op *op, const idem__row *row,
                         SQLITE_STATIC);
     sqlite3_bind_text(q, 6, cl->token, -1, SQLITE_STATIC);
     sqlite3_bind_int64(q, 7, now);
-    sqlite3_bind_int64(q, 8, now + op->opts.lease_ms);
-    sqlite3_bind_int64(q, 9, now + op->opts.retention_ms);
+    sqlite3_bind_int64(q, 8, idem__deadline(now, op->opts.lease_ms));
+    sqlite3_bind_int64(q, 9, idem__deadline(now, op->opts.retention_ms));
     cl->attempt = 1;
   } else {
     q = stmt(c, ST_TAKEOVER);
@@ -507,7 +535,8 @@ static int write_claim(conn *c, idem__op *op, const idem__row *row,
     bind_id(q, op->id, 1);
     sqlite3_bind_text(q, 4, cl->token, -1, SQLITE_STATIC);
     sqlite3_bind_int64(q, 5, now);
-    sqlite3_bind_int64(q, 6, now + op->opts.lease_ms);
+    sqlite3_bind_int64(q, 6, idem__deadline(now, op->opts.lease_ms));
+    sqlite3_bind_int64(q, 7, idem__deadline(now, op->opts.retention_ms));
     cl->attempt = row->attempt + 1;
   }
   if (sqlite3_step(q) != SQLITE_DONE) {
@@ -516,6 +545,7 @@ static int write_claim(conn *c, idem__op *op, const idem__row *row,
     return op->rc;
   }
   sqlite3_reset(q);
+  cl->lease_expires_ms = idem__deadline(now, op->opts.lease_ms);
   return IDEM_OK;
 }
 
@@ -533,7 +563,7 @@ static int write_complete(conn *c, idem__op *op, const idem_response *r,
   bind_id(q, op->id, 1);
   sqlite3_bind_text(q, 4, op->claim->token, -1, SQLITE_STATIC);
   sqlite3_bind_int64(q, 5, now);
-  sqlite3_bind_int64(q, 6, now + op->opts.retention_ms);
+  sqlite3_bind_int64(q, 6, idem__deadline(now, op->opts.retention_ms));
   sqlite3_bind_int(q, 7, r->status);
   if (r->meta)
     sqlite3_bind_blob(q, 8, r->meta, (int)r->meta_len, SQLITE_STATIC);
@@ -567,7 +597,7 @@ static int write_fenced(conn *c, idem__op *op, int which, int64_t now) {
   if (which == ST_UNKNOWN) {
     sqlite3_bind_int64(q, 5, now);
   } else if (which == ST_RENEW) {
-    sqlite3_bind_int64(q, 5, now + op->lease_ms);
+    sqlite3_bind_int64(q, 5, idem__deadline(now, op->lease_ms));
     sqlite3_bind_int64(q, 6, now);
   }
   if (sqlite3_step(q) != SQLITE_DONE) {
@@ -582,6 +612,8 @@ static int write_fenced(conn *c, idem__op *op, int which, int64_t now) {
                          "key '%s': the lease was taken over by a newer "
                          "attempt or the record was removed",
                          op->id->key);
+  if (which == ST_RENEW)
+    op->claim->lease_expires_ms = idem__deadline(now, op->lease_ms);
   return IDEM_OK;
 }
 
@@ -594,7 +626,7 @@ static void bind_new_record(sqlite3_stmt *q, const idem__op *op, int64_t now) {
     sqlite3_bind_blob(q, 5, op->opts.request, (int)op->opts.request_len,
                       SQLITE_STATIC);
   sqlite3_bind_int64(q, 6, now);
-  sqlite3_bind_int64(q, 7, now + op->opts.retention_ms);
+  sqlite3_bind_int64(q, 7, idem__deadline(now, op->opts.retention_ms));
 }
 
 /*
@@ -740,9 +772,15 @@ static int step_once(conn *c, int which) {
 
 static void prune_some(sq_store *s, conn *c, int64_t now) {
   sqlite3_stmt *q;
-  if (now - s->last_prune_ms < PRUNE_EVERY_MS)
+  int due;
+  /* Without group commit, batches of several threads run at once. */
+  pthread_mutex_lock(&s->gc_mu);
+  due = now - s->last_prune_ms >= IDEM__PRUNE_EVERY_MS;
+  if (due)
+    s->last_prune_ms = now;
+  pthread_mutex_unlock(&s->gc_mu);
+  if (!due)
     return;
-  s->last_prune_ms = now;
   if (exec(c, "SAVEPOINT idem_prune") != SQLITE_OK)
     return;
   q = stmt(c, ST_PRUNE_SOME);
@@ -796,7 +834,7 @@ static void batch_lost(conn *c, idem__op **ops, int n, int lost) {
  * COMMIT every op of the batch fails and nothing of it is stored.
  */
 static void run_batch(sq_store *s, conn *c, idem__op **ops, int n) {
-  int64_t now = idem__now_ms();
+  int64_t now;
   int i, restart;
   /*
    * The log starts over from its beginning only when a write transaction
@@ -825,6 +863,10 @@ static void run_batch(sq_store *s, conn *c, idem__op **ops, int n) {
       op_sqlite_fail(op, c, "savepoint");
       continue;
     }
+    /* Read under the write lock, for each op: a lease or a retention
+     * counts from when its write can no longer wait, never from before
+     * BEGIN IMMEDIATE's wait or the actions run earlier in the batch. */
+    now = idem__now_ms();
     run_one(c, op, now);
     /* SQLite rolls a whole transaction back by itself on some errors (disk
      * full, I/O error, out of memory), and an action may end it against
@@ -836,11 +878,17 @@ static void run_batch(sq_store *s, conn *c, idem__op **ops, int n) {
     if (op->rc != IDEM_OK) {
       if (op->kind == IDEM__OP_CLAIM || op->kind == IDEM__OP_LOCAL)
         op->claim->held = 0;
-      step_once(c, ST_ROLLBACK_SP);
+      /* A rejected action's writes must never commit: when they cannot be
+       * undone alone, the whole batch is. */
+      if (step_once(c, ST_ROLLBACK_SP) != SQLITE_OK) {
+        exec(c, "ROLLBACK");
+        batch_lost(c, ops, n, i);
+        return;
+      }
     }
     step_once(c, ST_RELEASE_SP);
   }
-  prune_some(s, c, now);
+  prune_some(s, c, idem__now_ms());
   if (exec(c, "COMMIT") != SQLITE_OK) {
     char msg[256];
     snprintf(msg, sizeof msg, "%s", sqlite3_errmsg(c->db));
@@ -886,9 +934,7 @@ static int wal_hook(void *arg, sqlite3 *db, const char *name, int frames) {
 
 static void *checkpointer(void *arg) {
   sq_store *s = arg;
-  conn *c = NULL;
-  if (conn_open(s, &c) != IDEM_OK)
-    return NULL;
+  conn *c = s->ckpt_conn;
   pthread_mutex_lock(&s->gc_mu);
   while (!s->ckpt_stop) {
     if (!s->ckpt_wanted) {
@@ -913,7 +959,6 @@ static void *checkpointer(void *arg) {
     pthread_mutex_lock(&s->gc_mu);
   }
   pthread_mutex_unlock(&s->gc_mu);
-  conn_close(c);
   return NULL;
 }
 
@@ -1070,6 +1115,7 @@ static void sq_close(void *state) {
     pthread_mutex_unlock(&s->gc_mu);
     pthread_join(s->ckpt_thread, NULL);
   }
+  conn_close(s->ckpt_conn);
   while ((c = s->idle)) {
     s->idle = c->next;
     conn_close(c);
@@ -1086,12 +1132,38 @@ static void sq_close(void *state) {
   free(s);
 }
 
+/*
+ * Creates a missing store file with mode 0600 before SQLite opens it: the
+ * store holds requests and outputs, and SQLite gives its -wal and -shm
+ * files the mode of the database file. An existing file keeps its mode.
+ */
+static int create_private(const char *path) {
+  int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd >= 0) {
+    close(fd);
+    return IDEM_OK;
+  }
+  if (errno == EEXIST)
+    return IDEM_OK;
+  return idem__fail(IDEM_ESTORE, "store '%s': cannot create the file: %s",
+                    path, strerror(errno));
+}
+
 static int sq_open(const char *target, const idem_store_options *opts,
                    void **state) {
-  sq_store *s = calloc(1, sizeof *s);
+  sq_store *s;
   conn *c = NULL;
   int rc;
   *state = NULL;
+  if (strcmp(target, ":memory:") == 0 || strncmp(target, "file:", 5) == 0)
+    return idem__fail(IDEM_EURL,
+                      "store '%s': SQLite's special names are not stores "
+                      "(an in-memory database would be private to one "
+                      "connection); give a file path",
+                      target);
+  if (!opts->read_only && (rc = create_private(target)) != IDEM_OK)
+    return rc;
+  s = calloc(1, sizeof *s);
   if (!s)
     return idem__fail(IDEM_ENOMEM, "sqlite: out of memory");
   s->o = *opts;
@@ -1100,7 +1172,7 @@ static int sq_open(const char *target, const idem_store_options *opts,
   if (s->o.max_connections <= 0)
     s->o.max_connections = 16;
   s->path = idem__strdup(target);
-  s->cache = idem__cache_new();
+  s->cache = idem__cache_new(s->o.replay_cache_entries);
   pthread_mutex_init(&s->pool_mu, NULL);
   pthread_cond_init(&s->pool_cv, NULL);
   pthread_mutex_init(&s->gc_mu, NULL);
@@ -1117,7 +1189,7 @@ static int sq_open(const char *target, const idem_store_options *opts,
   }
   s->ckpt_next = CKPT_FRAMES;
   snprintf(s->version, sizeof s->version, "%s", sqlite3_libversion());
-  if (!s->path || !s->cache) {
+  if (!s->path || (!s->cache && s->o.replay_cache_entries >= 0)) {
     sq_close(s);
     return idem__fail(IDEM_ENOMEM, "sqlite: out of memory");
   }
@@ -1132,17 +1204,25 @@ static int sq_open(const char *target, const idem_store_options *opts,
   s->nconn = 1;
   c->next = NULL;
   s->idle = c;
-  if (s->o.group_commit >= 0) {
+  if (s->o.group_commit >= 0 && !s->o.read_only) {
     rc = conn_open(s, &s->writer);
     if (rc != IDEM_OK) {
       sq_close(s);
       return rc;
     }
-    sqlite3_wal_hook(s->writer->db, wal_hook, s);
-    if (pthread_create(&s->ckpt_thread, NULL, checkpointer, s) == 0)
+    /* The checkpoint thread's connection is opened here, so that a thread
+     * that could not work never replaces the writer's own checkpoints.
+     * Without it the writer keeps SQLite's automatic checkpoint. */
+    if (conn_open(s, &s->ckpt_conn) == IDEM_OK &&
+        pthread_create(&s->ckpt_thread, NULL, checkpointer, s) == 0) {
       s->ckpt_running = 1;
-    else
+      sqlite3_wal_hook(s->writer->db, wal_hook, s);
+    } else {
+      conn_close(s->ckpt_conn);
+      s->ckpt_conn = NULL;
       sqlite3_wal_autocheckpoint(s->writer->db, CKPT_FRAMES);
+      idem__clear_error();
+    }
   }
   *state = s;
   return IDEM_OK;
@@ -1237,43 +1317,80 @@ out:
   return rc;
 }
 
+#define LIST_PAGE 256
+
+/*
+ * Reads records a page at a time and calls fn with no connection held: fn
+ * may call back into the store (even with max_connections = 1), and no read
+ * snapshot stays open while it works, which would keep the log from being
+ * reused. Each page starts after the last record of the one before.
+ */
 static int sq_list(void *state, const idem_filter *f, idem_record_fn fn,
                    void *ctx) {
   sq_store *s = state;
-  conn *c;
-  sqlite3_stmt *q;
-  int rc = pool_get(s, &c), step;
-  if (rc != IDEM_OK)
-    return rc;
-  /* A prepared statement of its own: fn may call back into the store. */
-  if (sqlite3_prepare_v2(c->db, sql_text[ST_LIST], -1, &q, NULL) !=
-      SQLITE_OK) {
-    rc = sqlite_fail(c, "prepare");
+  idem_record *page[LIST_PAGE];
+  int64_t left = f->limit > 0 ? f->limit : -1, after_ms = INT64_MIN;
+  char *after[3] = {NULL, NULL, NULL};
+  int rc = IDEM_OK, n = 0, more = 1;
+
+  while (more && rc == IDEM_OK && left != 0) {
+    conn *c;
+    sqlite3_stmt *q;
+    int step, want = left < 0 || left > LIST_PAGE ? LIST_PAGE : (int)left;
+    n = 0;
+    if ((rc = pool_get(s, &c)) != IDEM_OK)
+      break;
+    q = stmt(c, ST_LIST);
+    if (!q) {
+      rc = sqlite_fail(c, "prepare");
+      pool_put(s, c);
+      break;
+    }
+    sqlite3_bind_int64(q, 1, idem__now_ms());
+    if (f->tenant)
+      sqlite3_bind_text(q, 2, f->tenant, -1, SQLITE_STATIC);
+    if (f->operation)
+      sqlite3_bind_text(q, 3, f->operation, -1, SQLITE_STATIC);
+    sqlite3_bind_int(q, 4, f->state);
+    sqlite3_bind_int(q, 5, f->expired || f->overdue ? 1 : 0);
+    sqlite3_bind_int64(q, 6, want);
+    sqlite3_bind_int(q, 7, f->overdue ? 1 : 0);
+    sqlite3_bind_int64(q, 8, after_ms);
+    sqlite3_bind_text(q, 9, after[0] ? after[0] : "", -1, SQLITE_STATIC);
+    sqlite3_bind_text(q, 10, after[1] ? after[1] : "", -1, SQLITE_STATIC);
+    sqlite3_bind_text(q, 11, after[2] ? after[2] : "", -1, SQLITE_STATIC);
+    while (n < want && (step = sqlite3_step(q)) == SQLITE_ROW) {
+      if ((rc = row_to_record(q, &page[n])) != IDEM_OK)
+        break;
+      n++;
+    }
+    if (rc == IDEM_OK && n < want && step != SQLITE_DONE)
+      rc = sqlite_fail(c, "list");
+    sqlite3_reset(q);
     pool_put(s, c);
-    return rc;
+    more = n == want;
+    if (n > 0) {
+      const idem_record *last = page[n - 1];
+      after_ms = last->created_ms;
+      for (int k = 0; k < 3; k++)
+        free(after[k]);
+      after[0] = idem__strdup(last->tenant);
+      after[1] = idem__strdup(last->operation);
+      after[2] = idem__strdup(last->key);
+      if (!after[0] || !after[1] || !after[2])
+        rc = rc ? rc : idem__fail(IDEM_ENOMEM, "out of memory");
+    }
+    for (int i = 0; i < n; i++) {
+      if (rc == IDEM_OK) {
+        rc = fn(page[i], ctx);
+        if (left > 0)
+          left--;
+      }
+      idem_record_free(page[i]);
+    }
   }
-  sqlite3_bind_int64(q, 1, idem__now_ms());
-  if (f->tenant)
-    sqlite3_bind_text(q, 2, f->tenant, -1, SQLITE_STATIC);
-  if (f->operation)
-    sqlite3_bind_text(q, 3, f->operation, -1, SQLITE_STATIC);
-  sqlite3_bind_int(q, 4, f->state);
-  sqlite3_bind_int(q, 5, f->expired ? 1 : 0);
-  sqlite3_bind_int64(q, 6, f->limit > 0 ? f->limit : -1);
-  while ((step = sqlite3_step(q)) == SQLITE_ROW) {
-    idem_record *r = NULL;
-    rc = row_to_record(q, &r);
-    if (rc != IDEM_OK)
-      break;
-    rc = fn(r, ctx);
-    idem_record_free(r);
-    if (rc != 0)
-      break;
-  }
-  if (rc == IDEM_OK && step != SQLITE_DONE)
-    rc = sqlite_fail(c, "list");
-  sqlite3_finalize(q);
-  pool_put(s, c);
+  for (int k = 0; k < 3; k++)
+    free(after[k]);
   return rc;
 }
 
@@ -1300,13 +1417,14 @@ static int sq_prune(void *state, int64_t *removed) {
 }
 
 static int sq_resolve(void *state, const idem_id *id,
-                      const idem_response *r) {
+                      const idem_response *r,
+                      const idem_resolve_options *o) {
   sq_store *s = state;
   conn *c;
   sqlite3_stmt *q;
   char fp[IDEM_FINGERPRINT_SIZE] = "", sum[IDEM_FINGERPRINT_SIZE];
   int found = 0, st = 0, step;
-  int64_t now = idem__now_ms();
+  int64_t now, lease = 0;
   int rc = pool_get(s, &c);
   if (rc != IDEM_OK)
     return rc;
@@ -1315,6 +1433,7 @@ static int sq_resolve(void *state, const idem_id *id,
     pool_put(s, c);
     return rc;
   }
+  now = idem__now_ms();
   q = stmt(c, ST_SELECT);
   if (!q) {
     rc = sqlite_fail(c, "prepare");
@@ -1326,6 +1445,7 @@ static int sq_resolve(void *state, const idem_id *id,
     found = 1;
     snprintf(fp, sizeof fp, "%s", (const char *)sqlite3_column_text(q, 0));
     st = sqlite3_column_int(q, 1);
+    lease = sqlite3_column_int64(q, 3);
   } else if (step != SQLITE_DONE) {
     rc = sqlite_fail(c, "read record");
     sqlite3_reset(q);
@@ -1344,6 +1464,15 @@ static int sq_resolve(void *state, const idem_id *id,
                     id->tenant ? id->tenant : "", id->operation, id->key);
     goto out;
   }
+  if (st == IDEM_STATE_IN_PROGRESS && lease > now && !o->force) {
+    rc = idem__fail(IDEM_ESTATE,
+                    "record (%s, %s, %s) is held by a run whose lease ends "
+                    "in %.1f s: it may still be acting; wait for the lease "
+                    "to end, or force it",
+                    id->tenant ? id->tenant : "", id->operation, id->key,
+                    (double)(lease - now) / 1000.0);
+    goto out;
+  }
   if (r) {
     if (idem__response_checksum(fp, r->status, r->meta, r->meta_len, r->body,
                                 r->body_len, sum) != IDEM_OK) {
@@ -1357,7 +1486,7 @@ static int sq_resolve(void *state, const idem_id *id,
     }
     bind_id(q, id, 1);
     sqlite3_bind_int64(q, 4, now);
-    sqlite3_bind_int64(q, 5, now + DEFAULT_RETENTION_MS);
+    sqlite3_bind_int64(q, 5, idem__deadline(now, o->retention_ms));
     sqlite3_bind_int(q, 6, r->status);
     if (r->meta)
       sqlite3_bind_blob(q, 7, r->meta, (int)r->meta_len, SQLITE_STATIC);
@@ -1384,6 +1513,31 @@ out:
   return rc;
 }
 
+static int sq_remove(void *state, const idem_id *id) {
+  sq_store *s = state;
+  conn *c;
+  sqlite3_stmt *q;
+  int rc = pool_get(s, &c), changed = 0;
+  if (rc != IDEM_OK)
+    return rc;
+  q = stmt(c, ST_DELETE);
+  if (!q) {
+    rc = sqlite_fail(c, "prepare");
+  } else {
+    bind_id(q, id, 1);
+    if (sqlite3_step(q) != SQLITE_DONE)
+      rc = sqlite_fail(c, "delete");
+    else
+      changed = sqlite3_changes(c->db);
+    sqlite3_reset(q);
+  }
+  pool_put(s, c);
+  if (rc == IDEM_OK && changed == 0)
+    rc = idem__fail(IDEM_ENOTFOUND, "no record (%s, %s, %s)",
+                    id->tenant ? id->tenant : "", id->operation, id->key);
+  return rc;
+}
+
 const idem__store_methods idem__sqlite_methods = {
     IDEM__STORE_METHODS_VERSION,
     "sqlite",
@@ -1395,4 +1549,5 @@ const idem__store_methods idem__sqlite_methods = {
     sq_list,
     sq_prune,
     sq_resolve,
+    sq_remove,
 };
