@@ -850,3 +850,94 @@ static void assert_fresh_errmsg(const char *primed) {
   assert_string_not_equal(m, primed);
 }
 
+/* ------------------------------------------------------------------ */
+/* A store held busy by another connection                              */
+/* ------------------------------------------------------------------ */
+
+/*
+ * Holds the store's write lock (SQLite: BEGIN IMMEDIATE; PostgreSQL: an
+ * EXCLUSIVE lock on the records table, which every write of a claim waits
+ * for) on a connection of its own, for hold_ms, on a thread.
+ */
+typedef struct blocker {
+  const char *url;
+  int hold_ms;
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int locked; /* 1 once the lock is held, -1 when taking it failed */
+} blocker;
+
+static void blocker_signal(blocker *b, int v) {
+  pthread_mutex_lock(&b->mu);
+  b->locked = v;
+  pthread_cond_broadcast(&b->cv);
+  pthread_mutex_unlock(&b->mu);
+}
+
+static void *blocker_main(void *arg) {
+  blocker *b = arg;
+  if (is_pg_url(b->url)) {
+    PGconn *conn = NULL;
+    char target[URL_MAX], schema[64], sql[256];
+    PGresult *res = pg_side_exec(b->url, "BEGIN", NULL, &conn);
+    if (!res || pg_split_url(b->url, target, sizeof target, schema,
+                             sizeof schema) != 0 ||
+        pg_expand("LOCK TABLE {S}.idem_records IN EXCLUSIVE MODE", schema,
+                  sql, sizeof sql) != 0) {
+      PQclear(res);
+      PQfinish(conn);
+      blocker_signal(b, -1);
+      return NULL;
+    }
+    PQclear(res);
+    res = PQexec(conn, sql);
+    if (PQresultStatus(res) != PGRES_COMMAND_OK) {
+      PQclear(res);
+      PQfinish(conn);
+      blocker_signal(b, -1);
+      return NULL;
+    }
+    PQclear(res);
+    blocker_signal(b, 1);
+    sleep_ms(b->hold_ms);
+    PQclear(PQexec(conn, "COMMIT"));
+    PQfinish(conn);
+    return NULL;
+  }
+  sqlite3 *db = NULL;
+  if (sqlite3_open_v2(sqlite_path(b->url), &db, SQLITE_OPEN_READWRITE,
+                      NULL) != SQLITE_OK ||
+      sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK) {
+    sqlite3_close(db);
+    blocker_signal(b, -1);
+    return NULL;
+  }
+  blocker_signal(b, 1);
+  sleep_ms(b->hold_ms);
+  sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
+  sqlite3_close(db);
+  return NULL;
+}
+
+/* Starts holding the lock and returns once it is held. */
+static void blocker_start(blocker *b, const char *url, int hold_ms) {
+  memset(b, 0, sizeof *b);
+  b->url = url;
+  b->hold_ms = hold_ms;
+  pthread_mutex_init(&b->mu, NULL);
+  pthread_cond_init(&b->cv, NULL);
+  assert_int_equal(pthread_create(&b->thread, NULL, blocker_main, b), 0);
+  pthread_mutex_lock(&b->mu);
+  while (b->locked == 0)
+    pthread_cond_wait(&b->cv, &b->mu);
+  pthread_mutex_unlock(&b->mu);
+  assert_int_equal(b->locked, 1);
+}
+
+static void blocker_join(blocker *b) {
+  pthread_join(b->thread, NULL);
+  pthread_mutex_destroy(&b->mu);
+  pthread_cond_destroy(&b->cv);
+}
+
