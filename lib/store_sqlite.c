@@ -270,6 +270,57 @@ static int exec(conn *c, const char *sql) {
   return sqlite3_exec(c->db, sql, NULL, NULL, NULL);
 }
 
+/*
+ * "file:PATH?immutable=1" with the characters a URI gives a meaning to
+ * escaped. NULL when out of memory.
+ */
+static char *immutable_uri(const char *path) {
+  size_t n = strlen(path);
+  char *u = malloc(3 * n + 32), *o;
+  if (!u)
+    return NULL;
+  o = u + sprintf(u, "file:");
+  for (const char *p = path; *p; p++) {
+    unsigned char ch = (unsigned char)*p;
+    if (ch == '%' || ch == '?' || ch == '#' || ch < 0x21 || ch > 0x7e)
+      o += sprintf(o, "%%%02X", ch);
+    else
+      *o++ = (char)ch;
+  }
+  strcpy(o, "?immutable=1");
+  return u;
+}
+
+/*
+ * A reader who may not write the store's folder cannot create the shared
+ * memory file that WAL needs. When no such file exists, no connection has
+ * the store open, and the file alone is the whole store: it is then read
+ * as immutable. (A writer that starts meanwhile writes to its log, which
+ * this reader does not see until it opens the store again.)
+ */
+static int reopen_immutable(sq_store *s, conn *c) {
+  char shm[4096];
+  char *uri;
+  int rc;
+  if (snprintf(shm, sizeof shm, "%s-shm", s->path) >= (int)sizeof shm ||
+      access(shm, F_OK) == 0 || errno != ENOENT)
+    return SQLITE_CANTOPEN;
+  if (!(uri = immutable_uri(s->path)))
+    return SQLITE_NOMEM;
+  sqlite3_close(c->db);
+  c->db = NULL;
+  rc = sqlite3_open_v2(uri, &c->db,
+                       SQLITE_OPEN_READONLY | SQLITE_OPEN_URI |
+                           SQLITE_OPEN_NOMUTEX,
+                       NULL);
+  free(uri);
+  if (rc == SQLITE_OK) {
+    sqlite3_extended_result_codes(c->db, 1);
+    rc = exec(c, "SELECT count(*) FROM sqlite_schema");
+  }
+  return rc;
+}
+
 static int conn_open(sq_store *s, conn **out) {
   conn *c = calloc(1, sizeof *c);
   const char *sync = s->o.sqlite_synchronous == IDEM_SYNC_NORMAL
@@ -304,6 +355,9 @@ static int conn_open(sq_store *s, conn **out) {
       break;
     sqlite3_sleep(10);
   }
+  if (s->o.read_only && ((rc & 0xff) == SQLITE_CANTOPEN ||
+                         (rc & 0xff) == SQLITE_READONLY))
+    rc = reopen_immutable(s, c);
   if (rc != SQLITE_OK || exec(c, sync) != SQLITE_OK) {
     rc = idem__fail(map_rc(sqlite3_extended_errcode(c->db)),
                     "store '%s': %s", s->path, sqlite3_errmsg(c->db));

@@ -1954,6 +1954,93 @@ static void *hold_write_lock(void *p) {
  * the caller is writing them waits for the busy timeout like every other
  * call instead of failing at once.
  */
+/*
+ * The store holds requests and outputs: its file, log and shared-memory
+ * file are created 0600. A user who may only read it (here: a copy made
+ * readable to nobody, in a folder nobody may not write) lists it with a
+ * read-only handle, and a read-only handle writes nothing.
+ */
+static void test_sqlite_private_files_and_readers(void **state) {
+  const char *dir = *state;
+  char path[URL_MAX], url[URL_MAX + 8], side[URL_MAX + 8];
+  idem_id id = {"tenant-a", OPERATION, KEY};
+  idem_response resp = {201, NULL, 0, "{\"ticket_id\":1}", 15};
+  idem_store_options ro = {.read_only = 1};
+  char fp[IDEM_FINGERPRINT_SIZE];
+  idem_store *s = NULL, *r = NULL;
+  idem_call *c = NULL;
+  struct stat st;
+  int pfd[2], status = 0, got[3] = {-1, -1, -1};
+  pid_t pid;
+  fp_of(PAYLOAD, fp);
+  assert_int_equal(chmod(dir, 0755), 0);
+  snprintf(path, sizeof path, "%s/store.db", dir);
+  snprintf(url, sizeof url, "sqlite:%s", path);
+
+  /* A read-only handle never creates a store. */
+  EXPECT_RC(IDEM_ESTORE, idem_store_open(url, &ro, &r));
+  assert_null(r);
+  assert_int_equal(stat(path, &st), -1);
+
+  EXPECT_RC(IDEM_OK, idem_store_open(url, NULL, &s));
+  c = CLAIM(s, &id, fp, NULL, IDEM_PROCEED);
+  EXPECT_RC(IDEM_OK, idem_complete(s, c, &resp));
+  idem_call_free(c);
+  const char *suffix[3] = {"", "-wal", "-shm"};
+  for (int i = 0; i < 3; i++) {
+    snprintf(side, sizeof side, "%s%s", path, suffix[i]);
+    assert_int_equal(stat(side, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0600);
+  }
+  /* A read-only handle beside the writer lists, and refuses to write. */
+  EXPECT_RC(IDEM_OK, idem_store_open(url, &ro, &r));
+  assert_int_equal(list_count(r, NULL), 1);
+  c = NULL;
+  EXPECT_RC(IDEM_ESTORE, idem_claim(r, &(idem_id){"tenant-a", OPERATION,
+                                                   "new-key"},
+                                    fp, NULL, &c));
+  assert_null(c);
+  idem_store_close(r);
+  idem_store_close(s);
+
+  /* Another user who may read the file but not write it or its folder. */
+  assert_int_equal(chmod(path, 0644), 0);
+  assert_int_equal(pipe(pfd), 0);
+  pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    int out[3] = {0, 0, 0};
+    close(pfd[0]);
+    if (geteuid() == 0 &&
+        (setgroups(0, NULL) != 0 || setgid(65534) != 0 || setuid(65534) != 0))
+      _exit(4);
+    idem_store *rs = NULL;
+    out[0] = idem_store_open(url, &ro, &rs);
+    if (out[0] == IDEM_OK) {
+      out[1] = list_count(rs, NULL);
+      idem_record *rec = NULL;
+      out[2] = idem_get(rs, &id, &rec) == IDEM_OK && rec->has_response &&
+               rec->response.status == 201;
+      idem_record_free(rec);
+      idem_store_close(rs);
+    }
+    _exit(write_all(pfd[1], out, sizeof out) == 0 ? 0 : 3);
+  }
+  close(pfd[1]);
+  assert_int_equal(read_all(pfd[0], got, sizeof got), 1);
+  close(pfd[0]);
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  assert_int_equal(got[0], IDEM_OK);
+  assert_int_equal(got[1], 1);
+  assert_int_equal(got[2], 1);
+
+  /* SQLite's special names are no store: a clear error, nothing made. */
+  EXPECT_RC(IDEM_EURL, idem_store_open("sqlite::memory:", NULL, &s));
+  assert_non_null(strstr(idem_errmsg(), "file path"));
+}
+
 static void test_sqlite_open_waits_for_writer(void **state) {
   const char *dir = *state;
   char path[URL_MAX], url[URL_MAX + 8];
@@ -2581,6 +2668,8 @@ int main(void) {
                                       teardown_tmpdir),
       cmocka_unit_test_setup_teardown(test_sqlite_read_only_file, setup_tmpdir,
                                       teardown_tmpdir),
+      cmocka_unit_test_setup_teardown(test_sqlite_private_files_and_readers,
+                                      setup_tmpdir, teardown_tmpdir),
       cmocka_unit_test_setup_teardown(test_sqlite_open_waits_for_writer,
                                       setup_tmpdir, teardown_tmpdir),
   };
