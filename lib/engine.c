@@ -1,5 +1,5 @@
 /*
- * engine.c -- the record state machine: argument checks, defaults, the §3
+ * engine.c -- the record state machine: argument checks, defaults, the
  * decision table, and dispatch to a store backend.
  */
 #include "store.h"

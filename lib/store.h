@@ -91,7 +91,7 @@ typedef enum idem__action {
   IDEM__ACT_TAKEOVER  /* new owner, attempt + 1 */
 } idem__action;
 
-/* The §3 table: what a claim of fingerprint at time now does to row. */
+/* The decision table of docs/design.md: what a claim of fingerprint at time now does to row. */
 idem_outcome idem__decide(const idem__row *row, const char *fingerprint,
                           int64_t now_ms, const idem_call_options *opts,
                           idem__action *action, int64_t *retry_after_ms);

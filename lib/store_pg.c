@@ -2,8 +2,8 @@
  * store_pg.c -- the PostgreSQL backend (libpq).
  *
  * Many processes, on many machines, may share one store. Every outcome of
- * §3 is one statement or one short READ COMMITTED transaction that touches
- * one row, so callers never see serialization failures to retry and never
+ * the decision table (docs/design.md) is one statement or one short READ
+ * COMMITTED transaction that touches one row, so callers never see serialization failures to retry and never
  * take a table lock.
  *
  * A claim (idem_claim) first tries to insert its record:

@@ -1,7 +1,7 @@
 /*
  * test_engine.c -- the engine's contract, run against a real store.
  *
- * Every row of the decision table (DESIGN.md §3), the holder's three endings
+ * Every row of the decision table (docs/design.md), the holder's three endings
  * (complete, release, mark unknown) and their fencing, local actions whose
  * side effect commits with the record, the operators' calls, concurrency in
  * threads and in processes, and what a foreign, read-only, corrupted or newer
