@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -209,6 +210,12 @@ typedef struct sq_store {
   int64_t last_prune_ms; /* under gc_mu */
 
   idem__cache *cache; /* completed records, for replays */
+
+  /* The write-ahead log as it was when the store opened: a log deleted or
+   * replaced under an open store takes its newest commits with it. */
+  dev_t wal_dev;
+  ino_t wal_ino;
+  int wal_known;
 } sq_store;
 
 /* ---- errors ------------------------------------------------------------ */
@@ -883,6 +890,44 @@ static void batch_lost(conn *c, idem__op **ops, int n, int lost) {
   }
 }
 
+/* Notes the log file that the store's connections have open. */
+static void note_wal(sq_store *s) {
+  char wal[4096];
+  struct stat st;
+  if (snprintf(wal, sizeof wal, "%s-wal", s->path) < (int)sizeof wal &&
+      stat(wal, &st) == 0) {
+    s->wal_dev = st.st_dev;
+    s->wal_ino = st.st_ino;
+    s->wal_known = 1;
+  }
+}
+
+/*
+ * Whether the log is still the one the store opened. SQLite never deletes
+ * the log while a connection has it open, so a log that is gone or another
+ * file means someone deleted it: the commits it held are lost to every
+ * process that opens the store from now on, and the keys they completed
+ * would act again. Nothing more is written through this handle.
+ */
+static int wal_intact(sq_store *s, char *why, size_t size) {
+  char wal[4096];
+  struct stat st;
+  if (!s->wal_known)
+    return 1;
+  snprintf(wal, sizeof wal, "%s-wal", s->path);
+  if (stat(wal, &st) == 0 && st.st_dev == s->wal_dev &&
+      st.st_ino == s->wal_ino)
+    return 1;
+  snprintf(why, size,
+           "store '%.160s': its write-ahead log (the -wal file) was deleted "
+           "or replaced while the store was open; the most recent records "
+           "may be lost and keys they completed could act again, so this "
+           "handle writes nothing more. Check what ran, then reopen the "
+           "store",
+           s->path);
+  return 0;
+}
+
 /*
  * Runs ops[0..n) in one transaction with one commit. On a failed BEGIN or
  * COMMIT every op of the batch fails and nothing of it is stored.
@@ -910,6 +955,18 @@ static void run_batch(sq_store *s, conn *c, idem__op **ops, int n) {
     for (i = 0; i < n; i++)
       op_sqlite_fail(ops[i], c, "begin");
     return;
+  }
+  {
+    char why[sizeof ops[0]->errmsg];
+    if (!wal_intact(s, why, sizeof why)) {
+      exec(c, "ROLLBACK");
+      for (i = 0; i < n; i++) {
+        idem__op_fail(ops[i], IDEM_ESTORE, "%s", why);
+        if (ops[i]->kind == IDEM__OP_CLAIM || ops[i]->kind == IDEM__OP_LOCAL)
+          ops[i]->claim->held = 0;
+      }
+      return;
+    }
   }
   for (i = 0; i < n; i++) {
     idem__op *op = ops[i];
@@ -1258,6 +1315,8 @@ static int sq_open(const char *target, const idem_store_options *opts,
   s->nconn = 1;
   c->next = NULL;
   s->idle = c;
+  if (!s->o.read_only)
+    note_wal(s);
   if (s->o.group_commit >= 0 && !s->o.read_only) {
     rc = conn_open(s, &s->writer);
     if (rc != IDEM_OK) {

@@ -2041,6 +2041,40 @@ static void test_sqlite_private_files_and_readers(void **state) {
   assert_non_null(strstr(idem_errmsg(), "file path"));
 }
 
+/*
+ * Deleting a live store's -wal file drops its newest commits for every
+ * process that opens the store afterwards. The handle that notices refuses
+ * to write again, so that it never answers PROCEED for a key whose record
+ * it can no longer vouch for.
+ */
+static void test_sqlite_deleted_log(void **state) {
+  const char *dir = *state;
+  char path[URL_MAX], url[URL_MAX + 8], side[URL_MAX + 8];
+  idem_id done = {"tenant-a", OPERATION, "done-before"};
+  idem_id fresh = {"tenant-a", OPERATION, "new-after"};
+  idem_response resp = {201, NULL, 0, "{\"ticket_id\":1}", 15};
+  char fp[IDEM_FINGERPRINT_SIZE];
+  idem_store *s = NULL;
+  idem_call *c = NULL;
+  fp_of(PAYLOAD, fp);
+  snprintf(path, sizeof path, "%s/store.db", dir);
+  snprintf(url, sizeof url, "sqlite:%s", path);
+  EXPECT_RC(IDEM_OK, idem_store_open(url, NULL, &s));
+  c = CLAIM(s, &done, fp, NULL, IDEM_PROCEED);
+  EXPECT_RC(IDEM_OK, idem_complete(s, c, &resp));
+  idem_call_free(c);
+  snprintf(side, sizeof side, "%s-wal", path);
+  assert_int_equal(unlink(side), 0);
+  snprintf(side, sizeof side, "%s-shm", path);
+  assert_int_equal(unlink(side), 0);
+  c = NULL;
+  EXPECT_RC(IDEM_ESTORE, idem_claim(s, &fresh, fp, NULL, &c));
+  assert_null(c);
+  assert_non_null(strstr(idem_errmsg(), "write-ahead log"));
+  EXPECT_RC(IDEM_ESTORE, idem_claim(s, &fresh, fp, NULL, &c));
+  idem_store_close(s);
+}
+
 static void test_sqlite_open_waits_for_writer(void **state) {
   const char *dir = *state;
   char path[URL_MAX], url[URL_MAX + 8];
@@ -2670,6 +2704,8 @@ int main(void) {
                                       teardown_tmpdir),
       cmocka_unit_test_setup_teardown(test_sqlite_private_files_and_readers,
                                       setup_tmpdir, teardown_tmpdir),
+      cmocka_unit_test_setup_teardown(test_sqlite_deleted_log, setup_tmpdir,
+                                      teardown_tmpdir),
       cmocka_unit_test_setup_teardown(test_sqlite_open_waits_for_writer,
                                       setup_tmpdir, teardown_tmpdir),
   };
