@@ -4,11 +4,13 @@
  */
 #include "store.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/random.h>
 #include <time.h>
 
@@ -323,10 +325,105 @@ static int fill_options(const idem_call_options *in, idem_call_options *out) {
 
 /* ---- stores ----------------------------------------------------------- */
 
+/* The length of a URL scheme at the start of url ("sqlite" in
+ * "sqlite:x"), or 0 when url does not start with one followed by ':'. */
+static size_t scheme_len(const char *url) {
+  size_t n = 0;
+  if (!((url[0] >= 'a' && url[0] <= 'z') || (url[0] >= 'A' && url[0] <= 'Z')))
+    return 0;
+  while ((url[n] >= 'a' && url[n] <= 'z') || (url[n] >= 'A' && url[n] <= 'Z') ||
+         (url[n] >= '0' && url[n] <= '9') || url[n] == '+' || url[n] == '-' ||
+         url[n] == '.')
+    n++;
+  return url[n] == ':' ? n : 0;
+}
+
+/* Whether text starts like a libpq conninfo ("host=db dbname=app"). */
+static int looks_like_conninfo(const char *text) {
+  const char *p = text;
+  while (*p == ' ' || *p == '\t')
+    p++;
+  const char *word = p;
+  while ((*p >= 'a' && *p <= 'z') || *p == '_')
+    p++;
+  if (p == word)
+    return 0;
+  while (*p == ' ' || *p == '\t')
+    p++;
+  return *p == '=';
+}
+
+static int same_word(const char *a, size_t n, const char *word) {
+  return strlen(word) == n && strncasecmp(a, word, n) == 0;
+}
+
+/*
+ * Picks the backend of a store URL and the target it opens: sqlite:PATH or
+ * a bare path (SQLite), postgresql:// or postgres:// (the whole URL) and
+ * pg:CONNINFO (PostgreSQL). Schemes are case-insensitive. What looks like a
+ * conninfo without pg:, and an unknown scheme, are refused rather than
+ * taken for a file name: a store created by mistake beside the intended one
+ * silently ends deduplication between the machines that share it. Messages
+ * name the scheme only, never the URL, which may hold a password. *owned
+ * is set when the target had to be rewritten; the caller frees it.
+ */
+static int pick_backend(const char *url, const idem__store_methods **m,
+                        const char **target, char **owned) {
+  size_t n = scheme_len(url);
+  *m = NULL;
+  *target = NULL;
+  *owned = NULL;
+  if (n == 0) {
+    if (looks_like_conninfo(url))
+      return idem__fail(IDEM_EURL,
+                        "store: this looks like a libpq conninfo; write "
+                        "pg:%s or a postgresql:// URL (as a file name, "
+                        "write ./ before it)",
+                        "host=... dbname=...");
+    *m = &idem__sqlite_methods;
+    *target = url;
+  } else if (same_word(url, n, "sqlite")) {
+    *m = &idem__sqlite_methods;
+    *target = url + n + 1;
+    /* Accept sqlite:///abs/path as well as sqlite:/abs/path. */
+    if (strncmp(*target, "//", 2) == 0)
+      *target += 2;
+  } else if (same_word(url, n, "postgresql") || same_word(url, n, "postgres") ||
+             same_word(url, n, "pg")) {
+#ifdef IDEM_HAVE_PG
+    *m = &idem__pg_methods;
+    if (same_word(url, n, "pg")) {
+      /* Any libpq conninfo: "pg:host=/run/postgresql dbname=idem". */
+      *target = url + n + 1;
+    } else {
+      /* libpq knows its schemes in lower case only. */
+      if (!(*owned = idem__strdup(url)))
+        return idem__fail(IDEM_ENOMEM, "store: out of memory");
+      for (size_t i = 0; i < n; i++)
+        (*owned)[i] = (char)tolower((unsigned char)(*owned)[i]);
+      *target = *owned;
+    }
+#else
+    return idem__fail(IDEM_EURL, "store: this build of idem has no "
+                                 "PostgreSQL backend");
+#endif
+  } else {
+    return idem__fail(IDEM_EURL,
+                      "store: unknown scheme '%.*s:'; use sqlite:PATH, a "
+                      "path, postgresql://... or pg:CONNINFO (for a file "
+                      "whose name has a colon, write ./ before it)",
+                      (int)(n > 32 ? 32 : n), url);
+  }
+  if (!**target)
+    return idem__fail(IDEM_EURL, "store: empty path or conninfo");
+  return IDEM_OK;
+}
+
 int idem_store_open(const char *url, const idem_store_options *opts,
                     idem_store **out) {
   const idem__store_methods *m = NULL;
   const char *target = NULL;
+  char *owned = NULL;
   idem_store *s = NULL;
   idem_store_options o;
   int rc;
@@ -342,50 +439,18 @@ int idem_store_open(const char *url, const idem_store_options *opts,
     url = getenv("IDEM_STORE");
   if (!url || !*url)
     url = "./idem.db";
-
-  if (strncmp(url, "postgresql://", 13) == 0 ||
-      strncmp(url, "postgres://", 11) == 0) {
-#ifdef IDEM_HAVE_PG
-    m = &idem__pg_methods;
-    target = url;
-#else
-    return idem__fail(IDEM_EURL, "store '%s': this build of idem has no "
-                                 "PostgreSQL backend",
-                      url);
-#endif
-  } else if (strncmp(url, "pg:", 3) == 0) {
-#ifdef IDEM_HAVE_PG
-    /* Any libpq conninfo: "pg:host=/run/postgresql dbname=idem". */
-    m = &idem__pg_methods;
-    target = url + 3;
-#else
-    return idem__fail(IDEM_EURL, "store '%s': this build of idem has no "
-                                 "PostgreSQL backend",
-                      url);
-#endif
-  } else if (strncmp(url, "sqlite:", 7) == 0) {
-    m = &idem__sqlite_methods;
-    target = url + 7;
-    /* Accept sqlite:///abs/path as well as sqlite:/abs/path. */
-    if (strncmp(target, "//", 2) == 0)
-      target += 2;
-  } else if (strstr(url, "://") != NULL) {
-    return idem__fail(IDEM_EURL,
-                      "store '%s': unknown scheme; use sqlite:PATH, a path "
-                      "or postgresql://...",
-                      url);
-  } else {
-    m = &idem__sqlite_methods;
-    target = url;
+  if ((rc = pick_backend(url, &m, &target, &owned)) != IDEM_OK) {
+    free(owned);
+    return rc;
   }
-  if (!*target)
-    return idem__fail(IDEM_EURL, "store '%s': empty path", url);
-
   s = calloc(1, sizeof *s);
-  if (!s)
+  if (!s) {
+    free(owned);
     return idem__fail(IDEM_ENOMEM, "store: out of memory");
+  }
   s->methods = m;
   rc = m->open(target, &o, &s->state);
+  free(owned);
   if (rc != IDEM_OK) {
     free(s);
     return rc;

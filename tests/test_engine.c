@@ -2075,6 +2075,46 @@ static void test_sqlite_deleted_log(void **state) {
   idem_store_close(s);
 }
 
+/*
+ * What a store URL may be. A conninfo without pg:, or an unknown scheme,
+ * must never become an SQLite file of that name: every machine would then
+ * get a store of its own and deduplication between them would silently
+ * end.
+ */
+static void test_store_url_forms(void **state) {
+  const char *dir = *state;
+  char cwd[URL_MAX];
+  idem_store *s = NULL;
+  struct stat st;
+  assert_non_null(getcwd(cwd, sizeof cwd));
+  assert_int_equal(chdir(dir), 0);
+
+  EXPECT_RC(IDEM_EURL,
+            idem_store_open("host=db.internal dbname=app", NULL, &s));
+  assert_null(s);
+  assert_non_null(strstr(idem_errmsg(), "conninfo"));
+  assert_int_equal(stat("host=db.internal dbname=app", &st), -1);
+  EXPECT_RC(IDEM_EURL, idem_store_open(" dbname = app", NULL, &s));
+  EXPECT_RC(IDEM_EURL,
+            idem_store_open("redis://u:S3CRET@h/0", NULL, &s));
+  assert_non_null(strstr(idem_errmsg(), "'redis:'"));
+  assert_null(strstr(idem_errmsg(), "S3CRET"));
+  EXPECT_RC(IDEM_EURL, idem_store_open("c:store.db", NULL, &s));
+  assert_int_equal(stat("c:store.db", &st), -1);
+  EXPECT_RC(IDEM_EURL, idem_store_open("sqlite:", NULL, &s));
+  EXPECT_RC(IDEM_EURL, idem_store_open("PG:", NULL, &s));
+
+  /* Schemes in any case; a colon in a file name after ./ */
+  EXPECT_RC(IDEM_OK, idem_store_open("SQLite:upper.db", NULL, &s));
+  assert_string_equal(idem_store_backend(s), "sqlite");
+  idem_store_close(s);
+  assert_int_equal(stat("upper.db", &st), 0);
+  EXPECT_RC(IDEM_OK, idem_store_open("./c:store.db", NULL, &s));
+  idem_store_close(s);
+  assert_int_equal(stat("c:store.db", &st), 0);
+  assert_int_equal(chdir(cwd), 0);
+}
+
 static void test_sqlite_open_waits_for_writer(void **state) {
   const char *dir = *state;
   char path[URL_MAX], url[URL_MAX + 8];
@@ -2705,6 +2745,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_sqlite_private_files_and_readers,
                                       setup_tmpdir, teardown_tmpdir),
       cmocka_unit_test_setup_teardown(test_sqlite_deleted_log, setup_tmpdir,
+                                      teardown_tmpdir),
+      cmocka_unit_test_setup_teardown(test_store_url_forms, setup_tmpdir,
                                       teardown_tmpdir),
       cmocka_unit_test_setup_teardown(test_sqlite_open_waits_for_writer,
                                       setup_tmpdir, teardown_tmpdir),

@@ -304,6 +304,30 @@ static void test_delete_corrupted_record(void **state) {
 }
 
 /* A successful call leaves no stale detail behind. */
+/* A store's scheme may be written in any case. */
+static void test_scheme_in_any_case(void **state) {
+  fixture *f = *state;
+  char url[URL_MAX + 16];
+  idem_store *s = NULL;
+  char fp[IDEM_FINGERPRINT_SIZE];
+  idem_id id = {"tenant-a", OPERATION, KEY};
+  idem_call *c;
+  fp_of(PAYLOAD, fp);
+  if (is_pg_url(f->url))
+    snprintf(url, sizeof url, "POSTGRESQL%s", strchr(f->url, ':'));
+  else
+    snprintf(url, sizeof url, "SQLITE:%s", sqlite_path(f->url));
+  EXPECT_RC(IDEM_OK, idem_store_open(url, NULL, &s));
+  assert_string_equal(idem_store_backend(s),
+                      is_pg_url(f->url) ? "postgresql" : "sqlite");
+  /* The same store as the fixture's: a claim there is seen here. */
+  c = CLAIM(f->store, &id, fp, NULL, IDEM_PROCEED);
+  idem_call_free(c);
+  c = CLAIM(s, &id, fp, NULL, IDEM_IN_FLIGHT);
+  idem_call_free(c);
+  idem_store_close(s);
+}
+
 static void test_errmsg_cleared_on_success(void **state) {
   fixture *f = *state;
   char fp[IDEM_FINGERPRINT_SIZE], primed[1024];
@@ -385,6 +409,7 @@ int main(void) {
       STORE_TEST(test_max_attempts),
       STORE_TEST(test_delete_corrupted_record),
       STORE_TEST(test_errmsg_cleared_on_success),
+      STORE_TEST(test_scheme_in_any_case),
       STORE_TEST(test_list_with_one_connection),
   };
   test_backend backend = backend_from_env();
