@@ -226,12 +226,12 @@ static const char *const sql_text[ST_COUNT] = {
     [ST_GET] =
         "SELECT " RECORD_COLUMNS " FROM {S}.idem_records r CROSS JOIN " NOW_ROW
         " WHERE r." PK " AND NOT " EXPIRED_SQL,
-    /* After a write whose connection died before its answer came: what the
-     * row says now, to tell whether that write had committed. FOR SHARE
-     * waits for a transaction of the old session that may still hold the
-     * row. */
-    [ST_HOLDER] = "SELECT state, checksum FROM {S}.idem_records WHERE " PK
-                  " FOR SHARE",
+    /* After a fenced write that changed nothing: what the row says now, to
+     * tell whether an earlier send of that write (whose answer was lost)
+     * had committed. FOR SHARE waits for a transaction of the old session
+     * that may still hold the row. */
+    [ST_HOLDER] = "SELECT state, checksum, fingerprint, attempt FROM "
+                  "{S}.idem_records WHERE " PK " FOR SHARE",
     /* Keyset pagination, so that no connection is held while the caller's
      * function runs (it may call back into the store) and memory stays
      * bounded. Text is ordered by bytes (COLLATE "C"), as SQLite does. */
@@ -1082,35 +1082,44 @@ static int still_held(pg_store *s, conn *c, idem__op *op, int *held) {
 }
 
 /*
- * After a fenced write whose answer was lost with its connection, sent again
- * on the re-established one and changing nothing: whether the first send
- * had done what the caller asked (*done). ST_COMPLETE: the record is
- * completed with this response (checksum sum); ST_UNKNOWN: it is marked
- * unknown; ST_RELEASE: this claim no longer holds it, which is all a
- * release asks. A renewal that changes nothing has lost the lease.
+ * After a fenced write that changed no row: whether an earlier send of it
+ * had done what the caller asks (*done). That earlier send is one whose
+ * answer was lost with its connection: sent again on the re-established
+ * connection by run_fenced(), or reported IDEM_EUNAVAILABLE when the
+ * server could not be reached again, and then retried by the caller. The
+ * row tells. ST_COMPLETE: it is completed with this fingerprint and this
+ * response (checksum sum). ST_UNKNOWN: it is marked unknown at this
+ * claim's attempt (a newer holder's mark is not this claim's). ST_RELEASE:
+ * it is gone. A renewal that changes nothing has lost the lease.
  */
 static int wrote_before_loss(pg_store *s, conn *c, idem__op *op, int which,
                              const char *sum, int *done) {
   PGresult *res = NULL;
   params p = {0};
-  size_t n = 0;
-  const char *v;
+  size_t n = 0, fn = 0;
+  const char *v, *fp;
   int rc, state;
 
-  *done = which == ST_RELEASE;
-  if (which != ST_COMPLETE && which != ST_UNKNOWN)
+  *done = 0;
+  if (which != ST_COMPLETE && which != ST_UNKNOWN && which != ST_RELEASE)
     return IDEM_OK;
   p_id(&p, op->id);
   if ((rc = run_stmt(s, c, ST_HOLDER, &p, "read record", &res, op->errmsg)) !=
       IDEM_OK)
     return op->rc = rc;
-  if (PQntuples(res) > 0) {
+  if (PQntuples(res) == 0) {
+    *done = which == ST_RELEASE;
+  } else {
     state = (int)col_int(res, 0, 0);
     v = col_ptr(res, 0, 1, &n);
-    *done = which == ST_UNKNOWN
-                ? state == 3
-                : state == 2 && sum && v && n == strlen(sum) &&
-                      memcmp(v, sum, n) == 0;
+    fp = col_ptr(res, 0, 2, &fn);
+    if (which == ST_UNKNOWN)
+      *done = state == IDEM_STATE_UNKNOWN &&
+              (int)col_int(res, 0, 3) == op->claim->attempt;
+    else if (which == ST_COMPLETE)
+      *done = state == IDEM_STATE_COMPLETED && sum && v && n == strlen(sum) &&
+              memcmp(v, sum, n) == 0 && fp && fn == strlen(op->fingerprint) &&
+              memcmp(fp, op->fingerprint, fn) == 0;
   }
   PQclear(res);
   return IDEM_OK;
@@ -1219,27 +1228,28 @@ static int response_params(idem__op *op, const idem_response *r, int which,
 }
 
 /* Runs a statement fenced by the holder's token, on its own (an implicit
- * transaction): no row changed means the holder lost the record. */
+ * transaction): no row changed means the holder lost the record, unless
+ * the row shows that an earlier send of the same write had committed. */
 static int run_fenced(pg_store *s, conn *c, idem__op *op, int which,
                       const params *p, const char *what, const char *lost,
                       const char *sum) {
   PGresult *res = NULL;
   int own = PQtransactionStatus(c->pg) == PQTRANS_IDLE;
-  int changed, resent = 0, done = 0,
-               rc = run_stmt(s, c, which, p, what, &res, op->errmsg);
+  int changed, done = 0, rc = run_stmt(s, c, which, p, what, &res, op->errmsg);
   if (own && revived(s, c, rc, op->errmsg)) {
     /* It may have committed before the connection died. Sent again, it
      * changes nothing if so (the row is no longer held under the token),
      * and the row then tells. */
-    resent = 1;
     rc = run_stmt(s, c, which, p, what, &res, op->errmsg);
   }
   if (rc != IDEM_OK)
     return op->rc = rc;
   changed = atoi(PQcmdTuples(res));
   PQclear(res);
-  if (changed == 0 && resent &&
-      wrote_before_loss(s, c, op, which, sum, &done) != IDEM_OK)
+  /* Nothing changed: either the holder lost the record, or an earlier
+   * send of this write committed (its answer lost, here or in a call
+   * that the caller is now retrying). */
+  if (changed == 0 && wrote_before_loss(s, c, op, which, sum, &done) != IDEM_OK)
     return op->rc;
   if (changed == 0 && !done)
     return idem__op_fail(op, IDEM_ESTALE,
