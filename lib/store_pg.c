@@ -571,19 +571,32 @@ static void ignore_notice(void *arg, const char *message) {
   (void)message;
 }
 
-/* Per-session settings, applied after every (re)connect. */
+/*
+ * Per-session settings, applied after every (re)connect, in one round trip.
+ *
+ * busy_timeout_ms bounds lock waits, as SQLite's busy timeout does; a
+ * lock_timeout that the URL, role or database already set is kept.
+ *
+ * synchronous_commit is at least "on": with "off" the server acknowledges
+ * a COMMIT before its WAL is flushed, so a completion reported stored could
+ * be lost in a server crash, and a retry would then act a second time;
+ * "local" and "remote_write" acknowledge before a synchronous standby has
+ * the WAL on disk. "on" and "remote_apply" are kept. Any role may set it
+ * for its own session.
+ */
 static int session_setup(pg_store *s, conn *c, char *err) {
   char ms[24];
   const char *v[1] = {ms};
   PGresult *res;
   int rc = IDEM_OK;
-  /* busy_timeout_ms bounds lock waits, as SQLite's busy timeout does; a
-   * lock_timeout that the URL, role or database already set is kept. */
   snprintf(ms, sizeof ms, "%d", s->o.busy_timeout_ms);
-  res = PQexecParams(c->pg,
-                     "SELECT set_config('lock_timeout', $1, false) WHERE "
-                     "current_setting('lock_timeout') = '0'",
-                     1, NULL, v, NULL, NULL, 0);
+  res = PQexecParams(
+      c->pg,
+      "SELECT CASE WHEN current_setting('lock_timeout') = '0' THEN "
+      "set_config('lock_timeout', $1, false) END, CASE WHEN "
+      "current_setting('synchronous_commit') IN ('off', 'local', "
+      "'remote_write') THEN set_config('synchronous_commit', 'on', false) END",
+      1, NULL, v, NULL, NULL, 0);
   if (PQresultStatus(res) != PGRES_TUPLES_OK)
     rc = pg_fail(c, res, "session setup", err);
   PQclear(res);

@@ -1011,6 +1011,51 @@ static void test_read_only_server(void **state) {
   idem_call_free(c);
 }
 
+/* ---- durability after a reconnect --------------------------------------- */
+
+static int show_synchronous_commit(void *conn, void *ctx, idem_response *r) {
+  PGresult *res = PQexec(conn, "SHOW synchronous_commit");
+  (void)r;
+  if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1)
+    snprintf(ctx, 64, "%s", PQgetvalue(res, 0, 0));
+  PQclear(res);
+  return 1; /* nothing to keep */
+}
+
+/* A URL that asks for synchronous_commit=off: idem's sessions run with
+ * "on", the one re-established after a lost connection too. */
+static void test_synchronous_commit_after_reconnect(void **state) {
+  fixture *f = *state;
+  char fp[IDEM_FINGERPRINT_SIZE], url[URL_MAX + 64], value[64] = "";
+  idem_id id = {TENANT, OPERATION, "sync-key"},
+          show = {TENANT, "SHOW", "synchronous-commit"};
+  idem_store *store = NULL;
+  idem_call *c = NULL;
+  int before;
+  fp_of(PAYLOAD, fp);
+  snprintf(url, sizeof url, "%s&options=-c%%20synchronous_commit%%3Doff",
+           f->linked);
+  EXPECT_RC(IDEM_OK, idem_store_open(url, NULL, &store));
+  EXPECT_RC(IDEM_EREJECTED,
+            idem_execute_local(store, &show, fp, NULL, show_synchronous_commit,
+                               value, &c));
+  assert_string_equal(value, "on");
+  before = proxy_accepted(&f->px);
+  proxy_arm(&f->px, CUT_REPLY, "INSERT 0 1");
+  c = claim(store, &id, fp, NULL, IDEM_PROCEED, 1);
+  assert_int_equal(proxy_cuts(&f->px), 1);
+  assert_int_equal(proxy_accepted(&f->px), before + 1);
+  EXPECT_RC(IDEM_OK, idem_release(store, c));
+  idem_call_free(c);
+  c = NULL;
+  value[0] = '\0';
+  EXPECT_RC(IDEM_EREJECTED,
+            idem_execute_local(store, &show, fp, NULL, show_synchronous_commit,
+                               value, &c));
+  assert_string_equal(value, "on");
+  idem_store_close(store);
+}
+
 #define LINK_TEST(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
 
 int main(void) {
@@ -1037,6 +1082,7 @@ int main(void) {
       LINK_TEST(test_local_commit_answer_lost),
       LINK_TEST(test_claim_answer_lost_no_reconnect),
       LINK_TEST(test_read_only_server),
+      LINK_TEST(test_synchronous_commit_after_reconnect),
   };
   if (!url || (strncmp(url, "postgresql://", 13) != 0 &&
                strncmp(url, "postgres://", 11) != 0)) {
