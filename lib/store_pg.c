@@ -332,6 +332,10 @@ typedef struct pg_store {
   int nconn;
   int64_t last_prune_ms;
   idem__cache *cache; /* completed records, for replays (monotonic clock) */
+  /* What no message may show (see scrub()), longest first. */
+  char **secret;
+  int nsecret, secret_cap;
+  int secret_nomem; /* one could not be kept: the open fails */
 } pg_store;
 
 /* ---- errors -------------------------------------------------------------- */
@@ -424,6 +428,258 @@ static int pg_fail(conn *c, const PGresult *res, const char *what, char *err) {
     memset(c->prepared, 0, sizeof c->prepared);
   oneline(text, sizeof text, primary ? primary : PQresultErrorMessage(res));
   return failf(err, rc, "postgresql: %s: %s (SQLSTATE %s)", what, text, state);
+}
+
+/* ---- secrets ------------------------------------------------------------- */
+
+/*
+ * The target may hold a password, and libpq's own messages quote what they
+ * could not read: the whole URL, the token that was not valid
+ * percent-encoding, a piece of a password that a stray '/' or '@' made it
+ * read as a port or a host name, the word after an unquoted space. So the
+ * target is never put in a message by idem, and every message leaving this
+ * backend is scrubbed of the passwords the target holds, in every form in
+ * which libpq might show them (see scrub()).
+ */
+
+static int is_word_char(char ch) {
+  return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+         (ch >= '0' && ch <= '9');
+}
+
+/* Remembers n bytes at p as a secret, keeping the list longest first. */
+static void add_secret(pg_store *s, const char *p, size_t n) {
+  char *copy;
+  int i;
+  if (n == 0)
+    return;
+  for (i = 0; i < s->nsecret; i++)
+    if (strlen(s->secret[i]) == n && !memcmp(s->secret[i], p, n))
+      return;
+  if (s->nsecret == s->secret_cap) {
+    int cap = s->secret_cap ? 2 * s->secret_cap : 8;
+    char **grown = realloc(s->secret, (size_t)cap * sizeof *grown);
+    if (!grown) {
+      s->secret_nomem = 1;
+      return;
+    }
+    s->secret = grown;
+    s->secret_cap = cap;
+  }
+  if (!(copy = malloc(n + 1))) {
+    s->secret_nomem = 1;
+    return;
+  }
+  memcpy(copy, p, n);
+  copy[n] = '\0';
+  for (i = s->nsecret; i > 0 && strlen(s->secret[i - 1]) < n; i--)
+    s->secret[i] = s->secret[i - 1];
+  s->secret[i] = copy;
+  s->nsecret++;
+}
+
+static int hex_digit(char ch) {
+  if (ch >= '0' && ch <= '9')
+    return ch - '0';
+  if (ch >= 'a' && ch <= 'f')
+    return ch - 'a' + 10;
+  if (ch >= 'A' && ch <= 'F')
+    return ch - 'A' + 10;
+  return -1;
+}
+
+/* A URL's secret: as written, and percent-decoded when that differs. */
+static void add_url_secret(pg_store *s, const char *p, size_t n) {
+  char *d = malloc(n + 1);
+  size_t o = 0;
+  add_secret(s, p, n);
+  if (!d) {
+    s->secret_nomem = 1;
+    return;
+  }
+  for (size_t i = 0; i < n; i++) {
+    int hi, lo;
+    if (p[i] == '%' && i + 2 < n && (hi = hex_digit(p[i + 1])) >= 0 &&
+        (lo = hex_digit(p[i + 2])) >= 0) {
+      d[o++] = (char)(hi << 4 | lo);
+      i += 2;
+    } else {
+      d[o++] = p[i];
+    }
+  }
+  add_secret(s, d, o);
+  free(d);
+}
+
+/* Whether the n bytes at p name a keyword that holds a password. */
+static int password_keyword(const char *p, size_t n) {
+  return (n == 8 && !strncmp(p, "password", 8)) ||
+         (n == 11 && !strncmp(p, "sslpassword", 11));
+}
+
+/*
+ * The secrets of the URL in the n bytes at url: the password of the user
+ * info, as libpq reads it (up to the first '@'); from the first ':' to the
+ * last '@' before the query and each piece of that between '@', '/' and
+ * ':', for a password in which those were not percent-encoded; and the
+ * values of password and sslpassword in the query.
+ */
+static void url_secrets(pg_store *s, const char *url, size_t n) {
+  const char *end = url + n, *a = strstr(url, "://"), *p, *q, *at = NULL,
+             *colon;
+  if (!a || a >= end)
+    return;
+  a += 3;
+  for (p = a; p < end && *p != '@' && *p != '/'; p++)
+    ;
+  if (p < end && *p == '@' && (colon = memchr(a, ':', (size_t)(p - a))))
+    add_url_secret(s, colon + 1, (size_t)(p - colon - 1));
+  q = memchr(a, '?', (size_t)(end - a));
+  for (p = a; p < (q ? q : end); p++)
+    if (*p == '@')
+      at = p;
+  if (at && (colon = memchr(a, ':', (size_t)(at - a)))) {
+    const char *piece = colon + 1;
+    add_url_secret(s, piece, (size_t)(at - piece));
+    for (p = piece; p <= at; p++)
+      if (p == at || *p == '@' || *p == '/' || *p == ':') {
+        add_secret(s, piece, (size_t)(p - piece));
+        piece = p + 1;
+      }
+  }
+  for (p = q; p && p < end; p = q) {
+    const char *eq, *amp;
+    p++;
+    amp = memchr(p, '&', (size_t)(end - p));
+    q = amp ? amp : end;
+    eq = memchr(p, '=', (size_t)(q - p));
+    if (eq && password_keyword(p, (size_t)(eq - p)))
+      add_url_secret(s, eq + 1, (size_t)(q - eq - 1));
+    if (!amp)
+      break;
+  }
+}
+
+static int is_url_at(const char *p) {
+  return !strncmp(p, "postgresql://", 13) || !strncmp(p, "postgres://", 11);
+}
+
+/*
+ * The secrets of a conninfo string, read as libpq reads it (keyword =
+ * value, values optionally single-quoted with backslash escapes): the
+ * values of password and sslpassword, as written and unescaped, and any
+ * bare words after one (the rest of a password with an unquoted space,
+ * which libpq quotes when it finds no '=' after them). A value that is a
+ * URL (dbname may be one) is read as a URL.
+ */
+static void conninfo_secrets(pg_store *s, const char *t) {
+  const char *p = t;
+  int after_password = 0;
+  while (*p) {
+    const char *tok, *kw_end, *val, *val_end;
+    while (isspace((unsigned char)*p))
+      p++;
+    if (!*p)
+      break;
+    tok = p;
+    while (*p && *p != '=' && !isspace((unsigned char)*p))
+      p++;
+    kw_end = p;
+    while (isspace((unsigned char)*p))
+      p++;
+    if (*p != '=') {
+      if (after_password)
+        add_secret(s, tok, (size_t)(kw_end - tok));
+      p = kw_end;
+      continue;
+    }
+    p++;
+    while (isspace((unsigned char)*p))
+      p++;
+    val = p;
+    if (*p == '\'') {
+      for (p++; *p && *p != '\''; p++)
+        if (*p == '\\' && p[1])
+          p++;
+      val_end = p;
+      val++;
+      if (*p)
+        p++;
+    } else {
+      for (; *p && !isspace((unsigned char)*p); p++)
+        if (*p == '\\' && p[1])
+          p++;
+      val_end = p;
+    }
+    after_password = password_keyword(tok, (size_t)(kw_end - tok));
+    if (after_password) {
+      char *u = malloc((size_t)(val_end - val) + 1);
+      size_t o = 0;
+      add_secret(s, val, (size_t)(val_end - val));
+      if (!u) {
+        s->secret_nomem = 1;
+      } else {
+        for (const char *v = val; v < val_end; v++) {
+          if (*v == '\\' && v + 1 < val_end)
+            v++;
+          u[o++] = *v;
+        }
+        add_secret(s, u, o);
+        free(u);
+      }
+    } else if (is_url_at(val)) {
+      url_secrets(s, val, (size_t)(val_end - val));
+    }
+  }
+}
+
+/*
+ * Replaces every secret in msg (a string in a buffer of size bytes) with
+ * "***". A secret of four bytes or more goes wherever it appears; a
+ * shorter one (a piece of a password that libpq read as something else)
+ * only where it stands as a word of its own, so that a piece of one letter
+ * does not blank out that letter all over the message.
+ */
+static void scrub(const pg_store *s, char *msg, size_t size) {
+  char out[2 * ERR_SIZE];
+  if (!s || size == 0)
+    return;
+  if (size > sizeof out) {
+    /* Longer than any message here: shortened, never left unscrubbed. */
+    size = sizeof out;
+    msg[size - 1] = '\0';
+  }
+  for (int i = 0; i < s->nsecret; i++) {
+    const char *sec = s->secret[i], *p = msg;
+    size_t n = strlen(sec), o = 0;
+    if (!strstr(msg, sec))
+      continue;
+    while (*p && o + 4 < size) {
+      if (!strncmp(p, sec, n) &&
+          (n >= 4 ||
+           ((p == msg || !is_word_char(p[-1])) && !is_word_char(p[n])))) {
+        memcpy(out + o, "***", 3);
+        o += 3;
+        p += n;
+      } else {
+        out[o++] = *p++;
+      }
+    }
+    out[o] = '\0';
+    memcpy(msg, out, o + 1);
+  }
+}
+
+/* The secrets of a target, before anything reads it. */
+static void collect_secrets(pg_store *s, const char *target) {
+  for (const char *p = target; *p; p++)
+    if (is_url_at(p) && (p == target || !is_word_char(p[-1]))) {
+      size_t n = strcspn(p, " \t\n'");
+      url_secrets(s, p, n);
+      p += n - 1;
+    }
+  if (!is_url_at(target))
+    conninfo_secrets(s, target);
 }
 
 /* ---- SQL text ------------------------------------------------------------ */
@@ -1672,6 +1928,7 @@ static void pg_run(void *state, idem__op *op) {
   rc = pool_get(s, &c, op->errmsg);
   if (rc != IDEM_OK) {
     op->rc = rc;
+    scrub(s, op->errmsg, sizeof op->errmsg);
     return;
   }
   switch (op->kind) {
@@ -1700,6 +1957,8 @@ static void pg_run(void *state, idem__op *op) {
     idem__op_fail(op, IDEM_EINVAL, "unknown operation");
   }
   pool_put(s, c);
+  if (op->rc != IDEM_OK)
+    scrub(s, op->errmsg, sizeof op->errmsg);
 }
 
 /* ---- target -------------------------------------------------------------- */
@@ -1850,6 +2109,9 @@ static int parse_target(pg_store *s, const char *target, char *err) {
   char *msg = NULL;
   PQconninfoOption *opts;
 
+  collect_secrets(s, target);
+  if (s->secret_nomem)
+    return failf(err, IDEM_ENOMEM, "postgresql: out of memory");
   /* Room for a separator per token: the output may gain a space where
    * the input had a quoted value directly followed by the next keyword. */
   s->conninfo = malloc(2 * strlen(target) + 2);
@@ -1870,7 +2132,13 @@ static int parse_target(pg_store *s, const char *target, char *err) {
     PQfreemem(msg);
     return failf(err, msg ? IDEM_EURL : IDEM_ENOMEM, "store: %s", text);
   }
+  /* The passwords as libpq read them, whatever the syntax. */
+  for (PQconninfoOption *o = opts; o->keyword; o++)
+    if (o->val && password_keyword(o->keyword, strlen(o->keyword)))
+      add_secret(s, o->val, strlen(o->val));
   PQconninfoFree(opts);
+  if (s->secret_nomem)
+    return failf(err, IDEM_ENOMEM, "postgresql: out of memory");
   return IDEM_OK;
 }
 
@@ -2019,6 +2287,9 @@ static void pg_close(void *state) {
   pthread_mutex_destroy(&s->mu);
   pthread_cond_destroy(&s->cv);
   free(s->conninfo);
+  for (int i = 0; i < s->nsecret; i++)
+    free(s->secret[i]);
+  free(s->secret);
   idem__cache_free(s->cache);
   free(s);
 }
@@ -2089,6 +2360,7 @@ nomem:
   rc = failf(err, IDEM_ENOMEM, "postgresql: out of memory");
 fail:
   conn_close(c);
+  scrub(s, err, sizeof err);
   pg_close(s);
   return idem__fail(rc, "%s", err);
 }
@@ -2098,6 +2370,12 @@ static const char *pg_engine_version(void *state) {
 }
 
 /* ---- operators ----------------------------------------------------------- */
+
+/* Reports an operator call's failure, its detail scrubbed. */
+static int fail_out(const pg_store *s, int rc, char *err) {
+  scrub(s, err, ERR_SIZE);
+  return idem__fail(rc, "%s", err);
+}
 
 /* Columns in RECORD_COLUMNS order. */
 static int row_to_record(const PGresult *q, int i, idem_record **out) {
@@ -2141,12 +2419,12 @@ static int pg_get(void *state, const idem_id *id, idem_record **out) {
   char err[ERR_SIZE];
   int rc = pool_get(s, &c, err);
   if (rc != IDEM_OK)
-    return idem__fail(rc, "%s", err);
+    return fail_out(s, rc, err);
   p_id(&p, id);
   rc = run_stmt_retry(s, c, ST_GET, &p, "get", &res, err);
   pool_put(s, c);
   if (rc != IDEM_OK)
-    return idem__fail(rc, "%s", err);
+    return fail_out(s, rc, err);
   if (PQntuples(res) > 0)
     rc = row_to_record(res, 0, out);
   else
@@ -2182,13 +2460,13 @@ static int pg_list(void *state, const idem_filter *f, idem_record_fn fn,
     p_text(&p, after_key ? after_key : "");
     p_i64(&p, page);
     if ((rc = pool_get(s, &c, err)) != IDEM_OK) {
-      rc = idem__fail(rc, "%s", err);
+      rc = fail_out(s, rc, err);
       break;
     }
     rc = run_stmt_retry(s, c, ST_LIST, &p, "list", &res, err);
     pool_put(s, c);
     if (rc != IDEM_OK) {
-      rc = idem__fail(rc, "%s", err);
+      rc = fail_out(s, rc, err);
       break;
     }
     rows = PQntuples(res);
@@ -2233,11 +2511,11 @@ static int pg_prune(void *state, int64_t *removed) {
   char err[ERR_SIZE];
   int rc = pool_get(s, &c, err);
   if (rc != IDEM_OK)
-    return idem__fail(rc, "%s", err);
+    return fail_out(s, rc, err);
   rc = run_stmt_retry(s, c, ST_PRUNE, &p, "prune", &res, err);
   pool_put(s, c);
   if (rc != IDEM_OK)
-    return idem__fail(rc, "%s", err);
+    return fail_out(s, rc, err);
   *removed = strtoll(PQcmdTuples(res), NULL, 10);
   PQclear(res);
   return IDEM_OK;
@@ -2252,7 +2530,7 @@ static int pg_resolve(void *state, const idem_id *id, const idem_response *r) {
                       sum[IDEM_FINGERPRINT_SIZE];
   int st = 0, found, rc = pool_get(s, &c, err);
   if (rc != IDEM_OK)
-    return idem__fail(rc, "%s", err);
+    return fail_out(s, rc, err);
   if ((rc = begin(c, err)) != IDEM_OK)
     goto out;
   /* Lock the row so that a claimer cannot take it over meanwhile. The
@@ -2306,7 +2584,7 @@ static int pg_resolve(void *state, const idem_id *id, const idem_response *r) {
 out:
   rollback(c);
   pool_put(s, c);
-  return rc == IDEM_OK ? IDEM_OK : idem__fail(rc, "%s", err);
+  return rc == IDEM_OK ? IDEM_OK : fail_out(s, rc, err);
 }
 
 const idem__store_methods idem__pg_methods = {

@@ -6,6 +6,8 @@
  *    database sets, idem's own sessions run with at least "on", so that a
  *    completion reported stored is on disk (checked by a local action that
  *    runs SHOW on the store's own connection).
+ *  - Secrets: no message shows a password from the URL or conninfo, even
+ *    when libpq's own text quotes the URL or a piece of it.
  *
  * Needs IDEM_TEST_PG_URL (scripts/check.sh starts a server); without it the
  * test fails, it never skips. Each test uses a schema of its own, and roles
@@ -241,6 +243,101 @@ static void test_synchronous_commit_from_role(void **state) {
                       "on");
 }
 
+/* ---- secrets in messages ------------------------------------------------ */
+
+typedef struct bad_url {
+  const char *url;
+  int rc;                /* what opening it returns */
+  const char *says;      /* a part of the message that tells what is wrong */
+  const char *secret[3]; /* what the message must not contain */
+} bad_url;
+
+/*
+ * Malformed URLs and conninfo strings with a password in them. libpq's own
+ * message may quote the URL, the token it could not decode, or a piece of
+ * a password that it took for a host or a port: none of it is shown.
+ */
+static void test_secrets_not_in_messages(void **state) {
+  static const bad_url bad[] = {
+      {"postgresql://idem:S3CRET@[::1", IDEM_EURL, "IPv6", {"S3CRET"}},
+      {"postgres://idem:S3CRET@[]/db",
+       IDEM_EURL,
+       "may not be empty",
+       {"S3CRET"}},
+      {"postgresql://idem:S3CRET@[::1]x/db",
+       IDEM_EURL,
+       "unexpected character",
+       {"S3CRET"}},
+      {"postgresql://idem:S3%zzCRET@localhost/db",
+       IDEM_EURL,
+       "percent",
+       {"S3%zz", "CRET"}},
+      {"postgresql://idem:S3CRET%00@localhost/db",
+       IDEM_EURL,
+       "%00",
+       {"S3CRET"}},
+      {"postgresql://idem@localhost/db?password=S3%zzCRET",
+       IDEM_EURL,
+       "percent",
+       {"S3%zz", "CRET"}},
+      {"postgresql://idem:S3CRET@[::1?idem_schema=x&sslmode=require",
+       IDEM_EURL,
+       "IPv6",
+       {"S3CRET"}},
+      /* A '/' in the password, not percent-encoded: libpq takes the part
+       * before it for a port. */
+      {"postgresql://idem:S3CRET/PART2@localhost/db",
+       0,
+       "port",
+       {"S3CRET", "PART2"}},
+      /* A piece of one letter is hidden where it stands alone, and the
+       * message stays readable. */
+      {"postgresql://idem:p/w@localhost/db",
+       0,
+       "for connection option \"port\"",
+       {"\"p\""}},
+      /* An '@' in it: the part after it for a host name. */
+      {"postgresql://idem:S3C@RET9@%2Ftmp%2Fnone/db",
+       0,
+       "host name",
+       {"S3C", "RET9"}},
+      /* conninfo: a space in an unquoted password. */
+      {"pg:host=/nonexistent password=S3CRET PART2",
+       IDEM_EURL,
+       "missing",
+       {"S3CRET", "PART2"}},
+      {"pg:host=/nonexistent password='S3CRET",
+       IDEM_EURL,
+       "unterminated",
+       {"S3CRET"}},
+  };
+  int failed = 0;
+  (void)state;
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    idem_store *store = (idem_store *)&store;
+    int rc = idem_store_open(bad[i].url, NULL, &store);
+    const char *msg = idem_errmsg();
+    assert_null(store);
+    if (bad[i].rc ? rc != bad[i].rc : rc == IDEM_OK) {
+      fprintf(stderr, "%s: %s (%s), expected %s\n", bad[i].url,
+              idem_rc_name(rc), msg, idem_rc_name(bad[i].rc));
+      failed++;
+    }
+    if (!strstr(msg, bad[i].says)) {
+      fprintf(stderr, "%s: the message does not say \"%s\": %s\n", bad[i].url,
+              bad[i].says, msg);
+      failed++;
+    }
+    for (int k = 0; k < 3 && bad[i].secret[k]; k++)
+      if (strstr(msg, bad[i].secret[k])) {
+        fprintf(stderr, "%s: the message shows \"%s\": %s\n", bad[i].url,
+                bad[i].secret[k], msg);
+        failed++;
+      }
+  }
+  assert_int_equal(failed, 0);
+}
+
 #define OPEN_TEST(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
 
 int main(void) {
@@ -248,6 +345,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       OPEN_TEST(test_synchronous_commit_from_url),
       OPEN_TEST(test_synchronous_commit_from_role),
+      OPEN_TEST(test_secrets_not_in_messages),
   };
   if (!url || (strncmp(url, "postgresql://", 13) != 0 &&
                strncmp(url, "postgres://", 11) != 0)) {
