@@ -229,12 +229,12 @@ static const char *const sql_text[ST_COUNT] = {
     [ST_GET] =
         "SELECT " RECORD_COLUMNS " FROM {S}.idem_records r CROSS JOIN " NOW_ROW
         " WHERE r." PK " AND NOT " EXPIRED_SQL,
-    /* After a write whose connection died before its answer came: what the
-     * row says now, to tell whether that write had committed. FOR SHARE
-     * waits for a transaction of the old session that may still hold the
-     * row. */
-    [ST_HOLDER] = "SELECT state, checksum FROM {S}.idem_records WHERE " PK
-                  " FOR SHARE",
+    /* After a fenced write that changed nothing: what the row says now, to
+     * tell whether an earlier send of that write (whose answer was lost)
+     * had committed. FOR SHARE waits for a transaction of the old session
+     * that may still hold the row. */
+    [ST_HOLDER] = "SELECT state, checksum, fingerprint, attempt FROM "
+                  "{S}.idem_records WHERE " PK " FOR SHARE",
     /* Keyset pagination, so that no connection is held while the caller's
      * function runs (it may call back into the store) and memory stays
      * bounded. Text is ordered by bytes (COLLATE "C"), as SQLite does. */
@@ -336,6 +336,10 @@ typedef struct pg_store {
   int nconn;
   int64_t last_prune_ms;
   idem__cache *cache; /* completed records, for replays (monotonic clock) */
+  /* What no message may show (see scrub()), longest first. */
+  char **secret;
+  int nsecret, secret_cap;
+  int secret_nomem; /* one could not be kept: the open fails */
 } pg_store;
 
 /* ---- errors -------------------------------------------------------------- */
@@ -428,6 +432,258 @@ static int pg_fail(conn *c, const PGresult *res, const char *what, char *err) {
     memset(c->prepared, 0, sizeof c->prepared);
   oneline(text, sizeof text, primary ? primary : PQresultErrorMessage(res));
   return failf(err, rc, "postgresql: %s: %s (SQLSTATE %s)", what, text, state);
+}
+
+/* ---- secrets ------------------------------------------------------------- */
+
+/*
+ * The target may hold a password, and libpq's own messages quote what they
+ * could not read: the whole URL, the token that was not valid
+ * percent-encoding, a piece of a password that a stray '/' or '@' made it
+ * read as a port or a host name, the word after an unquoted space. So the
+ * target is never put in a message by idem, and every message leaving this
+ * backend is scrubbed of the passwords the target holds, in every form in
+ * which libpq might show them (see scrub()).
+ */
+
+static int is_word_char(char ch) {
+  return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+         (ch >= '0' && ch <= '9');
+}
+
+/* Remembers n bytes at p as a secret, keeping the list longest first. */
+static void add_secret(pg_store *s, const char *p, size_t n) {
+  char *copy;
+  int i;
+  if (n == 0)
+    return;
+  for (i = 0; i < s->nsecret; i++)
+    if (strlen(s->secret[i]) == n && !memcmp(s->secret[i], p, n))
+      return;
+  if (s->nsecret == s->secret_cap) {
+    int cap = s->secret_cap ? 2 * s->secret_cap : 8;
+    char **grown = realloc(s->secret, (size_t)cap * sizeof *grown);
+    if (!grown) {
+      s->secret_nomem = 1;
+      return;
+    }
+    s->secret = grown;
+    s->secret_cap = cap;
+  }
+  if (!(copy = malloc(n + 1))) {
+    s->secret_nomem = 1;
+    return;
+  }
+  memcpy(copy, p, n);
+  copy[n] = '\0';
+  for (i = s->nsecret; i > 0 && strlen(s->secret[i - 1]) < n; i--)
+    s->secret[i] = s->secret[i - 1];
+  s->secret[i] = copy;
+  s->nsecret++;
+}
+
+static int hex_digit(char ch) {
+  if (ch >= '0' && ch <= '9')
+    return ch - '0';
+  if (ch >= 'a' && ch <= 'f')
+    return ch - 'a' + 10;
+  if (ch >= 'A' && ch <= 'F')
+    return ch - 'A' + 10;
+  return -1;
+}
+
+/* A URL's secret: as written, and percent-decoded when that differs. */
+static void add_url_secret(pg_store *s, const char *p, size_t n) {
+  char *d = malloc(n + 1);
+  size_t o = 0;
+  add_secret(s, p, n);
+  if (!d) {
+    s->secret_nomem = 1;
+    return;
+  }
+  for (size_t i = 0; i < n; i++) {
+    int hi, lo;
+    if (p[i] == '%' && i + 2 < n && (hi = hex_digit(p[i + 1])) >= 0 &&
+        (lo = hex_digit(p[i + 2])) >= 0) {
+      d[o++] = (char)(hi << 4 | lo);
+      i += 2;
+    } else {
+      d[o++] = p[i];
+    }
+  }
+  add_secret(s, d, o);
+  free(d);
+}
+
+/* Whether the n bytes at p name a keyword that holds a password. */
+static int password_keyword(const char *p, size_t n) {
+  return (n == 8 && !strncmp(p, "password", 8)) ||
+         (n == 11 && !strncmp(p, "sslpassword", 11));
+}
+
+/*
+ * The secrets of the URL in the n bytes at url: the password of the user
+ * info, as libpq reads it (up to the first '@'); from the first ':' to the
+ * last '@' before the query and each piece of that between '@', '/' and
+ * ':', for a password in which those were not percent-encoded; and the
+ * values of password and sslpassword in the query.
+ */
+static void url_secrets(pg_store *s, const char *url, size_t n) {
+  const char *end = url + n, *a = strstr(url, "://"), *p, *q, *at = NULL,
+             *colon;
+  if (!a || a >= end)
+    return;
+  a += 3;
+  for (p = a; p < end && *p != '@' && *p != '/'; p++)
+    ;
+  if (p < end && *p == '@' && (colon = memchr(a, ':', (size_t)(p - a))))
+    add_url_secret(s, colon + 1, (size_t)(p - colon - 1));
+  q = memchr(a, '?', (size_t)(end - a));
+  for (p = a; p < (q ? q : end); p++)
+    if (*p == '@')
+      at = p;
+  if (at && (colon = memchr(a, ':', (size_t)(at - a)))) {
+    const char *piece = colon + 1;
+    add_url_secret(s, piece, (size_t)(at - piece));
+    for (p = piece; p <= at; p++)
+      if (p == at || *p == '@' || *p == '/' || *p == ':') {
+        add_secret(s, piece, (size_t)(p - piece));
+        piece = p + 1;
+      }
+  }
+  for (p = q; p && p < end; p = q) {
+    const char *eq, *amp;
+    p++;
+    amp = memchr(p, '&', (size_t)(end - p));
+    q = amp ? amp : end;
+    eq = memchr(p, '=', (size_t)(q - p));
+    if (eq && password_keyword(p, (size_t)(eq - p)))
+      add_url_secret(s, eq + 1, (size_t)(q - eq - 1));
+    if (!amp)
+      break;
+  }
+}
+
+static int is_url_at(const char *p) {
+  return !strncmp(p, "postgresql://", 13) || !strncmp(p, "postgres://", 11);
+}
+
+/*
+ * The secrets of a conninfo string, read as libpq reads it (keyword =
+ * value, values optionally single-quoted with backslash escapes): the
+ * values of password and sslpassword, as written and unescaped, and any
+ * bare words after one (the rest of a password with an unquoted space,
+ * which libpq quotes when it finds no '=' after them). A value that is a
+ * URL (dbname may be one) is read as a URL.
+ */
+static void conninfo_secrets(pg_store *s, const char *t) {
+  const char *p = t;
+  int after_password = 0;
+  while (*p) {
+    const char *tok, *kw_end, *val, *val_end;
+    while (isspace((unsigned char)*p))
+      p++;
+    if (!*p)
+      break;
+    tok = p;
+    while (*p && *p != '=' && !isspace((unsigned char)*p))
+      p++;
+    kw_end = p;
+    while (isspace((unsigned char)*p))
+      p++;
+    if (*p != '=') {
+      if (after_password)
+        add_secret(s, tok, (size_t)(kw_end - tok));
+      p = kw_end;
+      continue;
+    }
+    p++;
+    while (isspace((unsigned char)*p))
+      p++;
+    val = p;
+    if (*p == '\'') {
+      for (p++; *p && *p != '\''; p++)
+        if (*p == '\\' && p[1])
+          p++;
+      val_end = p;
+      val++;
+      if (*p)
+        p++;
+    } else {
+      for (; *p && !isspace((unsigned char)*p); p++)
+        if (*p == '\\' && p[1])
+          p++;
+      val_end = p;
+    }
+    after_password = password_keyword(tok, (size_t)(kw_end - tok));
+    if (after_password) {
+      char *u = malloc((size_t)(val_end - val) + 1);
+      size_t o = 0;
+      add_secret(s, val, (size_t)(val_end - val));
+      if (!u) {
+        s->secret_nomem = 1;
+      } else {
+        for (const char *v = val; v < val_end; v++) {
+          if (*v == '\\' && v + 1 < val_end)
+            v++;
+          u[o++] = *v;
+        }
+        add_secret(s, u, o);
+        free(u);
+      }
+    } else if (is_url_at(val)) {
+      url_secrets(s, val, (size_t)(val_end - val));
+    }
+  }
+}
+
+/*
+ * Replaces every secret in msg (a string in a buffer of size bytes) with
+ * "***". A secret of four bytes or more goes wherever it appears; a
+ * shorter one (a piece of a password that libpq read as something else)
+ * only where it stands as a word of its own, so that a piece of one letter
+ * does not blank out that letter all over the message.
+ */
+static void scrub(const pg_store *s, char *msg, size_t size) {
+  char out[2 * ERR_SIZE];
+  if (!s || size == 0)
+    return;
+  if (size > sizeof out) {
+    /* Longer than any message here: shortened, never left unscrubbed. */
+    size = sizeof out;
+    msg[size - 1] = '\0';
+  }
+  for (int i = 0; i < s->nsecret; i++) {
+    const char *sec = s->secret[i], *p = msg;
+    size_t n = strlen(sec), o = 0;
+    if (!strstr(msg, sec))
+      continue;
+    while (*p && o + 4 < size) {
+      if (!strncmp(p, sec, n) &&
+          (n >= 4 ||
+           ((p == msg || !is_word_char(p[-1])) && !is_word_char(p[n])))) {
+        memcpy(out + o, "***", 3);
+        o += 3;
+        p += n;
+      } else {
+        out[o++] = *p++;
+      }
+    }
+    out[o] = '\0';
+    memcpy(msg, out, o + 1);
+  }
+}
+
+/* The secrets of a target, before anything reads it. */
+static void collect_secrets(pg_store *s, const char *target) {
+  for (const char *p = target; *p; p++)
+    if (is_url_at(p) && (p == target || !is_word_char(p[-1]))) {
+      size_t n = strcspn(p, " \t\n'");
+      url_secrets(s, p, n);
+      p += n - 1;
+    }
+  if (!is_url_at(target))
+    conninfo_secrets(s, target);
 }
 
 /* ---- SQL text ------------------------------------------------------------ */
@@ -575,19 +831,32 @@ static void ignore_notice(void *arg, const char *message) {
   (void)message;
 }
 
-/* Per-session settings, applied after every (re)connect. */
+/*
+ * Per-session settings, applied after every (re)connect, in one round trip.
+ *
+ * busy_timeout_ms bounds lock waits, as SQLite's busy timeout does; a
+ * lock_timeout that the URL, role or database already set is kept.
+ *
+ * synchronous_commit is at least "on": with "off" the server acknowledges
+ * a COMMIT before its WAL is flushed, so a completion reported stored could
+ * be lost in a server crash, and a retry would then act a second time;
+ * "local" and "remote_write" acknowledge before a synchronous standby has
+ * the WAL on disk. "on" and "remote_apply" are kept. Any role may set it
+ * for its own session.
+ */
 static int session_setup(pg_store *s, conn *c, char *err) {
   char ms[24];
   const char *v[1] = {ms};
   PGresult *res;
   int rc = IDEM_OK;
-  /* busy_timeout_ms bounds lock waits, as SQLite's busy timeout does; a
-   * lock_timeout that the URL, role or database already set is kept. */
   snprintf(ms, sizeof ms, "%d", s->o.busy_timeout_ms);
-  res = PQexecParams(c->pg,
-                     "SELECT set_config('lock_timeout', $1, false) WHERE "
-                     "current_setting('lock_timeout') = '0'",
-                     1, NULL, v, NULL, NULL, 0);
+  res = PQexecParams(
+      c->pg,
+      "SELECT CASE WHEN current_setting('lock_timeout') = '0' THEN "
+      "set_config('lock_timeout', $1, false) END, CASE WHEN "
+      "current_setting('synchronous_commit') IN ('off', 'local', "
+      "'remote_write') THEN set_config('synchronous_commit', 'on', false) END",
+      1, NULL, v, NULL, NULL, 0);
   if (PQresultStatus(res) != PGRES_TUPLES_OK)
     rc = pg_fail(c, res, "session setup", err);
   PQclear(res);
@@ -1088,35 +1357,44 @@ static int still_held(pg_store *s, conn *c, idem__op *op, int *held) {
 }
 
 /*
- * After a fenced write whose answer was lost with its connection, sent again
- * on the re-established one and changing nothing: whether the first send
- * had done what the caller asked (*done). ST_COMPLETE: the record is
- * completed with this response (checksum sum); ST_UNKNOWN: it is marked
- * unknown; ST_RELEASE: this claim no longer holds it, which is all a
- * release asks. A renewal that changes nothing has lost the lease.
+ * After a fenced write that changed no row: whether an earlier send of it
+ * had done what the caller asks (*done). That earlier send is one whose
+ * answer was lost with its connection: sent again on the re-established
+ * connection by run_fenced(), or reported IDEM_EUNAVAILABLE when the
+ * server could not be reached again, and then retried by the caller. The
+ * row tells. ST_COMPLETE: it is completed with this fingerprint and this
+ * response (checksum sum). ST_UNKNOWN: it is marked unknown at this
+ * claim's attempt (a newer holder's mark is not this claim's). ST_RELEASE:
+ * it is gone. A renewal that changes nothing has lost the lease.
  */
 static int wrote_before_loss(pg_store *s, conn *c, idem__op *op, int which,
                              const char *sum, int *done) {
   PGresult *res = NULL;
   params p = {0};
-  size_t n = 0;
-  const char *v;
+  size_t n = 0, fn = 0;
+  const char *v, *fp;
   int rc, state;
 
-  *done = which == ST_RELEASE;
-  if (which != ST_COMPLETE && which != ST_UNKNOWN)
+  *done = 0;
+  if (which != ST_COMPLETE && which != ST_UNKNOWN && which != ST_RELEASE)
     return IDEM_OK;
   p_id(&p, op->id);
   if ((rc = run_stmt(s, c, ST_HOLDER, &p, "read record", &res, op->errmsg)) !=
       IDEM_OK)
     return op->rc = rc;
-  if (PQntuples(res) > 0) {
+  if (PQntuples(res) == 0) {
+    *done = which == ST_RELEASE;
+  } else {
     state = (int)col_int(res, 0, 0);
     v = col_ptr(res, 0, 1, &n);
-    *done = which == ST_UNKNOWN
-                ? state == 3
-                : state == 2 && sum && v && n == strlen(sum) &&
-                      memcmp(v, sum, n) == 0;
+    fp = col_ptr(res, 0, 2, &fn);
+    if (which == ST_UNKNOWN)
+      *done = state == IDEM_STATE_UNKNOWN &&
+              (int)col_int(res, 0, 3) == op->claim->attempt;
+    else if (which == ST_COMPLETE)
+      *done = state == IDEM_STATE_COMPLETED && sum && v && n == strlen(sum) &&
+              memcmp(v, sum, n) == 0 && fp && fn == strlen(op->fingerprint) &&
+              memcmp(fp, op->fingerprint, fn) == 0;
   }
   PQclear(res);
   return IDEM_OK;
@@ -1234,19 +1512,18 @@ static int response_params(idem__op *op, const idem_response *r, int which,
 }
 
 /* Runs a statement fenced by the holder's token, on its own (an implicit
- * transaction): no row changed means the holder lost the record. */
+ * transaction): no row changed means the holder lost the record, unless
+ * the row shows that an earlier send of the same write had committed. */
 static int run_fenced(pg_store *s, conn *c, idem__op *op, int which,
                       const params *p, const char *what, const char *lost,
                       const char *sum) {
   PGresult *res = NULL;
   int own = PQtransactionStatus(c->pg) == PQTRANS_IDLE;
-  int changed, resent = 0, done = 0,
-               rc = run_stmt(s, c, which, p, what, &res, op->errmsg);
+  int changed, done = 0, rc = run_stmt(s, c, which, p, what, &res, op->errmsg);
   if (own && revived(s, c, rc, op->errmsg)) {
     /* It may have committed before the connection died. Sent again, it
      * changes nothing if so (the row is no longer held under the token),
      * and the row then tells. */
-    resent = 1;
     rc = run_stmt(s, c, which, p, what, &res, op->errmsg);
   }
   if (rc != IDEM_OK)
@@ -1255,8 +1532,10 @@ static int run_fenced(pg_store *s, conn *c, idem__op *op, int which,
   if (which == ST_RENEW && changed > 0 && PQntuples(res) > 0)
     op->claim->lease_expires_ms = col_int(res, 0, 0);
   PQclear(res);
-  if (changed == 0 && resent &&
-      wrote_before_loss(s, c, op, which, sum, &done) != IDEM_OK)
+  /* Nothing changed: either the holder lost the record, or an earlier
+   * send of this write committed (its answer lost, here or in a call
+   * that the caller is now retrying). */
+  if (changed == 0 && wrote_before_loss(s, c, op, which, sum, &done) != IDEM_OK)
     return op->rc;
   if (changed == 0 && !done)
     return idem__op_fail(op, IDEM_ESTALE,
@@ -1666,6 +1945,7 @@ static void pg_run(void *state, idem__op *op) {
   rc = pool_get(s, &c, op->errmsg);
   if (rc != IDEM_OK) {
     op->rc = rc;
+    scrub(s, op->errmsg, sizeof op->errmsg);
     return;
   }
   switch (op->kind) {
@@ -1694,6 +1974,8 @@ static void pg_run(void *state, idem__op *op) {
     idem__op_fail(op, IDEM_EINVAL, "unknown operation");
   }
   pool_put(s, c);
+  if (op->rc != IDEM_OK)
+    scrub(s, op->errmsg, sizeof op->errmsg);
 }
 
 /* ---- target -------------------------------------------------------------- */
@@ -1844,6 +2126,9 @@ static int parse_target(pg_store *s, const char *target, char *err) {
   char *msg = NULL;
   PQconninfoOption *opts;
 
+  collect_secrets(s, target);
+  if (s->secret_nomem)
+    return failf(err, IDEM_ENOMEM, "postgresql: out of memory");
   /* Room for a separator per token: the output may gain a space where
    * the input had a quoted value directly followed by the next keyword. */
   s->conninfo = malloc(2 * strlen(target) + 2);
@@ -1864,7 +2149,13 @@ static int parse_target(pg_store *s, const char *target, char *err) {
     PQfreemem(msg);
     return failf(err, msg ? IDEM_EURL : IDEM_ENOMEM, "store: %s", text);
   }
+  /* The passwords as libpq read them, whatever the syntax. */
+  for (PQconninfoOption *o = opts; o->keyword; o++)
+    if (o->val && password_keyword(o->keyword, strlen(o->keyword)))
+      add_secret(s, o->val, strlen(o->val));
   PQconninfoFree(opts);
+  if (s->secret_nomem)
+    return failf(err, IDEM_ENOMEM, "postgresql: out of memory");
   return IDEM_OK;
 }
 
@@ -2013,6 +2304,9 @@ static void pg_close(void *state) {
   pthread_mutex_destroy(&s->mu);
   pthread_cond_destroy(&s->cv);
   free(s->conninfo);
+  for (int i = 0; i < s->nsecret; i++)
+    free(s->secret[i]);
+  free(s->secret);
   idem__cache_free(s->cache);
   free(s);
 }
@@ -2084,6 +2378,7 @@ nomem:
   rc = failf(err, IDEM_ENOMEM, "postgresql: out of memory");
 fail:
   conn_close(c);
+  scrub(s, err, sizeof err);
   pg_close(s);
   return idem__fail(rc, "%s", err);
 }
@@ -2093,6 +2388,12 @@ static const char *pg_engine_version(void *state) {
 }
 
 /* ---- operators ----------------------------------------------------------- */
+
+/* Reports an operator call's failure, its detail scrubbed. */
+static int fail_out(const pg_store *s, int rc, char *err) {
+  scrub(s, err, ERR_SIZE);
+  return idem__fail(rc, "%s", err);
+}
 
 /* Columns in RECORD_COLUMNS order. */
 static int row_to_record(const PGresult *q, int i, idem_record **out) {
@@ -2136,12 +2437,12 @@ static int pg_get(void *state, const idem_id *id, idem_record **out) {
   char err[ERR_SIZE];
   int rc = pool_get(s, &c, err);
   if (rc != IDEM_OK)
-    return idem__fail(rc, "%s", err);
+    return fail_out(s, rc, err);
   p_id(&p, id);
   rc = run_stmt_retry(s, c, ST_GET, &p, "get", &res, err);
   pool_put(s, c);
   if (rc != IDEM_OK)
-    return idem__fail(rc, "%s", err);
+    return fail_out(s, rc, err);
   if (PQntuples(res) > 0)
     rc = row_to_record(res, 0, out);
   else
@@ -2178,13 +2479,13 @@ static int pg_list(void *state, const idem_filter *f, idem_record_fn fn,
     p_i64(&p, page);
     p_text(&p, f->overdue ? "t" : "f");
     if ((rc = pool_get(s, &c, err)) != IDEM_OK) {
-      rc = idem__fail(rc, "%s", err);
+      rc = fail_out(s, rc, err);
       break;
     }
     rc = run_stmt_retry(s, c, ST_LIST, &p, "list", &res, err);
     pool_put(s, c);
     if (rc != IDEM_OK) {
-      rc = idem__fail(rc, "%s", err);
+      rc = fail_out(s, rc, err);
       break;
     }
     rows = PQntuples(res);
@@ -2229,11 +2530,11 @@ static int pg_prune(void *state, int64_t *removed) {
   char err[ERR_SIZE];
   int rc = pool_get(s, &c, err);
   if (rc != IDEM_OK)
-    return idem__fail(rc, "%s", err);
+    return fail_out(s, rc, err);
   rc = run_stmt_retry(s, c, ST_PRUNE, &p, "prune", &res, err);
   pool_put(s, c);
   if (rc != IDEM_OK)
-    return idem__fail(rc, "%s", err);
+    return fail_out(s, rc, err);
   *removed = strtoll(PQcmdTuples(res), NULL, 10);
   PQclear(res);
   return IDEM_OK;
@@ -2250,7 +2551,7 @@ static int pg_resolve(void *state, const idem_id *id, const idem_response *r,
   int st = 0, found, rc = pool_get(s, &c, err);
   int64_t lease = 0, now = 0;
   if (rc != IDEM_OK)
-    return idem__fail(rc, "%s", err);
+    return fail_out(s, rc, err);
   if ((rc = begin(c, err)) != IDEM_OK)
     goto out;
   /* Lock the row so that a claimer cannot take it over meanwhile. The
@@ -2315,7 +2616,7 @@ static int pg_resolve(void *state, const idem_id *id, const idem_response *r,
 out:
   rollback(c);
   pool_put(s, c);
-  return rc == IDEM_OK ? IDEM_OK : idem__fail(rc, "%s", err);
+  return rc == IDEM_OK ? IDEM_OK : fail_out(s, rc, err);
 }
 
 static int pg_remove(void *state, const idem_id *id) {
