@@ -1,6 +1,7 @@
 #!/bin/sh
 # idem keys: the operators' view, driven through the real program.
 IDEM=$1
+PUT_RECORD=$2 # writes a record through libidem: see put_record.c
 . "$(dirname "$0")/lib.sh"
 export IDEM_STORE="sqlite:$TMP/keys.db"
 
@@ -48,4 +49,152 @@ expect_match "prune kept the live record" '"key":"done-1"' "$out"
 
 "$IDEM" keys list --store "sqlite:$TMP/no/such/dir/x.db" 2>/dev/null
 expect_eq "unopenable store: exit 1" 1 "$?"
+
+# --- Tenants: checked before anything is opened, for every action --------
+# Each is a usage error (exit 2) that says what is wrong, never a store
+# error, and never a listing of nothing.
+big=$(head -c 10240 /dev/zero | tr '\0' t)
+for args in "list" "show done-1" "resolve done-1 --failed"; do
+  # shellcheck disable=SC2086
+  msg=$("$IDEM" keys $args --tenant "$big" 2>&1)
+  expect_eq "keys $args: a 10 KB tenant is a usage error" 2 "$?"
+  expect_match "keys $args: a 10 KB tenant: why" \
+    '^idem keys: --tenant: 10240 bytes; at most 255$' "$msg"
+  msg=$("$IDEM" keys $args --tenant "$(printf 'ac\nme')" 2>&1)
+  expect_eq "keys $args: a tenant with a newline is a usage error" 2 "$?"
+  expect_match "keys $args: a tenant with a newline: why" \
+    'control character U\+000A at byte 2' "$msg"
+done
+msg=$("$IDEM" keys list --tenant "$(printf 'ac\302\205me')" 2>&1)
+expect_eq "a tenant with a C1 control (U+0085): exit 2" 2 "$?"
+expect_match "a tenant with a C1 control: why" 'control character U\+0085' "$msg"
+msg=$("$IDEM" keys show done-1 --tenant "$(printf 'ac\342\200\256me')" 2>&1)
+expect_eq "a tenant with a right-to-left override (U+202E): exit 2" 2 "$?"
+expect_match "a tenant with U+202E: why" \
+  'invisible or reordering character U\+202E at byte 2' "$msg"
+"$IDEM" keys list --tenant "$(printf '\342\201\246acme\342\201\251')" 2>/dev/null
+expect_eq "a tenant with a bidi isolate (U+2066): exit 2" 2 "$?"
+"$IDEM" keys list --tenant "$(printf 'ac\377me')" 2>/dev/null
+expect_eq "a tenant that is not UTF-8: exit 2" 2 "$?"
+out=$("$IDEM" keys list --tenant "$(printf 'caf\303\251 \302\240x')" 2>&1)
+expect_eq "a tenant with accents and U+00A0 is fine" 0 "$?"
+"$IDEM" keys list --operation "$big" 2>/dev/null
+expect_eq "a 10 KB operation is a usage error" 2 "$?"
+
+# --- Stored text is escaped on output --------------------------------------
+# Records written by other programs (libidem accepts these names) must not
+# reorder or hide what an operator sees, nor drive the terminal.
+spoof_db="sqlite:$TMP/spoof.db"
+"$PUT_RECORD" "$spoof_db" "$(printf 'acme\342\200\256evil')" \
+  "$(printf 'op\302\23331m')" spoof-1 \
+  "$(printf 'req\033[2J\342\201\246line1\nline2\\')"
+expect_eq "put_record wrote a record with a spoofing tenant" 0 "$?"
+out=$("$IDEM" keys list --store "$spoof_db")
+expect_eq "list of a spoofing record: exit 0" 0 "$?"
+expect_match "list: U+202E in the tenant is escaped" 'acme\\u202eevil' "$out"
+expect_match "list: U+009B in the operation is escaped" 'op\\u009b31m' "$out"
+printf '%s' "$out" | LC_ALL=C grep -q "$(printf '\342\200\256')" &&
+  fail "list: the raw U+202E reached the output" || ok
+printf '%s' "$out" | LC_ALL=C grep -q "$(printf '\302\233')" &&
+  fail "list: the raw U+009B reached the output" || ok
+out=$("$IDEM" keys list --store "$spoof_db" --json)
+expect_match "list --json: U+202E as a JSON escape" 'acme\\u202eevil' "$out"
+printf '%s' "$out" | LC_ALL=C grep -q "$(printf '\342\200\256')" &&
+  fail "list --json: the raw U+202E reached the output" || ok
+printf '%s' "$out" | python3 -c 'import json,sys; r=json.load(sys.stdin); sys.exit(r["tenant"] != "acme\u202eevil")'
+expect_eq "list --json: still the same JSON value" 0 "$?"
+"$PUT_RECORD" "$spoof_db" "" "$(printf 'op\342\200\256')" spoof-2 \
+  "$(printf 'req\033[2J\342\201\246line1\nline2\\')"
+out=$("$IDEM" keys show spoof-2 --store "$spoof_db" \
+  --operation "$(printf 'op\342\200\256')")
+expect_eq "show of a record with escapes: exit 0" 0 "$?"
+expect_match "show: the operation is escaped" '^operation: +op\\u202e$' \
+  "$(printf '%s\n' "$out" | grep '^operation:')"
+expect_eq "show: the request is escaped, on one line" \
+  'request:     req\x1b[2J\u2066line1\nline2\\' \
+  "$(printf '%s\n' "$out" | grep '^request:')"
+printf '%s' "$out" | LC_ALL=C grep -q "$(printf '\033')" &&
+  fail "show: a raw ESC reached the output" || ok
+
+# --- Arguments that do not belong ------------------------------------------
+msg=$("$IDEM" keys prune extra 2>&1)
+expect_eq "keys prune takes no KEY: exit 2" 2 "$?"
+expect_match "keys prune extra: why" "unexpected argument 'extra'" "$msg"
+"$IDEM" keys list extra 2>/dev/null
+expect_eq "keys list takes no KEY: exit 2" 2 "$?"
+"$IDEM" keys show done-1 extra --tenant acme 2>/dev/null
+expect_eq "keys show takes one KEY: exit 2" 2 "$?"
+msg=$("$IDEM" keys list --foo 2>&1)
+expect_eq "keys list --foo: exit 2" 2 "$?"
+expect_eq "keys list --foo: an unknown option" "idem keys: unknown option '--foo'" "$msg"
+msg=$("$IDEM" keys list --tenant acme --foo 2>&1)
+expect_eq "keys list --foo after an option: exit 2" 2 "$?"
+expect_eq "keys list --foo after an option: unknown option" \
+  "idem keys: unknown option '--foo'" "$msg"
+msg=$("$IDEM" keys list --tenant 2>&1)
+expect_eq "keys list --tenant without a value: exit 2" 2 "$?"
+expect_eq "keys list --tenant without a value: why" \
+  "idem keys: --tenant needs a value" "$msg"
+msg=$("$IDEM" keys prune --tenant acme 2>&1)
+expect_eq "keys prune --tenant (prune has no filter): exit 2" 2 "$?"
+expect_match "keys prune --tenant: why" "--tenant is not an option of 'keys prune'" "$msg"
+"$IDEM" keys show done-1 --tenant acme --state completed 2>/dev/null
+expect_eq "keys show --state: exit 2" 2 "$?"
+"$IDEM" keys resolve dying --failed --status 3 2>/dev/null
+expect_eq "resolve --failed --status: exit 2" 2 "$?"
+msg=$("$IDEM" keys list --store '' 2>&1)
+expect_eq "--store '': exit 2" 2 "$?"
+expect_eq "--store '': why" "idem keys: --store: empty store URL" "$msg"
+for st in -1 256 99999999999 x 1.5 ''; do
+  "$IDEM" keys resolve dying --completed --status "$st" 2>/dev/null
+  expect_eq "resolve --status '$st': exit 2" 2 "$?"
+done
+"$IDEM" run --key st-255 --lease 200ms -- sh -c 'echo up > "$1"; sleep 5' x "$TMP/up255" </dev/null &
+pid=$!
+wait_for "$TMP/up255" || fail "the st-255 run did not start"
+kill -KILL $pid; wait $pid 2>/dev/null
+"$IDEM" keys resolve st-255 --completed --status 255 >/dev/null
+expect_eq "resolve --status 255 is fine" 0 "$?"
+"$IDEM" run --key st-255 -- sh -c 'echo up > "$1"; sleep 5' x "$TMP/up255" </dev/null
+expect_eq "and replays as exit status 255" 255 "$?"
+out=$("$IDEM" keys list -- 2>&1)
+expect_eq "keys list --: exit 0" 0 "$?"
+
+# --- Durations (through idem run, the command that takes them) -------------
+for d in nan inf -inf 0x10 1e3 ''; do
+  msg=$("$IDEM" run --key dur --lease "$d" -- true 2>&1 </dev/null)
+  expect_eq "run --lease '$d': exit 2" 2 "$?"
+  expect_match "run --lease '$d': says --lease" '^idem run: --lease' "$msg"
+done
+msg=$("$IDEM" run --key dur --retention 99999999999999999999d -- true 2>&1 </dev/null)
+expect_eq "run --retention 99999999999999999999d: exit 2" 2 "$?"
+"$IDEM" keys show dur 2>/dev/null
+expect_eq "no record was written by the refused runs" 1 "$?"
+
+# --- The table fits its fields -----------------------------------------------
+long_key=k-$(head -c 60 /dev/zero | tr '\0' x)
+long_tenant=tenant-$(head -c 30 /dev/zero | tr '\0' y)
+"$IDEM" run --key "$long_key" --tenant "$long_tenant" -- true </dev/null
+"$IDEM" run --key short --tenant "$long_tenant" -- true </dev/null
+out=$("$IDEM" keys list --tenant "$long_tenant")
+expect_eq "list of long fields: a header and two rows" 3 "$(printf '%s\n' "$out" | wc -l)"
+col=$(printf '%s\n' "$out" | head -n 1 | awk '{print index($0, "STATE")}')
+bad=$(printf '%s\n' "$out" | tail -n +2 | awk -v c="$col" 'substr($0, c, 10) != "completed " {print}')
+expect_eq "every row's state sits under STATE" "" "$bad"
+expect_match "the long key is whole" "$long_key " "$out"
+bad=$(printf '%s\n' "$out" | awk '{ if (NF != 7) print }')
+expect_eq "every line has seven fields" "" "$bad"
+# Past the first 512 rows (the ones the columns are fitted to), rows are
+# printed as they come: one header, every row, a long field kept whole.
+many_db="sqlite:$TMP/many.db"
+"$PUT_RECORD" "$many_db" "" op key x 600
+expect_eq "put_record wrote 600 records" 0 "$?"
+"$PUT_RECORD" "$many_db" "" op "$long_key" x
+out=$("$IDEM" keys list --store "$many_db")
+expect_eq "a long listing: one header and 601 rows" 602 "$(printf '%s\n' "$out" | wc -l)"
+expect_eq "a long listing: one header" 1 "$(printf '%s\n' "$out" | grep -c '^TENANT ')"
+expect_match "a long listing: the last row whole" \
+  "^- +op +$long_key completed +1 " "$(printf '%s\n' "$out" | tail -n 1)"
+bad=$(printf '%s\n' "$out" | awk '{ if (NF != 7) print }')
+expect_eq "a long listing: every line has seven fields" "" "$bad"
 finish

@@ -1,0 +1,67 @@
+/*
+ * put_record.c -- writes one completed record through libidem, for the
+ * command-line tests that need records the idem program itself would not
+ * write (a tenant or an operation that the library accepts but the program
+ * refuses, for one).
+ *
+ * usage: put_record STORE TENANT OPERATION KEY REQUEST [COUNT]
+ * With COUNT, writes COUNT records, keyed KEY-1 to KEY-COUNT.
+ * Exits 0 when the records were written, 1 otherwise (with the reason).
+ */
+#include <idem.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int put(idem_store *s, const idem_id *id, const char *request) {
+  idem_call *call = NULL;
+  char fp[IDEM_FINGERPRINT_SIZE];
+  idem_call_options co = {0};
+  idem_response r = {0};
+  int rc;
+  co.request = request;
+  co.request_len = strlen(request);
+  if ((rc = idem_fingerprint(request, strlen(request), 0, fp)) != IDEM_OK ||
+      (rc = idem_claim(s, id, fp, &co, &call)) != IDEM_OK)
+    goto out;
+  if (idem_call_outcome(call) != IDEM_PROCEED) {
+    fprintf(stderr, "put_record: %s exists already\n", id->key);
+    idem_call_free(call);
+    return 1;
+  }
+  r.body = "stored\n";
+  r.body_len = 7;
+  rc = idem_complete(s, call, &r);
+out:
+  if (rc != IDEM_OK)
+    fprintf(stderr, "put_record: %s (%s)\n", idem_errmsg(), idem_rc_name(rc));
+  idem_call_free(call);
+  return rc == IDEM_OK ? 0 : 1;
+}
+
+int main(int argc, char **argv) {
+  idem_store *s = NULL;
+  long count = argc == 7 ? strtol(argv[6], NULL, 10) : 0;
+  int rc, status = 0;
+  if (argc != 6 && !(argc == 7 && count > 0 && count < 100000)) {
+    fputs("usage: put_record STORE TENANT OPERATION KEY REQUEST [COUNT]\n",
+          stderr);
+    return 2;
+  }
+  if ((rc = idem_store_open(argv[1], NULL, &s)) != IDEM_OK) {
+    fprintf(stderr, "put_record: %s (%s)\n", idem_errmsg(), idem_rc_name(rc));
+    return 1;
+  }
+  if (count == 0) {
+    idem_id id = {argv[2], argv[3], argv[4]};
+    status = put(s, &id, argv[5]);
+  }
+  for (long i = 1; i <= count && status == 0; i++) {
+    char key[300];
+    snprintf(key, sizeof key, "%s-%ld", argv[4], i);
+    idem_id id = {argv[2], argv[3], key};
+    status = put(s, &id, argv[5]);
+  }
+  idem_store_close(s);
+  return status;
+}
