@@ -9,22 +9,33 @@
 
 static const char usage[] =
     "usage: idem keys list [--tenant T] [--operation OP] [--state S]\n"
-    "                      [--limit N] [--expired] [--json]\n"
+    "                      [--limit N] [--expired | --overdue] [--json]\n"
     "       idem keys show KEY [--tenant T] [--operation OP] [--json]\n"
     "       idem keys prune\n"
-    "       idem keys resolve KEY [--tenant T] [--operation OP]\n"
-    "                      (--completed [--status N] [--body FILE] | --failed)\n"
+    "       idem keys resolve KEY [--tenant T] [--operation OP] [--force]\n"
+    "                      (--completed [--status N] [--body FILE]\n"
+    "                       [--retention DUR] | --failed)\n"
+    "       idem keys delete KEY [--tenant T] [--operation OP]\n"
     "\n"
     "Common option: --store URL (default: IDEM_STORE, else ./idem.db).\n"
     "\n"
     "  list     records, oldest first; --state is in_progress, completed or\n"
-    "           unknown; --expired includes retention-expired records\n"
+    "           unknown; --expired includes completed records past their\n"
+    "           retention; --overdue lists only records in progress or\n"
+    "           unknown that have waited longer than their retention (they\n"
+    "           never expire: they wait for a holder or for you)\n"
     "  show     one record, with its stored request and response\n"
-    "  prune    delete retention-expired records and print how many\n"
-    "  resolve  settle a record whose outcome is unknown (or in progress):\n"
-    "           --completed stores a response (status, default 0, and the\n"
-    "           body from FILE or '-' for stdin) that later calls replay;\n"
-    "           --failed deletes the record so that a retry acts again\n"
+    "  prune    delete completed records past their retention, print how\n"
+    "           many; records in progress or unknown are never pruned\n"
+    "  resolve  settle a record whose outcome is unknown, or in progress\n"
+    "           with its lease over: --completed stores a response (status,\n"
+    "           default 0, and the body from FILE or '-' for stdin) that\n"
+    "           later calls replay, kept for --retention (default 24h);\n"
+    "           --failed deletes the record so that a retry acts again.\n"
+    "           A record whose holder's lease still runs may be in the\n"
+    "           middle of acting: it is refused unless --force\n"
+    "  delete   remove one record whatever its state (one that fails its\n"
+    "           checksum, say); a retry then acts again\n"
     "\n"
     "--operation defaults to \"run\", the operation of `idem run`; the\n"
     "tenant defaults to \"\". A tenant is at most 255 bytes of UTF-8 without\n"
@@ -36,7 +47,9 @@ static const char usage[] =
 
 typedef struct opts {
   const char *store, *tenant, *operation, *key, *body_file;
-  int state, limit, expired, json, completed, failed, has_status;
+  int state, limit, expired, overdue, json, completed, failed, has_status;
+  int force;
+  int64_t retention_ms;
   long status;
   int oom; /* set by a listing that ran out of memory */
 } opts;
@@ -228,6 +241,7 @@ static int do_list(idem_store *s, opts *o) {
   f.state = o->state;
   f.limit = o->limit;
   f.expired = o->expired;
+  f.overdue = o->overdue;
   if (!o->json && !(c.t = calloc(1, sizeof *c.t))) {
     cli_error("keys", "list: out of memory");
     return EXIT_FAIL;
@@ -313,7 +327,7 @@ static int do_prune(idem_store *s) {
     cli_idem_error("keys", "prune", rc);
     return EXIT_FAIL;
   }
-  printf("pruned %lld expired records\n", (long long)removed);
+  printf("pruned %lld expired completed records\n", (long long)removed);
   return EXIT_OK;
 }
 
@@ -336,7 +350,8 @@ static int do_resolve(idem_store *s, opts *o) {
     r.body = body;
     r.body_len = len;
   }
-  rc = idem_resolve(s, &id, o->completed ? &r : NULL);
+  idem_resolve_options ro = {o->retention_ms, o->force};
+  rc = idem_resolve_with(s, &id, o->completed ? &r : NULL, &ro);
   free(body);
   if (rc != IDEM_OK) {
     cli_idem_error("keys", "resolve", rc);
@@ -348,8 +363,20 @@ static int do_resolve(idem_store *s, opts *o) {
   return EXIT_OK;
 }
 
+static int do_delete(idem_store *s, opts *o) {
+  idem_id id = {o->tenant ? o->tenant : "",
+                o->operation ? o->operation : "run", o->key};
+  int rc = idem_delete(s, &id);
+  if (rc != IDEM_OK) {
+    cli_idem_error("keys", "delete", rc);
+    return EXIT_FAIL;
+  }
+  printf("deleted %s (a retry acts again)\n", o->key);
+  return EXIT_OK;
+}
+
 /* The actions, as bits, so that each option can say where it belongs. */
-enum { LIST = 1, SHOW = 2, PRUNE = 4, RESOLVE = 8, ANY = 15 };
+enum { LIST = 1, SHOW = 2, PRUNE = 4, RESOLVE = 8, DELETE = 16, ANY = 31 };
 
 static const struct option {
   const char *name;
@@ -357,11 +384,14 @@ static const struct option {
   int actions;
 } options[] = {
     {"--store", 1, ANY},
-    {"--tenant", 1, LIST | SHOW | RESOLVE},
-    {"--operation", 1, LIST | SHOW | RESOLVE},
+    {"--tenant", 1, LIST | SHOW | RESOLVE | DELETE},
+    {"--operation", 1, LIST | SHOW | RESOLVE | DELETE},
     {"--state", 1, LIST},
     {"--limit", 1, LIST},
     {"--expired", 0, LIST},
+    {"--overdue", 0, LIST},
+    {"--force", 0, RESOLVE},
+    {"--retention", 1, RESOLVE},
     {"--json", 0, LIST | SHOW},
     {"--completed", 0, RESOLVE},
     {"--failed", 0, RESOLVE},
@@ -376,6 +406,13 @@ static int set_option(opts *o, const char *name, const char *v) {
     o->json = 1;
   else if (strcmp(name, "--expired") == 0)
     o->expired = 1;
+  else if (strcmp(name, "--overdue") == 0)
+    o->overdue = 1;
+  else if (strcmp(name, "--force") == 0)
+    o->force = 1;
+  else if (strcmp(name, "--retention") == 0)
+    return cli_duration_option("keys", name, v, 1, IDEM_MAX_RETENTION_MS,
+                               &o->retention_ms);
   else if (strcmp(name, "--completed") == 0)
     o->completed = 1;
   else if (strcmp(name, "--failed") == 0)
@@ -431,9 +468,11 @@ static int run(int argc, char **argv) {
            : strcmp(verb, "show") == 0    ? SHOW
            : strcmp(verb, "prune") == 0   ? PRUNE
            : strcmp(verb, "resolve") == 0 ? RESOLVE
+           : strcmp(verb, "delete") == 0  ? DELETE
                                           : 0;
   if (!action) {
-    cli_error("keys", "unknown action '%s' (list, show, prune, resolve)",
+    cli_error("keys",
+              "unknown action '%s' (list, show, prune, resolve, delete)",
               verb);
     return EXIT_USAGE;
   }
@@ -466,16 +505,17 @@ static int run(int argc, char **argv) {
       }
       if (set_option(&o, a, opt->takes_value ? argv[++i] : NULL) != 0)
         return EXIT_USAGE;
-    } else if (!o.key && (action == SHOW || action == RESOLVE)) {
+    } else if (!o.key && (action == SHOW || action == RESOLVE || action == DELETE)) {
       o.key = a;
     } else {
       cli_error("keys", "unexpected argument '%s' ('keys %s' takes %s)", a,
                 verb,
-                action == SHOW || action == RESOLVE ? "one KEY" : "no KEY");
+                action == SHOW || action == RESOLVE || action == DELETE ? "one KEY"
+                                                                   : "no KEY");
       return EXIT_USAGE;
     }
   }
-  if ((action == SHOW || action == RESOLVE) && !o.key) {
+  if ((action == SHOW || action == RESOLVE || action == DELETE) && !o.key) {
     cli_error("keys", "%s needs a KEY", verb);
     return EXIT_USAGE;
   }
@@ -483,15 +523,23 @@ static int run(int argc, char **argv) {
     cli_error("keys", "resolve needs exactly one of --completed or --failed");
     return EXIT_USAGE;
   }
-  if (o.failed && (o.has_status || o.body_file)) {
-    cli_error("keys", "--status and --body go with --completed, not --failed");
+  if (o.expired && o.overdue) {
+    cli_error("keys", "--expired and --overdue are two different lists");
+    return EXIT_USAGE;
+  }
+  if (o.failed && (o.has_status || o.body_file || o.retention_ms)) {
+    cli_error("keys", "--status, --body and --retention go with --completed, "
+                      "not --failed");
     return EXIT_USAGE;
   }
   if (o.key && (rc = idem_key_check(o.key)) != IDEM_OK) {
     cli_error("keys", "%s", idem_errmsg());
     return EXIT_USAGE;
   }
-  rc = idem_store_open(cli_store_url(o.store), NULL, &s);
+  /* Reading needs no write access: an operator who may only read the
+   * store can list it, and a listing never creates a store. */
+  idem_store_options so = {.read_only = action == LIST || action == SHOW};
+  rc = idem_store_open(cli_store_url(o.store), &so, &s);
   if (rc != IDEM_OK) {
     cli_idem_error("keys", "open store", rc);
     return EXIT_FAIL;
@@ -502,6 +550,8 @@ static int run(int argc, char **argv) {
     status = do_show(s, &o);
   else if (action == PRUNE)
     status = do_prune(s);
+  else if (action == DELETE)
+    status = do_delete(s, &o);
   else
     status = do_resolve(s, &o);
   idem_store_close(s);
@@ -509,5 +559,5 @@ static int run(int argc, char **argv) {
 }
 
 const cli_command cmd_keys = {"keys", run,
-                              "list, show, prune and resolve stored records",
+                              "list, show, prune, resolve and delete records",
                               usage};

@@ -43,7 +43,7 @@ expect_eq "a completed record cannot be resolved again" 1 "$?"
 "$IDEM" run --key brief --retention 100ms -- echo brief >/dev/null </dev/null
 sleep 0.3
 out=$("$IDEM" keys prune)
-expect_eq "prune removes the expired record" "pruned 1 expired records" "$out"
+expect_eq "prune removes the expired record" "pruned 1 expired completed records" "$out"
 out=$("$IDEM" keys list --json --tenant acme)
 expect_match "prune kept the live record" '"key":"done-1"' "$out"
 
@@ -152,7 +152,7 @@ done
 "$IDEM" run --key st-255 --lease 200ms -- sh -c 'echo up > "$1"; sleep 5' x "$TMP/up255" </dev/null &
 pid=$!
 wait_for "$TMP/up255" || fail "the st-255 run did not start"
-kill -KILL $pid; wait $pid 2>/dev/null
+kill -KILL $pid; wait $pid 2>/dev/null; sleep 0.4  # past the 200ms lease
 "$IDEM" keys resolve st-255 --completed --status 255 >/dev/null
 expect_eq "resolve --status 255 is fine" 0 "$?"
 "$IDEM" run --key st-255 -- sh -c 'echo up > "$1"; sleep 5' x "$TMP/up255" </dev/null
@@ -197,4 +197,51 @@ expect_match "a long listing: the last row whole" \
   "^- +op +$long_key completed +1 " "$(printf '%s\n' "$out" | tail -n 1)"
 bad=$(printf '%s\n' "$out" | awk '{ if (NF != 7) print }')
 expect_eq "a long listing: every line has seven fields" "" "$bad"
+# A holder inside its lease may still be acting: resolve refuses it unless
+# --force, and leaves it as it was.
+live_db="sqlite:$TMP/live.db"
+"$IDEM" run --store "$live_db" --key live --lease 30s -- sh -c 'echo up >> "$1"; sleep 30' x "$TMP/uplive" </dev/null >/dev/null 2>&1 &
+lpid=$!
+wait_for "$TMP/uplive" || fail "the live run did not start"
+msg=$("$IDEM" keys resolve live --failed --store "$live_db" 2>&1)
+expect_eq "resolve of a live holder: exit 1" 1 "$?"
+expect_match "resolve of a live holder: why" "may still be acting.*force" "$msg"
+out=$("$IDEM" keys list --store "$live_db" --state in_progress --json)
+expect_match "the live holder is untouched" '"key":"live"' "$out"
+"$IDEM" run --store "$live_db" --key live --lease 30s -- sh -c 'echo up >> "$1"; sleep 30' x "$TMP/uplive" </dev/null >/dev/null 2>&1
+expect_eq "and a retry meanwhile is in flight" 75 "$?"
+"$IDEM" keys resolve live --failed --force --store "$live_db" >/dev/null
+expect_eq "resolve --force: exit 0" 0 "$?"
+kill -TERM $lpid 2>/dev/null; wait $lpid 2>/dev/null
+expect_eq "the live run's command ran once" "up" "$(cat "$TMP/uplive")"
+
+# An unknown outcome past its retention is overdue, never pruned.
+od_db="sqlite:$TMP/overdue.db"
+"$IDEM" run --store "$od_db" --key od --lease 200ms --retention 300ms -- sh -c 'echo up >> "$1"; sleep 5' x "$TMP/upod" </dev/null >/dev/null 2>&1 &
+opid=$!
+wait_for "$TMP/upod" || fail "the overdue run did not start"
+kill -KILL $opid; wait $opid 2>/dev/null
+sleep 0.5
+out=$("$IDEM" keys prune --store "$od_db")
+expect_eq "prune leaves the abandoned record" "pruned 0 expired completed records" "$out"
+out=$("$IDEM" keys list --overdue --json --store "$od_db")
+expect_match "list --overdue shows it" '"key":"od".*"state":"in_progress"' "$out"
+"$IDEM" run --store "$od_db" --key od -- sh -c 'echo up >> "$1"; sleep 5' x "$TMP/upod" </dev/null >/dev/null 2>&1
+expect_eq "and a retry still says unknown" 4 "$?"
+expect_eq "the command did not run again" "up" "$(cat "$TMP/upod")"
+"$IDEM" keys list --overdue --expired --store "$od_db" 2>/dev/null
+expect_eq "--overdue with --expired: exit 2" 2 "$?"
+
+# delete removes any one record.
+"$IDEM" keys delete od --store "$od_db" >/dev/null
+expect_eq "delete: exit 0" 0 "$?"
+"$IDEM" keys show od --store "$od_db" 2>/dev/null
+expect_eq "deleted: gone" 1 "$?"
+"$IDEM" keys delete od --store "$od_db" 2>/dev/null
+expect_eq "delete of a missing key: exit 1" 1 "$?"
+
+# Listing never creates a store.
+"$IDEM" keys list --store "sqlite:$TMP/none.db" 2>/dev/null
+expect_eq "list of a missing store: exit 1" 1 "$?"
+[ -e "$TMP/none.db" ] && fail "list created a store" || ok
 finish
