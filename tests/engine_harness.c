@@ -941,3 +941,49 @@ static void blocker_join(blocker *b) {
   pthread_cond_destroy(&b->cv);
 }
 
+
+/* ------------------------------------------------------------------ */
+/* Running a suite                                                      */
+/* ------------------------------------------------------------------ */
+
+/*
+ * Runs a program's suites on the backend IDEM_TEST_STORE names: the tests
+ * for every backend, then those for SQLite only or PostgreSQL only. A
+ * missing PostgreSQL server is a failure, never a skip.
+ */
+static int run_engine_tests(const char *label, const struct CMUnitTest *both,
+                            size_t nboth,
+                            const struct CMUnitTest *sqlite_only,
+                            size_t nsqlite, const struct CMUnitTest *pg_only,
+                            size_t npg) {
+  test_backend backend = backend_from_env();
+  const char *problem;
+  char name[96];
+  int failed = 0;
+  if (backend == BACKEND_UNKNOWN) {
+    fprintf(stderr, "%s: IDEM_TEST_STORE=%s: unknown store; use sqlite or "
+                    "postgresql\n",
+            label, getenv("IDEM_TEST_STORE"));
+    return 1;
+  }
+  if (backend == BACKEND_POSTGRESQL && (problem = pg_url_problem()) != NULL) {
+    fprintf(stderr, "%s: IDEM_TEST_STORE=postgresql: %s\n", label, problem);
+    return 1;
+  }
+  snprintf(name, sizeof name, "%s (%s)", label,
+           backend == BACKEND_POSTGRESQL ? "postgresql" : "sqlite");
+  if (nboth)
+    failed += _cmocka_run_group_tests(name, both, nboth, NULL, NULL);
+  clean_left_over();
+  if (backend == BACKEND_SQLITE && nsqlite) {
+    snprintf(name, sizeof name, "%s (sqlite only)", label);
+    failed += _cmocka_run_group_tests(name, sqlite_only, nsqlite, NULL, NULL);
+    clean_left_over();
+  }
+  if (backend == BACKEND_POSTGRESQL && npg) {
+    snprintf(name, sizeof name, "%s (postgresql only)", label);
+    failed += _cmocka_run_group_tests(name, pg_only, npg, NULL, NULL);
+    clean_left_over();
+  }
+  return failed;
+}

@@ -430,22 +430,6 @@ int main(void) {
       STORE_TEST(test_execute_completion_fails_for_good),
       STORE_TEST(test_execute_fingerprint_pointers),
   };
-  test_backend backend = backend_from_env();
-  const char *problem;
-  int failed;
-  if (backend == BACKEND_POSTGRESQL && (problem = pg_url_problem()) != NULL) {
-    fprintf(stderr, "test_execute: IDEM_TEST_STORE=postgresql: %s\n",
-            problem);
-    return 1;
-  }
-  if (backend == BACKEND_UNKNOWN) {
-    fprintf(stderr, "test_execute: IDEM_TEST_STORE: sqlite or postgresql\n");
-    return 1;
-  }
-  failed = cmocka_run_group_tests_name(backend == BACKEND_POSTGRESQL
-                                           ? "execute (postgresql)"
-                                           : "execute (sqlite)",
-                                       tests, NULL, NULL);
-  clean_left_over();
-  return failed;
+  return run_engine_tests("execute", tests, sizeof tests / sizeof tests[0],
+                          NULL, 0, NULL, 0);
 }

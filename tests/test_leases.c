@@ -412,21 +412,6 @@ int main(void) {
       STORE_TEST(test_scheme_in_any_case),
       STORE_TEST(test_list_with_one_connection),
   };
-  test_backend backend = backend_from_env();
-  const char *problem;
-  int failed;
-  if (backend == BACKEND_POSTGRESQL && (problem = pg_url_problem()) != NULL) {
-    fprintf(stderr, "test_leases: IDEM_TEST_STORE=postgresql: %s\n", problem);
-    return 1;
-  }
-  if (backend == BACKEND_UNKNOWN) {
-    fprintf(stderr, "test_leases: IDEM_TEST_STORE: use sqlite or postgresql\n");
-    return 1;
-  }
-  failed = cmocka_run_group_tests_name(backend == BACKEND_POSTGRESQL
-                                           ? "leases (postgresql)"
-                                           : "leases (sqlite)",
-                                       tests, NULL, NULL);
-  clean_left_over();
-  return failed;
+  return run_engine_tests("leases", tests, sizeof tests / sizeof tests[0],
+                          NULL, 0, NULL, 0);
 }
