@@ -29,6 +29,7 @@
  *    fingerprints the request, claims, renews the lease while the action
  *    runs, and completes, releases or marks unknown by the action's answer.
  *  - idem_call_lease_expires_ms(): the deadline of the lease a holder got.
+ *  - Parameters of type idem_call are named call throughout.
  *  - Leases count from a time read after the store's write lock is held.
  *  - Leases and retention are bounded (IDEM_MAX_LEASE_MS,
  *    IDEM_MAX_RETENTION_MS); larger values fail with IDEM_EINVAL.
@@ -333,28 +334,29 @@ typedef struct idem_call idem_call;
  * The outcome is read with idem_call_outcome(): see idem_outcome. On
  * PROCEED and RECOVER the caller holds the record and must end it with
  * exactly one of idem_complete(), idem_release() or idem_mark_unknown(); a
- * holder that does none of them blocks the key until its lease ends. Expired
- * records (retention) count as absent. *out is freed with idem_call_free().
+ * holder that does none of them blocks the key until its lease ends.
+ * Completed records past their retention count as absent. *out is freed
+ * with idem_call_free().
  */
 IDEM_API int idem_claim(idem_store *store, const idem_id *id,
                         const char *fingerprint,
                         const idem_call_options *opts, idem_call **out);
 
-IDEM_API idem_outcome idem_call_outcome(const idem_call *claim);
+IDEM_API idem_outcome idem_call_outcome(const idem_call *call);
 /* The stored response on REPLAY (and after execute_local's PROCEED or
- * RECOVER, the new one); NULL otherwise. Owned by the claim. */
-IDEM_API const idem_response *idem_call_response(const idem_call *claim);
+ * RECOVER, the new one); NULL otherwise. Owned by the call. */
+IDEM_API const idem_response *idem_call_response(const idem_call *call);
 /* On IN_FLIGHT: milliseconds until the holder's lease ends (at least 1). */
-IDEM_API int64_t idem_call_retry_after_ms(const idem_call *claim);
+IDEM_API int64_t idem_call_retry_after_ms(const idem_call *call);
 /* The attempt number: 1 for the first holder, +1 for each takeover. */
-IDEM_API int idem_call_attempt(const idem_call *claim);
+IDEM_API int idem_call_attempt(const idem_call *call);
 /*
  * While the caller holds the record (PROCEED, RECOVER): when its lease ends,
  * in Unix milliseconds by the store's clock, as the last claim or renewal
  * wrote it. 0 otherwise.
  */
-IDEM_API int64_t idem_call_lease_expires_ms(const idem_call *claim);
-IDEM_API void idem_call_free(idem_call *claim);
+IDEM_API int64_t idem_call_lease_expires_ms(const idem_call *call);
+IDEM_API void idem_call_free(idem_call *call);
 
 /*
  * Stores the response and completes the record. Fenced by the claim's owner
@@ -363,24 +365,24 @@ IDEM_API void idem_call_free(idem_call *claim);
  * larger than IDEM_MAX_RESPONSE fails with IDEM_ETOOBIG and the record stays
  * in progress.
  */
-IDEM_API int idem_complete(idem_store *store, idem_call *claim,
+IDEM_API int idem_complete(idem_store *store, idem_call *call,
                            const idem_response *response);
 
 /*
  * Deletes the in-progress record: the action certainly did not happen, so a
  * retry may proceed. Fenced like idem_complete().
  */
-IDEM_API int idem_release(idem_store *store, idem_call *claim);
+IDEM_API int idem_release(idem_store *store, idem_call *call);
 
 /*
  * Marks the record's outcome as unknown: the action may or may not have
  * happened. Claims then see IDEM_UNKNOWN until an operator resolves it with
  * idem_resolve(). Fenced like idem_complete().
  */
-IDEM_API int idem_mark_unknown(idem_store *store, idem_call *claim);
+IDEM_API int idem_mark_unknown(idem_store *store, idem_call *call);
 
 /* Extends the holder's lease to lease_ms from now. Fenced. */
-IDEM_API int idem_renew(idem_store *store, idem_call *claim,
+IDEM_API int idem_renew(idem_store *store, idem_call *call,
                         int64_t lease_ms);
 
 /*
