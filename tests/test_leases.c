@@ -42,6 +42,80 @@ static void test_lease_counts_from_the_write(void **state) {
   idem_call_free(c);
 }
 
+/*
+ * The same when what the claim waits for is a local action on the same key
+ * that runs 1.5 s and is then rejected (rolled back): the claim proceeds
+ * once it is gone, and its lease runs from then.
+ */
+typedef struct slow_reject {
+  idem_store *store;
+  const idem_id *id;
+  const char *fp;
+  int started, rc;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+} slow_reject;
+
+static int sleep_then_reject(void *conn, void *ctx, idem_response *r) {
+  slow_reject *w = ctx;
+  (void)conn;
+  (void)r;
+  pthread_mutex_lock(&w->mu);
+  w->started = 1;
+  pthread_cond_broadcast(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+  sleep_ms(1500);
+  return 1; /* rejected: nothing of it is kept */
+}
+
+static void *slow_reject_main(void *arg) {
+  slow_reject *w = arg;
+  idem_call *c = NULL;
+  w->rc = idem_execute_local(w->store, w->id, w->fp, NULL, sleep_then_reject,
+                             w, &c);
+  idem_call_free(c);
+  return NULL;
+}
+
+static void test_lease_after_rejected_local_action(void **state) {
+  fixture *f = *state;
+  char fp[IDEM_FINGERPRINT_SIZE];
+  idem_id id = {"tenant-a", OPERATION, "after-a-rejected-action"};
+  idem_call_options second = {.lease_ms = 1000};
+  slow_reject w;
+  pthread_t t;
+  idem_call *c, *other;
+  int64_t answered;
+  fp_of(PAYLOAD, fp);
+  memset(&w, 0, sizeof w);
+  w.store = f->store;
+  w.id = &id;
+  w.fp = fp;
+  pthread_mutex_init(&w.mu, NULL);
+  pthread_cond_init(&w.cv, NULL);
+  assert_int_equal(pthread_create(&t, NULL, slow_reject_main, &w), 0);
+  pthread_mutex_lock(&w.mu);
+  while (!w.started)
+    pthread_cond_wait(&w.cv, &w.mu);
+  pthread_mutex_unlock(&w.mu);
+  sleep_ms(100);
+  /* SQLite: the claim waits for the action's write lock. PostgreSQL: the
+   * action writes its record after it ran, so the claim goes first and the
+   * action, finding the key taken, is rolled back. Either way the claim
+   * holds a whole lease from its answer. */
+  c = CLAIM(f->store, &id, fp, &second, IDEM_PROCEED);
+  answered = now_ms();
+  assert_true(idem_call_lease_expires_ms(c) >= answered + 500);
+  other = CLAIM(f->store, &id, fp, &second, IDEM_IN_FLIGHT);
+  idem_call_free(other);
+  pthread_join(t, NULL);
+  assert_true(w.rc == IDEM_EREJECTED || w.rc == IDEM_OK);
+  EXPECT_RC(IDEM_OK, idem_release(f->store, c));
+  idem_call_free(c);
+  pthread_mutex_destroy(&w.mu);
+  pthread_cond_destroy(&w.cv);
+}
+
 /* The deadline a holder is told follows its claim and its renewals. */
 static void test_lease_deadline_accessor(void **state) {
   fixture *f = *state;
@@ -402,6 +476,7 @@ static void test_list_with_one_connection(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       STORE_TEST(test_lease_counts_from_the_write),
+      STORE_TEST(test_lease_after_rejected_local_action),
       STORE_TEST(test_lease_deadline_accessor),
       STORE_TEST(test_period_bounds),
       STORE_TEST(test_unknown_never_expires),
