@@ -65,7 +65,7 @@ extern "C" {
 #define IDEM_VERSION_PATCH 0
 #define IDEM_VERSION_STRING "0.2.0"
 
-/* The version of the library actually linked, e.g. "0.1.0". */
+/* The version of the library actually linked, e.g. "0.2.0". */
 IDEM_API const char *idem_version(void);
 
 /*
