@@ -160,7 +160,25 @@ expect_eq "and replays as exit status 255" 255 "$?"
 out=$("$IDEM" keys list -- 2>&1)
 expect_eq "keys list --: exit 0" 0 "$?"
 
-# --- Durations (through idem run, the command that takes them) -------------
+# --- Durations: keys resolve --retention, and idem run --------------------
+for d in nan inf 0x10 1e3 -5s ''; do
+  msg=$("$IDEM" keys resolve dying --completed --retention "$d" 2>&1)
+  expect_eq "resolve --retention '$d': exit 2" 2 "$?"
+  expect_eq "resolve --retention '$d': why" \
+    "idem keys: --retention: '$d' is not a duration (such as 250ms, 30s, 5m, 24h or 7d)" \
+    "$msg"
+done
+msg=$("$IDEM" keys resolve dying --completed --retention 99999999999999999999d 2>&1)
+expect_eq "resolve --retention 99999999999999999999d: exit 2" 2 "$?"
+expect_eq "resolve --retention 99999999999999999999d: too large" \
+  "idem keys: --retention: '99999999999999999999d' is too large (at most 36525d)" \
+  "$msg"
+msg=$("$IDEM" keys resolve dying --completed --retention 36526d 2>&1)
+expect_eq "resolve --retention past a century: too large" \
+  "idem keys: --retention: '36526d' is too large (at most 36525d)" "$msg"
+msg=$("$IDEM" keys resolve dying --completed --retention 0 2>&1)
+expect_eq "resolve --retention 0: too short" \
+  "idem keys: --retention: '0' is too short (at least 1ms)" "$msg"
 for d in nan inf -inf 0x10 1e3 ''; do
   msg=$("$IDEM" run --key dur --lease "$d" -- true 2>&1 </dev/null)
   expect_eq "run --lease '$d': exit 2" 2 "$?"
