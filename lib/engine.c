@@ -220,6 +220,25 @@ static size_t utf8_seq(const unsigned char *p, size_t n) {
   return 0;
 }
 
+/* The code point of a valid UTF-8 sequence of k bytes. */
+static unsigned decode_utf8(const unsigned char *p, size_t k) {
+  if (k == 2)
+    return (unsigned)(p[0] & 0x1f) << 6 | (p[1] & 0x3f);
+  if (k == 3)
+    return (unsigned)(p[0] & 0x0f) << 12 | (unsigned)(p[1] & 0x3f) << 6 |
+           (p[2] & 0x3f);
+  return (unsigned)(p[0] & 0x07) << 18 | (unsigned)(p[1] & 0x3f) << 12 |
+         (unsigned)(p[2] & 0x3f) << 6 | (p[3] & 0x3f);
+}
+
+/* C1 controls and the marks that reorder text: in a tenant or an
+ * operation they would let one name pass for another in a listing. */
+static int spoofing_char(unsigned cp) {
+  return (cp >= 0x80 && cp <= 0x9f) || cp == 0x61c || cp == 0x200e ||
+         cp == 0x200f || (cp >= 0x202a && cp <= 0x202e) ||
+         (cp >= 0x2066 && cp <= 0x2069);
+}
+
 static int check_text(const char *what, const char *s, int may_be_empty) {
   size_t n;
   if (!s)
@@ -237,6 +256,11 @@ static int check_text(const char *what, const char *s, int may_be_empty) {
     if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
       return idem__fail(IDEM_EINVAL, "%s: control byte 0x%02x at %zu", what,
                         (unsigned char)s[i], i);
+    if (k > 1 && spoofing_char(decode_utf8((const unsigned char *)s + i, k)))
+      return idem__fail(IDEM_EINVAL,
+                        "%s: U+%04X at byte %zu is a control or a "
+                        "direction mark that would disguise it in listings",
+                        what, decode_utf8((const unsigned char *)s + i, k), i);
     i += k;
   }
   return IDEM_OK;

@@ -229,7 +229,10 @@ static void test_bad_tenant_and_operation(void **state) {
                      {"tenant-a", NULL, KEY},
                      {"tenant-a", long_text, KEY},
                      {long_text, OPERATION, KEY},
-                     {"ten\nant", OPERATION, KEY}};
+                     {"ten\nant", OPERATION, KEY},
+                     {"ten\xc2\x85" "ant", OPERATION, KEY}, /* U+0085 */
+                     {"acme\xe2\x80\xaegro", OPERATION, KEY}, /* U+202E */
+                     {"tenant-a", "POST \xe2\x81\xa6/x", KEY}}; /* U+2066 */
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
       c = (idem_call *)&c;
       EXPECT_RC(IDEM_EINVAL, idem_claim(f->store, &bad[i], fp, NULL, &c));
@@ -240,10 +243,13 @@ static void test_bad_tenant_and_operation(void **state) {
   EXPECT_RC(IDEM_EINVAL, idem_claim(f->store, NULL, fp, NULL, &c));
   assert_null(c);
   assert_int_equal(list_count(f->store, NULL), 0);
-  /* The empty tenant is a tenant. */
+  /* The empty tenant is a tenant, and other scripts are welcome. */
   {
     idem_id id = {"", OPERATION, KEY};
+    idem_id intl = {"\xd7\xa9\xd7\x9c\xd7\x95\xd7\x9d-\xe6\x97\xa5", OPERATION, KEY};
     c = CLAIM(f->store, &id, fp, NULL, IDEM_PROCEED);
+    idem_call_free(c);
+    c = CLAIM(f->store, &intl, fp, NULL, IDEM_PROCEED);
     idem_call_free(c);
   }
 }
