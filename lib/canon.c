@@ -924,6 +924,7 @@ int idem_canonicalize(const char *json, size_t len,
   canon c;
   canon_buf b = {NULL, 0, 0, 0};
   int rc;
+  idem__clear_error();
 
   memset(&c, 0, sizeof c);
   if (out != NULL)
