@@ -686,6 +686,220 @@ static void collect_secrets(pg_store *s, const char *target) {
     conninfo_secrets(s, target);
 }
 
+/* ---- connection failures ------------------------------------------------- */
+
+/*
+ * Why a connection could not be made, for a caller that must decide
+ * whether to try again later. A server that is down, starting, shutting
+ * down, out of connection slots or read-only (a standby, before a failover
+ * completes) may take the connection later: IDEM_EUNAVAILABLE. A URL or
+ * conninfo that libpq cannot use (an invalid option or value, a port that
+ * is not a number, a host name that cannot be one) is IDEM_EURL; a server
+ * that refuses this user or database (authentication, a role or database
+ * that does not exist, no LOGIN or CONNECT right, a setting it does not
+ * know) is IDEM_ESTORE: retrying cannot help, and the message says what to
+ * fix.
+ *
+ * libpq reports a failed connection only as text, without a SQLSTATE, so
+ * its text is read: libpq 15's own messages, and the server's (after
+ * "FATAL:  "), in English. A server whose lc_messages translates them has
+ * every refusal read as IDEM_ESTORE, since none is then known to pass.
+ */
+typedef struct refusal {
+  /* Both must appear (text2 may be NULL); text with a leading '^' at the
+   * start of the line. */
+  const char *text, *text2;
+  int rc;
+  const char *fix;
+} refusal;
+
+#define FIX_URL "correct the store URL"
+#define FIX_ENCODE                                                             \
+  "correct the store URL; a '/', '@' or ':' in a password must be "            \
+  "percent-encoded (%2F, %40, %3A)"
+
+/* The server's, after "FATAL:" (or "ERROR:"): the ones that pass. */
+static const char *const server_passing[] = {
+    "the database system is", /* starting up, shutting down, in recovery */
+    "too many clients",
+    "too many connections",
+    "remaining connection slots are reserved",
+    "terminating connection",
+    "out of memory",
+    "could not fork",
+    NULL};
+
+/* The server's refusals that retrying cannot change. */
+static const refusal server_refusals[] = {
+    {"password authentication failed", NULL, IDEM_ESTORE,
+     "correct the password (in the URL, PGPASSWORD or ~/.pgpass)"},
+    {"no pg_hba.conf entry", NULL, IDEM_ESTORE,
+     "the server's pg_hba.conf has no line that lets this user connect to "
+     "this database from this host"},
+    {"pg_hba.conf rejects", NULL, IDEM_ESTORE,
+     "the server's pg_hba.conf rejects this user here"},
+    {"authentication failed", NULL, IDEM_ESTORE,
+     "check the user's credentials and the server's pg_hba.conf"},
+    {"role \"", "does not exist", IDEM_ESTORE,
+     "create the role, or correct the user in the URL"},
+    {"database \"", "does not exist", IDEM_ESTORE,
+     "create the database, or correct its name in the URL"},
+    {"not permitted to log in", NULL, IDEM_ESTORE, "the role needs LOGIN"},
+    {"permission denied for database", NULL, IDEM_ESTORE,
+     "the role needs the CONNECT privilege on the database"},
+    {NULL, NULL, IDEM_ESTORE,
+     "the server refused the connection as configured; correct the URL "
+     "or the server's settings"}};
+
+/* libpq's own, before or while connecting. */
+static const refusal client_refusals[] = {
+    /* Options that cannot be used as given. */
+    {"^invalid integer value", "\"port\"", IDEM_EURL, FIX_ENCODE},
+    {"^invalid ", NULL, IDEM_EURL, FIX_URL},
+    {"^could not match ", NULL, IDEM_EURL, FIX_URL},
+    {"^could not parse network address", NULL, IDEM_EURL, FIX_URL},
+    {"^missing \"=\"", NULL, IDEM_EURL, FIX_URL},
+    {"^unterminated quoted string", NULL, IDEM_EURL, FIX_URL},
+    {"service", "not found", IDEM_EURL, FIX_URL},
+    {"service file", NULL, IDEM_EURL, FIX_URL},
+    {"socket path", "too long", IDEM_EURL, FIX_URL},
+    {"when SSL support is not compiled in", NULL, IDEM_EURL, FIX_URL},
+    {"when GSSAPI support is not compiled in", NULL, IDEM_EURL, FIX_URL},
+    /* Failures on the way, which pass. */
+    {"SSL SYSCALL", NULL, IDEM_EUNAVAILABLE, NULL},
+    {"closed unexpectedly", NULL, IDEM_EUNAVAILABLE, NULL},
+    {"EOF detected", NULL, IDEM_EUNAVAILABLE, NULL},
+    {"could not receive data", NULL, IDEM_EUNAVAILABLE, NULL},
+    {"could not send", NULL, IDEM_EUNAVAILABLE, NULL},
+    {"write to server failed", NULL, IDEM_EUNAVAILABLE, NULL},
+    {"timeout expired", NULL, IDEM_EUNAVAILABLE, NULL},
+    {"could not translate host name", NULL, IDEM_EUNAVAILABLE, NULL},
+    /* Authentication and encryption as the URL asks for them. */
+    {"no password supplied", NULL, IDEM_ESTORE,
+     "the server asks for a password: give it in the URL, PGPASSWORD or "
+     "~/.pgpass"},
+    {"channel binding", NULL, IDEM_ESTORE,
+     "the server's authentication does not allow the channel_binding that "
+     "the URL asks for"},
+    {"certificate", NULL, IDEM_ESTORE,
+     "check the certificates named in the URL (sslrootcert, sslcert) and "
+     "the server's"},
+    {"private key", NULL, IDEM_ESTORE,
+     "check the private key named in the URL (sslkey)"},
+    {"but SSL was required", NULL, IDEM_ESTORE,
+     "the server does not offer SSL: change sslmode or the server"},
+    {"GSSAPI", NULL, IDEM_ESTORE,
+     "the server cannot do the GSSAPI encryption the URL asks for: change "
+     "gssencmode or the server"},
+    {"SCRAM", NULL, IDEM_ESTORE,
+     "check the user's credentials and the server's pg_hba.conf"},
+    {"authentication method", NULL, IDEM_ESTORE,
+     "the server asks for an authentication method this libpq does not "
+     "support; change pg_hba.conf"},
+    {"requirepeer", NULL, IDEM_ESTORE, "correct requirepeer in the URL"},
+    {"out of memory", NULL, IDEM_ENOMEM, NULL},
+    {NULL, NULL, IDEM_EUNAVAILABLE, NULL}};
+
+static const refusal *find_refusal(const refusal *table, const char *text) {
+  for (; table->text; table++) {
+    const char *t = table->text;
+    if ((t[0] == '^' ? !strncmp(text, t + 1, strlen(t + 1))
+                     : strstr(text, t) != NULL) &&
+        (!table->text2 || strstr(text, table->text2)))
+      return table;
+  }
+  return table;
+}
+
+/* A host name that no resolver would look up: libpq took a piece of the
+ * URL (a password with an unencoded '@', say) for one. */
+static int malformed_host(const char *line) {
+  const char *h = strstr(line, "could not translate host name \"");
+  if (!h)
+    return 0;
+  for (h += 31; *h && *h != '"'; h++)
+    if (!is_word_char(*h) && *h != '.' && *h != '-' && *h != '_')
+      return 1;
+  return 0;
+}
+
+/* Whether a line is the server's: libpq writes its severity ("FATAL",
+ * or its translation) and two spaces before the server's text, and no
+ * message of its own has that shape. */
+static int server_said(const char *line) {
+  const char *colon = strchr(line, ':');
+  return colon && colon > line && !strncmp(colon, ":  ", 3) &&
+         !memchr(line, '"', (size_t)(colon - line));
+}
+
+/*
+ * Classifies libpq's message for a failed connection (msg, as
+ * PQerrorMessage() gives it: one line per host tried, each perhaps
+ * followed by indented or DETAIL/HINT lines). A line that cannot pass
+ * decides over lines that can: with several hosts, one that refuses this
+ * user will refuse it again. *fix is what to do, or NULL.
+ */
+static int connect_failure(const char *msg, const char **fix) {
+  int rc = IDEM_EUNAVAILABLE;
+  *fix = NULL;
+  for (const char *line = msg; line && *line;) {
+    const char *end = strchr(line, '\n'), *d = line, *p;
+    char text[ERR_SIZE];
+    const refusal *r;
+    size_t n = end ? (size_t)(end - line) : strlen(line);
+    if (n >= sizeof text)
+      n = sizeof text - 1;
+    memcpy(text, line, n);
+    text[n] = '\0';
+    line = end ? end + 1 : NULL;
+    if (isspace((unsigned char)text[0]) || !strncmp(text, "DETAIL:", 7) ||
+        !strncmp(text, "HINT:", 5) || !text[0])
+      continue;
+    /* "connection to server on socket "..." failed: " and the like. */
+    if (!strncmp(text, "connection to server ", 21) &&
+        (p = strstr(text, " failed: ")))
+      d = p + 9;
+    else
+      d = text;
+    if (server_said(d)) {
+      int passing = 0;
+      for (int i = 0; server_passing[i]; i++)
+        passing |= strstr(d, server_passing[i]) != NULL;
+      if (passing)
+        continue;
+      r = find_refusal(server_refusals, d);
+    } else if (malformed_host(d)) {
+      *fix = FIX_ENCODE;
+      return IDEM_EURL;
+    } else {
+      r = find_refusal(client_refusals, d);
+    }
+    if (r->rc == IDEM_EURL || r->rc == IDEM_ESTORE) {
+      *fix = r->fix;
+      return r->rc;
+    }
+    if (r->rc == IDEM_ENOMEM)
+      rc = IDEM_ENOMEM;
+  }
+  return rc;
+}
+
+/* The error of a connection that could not be made (or made again, when
+ * again is set), classified by connect_failure(). */
+static int connect_fail(PGconn *pg, int again, char *err) {
+  char text[ERR_SIZE];
+  const char *fix;
+  const char *msg = pg ? PQerrorMessage(pg) : "out of memory";
+  int rc = connect_failure(msg, &fix);
+  oneline(text, sizeof text, msg);
+  if (fix)
+    return failf(err, rc,
+                 "postgresql: cannot %s: %s; %s (retrying will not help)",
+                 again ? "reconnect" : "connect", text, fix);
+  return failf(err, rc, "postgresql: cannot %s: %s",
+               again ? "reconnect" : "connect", text);
+}
+
 /* ---- SQL text ------------------------------------------------------------ */
 
 /* Replaces every "{S}" in tmpl with the quoted schema name. The name was
@@ -876,7 +1090,6 @@ static int conn_open(pg_store *s, conn **out, char *err) {
   const char *const kw[] = {"connect_timeout", "fallback_application_name",
                             "dbname", NULL};
   const char *const val[] = {"10", "idem", s->conninfo, NULL};
-  char text[ERR_SIZE];
   conn *c = calloc(1, sizeof *c);
   int rc;
   *out = NULL;
@@ -888,10 +1101,9 @@ static int conn_open(pg_store *s, conn **out, char *err) {
     return failf(err, IDEM_ENOMEM, "postgresql: out of memory");
   }
   if (PQstatus(c->pg) != CONNECTION_OK) {
-    oneline(text, sizeof text, PQerrorMessage(c->pg));
+    rc = connect_fail(c->pg, 0, err);
     conn_close(c);
-    return failf(err, IDEM_EUNAVAILABLE, "postgresql: cannot connect: %s",
-                 text);
+    return rc;
   }
   PQsetNoticeProcessor(c->pg, ignore_notice, NULL);
   rc = session_setup(s, c, err);
@@ -905,13 +1117,9 @@ static int conn_open(pg_store *s, conn **out, char *err) {
 
 /* Re-establishes a lost connection in place. */
 static int conn_revive(pg_store *s, conn *c, char *err) {
-  char text[ERR_SIZE];
   PQreset(c->pg);
-  if (PQstatus(c->pg) != CONNECTION_OK) {
-    oneline(text, sizeof text, PQerrorMessage(c->pg));
-    return failf(err, IDEM_EUNAVAILABLE, "postgresql: cannot reconnect: %s",
-                 text);
-  }
+  if (PQstatus(c->pg) != CONNECTION_OK)
+    return connect_fail(c->pg, 1, err);
   PQsetNoticeProcessor(c->pg, ignore_notice, NULL);
   return session_setup(s, c, err);
 }
@@ -1154,13 +1362,20 @@ broken:
   return pg_fail(c, NULL, what, err);
 }
 
-/* After a failure rc on c: whether the connection was found dead and is
+/* After a failure *rc on c: whether the connection was found dead and is
  * re-established, so that a statement safe to send twice may be sent
- * again. */
-static int revived(pg_store *s, conn *c, int rc, char *err) {
-  return rc == IDEM_EUNAVAILABLE && PQstatus(c->pg) == CONNECTION_BAD &&
-         PQtransactionStatus(c->pg) == PQTRANS_UNKNOWN &&
-         conn_revive(s, c, err) == IDEM_OK;
+ * again. When it cannot be, *rc and err say why. */
+static int revived(pg_store *s, conn *c, int *rc, char *err) {
+  int again;
+  if (*rc != IDEM_EUNAVAILABLE || PQstatus(c->pg) != CONNECTION_BAD ||
+      PQtransactionStatus(c->pg) != PQTRANS_UNKNOWN)
+    return 0;
+  if ((again = conn_revive(s, c, err)) == IDEM_OK)
+    return 1;
+  /* The server refuses the new session as configured (a role that lost
+   * LOGIN, say): that is the caller's answer now, not "retry later". */
+  *rc = again;
+  return 0;
 }
 
 /* run_stmt() for statements that are safe to send twice (reads): sent once
@@ -1168,7 +1383,7 @@ static int revived(pg_store *s, conn *c, int rc, char *err) {
 static int run_stmt_retry(pg_store *s, conn *c, int which, const params *p,
                           const char *what, PGresult **out, char *err) {
   int rc = run_stmt(s, c, which, p, what, out, err);
-  if (revived(s, c, rc, err))
+  if (revived(s, c, &rc, err))
     rc = run_stmt(s, c, which, p, what, out, err);
   return rc;
 }
@@ -1275,7 +1490,7 @@ static int load_and_decide(pg_store *s, conn *c, idem__op *op, int which,
                    : run_stmt(s, c, which, &p, "read record", &res,
                               op->errmsg);
     if (tries > 0 || !(begin_too || which == ST_PEEK) ||
-        !revived(s, c, rc, op->errmsg))
+        !revived(s, c, &rc, op->errmsg))
       break;
   }
   if (rc != IDEM_OK)
@@ -1424,7 +1639,7 @@ static int try_insert(pg_store *s, conn *c, idem__op *op, int begin_too,
     /* On its own (a claim's), or inside a local action's transaction. */
     int own = PQtransactionStatus(c->pg) == PQTRANS_IDLE;
     rc = run_stmt(s, c, ST_INSERT, &p, "write claim", &res, op->errmsg);
-    if (own && revived(s, c, rc, op->errmsg)) {
+    if (own && revived(s, c, &rc, op->errmsg)) {
       /* It commits by itself and may have done so before the connection
        * died: send it again, and if the key is taken, see whether it is
        * this claim that took it. (A transaction that died is gone: its
@@ -1520,7 +1735,7 @@ static int run_fenced(pg_store *s, conn *c, idem__op *op, int which,
   PGresult *res = NULL;
   int own = PQtransactionStatus(c->pg) == PQTRANS_IDLE;
   int changed, done = 0, rc = run_stmt(s, c, which, p, what, &res, op->errmsg);
-  if (own && revived(s, c, rc, op->errmsg)) {
+  if (own && revived(s, c, &rc, op->errmsg)) {
     /* It may have committed before the connection died. Sent again, it
      * changes nothing if so (the row is no longer held under the token),
      * and the row then tells. */
@@ -1907,7 +2122,7 @@ static void run_claim(pg_store *s, conn *c, idem__op *op) {
     /* The answer to COMMIT was lost with the connection: the row tells
      * whether this claim holds the key. */
     int held = 0;
-    if (!revived(s, c, op->rc, op->errmsg) ||
+    if (!revived(s, c, &op->rc, op->errmsg) ||
         still_held(s, c, op, &held) != IDEM_OK)
       goto fail;
     if (!held) {

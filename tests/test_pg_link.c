@@ -1011,6 +1011,24 @@ static void test_read_only_server(void **state) {
   idem_call_free(c);
 }
 
+/* ---- a link that closes at once ------------------------------------------ */
+
+/* A server that closes every new connection before it answers (one
+ * restarting, or a proxy in front of one that is down): the open fails
+ * with IDEM_EUNAVAILABLE, "retry later", and works once it answers. */
+static void test_open_link_closed(void **state) {
+  fixture *f = *state;
+  idem_store *store = (idem_store *)&store;
+  proxy_refuse(&f->px, 1);
+  EXPECT_RC(IDEM_EUNAVAILABLE, idem_store_open(f->linked, NULL, &store));
+  assert_null(store);
+  assert_non_null(strstr(idem_errmsg(), "closed the connection"));
+  assert_null(strstr(idem_errmsg(), "retrying will not help"));
+  proxy_refuse(&f->px, 0);
+  EXPECT_RC(IDEM_OK, idem_store_open(f->linked, NULL, &store));
+  idem_store_close(store);
+}
+
 /* ---- durability after a reconnect --------------------------------------- */
 
 static int show_synchronous_commit(void *conn, void *ctx, idem_response *r) {
@@ -1083,6 +1101,7 @@ int main(void) {
       LINK_TEST(test_claim_answer_lost_no_reconnect),
       LINK_TEST(test_read_only_server),
       LINK_TEST(test_synchronous_commit_after_reconnect),
+      LINK_TEST(test_open_link_closed),
   };
   if (!url || (strncmp(url, "postgresql://", 13) != 0 &&
                strncmp(url, "postgres://", 11) != 0)) {
