@@ -2842,12 +2842,12 @@ static int pg_remove(void *state, const idem_id *id) {
   char err[ERR_SIZE];
   int rc = pool_get(s, &c, err);
   if (rc != IDEM_OK)
-    return idem__fail(rc, "%s", err);
+    return fail_out(s, rc, err);
   p_id(&p, id);
   rc = run_stmt(s, c, ST_DELETE, &p, "delete", &res, err);
   pool_put(s, c);
   if (rc != IDEM_OK)
-    return idem__fail(rc, "%s", err);
+    return fail_out(s, rc, err);
   rc = atoi(PQcmdTuples(res)) == 0
            ? idem__fail(IDEM_ENOTFOUND, "no record (%s, %s, %s)",
                         id->tenant ? id->tenant : "", id->operation, id->key)
