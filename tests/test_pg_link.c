@@ -1011,6 +1011,24 @@ static void test_read_only_server(void **state) {
   idem_call_free(c);
 }
 
+/* ---- a link that closes at once ------------------------------------------ */
+
+/* A server that closes every new connection before it answers (one
+ * restarting, or a proxy in front of one that is down): the open fails
+ * with IDEM_EUNAVAILABLE, "retry later", and works once it answers. */
+static void test_open_link_closed(void **state) {
+  fixture *f = *state;
+  idem_store *store = (idem_store *)&store;
+  proxy_refuse(&f->px, 1);
+  EXPECT_RC(IDEM_EUNAVAILABLE, idem_store_open(f->linked, NULL, &store));
+  assert_null(store);
+  assert_non_null(strstr(idem_errmsg(), "closed the connection"));
+  assert_null(strstr(idem_errmsg(), "retrying will not help"));
+  proxy_refuse(&f->px, 0);
+  EXPECT_RC(IDEM_OK, idem_store_open(f->linked, NULL, &store));
+  idem_store_close(store);
+}
+
 /* ---- durability after a reconnect --------------------------------------- */
 
 static int show_synchronous_commit(void *conn, void *ctx, idem_response *r) {
@@ -1056,6 +1074,63 @@ static void test_synchronous_commit_after_reconnect(void **state) {
   idem_store_close(store);
 }
 
+/* ---- no password in the messages of later calls ------------------------ */
+
+static int count_record(const idem_record *r, void *ctx) {
+  (void)r;
+  ++*(int *)ctx;
+  return 0;
+}
+
+/*
+ * A password with an unencoded '@' makes libpq read its second half as a
+ * host name. With a second host that works, the store opens; once that
+ * host refuses new connections, every call's message quotes the first
+ * "host name" ("ss9@nosuch.invalid"). No call, the operators' included,
+ * shows that piece of the password.
+ */
+static void test_secret_in_later_messages(void **state) {
+  fixture *f = *state;
+  char url[URL_MAX + 128], fp[IDEM_FINGERPRINT_SIZE], value[64] = "";
+  idem_id id = {TENANT, OPERATION, "cut-here"};
+  idem_store *store = NULL;
+  idem_record *r = NULL;
+  idem_call *c = NULL;
+  int64_t removed = 0;
+  int n = 0;
+  fp_of(PAYLOAD, fp);
+  /* The second host is the proxy's folder ("/tmp/idem-link.XXXXXX"),
+   * percent-encoded. */
+  snprintf(url, sizeof url,
+           "postgresql://idem:p@ss9@nosuch.invalid,%%2Ftmp%%2F%s/postgres?"
+           "port=%s&idem_schema=%s",
+           f->px.dir + 5, f->px.port, f->schema);
+  EXPECT_RC(IDEM_OK, idem_store_open(url, NULL, &store));
+  EXPECT_RC(IDEM_ENOTFOUND, idem_get(store, &id, &r));
+  proxy_refuse(&f->px, 1);
+  proxy_arm(&f->px, CUT_REQUEST, "cut-here");
+#define NO_SECRET(call)                                                        \
+  do {                                                                         \
+    int rc_ = (call);                                                          \
+    if (rc_ == IDEM_OK || strstr(idem_errmsg(), "ss9"))                        \
+      fail_msg("%s: %s: %s", #call, idem_rc_name(rc_), idem_errmsg());         \
+  } while (0)
+  NO_SECRET(idem_get(store, &id, &r));
+  assert_int_equal(proxy_cuts(&f->px), 1);
+  NO_SECRET(idem_delete(store, &id));
+  NO_SECRET(idem_list(store, NULL, count_record, &n));
+  NO_SECRET(idem_prune(store, &removed));
+  NO_SECRET(idem_resolve(store, &id, NULL));
+  NO_SECRET(idem_claim(store, &id, fp, NULL, &c));
+  NO_SECRET(idem_execute_local(store, &id, fp, NULL, show_synchronous_commit,
+                               value, &c));
+#undef NO_SECRET
+  assert_null(c);
+  assert_int_equal(n, 0);
+  assert_string_equal(value, ""); /* the action never ran */
+  idem_store_close(store);
+}
+
 #define LINK_TEST(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
 
 int main(void) {
@@ -1083,6 +1158,8 @@ int main(void) {
       LINK_TEST(test_claim_answer_lost_no_reconnect),
       LINK_TEST(test_read_only_server),
       LINK_TEST(test_synchronous_commit_after_reconnect),
+      LINK_TEST(test_open_link_closed),
+      LINK_TEST(test_secret_in_later_messages),
   };
   if (!url || (strncmp(url, "postgresql://", 13) != 0 &&
                strncmp(url, "postgres://", 11) != 0)) {

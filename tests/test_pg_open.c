@@ -37,7 +37,9 @@
 typedef struct fixture {
   char schema[64];
   char role[64];
-  int made_role;
+  int made_role, made_db;
+  char hba_file[1024];
+  char *hba_saved; /* pg_hba.conf as it was, to be put back */
   idem_store *store;
 } fixture;
 
@@ -46,7 +48,8 @@ static unsigned serial;
 static const char *server_url(void) { return getenv("IDEM_TEST_PG_URL"); }
 
 /* Runs sql on a connection of its own to the test server (as the server's
- * superuser); "{S}" stands for the test's schema, "{R}" for its role.
+ * superuser); "{S}" stands for the test's schema, "{R}" for its role,
+ * "{L}" for the role's name inside a literal, "{D}" for its database.
  * Returns the first column of the first row, "" when there is none, in a
  * static buffer; fails the test on an error. */
 static const char *admin_sql(const fixture *f, const char *tmpl) {
@@ -60,6 +63,12 @@ static const char *admin_sql(const fixture *f, const char *tmpl) {
       t += 2;
     } else if (!strncmp(t, "{R}", 3)) {
       o += sprintf(o, "\"%s\"", f->role);
+      t += 2;
+    } else if (!strncmp(t, "{L}", 3)) {
+      o += sprintf(o, "%s", f->role);
+      t += 2;
+    } else if (!strncmp(t, "{D}", 3)) {
+      o += sprintf(o, "\"%s_db\"", f->role);
       t += 2;
     } else {
       *o++ = *t;
@@ -107,12 +116,28 @@ static int setup(void **state) {
   return 0;
 }
 
+static int write_file(const char *path, const char *a, const char *b) {
+  FILE *o = fopen(path, "w");
+  int ok = o && fputs(a, o) >= 0 && fputs(b, o) >= 0;
+  if (o && fclose(o) != 0)
+    ok = 0;
+  return ok ? 0 : -1;
+}
+
 static int teardown(void **state) {
   fixture *f = *state;
   if (!f)
     return 0;
   idem_store_close(f->store);
+  if (f->hba_saved) {
+    if (write_file(f->hba_file, f->hba_saved, "") != 0)
+      fprintf(stderr, "cannot put back %s\n", f->hba_file);
+    admin_sql(f, "SELECT pg_reload_conf()");
+    free(f->hba_saved);
+  }
   admin_sql(f, "DROP SCHEMA IF EXISTS {S} CASCADE");
+  if (f->made_db)
+    admin_sql(f, "DROP DATABASE IF EXISTS {D}");
   if (f->made_role) {
     admin_sql(f, "REVOKE ALL ON DATABASE postgres FROM {R}");
     admin_sql(f, "DROP ROLE IF EXISTS {R}");
@@ -121,19 +146,22 @@ static int teardown(void **state) {
   return 0;
 }
 
-/* A login role of the test's own, that may create idem's schema. */
+/* A role of the test's own (LOGIN unless options say NOLOGIN), that may
+ * create idem's schema. */
 static void make_role(fixture *f, const char *options) {
   char sql[512];
-  snprintf(sql, sizeof sql, "CREATE ROLE {R} LOGIN %s", options);
+  snprintf(sql, sizeof sql, "CREATE ROLE {R} %s %s",
+           strstr(options, "NOLOGIN") ? "" : "LOGIN", options);
   admin_sql(f, "DROP ROLE IF EXISTS {R}");
   admin_sql(f, sql);
   f->made_role = 1;
   admin_sql(f, "GRANT CREATE, CONNECT ON DATABASE postgres TO {R}");
 }
 
-/* The test server's URL for the test's role, with more query parameters. */
+/* The test server's URL for the test's role, with a password (NULL: none;
+ * nor from ~/.pgpass). */
 static void role_url(const fixture *f, char *out, size_t size,
-                     const char *more) {
+                     const char *password) {
   PQconninfoOption *o = PQconninfoParse(server_url(), NULL);
   const char *host = NULL, *port = NULL;
   int n;
@@ -144,9 +172,10 @@ static void role_url(const fixture *f, char *out, size_t size,
       port = i->val;
   }
   n = snprintf(out, size,
-               "postgresql://%s@/postgres?host=%s&port=%s%s%s&idem_schema=%s",
-               f->role, host ? host : "/tmp", port ? port : "5432",
-               more && *more ? "&" : "", more ? more : "", f->schema);
+               "postgresql://%s%s%s@/postgres?host=%s&port=%s&passfile=/"
+               "nonexistent/pgpass&idem_schema=%s",
+               f->role, password ? ":" : "", password ? password : "",
+               host ? host : "/tmp", port ? port : "5432", f->schema);
   PQconninfoFree(o);
   if (n < 0 || (size_t)n >= size)
     fail_msg("URL too long");
@@ -287,18 +316,18 @@ static void test_secrets_not_in_messages(void **state) {
       /* A '/' in the password, not percent-encoded: libpq takes the part
        * before it for a port. */
       {"postgresql://idem:S3CRET/PART2@localhost/db",
-       0,
+       IDEM_EURL,
        "port",
        {"S3CRET", "PART2"}},
       /* A piece of one letter is hidden where it stands alone, and the
        * message stays readable. */
       {"postgresql://idem:p/w@localhost/db",
-       0,
+       IDEM_EURL,
        "for connection option \"port\"",
        {"\"p\""}},
       /* An '@' in it: the part after it for a host name. */
       {"postgresql://idem:S3C@RET9@%2Ftmp%2Fnone/db",
-       0,
+       IDEM_EURL,
        "host name",
        {"S3C", "RET9"}},
       /* conninfo: a space in an unquoted password. */
@@ -318,7 +347,7 @@ static void test_secrets_not_in_messages(void **state) {
     int rc = idem_store_open(bad[i].url, NULL, &store);
     const char *msg = idem_errmsg();
     assert_null(store);
-    if (bad[i].rc ? rc != bad[i].rc : rc == IDEM_OK) {
+    if (rc != bad[i].rc) {
       fprintf(stderr, "%s: %s (%s), expected %s\n", bad[i].url,
               idem_rc_name(rc), msg, idem_rc_name(bad[i].rc));
       failed++;
@@ -338,6 +367,197 @@ static void test_secrets_not_in_messages(void **state) {
   assert_int_equal(failed, 0);
 }
 
+/* ---- configuration mistakes and unavailability --------------------------- */
+
+/* The first failure of idem_store_open(url): the result code, checked
+ * against want, and the message, which must hold each of says. */
+static void expect_open_fails(const char *url, int want, const char *says[]) {
+  idem_store *store = (idem_store *)&store;
+  int rc = idem_store_open(url, NULL, &store);
+  const char *msg = idem_errmsg();
+  if (store) {
+    idem_store_close(store);
+    fail_msg("%s: opened, expected %s", url, idem_rc_name(want));
+  }
+  if (rc != want)
+    fail_msg("%s: %s (%s), expected %s", url, idem_rc_name(rc), msg,
+             idem_rc_name(want));
+  for (int i = 0; says[i]; i++)
+    if (!strstr(msg, says[i]))
+      fail_msg("%s: the message does not say \"%s\": %s", url, says[i], msg);
+  /* What the caller is told to do, or not to do. */
+  if ((want == IDEM_EUNAVAILABLE) == (strstr(msg, "retrying") != NULL))
+    fail_msg("%s: %s: %s", url, idem_rc_name(rc), msg);
+}
+
+#define SAYS(...)                                                              \
+  (const char *[]) { __VA_ARGS__, NULL }
+
+/* A URL, role or database that cannot work as configured: IDEM_EURL for a
+ * malformed URL or option, IDEM_ESTORE for the rest, never the "retry
+ * later" of IDEM_EUNAVAILABLE; the message says what to fix. */
+static void test_configuration_mistakes(void **state) {
+  fixture *f = *state;
+  char url[URL_MAX], more[URL_MAX];
+  url_with(f, url, sizeof url, "sslmode=bogus");
+  expect_open_fails(url, IDEM_EURL, SAYS("sslmode", "bogus", "correct the"));
+  url_with(f, url, sizeof url, "port=99999");
+  expect_open_fails(url, IDEM_EURL, SAYS("invalid port number", "99999"));
+  url_with(f, url, sizeof url, "connect_timeout=soon");
+  expect_open_fails(url, IDEM_EURL, SAYS("connect_timeout", "soon"));
+  url_with(f, url, sizeof url, "target_session_attrs=any&port=1,2,3");
+  expect_open_fails(url, IDEM_EURL, SAYS("could not match"));
+  /* A password with an unencoded '/' or '@': a port or a host name that
+   * cannot be one. */
+  expect_open_fails("postgresql://idem:S3CRET/PART2@localhost/db", IDEM_EURL,
+                    SAYS("port", "percent-encoded"));
+  expect_open_fails("postgresql://idem:S3C@RET9@%2Ftmp%2Fnone/db", IDEM_EURL,
+                    SAYS("host name", "percent-encoded"));
+
+  /* The server's refusals. */
+  role_url(f, url, sizeof url, NULL);
+  expect_open_fails(url, IDEM_ESTORE,
+                    SAYS("role \"", "does not exist", "create the role"));
+  make_role(f, "NOLOGIN");
+  expect_open_fails(url, IDEM_ESTORE, SAYS("not permitted to log in", "LOGIN"));
+  admin_sql(f, "ALTER ROLE {R} LOGIN");
+  /* The same role, another database: one that does not exist, one that it
+   * may not connect to. */
+  snprintf(more, sizeof more, "%s", url);
+  {
+    char *db = strstr(more, "@/postgres?");
+    assert_non_null(db);
+    memmove(db + 12, db + 10, strlen(db + 10) + 1);
+    memcpy(db + 2, "no_such_db", 10);
+  }
+  expect_open_fails(
+      more, IDEM_ESTORE,
+      SAYS("database \"no_such_db\" does not exist", "create the database"));
+  admin_sql(f, "DROP DATABASE IF EXISTS {D}");
+  admin_sql(f, "CREATE DATABASE {D}");
+  f->made_db = 1;
+  admin_sql(f, "REVOKE CONNECT ON DATABASE {D} FROM PUBLIC");
+  snprintf(more, sizeof more, "postgresql://%s@/%s_db?%s", f->role, f->role,
+           strchr(url, '?') + 1);
+  expect_open_fails(more, IDEM_ESTORE, SAYS("permission denied", "CONNECT"));
+  url_with(f, url, sizeof url, "options=-c%20no_such_setting%3D1");
+  expect_open_fails(url, IDEM_ESTORE, SAYS("no_such_setting"));
+}
+
+/* Whether the server asks the test's role for a password yet (a reload of
+ * pg_hba.conf takes effect a little later). */
+static int asks_for_password(const fixture *f) {
+  char url[URL_MAX];
+  PGconn *c;
+  int asks;
+  role_url(f, url, sizeof url, NULL);
+  *strstr(url, "&idem_schema=") = '\0'; /* libpq does not know it */
+  c = PQconnectdb(url);
+  asks = PQstatus(c) != CONNECTION_OK &&
+         strstr(PQerrorMessage(c), "no password supplied");
+  PQfinish(c);
+  return asks;
+}
+
+/*
+ * A role with a password, which pg_hba.conf asks for (a line of the
+ * test's own, first in the server's file, for this role alone): no
+ * password, or a wrong one, is IDEM_ESTORE and says so, without the
+ * password; the right one opens the store.
+ */
+static void test_password_authentication(void **state) {
+  fixture *f = *state;
+  char url[URL_MAX], line[256];
+  FILE *in;
+  long size;
+  make_role(f, "PASSWORD 'right-S3CRET'");
+  snprintf(f->hba_file, sizeof f->hba_file, "%s",
+           admin_sql(f, "SHOW hba_file"));
+  in = fopen(f->hba_file, "r");
+  if (!in)
+    fail_msg("cannot read %s: this test edits the test server's "
+             "pg_hba.conf, as scripts/pg.sh's server allows",
+             f->hba_file);
+  fseek(in, 0, SEEK_END);
+  size = ftell(in);
+  rewind(in);
+  f->hba_saved = calloc(1, (size_t)size + 1);
+  assert_non_null(f->hba_saved);
+  assert_int_equal(fread(f->hba_saved, 1, (size_t)size, in), (size_t)size);
+  fclose(in);
+  snprintf(line, sizeof line, "local all %s scram-sha-256\n", f->role);
+  if (write_file(f->hba_file, line, f->hba_saved) != 0)
+    fail_msg("cannot write %s", f->hba_file);
+  admin_sql(f, "SELECT pg_reload_conf()");
+  for (int i = 0; i < 100 && !asks_for_password(f); i++)
+    usleep(50 * 1000);
+  assert_true(asks_for_password(f));
+
+  role_url(f, url, sizeof url, NULL);
+  expect_open_fails(url, IDEM_ESTORE,
+                    SAYS("no password supplied", "PGPASSWORD"));
+  role_url(f, url, sizeof url, "wrong-S3CRET");
+  expect_open_fails(
+      url, IDEM_ESTORE,
+      SAYS("password authentication failed", "correct the password"));
+  assert_null(strstr(idem_errmsg(), "S3CRET"));
+  role_url(f, url, sizeof url, "right-S3CRET");
+  EXPECT_RC(IDEM_OK, idem_store_open(url, NULL, &f->store));
+}
+
+/* A role that loses LOGIN while a store is open: when its connection is
+ * ended, the reconnect is refused as configured (IDEM_ESTORE), and works
+ * again once the role may log in. */
+static void test_reconnect_refused(void **state) {
+  fixture *f = *state;
+  char url[URL_MAX], fp[IDEM_FINGERPRINT_SIZE];
+  idem_id id = {"", OPERATION, "reconnect-key"};
+  idem_call *c = NULL;
+  make_role(f, "");
+  role_url(f, url, sizeof url, NULL);
+  EXPECT_RC(IDEM_OK, idem_store_open(url, NULL, &f->store));
+  EXPECT_RC(IDEM_OK, idem_fingerprint(PAYLOAD, strlen(PAYLOAD), 1, fp));
+  admin_sql(f, "ALTER ROLE {R} NOLOGIN");
+  admin_sql(f, "SELECT count(pg_terminate_backend(pid, 5000)) FROM "
+               "pg_stat_activity WHERE usename = '{L}'");
+  EXPECT_RC(IDEM_ESTORE, idem_claim(f->store, &id, fp, NULL, &c));
+  assert_null(c);
+  assert_non_null(strstr(idem_errmsg(), "cannot reconnect"));
+  assert_non_null(strstr(idem_errmsg(), "not permitted to log in"));
+  assert_non_null(strstr(idem_errmsg(), "retrying will not help"));
+  admin_sql(f, "ALTER ROLE {R} LOGIN");
+  EXPECT_RC(IDEM_OK, idem_claim(f->store, &id, fp, NULL, &c));
+  assert_int_equal(idem_call_outcome(c), IDEM_PROCEED);
+  EXPECT_RC(IDEM_OK, idem_release(f->store, c));
+  idem_call_free(c);
+}
+
+/* A server that is not there, or that cannot take this connection now:
+ * IDEM_EUNAVAILABLE, "retry later". */
+static void test_unavailable(void **state) {
+  fixture *f = *state;
+  char url[URL_MAX], dir[] = "/tmp/idem-open-XXXXXX";
+  /* No server on that socket: stopped, or not started yet. */
+  assert_non_null(mkdtemp(dir));
+  snprintf(url, sizeof url, "postgresql://idem@/postgres?host=%s&port=5432",
+           dir);
+  expect_open_fails(url, IDEM_EUNAVAILABLE, SAYS("No such file or directory"));
+  rmdir(dir);
+  /* Nothing listening on that TCP port. */
+  expect_open_fails("postgresql://idem@127.0.0.1:1/postgres", IDEM_EUNAVAILABLE,
+                    SAYS("Connection refused"));
+  /* Too many connections for the role. */
+  make_role(f, "CONNECTION LIMIT 0");
+  role_url(f, url, sizeof url, NULL);
+  expect_open_fails(url, IDEM_EUNAVAILABLE, SAYS("too many connections"));
+  /* A read-only session where a read-write one is asked for (a standby,
+   * before a failover completes). */
+  url_with(f, url, sizeof url,
+           "options=-c%20default_transaction_read_only%3Don&target_session_"
+           "attrs=read-write");
+  expect_open_fails(url, IDEM_EUNAVAILABLE, SAYS("read-only"));
+}
+
 #define OPEN_TEST(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
 
 int main(void) {
@@ -346,6 +566,10 @@ int main(void) {
       OPEN_TEST(test_synchronous_commit_from_url),
       OPEN_TEST(test_synchronous_commit_from_role),
       OPEN_TEST(test_secrets_not_in_messages),
+      OPEN_TEST(test_configuration_mistakes),
+      OPEN_TEST(test_password_authentication),
+      OPEN_TEST(test_reconnect_refused),
+      OPEN_TEST(test_unavailable),
   };
   if (!url || (strncmp(url, "postgresql://", 13) != 0 &&
                strncmp(url, "postgres://", 11) != 0)) {
