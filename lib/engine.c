@@ -239,7 +239,11 @@ static int spoofing_char(unsigned cp) {
          (cp >= 0x2066 && cp <= 0x2069);
 }
 
-static int check_text(const char *what, const char *s, int may_be_empty) {
+/* Checks a tenant or an operation. new_record: it names a record that may
+ * be created, which must not disguise itself; an existing record (written
+ * by an older idem, say) can still be named to read, resolve or delete. */
+static int check_text(const char *what, const char *s, int may_be_empty,
+                      int new_record) {
   size_t n;
   if (!s)
     return idem__fail(IDEM_EINVAL, "%s: missing", what);
@@ -256,7 +260,7 @@ static int check_text(const char *what, const char *s, int may_be_empty) {
     if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
       return idem__fail(IDEM_EINVAL, "%s: control byte 0x%02x at %zu", what,
                         (unsigned char)s[i], i);
-    if (k > 1 && spoofing_char(decode_utf8((const unsigned char *)s + i, k)))
+    if (new_record && k > 1 && spoofing_char(decode_utf8((const unsigned char *)s + i, k)))
       return idem__fail(IDEM_EINVAL,
                         "%s: U+%04X at byte %zu is a control or a "
                         "direction mark that would disguise it in listings",
@@ -266,12 +270,13 @@ static int check_text(const char *what, const char *s, int may_be_empty) {
   return IDEM_OK;
 }
 
-static int check_id(const idem_id *id) {
+static int check_id(const idem_id *id, int new_record) {
   int rc;
   if (!id)
     return idem__fail(IDEM_EINVAL, "id: NULL");
-  if ((rc = check_text("tenant", id->tenant ? id->tenant : "", 1)) ||
-      (rc = check_text("operation", id->operation, 0)) ||
+  if ((rc = check_text("tenant", id->tenant ? id->tenant : "", 1,
+                       new_record)) ||
+      (rc = check_text("operation", id->operation, 0, new_record)) ||
       (rc = idem_key_check(id->key)))
     return rc;
   return IDEM_OK;
@@ -568,7 +573,7 @@ static int start(idem_store *store, idem__op_kind kind, const idem_id *id,
   *out = NULL;
   if (!store)
     return idem__fail(IDEM_EINVAL, "claim: NULL store");
-  if ((rc = check_id(id)) || (rc = check_fingerprint(fp)))
+  if ((rc = check_id(id, 1)) || (rc = check_fingerprint(fp)))
     return rc;
   memset(&op, 0, sizeof op);
   if ((rc = fill_options(opts, &op.opts)))
@@ -688,7 +693,7 @@ int idem_get(idem_store *store, const idem_id *id, idem_record **out) {
   *out = NULL;
   if (!store)
     return idem__fail(IDEM_EINVAL, "get: NULL store");
-  if ((rc = check_id(id)))
+  if ((rc = check_id(id, 0)))
     return rc;
   return store->methods->get(store->state, id, out);
 }
@@ -727,7 +732,7 @@ int idem_resolve_with(idem_store *store, const idem_id *id,
   idem__clear_error();
   if (!store)
     return idem__fail(IDEM_EINVAL, "resolve: NULL store");
-  if ((rc = check_id(id)))
+  if ((rc = check_id(id, 0)))
     return rc;
   if (response && (rc = check_response(response)))
     return rc;
@@ -753,7 +758,7 @@ int idem_delete(idem_store *store, const idem_id *id) {
   idem__clear_error();
   if (!store)
     return idem__fail(IDEM_EINVAL, "delete: NULL store");
-  if ((rc = check_id(id)))
+  if ((rc = check_id(id, 0)))
     return rc;
   if (store->methods->version < 2 || !store->methods->remove)
     return idem__fail(IDEM_ESTATE, "delete: the %s store cannot delete",
