@@ -150,6 +150,104 @@ idem_outcome idem__decide(const idem__row *row, const char *fingerprint,
   return IDEM_RECOVER;
 }
 
+idem__action idem__decide_op(idem__op *op, const idem__row *row,
+                             int64_t now_ms) {
+  idem_call *cl = op->claim;
+  idem__action action;
+  cl->outcome = idem__decide(row, op->fingerprint, now_ms, &op->opts, &action,
+                             &cl->retry_after_ms);
+  cl->attempt = row->attempt;
+  if (cl->outcome == IDEM_IN_FLIGHT && cl->retry_after_ms < 1)
+    cl->retry_after_ms = 1;
+  return action;
+}
+
+int idem__claim_replay(idem__op *op, const char *fingerprint, int status,
+                       const void *meta, size_t meta_len, const void *body,
+                       size_t body_len, const char *sum, size_t sum_len) {
+  char want[IDEM_FINGERPRINT_SIZE];
+  if (idem__response_checksum(fingerprint, status, meta, meta_len, body,
+                              body_len, want) != IDEM_OK ||
+      !sum || sum_len != IDEM_FINGERPRINT_SIZE - 1 ||
+      memcmp(sum, want, sum_len) != 0)
+    return idem__op_fail(op, IDEM_ECORRUPT,
+                         "record (%s, %s, %s): the stored response does not "
+                         "match its checksum; it is not replayed (idem keys "
+                         "delete removes it)",
+                         op->id->tenant ? op->id->tenant : "",
+                         op->id->operation, op->id->key);
+  if (idem__claim_set_response(op->claim, status, meta_len ? meta : NULL,
+                               meta_len, body, body_len) != IDEM_OK)
+    return idem__op_fail(op, IDEM_ENOMEM, "out of memory");
+  return IDEM_OK;
+}
+
+int idem__response_problem(const idem_response *r, const char *who,
+                           char *why, size_t size) {
+  if ((r->meta_len && !r->meta) || (r->body_len && !r->body)) {
+    snprintf(why, size, "%s: NULL data with a length", who);
+    return IDEM_EINVAL;
+  }
+  if (r->meta_len > IDEM_MAX_RESPONSE ||
+      r->body_len > IDEM_MAX_RESPONSE - r->meta_len) {
+    snprintf(why, size, "%s: %zu bytes; a record keeps at most %u", who,
+             r->meta_len + r->body_len, IDEM_MAX_RESPONSE);
+    return IDEM_ETOOBIG;
+  }
+  return IDEM_OK;
+}
+
+/* n bytes and a NUL; NULL for a NULL column (or out of memory: *oom). */
+static void *dup_part(const void *p, size_t n, int *oom) {
+  char *c;
+  if (!p)
+    return NULL;
+  if (!(c = malloc(n + 1))) {
+    *oom = 1;
+    return NULL;
+  }
+  if (n)
+    memcpy(c, p, n);
+  c[n] = '\0';
+  return c;
+}
+
+int idem__record_new(const idem__row_parts *p, idem_record **out) {
+  idem_record *r = calloc(1, sizeof *r);
+  int oom = 0;
+  *out = NULL;
+  if (!r)
+    return idem__fail(IDEM_ENOMEM, "out of memory");
+  r->tenant = dup_part(p->tenant ? p->tenant : "", p->tenant_len, &oom);
+  r->operation =
+      dup_part(p->operation ? p->operation : "", p->operation_len, &oom);
+  r->key = dup_part(p->key ? p->key : "", p->key_len, &oom);
+  r->fingerprint =
+      dup_part(p->fingerprint ? p->fingerprint : "", p->fingerprint_len, &oom);
+  r->state = (idem_state)p->state;
+  r->attempt = p->attempt;
+  r->created_ms = p->created_ms;
+  r->updated_ms = p->updated_ms;
+  r->lease_expires_ms = p->lease_expires_ms;
+  r->expires_ms = p->expires_ms;
+  r->request = dup_part(p->request, p->request_len, &oom);
+  r->request_len = r->request ? p->request_len : 0;
+  if (r->state == IDEM_STATE_COMPLETED) {
+    r->has_response = 1;
+    r->response.status = p->status;
+    r->response.meta = dup_part(p->meta, p->meta_len, &oom);
+    r->response.meta_len = r->response.meta ? p->meta_len : 0;
+    r->response.body = dup_part(p->body, p->body_len, &oom);
+    r->response.body_len = r->response.body ? p->body_len : 0;
+  }
+  if (oom) {
+    idem_record_free(r);
+    return idem__fail(IDEM_ENOMEM, "out of memory");
+  }
+  *out = r;
+  return IDEM_OK;
+}
+
 /* ---- names ------------------------------------------------------------ */
 
 const char *idem_outcome_name(int outcome) {
@@ -294,15 +392,12 @@ static int check_fingerprint(const char *fp) {
 }
 
 static int check_response(const idem_response *r) {
+  char why[128];
+  int rc;
   if (!r)
     return idem__fail(IDEM_EINVAL, "response: NULL");
-  if ((r->meta_len && !r->meta) || (r->body_len && !r->body))
-    return idem__fail(IDEM_EINVAL, "response: NULL data with a length");
-  if (r->meta_len > IDEM_MAX_RESPONSE ||
-      r->body_len > IDEM_MAX_RESPONSE - r->meta_len)
-    return idem__fail(IDEM_ETOOBIG,
-                      "response: %zu bytes; a record keeps at most %u",
-                      r->meta_len + r->body_len, IDEM_MAX_RESPONSE);
+  if ((rc = idem__response_problem(r, "response", why, sizeof why)))
+    return idem__fail(rc, "%s", why);
   return IDEM_OK;
 }
 

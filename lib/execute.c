@@ -377,21 +377,16 @@ int idem_execute(idem_store *store, const idem_id *id, const char *request,
         : result == IDEM_EXEC_NOT_DONE ? END_RELEASE
                                        : END_UNKNOWN;
   if (how == END_COMPLETE) {
-    if ((resp.meta_len && !resp.meta) || (resp.body_len && !resp.body) ||
-        resp.meta_len > IDEM_MAX_RESPONSE ||
-        resp.body_len > IDEM_MAX_RESPONSE - resp.meta_len) {
+    char why[128];
+    int bad = idem__response_problem(&resp, "its response", why, sizeof why);
+    if (bad != IDEM_OK) {
       /* The action ran, but this response cannot be kept: the key must not
        * look free, nor stay in progress for a takeover to act again. */
-      int too_big = resp.meta_len > IDEM_MAX_RESPONSE ||
-                    resp.body_len > IDEM_MAX_RESPONSE - resp.meta_len;
       int marked = end_record(&x, END_UNKNOWN, NULL, budget);
       exec_stop(&x);
-      rc = idem__fail(too_big ? IDEM_ETOOBIG : IDEM_EINVAL,
-                      "execute: key '%s': the action ran, but its response "
-                      "%s; the key %s",
-                      id->key,
-                      too_big ? "is larger than a record keeps (16 MiB)"
-                              : "has NULL data with a length",
+      rc = idem__fail(bad,
+                      "execute: key '%s': the action ran, but %s; the key %s",
+                      id->key, why,
                       marked == IDEM_OK
                           ? "is marked unknown (resolve it as an operator)"
                           : "could not be marked unknown either");

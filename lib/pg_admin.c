@@ -250,36 +250,23 @@ static int fail_out(const pg_store *s, int rc, char *err) {
 
 /* Columns in RECORD_COLUMNS order. */
 static int row_to_record(const PGresult *q, int i, idem_record **out) {
-  idem_record *r = calloc(1, sizeof *r);
-  size_t n;
-  *out = NULL;
-  if (!r)
-    return idem__fail(IDEM_ENOMEM, "out of memory");
-  r->tenant = idem__pg_col_text(q, i, 0);
-  r->operation = idem__pg_col_text(q, i, 1);
-  r->key = idem__pg_col_text(q, i, 2);
-  r->fingerprint = idem__pg_col_text(q, i, 3);
-  r->state = (idem_state)idem__pg_col_int(q, i, 4);
-  r->attempt = (int)idem__pg_col_int(q, i, 5);
-  r->created_ms = idem__pg_col_int(q, i, 6);
-  r->updated_ms = idem__pg_col_int(q, i, 7);
-  r->lease_expires_ms = idem__pg_col_int(q, i, 8);
-  r->expires_ms = idem__pg_col_int(q, i, 9);
-  r->request = idem__pg_col_dup(q, i, 10, &r->request_len);
-  if (r->state == IDEM_STATE_COMPLETED) {
-    r->has_response = 1;
-    r->response.status = (int)idem__pg_col_int(q, i, 11);
-    r->response.meta = idem__pg_col_dup(q, i, 12, &n);
-    r->response.meta_len = r->response.meta ? n : 0;
-    r->response.body = idem__pg_col_dup(q, i, 13, &n);
-    r->response.body_len = r->response.body ? n : 0;
-  }
-  if (!r->tenant || !r->operation || !r->key || !r->fingerprint) {
-    idem_record_free(r);
-    return idem__fail(IDEM_ENOMEM, "out of memory");
-  }
-  *out = r;
-  return IDEM_OK;
+  idem__row_parts p;
+  memset(&p, 0, sizeof p);
+  p.tenant = idem__pg_col_ptr(q, i, 0, &p.tenant_len);
+  p.operation = idem__pg_col_ptr(q, i, 1, &p.operation_len);
+  p.key = idem__pg_col_ptr(q, i, 2, &p.key_len);
+  p.fingerprint = idem__pg_col_ptr(q, i, 3, &p.fingerprint_len);
+  p.state = (int)idem__pg_col_int(q, i, 4);
+  p.attempt = (int)idem__pg_col_int(q, i, 5);
+  p.created_ms = idem__pg_col_int(q, i, 6);
+  p.updated_ms = idem__pg_col_int(q, i, 7);
+  p.lease_expires_ms = idem__pg_col_int(q, i, 8);
+  p.expires_ms = idem__pg_col_int(q, i, 9);
+  p.request = idem__pg_col_ptr(q, i, 10, &p.request_len);
+  p.status = (int)idem__pg_col_int(q, i, 11);
+  p.meta = idem__pg_col_ptr(q, i, 12, &p.meta_len);
+  p.body = idem__pg_col_ptr(q, i, 13, &p.body_len);
+  return idem__record_new(&p, out);
 }
 
 int idem__pg_get(void *state, const idem_id *id, idem_record **out) {

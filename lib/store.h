@@ -129,6 +129,44 @@ int idem__new_token(char token[IDEM__TOKEN_SIZE]);
 /* Sets op's result code and detail. Returns rc. */
 int idem__op_fail(idem__op *op, int rc, const char *fmt, ...)
     IDEM__PRINTF(3, 4);
+/*
+ * Fills op's claim from the decision on row at now: its outcome, attempt and
+ * (in flight) the time until the lease ends, at least 1 ms. Returns the
+ * write the outcome needs. Every backend reads the row its own way, then
+ * calls this, so that all answer the same question the same way.
+ */
+idem__action idem__decide_op(idem__op *op, const idem__row *row,
+                             int64_t now_ms);
+/*
+ * For a REPLAY: checks the stored response against its checksum (sum_len
+ * bytes at sum; NULL when none was stored) and copies it into op's claim.
+ * IDEM_OK, or op->rc (IDEM_ECORRUPT: nothing is replayed; IDEM_ENOMEM).
+ */
+int idem__claim_replay(idem__op *op, const char *fingerprint, int status,
+                       const void *meta, size_t meta_len, const void *body,
+                       size_t body_len, const char *sum, size_t sum_len);
+/*
+ * Why a response cannot be kept (NULL data with a length; larger than
+ * IDEM_MAX_RESPONSE), as "who: reason" in why; IDEM_OK when it can.
+ */
+int idem__response_problem(const idem_response *r, const char *who,
+                           char *why, size_t size);
+/* A stored row as a backend reads it, for idem__record_new(). NULL columns
+ * have NULL pointers. */
+typedef struct idem__row_parts {
+  const char *tenant, *operation, *key, *fingerprint;
+  size_t tenant_len, operation_len, key_len, fingerprint_len;
+  int state, attempt;
+  int64_t created_ms, updated_ms, lease_expires_ms, expires_ms;
+  const void *request;
+  size_t request_len;
+  int status;
+  const void *meta, *body;
+  size_t meta_len, body_len;
+} idem__row_parts;
+/* An idem_record holding copies of the parts (each with a spare NUL, so
+ * that text prints as is); the response only for a completed record. */
+int idem__record_new(const idem__row_parts *parts, idem_record **out);
 /* Copies a response into the claim (one allocation). */
 int idem__claim_set_response(idem_call *claim, int status, const void *meta,
                              size_t meta_len, const void *body,

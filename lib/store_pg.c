@@ -325,33 +325,17 @@ static int load_and_decide(pg_store *s, conn *c, idem__op *op, int which,
     row->expires_ms = idem__pg_col_int(res, 0, 4);
     now = idem__pg_col_int(res, 0, 9);
   }
-  cl->outcome = idem__decide(row, op->fingerprint, now, &op->opts, action,
-                             &cl->retry_after_ms);
-  cl->attempt = row->attempt;
-  if (cl->outcome == IDEM_IN_FLIGHT && cl->retry_after_ms < 1)
-    cl->retry_after_ms = 1;
+  *action = idem__decide_op(op, row, now);
   if (cl->outcome == IDEM_REPLAY) {
     int status = (int)idem__pg_col_int(res, 0, 5);
     size_t meta_len, body_len, sum_len;
     const void *meta = idem__pg_col_ptr(res, 0, 6, &meta_len);
     const void *body = idem__pg_col_ptr(res, 0, 7, &body_len);
     const char *sum = idem__pg_col_ptr(res, 0, 8, &sum_len);
-    char want[IDEM_FINGERPRINT_SIZE];
-    if (idem__response_checksum(row->fingerprint, status, meta, meta_len, body,
-                                body_len, want) != IDEM_OK ||
-        !sum || sum_len != IDEM_FINGERPRINT_SIZE - 1 ||
-        memcmp(sum, want, sum_len) != 0) {
+    if (idem__claim_replay(op, row->fingerprint, status, meta, meta_len, body,
+                           body_len, sum, sum_len) != IDEM_OK) {
       PQclear(res);
-      return idem__op_fail(op, IDEM_ECORRUPT,
-                           "record (%s, %s, %s): the stored response does "
-                           "not match its checksum; it is not replayed",
-                           op->id->tenant ? op->id->tenant : "",
-                           op->id->operation, op->id->key);
-    }
-    if (idem__claim_set_response(cl, status, meta_len ? meta : NULL, meta_len,
-                                 body, body_len) != IDEM_OK) {
-      PQclear(res);
-      return idem__op_fail(op, IDEM_ENOMEM, "out of memory");
+      return op->rc;
     }
     idem__cache_put(s->cache, op->id, row->fingerprint,
                     cache_deadline(sent, row->expires_ms - now), row->attempt,
@@ -675,15 +659,12 @@ static int call_action(conn *c, idem__op *op, idem_response *r) {
                          "itself; local actions must not begin, commit or "
                          "roll back transactions",
                          op->id->key);
-  if ((r->meta_len && !r->meta) || (r->body_len && !r->body))
-    return idem__op_fail(op, IDEM_EINVAL,
-                         "action's response: NULL data with "
-                         "a length");
-  if (r->meta_len + r->body_len > IDEM_MAX_RESPONSE)
-    return idem__op_fail(
-        op, IDEM_ETOOBIG,
-        "action's response: %zu bytes; a record keeps at most %u",
-        r->meta_len + r->body_len, IDEM_MAX_RESPONSE);
+  {
+    char why[128];
+    int rc = idem__response_problem(r, "action's response", why, sizeof why);
+    if (rc != IDEM_OK)
+      return idem__op_fail(op, rc, "%s", why);
+  }
   return IDEM_OK;
 }
 

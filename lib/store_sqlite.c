@@ -510,7 +510,6 @@ static void bind_id(sqlite3_stmt *q, const idem_id *id, int first) {
 static int load_and_decide(conn *c, idem__op *op, int64_t now, idem__row *row,
                            idem__action *action) {
   sqlite3_stmt *q = stmt(c, ST_SELECT);
-  idem_call *cl = op->claim;
   int step;
   memset(row, 0, sizeof *row);
   if (!q)
@@ -534,33 +533,20 @@ static int load_and_decide(conn *c, idem__op *op, int64_t now, idem__row *row,
     sqlite3_reset(q);
     return op->rc;
   }
-  cl->outcome = idem__decide(row, op->fingerprint, now, &op->opts, action,
-                             &cl->retry_after_ms);
-  cl->attempt = row->attempt;
-  if (cl->outcome == IDEM_IN_FLIGHT && cl->retry_after_ms < 1)
-    cl->retry_after_ms = 1;
-  if (cl->outcome == IDEM_REPLAY) {
-    int status = sqlite3_column_int(q, 5);
+  *action = idem__decide_op(op, row, now);
+  if (op->claim->outcome == IDEM_REPLAY) {
+    /* Each pointer first, then its length, as SQLite asks. */
     const void *meta = sqlite3_column_blob(q, 6);
     size_t meta_len = (size_t)sqlite3_column_bytes(q, 6);
     const void *body = sqlite3_column_blob(q, 7);
     size_t body_len = (size_t)sqlite3_column_bytes(q, 7);
-    const unsigned char *sum = sqlite3_column_text(q, 8);
-    char want[IDEM_FINGERPRINT_SIZE];
-    if (idem__response_checksum(row->fingerprint, status, meta, meta_len,
-                                body, body_len, want) != IDEM_OK ||
-        !sum || strcmp((const char *)sum, want) != 0) {
+    const char *sum = (const char *)sqlite3_column_text(q, 8);
+    size_t sum_len = (size_t)sqlite3_column_bytes(q, 8);
+    if (idem__claim_replay(op, row->fingerprint, sqlite3_column_int(q, 5),
+                           meta, meta_len, body, body_len, sum,
+                           sum_len) != IDEM_OK) {
       sqlite3_reset(q);
-      return idem__op_fail(op, IDEM_ECORRUPT,
-                           "record (%s, %s, %s): the stored response does "
-                           "not match its checksum; it is not replayed",
-                           op->id->tenant ? op->id->tenant : "",
-                           op->id->operation, op->id->key);
-    }
-    if (idem__claim_set_response(cl, status, meta_len ? meta : NULL,
-                                 meta_len, body, body_len) != IDEM_OK) {
-      sqlite3_reset(q);
-      return idem__op_fail(op, IDEM_ENOMEM, "out of memory");
+      return op->rc;
     }
   }
   sqlite3_reset(q);
@@ -738,16 +724,13 @@ static void run_local(conn *c, idem__op *op, const idem__row *row,
                   op->id->key, fn_rc);
     return;
   }
-  if ((r.meta_len && !r.meta) || (r.body_len && !r.body)) {
-    idem__op_fail(op, IDEM_EINVAL, "action's response: NULL data with a "
-                                   "length");
-    return;
-  }
-  if (r.meta_len + r.body_len > IDEM_MAX_RESPONSE) {
-    idem__op_fail(op, IDEM_ETOOBIG,
-                  "action's response: %zu bytes; a record keeps at most %u",
-                  r.meta_len + r.body_len, IDEM_MAX_RESPONSE);
-    return;
+  {
+    char why[128];
+    int rc = idem__response_problem(&r, "action's response", why, sizeof why);
+    if (rc != IDEM_OK) {
+      idem__op_fail(op, rc, "%s", why);
+      return;
+    }
   }
   if (idem__response_checksum(op->fingerprint, r.status, r.meta, r.meta_len,
                               r.body, r.body_len, sum) != IDEM_OK) {
@@ -1347,59 +1330,36 @@ static const char *sq_engine_version(void *state) {
 
 /* ---- operators ------------------------------------------------------------ */
 
-static char *col_text(sqlite3_stmt *q, int i) {
-  const unsigned char *t = sqlite3_column_text(q, i);
-  return idem__strdup(t ? (const char *)t : "");
-}
-
-static void *col_blob(sqlite3_stmt *q, int i, size_t *len) {
+/* A column's bytes, or NULL for SQL NULL. */
+static const void *col_bytes(sqlite3_stmt *q, int i, size_t *len) {
   const void *b = sqlite3_column_blob(q, i);
-  size_t n = (size_t)sqlite3_column_bytes(q, i);
-  *len = n;
+  *len = (size_t)sqlite3_column_bytes(q, i);
   if (sqlite3_column_type(q, i) == SQLITE_NULL) {
     *len = 0;
     return NULL;
   }
-  /* One spare NUL so that text can be printed as is. */
-  char *p = malloc(n + 1);
-  if (p) {
-    if (n)
-      memcpy(p, b, n);
-    p[n] = '\0';
-  }
-  return p;
+  return b ? b : "";
 }
 
+/* Columns in RECORD_COLUMNS order. */
 static int row_to_record(sqlite3_stmt *q, idem_record **out) {
-  idem_record *r = calloc(1, sizeof *r);
-  size_t n;
-  if (!r)
-    return idem__fail(IDEM_ENOMEM, "out of memory");
-  r->tenant = col_text(q, 0);
-  r->operation = col_text(q, 1);
-  r->key = col_text(q, 2);
-  r->fingerprint = col_text(q, 3);
-  r->state = (idem_state)sqlite3_column_int(q, 4);
-  r->attempt = sqlite3_column_int(q, 5);
-  r->created_ms = sqlite3_column_int64(q, 6);
-  r->updated_ms = sqlite3_column_int64(q, 7);
-  r->lease_expires_ms = sqlite3_column_int64(q, 8);
-  r->expires_ms = sqlite3_column_int64(q, 9);
-  r->request = col_blob(q, 10, &r->request_len);
-  if (r->state == IDEM_STATE_COMPLETED) {
-    r->has_response = 1;
-    r->response.status = sqlite3_column_int(q, 11);
-    r->response.meta = col_blob(q, 12, &n);
-    r->response.meta_len = r->response.meta ? n : 0;
-    r->response.body = col_blob(q, 13, &n);
-    r->response.body_len = r->response.body ? n : 0;
-  }
-  if (!r->tenant || !r->operation || !r->key || !r->fingerprint) {
-    idem_record_free(r);
-    return idem__fail(IDEM_ENOMEM, "out of memory");
-  }
-  *out = r;
-  return IDEM_OK;
+  idem__row_parts p;
+  memset(&p, 0, sizeof p);
+  p.tenant = col_bytes(q, 0, &p.tenant_len);
+  p.operation = col_bytes(q, 1, &p.operation_len);
+  p.key = col_bytes(q, 2, &p.key_len);
+  p.fingerprint = col_bytes(q, 3, &p.fingerprint_len);
+  p.state = sqlite3_column_int(q, 4);
+  p.attempt = sqlite3_column_int(q, 5);
+  p.created_ms = sqlite3_column_int64(q, 6);
+  p.updated_ms = sqlite3_column_int64(q, 7);
+  p.lease_expires_ms = sqlite3_column_int64(q, 8);
+  p.expires_ms = sqlite3_column_int64(q, 9);
+  p.request = col_bytes(q, 10, &p.request_len);
+  p.status = sqlite3_column_int(q, 11);
+  p.meta = col_bytes(q, 12, &p.meta_len);
+  p.body = col_bytes(q, 13, &p.body_len);
+  return idem__record_new(&p, out);
 }
 
 static int sq_get(void *state, const idem_id *id, idem_record **out) {
