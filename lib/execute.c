@@ -179,7 +179,10 @@ enum { END_COMPLETE, END_RELEASE, END_UNKNOWN };
 /*
  * One ending, retried with backoff while the store is busy or unreachable
  * and the budget lasts; the renewer keeps the lease meanwhile. Runs under
- * x->mu, one store call at a time with the renewer.
+ * x->mu, one store call at a time with the renewer. A lease that could not
+ * be renewed does not end the retries: until another holder takes the key
+ * (IDEM_ESTALE), the ending is still this holder's to write, and giving up
+ * would leave the key in progress for a takeover to act again.
  */
 static int end_record(idem_exec *x, int how, const idem_response *r,
                       int64_t budget_ms) {
@@ -198,7 +201,7 @@ static int end_record(idem_exec *x, int how, const idem_response *r,
                               : idem_mark_unknown(x->store, x->call);
     pthread_mutex_unlock(&x->mu);
     if ((rc != IDEM_EBUSY && rc != IDEM_EUNAVAILABLE) ||
-        mono_ms() + backoff > until || idem_exec_lost(x))
+        mono_ms() + backoff > until)
       return rc;
     sleep_ms(backoff);
     backoff = backoff * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : backoff * 2;

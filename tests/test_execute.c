@@ -389,6 +389,59 @@ static void test_execute_completion_fails_for_good(void **state) {
   idem_store_close(s);
 }
 
+/*
+ * The store stays locked past the lease, so the renewer gives the lease up
+ * and the action hears of it; but the action had already acted and answers
+ * DONE. Nobody took the key over, so the completion is still the holder's
+ * to write: it is retried until the lock goes, as a completion that meets
+ * a busy store always is, and the response is kept. Giving up at the first
+ * busy answer would leave the key in progress, for a takeover to act again.
+ */
+typedef struct locked_past_lease {
+  fixture *f;
+  blocker b;
+  int runs, saw_loss;
+} locked_past_lease;
+
+static idem_exec_result lock_until_lost(idem_exec *x, void *ctx,
+                                        idem_response *r) {
+  locked_past_lease *l = ctx;
+  struct pollfd p = {idem_exec_lost_fd(x), POLLIN, 0};
+  l->runs++;
+  blocker_start(&l->b, l->f->url, 1500);
+  l->saw_loss = poll(&p, 1, 5000) == 1 && idem_exec_lost(x);
+  r->status = 200;
+  r->body = "done";
+  r->body_len = 4;
+  return IDEM_EXEC_DONE;
+}
+
+static void test_execute_completes_after_lease_lost(void **state) {
+  fixture *f = *state;
+  idem_id id = {"tenant-a", OPERATION, "locked-past-its-lease"};
+  idem_store_options quick = {.busy_timeout_ms = 100, .group_commit = -1};
+  idem_execute_options o = {.call = {.lease_ms = 300}};
+  idem_store *s = NULL;
+  locked_past_lease l = {.f = f};
+  remote a = {0};
+  idem_call *c = NULL;
+  int rc;
+
+  EXPECT_RC(IDEM_OK, idem_store_open(f->url, &quick, &s));
+  rc = idem_execute(s, &id, REQ, strlen(REQ), lock_until_lost, &l, &o, &c);
+  blocker_join(&l.b);
+  EXPECT_RC(IDEM_OK, rc);
+  assert_int_equal(l.saw_loss, 1);
+  assert_int_equal(idem_call_response(c)->status, 200);
+  idem_call_free(c);
+  c = EXECUTE(s, &id, REQ, &a, NULL, IDEM_OK, IDEM_REPLAY);
+  assert_int_equal(idem_call_response(c)->body_len, 4);
+  idem_call_free(c);
+  assert_int_equal(l.runs, 1);
+  assert_int_equal(a.runs, 0);
+  idem_store_close(s);
+}
+
 static void test_execute_fingerprint_pointers(void **state) {
   fixture *f = *state;
   idem_id id = {"tenant-a", OPERATION, "payment-7"};
@@ -441,6 +494,7 @@ int main(void) {
       STORE_TEST(test_execute_retries_busy_completion),
       STORE_TEST(test_execute_completion_fails_for_good),
       STORE_TEST(test_execute_fingerprint_pointers),
+      STORE_TEST(test_execute_completes_after_lease_lost),
   };
   return run_engine_tests("execute", tests, sizeof tests / sizeof tests[0],
                           NULL, 0, NULL, 0);
