@@ -186,7 +186,9 @@ enum { END_COMPLETE, END_RELEASE, END_UNKNOWN };
  */
 static int end_record(idem_exec *x, int how, const idem_response *r,
                       int64_t budget_ms) {
-  int64_t until = mono_ms() + budget_ms, backoff = BACKOFF_FIRST_MS;
+  int64_t start = mono_ms(), backoff = BACKOFF_FIRST_MS;
+  int64_t until =
+      budget_ms > INT64_MAX - start ? INT64_MAX : start + budget_ms;
   int rc;
   for (;;) {
     pthread_mutex_lock(&x->mu);

@@ -442,6 +442,28 @@ static void test_execute_completes_after_lease_lost(void **state) {
   idem_store_close(s);
 }
 
+/* A retry budget as large as the type holds means "keep trying", not an
+ * overflow that ends the retries at once. */
+static void test_execute_largest_retry_budget(void **state) {
+  fixture *f = *state;
+  idem_id id = {"tenant-a", OPERATION, "patient"};
+  idem_store_options quick = {.busy_timeout_ms = 200, .group_commit = -1};
+  idem_execute_options o = {.call = {.lease_ms = 3000},
+                            .finish_retry_ms = INT64_MAX};
+  idem_store *s = NULL;
+  late_lock l = {.f = f};
+  idem_call *c = NULL;
+  int rc;
+
+  EXPECT_RC(IDEM_OK, idem_store_open(f->url, &quick, &s));
+  rc = idem_execute(s, &id, REQ, strlen(REQ), lock_then_finish, &l, &o, &c);
+  blocker_join(&l.b);
+  EXPECT_RC(IDEM_OK, rc);
+  assert_int_equal(idem_call_response(c)->status, 200);
+  idem_call_free(c);
+  idem_store_close(s);
+}
+
 static void test_execute_fingerprint_pointers(void **state) {
   fixture *f = *state;
   idem_id id = {"tenant-a", OPERATION, "payment-7"};
@@ -495,6 +517,7 @@ int main(void) {
       STORE_TEST(test_execute_completion_fails_for_good),
       STORE_TEST(test_execute_fingerprint_pointers),
       STORE_TEST(test_execute_completes_after_lease_lost),
+      STORE_TEST(test_execute_largest_retry_budget),
   };
   return run_engine_tests("execute", tests, sizeof tests / sizeof tests[0],
                           NULL, 0, NULL, 0);
