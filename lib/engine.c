@@ -710,10 +710,12 @@ static int finish(idem_store *store, idem_call *claim, idem__op_kind kind,
                   const idem_response *response, int64_t lease_ms) {
   idem__op op;
   idem_id id;
+  int64_t deadline;
   int rc;
   idem__clear_error();
   if (!store || !claim)
     return idem__fail(IDEM_EINVAL, "NULL store or claim");
+  deadline = claim->lease_expires_ms;
   if (!claim->held)
     return idem__fail(IDEM_ESTATE,
                       "claim of key '%s' is not held (outcome %s, or "
@@ -739,6 +741,11 @@ static int finish(idem_store *store, idem_call *claim, idem__op_kind kind,
   op.lease_ms = lease_ms;
   op.opts.retention_ms = claim->retention_ms;
   rc = run_op(store, &op);
+  /* A backend writes the new deadline into the claim with the renewal's
+   * statement; when the transaction then fails, the lease is still the one
+   * stored before, and the holder must not count on a longer one. */
+  if (rc != IDEM_OK && kind == IDEM__OP_RENEW)
+    claim->lease_expires_ms = deadline;
   if (rc == IDEM_OK && kind != IDEM__OP_RENEW) {
     claim->held = 0;
     claim->lease_expires_ms = 0;

@@ -152,6 +152,50 @@ static void test_lease_deadline_accessor(void **state) {
   idem_call_free(c);
 }
 
+/*
+ * A renewal that is not stored leaves the holder's deadline as it was: a
+ * holder told of a lease it does not have would act past the real one.
+ * SQLite: a commit hook, set on the store's own connection by a local
+ * action, makes the renewal's commit fail.
+ */
+static int refuse_commits; /* read by the hook, on the test's thread */
+
+static int commit_hook(void *arg) { return *(int *)arg; }
+
+static int install_commit_hook(void *conn, void *ctx, idem_response *r) {
+  (void)ctx;
+  sqlite3_commit_hook(conn, commit_hook, &refuse_commits);
+  r->status = 200;
+  return 0;
+}
+
+static void test_failed_renewal_keeps_deadline(void **state) {
+  fixture *f = *state;
+  char fp[IDEM_FINGERPRINT_SIZE];
+  idem_id id = {"tenant-a", OPERATION, KEY};
+  idem_id hook = {"tenant-a", OPERATION, "installs-a-hook"};
+  idem_call_options opts = {.lease_ms = 20000};
+  idem_record *rec;
+  idem_call *c, *h = NULL;
+  int64_t e1;
+  fp_of(PAYLOAD, fp);
+
+  EXPECT_RC(IDEM_OK, idem_execute_local(f->store, &hook, fp, NULL,
+                                        install_commit_hook, NULL, &h));
+  idem_call_free(h);
+  c = CLAIM(f->store, &id, fp, &opts, IDEM_PROCEED);
+  e1 = idem_call_lease_expires_ms(c);
+  refuse_commits = 1;
+  assert_int_not_equal(idem_renew(f->store, c, IDEM_MAX_LEASE_MS), IDEM_OK);
+  refuse_commits = 0;
+  rec = get_record(f->store, &id);
+  assert_int_equal(rec->lease_expires_ms, e1);
+  idem_record_free(rec);
+  assert_int_equal(idem_call_lease_expires_ms(c), e1);
+  EXPECT_RC(IDEM_OK, idem_release(f->store, c));
+  idem_call_free(c);
+}
+
 /* ------------------------------------------------------------------ */
 /* Bounds                                                               */
 /* ------------------------------------------------------------------ */
@@ -487,6 +531,11 @@ int main(void) {
       STORE_TEST(test_scheme_in_any_case),
       STORE_TEST(test_list_with_one_connection),
   };
+  const struct CMUnitTest sqlite_only[] = {
+      STORE_TEST(test_failed_renewal_keeps_deadline),
+  };
   return run_engine_tests("leases", tests, sizeof tests / sizeof tests[0],
-                          NULL, 0, NULL, 0);
+                          sqlite_only,
+                          sizeof sqlite_only / sizeof sqlite_only[0], NULL,
+                          0);
 }
