@@ -149,6 +149,28 @@ void idem__cache_put(idem__cache *c, const idem_id *id,
   clear(&old);
 }
 
+void idem__cache_forget(idem__cache *c, const idem_id *id) {
+  char key[3 * 256 + 2];
+  size_t n;
+  slot old;
+  if (!c || !(n = make_id(id, key, sizeof key)))
+    return;
+  memset(&old, 0, sizeof old);
+  pthread_mutex_lock(&c->mu);
+  for (slot **p = &c->buckets[hash(c, key, n)]; *p; p = &(*p)->next) {
+    slot *s = *p;
+    if (s->id_len == n && memcmp(s->id, key, n) == 0) {
+      /* The ring slot stays where it is, empty, and is reused in turn. */
+      *p = s->next;
+      old = *s;
+      memset(s, 0, sizeof *s);
+      break;
+    }
+  }
+  pthread_mutex_unlock(&c->mu);
+  clear(&old);
+}
+
 int idem__cache_get(idem__cache *c, idem__op *op, int64_t now_ms) {
   char key[3 * 256 + 2];
   size_t n;

@@ -1605,6 +1605,9 @@ static int sq_remove(void *state, const idem_id *id) {
     sqlite3_reset(q);
   }
   pool_put(s, c);
+  /* This handle must not replay what it just deleted. */
+  if (rc == IDEM_OK)
+    idem__cache_forget(s->cache, id);
   if (rc == IDEM_OK && changed == 0)
     rc = idem__fail(IDEM_ENOTFOUND, "no record (%s, %s, %s)",
                     id->tenant ? id->tenant : "", id->operation, id->key);

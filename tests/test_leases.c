@@ -421,6 +421,41 @@ static void test_delete_corrupted_record(void **state) {
   idem_store_close(fresh);
 }
 
+/*
+ * A deleted record is gone for the handle that deleted it, even after that
+ * handle replayed it (and so keeps it in its replay cache): the key acts
+ * again, and another request under it is no conflict.
+ */
+static void test_delete_forgets_cached_replay(void **state) {
+  fixture *f = *state;
+  char fp[IDEM_FINGERPRINT_SIZE], fp2[IDEM_FINGERPRINT_SIZE];
+  idem_id id = {"tenant-a", OPERATION, KEY};
+  idem_id other = {"tenant-a", OPERATION, "another-key"};
+  ticket_action act = {.payload = PAYLOAD}, again = {.payload = PAYLOAD};
+  ticket_action urgent = {.payload = PAYLOAD_URGENT};
+  idem_call *c;
+  fp_of(PAYLOAD, fp);
+  fp_of(PAYLOAD_URGENT, fp2);
+
+  c = LOCAL(f->store, &id, fp, NULL, &act, IDEM_PROCEED);
+  idem_call_free(c);
+  c = LOCAL(f->store, &other, fp, NULL, &act, IDEM_PROCEED);
+  idem_call_free(c);
+  c = CLAIM(f->store, &id, fp, NULL, IDEM_REPLAY);
+  idem_call_free(c);
+  c = CLAIM(f->store, &other, fp, NULL, IDEM_REPLAY);
+  idem_call_free(c);
+  EXPECT_RC(IDEM_OK, idem_delete(f->store, &id));
+  c = LOCAL(f->store, &id, fp, NULL, &again, IDEM_PROCEED);
+  idem_call_free(c);
+  assert_int_equal(again.runs, 1);
+  EXPECT_RC(IDEM_OK, idem_delete(f->store, &other));
+  c = LOCAL(f->store, &other, fp2, NULL, &urgent, IDEM_PROCEED);
+  idem_call_free(c);
+  assert_int_equal(urgent.runs, 1);
+  assert_int_equal(count_tickets(f->url), 4);
+}
+
 /* A successful call leaves no stale detail behind. */
 /* A store's scheme may be written in any case. */
 static void test_scheme_in_any_case(void **state) {
@@ -533,6 +568,7 @@ int main(void) {
   };
   const struct CMUnitTest sqlite_only[] = {
       STORE_TEST(test_failed_renewal_keeps_deadline),
+      STORE_TEST(test_delete_forgets_cached_replay),
   };
   return run_engine_tests("leases", tests, sizeof tests / sizeof tests[0],
                           sqlite_only,
