@@ -1290,6 +1290,19 @@ static int sq_open(const char *target, const idem_store_options *opts,
   rc = conn_open(s, &c);
   if (rc == IDEM_OK)
     rc = ensure_schema(s, c);
+  if (rc == IDEM_OK) {
+    /* From now on the file is named as SQLite resolved it: connections
+     * opened later, and the log's check, must find this very file even
+     * after the process changes its working folder. */
+    const char *full = sqlite3_db_filename(c->db, "main");
+    char *copy = full && *full ? idem__strdup(full) : NULL;
+    if (full && *full && !copy) {
+      rc = idem__fail(IDEM_ENOMEM, "sqlite: out of memory");
+    } else if (copy) {
+      free(s->path);
+      s->path = copy;
+    }
+  }
   if (rc != IDEM_OK) {
     conn_close(c);
     sq_close(s);

@@ -284,6 +284,82 @@ static void test_sqlite_deleted_log(void **state) {
 }
 
 /*
+ * A store named by a relative path stays the same store when the process
+ * changes its working folder afterwards (as a daemon does): its writes
+ * keep working, and a connection opened later opens that file, not one of
+ * the same name in the new folder.
+ */
+typedef struct slow_local {
+  idem_store *store;
+  int rc;
+} slow_local;
+
+static int sleep_a_while(void *conn, void *ctx, idem_response *r) {
+  (void)conn;
+  (void)ctx;
+  sleep_ms(500);
+  r->status = 200;
+  return 0;
+}
+
+static void *slow_local_main(void *arg) {
+  slow_local *w = arg;
+  idem_id id = {"tenant-a", OPERATION, "holds-a-connection"};
+  char fp[IDEM_FINGERPRINT_SIZE];
+  idem_call *c = NULL;
+  idem_fingerprint("x", 1, 0, fp);
+  w->rc = idem_execute_local(w->store, &id, fp, NULL, sleep_a_while, NULL,
+                             &c);
+  idem_call_free(c);
+  return NULL;
+}
+
+static void test_sqlite_relative_path_after_chdir(void **state) {
+  const char *dir = *state;
+  char cwd[URL_MAX], other[URL_MAX + 16];
+  char fp[IDEM_FINGERPRINT_SIZE];
+  idem_id first = {"tenant-a", OPERATION, "before-chdir"};
+  idem_id second = {"tenant-a", OPERATION, "after-chdir"};
+  idem_response resp = {201, NULL, 0, "{\"ticket_id\":1}", 15};
+  idem_store_options opts = {.group_commit = -1};
+  idem_store *s = NULL, *t = NULL;
+  idem_record *rec = NULL;
+  idem_call *c = NULL;
+  slow_local w;
+  pthread_t th;
+  fp_of(PAYLOAD, fp);
+  assert_non_null(getcwd(cwd, sizeof cwd));
+  snprintf(other, sizeof other, "%s/elsewhere", dir);
+  assert_int_equal(mkdir(other, 0700), 0);
+  assert_int_equal(chdir(dir), 0);
+  EXPECT_RC(IDEM_OK, idem_store_open("sqlite:store.db", &opts, &s));
+  c = CLAIM(s, &first, fp, NULL, IDEM_PROCEED);
+  EXPECT_RC(IDEM_OK, idem_complete(s, c, &resp));
+  idem_call_free(c);
+  /* Another store of the same name in the new folder, which must not be
+   * the one used. */
+  assert_int_equal(chdir(other), 0);
+  EXPECT_RC(IDEM_OK, idem_store_open("sqlite:store.db", NULL, &t));
+  idem_store_close(t);
+
+  c = CLAIM(s, &second, fp, NULL, IDEM_PROCEED);
+  EXPECT_RC(IDEM_OK, idem_complete(s, c, &resp));
+  idem_call_free(c);
+  /* While an action holds the pool's one connection, a read opens
+   * another. */
+  w.store = s;
+  w.rc = -1;
+  assert_int_equal(pthread_create(&th, NULL, slow_local_main, &w), 0);
+  sleep_ms(150);
+  EXPECT_RC(IDEM_OK, idem_get(s, &first, &rec));
+  idem_record_free(rec);
+  pthread_join(th, NULL);
+  EXPECT_RC(IDEM_OK, w.rc);
+  assert_int_equal(chdir(cwd), 0);
+  idem_store_close(s);
+}
+
+/*
  * What a store URL may be. A conninfo without pg:, or an unknown scheme,
  * must never become an SQLite file of that name: every machine would then
  * get a store of its own and deduplication between them would silently
@@ -921,6 +997,8 @@ int main(void) {
                                       setup_tmpdir, teardown_tmpdir),
       cmocka_unit_test_setup_teardown(test_sqlite_deleted_log, setup_tmpdir,
                                       teardown_tmpdir),
+      cmocka_unit_test_setup_teardown(test_sqlite_relative_path_after_chdir,
+                                      setup_tmpdir, teardown_tmpdir),
       cmocka_unit_test_setup_teardown(test_store_url_forms, setup_tmpdir,
                                       teardown_tmpdir),
       cmocka_unit_test_setup_teardown(test_sqlite_open_waits_for_writer,
