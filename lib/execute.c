@@ -35,7 +35,8 @@ struct idem_exec {
   int lost;  /* read without the lock: __atomic */
   int stale; /* the lease was taken over (not merely not renewed) */
   int lost_pipe[2];
-  int64_t renewed_mono; /* when the lease was last written, monotonic */
+  int64_t renewed_mono; /* when the lease was last written, monotonic, or
+                           a moment before */
   char lost_why[256];
 };
 
@@ -91,7 +92,9 @@ static void set_lost(idem_exec *x, const char *why) {
 static void *renewer_main(void *arg) {
   idem_exec *x = arg;
   int64_t period = x->lease_ms / 3 > 0 ? x->lease_ms / 3 : 1;
-  int64_t next = mono_ms() + period;
+  /* From the claim, not from now: a claim that came back late (a slow
+   * commit, a long group commit) is due for renewal at once. */
+  int64_t next = x->renewed_mono + period;
   pthread_mutex_lock(&x->mu);
   while (!x->stop && !x->lost) {
     int64_t now = mono_ms();
@@ -130,14 +133,16 @@ static void *renewer_main(void *arg) {
   return NULL;
 }
 
+/* claimed_mono: a monotonic time before the claim was asked, which its
+ * lease counts from at the earliest. */
 static int exec_start(idem_exec *x, idem_store *store, idem_call *call,
-                      int64_t lease_ms) {
+                      int64_t lease_ms, int64_t claimed_mono) {
   pthread_condattr_t mono;
   memset(x, 0, sizeof *x);
   x->store = store;
   x->call = call;
   x->lease_ms = lease_ms;
-  x->renewed_mono = mono_ms();
+  x->renewed_mono = claimed_mono;
   x->lost_pipe[0] = x->lost_pipe[1] = -1;
   if (pipe2(x->lost_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
     return idem__fail(IDEM_EIO, "execute: pipe: %s", strerror(errno));
@@ -332,7 +337,7 @@ int idem_execute(idem_store *store, const idem_id *id, const char *request,
   idem_response resp;
   idem_exec_result result;
   int rc, how;
-  int64_t budget;
+  int64_t budget, asked;
 
   idem__clear_error();
   if (!out)
@@ -357,6 +362,7 @@ int idem_execute(idem_store *store, const idem_id *id, const char *request,
     goto out;
   o.call.request = canon;
   o.call.request_len = canon_len;
+  asked = mono_ms();
   if ((rc = idem_claim(store, id, fp, &o.call, &call)) != IDEM_OK)
     goto out;
   if (idem_call_outcome(call) != IDEM_PROCEED &&
@@ -367,7 +373,8 @@ int idem_execute(idem_store *store, const idem_id *id, const char *request,
 
   if ((rc = exec_start(&x, store, call,
                        o.call.lease_ms ? o.call.lease_ms
-                                       : IDEM__DEFAULT_LEASE_MS)) != IDEM_OK) {
+                                       : IDEM__DEFAULT_LEASE_MS,
+                       asked)) != IDEM_OK) {
     /* Nothing ran: free the key for a retry. */
     char why[512];
     snprintf(why, sizeof why, "%s", idem_errmsg());

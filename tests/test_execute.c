@@ -503,6 +503,93 @@ static void test_execute_fingerprint_pointers(void **state) {
   assert_non_null(strstr(idem_errmsg(), "JSON Pointer"));
 }
 
+/*
+ * The lease counts from the claim's write, so the renewals must too: when
+ * the claim comes back late (here its commit takes 500 ms of a 600 ms
+ * lease), the first renewal is due at once, not a third of a lease after
+ * the answer, when the lease would already be over and another caller
+ * could take the key over while the action still runs. SQLite: a commit
+ * hook, set on the store's writer by a local action, delays one commit.
+ */
+static int slow_commit_ms; /* the next commit sleeps this long, once */
+
+static int sleepy_commit(void *arg) {
+  (void)arg;
+  if (slow_commit_ms > 0) {
+    sleep_ms(slow_commit_ms);
+    slow_commit_ms = 0;
+  }
+  return 0;
+}
+
+static int install_sleepy_commit(void *conn, void *ctx, idem_response *r) {
+  (void)ctx;
+  sqlite3_commit_hook(conn, sleepy_commit, NULL);
+  r->status = 200;
+  return 0;
+}
+
+typedef struct taker {
+  idem_store *store;
+  const idem_id *id;
+  int stop; /* __atomic */
+  int took;
+} taker;
+
+static void *take_over_main(void *arg) {
+  taker *t = arg;
+  char fp[IDEM_FINGERPRINT_SIZE];
+  char *canon = NULL;
+  size_t n;
+  idem_canonicalize(REQ, strlen(REQ), NULL, &canon, &n, NULL);
+  idem_sha256_hex(canon, n, fp);
+  idem_free(canon);
+  while (!__atomic_load_n(&t->stop, __ATOMIC_ACQUIRE)) {
+    idem_record *r = NULL;
+    int rc = idem_get(t->store, t->id, &r);
+    idem_record_free(r);
+    if (rc == IDEM_OK)
+      break;
+    sleep_ms(5);
+  }
+  while (!__atomic_load_n(&t->stop, __ATOMIC_ACQUIRE)) {
+    idem_call *c = NULL;
+    if (idem_claim(t->store, t->id, fp, NULL, &c) == IDEM_OK &&
+        idem_call_outcome(c) == IDEM_RECOVER) {
+      t->took++;
+      idem_release(t->store, c);
+    }
+    idem_call_free(c);
+    sleep_ms(10);
+  }
+  return NULL;
+}
+
+static void test_execute_renews_from_the_write(void **state) {
+  fixture *f = *state;
+  idem_id hook = {"tenant-a", OPERATION, "installs-a-hook"};
+  idem_id id = {"tenant-a", OPERATION, "late-answer"};
+  idem_execute_options o = {.call = {.lease_ms = 600}};
+  char fp[IDEM_FINGERPRINT_SIZE];
+  remote a = {.run_ms = 1000};
+  taker t = {f->store, &id, 0, 0};
+  pthread_t th;
+  idem_call *c = NULL;
+  fp_of(PAYLOAD, fp);
+
+  EXPECT_RC(IDEM_OK, idem_execute_local(f->store, &hook, fp, NULL,
+                                        install_sleepy_commit, NULL, &c));
+  idem_call_free(c);
+  assert_int_equal(pthread_create(&th, NULL, take_over_main, &t), 0);
+  slow_commit_ms = 500;
+  c = EXECUTE(f->store, &id, REQ, &a, &o, IDEM_OK, IDEM_PROCEED);
+  __atomic_store_n(&t.stop, 1, __ATOMIC_RELEASE);
+  pthread_join(th, NULL);
+  assert_int_equal(t.took, 0);
+  assert_int_equal(a.runs, 1);
+  idem_call_free(c);
+}
+
 #define STORE_TEST(fn)                                                         \
   cmocka_unit_test_setup_teardown(fn, setup_store, teardown_store)
 
@@ -519,6 +606,11 @@ int main(void) {
       STORE_TEST(test_execute_completes_after_lease_lost),
       STORE_TEST(test_execute_largest_retry_budget),
   };
+  const struct CMUnitTest sqlite_only[] = {
+      STORE_TEST(test_execute_renews_from_the_write),
+  };
   return run_engine_tests("execute", tests, sizeof tests / sizeof tests[0],
-                          NULL, 0, NULL, 0);
+                          sqlite_only,
+                          sizeof sqlite_only / sizeof sqlite_only[0], NULL,
+                          0);
 }
