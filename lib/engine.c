@@ -803,13 +803,18 @@ int idem_get(idem_store *store, const idem_id *id, idem_record **out) {
 int idem_list(idem_store *store, const idem_filter *filter, idem_record_fn fn,
               void *ctx) {
   idem_filter f;
+  int rc;
   idem__clear_error();
   if (!store || !fn)
     return idem__fail(IDEM_EINVAL, "list: NULL store or function");
   memset(&f, 0, sizeof f);
   if (filter)
     f = *filter;
-  return store->methods->list(store->state, &f, fn, ctx);
+  rc = store->methods->list(store->state, &f, fn, ctx);
+  /* fn may have called into libidem and failed on this thread. */
+  if (rc == IDEM_OK)
+    idem__clear_error();
+  return rc;
 }
 
 int idem_prune(idem_store *store, int64_t *removed) {

@@ -481,6 +481,14 @@ static void test_scheme_in_any_case(void **state) {
   idem_store_close(s);
 }
 
+static int look_up_absent(const idem_record *r, void *ctx) {
+  idem_id absent = {r->tenant, r->operation, "no-such-key"};
+  idem_record *got = NULL;
+  idem_get(ctx, &absent, &got); /* IDEM_ENOTFOUND, and a detail */
+  idem_record_free(got);
+  return 0;
+}
+
 static void test_errmsg_cleared_on_success(void **state) {
   fixture *f = *state;
   char fp[IDEM_FINGERPRINT_SIZE], primed[1024];
@@ -497,6 +505,13 @@ static void test_errmsg_cleared_on_success(void **state) {
   prime_errmsg(primed, sizeof primed);
   assert_int_equal(list_count(f->store, NULL), 0);
   assert_string_equal(idem_errmsg(), "");
+  /* Also when the listing's function met a failure of its own and went
+   * on: the listing itself succeeded. */
+  c = CLAIM(f->store, &id, fp, NULL, IDEM_PROCEED);
+  EXPECT_RC(IDEM_OK, idem_list(f->store, NULL, look_up_absent, f->store));
+  assert_string_equal(idem_errmsg(), "");
+  EXPECT_RC(IDEM_OK, idem_release(f->store, c));
+  idem_call_free(c);
 }
 
 /* The listing holds no connection while the caller's function runs: with
