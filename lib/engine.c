@@ -498,12 +498,21 @@ static int pick_backend(const char *url, const idem__store_methods **m,
   *target = NULL;
   *owned = NULL;
   if (n == 0) {
+    const char *p = url + strspn(url, " \t");
     if (looks_like_conninfo(url))
       return idem__fail(IDEM_EURL,
                         "store: this looks like a libpq conninfo; write "
                         "pg:%s or a postgresql:// URL (as a file name, "
                         "write ./ before it)",
                         "host=... dbname=...");
+    /* A URL behind blanks, or "://" inside a path, is a URL gone wrong, not
+     * a file name: as a path it would reach messages, password and all. */
+    if ((p != url && scheme_len(p) > 0) || strstr(url, "://"))
+      return idem__fail(IDEM_EURL,
+                        "store: this looks like a URL %s; write it without "
+                        "anything before it (as a file name, write sqlite: "
+                        "before it)",
+                        p != url ? "with blanks before it" : "inside a path");
     *m = &idem__sqlite_methods;
     *target = url;
   } else if (same_word(url, n, "sqlite")) {

@@ -383,6 +383,16 @@ static void test_store_url_forms(void **state) {
             idem_store_open("redis://u:S3CRET@h/0", NULL, &s));
   assert_non_null(strstr(idem_errmsg(), "'redis:'"));
   assert_null(strstr(idem_errmsg(), "S3CRET"));
+  /* A URL with a blank before it, or inside a path, is no file name
+   * either; and the message must not show its password. */
+  EXPECT_RC(IDEM_EURL,
+            idem_store_open(" postgresql://u:S3CRET@h/db", NULL, &s));
+  assert_null(strstr(idem_errmsg(), "S3CRET"));
+  EXPECT_RC(IDEM_EURL, idem_store_open("\tpg:password=S3CRET", NULL, &s));
+  assert_null(strstr(idem_errmsg(), "S3CRET"));
+  EXPECT_RC(IDEM_EURL,
+            idem_store_open("x/postgresql://u:S3CRET@h/db", NULL, &s));
+  assert_null(strstr(idem_errmsg(), "S3CRET"));
   EXPECT_RC(IDEM_EURL, idem_store_open("c:store.db", NULL, &s));
   assert_int_equal(stat("c:store.db", &st), -1);
   EXPECT_RC(IDEM_EURL, idem_store_open("sqlite:", NULL, &s));
