@@ -1480,12 +1480,21 @@ static int sq_list(void *state, const idem_filter *f, idem_record_fn fn,
   return rc;
 }
 
+/* An operator's write through a handle whose log was deleted would go
+ * into the lost log and vanish when the store closes: IDEM_ESTORE. */
+static int operator_may_write(sq_store *s) {
+  char why[512];
+  if (wal_intact(s, why, sizeof why))
+    return IDEM_OK;
+  return idem__fail(IDEM_ESTORE, "%s", why);
+}
+
 static int sq_prune(void *state, int64_t *removed) {
   sq_store *s = state;
   conn *c;
   sqlite3_stmt *q;
-  int rc = pool_get(s, &c);
-  if (rc != IDEM_OK)
+  int rc = operator_may_write(s);
+  if (rc != IDEM_OK || (rc = pool_get(s, &c)) != IDEM_OK)
     return rc;
   q = stmt(c, ST_PRUNE);
   if (!q) {
@@ -1519,6 +1528,8 @@ static int sq_resolve(void *state, const idem_id *id,
     pool_put(s, c);
     return rc;
   }
+  if ((rc = operator_may_write(s)) != IDEM_OK)
+    goto out;
   now = idem__now_ms();
   q = stmt(c, ST_SELECT);
   if (!q) {
@@ -1603,8 +1614,8 @@ static int sq_remove(void *state, const idem_id *id) {
   sq_store *s = state;
   conn *c;
   sqlite3_stmt *q;
-  int rc = pool_get(s, &c), changed = 0;
-  if (rc != IDEM_OK)
+  int rc = operator_may_write(s), changed = 0;
+  if (rc != IDEM_OK || (rc = pool_get(s, &c)) != IDEM_OK)
     return rc;
   q = stmt(c, ST_DELETE);
   if (!q) {

@@ -280,6 +280,14 @@ static void test_sqlite_deleted_log(void **state) {
   assert_null(c);
   assert_non_null(strstr(idem_errmsg(), "write-ahead log"));
   EXPECT_RC(IDEM_ESTORE, idem_claim(s, &fresh, fp, NULL, &c));
+  /* Nor do an operator's writes go into the lost log, to be dropped at
+   * close after they said OK. */
+  EXPECT_RC(IDEM_ESTORE, idem_delete(s, &done));
+  assert_non_null(strstr(idem_errmsg(), "write-ahead log"));
+  EXPECT_RC(IDEM_ESTORE, idem_resolve(s, &done, &resp));
+  assert_non_null(strstr(idem_errmsg(), "write-ahead log"));
+  EXPECT_RC(IDEM_ESTORE, idem_prune(s, NULL));
+  assert_non_null(strstr(idem_errmsg(), "write-ahead log"));
   idem_store_close(s);
 }
 
