@@ -172,7 +172,7 @@ static void test_execute_endings(void **state) {
 typedef struct prober {
   idem_store *store;
   const idem_id *id;
-  volatile int stop;
+  int stop; /* __atomic: the prober reads it while the action sets it */
   int in_flight, other;
 } prober;
 
@@ -184,12 +184,12 @@ static void *probe_main(void *arg) {
   idem_canonicalize(REQ, strlen(REQ), NULL, &canon, &n, NULL);
   idem_sha256_hex(canon, n, fp);
   idem_free(canon);
-  while (!p->stop) {
+  while (!__atomic_load_n(&p->stop, __ATOMIC_ACQUIRE)) {
     idem_call *c = NULL;
     if (idem_claim(p->store, p->id, fp, NULL, &c) == IDEM_OK &&
         idem_call_outcome(c) == IDEM_IN_FLIGHT)
       p->in_flight++;
-    else if (!p->stop)
+    else if (!__atomic_load_n(&p->stop, __ATOMIC_ACQUIRE))
       p->other++;
     idem_call_free(c);
     sleep_ms(50);
@@ -207,7 +207,7 @@ static idem_exec_result probed_action(idem_exec *x, void *ctx,
   if (pthread_create(&t, NULL, probe_main, p) != 0)
     return IDEM_EXEC_NOT_DONE;
   sleep_ms(1200);
-  p->stop = 1;
+  __atomic_store_n(&p->stop, 1, __ATOMIC_RELEASE);
   pthread_join(t, NULL);
   r->status = 201;
   r->body = "{\"ticket_id\":1}";
