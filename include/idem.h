@@ -559,8 +559,7 @@ typedef struct idem_execute_options {
   /*
    * NULL-terminated RFC 6901 JSON Pointers: only these parts of the request
    * make the fingerprint (a pointer that finds nothing counts as absent).
-   * NULL: the whole request. The request must then be a JSON object or
-   * array.
+   * NULL: the whole request. An empty list is IDEM_EINVAL.
    */
   const char *const *fingerprint_pointers;
   /* How long to keep retrying a completion, release or mark-unknown that

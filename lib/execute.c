@@ -299,8 +299,10 @@ static int subset_fingerprint(const char *canon, size_t len,
                       pointers[i]);
       goto out;
     }
-    if (v)
-      json_object_set(sel, pointers[i], v);
+    if (v && json_object_set(sel, pointers[i], v) != 0) {
+      rc = idem__fail(IDEM_ENOMEM, "execute: out of memory");
+      goto out;
+    }
   }
   text = json_dumps(sel, JSON_COMPACT | JSON_ENCODE_ANY | JSON_REAL_PRECISION(17));
   if (!text) {
@@ -350,6 +352,11 @@ int idem_execute(idem_store *store, const idem_id *id, const char *request,
     o = *opts;
   if (o.finish_retry_ms < 0)
     return idem__fail(IDEM_EINVAL, "execute: negative finish_retry_ms");
+  if (o.fingerprint_pointers && !o.fingerprint_pointers[0])
+    return idem__fail(IDEM_EINVAL,
+                      "execute: fingerprint_pointers is empty: every request "
+                      "would share one fingerprint; pass NULL for the whole "
+                      "request");
   budget = o.finish_retry_ms ? o.finish_retry_ms : DEFAULT_FINISH_RETRY_MS;
 
   if ((rc = idem_canonicalize(request ? request : "", request_len, NULL,

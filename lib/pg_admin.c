@@ -480,5 +480,7 @@ int idem__pg_remove(void *state, const idem_id *id) {
                         id->tenant ? id->tenant : "", id->operation, id->key)
            : IDEM_OK;
   PQclear(res);
+  /* This handle must not replay the deleted record from its cache. */
+  idem__cache_forget(s->cache, id);
   return rc;
 }

@@ -501,6 +501,13 @@ static void test_execute_fingerprint_pointers(void **state) {
   c = EXECUTE(f->store, &id, "{\"amount\":1}", &a, &bad, IDEM_EINVAL, 0);
   assert_null(c);
   assert_non_null(strstr(idem_errmsg(), "JSON Pointer"));
+  {
+    const char *const none[] = {NULL};
+    idem_execute_options empty = {.fingerprint_pointers = none};
+    c = EXECUTE(f->store, &id, "{\"amount\":1}", &a, &empty, IDEM_EINVAL, 0);
+    assert_null(c);
+    assert_int_equal(a.runs, 1);
+  }
 }
 
 /*

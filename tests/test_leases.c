@@ -580,10 +580,10 @@ int main(void) {
       STORE_TEST(test_errmsg_cleared_on_success),
       STORE_TEST(test_scheme_in_any_case),
       STORE_TEST(test_list_with_one_connection),
+      STORE_TEST(test_delete_forgets_cached_replay),
   };
   const struct CMUnitTest sqlite_only[] = {
       STORE_TEST(test_failed_renewal_keeps_deadline),
-      STORE_TEST(test_delete_forgets_cached_replay),
   };
   return run_engine_tests("leases", tests, sizeof tests / sizeof tests[0],
                           sqlite_only,
