@@ -72,6 +72,14 @@ double cli_now_ms(void);
  * idem_schema removed. NULL when out of memory; free() it. */
 char *cli_pg_libpq_url(const char *url);
 
+/*
+ * text with every form of the password in a store URL or conninfo (in the
+ * user information, or a password= parameter; as written and
+ * percent-decoded) replaced by ***, for messages that quote libpq or the
+ * URL itself. NULL when out of memory; free() it.
+ */
+char *cli_redact(const char *text, const char *url);
+
 /* The store URL: the --store value, else IDEM_STORE, else ./idem.db. */
 const char *cli_store_url(const char *flag);
 

@@ -462,3 +462,93 @@ char *cli_pg_libpq_url(const char *url) {
   out[o] = '\0';
   return out;
 }
+
+/* Appends to list the password candidates of one value: as written and
+ * percent-decoded. */
+static int add_secret(char **list, int n, int max, const char *p, size_t len) {
+  char *raw, *dec;
+  size_t o = 0;
+  if (len == 0 || n + 2 > max)
+    return n;
+  if (!(raw = malloc(len + 1)) || !(dec = malloc(len + 1))) {
+    free(raw);
+    return n;
+  }
+  memcpy(raw, p, len);
+  raw[len] = '\0';
+  for (size_t i = 0; i < len; i++) {
+    unsigned hi, lo;
+    if (p[i] == '%' && i + 2 < len &&
+        sscanf(p + i + 1, "%1x%1x", &hi, &lo) == 2) {
+      dec[o++] = (char)(hi * 16 + lo);
+      i += 2;
+    } else {
+      dec[o++] = p[i];
+    }
+  }
+  dec[o] = '\0';
+  list[n++] = raw;
+  if (o > 0 && strcmp(dec, raw) != 0)
+    list[n++] = dec;
+  else
+    free(dec);
+  return n;
+}
+
+char *cli_redact(const char *text, const char *url) {
+  char *secrets[16];
+  int n = 0;
+  const char *p, *at, *slash;
+  strbuf b = {0};
+  if (!text)
+    return NULL;
+  if (url) {
+    /* scheme://user:PASSWORD@host...: the userinfo ends at the last '@'
+     * before the path; a malformed URL is read the same way. */
+    if ((p = strstr(url, "://")) != NULL) {
+      p += 3;
+      slash = p + strcspn(p, "/?");
+      at = NULL;
+      for (const char *q = p; q < slash; q++)
+        if (*q == '@')
+          at = q;
+      if (!at)
+        at = strrchr(p, '@');
+      if (at) {
+        const char *colon = memchr(p, ':', (size_t)(at - p));
+        if (colon)
+          n = add_secret(secrets, n, 16, colon + 1, (size_t)(at - colon - 1));
+      }
+    }
+    /* password=VALUE, in a conninfo or a URL's query. */
+    for (p = url; (p = strstr(p, "password=")) != NULL; p += 9) {
+      const char *v = p + 9;
+      size_t len;
+      if (*v == '\'') {
+        v++;
+        len = strcspn(v, "'");
+      } else {
+        len = strcspn(v, " &\t");
+      }
+      n = add_secret(secrets, n, 16, v, len);
+    }
+  }
+  for (p = text; *p;) {
+    size_t hit = 0;
+    for (int i = 0; i < n; i++) {
+      size_t k = strlen(secrets[i]);
+      if (k > hit && strncmp(p, secrets[i], k) == 0)
+        hit = k;
+    }
+    if (hit) {
+      sb_add(&b, "***", 3);
+      p += hit;
+    } else {
+      sb_add(&b, p, 1);
+      p++;
+    }
+  }
+  for (int i = 0; i < n; i++)
+    free(secrets[i]);
+  return sb_finish(&b);
+}

@@ -43,4 +43,15 @@ expect_hidden "a password in the query" \
   'postgres://idem@[::1/app?password=S3CRET' S3CRET
 expect_hidden "a conninfo with a space in the password" \
   'pg:host=/nonexistent password=S3CRET PART2' S3CRET PART2
+# idem lab quotes libpq when its own connection fails: never the password.
+for url in 'postgresql://idem:S3CRET@[::1' 'postgresql://idem:S3%43RET@[::1' \
+  'postgresql://idem:S3CRET@127.0.0.1:1/x?connect_timeout=2'; do
+  out=$("$IDEM" lab --store "$url" 2>&1)
+  st=$?
+  [ "$st" != 0 ] && ok || fail "lab with '$url': exit 0"
+  case $out in
+  *S3CRET*) fail "lab with '$url' prints the password: $out" ;;
+  *) ok ;;
+  esac
+done
 finish
