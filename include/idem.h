@@ -21,6 +21,28 @@
  *    released with the matching *_free() function, or idem_free() for plain
  *    buffers. Every destructor accepts NULL as a harmless no-op.
  *  - Strings are NUL-terminated UTF-8 unless a length is given with them.
+ *  - A call that succeeds clears idem_errmsg() (it reads "" afterwards).
+ *
+ * Changes in 0.2.0 (source-compatible where noted; rebuild against this
+ * header, the ABI of 0.1 is not kept):
+ *  - idem_execute(): one call for a remote action: canonicalises and
+ *    fingerprints the request, claims, renews the lease while the action
+ *    runs, and completes, releases or marks unknown by the action's answer.
+ *  - idem_call_lease_expires_ms(): the deadline of the lease a holder got.
+ *  - Parameters of type idem_call are named call throughout.
+ *  - Leases count from a time read after the store's write lock is held.
+ *  - Leases and retention are bounded (IDEM_MAX_LEASE_MS,
+ *    IDEM_MAX_RETENTION_MS); larger values fail with IDEM_EINVAL.
+ *  - Retention applies to completed records only: a record in progress or
+ *    marked unknown never expires, and idem_prune() leaves it (see
+ *    idem_filter.overdue).
+ *  - idem_call_options: no_takeover became on_expired_lease (same slot,
+ *    same values), and max_attempts was added.
+ *  - idem_store_options: sqlite_sync_normal became sqlite_synchronous (same
+ *    slot, same values); read_only and replay_cache_entries were added.
+ *  - idem_resolve() refuses a record whose holder's lease is still running;
+ *    idem_resolve_with() can force it and sets the retention. idem_delete()
+ *    removes any one record (a corrupted one, say).
  */
 #ifndef IDEM_H
 #define IDEM_H
@@ -39,11 +61,11 @@ extern "C" {
 #endif
 
 #define IDEM_VERSION_MAJOR 0
-#define IDEM_VERSION_MINOR 1
+#define IDEM_VERSION_MINOR 2
 #define IDEM_VERSION_PATCH 0
-#define IDEM_VERSION_STRING "0.1.0"
+#define IDEM_VERSION_STRING "0.2.0"
 
-/* The version of the library actually linked, e.g. "0.1.0". */
+/* The version of the library actually linked, e.g. "0.2.0". */
 IDEM_API const char *idem_version(void);
 
 /*
@@ -147,15 +169,19 @@ IDEM_API int idem_fingerprint(const void *data, size_t len, int is_json,
 
 typedef struct idem_store idem_store;
 
+/* Values of idem_store_options.sqlite_synchronous. */
+enum {
+  /* The default: a completed record is kept once the call that stored it
+   * has returned, across power loss. */
+  IDEM_SYNC_FULL = 0,
+  /* Faster, but the most recent completed records may be lost on power
+   * loss (never on a process crash). */
+  IDEM_SYNC_NORMAL = 1
+};
+
 /* Options for idem_store_open(); zero fields take the defaults. */
 typedef struct idem_store_options {
-  /*
-   * SQLite: 1 selects synchronous=NORMAL, which is faster but may lose the
-   * most recent completed records on power loss (never on a process crash).
-   * The default, synchronous=FULL, keeps a completed record once the call
-   * that stored it has returned.
-   */
-  int sqlite_sync_normal;
+  int sqlite_synchronous; /* SQLite: IDEM_SYNC_FULL or IDEM_SYNC_NORMAL */
   int busy_timeout_ms; /* how long to wait for a locked store; default 10000 */
   int max_connections; /* connection pool size; default 16 */
   /*
@@ -163,6 +189,19 @@ typedef struct idem_store_options {
    * and so one fsync. 0 = default (on), -1 = off.
    */
   int group_commit;
+  /*
+   * Non-zero: open for reading only (idem_get(), idem_list()); every call
+   * that writes fails with IDEM_ESTORE. An SQLite store is then opened
+   * read-only, so a user who may only read the file can list it; a missing
+   * file is an error instead of a new store.
+   */
+  int read_only;
+  /*
+   * How many completed records the in-process replay cache keeps (replays
+   * and conflicts answered without a read of the store); 0 = default
+   * (4096), negative = no cache.
+   */
+  int replay_cache_entries;
 } idem_store_options;
 
 /*
@@ -239,22 +278,43 @@ typedef struct idem_response {
   size_t body_len;
 } idem_response;
 
-/* Per-call options; NULL or zero fields take the defaults. */
+/* The largest lease: 30 days. A longer action renews its lease. */
+#define IDEM_MAX_LEASE_MS (30LL * 24 * 3600 * 1000)
+/* The longest retention: 100 years of 365.25 days ("keep forever"). */
+#define IDEM_MAX_RETENTION_MS (100LL * 36525 * 24 * 3600 * 10)
+
+/* Values of idem_call_options.on_expired_lease. */
+enum {
+  IDEM_EXPIRED_TAKE_OVER = 0, /* the default: outcome IDEM_RECOVER */
+  IDEM_EXPIRED_REPORT = 1     /* outcome IDEM_UNKNOWN, nothing written */
+};
+
+/*
+ * Per-call options; NULL or zero fields take the defaults. Periods are in
+ * milliseconds; one past its bound fails with IDEM_EINVAL.
+ */
 typedef struct idem_call_options {
   int64_t lease_ms;     /* how long a holder owns an in-progress record;
-                           default 30000 */
-  int64_t retention_ms; /* how long the record is kept; default 24 h */
+                           default 30000, at most IDEM_MAX_LEASE_MS. It
+                           counts from when the claim is written, under the
+                           store's write lock. */
+  int64_t retention_ms; /* how long a completed record is kept; default
+                           24 h, at most IDEM_MAX_RETENTION_MS. Records in
+                           progress or marked unknown never expire. */
   const void *request;  /* the canonical request, stored for operators; may
                            be NULL. One larger than 64 KiB is not kept. */
   size_t request_len;
-  /*
-   * What to do with an in-progress record whose lease expired:
-   * 0 (default) take it over: outcome IDEM_RECOVER;
-   * 1 report it: outcome IDEM_UNKNOWN, nothing written.
-   */
-  int no_takeover;
+  /* What to do with an in-progress record whose lease expired:
+   * IDEM_EXPIRED_TAKE_OVER (default) or IDEM_EXPIRED_REPORT. */
+  int on_expired_lease;
   /* Non-zero: also take over a record marked unknown (IDEM_RECOVER). */
   int takeover_unknown;
+  /*
+   * The most attempts a key may have; 0 = no limit. A takeover that would
+   * start attempt max_attempts + 1 is answered IDEM_UNKNOWN instead, and
+   * nothing is written: the key then waits for an operator.
+   */
+  int max_attempts;
 } idem_call_options;
 
 /* The largest response (meta plus body) a record keeps: 16 MiB. */
@@ -274,22 +334,29 @@ typedef struct idem_call idem_call;
  * The outcome is read with idem_call_outcome(): see idem_outcome. On
  * PROCEED and RECOVER the caller holds the record and must end it with
  * exactly one of idem_complete(), idem_release() or idem_mark_unknown(); a
- * holder that does none of them blocks the key until its lease ends. Expired
- * records (retention) count as absent. *out is freed with idem_call_free().
+ * holder that does none of them blocks the key until its lease ends.
+ * Completed records past their retention count as absent. *out is freed
+ * with idem_call_free().
  */
 IDEM_API int idem_claim(idem_store *store, const idem_id *id,
                         const char *fingerprint,
                         const idem_call_options *opts, idem_call **out);
 
-IDEM_API idem_outcome idem_call_outcome(const idem_call *claim);
+IDEM_API idem_outcome idem_call_outcome(const idem_call *call);
 /* The stored response on REPLAY (and after execute_local's PROCEED or
- * RECOVER, the new one); NULL otherwise. Owned by the claim. */
-IDEM_API const idem_response *idem_call_response(const idem_call *claim);
+ * RECOVER, the new one); NULL otherwise. Owned by the call. */
+IDEM_API const idem_response *idem_call_response(const idem_call *call);
 /* On IN_FLIGHT: milliseconds until the holder's lease ends (at least 1). */
-IDEM_API int64_t idem_call_retry_after_ms(const idem_call *claim);
+IDEM_API int64_t idem_call_retry_after_ms(const idem_call *call);
 /* The attempt number: 1 for the first holder, +1 for each takeover. */
-IDEM_API int idem_call_attempt(const idem_call *claim);
-IDEM_API void idem_call_free(idem_call *claim);
+IDEM_API int idem_call_attempt(const idem_call *call);
+/*
+ * While the caller holds the record (PROCEED, RECOVER): when its lease ends,
+ * in Unix milliseconds by the store's clock, as the last claim or renewal
+ * wrote it. 0 otherwise.
+ */
+IDEM_API int64_t idem_call_lease_expires_ms(const idem_call *call);
+IDEM_API void idem_call_free(idem_call *call);
 
 /*
  * Stores the response and completes the record. Fenced by the claim's owner
@@ -298,24 +365,24 @@ IDEM_API void idem_call_free(idem_call *claim);
  * larger than IDEM_MAX_RESPONSE fails with IDEM_ETOOBIG and the record stays
  * in progress.
  */
-IDEM_API int idem_complete(idem_store *store, idem_call *claim,
+IDEM_API int idem_complete(idem_store *store, idem_call *call,
                            const idem_response *response);
 
 /*
  * Deletes the in-progress record: the action certainly did not happen, so a
  * retry may proceed. Fenced like idem_complete().
  */
-IDEM_API int idem_release(idem_store *store, idem_call *claim);
+IDEM_API int idem_release(idem_store *store, idem_call *call);
 
 /*
  * Marks the record's outcome as unknown: the action may or may not have
  * happened. Claims then see IDEM_UNKNOWN until an operator resolves it with
  * idem_resolve(). Fenced like idem_complete().
  */
-IDEM_API int idem_mark_unknown(idem_store *store, idem_call *claim);
+IDEM_API int idem_mark_unknown(idem_store *store, idem_call *call);
 
 /* Extends the holder's lease to lease_ms from now. Fenced. */
-IDEM_API int idem_renew(idem_store *store, idem_call *claim,
+IDEM_API int idem_renew(idem_store *store, idem_call *call,
                         int64_t lease_ms);
 
 /*
@@ -383,7 +450,8 @@ typedef struct idem_record {
 
 IDEM_API void idem_record_free(idem_record *record);
 
-/* Reads one record; IDEM_ENOTFOUND when absent or retention-expired. */
+/* Reads one record; IDEM_ENOTFOUND when absent or a retention-expired
+ * completed record. */
 IDEM_API int idem_get(idem_store *store, const idem_id *id,
                       idem_record **out);
 
@@ -393,7 +461,13 @@ typedef struct idem_filter {
   const char *operation;
   int state;   /* 0 = any */
   int limit;   /* 0 = no limit */
-  int expired; /* non-zero: include retention-expired records */
+  int expired; /* non-zero: include retention-expired completed records */
+  /*
+   * Non-zero: only records past their retention that retention does not
+   * remove: in progress or marked unknown, waiting for a holder or an
+   * operator (idem_resolve()) longer than a completed record would be kept.
+   */
+  int overdue;
 } idem_filter;
 
 /* Calls fn once per matching record, oldest first; a non-zero return from
@@ -402,17 +476,123 @@ typedef int (*idem_record_fn)(const idem_record *record, void *ctx);
 IDEM_API int idem_list(idem_store *store, const idem_filter *filter,
                        idem_record_fn fn, void *ctx);
 
-/* Deletes retention-expired records; *removed (may be NULL) counts them. */
+/* Deletes retention-expired completed records; *removed (may be NULL)
+ * counts them. Records in progress or marked unknown are never pruned. */
 IDEM_API int idem_prune(idem_store *store, int64_t *removed);
 
+/* Options for idem_resolve_with(); zero fields take the defaults. */
+typedef struct idem_resolve_options {
+  /* How long the completed record is kept; default 24 h. */
+  int64_t retention_ms;
+  /*
+   * Non-zero: resolve a record in progress even while its holder's lease
+   * runs. The holder may still be acting: its completion then fails with
+   * IDEM_ESTALE, and after a release a retry acts beside it.
+   */
+  int force;
+} idem_resolve_options;
+
 /*
- * Resolves a record whose outcome is unknown or in progress: with a response
- * it becomes completed (later claims replay it); with response NULL it is
- * deleted (failed: a retry acts again). IDEM_ENOTFOUND when absent,
- * IDEM_ESTATE when already completed.
+ * Resolves a record whose outcome is unknown, or which is in progress with
+ * an expired lease: with a response it becomes completed (later claims
+ * replay it); with response NULL it is deleted (failed: a retry acts
+ * again). IDEM_ENOTFOUND when absent, IDEM_ESTATE when already completed
+ * or when its holder's lease is still running (unless opts->force).
+ * idem_resolve() is idem_resolve_with() with opts NULL.
  */
+IDEM_API int idem_resolve_with(idem_store *store, const idem_id *id,
+                               const idem_response *response,
+                               const idem_resolve_options *opts);
 IDEM_API int idem_resolve(idem_store *store, const idem_id *id,
                           const idem_response *response);
+
+/*
+ * Deletes one record whatever its state: for an operator who must remove a
+ * record that fails its checksum (IDEM_ECORRUPT) or that was written in
+ * error. A retry then acts again. Another process may still replay a
+ * completed record from its replay cache until the record's retention ends.
+ * IDEM_ENOTFOUND when absent.
+ */
+IDEM_API int idem_delete(idem_store *store, const idem_id *id);
+
+/* ------------------------------------------------------------------ */
+/* Remote actions in one call                                           */
+/* ------------------------------------------------------------------ */
+
+/* What an action run by idem_execute() reports. */
+typedef enum idem_exec_result {
+  IDEM_EXEC_DONE = 0,     /* it ran: *response is stored (complete) */
+  IDEM_EXEC_NOT_DONE = 1, /* it certainly did not act: release the key */
+  IDEM_EXEC_UNKNOWN = 2   /* it may have acted: mark the key unknown */
+} idem_exec_result;
+
+/* What an action sees of its own run; valid while the action runs. */
+typedef struct idem_exec idem_exec;
+
+/*
+ * A file descriptor that becomes readable once the lease is lost: another
+ * holder took the key over, or the lease could not be renewed before it
+ * ended. The action should then stop acting and return IDEM_EXEC_UNKNOWN
+ * (or NOT_DONE when it had not acted). Owned by the library.
+ */
+IDEM_API int idem_exec_lost_fd(const idem_exec *exec);
+/* Non-zero once the lease is lost. */
+IDEM_API int idem_exec_lost(const idem_exec *exec);
+/* IDEM_PROCEED, or IDEM_RECOVER when an earlier attempt may have acted. */
+IDEM_API idem_outcome idem_exec_outcome(const idem_exec *exec);
+/* The attempt number (1 for the first). */
+IDEM_API int idem_exec_attempt(const idem_exec *exec);
+
+/*
+ * The action. On IDEM_EXEC_DONE it fills *response, whose pointers must stay
+ * valid until idem_execute() returns (they are copied); on the other
+ * results *response is ignored. It runs on the caller's thread.
+ */
+typedef idem_exec_result (*idem_exec_fn)(idem_exec *exec, void *ctx,
+                                         idem_response *response);
+
+/* Options for idem_execute(); NULL or zero fields take the defaults. */
+typedef struct idem_execute_options {
+  idem_call_options call; /* lease, retention, takeover, max_attempts; its
+                             request fields are ignored (the request is
+                             kept when it fits) */
+  /*
+   * NULL-terminated RFC 6901 JSON Pointers: only these parts of the request
+   * make the fingerprint (a pointer that finds nothing counts as absent).
+   * NULL: the whole request. An empty list is IDEM_EINVAL.
+   */
+  const char *const *fingerprint_pointers;
+  /* How long to keep retrying a completion, release or mark-unknown that
+   * fails with IDEM_EBUSY or IDEM_EUNAVAILABLE; default 30000 ms. */
+  int64_t finish_retry_ms;
+} idem_execute_options;
+
+/*
+ * Runs a remote action at most once per id. The request is JSON: it is
+ * canonicalised (RFC 8785) and fingerprinted here, so the fingerprint can
+ * never disagree with the stored request. Then:
+ *  - REPLAY, CONFLICT, IN_FLIGHT, UNKNOWN: fn does not run; IDEM_OK, and
+ *    *out tells the outcome (and the stored response on REPLAY).
+ *  - PROCEED, RECOVER: fn runs while a library thread renews the lease
+ *    (every third of it). Its result ends the record: DONE completes it with
+ *    the response, NOT_DONE releases it, UNKNOWN marks it unknown. A
+ *    completion that fails with IDEM_EBUSY or IDEM_EUNAVAILABLE is retried
+ *    with backoff for finish_retry_ms while the lease is still renewed.
+ *    IDEM_OK once the record says what fn answered; idem_call_response(*out)
+ *    is fn's response on DONE.
+ *
+ * When fn ran but its result could not be recorded (the lease was taken
+ * over: IDEM_ESTALE; a response too large to keep: IDEM_ETOOBIG; the store
+ * failing past the retries), idem_execute() returns that code and still
+ * sets *out (outcome PROCEED or RECOVER, fn's response on DONE), since the
+ * action did run. It marks the key unknown where it still can (not after
+ * IDEM_ESTALE: the key is another holder's), and idem_errmsg() says
+ * whether it did. On any other failure *out is NULL and fn did not run.
+ */
+IDEM_API int idem_execute(idem_store *store, const idem_id *id,
+                          const char *request, size_t request_len,
+                          idem_exec_fn fn, void *ctx,
+                          const idem_execute_options *opts, idem_call **out);
 
 #ifdef __cplusplus
 }

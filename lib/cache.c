@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define ENTRIES 4096 /* at most this many records, first in first out */
-#define BUCKETS 8192
+#define DEFAULT_ENTRIES 4096 /* records kept, first in first out */
+#define MAX_ENTRIES (1 << 22)
 #define MAX_CACHED_RESPONSE (16 * 1024)
 
 typedef struct slot {
@@ -24,8 +24,9 @@ typedef struct slot {
 
 struct idem__cache {
   pthread_mutex_t mu;
-  slot *buckets[BUCKETS];
-  slot entries[ENTRIES]; /* a ring: the next insert reuses entries[oldest] */
+  size_t nentries, nbuckets;
+  slot **buckets;
+  slot *entries; /* a ring: the next insert reuses entries[oldest] */
   size_t oldest;
 };
 
@@ -42,17 +43,35 @@ static size_t make_id(const idem_id *id, char *buf, size_t size) {
   return a + b + k + 2;
 }
 
-static size_t hash(const char *p, size_t n) {
+static size_t hash(const idem__cache *c, const char *p, size_t n) {
   uint64_t h = 1469598103934665603ULL; /* FNV-1a */
   for (size_t i = 0; i < n; i++)
     h = (h ^ (unsigned char)p[i]) * 1099511628211ULL;
-  return (size_t)(h % BUCKETS);
+  return (size_t)(h % c->nbuckets);
 }
 
-idem__cache *idem__cache_new(void) {
-  idem__cache *c = calloc(1, sizeof *c);
-  if (c)
-    pthread_mutex_init(&c->mu, NULL);
+idem__cache *idem__cache_new(int entries) {
+  idem__cache *c;
+  if (entries < 0)
+    return NULL;
+  if (entries == 0)
+    entries = DEFAULT_ENTRIES;
+  if (entries > MAX_ENTRIES)
+    entries = MAX_ENTRIES;
+  c = calloc(1, sizeof *c);
+  if (!c)
+    return NULL;
+  c->nentries = (size_t)entries;
+  c->nbuckets = 2 * (size_t)entries;
+  c->buckets = calloc(c->nbuckets, sizeof *c->buckets);
+  c->entries = calloc(c->nentries, sizeof *c->entries);
+  if (!c->buckets || !c->entries) {
+    free(c->buckets);
+    free(c->entries);
+    free(c);
+    return NULL;
+  }
+  pthread_mutex_init(&c->mu, NULL);
   return c;
 }
 
@@ -65,9 +84,11 @@ static void clear(slot *s) {
 void idem__cache_free(idem__cache *c) {
   if (!c)
     return;
-  for (int i = 0; i < ENTRIES; i++)
+  for (size_t i = 0; i < c->nentries; i++)
     clear(&c->entries[i]);
   pthread_mutex_destroy(&c->mu);
+  free(c->buckets);
+  free(c->entries);
   free(c);
 }
 
@@ -101,7 +122,7 @@ void idem__cache_put(idem__cache *c, const idem_id *id,
   fresh.meta_len = meta_len;
   fresh.body_len = body_len;
   pthread_mutex_lock(&c->mu);
-  slot **head = &c->buckets[hash(key, n)];
+  slot **head = &c->buckets[hash(c, key, n)];
   slot *s, old;
   /* Replace the record's own entry, else the oldest one. */
   for (s = *head; s; s = s->next)
@@ -109,9 +130,9 @@ void idem__cache_put(idem__cache *c, const idem_id *id,
       break;
   if (!s) {
     s = &c->entries[c->oldest];
-    c->oldest = (c->oldest + 1) % ENTRIES;
+    c->oldest = (c->oldest + 1) % c->nentries;
     if (s->id) {
-      slot **p = &c->buckets[hash(s->id, s->id_len)];
+      slot **p = &c->buckets[hash(c, s->id, s->id_len)];
       while (*p && *p != s)
         p = &(*p)->next;
       if (*p)
@@ -128,6 +149,28 @@ void idem__cache_put(idem__cache *c, const idem_id *id,
   clear(&old);
 }
 
+void idem__cache_forget(idem__cache *c, const idem_id *id) {
+  char key[3 * 256 + 2];
+  size_t n;
+  slot old;
+  if (!c || !(n = make_id(id, key, sizeof key)))
+    return;
+  memset(&old, 0, sizeof old);
+  pthread_mutex_lock(&c->mu);
+  for (slot **p = &c->buckets[hash(c, key, n)]; *p; p = &(*p)->next) {
+    slot *s = *p;
+    if (s->id_len == n && memcmp(s->id, key, n) == 0) {
+      /* The ring slot stays where it is, empty, and is reused in turn. */
+      *p = s->next;
+      old = *s;
+      memset(s, 0, sizeof *s);
+      break;
+    }
+  }
+  pthread_mutex_unlock(&c->mu);
+  clear(&old);
+}
+
 int idem__cache_get(idem__cache *c, idem__op *op, int64_t now_ms) {
   char key[3 * 256 + 2];
   size_t n;
@@ -135,7 +178,7 @@ int idem__cache_get(idem__cache *c, idem__op *op, int64_t now_ms) {
   if (!c || !(n = make_id(op->id, key, sizeof key)))
     return 0;
   pthread_mutex_lock(&c->mu);
-  slot *s = c->buckets[hash(key, n)];
+  slot *s = c->buckets[hash(c, key, n)];
   while (s && !(s->id_len == n && memcmp(s->id, key, n) == 0))
     s = s->next;
   if (s && s->expires_ms > now_ms) {

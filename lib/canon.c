@@ -1,10 +1,30 @@
-/* canon.c -- canonical JSON (RFC 8785, JCS) on top of jansson's parser. */
+/*
+ * canon.c -- canonical JSON (RFC 8785, JCS).
+ *
+ * Two passes over the input text, and no tree between them. The first
+ * validates the whole text (RFC 8259's grammar, UTF-8, surrogate pairs, the
+ * range of numbers, nesting) and records, for each object of two or more
+ * members, where its member names start, sorted in RFC 8785's order; the
+ * sort also finds duplicate names. The second writes the canonical form by
+ * walking the text again, visiting each such object's members in that
+ * order. Beyond the input and the output, memory is four bytes per member
+ * and twelve per object of two or more members. A general parser's tree
+ * (jansson's, which this file used before) took some twenty times the input:
+ * a value node, a copy of each string and a hash table per object.
+ *
+ * Errors are reported at the first problem in the text, with the offset
+ * where the parser gave up: the first byte of a bad escape, character or
+ * number, and the end of a token that cannot stand where it is.
+ */
 #include "internal.h"
 #include "numfmt.h"
 
-#include <jansson.h>
+#include <errno.h>
 #include <limits.h>
+#include <math.h>
+#include <stdarg.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,12 +32,11 @@
 #define CANON_DEFAULT_MAX_DEPTH 256
 
 /*
- * jansson counts every value, scalars included, against JSON_PARSER_MAX_DEPTH,
- * so arrays and objects nested JSON_PARSER_MAX_DEPTH - 1 deep are the most it
- * is sure to accept. Larger limits are lowered to that, which keeps the depth
- * error ours and also bounds the serialiser's recursion.
+ * The deepest nesting any limit allows, which bounds the recursion of both
+ * passes. It is the limit of jansson's parser, kept when this file stopped
+ * using it so that larger limits are lowered to the same value as before.
  */
-#define CANON_HARD_MAX_DEPTH (JSON_PARSER_MAX_DEPTH - 1)
+#define CANON_HARD_MAX_DEPTH 2047
 
 /*
  * The canonical form can be longer than the input: "1e20" becomes
@@ -64,7 +83,7 @@ static int buf_reserve(canon_buf *b, size_t extra) {
   return IDEM_OK;
 }
 
-static int buf_put(canon_buf *b, const char *s, size_t n) {
+static int buf_put(canon_buf *b, const void *s, size_t n) {
   int rc = buf_reserve(b, n);
   if (rc != IDEM_OK)
     return rc;
@@ -75,22 +94,42 @@ static int buf_put(canon_buf *b, const char *s, size_t n) {
 
 static int buf_putc(canon_buf *b, char c) { return buf_put(b, &c, 1); }
 
+/* Grows an array of size-byte items to hold need of them: the array, or NULL
+ * (the old one still valid) when memory is short. */
+static void *grow(void *items, size_t *cap, size_t need, size_t size) {
+  size_t ncap = *cap ? *cap : 64;
+  void *p;
+  if (need <= *cap)
+    return items;
+  while (ncap < need)
+    ncap *= 2;
+  p = realloc(items, ncap * size);
+  if (p != NULL)
+    *cap = ncap;
+  return p;
+}
+
 /* ------------------------------------------------------------------ */
-/* Scanning the raw text                                                */
+/* Characters                                                           */
 /* ------------------------------------------------------------------ */
 
-/*
- * jansson reports most errors after the token that caused them and does not
- * enforce our depth limit. These scans look at the raw text, string-aware,
- * to find exact offsets. They only run over text that jansson judges too, so
- * what they see in malformed input never decides an outcome on its own.
- */
-
-static int is_ws(char c) {
+static int is_ws(unsigned char c) {
   return c == ' ' || c == '\t' || c == '\n' || c == '\r';
 }
 
-static int hex_value(char c) {
+static int is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
+
+/* What a number token is made of, well-formed or not. */
+static int is_number_char(unsigned char c) {
+  return is_digit(c) || c == '+' || c == '-' || c == '.' || c == 'e' ||
+         c == 'E';
+}
+
+static int is_alpha(unsigned char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+}
+
+static int hex_value(unsigned char c) {
   if (c >= '0' && c <= '9')
     return c - '0';
   if (c >= 'a' && c <= 'f')
@@ -100,8 +139,9 @@ static int hex_value(char c) {
   return -1;
 }
 
-/* Reads the four hex digits of a \u escape starting at s[i]; -1 if bad. */
-static long read_u_escape(const char *s, size_t n, size_t i) {
+/* The code unit of the \u escape at s[i] (six bytes, all present); -1 if
+ * it is not one. */
+static long u_escape(const unsigned char *s, size_t n, size_t i) {
   long v = 0;
   if (i > n || n - i < 6 || s[i] != '\\' || s[i + 1] != 'u')
     return -1;
@@ -114,558 +154,779 @@ static long read_u_escape(const char *s, size_t n, size_t i) {
   return v;
 }
 
-/* The offset just past the string whose opening quote is at s[i]; n when it
- * is not terminated. */
-static size_t string_end(const char *s, size_t n, size_t i) {
-  for (i++; i < n; i++) {
-    if (s[i] == '\\')
-      i++;
-    else if (s[i] == '"')
-      return i + 1;
+/* Length of the valid UTF-8 sequence at s (n bytes available), or 0:
+ * shortest forms only, no surrogates, nothing past U+10FFFF. */
+static size_t utf8_len(const unsigned char *s, size_t n) {
+  if (s[0] < 0x80)
+    return 1;
+  if (s[0] >= 0xC2 && s[0] <= 0xDF)
+    return n >= 2 && (s[1] & 0xC0) == 0x80 ? 2 : 0;
+  if (s[0] >= 0xE0 && s[0] <= 0xEF) {
+    if (n < 3 || (s[1] & 0xC0) != 0x80 || (s[2] & 0xC0) != 0x80)
+      return 0;
+    if ((s[0] == 0xE0 && s[1] < 0xA0) || (s[0] == 0xED && s[1] > 0x9F))
+      return 0;
+    return 3;
   }
-  return n;
-}
-
-/* Whether the string ending just before s[i] is a member name: the next
- * significant character is a colon. */
-static int is_member_name(const char *s, size_t n, size_t i) {
-  while (i < n && is_ws(s[i]))
-    i++;
-  return i < n && s[i] == ':';
-}
-
-/* What the scan of the whole text found. */
-typedef struct canon_scan {
-  size_t depth_off;     /* first bracket nested deeper than the limit */
-  size_t surrogate_off; /* first \u escape of a lone surrogate */
-  long surrogate_unit;  /* the code unit it names */
-  int nul_in_name;      /* some member name contains \u0000 */
-} canon_scan;
-
-static void scan_text(const char *s, size_t n, int max_depth, canon_scan *sc) {
-  int depth = 0;
-  sc->depth_off = NO_OFFSET;
-  sc->surrogate_off = NO_OFFSET;
-  sc->surrogate_unit = 0;
-  sc->nul_in_name = 0;
-  for (size_t i = 0; i < n; i++) {
-    char c = s[i];
-    if (c == '[' || c == '{') {
-      if (++depth > max_depth && sc->depth_off == NO_OFFSET)
-        sc->depth_off = i;
-    } else if (c == ']' || c == '}') {
-      if (depth > 0)
-        depth--;
-    } else if (c == '"') {
-      int has_nul = 0;
-      size_t j;
-      for (j = i + 1; j < n && s[j] != '"'; j++) {
-        long u;
-        if (s[j] != '\\')
-          continue;
-        u = read_u_escape(s, n, j);
-        if (u < 0) {
-          j++; /* a two-character escape, or a bad one jansson reports */
-          continue;
-        }
-        if (u == 0)
-          has_nul = 1;
-        if (u >= 0xD800 && u <= 0xDBFF) {
-          long lo = read_u_escape(s, n, j + 6);
-          if (lo >= 0xDC00 && lo <= 0xDFFF) {
-            j += 11; /* a proper pair: both escapes */
-            continue;
-          }
-        }
-        if (u >= 0xD800 && u <= 0xDFFF && sc->surrogate_off == NO_OFFSET) {
-          sc->surrogate_off = j;
-          sc->surrogate_unit = u;
-        }
-        j += 5;
-      }
-      if (j < n)
-        j++; /* past the closing quote */
-      else
-        j = n; /* unterminated: jansson reports it */
-      if (has_nul && is_member_name(s, n, j))
-        sc->nul_in_name = 1;
-      i = j - 1;
-    }
-  }
-}
-
-/*
- * The offset of the first significant byte after the first JSON value, for
- * the "data after the value" error. jansson has parsed that value already, so
- * a simple reading of its extent is enough.
- */
-static size_t after_first_value(const char *s, size_t n) {
-  size_t i = 0;
-  while (i < n && is_ws(s[i]))
-    i++;
-  if (i < n && s[i] == '"') {
-    i = string_end(s, n, i);
-  } else if (i < n && (s[i] == '[' || s[i] == '{')) {
-    size_t depth = 0;
-    for (; i < n; i++) {
-      if (s[i] == '"') {
-        i = string_end(s, n, i) - 1;
-      } else if (s[i] == '[' || s[i] == '{') {
-        depth++;
-      } else if (s[i] == ']' || s[i] == '}') {
-        if (--depth == 0) {
-          i++;
-          break;
-        }
-      }
-    }
-  } else {
-    /* A number or a literal: everything up to whitespace or punctuation. */
-    while (i < n && !is_ws(s[i]) && strchr(",:[]{}\"", s[i]) == NULL)
-      i++;
-  }
-  while (i < n && is_ws(s[i]))
-    i++;
-  return i;
-}
-
-/* The start of the string token that ends just before s[end]: the nearest
- * quote before it that no backslash escapes. */
-static size_t string_start(const char *s, size_t end) {
-  if (end < 2)
-    return 0;
-  for (size_t i = end - 2; i > 0; i--) {
-    size_t bs = 0;
-    if (s[i] != '"')
-      continue;
-    while (bs < i && s[i - 1 - bs] == '\\')
-      bs++;
-    if (bs % 2 == 0)
-      return i;
+  if (s[0] >= 0xF0 && s[0] <= 0xF4) {
+    if (n < 4 || (s[1] & 0xC0) != 0x80 || (s[2] & 0xC0) != 0x80 ||
+        (s[3] & 0xC0) != 0x80)
+      return 0;
+    if ((s[0] == 0xF0 && s[1] < 0x90) || (s[0] == 0xF4 && s[1] > 0x8F))
+      return 0;
+    return 4;
   }
   return 0;
 }
 
-/* The start of the number token that ends just before s[end]. */
-static size_t number_start(const char *s, size_t end) {
-  while (end > 0 && s[end - 1] != '\0' &&
-         strchr("0123456789+-.eE", s[end - 1]) != NULL)
-    end--;
-  return end;
-}
-
-/* ------------------------------------------------------------------ */
-/* NUL in member names                                                  */
-/* ------------------------------------------------------------------ */
-
 /*
- * jansson 2.14 refuses member names that contain U+0000, even with
- * JSON_ALLOW_NUL, though they are valid JSON. When a name has one, every
- * \u0000 escape in member names is rewritten, in a copy of the text, to the
- * escape of a placeholder: a BMP code point no member name in the document
- * uses. The escape keeps its length, so jansson's offsets still hold; the
- * mapping is one-to-one, so duplicate detection still holds; and the
- * serialiser turns the placeholder back into U+0000.
+ * The next code point of a validated string whose contents continue at
+ * s[*i], escapes decoded (a surrogate pair is one code point); -1 at the
+ * closing quote.
  */
-
-/* Calls fn for each member name in s, with the offsets of its contents. */
-typedef void (*name_fn)(char *s, size_t start, size_t end, void *ctx);
-
-static void for_each_member_name(char *s, size_t n, name_fn fn, void *ctx) {
-  for (size_t i = 0; i < n; i++) {
-    size_t end;
-    if (s[i] != '"')
-      continue;
-    end = string_end(s, n, i);
-    /* Only a terminated string can have a colon after it. */
-    if (is_member_name(s, n, end))
-      fn(s, i + 1, end - 1, ctx);
-    i = end - 1;
-  }
-}
-
-static void mark_code_points(char *s, size_t start, size_t end, void *ctx) {
-  unsigned char *used = ctx;
-  const unsigned char *u = (const unsigned char *)s;
-  for (size_t i = start; i < end; i++) {
-    long cp = -1;
-    if (s[i] == '\\') {
-      cp = read_u_escape(s, end, i);
-      i += cp >= 0 ? 5 : 1;
-    } else if ((u[i] & 0xF0) == 0xE0 && end - i >= 3) {
-      /* Only three-byte sequences can name a placeholder candidate. */
-      cp = ((long)(u[i] & 0x0F) << 12) | ((long)(u[i + 1] & 0x3F) << 6) |
-           (long)(u[i + 2] & 0x3F);
-      i += 2;
-    }
-    if (cp >= 0 && cp <= 0xFFFF)
-      used[cp >> 3] |= (unsigned char)(1u << (cp & 7));
-  }
-}
-
-typedef struct nul_rewrite {
-  char hex[4];
-} nul_rewrite;
-
-static void rewrite_nul_escapes(char *s, size_t start, size_t end, void *ctx) {
-  const nul_rewrite *rw = ctx;
-  for (size_t i = start; i < end; i++) {
-    if (s[i] != '\\')
-      continue;
-    if (read_u_escape(s, end, i) == 0)
-      memcpy(s + i + 2, rw->hex, 4);
-    i++; /* skip the escaped character, which may be a backslash */
-  }
-}
-
-/* The placeholder, if any, and its UTF-8 form as jansson decodes it. */
-typedef struct nul_names {
-  int active;
-  unsigned char utf8[3];
-} nul_names;
-
-/* Makes *copy the rewritten text and fills *nn; IDEM_EJSON when every
- * candidate code point is taken, IDEM_ENOMEM when memory is. */
-static int prepare_nul_names(const char *json, size_t len, char **copy,
-                             nul_names *nn) {
-  static const char digits[] = "0123456789ABCDEF";
-  unsigned char *used = NULL;
-  char *text = NULL;
-  long cp = -1;
-  nul_rewrite rw;
-  int rc = IDEM_OK;
-
-  used = calloc(0x10000 / 8, 1);
-  text = malloc(len);
-  if (used == NULL || text == NULL) {
-    rc = idem__fail(IDEM_ENOMEM, "canonicalize: out of memory");
-    goto cleanup;
-  }
-  memcpy(text, json, len);
-  for_each_member_name(text, len, mark_code_points, used);
-  /* Private-use code points first; then the rest of the three-byte BMP. */
-  for (long c = 0xE000; c <= 0xFFFD && cp < 0; c++)
-    if (!(used[c >> 3] & (1u << (c & 7))))
-      cp = c;
-  for (long c = 0x0800; c <= 0xD7FF && cp < 0; c++)
-    if (!(used[c >> 3] & (1u << (c & 7))))
-      cp = c;
-  if (cp < 0) {
-    /* Only a document built to defeat this can get here: its names would
-     * need every code point from U+0800 to U+FFFD, some 180 KiB of them. */
-    rc = idem__fail(IDEM_EJSON,
-                    "at byte 0: member names contain U+0000 and every code "
-                    "point from U+0800 to U+FFFD, which is not supported");
-    goto cleanup;
-  }
-  for (int k = 0; k < 4; k++)
-    rw.hex[k] = digits[(cp >> (12 - 4 * k)) & 15];
-  for_each_member_name(text, len, rewrite_nul_escapes, &rw);
-  nn->active = 1;
-  nn->utf8[0] = (unsigned char)(0xE0 | (cp >> 12));
-  nn->utf8[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
-  nn->utf8[2] = (unsigned char)(0x80 | (cp & 0x3F));
-  *copy = text;
-  text = NULL;
-
-cleanup:
-  free(text);
-  free(used);
-  return rc;
-}
-
-/* ------------------------------------------------------------------ */
-/* Serialiser                                                           */
-/* ------------------------------------------------------------------ */
-
-typedef struct member {
-  const char *name;
-  size_t len;
-  char *owned; /* name with U+0000 restored, when it needed that */
-  json_t *value;
-} member;
-
-/*
- * The first code point of s[i..n), with UTF-16's order: U+E000-U+FFFF are
- * lifted above the supplementary planes, because in UTF-16 those planes are
- * surrogate pairs, whose units (0xD800-0xDFFF) sort below 0xE000. Everything
- * else keeps code point order, which is UTF-8's byte order. -1 at the end.
- */
-static long utf16_rank(const unsigned char *s, size_t n, size_t i) {
+static long next_code_point(const unsigned char *s, size_t *i) {
+  size_t k = *i;
   long cp;
-  int more;
-  if (i >= n)
+  if (s[k] == '"')
     return -1;
-  if (s[i] < 0x80)
-    return s[i];
-  if ((s[i] & 0xE0) == 0xC0) {
-    cp = s[i] & 0x1F;
-    more = 1;
-  } else if ((s[i] & 0xF0) == 0xE0) {
-    cp = s[i] & 0x0F;
-    more = 2;
-  } else {
-    cp = s[i] & 0x07;
-    more = 3;
-  }
-  for (int k = 1; k <= more && i + k < n; k++)
-    cp = (cp << 6) | (s[i + k] & 0x3F);
-  if (cp >= 0xE000 && cp <= 0xFFFF)
-    cp += 0x110000;
-  return cp;
-}
-
-/* Orders member names by their UTF-16 code units, as RFC 8785 requires. */
-static int compare_members(const void *pa, const void *pb) {
-  const member *a = pa, *b = pb;
-  const unsigned char *x = (const unsigned char *)a->name;
-  const unsigned char *y = (const unsigned char *)b->name;
-  size_t i = 0;
-  long rx, ry;
-  while (i < a->len && i < b->len && x[i] == y[i])
-    i++;
-  if (i == a->len && i == b->len)
-    return 0;
-  /* The names share bytes 0..i-1; when they part inside a code point, back up
-   * to its first byte so that whole code points are compared. */
-  while (i > 0 && ((i < a->len && (x[i] & 0xC0) == 0x80) ||
-                   (i < b->len && (y[i] & 0xC0) == 0x80)))
-    i--;
-  rx = utf16_rank(x, a->len, i);
-  ry = utf16_rank(y, b->len, i);
-  return rx < ry ? -1 : rx > ry;
-}
-
-/* Writes a string with RFC 8785's escapes: the two-character forms where
- * JSON has them, \u00xx in lowercase for the other controls, and every other
- * character, '/' and DEL included, as its literal UTF-8. */
-static int write_string(canon_buf *b, const char *s, size_t n) {
-  static const char hex[] = "0123456789abcdef";
-  static const char short_from[] = "\"\\\b\f\n\r\t", short_to[] = "\"\\bfnrt";
-  size_t run = 0;
-  int rc = buf_putc(b, '"');
-  for (size_t i = 0; i < n && rc == IDEM_OK; i++) {
-    unsigned char c = (unsigned char)s[i];
-    char esc[7];
-    size_t esc_len = 2;
-    const char *hit;
-    if (c >= 0x20 && c != '"' && c != '\\')
-      continue;
-    /* Flush the literal run before this character, then its escape. */
-    rc = buf_put(b, s + run, i - run);
-    if (rc != IDEM_OK)
+  if (s[k] == '\\') {
+    switch (s[k + 1]) {
+    case 'b':
+      cp = '\b';
       break;
-    run = i + 1;
-    esc[0] = '\\';
-    hit = memchr(short_from, c, sizeof short_from - 1);
-    if (hit != NULL) {
-      esc[1] = short_to[hit - short_from];
-    } else {
-      memcpy(esc + 1, "u00", 3);
-      esc[4] = hex[c >> 4];
-      esc[5] = hex[c & 15];
-      esc_len = 6;
+    case 'f':
+      cp = '\f';
+      break;
+    case 'n':
+      cp = '\n';
+      break;
+    case 'r':
+      cp = '\r';
+      break;
+    case 't':
+      cp = '\t';
+      break;
+    case 'u':
+      cp = u_escape(s, k + 6, k);
+      if (cp >= 0xD800 && cp <= 0xDBFF) {
+        long lo = u_escape(s, k + 12, k + 6);
+        *i = k + 12;
+        return 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+      }
+      *i = k + 6;
+      return cp;
+    default: /* '"', '\\', '/' */
+      cp = s[k + 1];
+      break;
     }
-    rc = buf_put(b, esc, esc_len);
+    *i = k + 2;
+    return cp;
   }
-  if (rc == IDEM_OK)
-    rc = buf_put(b, s + run, n - run);
-  if (rc == IDEM_OK)
-    rc = buf_putc(b, '"');
+  if (s[k] < 0x80) {
+    *i = k + 1;
+    return s[k];
+  }
+  if (s[k] < 0xE0) {
+    *i = k + 2;
+    return (long)(s[k] & 0x1F) << 6 | (s[k + 1] & 0x3F);
+  }
+  if (s[k] < 0xF0) {
+    *i = k + 3;
+    return (long)(s[k] & 0x0F) << 12 | (long)(s[k + 1] & 0x3F) << 6 |
+           (s[k + 2] & 0x3F);
+  }
+  *i = k + 4;
+  return (long)(s[k] & 0x07) << 18 | (long)(s[k + 1] & 0x3F) << 12 |
+         (long)(s[k + 2] & 0x3F) << 6 | (s[k + 3] & 0x3F);
+}
+
+/*
+ * A code point's place in UTF-16's order: U+E000-U+FFFF are lifted above the
+ * supplementary planes, because in UTF-16 those planes are surrogate pairs,
+ * whose units (0xD800-0xDFFF) sort below 0xE000. Everything else keeps code
+ * point order. The end of a name (-1) comes first.
+ */
+static long utf16_rank(long cp) {
+  return cp >= 0xE000 && cp <= 0xFFFF ? cp + 0x110000 : cp;
+}
+
+/*
+ * Orders the member names whose opening quotes are at s[a] and s[b] by their
+ * UTF-16 code units, as RFC 8785 requires, comparing decoded characters so
+ * that escapes do not matter. 0 means a duplicate.
+ */
+static int compare_names(const unsigned char *s, uint32_t a, uint32_t b) {
+  size_t i = (size_t)a + 1, j = (size_t)b + 1;
+  /* Identical bytes without escapes are identical characters. */
+  while (s[i] == s[j] && s[i] != '"' && s[i] != '\\') {
+    i++;
+    j++;
+  }
+  if (s[i] == '"' && s[j] == '"')
+    return 0;
+  /* Where they part inside a UTF-8 sequence, back up to its first byte (the
+   * bytes before are the same in both) so that whole characters compare. */
+  while ((s[i] & 0xC0) == 0x80 || (s[j] & 0xC0) == 0x80) {
+    i--;
+    j--;
+  }
+  for (;;) {
+    long x = next_code_point(s, &i), y = next_code_point(s, &j);
+    if (x != y)
+      return utf16_rank(x) < utf16_rank(y) ? -1 : 1;
+    if (x < 0)
+      return 0;
+  }
+}
+
+/* qsort() has no context argument: the text being sorted, per thread. */
+static _Thread_local const unsigned char *sort_text;
+
+static int compare_name_offsets(const void *pa, const void *pb) {
+  return compare_names(sort_text, *(const uint32_t *)pa, *(const uint32_t *)pb);
+}
+
+/* ------------------------------------------------------------------ */
+/* Numbers                                                              */
+/* ------------------------------------------------------------------ */
+
+/*
+ * The double that a JSON number (already validated) stands for. strtod()
+ * reads the decimal point of the current locale, so the number is handed
+ * to it without one: its digits, then an exponent that makes up for the
+ * digits moved. glibc's strtod() rounds correctly however many digits there
+ * are. Returns IDEM_OK, IDEM_ERANGE when it overflows a double (underflow
+ * reads as zero, as in ECMAScript's JSON.parse), or IDEM_ENOMEM.
+ */
+static int number_value(const unsigned char *s, size_t len, double *out) {
+  char small[128], *buf = small;
+  size_t o = 0, i = 0;
+  long long exp = 0, moved = 0;
+  int exp_neg = 0, rc = IDEM_OK;
+  double v;
+  if (len + 32 > sizeof small && (buf = malloc(len + 32)) == NULL)
+    return idem__fail(IDEM_ENOMEM, "canonicalize: out of memory");
+  if (s[i] == '-')
+    buf[o++] = (char)s[i++];
+  while (i < len && is_digit(s[i]))
+    buf[o++] = (char)s[i++];
+  if (i < len && s[i] == '.')
+    for (i++; i < len && is_digit(s[i]); i++, moved++)
+      buf[o++] = (char)s[i];
+  if (i < len) { /* 'e' or 'E' */
+    i++;
+    if (s[i] == '+' || s[i] == '-')
+      exp_neg = s[i++] == '-';
+    for (; i < len; i++)
+      if (exp < 1000000000000LL) /* past that, only the sign matters */
+        exp = exp * 10 + (s[i] - '0');
+  }
+  exp = (exp_neg ? -exp : exp) - moved;
+  snprintf(buf + o, 32, "e%lld", exp);
+  errno = 0;
+  v = strtod(buf, NULL);
+  if ((v == HUGE_VAL || v == -HUGE_VAL) && errno == ERANGE)
+    rc = IDEM_ERANGE;
+  else
+    *out = v;
+  if (buf != small)
+    free(buf);
   return rc;
 }
 
-/* Copies name with each placeholder turned back into U+0000. */
-static int restore_name(const nul_names *nn, member *m) {
-  const unsigned char *s = (const unsigned char *)m->name;
-  size_t o = 0;
-  if (memchr(m->name, nn->utf8[0], m->len) == NULL)
-    return IDEM_OK;
-  m->owned = malloc(m->len + 1);
-  if (m->owned == NULL)
-    return idem__fail(IDEM_ENOMEM, "canonicalize: out of memory");
-  for (size_t i = 0; i < m->len; i++) {
-    if (m->len - i >= 3 && memcmp(s + i, nn->utf8, 3) == 0) {
-      m->owned[o++] = '\0';
+/* ------------------------------------------------------------------ */
+/* The first pass: validation and member order                          */
+/* ------------------------------------------------------------------ */
+
+/* An object of two or more members and where its sorted names are. */
+typedef struct object_order {
+  uint32_t start; /* the offset of its '{' */
+  uint32_t first; /* its first name in canon.names */
+  uint32_t count; /* its members */
+} object_order;
+
+typedef struct canon {
+  const unsigned char *s;
+  size_t n;
+  size_t i; /* where the first pass is */
+  int max_depth;
+  /* The open objects' member names, as offsets of their opening quotes:
+   * those of the object at depth d start at open[bases[d]]. */
+  uint32_t *open;
+  size_t open_len, open_cap;
+  size_t *bases;
+  int nbases;
+  /* Closed objects of two or more members, and their names, sorted. */
+  uint32_t *names;
+  size_t names_len, names_cap;
+  object_order *objects;
+  size_t objects_len, objects_cap;
+  size_t err_offset;
+} canon;
+
+/*
+ * Sorts the names of the open object at depth d and returns the earliest
+ * duplicate in the text (the second of its name, which is where a reader
+ * sees it), or NO_OFFSET.
+ */
+static size_t first_duplicate(canon *c, int d) {
+  size_t lo = c->bases[d],
+         hi = d + 1 < c->nbases ? c->bases[d + 1] : c->open_len;
+  uint32_t *v = c->open + lo;
+  size_t k = hi - lo, best = NO_OFFSET;
+  if (k < 2)
+    return NO_OFFSET;
+  sort_text = c->s;
+  qsort(v, k, sizeof *v, compare_name_offsets);
+  for (size_t a = 0; a < k;) {
+    size_t b = a + 1;
+    uint32_t min1 = v[a], min2 = UINT32_MAX;
+    while (b < k && compare_names(c->s, v[a], v[b]) == 0) {
+      if (v[b] < min1) {
+        min2 = min1;
+        min1 = v[b];
+      } else if (v[b] < min2) {
+        min2 = v[b];
+      }
+      b++;
+    }
+    if (min2 != UINT32_MAX && min2 < best)
+      best = min2;
+    a = b;
+  }
+  return best;
+}
+
+/*
+ * Stops the first pass with an error at off, unless an open object holds a
+ * duplicate member name earlier in the text: the first problem in the text
+ * is the one reported. fmt is the detail after "at byte N: ".
+ */
+static int fail_at(canon *c, int rc, size_t off, const char *fmt, ...)
+    IDEM__PRINTF(4, 5);
+
+static int fail_at(canon *c, int rc, size_t off, const char *fmt, ...) {
+  char detail[256];
+  va_list ap;
+  size_t dup = NO_OFFSET;
+  for (int d = 0; d < c->nbases; d++) {
+    size_t x = first_duplicate(c, d);
+    if (x < dup)
+      dup = x;
+  }
+  c->err_offset = dup < off ? dup : off;
+  if (dup < off)
+    return idem__fail(IDEM_EDUPKEY, "at byte %zu: duplicate member name", dup);
+  va_start(ap, fmt);
+  vsnprintf(detail, sizeof detail, fmt, ap);
+  va_end(ap);
+  return idem__fail(rc, "at byte %zu: %s", off, detail);
+}
+
+static void skip_ws(canon *c) {
+  while (c->i < c->n && is_ws(c->s[c->i]))
+    c->i++;
+}
+
+/* The end of the token at s[i], for errors about a token that cannot stand
+ * where it is: jansson's convention, kept for its offsets. */
+static size_t token_end(const canon *c, size_t i) {
+  const unsigned char *s = c->s;
+  size_t n = c->n;
+  if (s[i] == '"') {
+    for (i++; i < n; i++) {
+      if (s[i] == '\\')
+        i++;
+      else if (s[i] == '"')
+        return i + 1;
+    }
+    return n;
+  }
+  if (s[i] == '-' || is_digit(s[i])) {
+    while (i < n && is_number_char(s[i]))
+      i++;
+    return i;
+  }
+  if (is_alpha(s[i])) {
+    while (i < n && is_alpha(s[i]))
+      i++;
+    return i;
+  }
+  if (s[i] >= 0x80)
+    return i + utf8_len(s + i, n - i);
+  return i + 1;
+}
+
+/* The error for what stands at c->i where `expected` should. */
+static int unexpected(canon *c, const char *expected) {
+  size_t i = c->i, end;
+  if (i >= c->n)
+    return fail_at(c, IDEM_EJSON, c->n, "unexpected end of input; expected %s",
+                   expected);
+  if (c->s[i] >= 0x80 && utf8_len(c->s + i, c->n - i) == 0)
+    return fail_at(c, IDEM_EUTF8, i, "invalid UTF-8 (byte 0x%02x)", c->s[i]);
+  end = token_end(c, i);
+  /* The token itself, when it is short and plain enough to quote. */
+  for (size_t k = i; k < end; k++)
+    if (c->s[k] < 0x20 || c->s[k] >= 0x7F || end - i > 24)
+      return fail_at(c, IDEM_EJSON, end, "expected %s", expected);
+  return fail_at(c, IDEM_EJSON, end, "expected %s, not '%.*s'", expected,
+                 (int)(end - i), (const char *)c->s + i);
+}
+
+static int parse_value(canon *c, int depth);
+
+static int parse_string(canon *c) {
+  const unsigned char *s = c->s;
+  size_t n = c->n, i = c->i + 1;
+  for (;;) {
+    unsigned char ch;
+    /* Plain ASCII, the common case, in one tight loop. */
+    while (i < n && s[i] >= 0x20 && s[i] < 0x80 && s[i] != '"' && s[i] != '\\')
+      i++;
+    if (i >= n)
+      return fail_at(c, IDEM_EJSON, n, "unexpected end of input in a string");
+    ch = s[i];
+    if (ch == '"') {
+      c->i = i + 1;
+      return IDEM_OK;
+    }
+    if (ch < 0x20)
+      return fail_at(c, IDEM_EJSON, i,
+                     "control character 0x%02x in a string (it must be "
+                     "escaped)",
+                     ch);
+    if (ch >= 0x80) {
+      size_t k = utf8_len(s + i, n - i);
+      if (k == 0)
+        return fail_at(c, IDEM_EUTF8, i, "invalid UTF-8 (byte 0x%02x)", ch);
+      i += k;
+      continue;
+    }
+    /* A backslash. */
+    if (i + 1 >= n)
+      return fail_at(c, IDEM_EJSON, n, "unexpected end of input in a string");
+    if (strchr("\"\\/bfnrt", s[i + 1]) != NULL && s[i + 1] != '\0') {
       i += 2;
+    } else if (s[i + 1] == 'u') {
+      long u = u_escape(s, n, i), lo;
+      for (size_t k = i + 2; u < 0 && k < i + 6; k++) {
+        if (k >= n)
+          return fail_at(c, IDEM_EJSON, n,
+                         "unexpected end of input in a string");
+        if (hex_value(s[k]) < 0)
+          return fail_at(c, IDEM_EJSON, i,
+                         "invalid \\u escape (four hex digits must "
+                         "follow)");
+      }
+      lo = u >= 0xD800 && u <= 0xDBFF ? u_escape(s, n, i + 6) : -1;
+      if (u >= 0xD800 && u <= 0xDFFF &&
+          !(u <= 0xDBFF && lo >= 0xDC00 && lo <= 0xDFFF))
+        return fail_at(c, IDEM_EUTF8, i,
+                       "lone surrogate \\u%04lX (surrogates must come in "
+                       "high-low pairs)",
+                       u);
+      i += u <= 0xDBFF && u >= 0xD800 ? 12 : 6;
+    } else if (s[i + 1] >= 0x20 && s[i + 1] < 0x7F) {
+      return fail_at(c, IDEM_EJSON, i, "invalid escape '\\%c'", s[i + 1]);
     } else {
-      m->owned[o++] = (char)s[i];
+      return fail_at(c, IDEM_EJSON, i, "invalid escape (byte 0x%02x)",
+                     s[i + 1]);
     }
   }
-  m->name = m->owned;
-  m->len = o;
+}
+
+static int parse_number(canon *c) {
+  const unsigned char *s = c->s;
+  size_t n = c->n, start = c->i, i = c->i;
+  double v;
+  int rc;
+  if (s[i] == '-')
+    i++;
+  if (i < n && s[i] == '0') {
+    i++;
+    if (i < n && is_digit(s[i]))
+      return fail_at(c, IDEM_EJSON, i, "a number may not have leading zeros");
+  } else if (i < n && is_digit(s[i])) {
+    while (i < n && is_digit(s[i]))
+      i++;
+  } else {
+    return fail_at(c, IDEM_EJSON, i, "expected a digit");
+  }
+  if (i < n && s[i] == '.') {
+    if (++i >= n || !is_digit(s[i]))
+      return fail_at(c, IDEM_EJSON, i, "expected a digit after '.'");
+    while (i < n && is_digit(s[i]))
+      i++;
+  }
+  if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+    i++;
+    if (i < n && (s[i] == '+' || s[i] == '-'))
+      i++;
+    if (i >= n || !is_digit(s[i]))
+      return fail_at(c, IDEM_EJSON, i, "expected a digit in the exponent");
+    while (i < n && is_digit(s[i]))
+      i++;
+  }
+  rc = number_value(s + start, i - start, &v);
+  if (rc == IDEM_ERANGE) {
+    int shown = i - start > 40 ? 40 : (int)(i - start);
+    return fail_at(c, IDEM_ERANGE, start,
+                   "number %.*s%s is outside the range of a double", shown,
+                   (const char *)s + start, i - start > 40 ? "..." : "");
+  }
+  if (rc != IDEM_OK)
+    return rc;
+  c->i = i;
   return IDEM_OK;
 }
 
-static int write_value(canon_buf *b, json_t *v, const nul_names *nn);
+static int parse_literal(canon *c) {
+  static const char *const words[] = {"true", "false", "null"};
+  size_t end = c->i;
+  while (end < c->n && is_alpha(c->s[end]))
+    end++;
+  for (int k = 0; k < 3; k++)
+    if (end - c->i == strlen(words[k]) &&
+        memcmp(c->s + c->i, words[k], end - c->i) == 0) {
+      c->i = end;
+      return IDEM_OK;
+    }
+  return unexpected(c, "a value");
+}
 
-static int write_object(canon_buf *b, json_t *obj, const nul_names *nn) {
-  size_t count = json_object_size(obj), k = 0;
-  member *members = NULL;
-  int rc = IDEM_OK;
-
-  if (count > 0) {
-    members = calloc(count, sizeof *members);
-    if (members == NULL)
-      return idem__fail(IDEM_ENOMEM, "canonicalize: out of memory");
+static int parse_array(canon *c, int depth) {
+  int rc;
+  if (depth > c->max_depth)
+    return fail_at(c, IDEM_EDEPTH, c->i,
+                   "arrays and objects nested deeper than %d", c->max_depth);
+  c->i++;
+  skip_ws(c);
+  if (c->i < c->n && c->s[c->i] == ']') {
+    c->i++;
+    return IDEM_OK;
   }
-  for (void *it = json_object_iter(obj); it != NULL && k < count;
-       it = json_object_iter_next(obj, it), k++) {
-    members[k].name = json_object_iter_key(it);
-    members[k].len = json_object_iter_key_len(it);
-    members[k].value = json_object_iter_value(it);
-    if (nn->active && (rc = restore_name(nn, &members[k])) != IDEM_OK) {
-      k++;
-      goto cleanup;
+  for (;;) {
+    if ((rc = parse_value(c, depth)) != IDEM_OK)
+      return rc;
+    skip_ws(c);
+    if (c->i < c->n && c->s[c->i] == ',') {
+      c->i++;
+    } else if (c->i < c->n && c->s[c->i] == ']') {
+      c->i++;
+      return IDEM_OK;
+    } else {
+      return unexpected(c, "',' or ']'");
     }
   }
-  if (k > 1)
-    qsort(members, k, sizeof *members, compare_members);
+}
 
-  rc = buf_putc(b, '{');
-  for (size_t i = 0; i < k && rc == IDEM_OK; i++) {
-    if (i > 0)
-      rc = buf_putc(b, ',');
-    if (rc == IDEM_OK)
-      rc = write_string(b, members[i].name, members[i].len);
-    if (rc == IDEM_OK)
-      rc = buf_putc(b, ':');
-    if (rc == IDEM_OK)
-      rc = write_value(b, members[i].value, nn);
+/* Sorts the names of the object that has just closed, refuses duplicates,
+ * and keeps the order for the second pass when there is one to keep. */
+static int close_object(canon *c, size_t start) {
+  size_t base = c->bases[c->nbases - 1], k = c->open_len - base;
+  if (k >= 2) {
+    size_t dup = first_duplicate(c, c->nbases - 1);
+    uint32_t *names;
+    object_order *objects;
+    if (dup != NO_OFFSET)
+      return fail_at(c, IDEM_EDUPKEY, dup, "duplicate member name");
+    names = grow(c->names, &c->names_cap, c->names_len + k, sizeof *names);
+    if (names == NULL)
+      return idem__fail(IDEM_ENOMEM, "canonicalize: out of memory");
+    c->names = names;
+    objects =
+        grow(c->objects, &c->objects_cap, c->objects_len + 1, sizeof *objects);
+    if (objects == NULL)
+      return idem__fail(IDEM_ENOMEM, "canonicalize: out of memory");
+    c->objects = objects;
+    memcpy(c->names + c->names_len, c->open + base, k * sizeof *c->names);
+    c->objects[c->objects_len].start = (uint32_t)start;
+    c->objects[c->objects_len].first = (uint32_t)c->names_len;
+    c->objects[c->objects_len].count = (uint32_t)k;
+    c->objects_len++;
+    c->names_len += k;
   }
-  if (rc == IDEM_OK)
-    rc = buf_putc(b, '}');
+  c->open_len = base;
+  c->nbases--;
+  return IDEM_OK;
+}
 
-cleanup:
-  for (size_t i = 0; i < k; i++)
-    free(members[i].owned);
-  free(members);
+static int parse_object(canon *c, int depth) {
+  size_t start = c->i;
+  int rc;
+  if (depth > c->max_depth)
+    return fail_at(c, IDEM_EDEPTH, c->i,
+                   "arrays and objects nested deeper than %d", c->max_depth);
+  c->bases[c->nbases++] = c->open_len;
+  c->i++;
+  skip_ws(c);
+  if (c->i < c->n && c->s[c->i] == '}') {
+    c->i++;
+    return close_object(c, start);
+  }
+  for (;;) {
+    skip_ws(c);
+    if (c->i >= c->n || c->s[c->i] != '"')
+      return unexpected(c, "a member name");
+    size_t name = c->i;
+    if ((rc = parse_string(c)) != IDEM_OK)
+      return rc;
+    /* Kept only once valid: duplicates are looked for among these, and
+     * the comparison reads them as valid strings. */
+    uint32_t *open = grow(c->open, &c->open_cap, c->open_len + 1, sizeof *open);
+    if (open == NULL)
+      return idem__fail(IDEM_ENOMEM, "canonicalize: out of memory");
+    c->open = open;
+    c->open[c->open_len++] = (uint32_t)name;
+    skip_ws(c);
+    if (c->i >= c->n || c->s[c->i] != ':')
+      return unexpected(c, "':'");
+    c->i++;
+    if ((rc = parse_value(c, depth)) != IDEM_OK)
+      return rc;
+    skip_ws(c);
+    if (c->i < c->n && c->s[c->i] == ',') {
+      c->i++;
+    } else if (c->i < c->n && c->s[c->i] == '}') {
+      c->i++;
+      return close_object(c, start);
+    } else {
+      return unexpected(c, "',' or '}'");
+    }
+  }
+}
+
+static int parse_value(canon *c, int depth) {
+  unsigned char ch;
+  skip_ws(c);
+  if (c->i >= c->n)
+    return unexpected(c, "a value");
+  ch = c->s[c->i];
+  if (ch == '{')
+    return parse_object(c, depth + 1);
+  if (ch == '[')
+    return parse_array(c, depth + 1);
+  if (ch == '"')
+    return parse_string(c);
+  if (ch == '-' || is_digit(ch))
+    return parse_number(c);
+  if (is_alpha(ch))
+    return parse_literal(c);
+  return unexpected(c, "a value");
+}
+
+/* ------------------------------------------------------------------ */
+/* The second pass: writing                                             */
+/* ------------------------------------------------------------------ */
+
+static size_t skip_ws_at(const canon *c, size_t i) {
+  while (i < c->n && is_ws(c->s[i]))
+    i++;
+  return i;
+}
+
+/* Writes one character of a string with RFC 8785's escapes: the two-
+ * character forms where JSON has them, \u00xx in lowercase for the other
+ * controls, and everything else, '/' and DEL included, as UTF-8. */
+static int write_code_point(canon_buf *b, long cp) {
+  static const char hex[] = "0123456789abcdef";
+  char u[6];
+  switch (cp) {
+  case '"':
+    return buf_put(b, "\\\"", 2);
+  case '\\':
+    return buf_put(b, "\\\\", 2);
+  case '\b':
+    return buf_put(b, "\\b", 2);
+  case '\f':
+    return buf_put(b, "\\f", 2);
+  case '\n':
+    return buf_put(b, "\\n", 2);
+  case '\r':
+    return buf_put(b, "\\r", 2);
+  case '\t':
+    return buf_put(b, "\\t", 2);
+  }
+  if (cp < 0x20) {
+    memcpy(u, "\\u00", 4);
+    u[4] = hex[cp >> 4];
+    u[5] = hex[cp & 15];
+    return buf_put(b, u, 6);
+  }
+  if (cp < 0x80)
+    return buf_putc(b, (char)cp);
+  if (cp < 0x800) {
+    u[0] = (char)(0xC0 | (cp >> 6));
+    u[1] = (char)(0x80 | (cp & 0x3F));
+    return buf_put(b, u, 2);
+  }
+  if (cp < 0x10000) {
+    u[0] = (char)(0xE0 | (cp >> 12));
+    u[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+    u[2] = (char)(0x80 | (cp & 0x3F));
+    return buf_put(b, u, 3);
+  }
+  u[0] = (char)(0xF0 | (cp >> 18));
+  u[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+  u[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
+  u[3] = (char)(0x80 | (cp & 0x3F));
+  return buf_put(b, u, 4);
+}
+
+/* Writes the string whose opening quote is at s[*i]; *i goes past it. Raw
+ * bytes are copied in runs: in a valid string none of them needs an
+ * escape. */
+static int write_string(const canon *c, canon_buf *b, size_t *i) {
+  const unsigned char *s = c->s;
+  size_t k = *i + 1, run = k;
+  int rc = buf_putc(b, '"');
+  while (rc == IDEM_OK) {
+    while (s[k] != '"' && s[k] != '\\')
+      k++;
+    rc = buf_put(b, s + run, k - run);
+    if (rc != IDEM_OK || s[k] == '"')
+      break;
+    rc = write_code_point(b, next_code_point(s, &k));
+    run = k;
+  }
+  *i = k + 1;
+  return rc == IDEM_OK ? buf_putc(b, '"') : rc;
+}
+
+static const object_order *find_object(const canon *c, size_t start) {
+  size_t lo = 0, hi = c->objects_len;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (c->objects[mid].start < start)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo < c->objects_len && c->objects[lo].start == start ? &c->objects[lo]
+                                                              : NULL;
+}
+
+static int write_value(const canon *c, canon_buf *b, size_t *i);
+
+/* Writes the member whose name starts at s[i]: name, colon, value. *end is
+ * where the value ends. */
+static int write_member(const canon *c, canon_buf *b, size_t i, size_t *end) {
+  int rc = write_string(c, b, &i);
+  if (rc == IDEM_OK)
+    rc = buf_putc(b, ':');
+  if (rc != IDEM_OK)
+    return rc;
+  i = skip_ws_at(c, i) + 1; /* past the colon */
+  rc = write_value(c, b, &i);
+  *end = i;
   return rc;
 }
 
-static int write_value(canon_buf *b, json_t *v, const nul_names *nn) {
-  char num[32];
-  size_t num_len = 0;
-  int rc;
-
-  switch (json_typeof(v)) {
-  case JSON_OBJECT:
-    return write_object(b, v, nn);
-  case JSON_ARRAY: {
-    size_t n = json_array_size(v);
-    rc = buf_putc(b, '[');
-    for (size_t i = 0; i < n && rc == IDEM_OK; i++) {
-      if (i > 0)
+static int write_object(const canon *c, canon_buf *b, size_t *i) {
+  const object_order *o = find_object(c, *i);
+  size_t end = skip_ws_at(c, *i + 1), last = end;
+  int rc = buf_putc(b, '{');
+  if (o == NULL) {
+    /* None or one member: the text's order is the order. */
+    if (rc == IDEM_OK && c->s[end] == '"')
+      rc = write_member(c, b, end, &last);
+  } else {
+    for (uint32_t k = 0; k < o->count && rc == IDEM_OK; k++) {
+      size_t member_end = 0;
+      if (k > 0)
         rc = buf_putc(b, ',');
       if (rc == IDEM_OK)
-        rc = write_value(b, json_array_get(v, i), nn);
+        rc = write_member(c, b, c->names[o->first + k], &member_end);
+      /* The member last in the text ends last. */
+      if (member_end > last)
+        last = member_end;
     }
-    return rc == IDEM_OK ? buf_putc(b, ']') : rc;
   }
-  case JSON_STRING:
-    return write_string(b, json_string_value(v), json_string_length(v));
-  case JSON_REAL:
-  case JSON_INTEGER:
-    /* JSON_DECODE_INT_AS_REAL makes every number a real; integers are
-     * handled all the same in case a caller's jansson ever hands one. */
-    rc = idem__format_double(json_number_value(v), num, &num_len);
-    return rc == IDEM_OK ? buf_put(b, num, num_len) : rc;
-  case JSON_TRUE:
-    return buf_put(b, "true", 4);
-  case JSON_FALSE:
-    return buf_put(b, "false", 5);
-  case JSON_NULL:
-    return buf_put(b, "null", 4);
-  }
-  return idem__fail(IDEM_EJSON, "canonicalize: unknown jansson value type");
+  *i = skip_ws_at(c, last) + 1; /* past the '}' */
+  return rc == IDEM_OK ? buf_putc(b, '}') : rc;
 }
 
-/* ------------------------------------------------------------------ */
-/* Parser errors                                                        */
-/* ------------------------------------------------------------------ */
-
-/*
- * Turns a jansson error into a result code, a detail and the offset of the
- * problem. jansson's position is a byte count: for invalid UTF-8 it is the
- * offending sequence's first byte, for everything else the end of the token
- * where it gave up, which is moved back to the token's start where that is
- * clearer.
- */
-static int map_parse_error(const json_error_t *e, const char *json, size_t len,
-                           const canon_scan *sc, size_t *offset) {
-  size_t pos = e->position < 0 ? 0 : (size_t)e->position;
-  if (pos > len)
-    pos = len;
-  *offset = pos;
-
-  switch (json_error_code(e)) {
-  case json_error_invalid_utf8:
-    return idem__fail(IDEM_EUTF8, "at byte %zu: invalid UTF-8 (byte 0x%02x)",
-                      pos, pos < len ? (unsigned char)json[pos] : 0u);
-  case json_error_duplicate_key:
-    *offset = string_start(json, pos);
-    return idem__fail(IDEM_EDUPKEY, "at byte %zu: duplicate member name",
-                      *offset);
-  case json_error_numeric_overflow: {
-    size_t start = number_start(json, pos);
-    int shown = pos - start > 40 ? 40 : (int)(pos - start);
-    *offset = start;
-    return idem__fail(IDEM_ERANGE,
-                      "at byte %zu: number %.*s%s is outside the range of a "
-                      "double",
-                      start, shown, json + start,
-                      pos - start > 40 ? "..." : "");
-  }
-  case json_error_stack_overflow:
-    return idem__fail(
-        IDEM_EDEPTH, "at byte %zu: nesting deeper than the parser allows", pos);
-  case json_error_end_of_input_expected:
-    *offset = after_first_value(json, len);
-    return idem__fail(IDEM_EJSON,
-                      "at byte %zu: unexpected data after the JSON value",
-                      *offset);
-  case json_error_out_of_memory:
-    return idem__fail(IDEM_ENOMEM, "at byte %zu: out of memory while parsing",
-                      pos);
-  case json_error_invalid_syntax:
-    /* jansson reports lone surrogate escapes as syntax errors whose text
-     * starts "invalid Unicode"; our scan knows where the escape is. */
-    if (strncmp(e->text, "invalid Unicode", 15) == 0) {
-      if (sc->surrogate_off == NO_OFFSET || sc->surrogate_off > pos)
-        return idem__fail(IDEM_EUTF8, "at byte %zu: %s", pos, e->text);
-      *offset = sc->surrogate_off;
-      return idem__fail(IDEM_EUTF8,
-                        "at byte %zu: lone surrogate \\u%04lX (surrogates "
-                        "must come in high-low pairs)",
-                        *offset, sc->surrogate_unit);
+static int write_value(const canon *c, canon_buf *b, size_t *i) {
+  const unsigned char *s = c->s;
+  size_t k = skip_ws_at(c, *i);
+  int rc;
+  switch (s[k]) {
+  case '{':
+    rc = write_object(c, b, &k);
+    break;
+  case '[':
+    rc = buf_putc(b, '[');
+    k = skip_ws_at(c, k + 1);
+    if (s[k] == ']') {
+      k++;
+    } else {
+      while (rc == IDEM_OK) {
+        if ((rc = write_value(c, b, &k)) != IDEM_OK)
+          break;
+        k = skip_ws_at(c, k);
+        if (s[k++] == ']')
+          break;
+        rc = buf_putc(b, ',');
+      }
     }
+    if (rc == IDEM_OK)
+      rc = buf_putc(b, ']');
     break;
-  default:
+  case '"':
+    rc = write_string(c, b, &k);
+    break;
+  case 't':
+    rc = buf_put(b, "true", 4);
+    k += 4;
+    break;
+  case 'f':
+    rc = buf_put(b, "false", 5);
+    k += 5;
+    break;
+  case 'n':
+    rc = buf_put(b, "null", 4);
+    k += 4;
+    break;
+  default: {
+    size_t start = k;
+    char num[32];
+    size_t num_len = 0;
+    double v = 0;
+    while (k < c->n && is_number_char(s[k]))
+      k++;
+    rc = number_value(s + start, k - start, &v);
+    if (rc == IDEM_OK)
+      rc = idem__format_double(v, num, &num_len);
+    if (rc == IDEM_OK)
+      rc = buf_put(b, num, num_len);
     break;
   }
-  return idem__fail(IDEM_EJSON, "at byte %zu: %s", pos, e->text);
+  }
+  *i = k;
+  return rc;
 }
 
 /* ------------------------------------------------------------------ */
 /* idem_canonicalize                                                    */
 /* ------------------------------------------------------------------ */
 
+static int compare_object_starts(const void *pa, const void *pb) {
+  const object_order *a = pa, *b = pb;
+  return a->start < b->start ? -1 : a->start > b->start;
+}
+
 int idem_canonicalize(const char *json, size_t len,
                       const idem_canon_limits *limits, char **out,
                       size_t *out_len, size_t *err_offset) {
-  const size_t flags = JSON_DECODE_ANY | JSON_REJECT_DUPLICATES |
-                       JSON_ALLOW_NUL | JSON_DECODE_INT_AS_REAL;
-  size_t max_bytes = CANON_DEFAULT_MAX_BYTES;
+  size_t max_bytes = CANON_DEFAULT_MAX_BYTES, pos = 0;
   int max_depth = CANON_DEFAULT_MAX_DEPTH;
-  size_t offset = 0;
-  char *rewritten = NULL;
-  json_t *root = NULL;
-  json_error_t jerr;
+  canon c;
   canon_buf b = {NULL, 0, 0, 0};
-  canon_scan sc;
-  nul_names nn = {0, {0, 0, 0}};
   int rc;
+  idem__clear_error();
 
+  memset(&c, 0, sizeof c);
   if (out != NULL)
     *out = NULL;
   if (out_len != NULL)
@@ -689,65 +950,70 @@ int idem_canonicalize(const char *json, size_t len,
     max_depth = CANON_HARD_MAX_DEPTH;
 
   if (len > max_bytes) {
-    offset = max_bytes;
+    c.err_offset = max_bytes;
     rc = idem__fail(IDEM_ETOOBIG,
                     "at byte %zu: input of %zu bytes is larger than the limit "
                     "of %zu bytes",
-                    offset, len, max_bytes);
+                    c.err_offset, len, max_bytes);
     goto cleanup;
   }
-  /* jansson keeps its positions in an int. */
+  /* Offsets are kept in 32 bits; the limit stays where it was when jansson,
+   * which counts in an int, parsed. */
   if (len > INT_MAX) {
-    offset = (size_t)INT_MAX;
+    c.err_offset = (size_t)INT_MAX;
     rc = idem__fail(IDEM_ETOOBIG,
                     "at byte %zu: input is larger than the parser supports",
-                    offset);
+                    c.err_offset);
     goto cleanup;
   }
 
-  scan_text(json, len, max_depth, &sc);
-  if (sc.nul_in_name) {
-    rc = prepare_nul_names(json, len, &rewritten, &nn);
-    if (rc != IDEM_OK)
-      goto cleanup;
-  }
-
-  root = json_loadb(rewritten != NULL ? rewritten : json, len, flags, &jerr);
-  if (root == NULL) {
-    rc = map_parse_error(&jerr, json, len, &sc, &offset);
-    /* A bracket nested too deep before the parser's complaint comes first. */
-    if (sc.depth_off != NO_OFFSET && sc.depth_off < offset)
-      goto too_deep;
+  c.s = (const unsigned char *)json;
+  c.n = len;
+  c.max_depth = max_depth;
+  c.bases = malloc(((size_t)max_depth + 1) * sizeof *c.bases);
+  if (c.bases == NULL) {
+    rc = idem__fail(IDEM_ENOMEM, "canonicalize: out of memory");
     goto cleanup;
   }
-  if (sc.depth_off != NO_OFFSET)
-    goto too_deep;
+  rc = parse_value(&c, 0);
+  if (rc == IDEM_OK) {
+    skip_ws(&c);
+    if (c.i < c.n && c.s[c.i] >= 0x80 && utf8_len(c.s + c.i, c.n - c.i) == 0)
+      rc =
+          fail_at(&c, IDEM_EUTF8, c.i, "invalid UTF-8 (byte 0x%02x)", c.s[c.i]);
+    else if (c.i < c.n)
+      rc = fail_at(&c, IDEM_EJSON, c.i, "unexpected data after the JSON value");
+  }
+  if (rc != IDEM_OK)
+    goto cleanup;
+  free(c.open);
+  c.open = NULL;
+  free(c.bases);
+  c.bases = NULL;
+  if (c.objects_len > 1)
+    qsort(c.objects, c.objects_len, sizeof *c.objects, compare_object_starts);
 
   b.max = max_bytes > (SIZE_MAX - 64) / CANON_OUTPUT_FACTOR
               ? SIZE_MAX - 1
               : max_bytes * CANON_OUTPUT_FACTOR + 64;
-  rc = write_value(&b, root, &nn);
+  /* The canonical form is seldom longer than the text. */
+  rc = buf_reserve(&b, len);
   if (rc == IDEM_OK)
-    rc = buf_reserve(&b, 0);
+    rc = write_value(&c, &b, &pos);
   if (rc != IDEM_OK)
     goto cleanup;
   b.data[b.len] = '\0';
   *out = b.data;
   *out_len = b.len;
   b.data = NULL;
-  goto cleanup;
-
-too_deep:
-  offset = sc.depth_off;
-  rc = idem__fail(IDEM_EDEPTH,
-                  "at byte %zu: arrays and objects nested deeper than %d",
-                  offset, max_depth);
 
 cleanup:
   if (rc != IDEM_OK && err_offset != NULL)
-    *err_offset = offset;
+    *err_offset = c.err_offset;
   free(b.data);
-  json_decref(root);
-  free(rewritten);
+  free(c.open);
+  free(c.bases);
+  free(c.names);
+  free(c.objects);
   return rc;
 }

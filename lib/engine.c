@@ -1,19 +1,19 @@
 /*
- * engine.c -- the record state machine: argument checks, defaults, the §3
+ * engine.c -- the record state machine: argument checks, defaults, the
  * decision table, and dispatch to a store backend.
  */
 #include "store.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/random.h>
 #include <time.h>
 
-#define DEFAULT_LEASE_MS 30000
-#define DEFAULT_RETENTION_MS (24 * 3600 * 1000LL)
 #define MAX_ID_PART 255
 
 struct idem_store {
@@ -27,6 +27,12 @@ int64_t idem__now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int64_t idem__deadline(int64_t now_ms, int64_t period_ms) {
+  if (period_ms > 0 && now_ms > INT64_MAX - period_ms)
+    return INT64_MAX;
+  return now_ms + period_ms;
 }
 
 int idem__new_token(char token[IDEM__TOKEN_SIZE]) {
@@ -110,18 +116,14 @@ int idem__response_checksum(const char *fingerprint, int status,
 idem_outcome idem__decide(const idem__row *row, const char *fingerprint,
                           int64_t now_ms, const idem_call_options *opts,
                           idem__action *action, int64_t *retry_after_ms) {
-  int lease_active;
+  int may_take_over;
   *action = IDEM__ACT_NONE;
   *retry_after_ms = 0;
-  if (!row->exists) {
-    *action = IDEM__ACT_INSERT;
-    return IDEM_PROCEED;
-  }
-  lease_active = row->state == IDEM_STATE_IN_PROGRESS &&
-                 row->lease_expires_ms > now_ms;
-  /* A retention-expired record is absent, except one whose holder is still
-   * inside its lease: that holder is acting right now. */
-  if (row->expires_ms <= now_ms && !lease_active) {
+  /* Retention ends a completed record only. A record in progress or marked
+   * unknown may describe an action that happened; it never expires by
+   * itself, or the next call would act a second time. */
+  if (!row->exists ||
+      (row->state == IDEM_STATE_COMPLETED && row->expires_ms <= now_ms)) {
     *action = IDEM__ACT_INSERT;
     return IDEM_PROCEED;
   }
@@ -131,20 +133,119 @@ idem_outcome idem__decide(const idem__row *row, const char *fingerprint,
   case IDEM_STATE_COMPLETED:
     return IDEM_REPLAY;
   case IDEM_STATE_IN_PROGRESS:
-    if (lease_active) {
+    if (row->lease_expires_ms > now_ms) {
       *retry_after_ms = row->lease_expires_ms - now_ms;
       return IDEM_IN_FLIGHT;
     }
-    if (opts->no_takeover)
-      return IDEM_UNKNOWN;
-    *action = IDEM__ACT_TAKEOVER;
-    return IDEM_RECOVER;
+    may_take_over = opts->on_expired_lease != IDEM_EXPIRED_REPORT;
+    break;
   default: /* IDEM_STATE_UNKNOWN */
-    if (!opts->takeover_unknown)
-      return IDEM_UNKNOWN;
-    *action = IDEM__ACT_TAKEOVER;
-    return IDEM_RECOVER;
+    may_take_over = opts->takeover_unknown != 0;
+    break;
   }
+  if (!may_take_over ||
+      (opts->max_attempts > 0 && row->attempt >= opts->max_attempts))
+    return IDEM_UNKNOWN;
+  *action = IDEM__ACT_TAKEOVER;
+  return IDEM_RECOVER;
+}
+
+idem__action idem__decide_op(idem__op *op, const idem__row *row,
+                             int64_t now_ms) {
+  idem_call *cl = op->claim;
+  idem__action action;
+  cl->outcome = idem__decide(row, op->fingerprint, now_ms, &op->opts, &action,
+                             &cl->retry_after_ms);
+  cl->attempt = row->attempt;
+  if (cl->outcome == IDEM_IN_FLIGHT && cl->retry_after_ms < 1)
+    cl->retry_after_ms = 1;
+  return action;
+}
+
+int idem__claim_replay(idem__op *op, const char *fingerprint, int status,
+                       const void *meta, size_t meta_len, const void *body,
+                       size_t body_len, const char *sum, size_t sum_len) {
+  char want[IDEM_FINGERPRINT_SIZE];
+  if (idem__response_checksum(fingerprint, status, meta, meta_len, body,
+                              body_len, want) != IDEM_OK ||
+      !sum || sum_len != IDEM_FINGERPRINT_SIZE - 1 ||
+      memcmp(sum, want, sum_len) != 0)
+    return idem__op_fail(op, IDEM_ECORRUPT,
+                         "record (%s, %s, %s): the stored response does not "
+                         "match its checksum; it is not replayed (idem keys "
+                         "delete removes it)",
+                         op->id->tenant ? op->id->tenant : "",
+                         op->id->operation, op->id->key);
+  if (idem__claim_set_response(op->claim, status, meta_len ? meta : NULL,
+                               meta_len, body, body_len) != IDEM_OK)
+    return idem__op_fail(op, IDEM_ENOMEM, "out of memory");
+  return IDEM_OK;
+}
+
+int idem__response_problem(const idem_response *r, const char *who,
+                           char *why, size_t size) {
+  if ((r->meta_len && !r->meta) || (r->body_len && !r->body)) {
+    snprintf(why, size, "%s: NULL data with a length", who);
+    return IDEM_EINVAL;
+  }
+  if (r->meta_len > IDEM_MAX_RESPONSE ||
+      r->body_len > IDEM_MAX_RESPONSE - r->meta_len) {
+    snprintf(why, size, "%s: %zu bytes; a record keeps at most %u", who,
+             r->meta_len + r->body_len, IDEM_MAX_RESPONSE);
+    return IDEM_ETOOBIG;
+  }
+  return IDEM_OK;
+}
+
+/* n bytes and a NUL; NULL for a NULL column (or out of memory: *oom). */
+static void *dup_part(const void *p, size_t n, int *oom) {
+  char *c;
+  if (!p)
+    return NULL;
+  if (!(c = malloc(n + 1))) {
+    *oom = 1;
+    return NULL;
+  }
+  if (n)
+    memcpy(c, p, n);
+  c[n] = '\0';
+  return c;
+}
+
+int idem__record_new(const idem__row_parts *p, idem_record **out) {
+  idem_record *r = calloc(1, sizeof *r);
+  int oom = 0;
+  *out = NULL;
+  if (!r)
+    return idem__fail(IDEM_ENOMEM, "out of memory");
+  r->tenant = dup_part(p->tenant ? p->tenant : "", p->tenant_len, &oom);
+  r->operation =
+      dup_part(p->operation ? p->operation : "", p->operation_len, &oom);
+  r->key = dup_part(p->key ? p->key : "", p->key_len, &oom);
+  r->fingerprint =
+      dup_part(p->fingerprint ? p->fingerprint : "", p->fingerprint_len, &oom);
+  r->state = (idem_state)p->state;
+  r->attempt = p->attempt;
+  r->created_ms = p->created_ms;
+  r->updated_ms = p->updated_ms;
+  r->lease_expires_ms = p->lease_expires_ms;
+  r->expires_ms = p->expires_ms;
+  r->request = dup_part(p->request, p->request_len, &oom);
+  r->request_len = r->request ? p->request_len : 0;
+  if (r->state == IDEM_STATE_COMPLETED) {
+    r->has_response = 1;
+    r->response.status = p->status;
+    r->response.meta = dup_part(p->meta, p->meta_len, &oom);
+    r->response.meta_len = r->response.meta ? p->meta_len : 0;
+    r->response.body = dup_part(p->body, p->body_len, &oom);
+    r->response.body_len = r->response.body ? p->body_len : 0;
+  }
+  if (oom) {
+    idem_record_free(r);
+    return idem__fail(IDEM_ENOMEM, "out of memory");
+  }
+  *out = r;
+  return IDEM_OK;
 }
 
 /* ---- names ------------------------------------------------------------ */
@@ -174,6 +275,7 @@ const char *idem_state_name(int state) {
 
 int idem_key_check(const char *key) {
   size_t n;
+  idem__clear_error();
   if (!key)
     return idem__fail(IDEM_EKEY, "key: missing");
   n = strlen(key);
@@ -216,7 +318,30 @@ static size_t utf8_seq(const unsigned char *p, size_t n) {
   return 0;
 }
 
-static int check_text(const char *what, const char *s, int may_be_empty) {
+/* The code point of a valid UTF-8 sequence of k bytes. */
+static unsigned decode_utf8(const unsigned char *p, size_t k) {
+  if (k == 2)
+    return (unsigned)(p[0] & 0x1f) << 6 | (p[1] & 0x3f);
+  if (k == 3)
+    return (unsigned)(p[0] & 0x0f) << 12 | (unsigned)(p[1] & 0x3f) << 6 |
+           (p[2] & 0x3f);
+  return (unsigned)(p[0] & 0x07) << 18 | (unsigned)(p[1] & 0x3f) << 12 |
+         (unsigned)(p[2] & 0x3f) << 6 | (p[3] & 0x3f);
+}
+
+/* C1 controls and the marks that reorder text: in a tenant or an
+ * operation they would let one name pass for another in a listing. */
+static int spoofing_char(unsigned cp) {
+  return (cp >= 0x80 && cp <= 0x9f) || cp == 0x61c || cp == 0x200e ||
+         cp == 0x200f || (cp >= 0x202a && cp <= 0x202e) ||
+         (cp >= 0x2066 && cp <= 0x2069);
+}
+
+/* Checks a tenant or an operation. new_record: it names a record that may
+ * be created, which must not disguise itself; an existing record (written
+ * by an older idem, say) can still be named to read, resolve or delete. */
+static int check_text(const char *what, const char *s, int may_be_empty,
+                      int new_record) {
   size_t n;
   if (!s)
     return idem__fail(IDEM_EINVAL, "%s: missing", what);
@@ -233,17 +358,23 @@ static int check_text(const char *what, const char *s, int may_be_empty) {
     if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
       return idem__fail(IDEM_EINVAL, "%s: control byte 0x%02x at %zu", what,
                         (unsigned char)s[i], i);
+    if (new_record && k > 1 && spoofing_char(decode_utf8((const unsigned char *)s + i, k)))
+      return idem__fail(IDEM_EINVAL,
+                        "%s: U+%04X at byte %zu is a control or a "
+                        "direction mark that would disguise it in listings",
+                        what, decode_utf8((const unsigned char *)s + i, k), i);
     i += k;
   }
   return IDEM_OK;
 }
 
-static int check_id(const idem_id *id) {
+static int check_id(const idem_id *id, int new_record) {
   int rc;
   if (!id)
     return idem__fail(IDEM_EINVAL, "id: NULL");
-  if ((rc = check_text("tenant", id->tenant ? id->tenant : "", 1)) ||
-      (rc = check_text("operation", id->operation, 0)) ||
+  if ((rc = check_text("tenant", id->tenant ? id->tenant : "", 1,
+                       new_record)) ||
+      (rc = check_text("operation", id->operation, 0, new_record)) ||
       (rc = idem_key_check(id->key)))
     return rc;
   return IDEM_OK;
@@ -261,28 +392,52 @@ static int check_fingerprint(const char *fp) {
 }
 
 static int check_response(const idem_response *r) {
+  char why[128];
+  int rc;
   if (!r)
     return idem__fail(IDEM_EINVAL, "response: NULL");
-  if ((r->meta_len && !r->meta) || (r->body_len && !r->body))
-    return idem__fail(IDEM_EINVAL, "response: NULL data with a length");
-  if (r->meta_len > IDEM_MAX_RESPONSE ||
-      r->body_len > IDEM_MAX_RESPONSE - r->meta_len)
-    return idem__fail(IDEM_ETOOBIG,
-                      "response: %zu bytes; a record keeps at most %u",
-                      r->meta_len + r->body_len, IDEM_MAX_RESPONSE);
+  if ((rc = idem__response_problem(r, "response", why, sizeof why)))
+    return idem__fail(rc, "%s", why);
+  return IDEM_OK;
+}
+
+/* Checks one period against its bound. */
+static int check_period(const char *what, int64_t ms, int64_t max,
+                        const char *max_text) {
+  if (ms < 0)
+    return idem__fail(IDEM_EINVAL, "options: %s is negative (%lld ms)", what,
+                      (long long)ms);
+  if (ms > max)
+    return idem__fail(IDEM_EINVAL,
+                      "options: %s of %lld ms is past the bound of %s",
+                      what, (long long)ms, max_text);
   return IDEM_OK;
 }
 
 static int fill_options(const idem_call_options *in, idem_call_options *out) {
+  int rc;
   memset(out, 0, sizeof *out);
   if (in)
     *out = *in;
-  if (out->lease_ms < 0 || out->retention_ms < 0)
-    return idem__fail(IDEM_EINVAL, "options: negative lease or retention");
+  if ((rc = check_period("lease_ms", out->lease_ms, IDEM_MAX_LEASE_MS,
+                         "IDEM_MAX_LEASE_MS (30 days; renew a longer "
+                         "lease)")) ||
+      (rc = check_period("retention_ms", out->retention_ms,
+                         IDEM_MAX_RETENTION_MS,
+                         "IDEM_MAX_RETENTION_MS (100 years)")))
+    return rc;
+  if (out->on_expired_lease != IDEM_EXPIRED_TAKE_OVER &&
+      out->on_expired_lease != IDEM_EXPIRED_REPORT)
+    return idem__fail(IDEM_EINVAL, "options: on_expired_lease is %d; use "
+                                   "IDEM_EXPIRED_TAKE_OVER or "
+                                   "IDEM_EXPIRED_REPORT",
+                      out->on_expired_lease);
+  if (out->max_attempts < 0)
+    return idem__fail(IDEM_EINVAL, "options: max_attempts is negative");
   if (out->lease_ms == 0)
-    out->lease_ms = DEFAULT_LEASE_MS;
+    out->lease_ms = IDEM__DEFAULT_LEASE_MS;
   if (out->retention_ms == 0)
-    out->retention_ms = DEFAULT_RETENTION_MS;
+    out->retention_ms = IDEM__DEFAULT_RETENTION_MS;
   /* The canonical request is kept for operators only; an oversized one is
    * not stored rather than failing the call. */
   if (out->request_len > 65536 || !out->request) {
@@ -294,14 +449,119 @@ static int fill_options(const idem_call_options *in, idem_call_options *out) {
 
 /* ---- stores ----------------------------------------------------------- */
 
+/* The length of a URL scheme at the start of url ("sqlite" in
+ * "sqlite:x"), or 0 when url does not start with one followed by ':'. */
+static size_t scheme_len(const char *url) {
+  size_t n = 0;
+  if (!((url[0] >= 'a' && url[0] <= 'z') || (url[0] >= 'A' && url[0] <= 'Z')))
+    return 0;
+  while ((url[n] >= 'a' && url[n] <= 'z') || (url[n] >= 'A' && url[n] <= 'Z') ||
+         (url[n] >= '0' && url[n] <= '9') || url[n] == '+' || url[n] == '-' ||
+         url[n] == '.')
+    n++;
+  return url[n] == ':' ? n : 0;
+}
+
+/* Whether text starts like a libpq conninfo ("host=db dbname=app"). */
+static int looks_like_conninfo(const char *text) {
+  const char *p = text;
+  while (*p == ' ' || *p == '\t')
+    p++;
+  const char *word = p;
+  while ((*p >= 'a' && *p <= 'z') || *p == '_')
+    p++;
+  if (p == word)
+    return 0;
+  while (*p == ' ' || *p == '\t')
+    p++;
+  return *p == '=';
+}
+
+static int same_word(const char *a, size_t n, const char *word) {
+  return strlen(word) == n && strncasecmp(a, word, n) == 0;
+}
+
+/*
+ * Picks the backend of a store URL and the target it opens: sqlite:PATH or
+ * a bare path (SQLite), postgresql:// or postgres:// (the whole URL) and
+ * pg:CONNINFO (PostgreSQL). Schemes are case-insensitive. What looks like a
+ * conninfo without pg:, and an unknown scheme, are refused rather than
+ * taken for a file name: a store created by mistake beside the intended one
+ * silently ends deduplication between the machines that share it. Messages
+ * name the scheme only, never the URL, which may hold a password. *owned
+ * is set when the target had to be rewritten; the caller frees it.
+ */
+static int pick_backend(const char *url, const idem__store_methods **m,
+                        const char **target, char **owned) {
+  size_t n = scheme_len(url);
+  *m = NULL;
+  *target = NULL;
+  *owned = NULL;
+  if (n == 0) {
+    const char *p = url + strspn(url, " \t");
+    if (looks_like_conninfo(url))
+      return idem__fail(IDEM_EURL,
+                        "store: this looks like a libpq conninfo; write "
+                        "pg:%s or a postgresql:// URL (as a file name, "
+                        "write ./ before it)",
+                        "host=... dbname=...");
+    /* A URL behind blanks, or "://" inside a path, is a URL gone wrong, not
+     * a file name: as a path it would reach messages, password and all. */
+    if ((p != url && scheme_len(p) > 0) || strstr(url, "://"))
+      return idem__fail(IDEM_EURL,
+                        "store: this looks like a URL %s; write it without "
+                        "anything before it (as a file name, write sqlite: "
+                        "before it)",
+                        p != url ? "with blanks before it" : "inside a path");
+    *m = &idem__sqlite_methods;
+    *target = url;
+  } else if (same_word(url, n, "sqlite")) {
+    *m = &idem__sqlite_methods;
+    *target = url + n + 1;
+    /* Accept sqlite:///abs/path as well as sqlite:/abs/path. */
+    if (strncmp(*target, "//", 2) == 0)
+      *target += 2;
+  } else if (same_word(url, n, "postgresql") || same_word(url, n, "postgres") ||
+             same_word(url, n, "pg")) {
+#ifdef IDEM_HAVE_PG
+    *m = &idem__pg_methods;
+    if (same_word(url, n, "pg")) {
+      /* Any libpq conninfo: "pg:host=/run/postgresql dbname=idem". */
+      *target = url + n + 1;
+    } else {
+      /* libpq knows its schemes in lower case only. */
+      if (!(*owned = idem__strdup(url)))
+        return idem__fail(IDEM_ENOMEM, "store: out of memory");
+      for (size_t i = 0; i < n; i++)
+        (*owned)[i] = (char)tolower((unsigned char)(*owned)[i]);
+      *target = *owned;
+    }
+#else
+    return idem__fail(IDEM_EURL, "store: this build of idem has no "
+                                 "PostgreSQL backend");
+#endif
+  } else {
+    return idem__fail(IDEM_EURL,
+                      "store: unknown scheme '%.*s:'; use sqlite:PATH, a "
+                      "path, postgresql://... or pg:CONNINFO (for a file "
+                      "whose name has a colon, write ./ before it)",
+                      (int)(n > 32 ? 32 : n), url);
+  }
+  if (!**target)
+    return idem__fail(IDEM_EURL, "store: empty path or conninfo");
+  return IDEM_OK;
+}
+
 int idem_store_open(const char *url, const idem_store_options *opts,
                     idem_store **out) {
   const idem__store_methods *m = NULL;
   const char *target = NULL;
+  char *owned = NULL;
   idem_store *s = NULL;
   idem_store_options o;
   int rc;
 
+  idem__clear_error();
   if (!out)
     return idem__fail(IDEM_EINVAL, "store: NULL output");
   *out = NULL;
@@ -312,50 +572,18 @@ int idem_store_open(const char *url, const idem_store_options *opts,
     url = getenv("IDEM_STORE");
   if (!url || !*url)
     url = "./idem.db";
-
-  if (strncmp(url, "postgresql://", 13) == 0 ||
-      strncmp(url, "postgres://", 11) == 0) {
-#ifdef IDEM_HAVE_PG
-    m = &idem__pg_methods;
-    target = url;
-#else
-    return idem__fail(IDEM_EURL, "store '%s': this build of idem has no "
-                                 "PostgreSQL backend",
-                      url);
-#endif
-  } else if (strncmp(url, "pg:", 3) == 0) {
-#ifdef IDEM_HAVE_PG
-    /* Any libpq conninfo: "pg:host=/run/postgresql dbname=idem". */
-    m = &idem__pg_methods;
-    target = url + 3;
-#else
-    return idem__fail(IDEM_EURL, "store '%s': this build of idem has no "
-                                 "PostgreSQL backend",
-                      url);
-#endif
-  } else if (strncmp(url, "sqlite:", 7) == 0) {
-    m = &idem__sqlite_methods;
-    target = url + 7;
-    /* Accept sqlite:///abs/path as well as sqlite:/abs/path. */
-    if (strncmp(target, "//", 2) == 0)
-      target += 2;
-  } else if (strstr(url, "://") != NULL) {
-    return idem__fail(IDEM_EURL,
-                      "store '%s': unknown scheme; use sqlite:PATH, a path "
-                      "or postgresql://...",
-                      url);
-  } else {
-    m = &idem__sqlite_methods;
-    target = url;
+  if ((rc = pick_backend(url, &m, &target, &owned)) != IDEM_OK) {
+    free(owned);
+    return rc;
   }
-  if (!*target)
-    return idem__fail(IDEM_EURL, "store '%s': empty path", url);
-
   s = calloc(1, sizeof *s);
-  if (!s)
+  if (!s) {
+    free(owned);
     return idem__fail(IDEM_ENOMEM, "store: out of memory");
+  }
   s->methods = m;
   rc = m->open(target, &o, &s->state);
+  free(owned);
   if (rc != IDEM_OK) {
     free(s);
     return rc;
@@ -405,6 +633,10 @@ int64_t idem_call_retry_after_ms(const idem_call *c) {
 
 int idem_call_attempt(const idem_call *c) { return c ? c->attempt : 0; }
 
+int64_t idem_call_lease_expires_ms(const idem_call *c) {
+  return c && c->held ? c->lease_expires_ms : 0;
+}
+
 static idem_call *new_claim(const idem_id *id, const char *fp,
                              int64_t retention_ms) {
   idem_call *c = calloc(1, sizeof *c);
@@ -424,6 +656,7 @@ static idem_call *new_claim(const idem_id *id, const char *fp,
 
 /* Runs op on the backend and carries its detail into this thread. */
 static int run_op(idem_store *store, idem__op *op) {
+  idem__clear_error();
   op->rc = IDEM_OK;
   op->errmsg[0] = '\0';
   store->methods->run(store->state, op);
@@ -438,12 +671,13 @@ static int start(idem_store *store, idem__op_kind kind, const idem_id *id,
                  idem_local_fn fn, void *ctx, idem_call **out) {
   idem__op op;
   int rc;
+  idem__clear_error();
   if (!out)
     return idem__fail(IDEM_EINVAL, "claim: NULL output");
   *out = NULL;
   if (!store)
     return idem__fail(IDEM_EINVAL, "claim: NULL store");
-  if ((rc = check_id(id)) || (rc = check_fingerprint(fp)))
+  if ((rc = check_id(id, 1)) || (rc = check_fingerprint(fp)))
     return rc;
   memset(&op, 0, sizeof op);
   if ((rc = fill_options(opts, &op.opts)))
@@ -485,9 +719,12 @@ static int finish(idem_store *store, idem_call *claim, idem__op_kind kind,
                   const idem_response *response, int64_t lease_ms) {
   idem__op op;
   idem_id id;
+  int64_t deadline;
   int rc;
+  idem__clear_error();
   if (!store || !claim)
     return idem__fail(IDEM_EINVAL, "NULL store or claim");
+  deadline = claim->lease_expires_ms;
   if (!claim->held)
     return idem__fail(IDEM_ESTATE,
                       "claim of key '%s' is not held (outcome %s, or "
@@ -495,7 +732,11 @@ static int finish(idem_store *store, idem_call *claim, idem__op_kind kind,
                       claim->key, idem_outcome_name(claim->outcome));
   if (kind == IDEM__OP_COMPLETE && (rc = check_response(response)))
     return rc;
-  if (kind == IDEM__OP_RENEW && lease_ms <= 0)
+  if (kind == IDEM__OP_RENEW &&
+      (rc = check_period("renew: lease_ms", lease_ms, IDEM_MAX_LEASE_MS,
+                         "IDEM_MAX_LEASE_MS (30 days)")))
+    return rc;
+  if (kind == IDEM__OP_RENEW && lease_ms == 0)
     return idem__fail(IDEM_EINVAL, "renew: lease must be positive");
   memset(&op, 0, sizeof op);
   id.tenant = claim->tenant;
@@ -509,8 +750,15 @@ static int finish(idem_store *store, idem_call *claim, idem__op_kind kind,
   op.lease_ms = lease_ms;
   op.opts.retention_ms = claim->retention_ms;
   rc = run_op(store, &op);
-  if (rc == IDEM_OK && kind != IDEM__OP_RENEW)
+  /* A backend writes the new deadline into the claim with the renewal's
+   * statement; when the transaction then fails, the lease is still the one
+   * stored before, and the holder must not count on a longer one. */
+  if (rc != IDEM_OK && kind == IDEM__OP_RENEW)
+    claim->lease_expires_ms = deadline;
+  if (rc == IDEM_OK && kind != IDEM__OP_RENEW) {
     claim->held = 0;
+    claim->lease_expires_ms = 0;
+  }
   if (rc == IDEM_ESTALE)
     claim->held = 0;
   return rc;
@@ -550,12 +798,13 @@ void idem_record_free(idem_record *r) {
 
 int idem_get(idem_store *store, const idem_id *id, idem_record **out) {
   int rc;
+  idem__clear_error();
   if (!out)
     return idem__fail(IDEM_EINVAL, "get: NULL output");
   *out = NULL;
   if (!store)
     return idem__fail(IDEM_EINVAL, "get: NULL store");
-  if ((rc = check_id(id)))
+  if ((rc = check_id(id, 0)))
     return rc;
   return store->methods->get(store->state, id, out);
 }
@@ -563,17 +812,24 @@ int idem_get(idem_store *store, const idem_id *id, idem_record **out) {
 int idem_list(idem_store *store, const idem_filter *filter, idem_record_fn fn,
               void *ctx) {
   idem_filter f;
+  int rc;
+  idem__clear_error();
   if (!store || !fn)
     return idem__fail(IDEM_EINVAL, "list: NULL store or function");
   memset(&f, 0, sizeof f);
   if (filter)
     f = *filter;
-  return store->methods->list(store->state, &f, fn, ctx);
+  rc = store->methods->list(store->state, &f, fn, ctx);
+  /* fn may have called into libidem and failed on this thread. */
+  if (rc == IDEM_OK)
+    idem__clear_error();
+  return rc;
 }
 
 int idem_prune(idem_store *store, int64_t *removed) {
   int64_t n = 0;
   int rc;
+  idem__clear_error();
   if (removed)
     *removed = 0;
   if (!store)
@@ -584,14 +840,44 @@ int idem_prune(idem_store *store, int64_t *removed) {
   return rc;
 }
 
-int idem_resolve(idem_store *store, const idem_id *id,
-                 const idem_response *response) {
+int idem_resolve_with(idem_store *store, const idem_id *id,
+                      const idem_response *response,
+                      const idem_resolve_options *opts) {
+  idem_resolve_options o;
   int rc;
+  idem__clear_error();
   if (!store)
     return idem__fail(IDEM_EINVAL, "resolve: NULL store");
-  if ((rc = check_id(id)))
+  if ((rc = check_id(id, 0)))
     return rc;
   if (response && (rc = check_response(response)))
     return rc;
-  return store->methods->resolve(store->state, id, response);
+  memset(&o, 0, sizeof o);
+  if (opts)
+    o = *opts;
+  if ((rc = check_period("resolve: retention_ms", o.retention_ms,
+                         IDEM_MAX_RETENTION_MS,
+                         "IDEM_MAX_RETENTION_MS (100 years)")))
+    return rc;
+  if (o.retention_ms == 0)
+    o.retention_ms = IDEM__DEFAULT_RETENTION_MS;
+  return store->methods->resolve(store->state, id, response, &o);
+}
+
+int idem_resolve(idem_store *store, const idem_id *id,
+                 const idem_response *response) {
+  return idem_resolve_with(store, id, response, NULL);
+}
+
+int idem_delete(idem_store *store, const idem_id *id) {
+  int rc;
+  idem__clear_error();
+  if (!store)
+    return idem__fail(IDEM_EINVAL, "delete: NULL store");
+  if ((rc = check_id(id, 0)))
+    return rc;
+  if (store->methods->version < 2 || !store->methods->remove)
+    return idem__fail(IDEM_ESTATE, "delete: the %s store cannot delete",
+                      store->methods->name);
+  return store->methods->remove(store->state, id);
 }

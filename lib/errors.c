@@ -43,4 +43,6 @@ int idem__fail(int rc, const char *fmt, ...) {
   return rc;
 }
 
+void idem__clear_error(void) { errbuf[0] = '\0'; }
+
 void idem_free(void *p) { free(p); }

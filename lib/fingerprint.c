@@ -44,6 +44,7 @@ int idem__sha256_parts(const void *const *parts, const size_t *sizes,
 
 int idem_sha256_hex(const void *data, size_t len,
                     char hex[IDEM_FINGERPRINT_SIZE]) {
+  idem__clear_error();
   if (hex == NULL || (data == NULL && len > 0))
     return idem__fail(IDEM_EINVAL, "sha256: NULL argument");
   return idem__sha256_parts(&data, &len, 1, hex);
@@ -54,6 +55,7 @@ int idem_fingerprint(const void *data, size_t len, int is_json,
   char *canon = NULL;
   size_t canon_len = 0;
   int rc;
+  idem__clear_error();
   if (hex == NULL)
     return idem__fail(IDEM_EINVAL, "fingerprint: NULL output");
   hex[0] = '\0';

@@ -12,6 +12,9 @@
 
 /* Records the calling thread's error detail and returns rc. */
 int idem__fail(int rc, const char *fmt, ...) IDEM__PRINTF(2, 3);
+/* Clears the calling thread's error detail: every public call starts so,
+ * and one that succeeds leaves idem_errmsg() empty. */
+void idem__clear_error(void);
 
 /* SHA-256 of the concatenation of n parts, in lowercase hex. */
 int idem__sha256_parts(const void *const *parts, const size_t *sizes, int n,

@@ -17,7 +17,13 @@
 
 #include "internal.h"
 
-#define IDEM__STORE_METHODS_VERSION 1
+#define IDEM__STORE_METHODS_VERSION 2
+
+/* Defaults and rates every backend shares. */
+#define IDEM__DEFAULT_LEASE_MS 30000
+#define IDEM__DEFAULT_RETENTION_MS (24 * 3600 * 1000LL)
+/* How often a store removes some retention-expired records by itself. */
+#define IDEM__PRUNE_EVERY_MS 60000
 
 /* Owner tokens are 16 random bytes in hex. */
 #define IDEM__TOKEN_SIZE 33
@@ -30,7 +36,9 @@ struct idem_call {
   char token[IDEM__TOKEN_SIZE]; /* owner token while held */
   int attempt;
   int64_t retry_after_ms;
-  int64_t retention_ms; /* applied again when the record completes */
+  int64_t lease_expires_ms; /* while held: as the last claim or renewal
+                               wrote it */
+  int64_t retention_ms;     /* applied again when the record completes */
   int has_response;
   idem_response response; /* points into resp_buf */
   void *resp_buf;
@@ -83,7 +91,7 @@ typedef enum idem__action {
   IDEM__ACT_TAKEOVER  /* new owner, attempt + 1 */
 } idem__action;
 
-/* The §3 table: what a claim of fingerprint at time now does to row. */
+/* The decision table of docs/design.md: what a claim of fingerprint at time now does to row. */
 idem_outcome idem__decide(const idem__row *row, const char *fingerprint,
                           int64_t now_ms, const idem_call_options *opts,
                           idem__action *action, int64_t *retry_after_ms);
@@ -101,8 +109,12 @@ typedef struct idem__store_methods {
   int (*list)(void *state, const idem_filter *filter, idem_record_fn fn,
               void *ctx);
   int (*prune)(void *state, int64_t *removed);
+  /* opts has its defaults filled in. */
   int (*resolve)(void *state, const idem_id *id,
-                 const idem_response *response);
+                 const idem_response *response,
+                 const idem_resolve_options *opts);
+  /* Version 2. */
+  int (*remove)(void *state, const idem_id *id);
 } idem__store_methods;
 
 extern const idem__store_methods idem__sqlite_methods;
@@ -110,10 +122,51 @@ extern const idem__store_methods idem__pg_methods;
 
 /* Helpers for backends. */
 int64_t idem__now_ms(void);
+/* now + period, saturated at INT64_MAX (periods are bounded and never
+ * negative, so this only guards against a clock gone wild). */
+int64_t idem__deadline(int64_t now_ms, int64_t period_ms);
 int idem__new_token(char token[IDEM__TOKEN_SIZE]);
 /* Sets op's result code and detail. Returns rc. */
 int idem__op_fail(idem__op *op, int rc, const char *fmt, ...)
     IDEM__PRINTF(3, 4);
+/*
+ * Fills op's claim from the decision on row at now: its outcome, attempt and
+ * (in flight) the time until the lease ends, at least 1 ms. Returns the
+ * write the outcome needs. Every backend reads the row its own way, then
+ * calls this, so that all answer the same question the same way.
+ */
+idem__action idem__decide_op(idem__op *op, const idem__row *row,
+                             int64_t now_ms);
+/*
+ * For a REPLAY: checks the stored response against its checksum (sum_len
+ * bytes at sum; NULL when none was stored) and copies it into op's claim.
+ * IDEM_OK, or op->rc (IDEM_ECORRUPT: nothing is replayed; IDEM_ENOMEM).
+ */
+int idem__claim_replay(idem__op *op, const char *fingerprint, int status,
+                       const void *meta, size_t meta_len, const void *body,
+                       size_t body_len, const char *sum, size_t sum_len);
+/*
+ * Why a response cannot be kept (NULL data with a length; larger than
+ * IDEM_MAX_RESPONSE), as "who: reason" in why; IDEM_OK when it can.
+ */
+int idem__response_problem(const idem_response *r, const char *who,
+                           char *why, size_t size);
+/* A stored row as a backend reads it, for idem__record_new(). NULL columns
+ * have NULL pointers. */
+typedef struct idem__row_parts {
+  const char *tenant, *operation, *key, *fingerprint;
+  size_t tenant_len, operation_len, key_len, fingerprint_len;
+  int state, attempt;
+  int64_t created_ms, updated_ms, lease_expires_ms, expires_ms;
+  const void *request;
+  size_t request_len;
+  int status;
+  const void *meta, *body;
+  size_t meta_len, body_len;
+} idem__row_parts;
+/* An idem_record holding copies of the parts (each with a spare NUL, so
+ * that text prints as is); the response only for a completed record. */
+int idem__record_new(const idem__row_parts *parts, idem_record **out);
 /* Copies a response into the claim (one allocation). */
 int idem__claim_set_response(idem_call *claim, int status, const void *meta,
                              size_t meta_len, const void *body,

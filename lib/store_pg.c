@@ -2,9 +2,9 @@
  * store_pg.c -- the PostgreSQL backend (libpq).
  *
  * Many processes, on many machines, may share one store. Every outcome of
- * §3 is one statement or one short READ COMMITTED transaction that touches
- * one row, so callers never see serialization failures to retry and never
- * take a table lock.
+ * the decision table (docs/design.md) is one statement or one short READ
+ * COMMITTED transaction that touches one row, so callers never see
+ * serialization failures to retry and never take a table lock.
  *
  * A claim (idem_claim) first tries to insert its record:
  *
@@ -59,64 +59,24 @@
  * one-row insert; pgbench running those same statements the same way gets
  * half of its one-row insert rate on this project's test machines, and idem
  * gets what pgbench gets (docs/bench.md).
+ *
+ * This file holds the method table, open and close, and the claims,
+ * completions and local actions; pg_internal.h says where the rest of the
+ * backend is.
  */
-#include "store.h"
 
-#include "cache.h"
+#include "pg_internal.h"
 
-#include <ctype.h>
-#include <libpq-fe.h>
-#include <poll.h>
-#include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#define SCHEMA_VERSION 2
-#define SCHEMA_MAX 63 /* PostgreSQL's NAMEDATALEN - 1 */
-#define ERR_SIZE 512
-#define MAX_PARAMS 12
-#define LIST_PAGE 256
-#define PRUNE_EVERY_MS 60000
-#define DEFAULT_RETENTION_MS (24 * 3600 * 1000LL)
 /* Retries of the insert-or-lock step when the row vanishes in between. */
 #define CLAIM_TRIES 8
-/* Leases and retention are capped so that now + period stays a bigint
- * (about 73 million years; "forever" for any caller). */
-#define MAX_PERIOD_MS (INT64_MAX / 4)
-/* Advisory lock class for schema creation: "idem" in ASCII. */
-#define SCHEMA_LOCK_CLASS "1768187245"
 
 /* The server's clock in Unix milliseconds. */
 #define NOW_MS "(floor(extract(epoch FROM clock_timestamp()) * 1000))::bigint"
-
-enum {
-  ST_BEGIN,
-  ST_COMMIT,
-  ST_PEEK,
-  ST_LOCK,
-  ST_INSERT,
-  ST_INSERT_DONE,
-  ST_KEY_LOCK,
-  ST_INSERT_UNKNOWN,
-  ST_REPLACE,
-  ST_TAKEOVER,
-  ST_COMPLETE,
-  ST_COMPLETE_LOCAL,
-  ST_RELEASE,
-  ST_UNKNOWN,
-  ST_RENEW,
-  ST_GET,
-  ST_HOLDER,
-  ST_LIST,
-  ST_PRUNE,
-  ST_PRUNE_SOME,
-  ST_RESOLVE_DONE,
-  ST_RESOLVE_DELETE,
-  ST_COUNT
-};
 
 #define RECORD_COLUMNS                                                         \
   "r.tenant, r.operation, r.key, r.fingerprint, r.state, r.attempt, "          \
@@ -125,10 +85,11 @@ enum {
 
 #define PK "tenant = $1::text AND operation = $2::text AND key = $3::text"
 
-/* Expired by retention, and not held by a holder inside its lease. */
-#define EXPIRED_SQL                                                            \
-  "(r.expires_ms <= n.now_ms AND NOT (r.state = 1 AND r.lease_expires_ms > "   \
-  "n.now_ms))"
+/* Expired by retention: completed records only. A record in progress or
+ * marked unknown may describe an action that happened; it stays. */
+#define EXPIRED_SQL "(r.state = 2 AND r.expires_ms <= n.now_ms)"
+/* Past its retention but kept, waiting for a holder or an operator. */
+#define OVERDUE_SQL "(r.state <> 2 AND r.expires_ms <= n.now_ms)"
 
 /* The response columns are read only when the fingerprint matches: a
  * conflicting claim has no use for a stored body of up to 16 MiB. */
@@ -140,7 +101,9 @@ enum {
 
 #define NOW_ROW "(SELECT " NOW_MS " AS now_ms) n"
 
-/* "{S}" stands for the quoted schema name; see build_sql(). */
+/* ---- SQL text ------------------------------------------------------------ */
+
+/* "{S}" stands for the quoted schema name; see idem__pg_build_sql(). */
 static const char *const sql_text[ST_COUNT] = {
     /* READ COMMITTED whatever the session's default: each statement must
      * see rows committed by concurrent claimers, and no serialization
@@ -157,7 +120,7 @@ static const char *const sql_text[ST_COUNT] = {
         "$4::text, $5::bytea, 1, $6::text, 1, n.now_ms, n.now_ms, n.now_ms + "
         "$7::bigint, n.now_ms + $8::bigint FROM " NOW_ROW
         " ON CONFLICT (tenant, operation, key) DO NOTHING RETURNING "
-        "created_ms",
+        "lease_expires_ms",
     /* A local action's record, written once, completed, after the action
      * and in its transaction. No ON CONFLICT: a record that another caller
      * wrote meanwhile must fail the statement (unique_violation, after
@@ -168,7 +131,8 @@ static const char *const sql_text[ST_COUNT] = {
         "request, state, attempt, created_ms, updated_ms, lease_expires_ms, "
         "expires_ms, status, meta, body, checksum) SELECT $1::text, $2::text, "
         "$3::text, $4::text, $5::bytea, 2, 1, n.now_ms, n.now_ms, 0, n.now_ms "
-        "+ $6::bigint, $7::integer, $8::bytea, $9::bytea, $10::text FROM " NOW_ROW,
+        "+ $6::bigint, $7::integer, $8::bytea, $9::bytea, $10::text "
+        "FROM " NOW_ROW,
     /* Local actions on one key wait for each other here, so that a second
      * one reads the first one's record instead of running its action too.
      * Held until the transaction ends. */
@@ -181,7 +145,8 @@ static const char *const sql_text[ST_COUNT] = {
         "INSERT INTO {S}.idem_records (tenant, operation, key, fingerprint, "
         "request, state, attempt, created_ms, updated_ms, lease_expires_ms, "
         "expires_ms) SELECT $1::text, $2::text, $3::text, $4::text, "
-        "$5::bytea, 3, 1, n.now_ms, n.now_ms, 0, n.now_ms + $6::bigint FROM " NOW_ROW
+        "$5::bytea, 3, 1, n.now_ms, n.now_ms, 0, n.now_ms + $6::bigint "
+        "FROM " NOW_ROW
         " ON CONFLICT (tenant, operation, key) DO UPDATE SET state = 3, "
         "owner = NULL, lease_expires_ms = 0, updated_ms = EXCLUDED.updated_ms "
         "WHERE idem_records.state = 1",
@@ -190,11 +155,13 @@ static const char *const sql_text[ST_COUNT] = {
         "$5::bytea, state = 1, owner = $6::text, attempt = 1, created_ms = "
         "n.now_ms, updated_ms = n.now_ms, lease_expires_ms = n.now_ms + "
         "$7::bigint, expires_ms = n.now_ms + $8::bigint, status = NULL, meta "
-        "= NULL, body = NULL, checksum = NULL FROM " NOW_ROW " WHERE " PK,
+        "= NULL, body = NULL, checksum = NULL FROM " NOW_ROW " WHERE " PK
+        " RETURNING lease_expires_ms",
     [ST_TAKEOVER] = "UPDATE {S}.idem_records SET state = 1, owner = $4::text, "
                     "attempt = attempt + 1, updated_ms = n.now_ms, "
-                    "lease_expires_ms = n.now_ms + $5::bigint FROM " NOW_ROW
-                    " WHERE " PK " RETURNING attempt",
+                    "lease_expires_ms = n.now_ms + $5::bigint, expires_ms = "
+                    "GREATEST(expires_ms, n.now_ms + $6::bigint) FROM " NOW_ROW
+                    " WHERE " PK " RETURNING attempt, lease_expires_ms",
     [ST_COMPLETE] =
         "UPDATE {S}.idem_records SET state = 2, owner = NULL, "
         "lease_expires_ms = 0, updated_ms = n.now_ms, expires_ms = n.now_ms + "
@@ -222,16 +189,17 @@ static const char *const sql_text[ST_COUNT] = {
                    " AND owner = $4::text AND state = 1",
     [ST_RENEW] = "UPDATE {S}.idem_records SET lease_expires_ms = n.now_ms + "
                  "$5::bigint, updated_ms = n.now_ms FROM " NOW_ROW " WHERE " PK
-                 " AND owner = $4::text AND state = 1",
+                 " AND owner = $4::text AND state = 1 RETURNING "
+                 "lease_expires_ms",
     [ST_GET] =
         "SELECT " RECORD_COLUMNS " FROM {S}.idem_records r CROSS JOIN " NOW_ROW
         " WHERE r." PK " AND NOT " EXPIRED_SQL,
-    /* After a write whose connection died before its answer came: what the
-     * row says now, to tell whether that write had committed. FOR SHARE
-     * waits for a transaction of the old session that may still hold the
-     * row. */
-    [ST_HOLDER] = "SELECT state, checksum FROM {S}.idem_records WHERE " PK
-                  " FOR SHARE",
+    /* After a fenced write that changed nothing: what the row says now, to
+     * tell whether an earlier send of that write (whose answer was lost)
+     * had committed. FOR SHARE waits for a transaction of the old session
+     * that may still hold the row. */
+    [ST_HOLDER] = "SELECT state, checksum, fingerprint, attempt FROM "
+                  "{S}.idem_records WHERE " PK " FOR SHARE",
     /* Keyset pagination, so that no connection is held while the caller's
      * function runs (it may call back into the store) and memory stays
      * bounded. Text is ordered by bytes (COLLATE "C"), as SQLite does. */
@@ -240,7 +208,9 @@ static const char *const sql_text[ST_COUNT] = {
         " WHERE ($1::text IS NULL OR r.tenant = $1::text) AND ($2::text IS "
         "NULL OR r.operation = $2::text) AND ($3::integer = 0 OR r.state = "
         "$3::integer) AND ($4::boolean OR NOT " EXPIRED_SQL ") AND "
-        "($5::boolean OR (r.created_ms, r.tenant COLLATE \"C\", r.operation "
+        "(NOT $11::boolean OR " OVERDUE_SQL
+        ") AND ($5::boolean OR (r.created_ms, r.tenant COLLATE \"C\", "
+        "r.operation "
         "COLLATE \"C\", r.key COLLATE \"C\") > ($6::bigint, $7::text, "
         "$8::text, $9::text)) ORDER BY r.created_ms, r.tenant COLLATE \"C\", "
         "r.operation COLLATE \"C\", r.key COLLATE \"C\" LIMIT $10::bigint",
@@ -261,232 +231,10 @@ static const char *const sql_text[ST_COUNT] = {
         " WHERE " PK " AND state <> 2",
     [ST_RESOLVE_DELETE] =
         "DELETE FROM {S}.idem_records WHERE " PK " AND state <> 2",
+    [ST_DELETE] = "DELETE FROM {S}.idem_records WHERE " PK,
 };
 
-static const char schema_meta[] = "CREATE SCHEMA IF NOT EXISTS {S};"
-                                  "CREATE TABLE IF NOT EXISTS {S}.idem_meta ("
-                                  " name text PRIMARY KEY,"
-                                  " value text NOT NULL)";
-
-static const char schema_v1[] =
-    "CREATE TABLE IF NOT EXISTS {S}.idem_records ("
-    " tenant text NOT NULL,"
-    " operation text NOT NULL,"
-    " key text NOT NULL,"
-    " fingerprint text NOT NULL,"
-    " request bytea,"
-    " state integer NOT NULL,"
-    " owner text,"
-    " attempt integer NOT NULL,"
-    " created_ms bigint NOT NULL,"
-    " updated_ms bigint NOT NULL,"
-    " lease_expires_ms bigint NOT NULL,"
-    " expires_ms bigint NOT NULL,"
-    " status integer,"
-    " meta bytea,"
-    " body bytea,"
-    " checksum text,"
-    " PRIMARY KEY (tenant, operation, key));"
-    "CREATE INDEX IF NOT EXISTS idem_records_expires ON {S}.idem_records "
-    "(expires_ms)";
-
-/*
- * Version 2: the identifying columns compare as bytes (COLLATE "C"), as on
- * SQLite, whatever the database's default collation. The primary key index
- * then never depends on the operating system's locale data, which can
- * change its order in an upgrade and leave a text index corrupt (a
- * uniqueness check that misses a row); and its comparisons are plain
- * memcmp. The table is not rewritten; the primary key index is rebuilt.
- */
-static const char schema_v2[] =
-    "ALTER TABLE {S}.idem_records"
-    " ALTER COLUMN tenant TYPE text COLLATE \"C\","
-    " ALTER COLUMN operation TYPE text COLLATE \"C\","
-    " ALTER COLUMN key TYPE text COLLATE \"C\"";
-
-typedef struct conn {
-  PGconn *pg;
-  /* Which statements this session has prepared. A reconnect starts a new
-   * session, which has none. */
-  unsigned char prepared[ST_COUNT];
-  char sqlstate[6]; /* of the last failure pg_fail() classified */
-  int failed_step;  /* run_steps(): which statement failed, or -1 */
-  /* The server refused a write as read-only (a standby, say after a
-   * failover): reconnect before the next use, so that a multi-host URL
-   * with target_session_attrs=read-write finds the primary. */
-  int read_only;
-  struct conn *next;
-} conn;
-
-typedef struct pg_store {
-  char *conninfo; /* the target without idem_schema, as libpq gets it */
-  char schema[SCHEMA_MAX + 1];
-  char *sql[ST_COUNT];
-  char *sql_meta, *sql_v1, *sql_v2, *sql_version;
-  idem_store_options o;
-  char version[64];
-
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  conn *idle;
-  int nconn;
-  int64_t last_prune_ms;
-  idem__cache *cache; /* completed records, for replays (monotonic clock) */
-} pg_store;
-
-/* ---- errors -------------------------------------------------------------- */
-
-static int failf(char *err, int rc, const char *fmt, ...) IDEM__PRINTF(3, 4);
-
-static int failf(char *err, int rc, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, ERR_SIZE, fmt, ap);
-  va_end(ap);
-  return rc;
-}
-
-/* Copies libpq's text as one line: its messages end in newlines and
- * sometimes carry a second, indented line with a hint. */
-static void oneline(char *dst, size_t size, const char *src) {
-  size_t n = 0;
-  int space = 0;
-  if (!src)
-    src = "";
-  for (; *src && n + 1 < size; src++) {
-    if (isspace((unsigned char)*src)) {
-      space = 1;
-      continue;
-    }
-    if (space && n > 0 && n + 2 < size)
-      dst[n++] = ' ';
-    space = 0;
-    dst[n++] = *src;
-  }
-  dst[n] = '\0';
-}
-
-/* Whether the server is a hot standby (reported by PostgreSQL 14 and
- * later at connection start and whenever it changes). */
-static int standby(const conn *c) {
-  const char *v = PQparameterStatus(c->pg, "in_hot_standby");
-  return v && !strcmp(v, "on");
-}
-
-/*
- * Classifies a failed call on c: res is its result (NULL when libpq could
- * not even produce one). A lost connection, or a server that accepts no
- * writes, is "unavailable"; lock timeouts, deadlocks and serialization
- * failures are "busy"; the rest is a store error. Writes "postgresql: WHAT:
- * TEXT" into err and returns the code.
- */
-static int pg_fail(conn *c, const PGresult *res, const char *what, char *err) {
-  const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
-  const char *primary =
-      res ? PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY) : NULL;
-  char text[ERR_SIZE];
-  int rc = IDEM_ESTORE;
-
-  snprintf(c->sqlstate, sizeof c->sqlstate, "%s", state ? state : "");
-  if (PQstatus(c->pg) == CONNECTION_BAD) {
-    oneline(text, sizeof text, PQerrorMessage(c->pg));
-    return failf(err, IDEM_EUNAVAILABLE, "postgresql: %s: %s", what,
-                 text[0] ? text : "the connection was lost");
-  }
-  if (!state) {
-    oneline(text, sizeof text,
-            res && *PQresultErrorMessage(res) ? PQresultErrorMessage(res)
-                                              : PQerrorMessage(c->pg));
-    return failf(err, IDEM_ESTORE, "postgresql: %s: %s", what,
-                 text[0] ? text : "no result");
-  }
-  if (!strcmp(state, "40001") || !strcmp(state, "40P01") ||
-      !strcmp(state, "55P03"))
-    rc = IDEM_EBUSY;
-  else if (!strncmp(state, "08", 2) || !strcmp(state, "57P01") ||
-           !strcmp(state, "57P02") || !strcmp(state, "57P03") ||
-           !strcmp(state, "53300"))
-    rc = IDEM_EUNAVAILABLE;
-  else if (!strcmp(state, "25006") || standby(c)) {
-    /* A write refused as read-only, or any failure on a server in
-     * recovery (which also refuses idem's advisory locks). */
-    c->read_only = 1;
-    oneline(text, sizeof text, primary ? primary : PQresultErrorMessage(res));
-    return failf(err, IDEM_EUNAVAILABLE,
-                 "postgresql: %s: %s (SQLSTATE %s): the server accepts no "
-                 "writes (a standby, or default_transaction_read_only); "
-                 "point idem at the primary, e.g. with several hosts and "
-                 "target_session_attrs=read-write",
-                 what, text, state);
-  } else if (!strcmp(state, "26000"))
-    /* A prepared statement is gone: the caller's SQL on this connection
-     * ran DEALLOCATE or DISCARD. Prepare everything again next time. */
-    memset(c->prepared, 0, sizeof c->prepared);
-  oneline(text, sizeof text, primary ? primary : PQresultErrorMessage(res));
-  return failf(err, rc, "postgresql: %s: %s (SQLSTATE %s)", what, text, state);
-}
-
-/* ---- SQL text ------------------------------------------------------------ */
-
-/* Replaces every "{S}" in tmpl with the quoted schema name. The name was
- * validated at open ([a-z_][a-z0-9_]*), so quoting it cannot go wrong. */
-static char *build_sql(const char *tmpl, const char *schema) {
-  size_t n = 0, slen = strlen(schema) + 2;
-  const char *p;
-  char *out, *q;
-  for (p = tmpl; (p = strstr(p, "{S}")); p += 3)
-    n++;
-  out = malloc(strlen(tmpl) + n * slen + 1);
-  if (!out)
-    return NULL;
-  for (p = tmpl, q = out; *p;) {
-    if (!strncmp(p, "{S}", 3)) {
-      q += sprintf(q, "\"%s\"", schema);
-      p += 3;
-    } else {
-      *q++ = *p++;
-    }
-  }
-  *q = '\0';
-  return out;
-}
-
 /* ---- parameters ---------------------------------------------------------- */
-
-/* Text parameters go in text format, bytea in binary (no escaping). */
-typedef struct params {
-  int n;
-  const char *v[MAX_PARAMS];
-  int len[MAX_PARAMS];
-  int fmt[MAX_PARAMS];
-  char num[MAX_PARAMS][24];
-} params;
-
-static void p_text(params *p, const char *t) {
-  p->v[p->n] = t;
-  p->len[p->n] = 0;
-  p->fmt[p->n] = 0;
-  p->n++;
-}
-
-static void p_i64(params *p, int64_t x) {
-  snprintf(p->num[p->n], sizeof p->num[0], "%lld", (long long)x);
-  p_text(p, p->num[p->n]);
-}
-
-/* NULL data is SQL NULL; empty data is an empty bytea. */
-static void p_bytes(params *p, const void *b, size_t n) {
-  p->v[p->n] = b ? (n ? (const char *)b : "") : NULL;
-  p->len[p->n] = (int)n;
-  p->fmt[p->n] = 1;
-  p->n++;
-}
-
-static void p_id(params *p, const idem_id *id) {
-  p_text(p, id->tenant ? id->tenant : "");
-  p_text(p, id->operation);
-  p_text(p, id->key);
-}
 
 /* The advisory lock key of a record: FNV-1a over the schema and the id. Two
  * ids with one key only wait for each other needlessly. */
@@ -499,454 +247,10 @@ static void p_lock_key(params *p, const char *schema, const idem_id *id) {
       h = (h ^ *q) * 1099511628211ULL;
     h = (h ^ 0xff) * 1099511628211ULL; /* a separator no UTF-8 text has */
   }
-  p_i64(p, (int64_t)h);
-}
-
-static int64_t period(int64_t ms) {
-  return ms > MAX_PERIOD_MS ? MAX_PERIOD_MS : ms;
-}
-
-/* ---- binary results ------------------------------------------------------ */
-
-/* An integer column of any width (int2, int4, int8); NULL reads as 0. */
-static int64_t col_int(const PGresult *r, int row, int col) {
-  const unsigned char *p;
-  uint64_t v = 0;
-  int len;
-  if (PQgetisnull(r, row, col))
-    return 0;
-  p = (const unsigned char *)PQgetvalue(r, row, col);
-  len = PQgetlength(r, row, col);
-  for (int i = 0; i < len && i < 8; i++)
-    v = v << 8 | p[i];
-  switch (len) {
-  case 2:
-    return (int16_t)(uint16_t)v;
-  case 4:
-    return (int32_t)(uint32_t)v;
-  default:
-    return (int64_t)v;
-  }
-}
-
-/* Points at a text or bytea column's bytes; NULL for SQL NULL. */
-static const void *col_ptr(const PGresult *r, int row, int col, size_t *len) {
-  if (PQgetisnull(r, row, col)) {
-    *len = 0;
-    return NULL;
-  }
-  *len = (size_t)PQgetlength(r, row, col);
-  return PQgetvalue(r, row, col);
-}
-
-/* A copy with one spare NUL, so that text can be printed as is. */
-static void *col_dup(const PGresult *r, int row, int col, size_t *len) {
-  size_t n;
-  const void *b = col_ptr(r, row, col, &n);
-  char *p;
-  *len = n;
-  if (!b)
-    return NULL;
-  p = malloc(n + 1);
-  if (p) {
-    if (n)
-      memcpy(p, b, n);
-    p[n] = '\0';
-  }
-  return p;
-}
-
-static char *col_text(const PGresult *r, int row, int col) {
-  size_t n;
-  char *t = col_dup(r, row, col, &n);
-  return t ? t : idem__strdup("");
-}
-
-/* ---- connections --------------------------------------------------------- */
-
-static void ignore_notice(void *arg, const char *message) {
-  /* CREATE ... IF NOT EXISTS and friends send notices; a library must not
-   * print them on the application's stderr. */
-  (void)arg;
-  (void)message;
-}
-
-/* Per-session settings, applied after every (re)connect. */
-static int session_setup(pg_store *s, conn *c, char *err) {
-  char ms[24];
-  const char *v[1] = {ms};
-  PGresult *res;
-  int rc = IDEM_OK;
-  /* busy_timeout_ms bounds lock waits, as SQLite's busy timeout does; a
-   * lock_timeout that the URL, role or database already set is kept. */
-  snprintf(ms, sizeof ms, "%d", s->o.busy_timeout_ms);
-  res = PQexecParams(c->pg,
-                     "SELECT set_config('lock_timeout', $1, false) WHERE "
-                     "current_setting('lock_timeout') = '0'",
-                     1, NULL, v, NULL, NULL, 0);
-  if (PQresultStatus(res) != PGRES_TUPLES_OK)
-    rc = pg_fail(c, res, "session setup", err);
-  PQclear(res);
-  memset(c->prepared, 0, sizeof c->prepared);
-  return rc;
-}
-
-static void conn_close(conn *c) {
-  if (!c)
-    return;
-  PQfinish(c->pg);
-  free(c);
-}
-
-static int conn_open(pg_store *s, conn **out, char *err) {
-  /* Listed before dbname, so that the URL or conninfo may override them. */
-  const char *const kw[] = {"connect_timeout", "fallback_application_name",
-                            "dbname", NULL};
-  const char *const val[] = {"10", "idem", s->conninfo, NULL};
-  char text[ERR_SIZE];
-  conn *c = calloc(1, sizeof *c);
-  int rc;
-  *out = NULL;
-  if (!c)
-    return failf(err, IDEM_ENOMEM, "postgresql: out of memory");
-  c->pg = PQconnectdbParams(kw, val, 1);
-  if (!c->pg) {
-    free(c);
-    return failf(err, IDEM_ENOMEM, "postgresql: out of memory");
-  }
-  if (PQstatus(c->pg) != CONNECTION_OK) {
-    oneline(text, sizeof text, PQerrorMessage(c->pg));
-    conn_close(c);
-    return failf(err, IDEM_EUNAVAILABLE, "postgresql: cannot connect: %s",
-                 text);
-  }
-  PQsetNoticeProcessor(c->pg, ignore_notice, NULL);
-  rc = session_setup(s, c, err);
-  if (rc != IDEM_OK) {
-    conn_close(c);
-    return rc;
-  }
-  *out = c;
-  return IDEM_OK;
-}
-
-/* Re-establishes a lost connection in place. */
-static int conn_revive(pg_store *s, conn *c, char *err) {
-  char text[ERR_SIZE];
-  PQreset(c->pg);
-  if (PQstatus(c->pg) != CONNECTION_OK) {
-    oneline(text, sizeof text, PQerrorMessage(c->pg));
-    return failf(err, IDEM_EUNAVAILABLE, "postgresql: cannot reconnect: %s",
-                 text);
-  }
-  PQsetNoticeProcessor(c->pg, ignore_notice, NULL);
-  return session_setup(s, c, err);
-}
-
-/*
- * Checks an idle connection before use. A server that restarted or ended
- * the session closed the socket, but libpq notices only when it reads: so
- * read whatever is pending now, and reconnect if the connection is gone or
- * its server was found read-only.
- */
-static int conn_check(pg_store *s, conn *c, char *err) {
-  if (c->read_only) {
-    c->read_only = 0;
-    return conn_revive(s, c, err);
-  }
-  if (PQstatus(c->pg) == CONNECTION_OK && PQsocket(c->pg) >= 0) {
-    struct pollfd pfd;
-    PGnotify *note;
-    pfd.fd = PQsocket(c->pg);
-    pfd.events = POLLIN;
-    pfd.revents = 0;
-    if (poll(&pfd, 1, 0) > 0) {
-      PQconsumeInput(c->pg);
-      while ((note = PQnotifies(c->pg)))
-        PQfreemem(note);
-    }
-  }
-  if (PQstatus(c->pg) != CONNECTION_BAD)
-    return IDEM_OK;
-  return conn_revive(s, c, err);
-}
-
-static void pool_drop(pg_store *s, conn *c) {
-  conn_close(c);
-  pthread_mutex_lock(&s->mu);
-  s->nconn--;
-  pthread_cond_signal(&s->cv);
-  pthread_mutex_unlock(&s->mu);
-}
-
-static int pool_get(pg_store *s, conn **out, char *err) {
-  conn *c = NULL;
-  int rc;
-  *out = NULL;
-  pthread_mutex_lock(&s->mu);
-  while (!s->idle && s->nconn >= s->o.max_connections)
-    pthread_cond_wait(&s->cv, &s->mu);
-  if (s->idle) {
-    c = s->idle;
-    s->idle = c->next;
-    pthread_mutex_unlock(&s->mu);
-    rc = conn_check(s, c, err);
-    if (rc != IDEM_OK) {
-      pool_drop(s, c);
-      return rc;
-    }
-    *out = c;
-    return IDEM_OK;
-  }
-  s->nconn++;
-  pthread_mutex_unlock(&s->mu);
-  rc = conn_open(s, &c, err);
-  if (rc != IDEM_OK) {
-    pthread_mutex_lock(&s->mu);
-    s->nconn--;
-    pthread_cond_signal(&s->cv);
-    pthread_mutex_unlock(&s->mu);
-    return rc;
-  }
-  *out = c;
-  return IDEM_OK;
-}
-
-/* Ends whatever transaction is open. A query left running (only the
- * caller's action could leave one) is drained first. */
-static void rollback(conn *c) {
-  PGTransactionStatusType ts = PQtransactionStatus(c->pg);
-  PGresult *res;
-  if (ts == PQTRANS_ACTIVE) {
-    while ((res = PQgetResult(c->pg)))
-      PQclear(res);
-    ts = PQtransactionStatus(c->pg);
-  }
-  if (ts == PQTRANS_INTRANS || ts == PQTRANS_INERROR)
-    PQclear(PQexec(c->pg, "ROLLBACK"));
-}
-
-static void pool_put(pg_store *s, conn *c) {
-  if (!c)
-    return;
-  /* Never hand out a connection inside a transaction. A lost one goes back
-   * too: the next pool_get() reconnects it. */
-  rollback(c);
-  pthread_mutex_lock(&s->mu);
-  c->next = s->idle;
-  s->idle = c;
-  pthread_cond_signal(&s->cv);
-  pthread_mutex_unlock(&s->mu);
-}
-
-/* ---- statements ---------------------------------------------------------- */
-
-/*
- * Runs prepared statement which (preparing it first in this session) with
- * binary results. On success *out holds a TUPLES_OK or COMMAND_OK result.
- */
-static int prepare(pg_store *s, conn *c, int which, char name[32],
-                   char *err) {
-  PGresult *res;
-  int rc;
-  snprintf(name, 32, "idem__%d", which);
-  if (c->prepared[which])
-    return IDEM_OK;
-  res = PQprepare(c->pg, name, s->sql[which], 0, NULL);
-  if (PQresultStatus(res) != PGRES_COMMAND_OK) {
-    rc = pg_fail(c, res, "prepare", err);
-    PQclear(res);
-    return rc;
-  }
-  PQclear(res);
-  c->prepared[which] = 1;
-  return IDEM_OK;
-}
-
-static int run_stmt(pg_store *s, conn *c, int which, const params *p,
-                    const char *what, PGresult **out, char *err) {
-  char name[32];
-  PGresult *res;
-  ExecStatusType st;
-  int rc;
-  *out = NULL;
-  if ((rc = prepare(s, c, which, name, err)) != IDEM_OK)
-    return rc;
-  res = PQexecPrepared(c->pg, name, p->n, p->v, p->len, p->fmt, 1);
-  st = PQresultStatus(res);
-  if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {
-    rc = pg_fail(c, res, what, err);
-    PQclear(res);
-    return rc;
-  }
-  *out = res;
-  return IDEM_OK;
-}
-
-/* One prepared statement of a pipeline (p may be NULL: no parameters). */
-typedef struct step {
-  int which;
-  const params *p;
-} step;
-
-static const params no_params;
-
-#define MAX_STEPS 4
-
-/*
- * One round trip for up to MAX_STEPS statements, sent together in libpq's
- * pipeline mode. On success *out holds the result of step `keep` and
- * last_tag (may be NULL) the command tag of the last step, e.g. "COMMIT"
- * or "ROLLBACK". The first failure is reported (the statements after it
- * are not run). When the connection breaks on the way, nobody can tell
- * whether a COMMIT in it ran: the result is IDEM_EUNAVAILABLE.
- */
-static int run_steps(pg_store *s, conn *c, const step *st, int n, int keep,
-                     const char *what, PGresult **out, char *last_tag,
-                     char *err) {
-  PGresult *res[MAX_STEPS] = {NULL}, *r;
-  char name[MAX_STEPS][32];
-  int rc = IDEM_OK, i;
-
-  *out = NULL;
-  c->failed_step = -1;
-  if (last_tag)
-    last_tag[0] = '\0';
-  for (i = 0; i < n; i++)
-    if ((rc = prepare(s, c, st[i].which, name[i], err)) != IDEM_OK)
-      return rc;
-  if (!PQenterPipelineMode(c->pg))
-    return pg_fail(c, NULL, what, err);
-  for (i = 0; i < n; i++) {
-    const params *p = st[i].p ? st[i].p : &no_params;
-    if (!PQsendQueryPrepared(c->pg, name[i], p->n, p->v, p->len, p->fmt, 1))
-      goto broken;
-  }
-  if (!PQpipelineSync(c->pg))
-    goto broken;
-  /* Each query's result is followed by a NULL; then the sync's result. */
-  for (i = 0; i < n; i++) {
-    if (!(res[i] = PQgetResult(c->pg)))
-      goto broken;
-    while ((r = PQgetResult(c->pg)) != NULL)
-      PQclear(r);
-  }
-  r = PQgetResult(c->pg);
-  if (!r || PQresultStatus(r) != PGRES_PIPELINE_SYNC) {
-    PQclear(r);
-    goto broken;
-  }
-  PQclear(r);
-  PQexitPipelineMode(c->pg);
-  /* The first failure explains the rest (later ones are "aborted"). */
-  for (i = 0; i < n; i++) {
-    ExecStatusType es = PQresultStatus(res[i]);
-    if (es != PGRES_TUPLES_OK && es != PGRES_COMMAND_OK) {
-      c->failed_step = i;
-      rc = pg_fail(c, res[i],
-                   st[i].which == ST_BEGIN    ? "begin"
-                   : st[i].which == ST_COMMIT ? "commit"
-                                              : what,
-                   err);
-      break;
-    }
-  }
-  if (rc == IDEM_OK && last_tag)
-    snprintf(last_tag, 16, "%s", PQcmdStatus(res[n - 1]));
-  if (rc == IDEM_OK) {
-    *out = res[keep];
-    res[keep] = NULL;
-  }
-  for (i = 0; i < n; i++)
-    PQclear(res[i]);
-  return rc;
-broken:
-  for (i = 0; i < n; i++)
-    PQclear(res[i]);
-  /* Drain what can be drained so that the connection leaves pipeline mode;
-   * a broken one is re-established before its next use. */
-  while (PQstatus(c->pg) != CONNECTION_BAD && (r = PQgetResult(c->pg)))
-    PQclear(r);
-  PQexitPipelineMode(c->pg);
-  if (PQstatus(c->pg) == CONNECTION_BAD) {
-    char text[ERR_SIZE];
-    oneline(text, sizeof text, PQerrorMessage(c->pg));
-    return failf(err, IDEM_EUNAVAILABLE,
-                 "postgresql: %s: the connection was lost%s: %s", what,
-                 st[n - 1].which == ST_COMMIT
-                     ? "; whether it committed is unknown"
-                     : "",
-                 text);
-  }
-  return pg_fail(c, NULL, what, err);
-}
-
-/* After a failure rc on c: whether the connection was found dead and is
- * re-established, so that a statement safe to send twice may be sent
- * again. */
-static int revived(pg_store *s, conn *c, int rc, char *err) {
-  return rc == IDEM_EUNAVAILABLE && PQstatus(c->pg) == CONNECTION_BAD &&
-         PQtransactionStatus(c->pg) == PQTRANS_UNKNOWN &&
-         conn_revive(s, c, err) == IDEM_OK;
-}
-
-/* run_stmt() for statements that are safe to send twice (reads): sent once
- * more on a connection found dead and re-established. */
-static int run_stmt_retry(pg_store *s, conn *c, int which, const params *p,
-                          const char *what, PGresult **out, char *err) {
-  int rc = run_stmt(s, c, which, p, what, out, err);
-  if (revived(s, c, rc, err))
-    rc = run_stmt(s, c, which, p, what, out, err);
-  return rc;
-}
-
-/* Transaction control: no data, so a simple query. */
-static int run_simple(conn *c, const char *sql, const char *what, char *err) {
-  PGresult *res = PQexec(c->pg, sql);
-  int rc = IDEM_OK;
-  if (PQresultStatus(res) != PGRES_COMMAND_OK)
-    rc = pg_fail(c, res, what, err);
-  PQclear(res);
-  return rc;
-}
-
-/* READ COMMITTED whatever the session's default: each statement must see
- * rows committed by concurrent claimers, and no serialization failure may
- * reach the caller. */
-static int begin(conn *c, char *err) {
-  return run_simple(c, "BEGIN ISOLATION LEVEL READ COMMITTED", "begin", err);
-}
-
-/*
- * Commits. When the connection breaks during COMMIT nobody can tell whether
- * the transaction committed, and the caller must not believe it did.
- */
-static int commit(conn *c, char *err) {
-  PGresult *res = PQexec(c->pg, "COMMIT");
-  char text[ERR_SIZE];
-  int rc = IDEM_OK;
-  if (PQresultStatus(res) != PGRES_COMMAND_OK) {
-    if (PQstatus(c->pg) == CONNECTION_BAD) {
-      oneline(text, sizeof text, PQerrorMessage(c->pg));
-      rc = failf(err, IDEM_EUNAVAILABLE,
-                 "postgresql: the connection was lost during commit; "
-                 "whether it committed is unknown: %s",
-                 text);
-    } else {
-      rc = pg_fail(c, res, "commit failed, nothing was stored", err);
-    }
-  } else if (strcmp(PQcmdStatus(res), "COMMIT") != 0) {
-    /* COMMIT of a failed transaction answers ROLLBACK. */
-    rc = failf(err, IDEM_ESTORE,
-               "postgresql: commit failed, nothing was stored: the "
-               "transaction was rolled back");
-  }
-  PQclear(res);
-  return rc;
+  idem__pg_p_i64(p, (int64_t)h);
 }
 
 /* ---- claims -------------------------------------------------------------- */
-
 
 /* This machine's monotonic clock in milliseconds: the cache's clock. A
  * record's expiry read from the server at server time N becomes a local
@@ -985,8 +289,8 @@ static int load_and_decide(pg_store *s, conn *c, idem__op *op, int which,
 
   memset(row, 0, sizeof *row);
   *found = 0;
-  p_id(&p, op->id);
-  p_text(&p, op->fingerprint);
+  idem__pg_p_id(&p, op->id);
+  idem__pg_p_text(&p, op->fingerprint);
   if (begin_too && which == ST_PEEK) {
     /* A local action's first read waits for the key's advisory lock. */
     p_lock_key(&lk, s->schema, op->id);
@@ -997,57 +301,41 @@ static int load_and_decide(pg_store *s, conn *c, idem__op *op, int which,
    * found dead: nothing of the operation has happened yet. */
   for (int tries = 0;; tries++) {
     sent = mono_ms();
-    rc = begin_too ? run_steps(s, c, st, nst, nst - 1, "read record", &res,
-                               NULL, op->errmsg)
-                   : run_stmt(s, c, which, &p, "read record", &res,
-                              op->errmsg);
+    rc = begin_too ? idem__pg_run_steps(s, c, st, nst, nst - 1, "read record",
+                                        &res, NULL, op->errmsg)
+                   : idem__pg_run_stmt(s, c, which, &p, "read record", &res,
+                                       op->errmsg);
     if (tries > 0 || !(begin_too || which == ST_PEEK) ||
-        !revived(s, c, rc, op->errmsg))
+        !idem__pg_revived(s, c, &rc, op->errmsg))
       break;
   }
   if (rc != IDEM_OK)
     return op->rc = rc;
   if (PQntuples(res) > 0) {
     size_t n;
-    const void *fp = col_ptr(res, 0, 0, &n);
+    const void *fp = idem__pg_col_ptr(res, 0, 0, &n);
     *found = 1;
     row->exists = 1;
     snprintf(row->fingerprint, sizeof row->fingerprint, "%.*s",
              (int)(n < IDEM_FINGERPRINT_SIZE ? n : IDEM_FINGERPRINT_SIZE - 1),
              fp ? (const char *)fp : "");
-    row->state = (int)col_int(res, 0, 1);
-    row->attempt = (int)col_int(res, 0, 2);
-    row->lease_expires_ms = col_int(res, 0, 3);
-    row->expires_ms = col_int(res, 0, 4);
-    now = col_int(res, 0, 9);
+    row->state = (int)idem__pg_col_int(res, 0, 1);
+    row->attempt = (int)idem__pg_col_int(res, 0, 2);
+    row->lease_expires_ms = idem__pg_col_int(res, 0, 3);
+    row->expires_ms = idem__pg_col_int(res, 0, 4);
+    now = idem__pg_col_int(res, 0, 9);
   }
-  cl->outcome = idem__decide(row, op->fingerprint, now, &op->opts, action,
-                             &cl->retry_after_ms);
-  cl->attempt = row->attempt;
-  if (cl->outcome == IDEM_IN_FLIGHT && cl->retry_after_ms < 1)
-    cl->retry_after_ms = 1;
+  *action = idem__decide_op(op, row, now);
   if (cl->outcome == IDEM_REPLAY) {
-    int status = (int)col_int(res, 0, 5);
+    int status = (int)idem__pg_col_int(res, 0, 5);
     size_t meta_len, body_len, sum_len;
-    const void *meta = col_ptr(res, 0, 6, &meta_len);
-    const void *body = col_ptr(res, 0, 7, &body_len);
-    const char *sum = col_ptr(res, 0, 8, &sum_len);
-    char want[IDEM_FINGERPRINT_SIZE];
-    if (idem__response_checksum(row->fingerprint, status, meta, meta_len, body,
-                                body_len, want) != IDEM_OK ||
-        !sum || sum_len != IDEM_FINGERPRINT_SIZE - 1 ||
-        memcmp(sum, want, sum_len) != 0) {
+    const void *meta = idem__pg_col_ptr(res, 0, 6, &meta_len);
+    const void *body = idem__pg_col_ptr(res, 0, 7, &body_len);
+    const char *sum = idem__pg_col_ptr(res, 0, 8, &sum_len);
+    if (idem__claim_replay(op, row->fingerprint, status, meta, meta_len, body,
+                           body_len, sum, sum_len) != IDEM_OK) {
       PQclear(res);
-      return idem__op_fail(op, IDEM_ECORRUPT,
-                           "record (%s, %s, %s): the stored response does "
-                           "not match its checksum; it is not replayed",
-                           op->id->tenant ? op->id->tenant : "",
-                           op->id->operation, op->id->key);
-    }
-    if (idem__claim_set_response(cl, status, meta_len ? meta : NULL, meta_len,
-                                 body, body_len) != IDEM_OK) {
-      PQclear(res);
-      return idem__op_fail(op, IDEM_ENOMEM, "out of memory");
+      return op->rc;
     }
     idem__cache_put(s->cache, op->id, row->fingerprint,
                     cache_deadline(sent, row->expires_ms - now), row->attempt,
@@ -1070,47 +358,58 @@ static int still_held(pg_store *s, conn *c, idem__op *op, int *held) {
   params p = {0};
   int rc;
   *held = 0;
-  p_id(&p, op->id);
-  p_text(&p, op->claim->token);
-  p_i64(&p, period(op->opts.lease_ms));
-  if ((rc = run_stmt(s, c, ST_RENEW, &p, "read record", &res, op->errmsg)) !=
-      IDEM_OK)
+  idem__pg_p_id(&p, op->id);
+  idem__pg_p_text(&p, op->claim->token);
+  idem__pg_p_i64(&p, idem__pg_period(op->opts.lease_ms));
+  if ((rc = idem__pg_run_stmt(s, c, ST_RENEW, &p, "read record", &res,
+                              op->errmsg)) != IDEM_OK)
     return op->rc = rc;
   *held = atoi(PQcmdTuples(res)) == 1;
+  if (*held && PQntuples(res) > 0)
+    op->claim->lease_expires_ms = idem__pg_col_int(res, 0, 0);
   PQclear(res);
   return IDEM_OK;
 }
 
 /*
- * After a fenced write whose answer was lost with its connection, sent again
- * on the re-established one and changing nothing: whether the first send
- * had done what the caller asked (*done). ST_COMPLETE: the record is
- * completed with this response (checksum sum); ST_UNKNOWN: it is marked
- * unknown; ST_RELEASE: this claim no longer holds it, which is all a
- * release asks. A renewal that changes nothing has lost the lease.
+ * After a fenced write that changed no row: whether an earlier send of it
+ * had done what the caller asks (*done). That earlier send is one whose
+ * answer was lost with its connection: sent again on the re-established
+ * connection by run_fenced(), or reported IDEM_EUNAVAILABLE when the
+ * server could not be reached again, and then retried by the caller. The
+ * row tells. ST_COMPLETE: it is completed with this fingerprint and this
+ * response (checksum sum). ST_UNKNOWN: it is marked unknown at this
+ * claim's attempt (a newer holder's mark is not this claim's). ST_RELEASE:
+ * it is gone. A renewal that changes nothing has lost the lease.
  */
 static int wrote_before_loss(pg_store *s, conn *c, idem__op *op, int which,
                              const char *sum, int *done) {
   PGresult *res = NULL;
   params p = {0};
-  size_t n = 0;
-  const char *v;
+  size_t n = 0, fn = 0;
+  const char *v, *fp;
   int rc, state;
 
-  *done = which == ST_RELEASE;
-  if (which != ST_COMPLETE && which != ST_UNKNOWN)
+  *done = 0;
+  if (which != ST_COMPLETE && which != ST_UNKNOWN && which != ST_RELEASE)
     return IDEM_OK;
-  p_id(&p, op->id);
-  if ((rc = run_stmt(s, c, ST_HOLDER, &p, "read record", &res, op->errmsg)) !=
-      IDEM_OK)
+  idem__pg_p_id(&p, op->id);
+  if ((rc = idem__pg_run_stmt(s, c, ST_HOLDER, &p, "read record", &res,
+                              op->errmsg)) != IDEM_OK)
     return op->rc = rc;
-  if (PQntuples(res) > 0) {
-    state = (int)col_int(res, 0, 0);
-    v = col_ptr(res, 0, 1, &n);
-    *done = which == ST_UNKNOWN
-                ? state == 3
-                : state == 2 && sum && v && n == strlen(sum) &&
-                      memcmp(v, sum, n) == 0;
+  if (PQntuples(res) == 0) {
+    *done = which == ST_RELEASE;
+  } else {
+    state = (int)idem__pg_col_int(res, 0, 0);
+    v = idem__pg_col_ptr(res, 0, 1, &n);
+    fp = idem__pg_col_ptr(res, 0, 2, &fn);
+    if (which == ST_UNKNOWN)
+      *done = state == IDEM_STATE_UNKNOWN &&
+              (int)idem__pg_col_int(res, 0, 3) == op->claim->attempt;
+    else if (which == ST_COMPLETE)
+      *done = state == IDEM_STATE_COMPLETED && sum && v && n == strlen(sum) &&
+              memcmp(v, sum, n) == 0 && fp && fn == strlen(op->fingerprint) &&
+              memcmp(fp, op->fingerprint, fn) == 0;
   }
   PQclear(res);
   return IDEM_OK;
@@ -1123,29 +422,32 @@ static int try_insert(pg_store *s, conn *c, idem__op *op, int begin_too,
   PGresult *res = NULL;
   params p = {0};
   int rc;
-  p_id(&p, op->id);
-  p_text(&p, op->fingerprint);
-  p_bytes(&p, op->opts.request, op->opts.request_len);
-  p_text(&p, op->claim->token);
-  p_i64(&p, period(op->opts.lease_ms));
-  p_i64(&p, period(op->opts.retention_ms));
+  idem__pg_p_id(&p, op->id);
+  idem__pg_p_text(&p, op->fingerprint);
+  idem__pg_p_bytes(&p, op->opts.request, op->opts.request_len);
+  idem__pg_p_text(&p, op->claim->token);
+  idem__pg_p_i64(&p, idem__pg_period(op->opts.lease_ms));
+  idem__pg_p_i64(&p, idem__pg_period(op->opts.retention_ms));
   if (begin_too) {
     /* Only a local action's insert begins a transaction: it takes its
      * key's advisory lock first, as run_claim()'s first read does. */
     params lk = {0};
     step st[3] = {{ST_BEGIN, NULL}, {ST_KEY_LOCK, &lk}, {ST_INSERT, &p}};
     p_lock_key(&lk, s->schema, op->id);
-    rc = run_steps(s, c, st, 3, 2, "write claim", &res, NULL, op->errmsg);
+    rc = idem__pg_run_steps(s, c, st, 3, 2, "write claim", &res, NULL,
+                            op->errmsg);
   } else {
     /* On its own (a claim's), or inside a local action's transaction. */
     int own = PQtransactionStatus(c->pg) == PQTRANS_IDLE;
-    rc = run_stmt(s, c, ST_INSERT, &p, "write claim", &res, op->errmsg);
-    if (own && revived(s, c, rc, op->errmsg)) {
+    rc =
+        idem__pg_run_stmt(s, c, ST_INSERT, &p, "write claim", &res, op->errmsg);
+    if (own && idem__pg_revived(s, c, &rc, op->errmsg)) {
       /* It commits by itself and may have done so before the connection
        * died: send it again, and if the key is taken, see whether it is
        * this claim that took it. (A transaction that died is gone: its
        * statements are never sent again outside it.) */
-      rc = run_stmt(s, c, ST_INSERT, &p, "write claim", &res, op->errmsg);
+      rc = idem__pg_run_stmt(s, c, ST_INSERT, &p, "write claim", &res,
+                             op->errmsg);
       if (rc == IDEM_OK && PQntuples(res) == 0) {
         PQclear(res);
         return still_held(s, c, op, inserted);
@@ -1155,6 +457,8 @@ static int try_insert(pg_store *s, conn *c, idem__op *op, int begin_too,
   if (rc != IDEM_OK)
     return op->rc = rc;
   *inserted = PQntuples(res) > 0;
+  if (*inserted)
+    op->claim->lease_expires_ms = idem__pg_col_int(res, 0, 0);
   PQclear(res);
   return IDEM_OK;
 }
@@ -1167,23 +471,32 @@ static int write_claim(pg_store *s, conn *c, idem__op *op,
   PGresult *res = NULL;
   params p = {0};
   int rc;
-  p_id(&p, op->id);
+  idem__pg_p_id(&p, op->id);
   if (action == IDEM__ACT_INSERT) {
-    p_text(&p, op->fingerprint);
-    p_bytes(&p, op->opts.request, op->opts.request_len);
-    p_text(&p, cl->token);
-    p_i64(&p, period(op->opts.lease_ms));
-    p_i64(&p, period(op->opts.retention_ms));
-    rc = run_stmt(s, c, ST_REPLACE, &p, "write claim", &res, op->errmsg);
-    if (rc == IDEM_OK)
+    idem__pg_p_text(&p, op->fingerprint);
+    idem__pg_p_bytes(&p, op->opts.request, op->opts.request_len);
+    idem__pg_p_text(&p, cl->token);
+    idem__pg_p_i64(&p, idem__pg_period(op->opts.lease_ms));
+    idem__pg_p_i64(&p, idem__pg_period(op->opts.retention_ms));
+    rc = idem__pg_run_stmt(s, c, ST_REPLACE, &p, "write claim", &res,
+                           op->errmsg);
+    if (rc == IDEM_OK) {
       cl->attempt = 1;
+      if (PQntuples(res) > 0)
+        cl->lease_expires_ms = idem__pg_col_int(res, 0, 0);
+    }
   } else {
-    p_text(&p, cl->token);
-    p_i64(&p, period(op->opts.lease_ms));
-    rc = run_stmt(s, c, ST_TAKEOVER, &p, "write claim", &res, op->errmsg);
-    if (rc == IDEM_OK)
-      cl->attempt =
-          PQntuples(res) > 0 ? (int)col_int(res, 0, 0) : cl->attempt + 1;
+    idem__pg_p_text(&p, cl->token);
+    idem__pg_p_i64(&p, idem__pg_period(op->opts.lease_ms));
+    idem__pg_p_i64(&p, idem__pg_period(op->opts.retention_ms));
+    rc = idem__pg_run_stmt(s, c, ST_TAKEOVER, &p, "write claim", &res,
+                           op->errmsg);
+    if (rc == IDEM_OK) {
+      cl->attempt = PQntuples(res) > 0 ? (int)idem__pg_col_int(res, 0, 0)
+                                       : cl->attempt + 1;
+      if (PQntuples(res) > 0)
+        cl->lease_expires_ms = idem__pg_col_int(res, 0, 1);
+    }
   }
   if (rc != IDEM_OK)
     return op->rc = rc;
@@ -1202,44 +515,48 @@ static int response_params(idem__op *op, const idem_response *r, int which,
   if (idem__response_checksum(op->fingerprint, r->status, r->meta, r->meta_len,
                               r->body, r->body_len, sum) != IDEM_OK)
     return idem__op_fail(op, IDEM_ENOMEM, "checksum: out of memory");
-  p_id(p, op->id);
+  idem__pg_p_id(p, op->id);
   if (which == ST_INSERT_DONE) {
-    p_text(p, op->fingerprint);
-    p_bytes(p, op->opts.request, op->opts.request_len);
+    idem__pg_p_text(p, op->fingerprint);
+    idem__pg_p_bytes(p, op->opts.request, op->opts.request_len);
   } else {
-    p_text(p, op->claim->token);
+    idem__pg_p_text(p, op->claim->token);
   }
   if (which != ST_COMPLETE_LOCAL)
-    p_i64(p, period(op->opts.retention_ms));
-  p_i64(p, r->status);
-  p_bytes(p, r->meta, r->meta_len);
-  p_bytes(p, r->body_len ? r->body : "", r->body_len);
-  p_text(p, sum);
+    idem__pg_p_i64(p, idem__pg_period(op->opts.retention_ms));
+  idem__pg_p_i64(p, r->status);
+  idem__pg_p_bytes(p, r->meta, r->meta_len);
+  idem__pg_p_bytes(p, r->body_len ? r->body : "", r->body_len);
+  idem__pg_p_text(p, sum);
   return IDEM_OK;
 }
 
 /* Runs a statement fenced by the holder's token, on its own (an implicit
- * transaction): no row changed means the holder lost the record. */
+ * transaction): no row changed means the holder lost the record, unless
+ * the row shows that an earlier send of the same write had committed. */
 static int run_fenced(pg_store *s, conn *c, idem__op *op, int which,
                       const params *p, const char *what, const char *lost,
                       const char *sum) {
   PGresult *res = NULL;
   int own = PQtransactionStatus(c->pg) == PQTRANS_IDLE;
-  int changed, resent = 0, done = 0,
-               rc = run_stmt(s, c, which, p, what, &res, op->errmsg);
-  if (own && revived(s, c, rc, op->errmsg)) {
+  int changed, done = 0,
+               rc = idem__pg_run_stmt(s, c, which, p, what, &res, op->errmsg);
+  if (own && idem__pg_revived(s, c, &rc, op->errmsg)) {
     /* It may have committed before the connection died. Sent again, it
      * changes nothing if so (the row is no longer held under the token),
      * and the row then tells. */
-    resent = 1;
-    rc = run_stmt(s, c, which, p, what, &res, op->errmsg);
+    rc = idem__pg_run_stmt(s, c, which, p, what, &res, op->errmsg);
   }
   if (rc != IDEM_OK)
     return op->rc = rc;
   changed = atoi(PQcmdTuples(res));
+  if (which == ST_RENEW && changed > 0 && PQntuples(res) > 0)
+    op->claim->lease_expires_ms = idem__pg_col_int(res, 0, 0);
   PQclear(res);
-  if (changed == 0 && resent &&
-      wrote_before_loss(s, c, op, which, sum, &done) != IDEM_OK)
+  /* Nothing changed: either the holder lost the record, or an earlier
+   * send of this write committed (its answer lost, here or in a call
+   * that the caller is now retrying). */
+  if (changed == 0 && wrote_before_loss(s, c, op, which, sum, &done) != IDEM_OK)
     return op->rc;
   if (changed == 0 && !done)
     return idem__op_fail(op, IDEM_ESTALE,
@@ -1262,10 +579,10 @@ static int write_complete(pg_store *s, conn *c, idem__op *op,
 /* Release, mark unknown and renew. */
 static int write_fenced(pg_store *s, conn *c, idem__op *op, int which) {
   params p = {0};
-  p_id(&p, op->id);
-  p_text(&p, op->claim->token);
+  idem__pg_p_id(&p, op->id);
+  idem__pg_p_text(&p, op->claim->token);
   if (which == ST_RENEW)
-    p_i64(&p, period(op->lease_ms));
+    idem__pg_p_i64(&p, idem__pg_period(op->lease_ms));
   return run_fenced(s, c, op, which, &p, "update", "", NULL);
 }
 
@@ -1281,7 +598,7 @@ static int complete_and_commit(pg_store *s, conn *c, idem__op *op, int which,
   step st[2] = {{which, &p}, {ST_COMMIT, NULL}};
   if (response_params(op, r, which, &p, sum) != IDEM_OK)
     return op->rc;
-  rc = run_steps(s, c, st, 2, 0, "complete", &res, tag, op->errmsg);
+  rc = idem__pg_run_steps(s, c, st, 2, 0, "complete", &res, tag, op->errmsg);
   PQclear(res);
   if (rc != IDEM_OK)
     return op->rc = rc;
@@ -1306,7 +623,7 @@ static int call_action(conn *c, idem__op *op, idem_response *r) {
    * statement could not reach the server was not rejected, and a retry is
    * safe, since nothing of it was committed. */
   if (PQstatus(c->pg) == CONNECTION_BAD) {
-    oneline(text, sizeof text, PQerrorMessage(c->pg));
+    idem__pg_oneline(text, sizeof text, PQerrorMessage(c->pg));
     return idem__op_fail(op, IDEM_EUNAVAILABLE,
                          "postgresql: the connection was lost while the "
                          "action ran; nothing was stored: %s",
@@ -1342,15 +659,12 @@ static int call_action(conn *c, idem__op *op, idem_response *r) {
                          "itself; local actions must not begin, commit or "
                          "roll back transactions",
                          op->id->key);
-  if ((r->meta_len && !r->meta) || (r->body_len && !r->body))
-    return idem__op_fail(op, IDEM_EINVAL,
-                         "action's response: NULL data with "
-                         "a length");
-  if (r->meta_len + r->body_len > IDEM_MAX_RESPONSE)
-    return idem__op_fail(
-        op, IDEM_ETOOBIG,
-        "action's response: %zu bytes; a record keeps at most %u",
-        r->meta_len + r->body_len, IDEM_MAX_RESPONSE);
+  {
+    char why[128];
+    int rc = idem__response_problem(r, "action's response", why, sizeof why);
+    if (rc != IDEM_OK)
+      return idem__op_fail(op, rc, "%s", why);
+  }
   return IDEM_OK;
 }
 
@@ -1365,13 +679,13 @@ static int mark_self_ended(pg_store *s, conn *c, idem__op *op) {
   PGresult *res = NULL;
   params p = {0};
   char why[sizeof op->errmsg];
-  p_id(&p, op->id);
-  p_text(&p, op->fingerprint);
-  p_bytes(&p, op->opts.request, op->opts.request_len);
-  p_i64(&p, period(op->opts.retention_ms));
+  idem__pg_p_id(&p, op->id);
+  idem__pg_p_text(&p, op->fingerprint);
+  idem__pg_p_bytes(&p, op->opts.request, op->opts.request_len);
+  idem__pg_p_i64(&p, idem__pg_period(op->opts.retention_ms));
   memcpy(why, op->errmsg, sizeof why);
-  if (run_stmt(s, c, ST_INSERT_UNKNOWN, &p, "mark unknown", &res,
-               op->errmsg) != IDEM_OK)
+  if (idem__pg_run_stmt(s, c, ST_INSERT_UNKNOWN, &p, "mark unknown", &res,
+                        op->errmsg) != IDEM_OK)
     return idem__op_fail(op, IDEM_ESTORE,
                          "%s; whether it committed is unknown, and marking "
                          "the key unknown failed: %s",
@@ -1415,8 +729,7 @@ static int answered_by_record(pg_store *s, conn *c, idem__op *op) {
   idem__action action;
   memcpy(msg, op->errmsg, sizeof msg);
   op->rc = IDEM_OK;
-  if (load_and_decide(s, c, op, ST_PEEK, 0, &found, &row, &action) ==
-          IDEM_OK &&
+  if (load_and_decide(s, c, op, ST_PEEK, 0, &found, &row, &action) == IDEM_OK &&
       found && action == IDEM__ACT_NONE) {
     op->errmsg[0] = '\0';
     return 1;
@@ -1427,7 +740,6 @@ static int answered_by_record(pg_store *s, conn *c, idem__op *op) {
   memcpy(op->errmsg, msg, sizeof msg);
   return 0;
 }
-
 
 /*
  * A local action on a key with no record (the read that said so began its
@@ -1454,7 +766,7 @@ static int run_local_first(pg_store *s, conn *c, idem__op *op) {
       return 1;
     }
     /* The action may have failed on the racing claimer's rows. */
-    rollback(c);
+    idem__pg_rollback(c);
     answered_by_record(s, c, op);
     return 1;
   }
@@ -1467,7 +779,7 @@ static int run_local_first(pg_store *s, conn *c, idem__op *op) {
     if (c->failed_step != 0 || strcmp(c->sqlstate, "23505") != 0 ||
         PQstatus(c->pg) == CONNECTION_BAD)
       return 1;
-    rollback(c);
+    idem__pg_rollback(c);
     if (answered_by_record(s, c, op))
       return 1;
     op->rc = IDEM_OK;
@@ -1480,8 +792,8 @@ static int run_local_first(pg_store *s, conn *c, idem__op *op) {
                                r.body_len) != IDEM_OK)
     return idem__op_fail(op, IDEM_ENOMEM, "out of memory"), 1;
   idem__cache_put(s->cache, op->id, op->fingerprint,
-                  cache_deadline(sent, period(op->opts.retention_ms)), 1,
-                  r.status, r.meta, r.meta_len, r.body, r.body_len);
+                  cache_deadline(sent, idem__pg_period(op->opts.retention_ms)),
+                  1, r.status, r.meta, r.meta_len, r.body, r.body_len);
   return 1;
 }
 
@@ -1494,13 +806,13 @@ static void prune_some(pg_store *s, conn *c) {
   char err[ERR_SIZE];
   int due;
   pthread_mutex_lock(&s->mu);
-  due = now - s->last_prune_ms >= PRUNE_EVERY_MS;
+  due = now - s->last_prune_ms >= IDEM__PRUNE_EVERY_MS;
   if (due)
     s->last_prune_ms = now;
   pthread_mutex_unlock(&s->mu);
   if (!due || PQtransactionStatus(c->pg) != PQTRANS_IDLE)
     return;
-  if (run_stmt(s, c, ST_PRUNE_SOME, &p, "prune", &res, err) == IDEM_OK)
+  if (idem__pg_run_stmt(s, c, ST_PRUNE_SOME, &p, "prune", &res, err) == IDEM_OK)
     PQclear(res);
 }
 
@@ -1545,7 +857,7 @@ static void run_claim(pg_store *s, conn *c, idem__op *op) {
     goto fail;
   if (action == IDEM__ACT_NONE) {
     if (open)
-      rollback(c);
+      idem__pg_rollback(c);
     return;
   }
   if (local && !found) {
@@ -1576,7 +888,7 @@ static void run_claim(pg_store *s, conn *c, idem__op *op) {
     if (found)
       break;
     if (!local) {
-      rollback(c);
+      idem__pg_rollback(c);
       open = 0;
     }
     if (tries + 1 >= CLAIM_TRIES) {
@@ -1596,7 +908,7 @@ static void run_claim(pg_store *s, conn *c, idem__op *op) {
     cl->retry_after_ms = 0;
   } else if (action == IDEM__ACT_NONE) {
     /* Decided on the locked row: nothing to write. */
-    rollback(c);
+    idem__pg_rollback(c);
     return;
   } else if (write_claim(s, c, op, action) != IDEM_OK) {
     goto fail;
@@ -1607,11 +919,11 @@ static void run_claim(pg_store *s, conn *c, idem__op *op) {
       goto fail;
     goto done;
   }
-  if ((op->rc = commit(c, op->errmsg)) != IDEM_OK) {
+  if ((op->rc = idem__pg_commit(c, op->errmsg)) != IDEM_OK) {
     /* The answer to COMMIT was lost with the connection: the row tells
      * whether this claim holds the key. */
     int held = 0;
-    if (!revived(s, c, op->rc, op->errmsg) ||
+    if (!idem__pg_revived(s, c, &op->rc, op->errmsg) ||
         still_held(s, c, op, &held) != IDEM_OK)
       goto fail;
     if (!held) {
@@ -1636,7 +948,7 @@ done:
   }
 fail:
   cl->held = 0;
-  rollback(c);
+  idem__pg_rollback(c);
 }
 
 static void pg_run(void *state, idem__op *op) {
@@ -1646,9 +958,10 @@ static void pg_run(void *state, idem__op *op) {
   if ((op->kind == IDEM__OP_CLAIM || op->kind == IDEM__OP_LOCAL) &&
       idem__cache_get(s->cache, op, mono_ms()))
     return;
-  rc = pool_get(s, &c, op->errmsg);
+  rc = idem__pg_pool_get(s, &c, op->errmsg);
   if (rc != IDEM_OK) {
     op->rc = rc;
+    idem__pg_scrub(s, op->errmsg, sizeof op->errmsg);
     return;
   }
   switch (op->kind) {
@@ -1676,304 +989,9 @@ static void pg_run(void *state, idem__op *op) {
   default:
     idem__op_fail(op, IDEM_EINVAL, "unknown operation");
   }
-  pool_put(s, c);
-}
-
-/* ---- target -------------------------------------------------------------- */
-
-/* Checks an idem_schema value: an unquoted PostgreSQL identifier that
- * needs no quoting, outside the names PostgreSQL reserves. */
-static int check_schema(const char *name, size_t len, char *err) {
-  int ok = len >= 1 && len <= SCHEMA_MAX &&
-           ((name[0] >= 'a' && name[0] <= 'z') || name[0] == '_');
-  for (size_t i = 1; ok && i < len; i++)
-    ok = (name[i] >= 'a' && name[i] <= 'z') ||
-         (name[i] >= '0' && name[i] <= '9') || name[i] == '_';
-  if (!ok)
-    return failf(err, IDEM_EURL,
-                 "store: idem_schema '%.*s' is not a valid schema name; use "
-                 "1-63 characters of a-z, 0-9 and _, not starting with a "
-                 "digit",
-                 (int)(len > 80 ? 80 : len), name);
-  if (len >= 3 && !strncmp(name, "pg_", 3))
-    return failf(err, IDEM_EURL,
-                 "store: idem_schema '%.*s': names starting with pg_ are "
-                 "reserved by PostgreSQL",
-                 (int)len, name);
-  return IDEM_OK;
-}
-
-static int take_schema(const char *v, size_t len, int *seen, char *schema,
-                       char *err) {
-  int rc;
-  if (*seen)
-    return failf(err, IDEM_EURL, "store: idem_schema is given twice");
-  *seen = 1;
-  if ((rc = check_schema(v, len, err)) != IDEM_OK)
-    return rc;
-  memcpy(schema, v, len);
-  schema[len] = '\0';
-  return IDEM_OK;
-}
-
-/* postgresql://...?a=1&idem_schema=x&b=2 -> postgresql://...?a=1&b=2 */
-static int strip_url(const char *target, char *out, char *schema, int *seen,
-                     char *err) {
-  const char *q = strchr(target, '?');
-  const char *p, *end;
-  size_t o;
-  int first = 1, rc;
-  if (!q) {
-    strcpy(out, target);
-    return IDEM_OK;
-  }
-  o = (size_t)(q - target);
-  memcpy(out, target, o);
-  for (p = q + 1;; p = end + 1) {
-    size_t n;
-    end = strchr(p, '&');
-    n = end ? (size_t)(end - p) : strlen(p);
-    if (n >= 11 && !strncmp(p, "idem_schema", 11) &&
-        (n == 11 || p[11] == '=')) {
-      rc = take_schema(n > 11 ? p + 12 : p + 11, n > 11 ? n - 12 : 0, seen,
-                       schema, err);
-      if (rc != IDEM_OK)
-        return rc;
-    } else if (n > 0) {
-      out[o++] = first ? '?' : '&';
-      memcpy(out + o, p, n);
-      o += n;
-      first = 0;
-    }
-    if (!end)
-      break;
-  }
-  out[o] = '\0';
-  return IDEM_OK;
-}
-
-/* "host=h idem_schema=x dbname=d" -> "host=h dbname=d", following libpq's
- * conninfo syntax: keyword = value, values optionally single-quoted with
- * backslash escapes. */
-static int strip_conninfo(const char *target, char *out, char *schema,
-                          int *seen, char *err) {
-  const char *p = target;
-  size_t o = 0;
-  int rc;
-  while (*p) {
-    const char *tok, *kw_end, *val, *val_end;
-    while (isspace((unsigned char)*p))
-      p++;
-    if (!*p)
-      break;
-    tok = p;
-    while (*p && *p != '=' && !isspace((unsigned char)*p))
-      p++;
-    kw_end = p;
-    while (isspace((unsigned char)*p))
-      p++;
-    if (*p != '=') {
-      /* Not keyword=value: leave it, and the rest, for libpq to judge. */
-      p = tok + strlen(tok);
-      if (o)
-        out[o++] = ' ';
-      memcpy(out + o, tok, (size_t)(p - tok));
-      o += (size_t)(p - tok);
-      break;
-    }
-    p++;
-    while (isspace((unsigned char)*p))
-      p++;
-    val = p;
-    if (*p == '\'') {
-      for (p++; *p && *p != '\''; p++)
-        if (*p == '\\' && p[1])
-          p++;
-      val_end = p;
-      val++;
-      if (*p)
-        p++;
-    } else {
-      for (; *p && !isspace((unsigned char)*p); p++)
-        if (*p == '\\' && p[1])
-          p++;
-      val_end = p;
-    }
-    if (kw_end - tok == 11 && !strncmp(tok, "idem_schema", 11)) {
-      rc = take_schema(val, (size_t)(val_end - val), seen, schema, err);
-      if (rc != IDEM_OK)
-        return rc;
-      continue;
-    }
-    if (o)
-      out[o++] = ' ';
-    memcpy(out + o, tok, (size_t)(p - tok));
-    o += (size_t)(p - tok);
-  }
-  out[o] = '\0';
-  return IDEM_OK;
-}
-
-/*
- * Splits the target into what libpq gets and idem's schema name, and lets
- * libpq check the syntax, so that a malformed URL is reported as such rather
- * than as an unreachable server. The target is never echoed: it may hold a
- * password.
- */
-static int parse_target(pg_store *s, const char *target, char *err) {
-  int is_url = !strncmp(target, "postgresql://", 13) ||
-               !strncmp(target, "postgres://", 11);
-  int seen = 0, rc;
-  char *msg = NULL;
-  PQconninfoOption *opts;
-
-  /* Room for a separator per token: the output may gain a space where
-   * the input had a quoted value directly followed by the next keyword. */
-  s->conninfo = malloc(2 * strlen(target) + 2);
-  if (!s->conninfo)
-    return failf(err, IDEM_ENOMEM, "postgresql: out of memory");
-  strcpy(s->schema, "idem");
-  rc = is_url ? strip_url(target, s->conninfo, s->schema, &seen, err)
-              : strip_conninfo(target, s->conninfo, s->schema, &seen, err);
-  if (rc != IDEM_OK)
-    return rc;
-  /* A bare word is a database name (libpq's rule for dbname). */
-  if (!is_url && !strchr(s->conninfo, '='))
-    return IDEM_OK;
-  opts = PQconninfoParse(s->conninfo, &msg);
-  if (!opts) {
-    char text[ERR_SIZE];
-    oneline(text, sizeof text, msg ? msg : "out of memory");
-    PQfreemem(msg);
-    return failf(err, msg ? IDEM_EURL : IDEM_ENOMEM, "store: %s", text);
-  }
-  PQconninfoFree(opts);
-  return IDEM_OK;
-}
-
-/* ---- schema -------------------------------------------------------------- */
-
-/* The stored schema version; 0 when idem's tables do not exist yet. */
-static int read_version(pg_store *s, conn *c, int *version, char *err) {
-  char meta[SCHEMA_MAX + 32];
-  const char *v[1] = {meta};
-  PGresult *res;
-  int exists, rc = IDEM_OK;
-  *version = 0;
-  snprintf(meta, sizeof meta, "\"%s\".idem_meta", s->schema);
-  res = PQexecParams(c->pg, "SELECT to_regclass($1) IS NOT NULL", 1, NULL, v,
-                     NULL, NULL, 0);
-  if (PQresultStatus(res) != PGRES_TUPLES_OK) {
-    rc = pg_fail(c, res, "schema", err);
-    PQclear(res);
-    return rc;
-  }
-  exists = PQntuples(res) == 1 && !strcmp(PQgetvalue(res, 0, 0), "t");
-  PQclear(res);
-  if (!exists)
-    return IDEM_OK;
-  res = PQexec(c->pg, s->sql_version);
-  if (PQresultStatus(res) != PGRES_TUPLES_OK)
-    rc = pg_fail(c, res, "schema", err);
-  else if (PQntuples(res) > 0)
-    *version = atoi(PQgetvalue(res, 0, 0));
-  PQclear(res);
-  return rc;
-}
-
-static int newer_schema(pg_store *s, int version, char *err) {
-  return failf(err, IDEM_ESCHEMA,
-               "store: schema \"%s\" has version %d; this idem knows up to "
-               "%d; the store was left untouched",
-               s->schema, version, SCHEMA_VERSION);
-}
-
-/*
- * Creates or migrates the schema. An up-to-date store is only read, so a
- * role without CREATE rights can use a schema prepared by an operator.
- * Otherwise the work runs in one transaction under an advisory lock: many
- * processes opening a fresh database at once would else race on the
- * catalogs (CREATE ... IF NOT EXISTS is not safe against concurrent
- * creation), and a half-created schema is never visible.
- */
-static int ensure_schema(pg_store *s, conn *c, char *err) {
-  const char *v[1] = {s->schema};
-  char what[SCHEMA_MAX + 48];
-  PGresult *res;
-  int version, rc;
-
-  if ((rc = read_version(s, c, &version, err)) != IDEM_OK)
-    return rc;
-  if (version > SCHEMA_VERSION)
-    return newer_schema(s, version, err);
-  if (version == SCHEMA_VERSION)
-    return IDEM_OK;
-
-  if ((rc = begin(c, err)) != IDEM_OK)
-    return rc;
-  res = PQexecParams(c->pg,
-                     "SELECT pg_advisory_xact_lock(" SCHEMA_LOCK_CLASS
-                     ", hashtext($1))",
-                     1, NULL, v, NULL, NULL, 0);
-  if (PQresultStatus(res) != PGRES_TUPLES_OK) {
-    rc = pg_fail(c, res, "schema lock", err);
-    PQclear(res);
-    goto fail;
-  }
-  PQclear(res);
-  snprintf(what, sizeof what, "creating schema \"%s\"", s->schema);
-  /* Once a version is written the schema and idem_meta exist; creating
-   * them IF NOT EXISTS would still take the right to create them. */
-  if (version < 1 && (rc = run_simple(c, s->sql_meta, what, err)) != IDEM_OK)
-    goto fail;
-  /* Read again under the lock: another process may have just done it. */
-  if ((rc = read_version(s, c, &version, err)) != IDEM_OK)
-    goto fail;
-  if (version > SCHEMA_VERSION) {
-    rc = newer_schema(s, version, err);
-    goto fail;
-  }
-  /* Migrations run in order, each inside this one transaction. */
-  if (version < 1 && (rc = run_simple(c, s->sql_v1, what, err)) != IDEM_OK)
-    goto fail;
-  if (version == 1) {
-    /*
-     * The table exists and may be busy: its exclusive lock is waited for
-     * one second at most, since every call on it queues behind the wait.
-     * A role that may not alter it (not its owner), or a table too busy,
-     * leaves the store at version 1 for now, which this idem uses as it
-     * is (version 2 changes no statement); an open by the owner at a
-     * quieter moment migrates it.
-     */
-    snprintf(what, sizeof what, "migrating schema \"%s\" to version 2",
-             s->schema);
-    if ((rc = run_simple(c, "SET LOCAL lock_timeout = 1000", what, err)) !=
-        IDEM_OK)
-      goto fail;
-    if ((rc = run_simple(c, s->sql_v2, what, err)) != IDEM_OK) {
-      if (strcmp(c->sqlstate, "42501") != 0 &&
-          strcmp(c->sqlstate, "55P03") != 0)
-        goto fail;
-      rollback(c);
-      return IDEM_OK;
-    }
-  } else if (version < 2 &&
-             (rc = run_simple(c, s->sql_v2, what, err)) != IDEM_OK) {
-    goto fail;
-  }
-  if (version < SCHEMA_VERSION) {
-    char sql[SCHEMA_MAX + 200];
-    snprintf(sql, sizeof sql,
-             "INSERT INTO \"%s\".idem_meta VALUES ('schema_version', '%d') "
-             "ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value",
-             s->schema, SCHEMA_VERSION);
-    if ((rc = run_simple(c, sql, "schema", err)) != IDEM_OK)
-      goto fail;
-  }
-  return commit(c, err);
-fail:
-  rollback(c);
-  return rc;
+  idem__pg_pool_put(s, c);
+  if (op->rc != IDEM_OK)
+    idem__pg_scrub(s, op->errmsg, sizeof op->errmsg);
 }
 
 /* ---- open and close ------------------------------------------------------ */
@@ -1985,7 +1003,7 @@ static void pg_close(void *state) {
     return;
   while ((c = s->idle)) {
     s->idle = c->next;
-    conn_close(c);
+    idem__pg_conn_close(c);
   }
   for (int i = 0; i < ST_COUNT; i++)
     free(s->sql[i]);
@@ -1996,26 +1014,11 @@ static void pg_close(void *state) {
   pthread_mutex_destroy(&s->mu);
   pthread_cond_destroy(&s->cv);
   free(s->conninfo);
+  for (int i = 0; i < s->nsecret; i++)
+    free(s->secret[i]);
+  free(s->secret);
   idem__cache_free(s->cache);
   free(s);
-}
-
-static int server_version(pg_store *s, conn *c, char *err) {
-  PGresult *res = PQexec(c->pg, "SHOW server_version");
-  int rc = IDEM_OK;
-  if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
-    rc = pg_fail(c, res, "server version", err);
-  } else {
-    /* "15.18 (Debian 15.18-1.pgdg120+1)" -> "15.18" */
-    const char *v = PQgetvalue(res, 0, 0);
-    size_t n = strcspn(v, " ");
-    if (n >= sizeof s->version)
-      n = sizeof s->version - 1;
-    memcpy(s->version, v, n);
-    s->version[n] = '\0';
-  }
-  PQclear(res);
-  return rc;
 }
 
 static int pg_open(const char *target, const idem_store_options *opts,
@@ -2034,28 +1037,24 @@ static int pg_open(const char *target, const idem_store_options *opts,
     s->o.busy_timeout_ms = 10000;
   if (s->o.max_connections <= 0)
     s->o.max_connections = 16;
-  if (!(s->cache = idem__cache_new()))
+  if (!(s->cache = idem__cache_new(s->o.replay_cache_entries)) &&
+      s->o.replay_cache_entries >= 0)
     goto nomem;
   if (!PQisthreadsafe()) {
-    rc = failf(err, IDEM_ESTORE, "postgresql: this libpq is not thread-safe");
+    rc = idem__pg_failf(err, IDEM_ESTORE,
+                        "postgresql: this libpq is not thread-safe");
     goto fail;
   }
-  if ((rc = parse_target(s, target, err)) != IDEM_OK)
+  if ((rc = idem__pg_parse_target(s, target, err)) != IDEM_OK)
     goto fail;
   for (int i = 0; i < ST_COUNT; i++)
-    if (!(s->sql[i] = build_sql(sql_text[i], s->schema)))
+    if (!(s->sql[i] = idem__pg_build_sql(sql_text[i], s->schema)))
       goto nomem;
-  s->sql_meta = build_sql(schema_meta, s->schema);
-  s->sql_v1 = build_sql(schema_v1, s->schema);
-  s->sql_v2 = build_sql(schema_v2, s->schema);
-  s->sql_version = build_sql("SELECT value FROM {S}.idem_meta WHERE name = "
-                             "'schema_version'",
-                             s->schema);
-  if (!s->sql_meta || !s->sql_v1 || !s->sql_v2 || !s->sql_version)
+  if (idem__pg_schema_sql(s) != IDEM_OK)
     goto nomem;
-  if ((rc = conn_open(s, &c, err)) != IDEM_OK ||
-      (rc = server_version(s, c, err)) != IDEM_OK ||
-      (rc = ensure_schema(s, c, err)) != IDEM_OK)
+  if ((rc = idem__pg_conn_open(s, &c, err)) != IDEM_OK ||
+      (rc = idem__pg_server_version(s, c, err)) != IDEM_OK ||
+      (rc = idem__pg_ensure_schema(s, c, err)) != IDEM_OK)
     goto fail;
   s->nconn = 1;
   c->next = NULL;
@@ -2063,227 +1062,16 @@ static int pg_open(const char *target, const idem_store_options *opts,
   *state = s;
   return IDEM_OK;
 nomem:
-  rc = failf(err, IDEM_ENOMEM, "postgresql: out of memory");
+  rc = idem__pg_failf(err, IDEM_ENOMEM, "postgresql: out of memory");
 fail:
-  conn_close(c);
+  idem__pg_conn_close(c);
+  idem__pg_scrub(s, err, sizeof err);
   pg_close(s);
   return idem__fail(rc, "%s", err);
 }
 
 static const char *pg_engine_version(void *state) {
   return ((pg_store *)state)->version;
-}
-
-/* ---- operators ----------------------------------------------------------- */
-
-/* Columns in RECORD_COLUMNS order. */
-static int row_to_record(const PGresult *q, int i, idem_record **out) {
-  idem_record *r = calloc(1, sizeof *r);
-  size_t n;
-  *out = NULL;
-  if (!r)
-    return idem__fail(IDEM_ENOMEM, "out of memory");
-  r->tenant = col_text(q, i, 0);
-  r->operation = col_text(q, i, 1);
-  r->key = col_text(q, i, 2);
-  r->fingerprint = col_text(q, i, 3);
-  r->state = (idem_state)col_int(q, i, 4);
-  r->attempt = (int)col_int(q, i, 5);
-  r->created_ms = col_int(q, i, 6);
-  r->updated_ms = col_int(q, i, 7);
-  r->lease_expires_ms = col_int(q, i, 8);
-  r->expires_ms = col_int(q, i, 9);
-  r->request = col_dup(q, i, 10, &r->request_len);
-  if (r->state == IDEM_STATE_COMPLETED) {
-    r->has_response = 1;
-    r->response.status = (int)col_int(q, i, 11);
-    r->response.meta = col_dup(q, i, 12, &n);
-    r->response.meta_len = r->response.meta ? n : 0;
-    r->response.body = col_dup(q, i, 13, &n);
-    r->response.body_len = r->response.body ? n : 0;
-  }
-  if (!r->tenant || !r->operation || !r->key || !r->fingerprint) {
-    idem_record_free(r);
-    return idem__fail(IDEM_ENOMEM, "out of memory");
-  }
-  *out = r;
-  return IDEM_OK;
-}
-
-static int pg_get(void *state, const idem_id *id, idem_record **out) {
-  pg_store *s = state;
-  conn *c = NULL;
-  PGresult *res = NULL;
-  params p = {0};
-  char err[ERR_SIZE];
-  int rc = pool_get(s, &c, err);
-  if (rc != IDEM_OK)
-    return idem__fail(rc, "%s", err);
-  p_id(&p, id);
-  rc = run_stmt_retry(s, c, ST_GET, &p, "get", &res, err);
-  pool_put(s, c);
-  if (rc != IDEM_OK)
-    return idem__fail(rc, "%s", err);
-  if (PQntuples(res) > 0)
-    rc = row_to_record(res, 0, out);
-  else
-    rc = idem__fail(IDEM_ENOTFOUND, "no record (%s, %s, %s)",
-                    id->tenant ? id->tenant : "", id->operation, id->key);
-  PQclear(res);
-  return rc;
-}
-
-static int pg_list(void *state, const idem_filter *f, idem_record_fn fn,
-                   void *ctx) {
-  pg_store *s = state;
-  char err[ERR_SIZE], state_s[16];
-  char *after_tenant = NULL, *after_op = NULL, *after_key = NULL;
-  int64_t after_created = 0, left = f->limit > 0 ? f->limit : -1;
-  int first = 1, rc = IDEM_OK;
-
-  snprintf(state_s, sizeof state_s, "%d", f->state);
-  while (rc == IDEM_OK && left != 0) {
-    int64_t page = left < 0 || left > LIST_PAGE ? LIST_PAGE : left;
-    PGresult *res = NULL;
-    params p = {0};
-    conn *c = NULL;
-    int rows;
-    p_text(&p, f->tenant);
-    p_text(&p, f->operation);
-    p_text(&p, state_s);
-    p_text(&p, f->expired ? "t" : "f");
-    p_text(&p, first ? "t" : "f");
-    p_i64(&p, after_created);
-    p_text(&p, after_tenant ? after_tenant : "");
-    p_text(&p, after_op ? after_op : "");
-    p_text(&p, after_key ? after_key : "");
-    p_i64(&p, page);
-    if ((rc = pool_get(s, &c, err)) != IDEM_OK) {
-      rc = idem__fail(rc, "%s", err);
-      break;
-    }
-    rc = run_stmt_retry(s, c, ST_LIST, &p, "list", &res, err);
-    pool_put(s, c);
-    if (rc != IDEM_OK) {
-      rc = idem__fail(rc, "%s", err);
-      break;
-    }
-    rows = PQntuples(res);
-    for (int i = 0; i < rows && rc == IDEM_OK; i++) {
-      idem_record *r = NULL;
-      rc = row_to_record(res, i, &r);
-      if (rc != IDEM_OK)
-        break;
-      rc = fn(r, ctx);
-      idem_record_free(r);
-    }
-    if (rc == IDEM_OK && rows > 0) {
-      /* The next page starts after this page's last row. */
-      free(after_tenant);
-      free(after_op);
-      free(after_key);
-      after_created = col_int(res, rows - 1, 6);
-      after_tenant = col_text(res, rows - 1, 0);
-      after_op = col_text(res, rows - 1, 1);
-      after_key = col_text(res, rows - 1, 2);
-      if (!after_tenant || !after_op || !after_key)
-        rc = idem__fail(IDEM_ENOMEM, "out of memory");
-    }
-    PQclear(res);
-    first = 0;
-    if (left > 0)
-      left -= rows;
-    if (rows < page)
-      break;
-  }
-  free(after_tenant);
-  free(after_op);
-  free(after_key);
-  return rc;
-}
-
-static int pg_prune(void *state, int64_t *removed) {
-  pg_store *s = state;
-  conn *c = NULL;
-  PGresult *res = NULL;
-  params p = {0};
-  char err[ERR_SIZE];
-  int rc = pool_get(s, &c, err);
-  if (rc != IDEM_OK)
-    return idem__fail(rc, "%s", err);
-  rc = run_stmt_retry(s, c, ST_PRUNE, &p, "prune", &res, err);
-  pool_put(s, c);
-  if (rc != IDEM_OK)
-    return idem__fail(rc, "%s", err);
-  *removed = strtoll(PQcmdTuples(res), NULL, 10);
-  PQclear(res);
-  return IDEM_OK;
-}
-
-static int pg_resolve(void *state, const idem_id *id, const idem_response *r) {
-  pg_store *s = state;
-  conn *c = NULL;
-  PGresult *res = NULL;
-  params p = {0};
-  char err[ERR_SIZE], fp[IDEM_FINGERPRINT_SIZE] = "",
-                      sum[IDEM_FINGERPRINT_SIZE];
-  int st = 0, found, rc = pool_get(s, &c, err);
-  if (rc != IDEM_OK)
-    return idem__fail(rc, "%s", err);
-  if ((rc = begin(c, err)) != IDEM_OK)
-    goto out;
-  /* Lock the row so that a claimer cannot take it over meanwhile. The
-   * fingerprint parameter is empty: the response columns are not needed. */
-  p_id(&p, id);
-  p_text(&p, "");
-  if ((rc = run_stmt(s, c, ST_LOCK, &p, "read record", &res, err)) != IDEM_OK)
-    goto out;
-  found = PQntuples(res) > 0;
-  if (found) {
-    size_t n;
-    const char *f = col_ptr(res, 0, 0, &n);
-    snprintf(fp, sizeof fp, "%.*s", (int)(n < sizeof fp ? n : sizeof fp - 1),
-             f ? f : "");
-    st = (int)col_int(res, 0, 1);
-  }
-  PQclear(res);
-  res = NULL;
-  if (!found) {
-    rc = failf(err, IDEM_ENOTFOUND, "no record (%s, %s, %s)",
-               id->tenant ? id->tenant : "", id->operation, id->key);
-    goto out;
-  }
-  if (st == IDEM_STATE_COMPLETED) {
-    rc = failf(err, IDEM_ESTATE,
-               "record (%s, %s, %s) is already completed; nothing to "
-               "resolve",
-               id->tenant ? id->tenant : "", id->operation, id->key);
-    goto out;
-  }
-  p.n = 0;
-  p_id(&p, id);
-  if (r) {
-    if (idem__response_checksum(fp, r->status, r->meta, r->meta_len, r->body,
-                                r->body_len, sum) != IDEM_OK) {
-      rc = failf(err, IDEM_ENOMEM, "out of memory");
-      goto out;
-    }
-    p_i64(&p, DEFAULT_RETENTION_MS);
-    p_i64(&p, r->status);
-    p_bytes(&p, r->meta, r->meta_len);
-    p_bytes(&p, r->body_len ? r->body : "", r->body_len);
-    p_text(&p, sum);
-    rc = run_stmt(s, c, ST_RESOLVE_DONE, &p, "resolve", &res, err);
-  } else {
-    rc = run_stmt(s, c, ST_RESOLVE_DELETE, &p, "resolve", &res, err);
-  }
-  PQclear(res);
-  if (rc == IDEM_OK)
-    rc = commit(c, err);
-out:
-  rollback(c);
-  pool_put(s, c);
-  return rc == IDEM_OK ? IDEM_OK : idem__fail(rc, "%s", err);
 }
 
 const idem__store_methods idem__pg_methods = {
@@ -2293,8 +1081,9 @@ const idem__store_methods idem__pg_methods = {
     pg_close,
     pg_engine_version,
     pg_run,
-    pg_get,
-    pg_list,
-    pg_prune,
-    pg_resolve,
+    idem__pg_get,
+    idem__pg_list,
+    idem__pg_prune,
+    idem__pg_resolve,
+    idem__pg_remove,
 };

@@ -23,17 +23,19 @@
 #include "cache.h"
 #include "store.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #define SCHEMA_VERSION 1
 #define BATCH_MAX 64
-#define PRUNE_EVERY_MS 60000
-#define DEFAULT_RETENTION_MS (24 * 3600 * 1000LL)
 
 enum {
   ST_SELECT,
@@ -52,6 +54,7 @@ enum {
   ST_INSERT_DONE,
   ST_TAKEOVER_DONE,
   ST_INSERT_UNKNOWN,
+  ST_DELETE,
   ST_SAVEPOINT,
   ST_RELEASE_SP,
   ST_ROLLBACK_SP,
@@ -63,8 +66,11 @@ enum {
   "updated_ms, lease_expires_ms, expires_ms, request, status, meta, body, "   \
   "checksum"
 
-/* Expired by retention, and not held by a holder inside its lease. */
-#define EXPIRED_SQL "(expires_ms <= ?1 AND NOT (state = 1 AND lease_expires_ms > ?1))"
+/* Expired by retention: completed records only. A record in progress or
+ * marked unknown may describe an action that happened; it stays. */
+#define EXPIRED_SQL "(state = 2 AND expires_ms <= ?1)"
+/* Past its retention but kept, waiting for a holder or an operator. */
+#define OVERDUE_SQL "(state <> 2 AND expires_ms <= ?1)"
 
 static const char *const sql_text[ST_COUNT] = {
     [ST_SELECT] = "SELECT fingerprint, state, attempt, lease_expires_ms, "
@@ -76,8 +82,9 @@ static const char *const sql_text[ST_COUNT] = {
         "lease_expires_ms, expires_ms) VALUES (?1, ?2, ?3, ?4, ?5, 1, ?6, 1, "
         "?7, ?7, ?8, ?9)",
     [ST_TAKEOVER] = "UPDATE idem_records SET state = 1, owner = ?4, attempt = "
-                    "attempt + 1, updated_ms = ?5, lease_expires_ms = ?6 "
-                    "WHERE tenant = ?1 AND operation = ?2 AND key = ?3",
+                    "attempt + 1, updated_ms = ?5, lease_expires_ms = ?6, "
+                    "expires_ms = MAX(expires_ms, ?7) WHERE tenant = ?1 AND "
+                    "operation = ?2 AND key = ?3",
     [ST_COMPLETE] =
         "UPDATE idem_records SET state = 2, owner = NULL, lease_expires_ms = "
         "0, updated_ms = ?5, expires_ms = ?6, status = ?7, meta = ?8, body = "
@@ -94,10 +101,13 @@ static const char *const sql_text[ST_COUNT] = {
                  "owner = ?4 AND state = 1",
     [ST_GET] = "SELECT " RECORD_COLUMNS " FROM idem_records WHERE tenant = ?2 "
                "AND operation = ?3 AND key = ?4 AND NOT " EXPIRED_SQL,
+    /* One page after the last record of the previous one (?8-?11). */
     [ST_LIST] = "SELECT " RECORD_COLUMNS " FROM idem_records WHERE (?2 IS "
                 "NULL OR tenant = ?2) AND (?3 IS NULL OR operation = ?3) AND "
-                "(?4 = 0 OR state = ?4) AND (?5 OR NOT " EXPIRED_SQL ") "
-                "ORDER BY created_ms, tenant, operation, key LIMIT ?6",
+                "(?4 = 0 OR state = ?4) AND (?5 OR NOT " EXPIRED_SQL ") AND "
+                "(?7 = 0 OR " OVERDUE_SQL ") AND (created_ms, tenant, "
+                "operation, key) > (?8, ?9, ?10, ?11) ORDER BY created_ms, "
+                "tenant, operation, key LIMIT ?6",
     [ST_PRUNE] = "DELETE FROM idem_records WHERE " EXPIRED_SQL,
     [ST_PRUNE_SOME] = "DELETE FROM idem_records WHERE (tenant, operation, "
                       "key) IN (SELECT tenant, operation, key FROM "
@@ -109,6 +119,8 @@ static const char *const sql_text[ST_COUNT] = {
         "= ?2 AND key = ?3 AND state <> 2",
     [ST_RESOLVE_DELETE] = "DELETE FROM idem_records WHERE tenant = ?1 AND "
                           "operation = ?2 AND key = ?3 AND state <> 2",
+    [ST_DELETE] = "DELETE FROM idem_records WHERE tenant = ?1 AND operation = "
+                  "?2 AND key = ?3",
     /* A local action's record, written once, completed, after the action
      * ran: the batch holds the write lock throughout, so no one could have
      * seen it in progress. */
@@ -190,13 +202,20 @@ typedef struct sq_store {
   /* Checkpoints run on a thread of their own, so that no batch of callers
    * waits for the write-ahead log to be copied into the database. */
   pthread_t ckpt_thread;
+  conn *ckpt_conn;
   int ckpt_running, ckpt_wanted, ckpt_stop;
   int ckpt_seen, ckpt_next; /* log frames at the last commit; next request */
   int restart_due;          /* the thread copied the log: restart it */
   pthread_cond_t ckpt_cv;
-  int64_t last_prune_ms;
+  int64_t last_prune_ms; /* under gc_mu */
 
   idem__cache *cache; /* completed records, for replays */
+
+  /* The write-ahead log as it was when the store opened: a log deleted or
+   * replaced under an open store takes its newest commits with it. */
+  dev_t wal_dev;
+  ino_t wal_ino;
+  int wal_known;
 } sq_store;
 
 /* ---- errors ------------------------------------------------------------ */
@@ -258,16 +277,69 @@ static int exec(conn *c, const char *sql) {
   return sqlite3_exec(c->db, sql, NULL, NULL, NULL);
 }
 
+/*
+ * "file:PATH?immutable=1" with the characters a URI gives a meaning to
+ * escaped. NULL when out of memory.
+ */
+static char *immutable_uri(const char *path) {
+  size_t n = strlen(path);
+  char *u = malloc(3 * n + 32), *o;
+  if (!u)
+    return NULL;
+  o = u + sprintf(u, "file:");
+  for (const char *p = path; *p; p++) {
+    unsigned char ch = (unsigned char)*p;
+    if (ch == '%' || ch == '?' || ch == '#' || ch < 0x21 || ch > 0x7e)
+      o += sprintf(o, "%%%02X", ch);
+    else
+      *o++ = (char)ch;
+  }
+  strcpy(o, "?immutable=1");
+  return u;
+}
+
+/*
+ * A reader who may not write the store's folder cannot create the shared
+ * memory file that WAL needs. When no such file exists, no connection has
+ * the store open, and the file alone is the whole store: it is then read
+ * as immutable. (A writer that starts meanwhile writes to its log, which
+ * this reader does not see until it opens the store again.)
+ */
+static int reopen_immutable(sq_store *s, conn *c) {
+  char shm[4096];
+  char *uri;
+  int rc;
+  if (snprintf(shm, sizeof shm, "%s-shm", s->path) >= (int)sizeof shm ||
+      access(shm, F_OK) == 0 || errno != ENOENT)
+    return SQLITE_CANTOPEN;
+  if (!(uri = immutable_uri(s->path)))
+    return SQLITE_NOMEM;
+  sqlite3_close(c->db);
+  c->db = NULL;
+  rc = sqlite3_open_v2(uri, &c->db,
+                       SQLITE_OPEN_READONLY | SQLITE_OPEN_URI |
+                           SQLITE_OPEN_NOMUTEX,
+                       NULL);
+  free(uri);
+  if (rc == SQLITE_OK) {
+    sqlite3_extended_result_codes(c->db, 1);
+    rc = exec(c, "SELECT count(*) FROM sqlite_schema");
+  }
+  return rc;
+}
+
 static int conn_open(sq_store *s, conn **out) {
   conn *c = calloc(1, sizeof *c);
-  const char *sync = s->o.sqlite_sync_normal ? "PRAGMA synchronous=NORMAL"
-                                             : "PRAGMA synchronous=FULL";
+  const char *sync = s->o.sqlite_synchronous == IDEM_SYNC_NORMAL
+                         ? "PRAGMA synchronous=NORMAL"
+                         : "PRAGMA synchronous=FULL";
   int rc;
   *out = NULL;
   if (!c)
     return idem__fail(IDEM_ENOMEM, "sqlite: out of memory");
   rc = sqlite3_open_v2(s->path, &c->db,
-                       SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
+                       (s->o.read_only ? SQLITE_OPEN_READONLY
+                                       : SQLITE_OPEN_READWRITE) |
                            SQLITE_OPEN_NOMUTEX,
                        NULL);
   if (rc != SQLITE_OK) {
@@ -283,11 +355,16 @@ static int conn_open(sq_store *s, conn **out) {
    * a new file to WAL needs a moment alone with it, and SQLite does not call
    * the busy handler for that, so wait here as the busy timeout says. */
   for (int waited = 0;; waited += 10) {
-    rc = exec(c, "PRAGMA journal_mode=WAL");
+    /* A reader leaves the journal mode as the writers set it. */
+    rc = exec(c, s->o.read_only ? "SELECT count(*) FROM sqlite_schema"
+                                : "PRAGMA journal_mode=WAL");
     if ((rc & 0xff) != SQLITE_BUSY || waited >= s->o.busy_timeout_ms)
       break;
     sqlite3_sleep(10);
   }
+  if (s->o.read_only && ((rc & 0xff) == SQLITE_CANTOPEN ||
+                         (rc & 0xff) == SQLITE_READONLY))
+    rc = reopen_immutable(s, c);
   if (rc != SQLITE_OK || exec(c, sync) != SQLITE_OK) {
     rc = idem__fail(map_rc(sqlite3_extended_errcode(c->db)),
                     "store '%s': %s", s->path, sqlite3_errmsg(c->db));
@@ -360,8 +437,20 @@ static int ensure_schema(sq_store *s, conn *c) {
   int version = 0, rc;
   /* The common case reads only: many processes opening one store at once
    * do not queue for the write lock just to find the schema in place. */
-  if (read_version(c) == SCHEMA_VERSION)
+  version = read_version(c);
+  if (version == SCHEMA_VERSION)
     return IDEM_OK;
+  if (s->o.read_only)
+    return version > SCHEMA_VERSION
+               ? idem__fail(IDEM_ESCHEMA,
+                            "store '%s': schema version %d; this idem "
+                            "knows up to %d",
+                            s->path, version, SCHEMA_VERSION)
+               : idem__fail(IDEM_ESTORE,
+                            "store '%s': opened read-only, and it is not an "
+                            "idem store of this version (schema %d)",
+                            s->path, version);
+  version = 0;
   if (exec(c, "BEGIN IMMEDIATE") != SQLITE_OK)
     return idem__fail(map_rc(sqlite3_extended_errcode(c->db)),
                       "store '%s': %s", s->path, sqlite3_errmsg(c->db));
@@ -421,7 +510,6 @@ static void bind_id(sqlite3_stmt *q, const idem_id *id, int first) {
 static int load_and_decide(conn *c, idem__op *op, int64_t now, idem__row *row,
                            idem__action *action) {
   sqlite3_stmt *q = stmt(c, ST_SELECT);
-  idem_call *cl = op->claim;
   int step;
   memset(row, 0, sizeof *row);
   if (!q)
@@ -445,33 +533,20 @@ static int load_and_decide(conn *c, idem__op *op, int64_t now, idem__row *row,
     sqlite3_reset(q);
     return op->rc;
   }
-  cl->outcome = idem__decide(row, op->fingerprint, now, &op->opts, action,
-                             &cl->retry_after_ms);
-  cl->attempt = row->attempt;
-  if (cl->outcome == IDEM_IN_FLIGHT && cl->retry_after_ms < 1)
-    cl->retry_after_ms = 1;
-  if (cl->outcome == IDEM_REPLAY) {
-    int status = sqlite3_column_int(q, 5);
+  *action = idem__decide_op(op, row, now);
+  if (op->claim->outcome == IDEM_REPLAY) {
+    /* Each pointer first, then its length, as SQLite asks. */
     const void *meta = sqlite3_column_blob(q, 6);
     size_t meta_len = (size_t)sqlite3_column_bytes(q, 6);
     const void *body = sqlite3_column_blob(q, 7);
     size_t body_len = (size_t)sqlite3_column_bytes(q, 7);
-    const unsigned char *sum = sqlite3_column_text(q, 8);
-    char want[IDEM_FINGERPRINT_SIZE];
-    if (idem__response_checksum(row->fingerprint, status, meta, meta_len,
-                                body, body_len, want) != IDEM_OK ||
-        !sum || strcmp((const char *)sum, want) != 0) {
+    const char *sum = (const char *)sqlite3_column_text(q, 8);
+    size_t sum_len = (size_t)sqlite3_column_bytes(q, 8);
+    if (idem__claim_replay(op, row->fingerprint, sqlite3_column_int(q, 5),
+                           meta, meta_len, body, body_len, sum,
+                           sum_len) != IDEM_OK) {
       sqlite3_reset(q);
-      return idem__op_fail(op, IDEM_ECORRUPT,
-                           "record (%s, %s, %s): the stored response does "
-                           "not match its checksum; it is not replayed",
-                           op->id->tenant ? op->id->tenant : "",
-                           op->id->operation, op->id->key);
-    }
-    if (idem__claim_set_response(cl, status, meta_len ? meta : NULL,
-                                 meta_len, body, body_len) != IDEM_OK) {
-      sqlite3_reset(q);
-      return idem__op_fail(op, IDEM_ENOMEM, "out of memory");
+      return op->rc;
     }
   }
   sqlite3_reset(q);
@@ -497,8 +572,8 @@ static int write_claim(conn *c, idem__op *op, const idem__row *row,
                         SQLITE_STATIC);
     sqlite3_bind_text(q, 6, cl->token, -1, SQLITE_STATIC);
     sqlite3_bind_int64(q, 7, now);
-    sqlite3_bind_int64(q, 8, now + op->opts.lease_ms);
-    sqlite3_bind_int64(q, 9, now + op->opts.retention_ms);
+    sqlite3_bind_int64(q, 8, idem__deadline(now, op->opts.lease_ms));
+    sqlite3_bind_int64(q, 9, idem__deadline(now, op->opts.retention_ms));
     cl->attempt = 1;
   } else {
     q = stmt(c, ST_TAKEOVER);
@@ -507,7 +582,8 @@ static int write_claim(conn *c, idem__op *op, const idem__row *row,
     bind_id(q, op->id, 1);
     sqlite3_bind_text(q, 4, cl->token, -1, SQLITE_STATIC);
     sqlite3_bind_int64(q, 5, now);
-    sqlite3_bind_int64(q, 6, now + op->opts.lease_ms);
+    sqlite3_bind_int64(q, 6, idem__deadline(now, op->opts.lease_ms));
+    sqlite3_bind_int64(q, 7, idem__deadline(now, op->opts.retention_ms));
     cl->attempt = row->attempt + 1;
   }
   if (sqlite3_step(q) != SQLITE_DONE) {
@@ -516,6 +592,7 @@ static int write_claim(conn *c, idem__op *op, const idem__row *row,
     return op->rc;
   }
   sqlite3_reset(q);
+  cl->lease_expires_ms = idem__deadline(now, op->opts.lease_ms);
   return IDEM_OK;
 }
 
@@ -533,7 +610,7 @@ static int write_complete(conn *c, idem__op *op, const idem_response *r,
   bind_id(q, op->id, 1);
   sqlite3_bind_text(q, 4, op->claim->token, -1, SQLITE_STATIC);
   sqlite3_bind_int64(q, 5, now);
-  sqlite3_bind_int64(q, 6, now + op->opts.retention_ms);
+  sqlite3_bind_int64(q, 6, idem__deadline(now, op->opts.retention_ms));
   sqlite3_bind_int(q, 7, r->status);
   if (r->meta)
     sqlite3_bind_blob(q, 8, r->meta, (int)r->meta_len, SQLITE_STATIC);
@@ -567,7 +644,7 @@ static int write_fenced(conn *c, idem__op *op, int which, int64_t now) {
   if (which == ST_UNKNOWN) {
     sqlite3_bind_int64(q, 5, now);
   } else if (which == ST_RENEW) {
-    sqlite3_bind_int64(q, 5, now + op->lease_ms);
+    sqlite3_bind_int64(q, 5, idem__deadline(now, op->lease_ms));
     sqlite3_bind_int64(q, 6, now);
   }
   if (sqlite3_step(q) != SQLITE_DONE) {
@@ -582,6 +659,8 @@ static int write_fenced(conn *c, idem__op *op, int which, int64_t now) {
                          "key '%s': the lease was taken over by a newer "
                          "attempt or the record was removed",
                          op->id->key);
+  if (which == ST_RENEW)
+    op->claim->lease_expires_ms = idem__deadline(now, op->lease_ms);
   return IDEM_OK;
 }
 
@@ -594,7 +673,7 @@ static void bind_new_record(sqlite3_stmt *q, const idem__op *op, int64_t now) {
     sqlite3_bind_blob(q, 5, op->opts.request, (int)op->opts.request_len,
                       SQLITE_STATIC);
   sqlite3_bind_int64(q, 6, now);
-  sqlite3_bind_int64(q, 7, now + op->opts.retention_ms);
+  sqlite3_bind_int64(q, 7, idem__deadline(now, op->opts.retention_ms));
 }
 
 /*
@@ -645,16 +724,13 @@ static void run_local(conn *c, idem__op *op, const idem__row *row,
                   op->id->key, fn_rc);
     return;
   }
-  if ((r.meta_len && !r.meta) || (r.body_len && !r.body)) {
-    idem__op_fail(op, IDEM_EINVAL, "action's response: NULL data with a "
-                                   "length");
-    return;
-  }
-  if (r.meta_len + r.body_len > IDEM_MAX_RESPONSE) {
-    idem__op_fail(op, IDEM_ETOOBIG,
-                  "action's response: %zu bytes; a record keeps at most %u",
-                  r.meta_len + r.body_len, IDEM_MAX_RESPONSE);
-    return;
+  {
+    char why[128];
+    int rc = idem__response_problem(&r, "action's response", why, sizeof why);
+    if (rc != IDEM_OK) {
+      idem__op_fail(op, rc, "%s", why);
+      return;
+    }
   }
   if (idem__response_checksum(op->fingerprint, r.status, r.meta, r.meta_len,
                               r.body, r.body_len, sum) != IDEM_OK) {
@@ -740,9 +816,15 @@ static int step_once(conn *c, int which) {
 
 static void prune_some(sq_store *s, conn *c, int64_t now) {
   sqlite3_stmt *q;
-  if (now - s->last_prune_ms < PRUNE_EVERY_MS)
+  int due;
+  /* Without group commit, batches of several threads run at once. */
+  pthread_mutex_lock(&s->gc_mu);
+  due = now - s->last_prune_ms >= IDEM__PRUNE_EVERY_MS;
+  if (due)
+    s->last_prune_ms = now;
+  pthread_mutex_unlock(&s->gc_mu);
+  if (!due)
     return;
-  s->last_prune_ms = now;
   if (exec(c, "SAVEPOINT idem_prune") != SQLITE_OK)
     return;
   q = stmt(c, ST_PRUNE_SOME);
@@ -791,12 +873,50 @@ static void batch_lost(conn *c, idem__op **ops, int n, int lost) {
   }
 }
 
+/* Notes the log file that the store's connections have open. */
+static void note_wal(sq_store *s) {
+  char wal[4096];
+  struct stat st;
+  if (snprintf(wal, sizeof wal, "%s-wal", s->path) < (int)sizeof wal &&
+      stat(wal, &st) == 0) {
+    s->wal_dev = st.st_dev;
+    s->wal_ino = st.st_ino;
+    s->wal_known = 1;
+  }
+}
+
+/*
+ * Whether the log is still the one the store opened. SQLite never deletes
+ * the log while a connection has it open, so a log that is gone or another
+ * file means someone deleted it: the commits it held are lost to every
+ * process that opens the store from now on, and the keys they completed
+ * would act again. Nothing more is written through this handle.
+ */
+static int wal_intact(sq_store *s, char *why, size_t size) {
+  char wal[4096];
+  struct stat st;
+  if (!s->wal_known)
+    return 1;
+  snprintf(wal, sizeof wal, "%s-wal", s->path);
+  if (stat(wal, &st) == 0 && st.st_dev == s->wal_dev &&
+      st.st_ino == s->wal_ino)
+    return 1;
+  snprintf(why, size,
+           "store '%.160s': its write-ahead log (the -wal file) was deleted "
+           "or replaced while the store was open; the most recent records "
+           "may be lost and keys they completed could act again, so this "
+           "handle writes nothing more. Check what ran, then reopen the "
+           "store",
+           s->path);
+  return 0;
+}
+
 /*
  * Runs ops[0..n) in one transaction with one commit. On a failed BEGIN or
  * COMMIT every op of the batch fails and nothing of it is stored.
  */
 static void run_batch(sq_store *s, conn *c, idem__op **ops, int n) {
-  int64_t now = idem__now_ms();
+  int64_t now;
   int i, restart;
   /*
    * The log starts over from its beginning only when a write transaction
@@ -819,12 +939,28 @@ static void run_batch(sq_store *s, conn *c, idem__op **ops, int n) {
       op_sqlite_fail(ops[i], c, "begin");
     return;
   }
+  {
+    char why[sizeof ops[0]->errmsg];
+    if (!wal_intact(s, why, sizeof why)) {
+      exec(c, "ROLLBACK");
+      for (i = 0; i < n; i++) {
+        idem__op_fail(ops[i], IDEM_ESTORE, "%s", why);
+        if (ops[i]->kind == IDEM__OP_CLAIM || ops[i]->kind == IDEM__OP_LOCAL)
+          ops[i]->claim->held = 0;
+      }
+      return;
+    }
+  }
   for (i = 0; i < n; i++) {
     idem__op *op = ops[i];
     if (step_once(c, ST_SAVEPOINT) != SQLITE_OK) {
       op_sqlite_fail(op, c, "savepoint");
       continue;
     }
+    /* Read under the write lock, for each op: a lease or a retention
+     * counts from when its write can no longer wait, never from before
+     * BEGIN IMMEDIATE's wait or the actions run earlier in the batch. */
+    now = idem__now_ms();
     run_one(c, op, now);
     /* SQLite rolls a whole transaction back by itself on some errors (disk
      * full, I/O error, out of memory), and an action may end it against
@@ -836,11 +972,17 @@ static void run_batch(sq_store *s, conn *c, idem__op **ops, int n) {
     if (op->rc != IDEM_OK) {
       if (op->kind == IDEM__OP_CLAIM || op->kind == IDEM__OP_LOCAL)
         op->claim->held = 0;
-      step_once(c, ST_ROLLBACK_SP);
+      /* A rejected action's writes must never commit: when they cannot be
+       * undone alone, the whole batch is. */
+      if (step_once(c, ST_ROLLBACK_SP) != SQLITE_OK) {
+        exec(c, "ROLLBACK");
+        batch_lost(c, ops, n, i);
+        return;
+      }
     }
     step_once(c, ST_RELEASE_SP);
   }
-  prune_some(s, c, now);
+  prune_some(s, c, idem__now_ms());
   if (exec(c, "COMMIT") != SQLITE_OK) {
     char msg[256];
     snprintf(msg, sizeof msg, "%s", sqlite3_errmsg(c->db));
@@ -886,9 +1028,7 @@ static int wal_hook(void *arg, sqlite3 *db, const char *name, int frames) {
 
 static void *checkpointer(void *arg) {
   sq_store *s = arg;
-  conn *c = NULL;
-  if (conn_open(s, &c) != IDEM_OK)
-    return NULL;
+  conn *c = s->ckpt_conn;
   pthread_mutex_lock(&s->gc_mu);
   while (!s->ckpt_stop) {
     if (!s->ckpt_wanted) {
@@ -913,7 +1053,6 @@ static void *checkpointer(void *arg) {
     pthread_mutex_lock(&s->gc_mu);
   }
   pthread_mutex_unlock(&s->gc_mu);
-  conn_close(c);
   return NULL;
 }
 
@@ -1070,6 +1209,7 @@ static void sq_close(void *state) {
     pthread_mutex_unlock(&s->gc_mu);
     pthread_join(s->ckpt_thread, NULL);
   }
+  conn_close(s->ckpt_conn);
   while ((c = s->idle)) {
     s->idle = c->next;
     conn_close(c);
@@ -1086,12 +1226,38 @@ static void sq_close(void *state) {
   free(s);
 }
 
+/*
+ * Creates a missing store file with mode 0600 before SQLite opens it: the
+ * store holds requests and outputs, and SQLite gives its -wal and -shm
+ * files the mode of the database file. An existing file keeps its mode.
+ */
+static int create_private(const char *path) {
+  int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd >= 0) {
+    close(fd);
+    return IDEM_OK;
+  }
+  if (errno == EEXIST)
+    return IDEM_OK;
+  return idem__fail(IDEM_ESTORE, "store '%s': cannot create the file: %s",
+                    path, strerror(errno));
+}
+
 static int sq_open(const char *target, const idem_store_options *opts,
                    void **state) {
-  sq_store *s = calloc(1, sizeof *s);
+  sq_store *s;
   conn *c = NULL;
   int rc;
   *state = NULL;
+  if (strcmp(target, ":memory:") == 0 || strncmp(target, "file:", 5) == 0)
+    return idem__fail(IDEM_EURL,
+                      "store '%s': SQLite's special names are not stores "
+                      "(an in-memory database would be private to one "
+                      "connection); give a file path",
+                      target);
+  if (!opts->read_only && (rc = create_private(target)) != IDEM_OK)
+    return rc;
+  s = calloc(1, sizeof *s);
   if (!s)
     return idem__fail(IDEM_ENOMEM, "sqlite: out of memory");
   s->o = *opts;
@@ -1100,7 +1266,7 @@ static int sq_open(const char *target, const idem_store_options *opts,
   if (s->o.max_connections <= 0)
     s->o.max_connections = 16;
   s->path = idem__strdup(target);
-  s->cache = idem__cache_new();
+  s->cache = idem__cache_new(s->o.replay_cache_entries);
   pthread_mutex_init(&s->pool_mu, NULL);
   pthread_cond_init(&s->pool_cv, NULL);
   pthread_mutex_init(&s->gc_mu, NULL);
@@ -1117,13 +1283,26 @@ static int sq_open(const char *target, const idem_store_options *opts,
   }
   s->ckpt_next = CKPT_FRAMES;
   snprintf(s->version, sizeof s->version, "%s", sqlite3_libversion());
-  if (!s->path || !s->cache) {
+  if (!s->path || (!s->cache && s->o.replay_cache_entries >= 0)) {
     sq_close(s);
     return idem__fail(IDEM_ENOMEM, "sqlite: out of memory");
   }
   rc = conn_open(s, &c);
   if (rc == IDEM_OK)
     rc = ensure_schema(s, c);
+  if (rc == IDEM_OK) {
+    /* From now on the file is named as SQLite resolved it: connections
+     * opened later, and the log's check, must find this very file even
+     * after the process changes its working folder. */
+    const char *full = sqlite3_db_filename(c->db, "main");
+    char *copy = full && *full ? idem__strdup(full) : NULL;
+    if (full && *full && !copy) {
+      rc = idem__fail(IDEM_ENOMEM, "sqlite: out of memory");
+    } else if (copy) {
+      free(s->path);
+      s->path = copy;
+    }
+  }
   if (rc != IDEM_OK) {
     conn_close(c);
     sq_close(s);
@@ -1132,17 +1311,27 @@ static int sq_open(const char *target, const idem_store_options *opts,
   s->nconn = 1;
   c->next = NULL;
   s->idle = c;
-  if (s->o.group_commit >= 0) {
+  if (!s->o.read_only)
+    note_wal(s);
+  if (s->o.group_commit >= 0 && !s->o.read_only) {
     rc = conn_open(s, &s->writer);
     if (rc != IDEM_OK) {
       sq_close(s);
       return rc;
     }
-    sqlite3_wal_hook(s->writer->db, wal_hook, s);
-    if (pthread_create(&s->ckpt_thread, NULL, checkpointer, s) == 0)
+    /* The checkpoint thread's connection is opened here, so that a thread
+     * that could not work never replaces the writer's own checkpoints.
+     * Without it the writer keeps SQLite's automatic checkpoint. */
+    if (conn_open(s, &s->ckpt_conn) == IDEM_OK &&
+        pthread_create(&s->ckpt_thread, NULL, checkpointer, s) == 0) {
       s->ckpt_running = 1;
-    else
+      sqlite3_wal_hook(s->writer->db, wal_hook, s);
+    } else {
+      conn_close(s->ckpt_conn);
+      s->ckpt_conn = NULL;
       sqlite3_wal_autocheckpoint(s->writer->db, CKPT_FRAMES);
+      idem__clear_error();
+    }
   }
   *state = s;
   return IDEM_OK;
@@ -1154,59 +1343,36 @@ static const char *sq_engine_version(void *state) {
 
 /* ---- operators ------------------------------------------------------------ */
 
-static char *col_text(sqlite3_stmt *q, int i) {
-  const unsigned char *t = sqlite3_column_text(q, i);
-  return idem__strdup(t ? (const char *)t : "");
-}
-
-static void *col_blob(sqlite3_stmt *q, int i, size_t *len) {
+/* A column's bytes, or NULL for SQL NULL. */
+static const void *col_bytes(sqlite3_stmt *q, int i, size_t *len) {
   const void *b = sqlite3_column_blob(q, i);
-  size_t n = (size_t)sqlite3_column_bytes(q, i);
-  *len = n;
+  *len = (size_t)sqlite3_column_bytes(q, i);
   if (sqlite3_column_type(q, i) == SQLITE_NULL) {
     *len = 0;
     return NULL;
   }
-  /* One spare NUL so that text can be printed as is. */
-  char *p = malloc(n + 1);
-  if (p) {
-    if (n)
-      memcpy(p, b, n);
-    p[n] = '\0';
-  }
-  return p;
+  return b ? b : "";
 }
 
+/* Columns in RECORD_COLUMNS order. */
 static int row_to_record(sqlite3_stmt *q, idem_record **out) {
-  idem_record *r = calloc(1, sizeof *r);
-  size_t n;
-  if (!r)
-    return idem__fail(IDEM_ENOMEM, "out of memory");
-  r->tenant = col_text(q, 0);
-  r->operation = col_text(q, 1);
-  r->key = col_text(q, 2);
-  r->fingerprint = col_text(q, 3);
-  r->state = (idem_state)sqlite3_column_int(q, 4);
-  r->attempt = sqlite3_column_int(q, 5);
-  r->created_ms = sqlite3_column_int64(q, 6);
-  r->updated_ms = sqlite3_column_int64(q, 7);
-  r->lease_expires_ms = sqlite3_column_int64(q, 8);
-  r->expires_ms = sqlite3_column_int64(q, 9);
-  r->request = col_blob(q, 10, &r->request_len);
-  if (r->state == IDEM_STATE_COMPLETED) {
-    r->has_response = 1;
-    r->response.status = sqlite3_column_int(q, 11);
-    r->response.meta = col_blob(q, 12, &n);
-    r->response.meta_len = r->response.meta ? n : 0;
-    r->response.body = col_blob(q, 13, &n);
-    r->response.body_len = r->response.body ? n : 0;
-  }
-  if (!r->tenant || !r->operation || !r->key || !r->fingerprint) {
-    idem_record_free(r);
-    return idem__fail(IDEM_ENOMEM, "out of memory");
-  }
-  *out = r;
-  return IDEM_OK;
+  idem__row_parts p;
+  memset(&p, 0, sizeof p);
+  p.tenant = col_bytes(q, 0, &p.tenant_len);
+  p.operation = col_bytes(q, 1, &p.operation_len);
+  p.key = col_bytes(q, 2, &p.key_len);
+  p.fingerprint = col_bytes(q, 3, &p.fingerprint_len);
+  p.state = sqlite3_column_int(q, 4);
+  p.attempt = sqlite3_column_int(q, 5);
+  p.created_ms = sqlite3_column_int64(q, 6);
+  p.updated_ms = sqlite3_column_int64(q, 7);
+  p.lease_expires_ms = sqlite3_column_int64(q, 8);
+  p.expires_ms = sqlite3_column_int64(q, 9);
+  p.request = col_bytes(q, 10, &p.request_len);
+  p.status = sqlite3_column_int(q, 11);
+  p.meta = col_bytes(q, 12, &p.meta_len);
+  p.body = col_bytes(q, 13, &p.body_len);
+  return idem__record_new(&p, out);
 }
 
 static int sq_get(void *state, const idem_id *id, idem_record **out) {
@@ -1237,52 +1403,98 @@ out:
   return rc;
 }
 
+#define LIST_PAGE 256
+
+/*
+ * Reads records a page at a time and calls fn with no connection held: fn
+ * may call back into the store (even with max_connections = 1), and no read
+ * snapshot stays open while it works, which would keep the log from being
+ * reused. Each page starts after the last record of the one before.
+ */
 static int sq_list(void *state, const idem_filter *f, idem_record_fn fn,
                    void *ctx) {
   sq_store *s = state;
-  conn *c;
-  sqlite3_stmt *q;
-  int rc = pool_get(s, &c), step;
-  if (rc != IDEM_OK)
-    return rc;
-  /* A prepared statement of its own: fn may call back into the store. */
-  if (sqlite3_prepare_v2(c->db, sql_text[ST_LIST], -1, &q, NULL) !=
-      SQLITE_OK) {
-    rc = sqlite_fail(c, "prepare");
+  idem_record *page[LIST_PAGE];
+  int64_t left = f->limit > 0 ? f->limit : -1, after_ms = INT64_MIN;
+  char *after[3] = {NULL, NULL, NULL};
+  int rc = IDEM_OK, n = 0, more = 1;
+
+  while (more && rc == IDEM_OK && left != 0) {
+    conn *c;
+    sqlite3_stmt *q;
+    int step, want = left < 0 || left > LIST_PAGE ? LIST_PAGE : (int)left;
+    n = 0;
+    if ((rc = pool_get(s, &c)) != IDEM_OK)
+      break;
+    q = stmt(c, ST_LIST);
+    if (!q) {
+      rc = sqlite_fail(c, "prepare");
+      pool_put(s, c);
+      break;
+    }
+    sqlite3_bind_int64(q, 1, idem__now_ms());
+    if (f->tenant)
+      sqlite3_bind_text(q, 2, f->tenant, -1, SQLITE_STATIC);
+    if (f->operation)
+      sqlite3_bind_text(q, 3, f->operation, -1, SQLITE_STATIC);
+    sqlite3_bind_int(q, 4, f->state);
+    sqlite3_bind_int(q, 5, f->expired || f->overdue ? 1 : 0);
+    sqlite3_bind_int64(q, 6, want);
+    sqlite3_bind_int(q, 7, f->overdue ? 1 : 0);
+    sqlite3_bind_int64(q, 8, after_ms);
+    sqlite3_bind_text(q, 9, after[0] ? after[0] : "", -1, SQLITE_STATIC);
+    sqlite3_bind_text(q, 10, after[1] ? after[1] : "", -1, SQLITE_STATIC);
+    sqlite3_bind_text(q, 11, after[2] ? after[2] : "", -1, SQLITE_STATIC);
+    while (n < want && (step = sqlite3_step(q)) == SQLITE_ROW) {
+      if ((rc = row_to_record(q, &page[n])) != IDEM_OK)
+        break;
+      n++;
+    }
+    if (rc == IDEM_OK && n < want && step != SQLITE_DONE)
+      rc = sqlite_fail(c, "list");
+    sqlite3_reset(q);
     pool_put(s, c);
-    return rc;
+    more = n == want;
+    if (n > 0) {
+      const idem_record *last = page[n - 1];
+      after_ms = last->created_ms;
+      for (int k = 0; k < 3; k++)
+        free(after[k]);
+      after[0] = idem__strdup(last->tenant);
+      after[1] = idem__strdup(last->operation);
+      after[2] = idem__strdup(last->key);
+      if (!after[0] || !after[1] || !after[2])
+        rc = rc ? rc : idem__fail(IDEM_ENOMEM, "out of memory");
+    }
+    for (int i = 0; i < n; i++) {
+      if (rc == IDEM_OK) {
+        rc = fn(page[i], ctx);
+        if (left > 0)
+          left--;
+      }
+      idem_record_free(page[i]);
+    }
   }
-  sqlite3_bind_int64(q, 1, idem__now_ms());
-  if (f->tenant)
-    sqlite3_bind_text(q, 2, f->tenant, -1, SQLITE_STATIC);
-  if (f->operation)
-    sqlite3_bind_text(q, 3, f->operation, -1, SQLITE_STATIC);
-  sqlite3_bind_int(q, 4, f->state);
-  sqlite3_bind_int(q, 5, f->expired ? 1 : 0);
-  sqlite3_bind_int64(q, 6, f->limit > 0 ? f->limit : -1);
-  while ((step = sqlite3_step(q)) == SQLITE_ROW) {
-    idem_record *r = NULL;
-    rc = row_to_record(q, &r);
-    if (rc != IDEM_OK)
-      break;
-    rc = fn(r, ctx);
-    idem_record_free(r);
-    if (rc != 0)
-      break;
-  }
-  if (rc == IDEM_OK && step != SQLITE_DONE)
-    rc = sqlite_fail(c, "list");
-  sqlite3_finalize(q);
-  pool_put(s, c);
+  for (int k = 0; k < 3; k++)
+    free(after[k]);
   return rc;
+}
+
+/* An operator's write through a handle whose log was deleted would go
+ * into the lost log and vanish when the store closes: IDEM_ESTORE. */
+static int operator_may_write(sq_store *s) {
+  char why[512];
+  if (wal_intact(s, why, sizeof why))
+    return IDEM_OK;
+  return idem__fail(IDEM_ESTORE, "%s", why);
 }
 
 static int sq_prune(void *state, int64_t *removed) {
   sq_store *s = state;
   conn *c;
   sqlite3_stmt *q;
-  int rc = pool_get(s, &c);
-  if (rc != IDEM_OK)
+  int rc = operator_may_write(s);
+  if (rc != IDEM_OK || (rc = pool_get(s, &c)) != IDEM_OK)
     return rc;
   q = stmt(c, ST_PRUNE);
   if (!q) {
@@ -1300,13 +1512,14 @@ static int sq_prune(void *state, int64_t *removed) {
 }
 
 static int sq_resolve(void *state, const idem_id *id,
-                      const idem_response *r) {
+                      const idem_response *r,
+                      const idem_resolve_options *o) {
   sq_store *s = state;
   conn *c;
   sqlite3_stmt *q;
   char fp[IDEM_FINGERPRINT_SIZE] = "", sum[IDEM_FINGERPRINT_SIZE];
   int found = 0, st = 0, step;
-  int64_t now = idem__now_ms();
+  int64_t now, lease = 0;
   int rc = pool_get(s, &c);
   if (rc != IDEM_OK)
     return rc;
@@ -1315,6 +1528,9 @@ static int sq_resolve(void *state, const idem_id *id,
     pool_put(s, c);
     return rc;
   }
+  if ((rc = operator_may_write(s)) != IDEM_OK)
+    goto out;
+  now = idem__now_ms();
   q = stmt(c, ST_SELECT);
   if (!q) {
     rc = sqlite_fail(c, "prepare");
@@ -1326,6 +1542,7 @@ static int sq_resolve(void *state, const idem_id *id,
     found = 1;
     snprintf(fp, sizeof fp, "%s", (const char *)sqlite3_column_text(q, 0));
     st = sqlite3_column_int(q, 1);
+    lease = sqlite3_column_int64(q, 3);
   } else if (step != SQLITE_DONE) {
     rc = sqlite_fail(c, "read record");
     sqlite3_reset(q);
@@ -1344,6 +1561,15 @@ static int sq_resolve(void *state, const idem_id *id,
                     id->tenant ? id->tenant : "", id->operation, id->key);
     goto out;
   }
+  if (st == IDEM_STATE_IN_PROGRESS && lease > now && !o->force) {
+    rc = idem__fail(IDEM_ESTATE,
+                    "record (%s, %s, %s) is held by a run whose lease ends "
+                    "in %.1f s: it may still be acting; wait for the lease "
+                    "to end, or force it",
+                    id->tenant ? id->tenant : "", id->operation, id->key,
+                    (double)(lease - now) / 1000.0);
+    goto out;
+  }
   if (r) {
     if (idem__response_checksum(fp, r->status, r->meta, r->meta_len, r->body,
                                 r->body_len, sum) != IDEM_OK) {
@@ -1357,7 +1583,7 @@ static int sq_resolve(void *state, const idem_id *id,
     }
     bind_id(q, id, 1);
     sqlite3_bind_int64(q, 4, now);
-    sqlite3_bind_int64(q, 5, now + DEFAULT_RETENTION_MS);
+    sqlite3_bind_int64(q, 5, idem__deadline(now, o->retention_ms));
     sqlite3_bind_int(q, 6, r->status);
     if (r->meta)
       sqlite3_bind_blob(q, 7, r->meta, (int)r->meta_len, SQLITE_STATIC);
@@ -1384,6 +1610,34 @@ out:
   return rc;
 }
 
+static int sq_remove(void *state, const idem_id *id) {
+  sq_store *s = state;
+  conn *c;
+  sqlite3_stmt *q;
+  int rc = operator_may_write(s), changed = 0;
+  if (rc != IDEM_OK || (rc = pool_get(s, &c)) != IDEM_OK)
+    return rc;
+  q = stmt(c, ST_DELETE);
+  if (!q) {
+    rc = sqlite_fail(c, "prepare");
+  } else {
+    bind_id(q, id, 1);
+    if (sqlite3_step(q) != SQLITE_DONE)
+      rc = sqlite_fail(c, "delete");
+    else
+      changed = sqlite3_changes(c->db);
+    sqlite3_reset(q);
+  }
+  pool_put(s, c);
+  /* This handle must not replay what it just deleted. */
+  if (rc == IDEM_OK)
+    idem__cache_forget(s->cache, id);
+  if (rc == IDEM_OK && changed == 0)
+    rc = idem__fail(IDEM_ENOTFOUND, "no record (%s, %s, %s)",
+                    id->tenant ? id->tenant : "", id->operation, id->key);
+  return rc;
+}
+
 const idem__store_methods idem__sqlite_methods = {
     IDEM__STORE_METHODS_VERSION,
     "sqlite",
@@ -1395,4 +1649,5 @@ const idem__store_methods idem__sqlite_methods = {
     sq_list,
     sq_prune,
     sq_resolve,
+    sq_remove,
 };

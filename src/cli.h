@@ -39,9 +39,28 @@ void cli_idem_error(const char *cmd, const char *what, int rc);
  * at most max bytes. Returns 0, or -1 with errno set (EFBIG when too big). */
 int cli_read_file(const char *path, size_t max, char **out, size_t *len);
 
-/* Parses "250ms", "30s", "5m", "24h", "7d" or bare seconds into
- * milliseconds. Returns 0 or -1. */
+/* The longest duration cli_parse_duration() takes: about 285,000 years, and
+ * exact in both an int64_t and a double. */
+#define CLI_MAX_DURATION_MS 9000000000000000LL
+
+/*
+ * Parses a duration into milliseconds: decimal digits with an optional
+ * fraction, then a unit: ms, s (or none), m, h or d, as in "250ms", "30s",
+ * "1.5", "5m", "24h", "7d". Parts of a millisecond are dropped. Returns 0
+ * with *ms set, or -1 with *ms untouched and errno EINVAL (not a duration:
+ * signs, exponents, hex, "nan", "inf", spaces) or ERANGE (longer than
+ * CLI_MAX_DURATION_MS).
+ */
 int cli_parse_duration(const char *s, int64_t *ms);
+
+/*
+ * Parses the value of a duration option such as --lease, which must lie
+ * between min_ms and max_ms. Returns 0 with *ms set; otherwise prints why
+ * ("idem CMD: OPT: 'VALUE' is too large (at most ...)", "... is not a
+ * duration ...", "... is too short ...") and returns -1, a usage error.
+ */
+int cli_duration_option(const char *cmd, const char *opt, const char *value,
+                        int64_t min_ms, int64_t max_ms, int64_t *ms);
 
 /* Parses a non-negative decimal integer no larger than max. */
 int cli_parse_uint(const char *s, long max, long *out);
@@ -53,7 +72,58 @@ double cli_now_ms(void);
  * idem_schema removed. NULL when out of memory; free() it. */
 char *cli_pg_libpq_url(const char *url);
 
+/*
+ * text with every form of the password in a store URL or conninfo (in the
+ * user information, or a password= parameter; as written and
+ * percent-decoded) replaced by ***, for messages that quote libpq or the
+ * URL itself. NULL when out of memory; free() it.
+ */
+char *cli_redact(const char *text, const char *url);
+
 /* The store URL: the --store value, else IDEM_STORE, else ./idem.db. */
 const char *cli_store_url(const char *flag);
+
+/* Takes the value of --store: an empty URL is a usage error, printed as
+ * "idem CMD: --store: empty store URL" (-1), never the default store. */
+int cli_store_option(const char *cmd, const char *value, const char **url);
+
+/*
+ * Checks the value of --tenant before any store is opened: at most 255 bytes
+ * of UTF-8 without control characters (C0, DEL, and C1: U+0080-U+009F) and
+ * without the invisible characters that reorder or hide text (bidirectional
+ * marks, embeddings, overrides and isolates; zero-width characters; line
+ * and paragraph separators; U+FEFF; tag characters), which could make one
+ * tenant look like another in `idem keys list`. Returns 0, or prints why not
+ * ("idem CMD: --tenant: ...") and returns -1, a usage error. Every
+ * subcommand that takes --tenant calls it.
+ */
+int cli_check_tenant(const char *cmd, const char *tenant);
+
+/* Checks the value of --operation as libidem does (1-255 bytes of UTF-8
+ * without C0 controls or DEL), so that a bad one is a usage error; any
+ * operation a record can have is accepted. Returns 0, or prints why not and
+ * returns -1. */
+int cli_check_operation(const char *cmd, const char *operation);
+
+/*
+ * Stored text (n bytes, NULs included) as it is safe to show on a terminal:
+ * a backslash as \\, newline, return and tab as \n, \r and \t, other C0
+ * controls, DEL and bytes that are not UTF-8 as \xHH, and C1 controls and
+ * the invisible characters of cli_check_tenant() as \uXXXX (\UXXXXXXXX
+ * past U+FFFF). All else is kept, so that the escaped text is never
+ * ambiguous. NULL when out of memory; free() it.
+ */
+char *cli_escape(const void *s, size_t n);
+
+/* The columns escaped text takes on a terminal: its code points. */
+size_t cli_text_width(const char *s);
+
+/*
+ * JSON text (UTF-8, as jansson writes it) with DEL, the C1 controls and the
+ * invisible characters of cli_check_tenant() written as \uXXXX escapes: the
+ * same JSON value, safe to show on a terminal. NULL when out of memory;
+ * free() it.
+ */
+char *cli_json_escape_unsafe(const char *json);
 
 #endif

@@ -877,8 +877,11 @@ static int print_json(const bench *b, const char *url, int temporary,
   if (b->backend == &pg_backend)
     json_object_set_new(o, "postgresql_version",
                         json_string(idem_store_engine_version(b->store)));
-  json_object_set_new(o, "store_url",
-                      temporary ? json_null() : json_string(url));
+  {
+    char *safe = temporary ? NULL : cli_redact(url, url);
+    json_object_set_new(o, "store_url", safe ? json_string(safe) : json_null());
+    free(safe);
+  }
   json_object_set_new(o, "workers", json_integer(b->nworkers));
   json_object_set_new(o, "seconds", json_real(b->seconds));
   json_object_set_new(o, "fsync_per_s", json_real(round1(fsync_per_s)));

@@ -9,32 +9,49 @@
 
 static const char usage[] =
     "usage: idem keys list [--tenant T] [--operation OP] [--state S]\n"
-    "                      [--limit N] [--expired] [--json]\n"
+    "                      [--limit N] [--expired | --overdue] [--json]\n"
     "       idem keys show KEY [--tenant T] [--operation OP] [--json]\n"
     "       idem keys prune\n"
-    "       idem keys resolve KEY [--tenant T] [--operation OP]\n"
-    "                      (--completed [--status N] [--body FILE] | --failed)\n"
+    "       idem keys resolve KEY [--tenant T] [--operation OP] [--force]\n"
+    "                      (--completed [--status N] [--body FILE]\n"
+    "                       [--retention DUR] | --failed)\n"
+    "       idem keys delete KEY [--tenant T] [--operation OP]\n"
     "\n"
     "Common option: --store URL (default: IDEM_STORE, else ./idem.db).\n"
     "\n"
     "  list     records, oldest first; --state is in_progress, completed or\n"
-    "           unknown; --expired includes retention-expired records\n"
+    "           unknown; --expired includes completed records past their\n"
+    "           retention; --overdue lists only records in progress or\n"
+    "           unknown that have waited longer than their retention (they\n"
+    "           never expire: they wait for a holder or for you)\n"
     "  show     one record, with its stored request and response\n"
-    "  prune    delete retention-expired records and print how many\n"
-    "  resolve  settle a record whose outcome is unknown (or in progress):\n"
-    "           --completed stores a response (status, default 0, and the\n"
-    "           body from FILE or '-' for stdin) that later calls replay;\n"
-    "           --failed deletes the record so that a retry acts again\n"
+    "  prune    delete completed records past their retention, print how\n"
+    "           many; records in progress or unknown are never pruned\n"
+    "  resolve  settle a record whose outcome is unknown, or in progress\n"
+    "           with its lease over: --completed stores a response (status,\n"
+    "           default 0, and the body from FILE or '-' for stdin) that\n"
+    "           later calls replay, kept for --retention (default 24h);\n"
+    "           --failed deletes the record so that a retry acts again.\n"
+    "           A record whose holder's lease still runs may be in the\n"
+    "           middle of acting: it is refused unless --force\n"
+    "  delete   remove one record whatever its state (one that fails its\n"
+    "           checksum, say); a retry then acts again\n"
     "\n"
     "--operation defaults to \"run\", the operation of `idem run`; the\n"
-    "tenant defaults to \"\".\n"
+    "tenant defaults to \"\". A tenant is at most 255 bytes of UTF-8 without\n"
+    "control characters or invisible ones that reorder or hide text (such\n"
+    "as U+202E). --status is 0-255. Stored text that could mislead on a\n"
+    "terminal is shown escaped (\\n, \\x1b, \\u202e; a backslash as \\\\).\n"
     "\n"
     "Exit status: 0 ok, 1 store error or no such record, 2 usage.\n";
 
 typedef struct opts {
   const char *store, *tenant, *operation, *key, *body_file;
-  int state, limit, expired, json, completed, failed;
+  int state, limit, expired, overdue, json, completed, failed, has_status;
+  int force;
+  int64_t retention_ms;
   long status;
+  int oom; /* set by a listing that ran out of memory */
 } opts;
 
 static void iso_time(int64_t ms, char *buf, size_t size) {
@@ -97,64 +114,183 @@ static json_t *record_json(const idem_record *r) {
   return o;
 }
 
-static int print_row(const idem_record *r, void *ctx) {
-  opts *o = ctx;
-  if (o->json) {
-    json_t *j = record_json(r);
-    char *s = j ? json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
-    if (s)
-      puts(s);
-    free(s);
-    json_decref(j);
-  } else {
-    char created[32], expires[32];
-    iso_time(r->created_ms, created, sizeof created);
-    iso_time(r->expires_ms, expires, sizeof expires);
-    printf("%-12s %-20s %-32s %-11s %3d %-20s %s\n",
-           r->tenant[0] ? r->tenant : "-", r->operation, r->key,
-           idem_state_name(r->state), r->attempt, created, expires);
+/* Prints JSON text with the characters that could mislead on a terminal
+ * escaped (the same JSON value). */
+static int put_json(json_t *j, size_t flags) {
+  char *text = j ? json_dumps(j, flags) : NULL;
+  char *safe = text ? cli_json_escape_unsafe(text) : NULL;
+  if (safe)
+    puts(safe);
+  free(safe);
+  free(text);
+  return safe ? 0 : -1;
+}
+
+/*
+ * The text table. Its first LIST_WINDOW rows are held back so that each
+ * column is as wide as its widest field among them; later rows are printed
+ * as they come, in the same columns (a field wider than its column pushes
+ * the rest of its own row right, and loses nothing). So a listing of any
+ * length needs no more memory than the window.
+ */
+#define LIST_WINDOW 512
+
+typedef struct row {
+  char *field[3]; /* tenant, operation, key: escaped */
+  const char *state;
+  int attempt;
+  char created[32], expires[32];
+} row;
+
+typedef struct table {
+  row rows[LIST_WINDOW];
+  size_t n;
+  size_t width[3];
+  int printing; /* the window is out: rows are printed as they come */
+} table;
+
+static const char *const headers[3] = {"TENANT", "OPERATION", "KEY"};
+
+static void put_padded(const char *s, size_t width) {
+  size_t w = cli_text_width(s);
+  fputs(s, stdout);
+  for (; w < width; w++)
+    putchar(' ');
+  putchar(' ');
+}
+
+static void put_row(const table *t, const row *r) {
+  for (int i = 0; i < 3; i++)
+    put_padded(r->field[i], t->width[i]);
+  printf("%-11s %3d %-20s %s\n", r->state, r->attempt, r->created, r->expires);
+}
+
+static void row_free(row *r) {
+  for (int i = 0; i < 3; i++)
+    free(r->field[i]);
+}
+
+/* Prints the header and the rows held back, in columns that fit them. */
+static void flush_window(table *t) {
+  for (int i = 0; i < 3; i++)
+    t->width[i] = strlen(headers[i]);
+  for (size_t j = 0; j < t->n; j++)
+    for (int i = 0; i < 3; i++) {
+      size_t w = cli_text_width(t->rows[j].field[i]);
+      if (w > t->width[i])
+        t->width[i] = w;
+    }
+  for (int i = 0; i < 3; i++)
+    put_padded(headers[i], t->width[i]);
+  printf("%-11s %3s %-20s %s\n", "STATE", "ATT", "CREATED", "EXPIRES");
+  for (size_t j = 0; j < t->n; j++) {
+    put_row(t, &t->rows[j]);
+    row_free(&t->rows[j]);
   }
+  t->n = 0;
+  t->printing = 1;
+}
+
+typedef struct list_ctx {
+  opts *o;
+  table *t;
+} list_ctx;
+
+static int list_row(const idem_record *r, void *ctx) {
+  list_ctx *c = ctx;
+  if (c->o->json) {
+    json_t *j = record_json(r);
+    int rc = put_json(j, JSON_COMPACT | JSON_SORT_KEYS);
+    json_decref(j);
+    if (rc != 0)
+      c->o->oom = 1;
+    return rc;
+  }
+  row w;
+  memset(&w, 0, sizeof w);
+  w.field[0] = r->tenant[0] ? cli_escape(r->tenant, strlen(r->tenant))
+                            : cli_escape("-", 1);
+  w.field[1] = cli_escape(r->operation, strlen(r->operation));
+  w.field[2] = cli_escape(r->key, strlen(r->key));
+  if (!w.field[0] || !w.field[1] || !w.field[2]) {
+    row_free(&w);
+    c->o->oom = 1;
+    return -1;
+  }
+  w.state = idem_state_name(r->state);
+  w.attempt = r->attempt;
+  iso_time(r->created_ms, w.created, sizeof w.created);
+  iso_time(r->expires_ms, w.expires, sizeof w.expires);
+  if (c->t->printing) {
+    put_row(c->t, &w);
+    row_free(&w);
+    return 0;
+  }
+  c->t->rows[c->t->n++] = w;
+  if (c->t->n == LIST_WINDOW)
+    flush_window(c->t);
   return 0;
 }
 
 static int do_list(idem_store *s, opts *o) {
   idem_filter f = {0};
-  int rc;
+  list_ctx c = {o, NULL};
+  int rc, status = EXIT_OK;
   f.tenant = o->tenant;
   f.operation = o->operation;
   f.state = o->state;
   f.limit = o->limit;
   f.expired = o->expired;
-  if (!o->json)
-    printf("%-12s %-20s %-32s %-11s %3s %-20s %s\n", "TENANT", "OPERATION",
-           "KEY", "STATE", "ATT", "CREATED", "EXPIRES");
-  rc = idem_list(s, &f, print_row, o);
-  if (rc != IDEM_OK) {
-    cli_idem_error("keys", "list", rc);
+  f.overdue = o->overdue;
+  if (!o->json && !(c.t = calloc(1, sizeof *c.t))) {
+    cli_error("keys", "list: out of memory");
     return EXIT_FAIL;
   }
-  return EXIT_OK;
+  rc = idem_list(s, &f, list_row, &c);
+  if (c.t && !c.t->printing && !o->oom)
+    flush_window(c.t); /* the header, and the rows held back */
+  if (o->oom) {
+    cli_error("keys", "list: out of memory");
+    status = EXIT_FAIL;
+  } else if (rc != IDEM_OK) {
+    cli_idem_error("keys", "list", rc);
+    status = EXIT_FAIL;
+  }
+  if (c.t) {
+    for (size_t j = 0; j < c.t->n; j++)
+      row_free(&c.t->rows[j]);
+    free(c.t);
+  }
+  return status;
+}
+
+/* Prints "label value" with the value escaped. */
+static int put_field(const char *label, const void *p, size_t n) {
+  char *e = cli_escape(p, n);
+  if (!e)
+    return -1;
+  printf("%-13s%s\n", label, e);
+  free(e);
+  return 0;
 }
 
 static int do_show(idem_store *s, opts *o) {
   idem_record *r = NULL;
   idem_id id = {o->tenant ? o->tenant : "",
                 o->operation ? o->operation : "run", o->key};
-  int rc = idem_get(s, &id, &r);
+  int rc = idem_get(s, &id, &r), bad = 0;
   if (rc != IDEM_OK) {
     cli_idem_error("keys", "show", rc);
     return EXIT_FAIL;
   }
   json_t *j = record_json(r);
-  char *text = j ? json_dumps(j, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
-  if (o->json || !text) {
-    if (text)
-      puts(text);
+  if (o->json) {
+    bad = put_json(j, JSON_INDENT(2) | JSON_SORT_KEYS);
   } else {
     char t[32];
-    printf("tenant:      %s\n", r->tenant);
-    printf("operation:   %s\n", r->operation);
-    printf("key:         %s\n", r->key);
+    bad |= put_field("tenant:", r->tenant, strlen(r->tenant));
+    bad |= put_field("operation:", r->operation, strlen(r->operation));
+    bad |= put_field("key:", r->key, strlen(r->key));
     printf("state:       %s\n", idem_state_name(r->state));
     printf("attempt:     %d\n", r->attempt);
     printf("fingerprint: %s\n", r->fingerprint);
@@ -169,16 +305,18 @@ static int do_show(idem_store *s, opts *o) {
     iso_time(r->expires_ms, t, sizeof t);
     printf("expires:     %s\n", t);
     if (r->request)
-      printf("request:     %.*s\n", (int)r->request_len,
-             (const char *)r->request);
+      bad |= put_field("request:", r->request, r->request_len);
     if (r->has_response) {
       printf("status:      %d\n", r->response.status);
       printf("body bytes:  %zu\n", r->response.body_len);
     }
   }
-  free(text);
   json_decref(j);
   idem_record_free(r);
+  if (bad) {
+    cli_error("keys", "show: out of memory");
+    return EXIT_FAIL;
+  }
   return EXIT_OK;
 }
 
@@ -189,7 +327,7 @@ static int do_prune(idem_store *s) {
     cli_idem_error("keys", "prune", rc);
     return EXIT_FAIL;
   }
-  printf("pruned %lld expired records\n", (long long)removed);
+  printf("pruned %lld expired completed records\n", (long long)removed);
   return EXIT_OK;
 }
 
@@ -212,7 +350,8 @@ static int do_resolve(idem_store *s, opts *o) {
     r.body = body;
     r.body_len = len;
   }
-  rc = idem_resolve(s, &id, o->completed ? &r : NULL);
+  idem_resolve_options ro = {o->retention_ms, o->force};
+  rc = idem_resolve_with(s, &id, o->completed ? &r : NULL, &ro);
   free(body);
   if (rc != IDEM_OK) {
     cli_idem_error("keys", "resolve", rc);
@@ -224,11 +363,100 @@ static int do_resolve(idem_store *s, opts *o) {
   return EXIT_OK;
 }
 
+static int do_delete(idem_store *s, opts *o) {
+  idem_id id = {o->tenant ? o->tenant : "",
+                o->operation ? o->operation : "run", o->key};
+  int rc = idem_delete(s, &id);
+  if (rc != IDEM_OK) {
+    cli_idem_error("keys", "delete", rc);
+    return EXIT_FAIL;
+  }
+  printf("deleted %s (a retry acts again)\n", o->key);
+  return EXIT_OK;
+}
+
+/* The actions, as bits, so that each option can say where it belongs. */
+enum { LIST = 1, SHOW = 2, PRUNE = 4, RESOLVE = 8, DELETE = 16, ANY = 31 };
+
+static const struct option {
+  const char *name;
+  int takes_value;
+  int actions;
+} options[] = {
+    {"--store", 1, ANY},
+    {"--tenant", 1, LIST | SHOW | RESOLVE | DELETE},
+    {"--operation", 1, LIST | SHOW | RESOLVE | DELETE},
+    {"--state", 1, LIST},
+    {"--limit", 1, LIST},
+    {"--expired", 0, LIST},
+    {"--overdue", 0, LIST},
+    {"--force", 0, RESOLVE},
+    {"--retention", 1, RESOLVE},
+    {"--json", 0, LIST | SHOW},
+    {"--completed", 0, RESOLVE},
+    {"--failed", 0, RESOLVE},
+    {"--status", 1, RESOLVE},
+    {"--body", 1, RESOLVE},
+};
+
+/* Sets one option from the command line; 0, or -1 after a usage error. */
+static int set_option(opts *o, const char *name, const char *v) {
+  long n;
+  if (strcmp(name, "--json") == 0)
+    o->json = 1;
+  else if (strcmp(name, "--expired") == 0)
+    o->expired = 1;
+  else if (strcmp(name, "--overdue") == 0)
+    o->overdue = 1;
+  else if (strcmp(name, "--force") == 0)
+    o->force = 1;
+  else if (strcmp(name, "--retention") == 0)
+    return cli_duration_option("keys", name, v, 1, IDEM_MAX_RETENTION_MS,
+                               &o->retention_ms);
+  else if (strcmp(name, "--completed") == 0)
+    o->completed = 1;
+  else if (strcmp(name, "--failed") == 0)
+    o->failed = 1;
+  else if (strcmp(name, "--store") == 0)
+    return cli_store_option("keys", v, &o->store);
+  else if (strcmp(name, "--tenant") == 0) {
+    if (cli_check_tenant("keys", v) != 0)
+      return -1;
+    o->tenant = v;
+  } else if (strcmp(name, "--operation") == 0) {
+    if (cli_check_operation("keys", v) != 0)
+      return -1;
+    o->operation = v;
+  } else if (strcmp(name, "--body") == 0)
+    o->body_file = v;
+  else if (strcmp(name, "--state") == 0) {
+    if ((o->state = parse_state(v)) < 0) {
+      cli_error("keys", "--state: in_progress, completed or unknown");
+      return -1;
+    }
+  } else if (strcmp(name, "--limit") == 0) {
+    if (cli_parse_uint(v, 1000000000L, &n) != 0) {
+      cli_error("keys", "--limit: a non-negative number");
+      return -1;
+    }
+    o->limit = (int)n;
+  } else if (strcmp(name, "--status") == 0) {
+    if (cli_parse_uint(v, 255, &n) != 0) {
+      cli_error("keys", "--status: '%s' is not an exit status from 0 to 255",
+                v);
+      return -1;
+    }
+    o->status = n;
+    o->has_status = 1;
+  }
+  return 0;
+}
+
 static int run(int argc, char **argv) {
   opts o;
   const char *verb;
   idem_store *s = NULL;
-  int status, rc;
+  int status, rc, action, only_args = 0;
   memset(&o, 0, sizeof o);
   if (argc < 2 || strcmp(argv[1], "--help") == 0 ||
       strcmp(argv[1], "-h") == 0) {
@@ -236,92 +464,94 @@ static int run(int argc, char **argv) {
     return argc < 2 ? EXIT_USAGE : EXIT_OK;
   }
   verb = argv[1];
-  if (strcmp(verb, "list") && strcmp(verb, "show") && strcmp(verb, "prune") &&
-      strcmp(verb, "resolve")) {
-    cli_error("keys", "unknown action '%s' (list, show, prune, resolve)",
+  action = strcmp(verb, "list") == 0      ? LIST
+           : strcmp(verb, "show") == 0    ? SHOW
+           : strcmp(verb, "prune") == 0   ? PRUNE
+           : strcmp(verb, "resolve") == 0 ? RESOLVE
+           : strcmp(verb, "delete") == 0  ? DELETE
+                                          : 0;
+  if (!action) {
+    cli_error("keys",
+              "unknown action '%s' (list, show, prune, resolve, delete)",
               verb);
     return EXIT_USAGE;
   }
   for (int i = 2; i < argc; i++) {
     const char *a = argv[i];
-    int has_value = i + 1 < argc;
-    long v;
-    if (strcmp(a, "--help") == 0) {
+    if (!only_args && (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0)) {
       fputs(usage, stdout);
       return EXIT_OK;
-    } else if (strcmp(a, "--json") == 0) {
-      o.json = 1;
-    } else if (strcmp(a, "--expired") == 0) {
-      o.expired = 1;
-    } else if (strcmp(a, "--completed") == 0) {
-      o.completed = 1;
-    } else if (strcmp(a, "--failed") == 0) {
-      o.failed = 1;
-    } else if (a[0] == '-' && a[1] == '-' && !has_value) {
-      cli_error("keys", "%s needs a value", a);
-      return EXIT_USAGE;
-    } else if (strcmp(a, "--store") == 0) {
-      o.store = argv[++i];
-    } else if (strcmp(a, "--tenant") == 0) {
-      o.tenant = argv[++i];
-    } else if (strcmp(a, "--operation") == 0) {
-      o.operation = argv[++i];
-    } else if (strcmp(a, "--body") == 0) {
-      o.body_file = argv[++i];
-    } else if (strcmp(a, "--state") == 0) {
-      if ((o.state = parse_state(argv[++i])) < 0) {
-        cli_error("keys", "--state: in_progress, completed or unknown");
+    }
+    if (!only_args && strcmp(a, "--") == 0) {
+      only_args = 1; /* what follows is a KEY, even when it starts with - */
+      continue;
+    }
+    if (!only_args && a[0] == '-' && a[1] != '\0') {
+      const struct option *opt = NULL;
+      for (size_t k = 0; k < sizeof options / sizeof options[0]; k++)
+        if (strcmp(a, options[k].name) == 0)
+          opt = &options[k];
+      if (!opt) {
+        cli_error("keys", "unknown option '%s'", a);
         return EXIT_USAGE;
       }
-    } else if (strcmp(a, "--limit") == 0) {
-      if (cli_parse_uint(argv[++i], 1000000000L, &v) != 0) {
-        cli_error("keys", "--limit: a non-negative number");
+      if (!(opt->actions & action)) {
+        cli_error("keys", "%s is not an option of 'keys %s'", a, verb);
         return EXIT_USAGE;
       }
-      o.limit = (int)v;
-    } else if (strcmp(a, "--status") == 0) {
-      char *end = NULL;
-      errno = 0;
-      o.status = strtol(argv[++i], &end, 10);
-      if (errno || !end || *end || o.status < -2147483647L ||
-          o.status > 2147483647L) {
-        cli_error("keys", "--status: an integer");
+      if (opt->takes_value && i + 1 >= argc) {
+        cli_error("keys", "%s needs a value", a);
         return EXIT_USAGE;
       }
-    } else if (a[0] == '-') {
-      cli_error("keys", "unknown option '%s'", a);
-      return EXIT_USAGE;
-    } else if (!o.key) {
+      if (set_option(&o, a, opt->takes_value ? argv[++i] : NULL) != 0)
+        return EXIT_USAGE;
+    } else if (!o.key && (action == SHOW || action == RESOLVE || action == DELETE)) {
       o.key = a;
     } else {
-      cli_error("keys", "unexpected argument '%s'", a);
+      cli_error("keys", "unexpected argument '%s' ('keys %s' takes %s)", a,
+                verb,
+                action == SHOW || action == RESOLVE || action == DELETE ? "one KEY"
+                                                                   : "no KEY");
       return EXIT_USAGE;
     }
   }
-  if ((strcmp(verb, "show") == 0 || strcmp(verb, "resolve") == 0) &&
-      !o.key) {
+  if ((action == SHOW || action == RESOLVE || action == DELETE) && !o.key) {
     cli_error("keys", "%s needs a KEY", verb);
     return EXIT_USAGE;
   }
-  if (strcmp(verb, "resolve") == 0 && o.completed == o.failed) {
+  if (action == RESOLVE && o.completed == o.failed) {
     cli_error("keys", "resolve needs exactly one of --completed or --failed");
+    return EXIT_USAGE;
+  }
+  if (o.expired && o.overdue) {
+    cli_error("keys", "--expired and --overdue are two different lists");
+    return EXIT_USAGE;
+  }
+  if (o.failed && (o.has_status || o.body_file || o.retention_ms)) {
+    cli_error("keys", "--status, --body and --retention go with --completed, "
+                      "not --failed");
     return EXIT_USAGE;
   }
   if (o.key && (rc = idem_key_check(o.key)) != IDEM_OK) {
     cli_error("keys", "%s", idem_errmsg());
     return EXIT_USAGE;
   }
-  rc = idem_store_open(cli_store_url(o.store), NULL, &s);
+  /* Reading needs no write access: an operator who may only read the
+   * store can list it, and a listing never creates a store. */
+  idem_store_options so = {.read_only = action == LIST || action == SHOW};
+  rc = idem_store_open(cli_store_url(o.store), &so, &s);
   if (rc != IDEM_OK) {
     cli_idem_error("keys", "open store", rc);
     return EXIT_FAIL;
   }
-  if (strcmp(verb, "list") == 0)
+  if (action == LIST)
     status = do_list(s, &o);
-  else if (strcmp(verb, "show") == 0)
+  else if (action == SHOW)
     status = do_show(s, &o);
-  else if (strcmp(verb, "prune") == 0)
+  else if (action == PRUNE)
     status = do_prune(s);
+  else if (action == DELETE)
+    status = do_delete(s, &o);
   else
     status = do_resolve(s, &o);
   idem_store_close(s);
@@ -329,5 +559,5 @@ static int run(int argc, char **argv) {
 }
 
 const cli_command cmd_keys = {"keys", run,
-                              "list, show, prune and resolve stored records",
+                              "list, show, prune, resolve and delete records",
                               usage};

@@ -664,7 +664,7 @@ static int run(int argc, char **argv) {
   co.retention_ms = o.retention_ms;
   co.request = req;
   co.request_len = req_len;
-  co.no_takeover = !o.rerun;
+  co.on_expired_lease = o.rerun ? IDEM_EXPIRED_TAKE_OVER : IDEM_EXPIRED_REPORT;
   co.takeover_unknown = o.rerun;
   double claimed_at = cli_now_ms();
   rc = idem_claim(store, &id, fp, &co, &call);

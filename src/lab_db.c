@@ -212,7 +212,11 @@ static PGconn *pg_open(const char *url) {
   pg = PQconnectdb(conninfo);
   free(conninfo);
   if (PQstatus(pg) != CONNECTION_OK) {
-    fprintf(stderr, "idem lab: PostgreSQL: %s", PQerrorMessage(pg));
+    /* libpq quotes a URL it cannot parse, password and all. */
+    char *safe = cli_redact(PQerrorMessage(pg), url);
+    fprintf(stderr, "idem lab: PostgreSQL: %s",
+            safe ? safe : "cannot connect (out of memory)\n");
+    free(safe);
     PQfinish(pg);
     return NULL;
   }

@@ -14,13 +14,13 @@ ticker='echo start >> "$1"; n=${TICKS:-100000}
 while [ $n -gt 0 ]; do echo tick >> "$2"; sleep 0.1; n=$((n - 1)); done; echo done'
 
 # 1. An operator removes the in-progress record (`idem keys resolve
-#    --failed`): the next renewal finds the lease gone, idem run stops the
+#    --failed --force`): the next renewal finds the lease gone, idem run stops the
 #    command and exits 5.
 : > "$TMP/removed.start"; : > "$TMP/removed.ticks"
 "$IDEM" run --key removed --lease 600ms -- sh -c "$ticker" x "$TMP/removed.start" "$TMP/removed.ticks" </dev/null 2>"$TMP/removed.err" &
 pid=$!
 wait_lines "$TMP/removed.ticks" 2 || fail "removed: the command did not start"
-"$IDEM" keys resolve removed --failed >/dev/null
+"$IDEM" keys resolve removed --failed --force >/dev/null
 expect_eq "removed: resolved" 0 "$?"
 wait_dead $pid 100 || { fail "removed: idem run still runs"; kill -KILL $pid; }
 wait $pid
@@ -63,7 +63,7 @@ expect_eq "taken: replay of the second run" "0 done" "$? $out"
 "$IDEM" run --key late --lease 60s -- sh -c 'echo start >> "$1"; while [ ! -e "$2" ]; do sleep 0.05; done; echo late-done' x "$TMP/late" "$TMP/late.go" </dev/null >"$TMP/late.out" 2>"$TMP/late.err" &
 pid=$!
 wait_for "$TMP/late" || fail "late: the command did not start"
-"$IDEM" keys resolve late --failed >/dev/null
+"$IDEM" keys resolve late --failed --force >/dev/null
 : > "$TMP/late.go"
 wait_dead $pid 100 || { fail "late: idem run still runs"; kill -KILL $pid; }
 wait $pid

@@ -1,0 +1,460 @@
+/*
+ * execute.c -- idem_execute(): a remote action in one call.
+ *
+ * Claim, run the caller's action while a thread renews the lease, then end
+ * the record by what the action answered. Every front end (idem run, the
+ * HTTP gateway, the MCP proxy) would otherwise write this loop again, and
+ * each copy would get the hard parts (renewing while the action runs,
+ * noticing a takeover, retrying a completion the store could not take)
+ * slightly wrong.
+ */
+#include "store.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define DEFAULT_FINISH_RETRY_MS 30000
+#define BACKOFF_FIRST_MS 50
+#define BACKOFF_MAX_MS 2000
+
+struct idem_exec {
+  idem_store *store;
+  idem_call *call;
+  int64_t lease_ms;
+  pthread_mutex_t mu; /* guards call, lost, stop */
+  pthread_cond_t cv;  /* wakes the renewer early: stop */
+  pthread_t renewer;
+  int running;
+  int stop;
+  int lost;  /* read without the lock: __atomic */
+  int stale; /* the lease was taken over (not merely not renewed) */
+  int lost_pipe[2];
+  int64_t renewed_mono; /* when the lease was last written, monotonic, or
+                           a moment before */
+  char lost_why[256];
+};
+
+static int64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(int64_t ms) {
+  struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+    ;
+}
+
+/* ---- what the action sees -------------------------------------------- */
+
+int idem_exec_lost_fd(const idem_exec *x) { return x ? x->lost_pipe[0] : -1; }
+
+int idem_exec_lost(const idem_exec *x) {
+  return x ? __atomic_load_n(&x->lost, __ATOMIC_ACQUIRE) : 0;
+}
+
+idem_outcome idem_exec_outcome(const idem_exec *x) {
+  return x ? idem_call_outcome(x->call) : (idem_outcome)0;
+}
+
+int idem_exec_attempt(const idem_exec *x) {
+  return x ? idem_call_attempt(x->call) : 0;
+}
+
+/* ---- the renewer ------------------------------------------------------ */
+
+/* Under x->mu. */
+static void set_lost(idem_exec *x, const char *why) {
+  char one = 1;
+  if (x->lost)
+    return;
+  __atomic_store_n(&x->lost, 1, __ATOMIC_RELEASE);
+  snprintf(x->lost_why, sizeof x->lost_why, "%s", why);
+  if (write(x->lost_pipe[1], &one, 1) < 0) {
+    /* The pipe is empty and ours: a write cannot fail short of a bug;
+     * idem_exec_lost() still says so. */
+  }
+}
+
+/*
+ * Renews the lease every third of it. A renewal that finds the lease taken
+ * over (IDEM_ESTALE) loses it at once; one that fails otherwise (a busy or
+ * unreachable store) is tried again sooner, and the lease counts as lost
+ * once it may have run out since the last renewal that was written.
+ */
+static void *renewer_main(void *arg) {
+  idem_exec *x = arg;
+  int64_t period = x->lease_ms / 3 > 0 ? x->lease_ms / 3 : 1;
+  /* From the claim, not from now: a claim that came back late (a slow
+   * commit, a long group commit) is due for renewal at once. */
+  int64_t next = x->renewed_mono + period;
+  pthread_mutex_lock(&x->mu);
+  while (!x->stop && !x->lost) {
+    int64_t now = mono_ms();
+    if (now < next) {
+      struct timespec until;
+      clock_gettime(CLOCK_MONOTONIC, &until);
+      int64_t wait = next - now;
+      until.tv_sec += (time_t)(wait / 1000);
+      until.tv_nsec += (long)(wait % 1000) * 1000000L;
+      if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+      }
+      pthread_cond_timedwait(&x->cv, &x->mu, &until);
+      continue;
+    }
+    int64_t asked = mono_ms();
+    int rc = idem_renew(x->store, x->call, x->lease_ms);
+    if (rc == IDEM_OK) {
+      x->renewed_mono = asked;
+      next = mono_ms() + period;
+    } else if (rc == IDEM_ESTALE) {
+      x->stale = 1;
+      set_lost(x, idem_errmsg());
+    } else if (mono_ms() - x->renewed_mono >= x->lease_ms) {
+      char why[256];
+      snprintf(why, sizeof why, "the lease could not be renewed before it "
+                                "ended: %s",
+               idem_errmsg());
+      set_lost(x, why);
+    } else {
+      next = mono_ms() + (period / 4 > 0 ? period / 4 : 1);
+    }
+  }
+  pthread_mutex_unlock(&x->mu);
+  return NULL;
+}
+
+/* claimed_mono: a monotonic time before the claim was asked, which its
+ * lease counts from at the earliest. */
+static int exec_start(idem_exec *x, idem_store *store, idem_call *call,
+                      int64_t lease_ms, int64_t claimed_mono) {
+  pthread_condattr_t mono;
+  memset(x, 0, sizeof *x);
+  x->store = store;
+  x->call = call;
+  x->lease_ms = lease_ms;
+  x->renewed_mono = claimed_mono;
+  x->lost_pipe[0] = x->lost_pipe[1] = -1;
+  if (pipe2(x->lost_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
+    return idem__fail(IDEM_EIO, "execute: pipe: %s", strerror(errno));
+  pthread_mutex_init(&x->mu, NULL);
+  pthread_condattr_init(&mono);
+  pthread_condattr_setclock(&mono, CLOCK_MONOTONIC);
+  pthread_cond_init(&x->cv, &mono);
+  pthread_condattr_destroy(&mono);
+  if (pthread_create(&x->renewer, NULL, renewer_main, x) != 0) {
+    close(x->lost_pipe[0]);
+    close(x->lost_pipe[1]);
+    pthread_mutex_destroy(&x->mu);
+    pthread_cond_destroy(&x->cv);
+    return idem__fail(IDEM_ENOMEM, "execute: cannot start the lease renewer");
+  }
+  x->running = 1;
+  return IDEM_OK;
+}
+
+static void exec_stop(idem_exec *x) {
+  if (!x->running)
+    return;
+  pthread_mutex_lock(&x->mu);
+  x->stop = 1;
+  pthread_cond_signal(&x->cv);
+  pthread_mutex_unlock(&x->mu);
+  pthread_join(x->renewer, NULL);
+  close(x->lost_pipe[0]);
+  close(x->lost_pipe[1]);
+  pthread_mutex_destroy(&x->mu);
+  pthread_cond_destroy(&x->cv);
+  x->running = 0;
+}
+
+/* ---- ending the record ------------------------------------------------ */
+
+enum { END_COMPLETE, END_RELEASE, END_UNKNOWN };
+
+/*
+ * One ending, retried with backoff while the store is busy or unreachable
+ * and the budget lasts; the renewer keeps the lease meanwhile. Runs under
+ * x->mu, one store call at a time with the renewer. A lease that could not
+ * be renewed does not end the retries: until another holder takes the key
+ * (IDEM_ESTALE), the ending is still this holder's to write, and giving up
+ * would leave the key in progress for a takeover to act again.
+ */
+static int end_record(idem_exec *x, int how, const idem_response *r,
+                      int64_t budget_ms) {
+  int64_t start = mono_ms(), backoff = BACKOFF_FIRST_MS;
+  int64_t until =
+      budget_ms > INT64_MAX - start ? INT64_MAX : start + budget_ms;
+  int rc;
+  for (;;) {
+    pthread_mutex_lock(&x->mu);
+    if (x->stale) {
+      /* The renewer found the key taken over; the claim holds nothing. */
+      rc = idem__fail(IDEM_ESTALE, "%s", x->lost_why);
+      pthread_mutex_unlock(&x->mu);
+      return rc;
+    }
+    rc = how == END_COMPLETE  ? idem_complete(x->store, x->call, r)
+         : how == END_RELEASE ? idem_release(x->store, x->call)
+                              : idem_mark_unknown(x->store, x->call);
+    pthread_mutex_unlock(&x->mu);
+    if ((rc != IDEM_EBUSY && rc != IDEM_EUNAVAILABLE) ||
+        mono_ms() + backoff > until)
+      return rc;
+    sleep_ms(backoff);
+    backoff = backoff * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : backoff * 2;
+  }
+}
+
+/* ---- fingerprints ----------------------------------------------------- */
+
+/* The value at an RFC 6901 pointer, or NULL. */
+static json_t *resolve_pointer(json_t *doc, const char *ptr, int *bad) {
+  json_t *v = doc;
+  *bad = 0;
+  if (*ptr == '\0')
+    return doc;
+  if (*ptr != '/') {
+    *bad = 1;
+    return NULL;
+  }
+  while (v && *ptr == '/') {
+    char token[1024];
+    size_t n = 0;
+    ptr++;
+    while (*ptr && *ptr != '/') {
+      char ch = *ptr++;
+      if (ch == '~') {
+        if (*ptr == '0')
+          ch = '~';
+        else if (*ptr == '1')
+          ch = '/';
+        else {
+          *bad = 1;
+          return NULL;
+        }
+        ptr++;
+      }
+      if (n + 1 >= sizeof token) {
+        *bad = 1;
+        return NULL;
+      }
+      token[n++] = ch;
+    }
+    token[n] = '\0';
+    if (json_is_object(v)) {
+      v = json_object_get(v, token);
+    } else if (json_is_array(v)) {
+      char *end;
+      unsigned long i;
+      if (n == 0 || (n > 1 && token[0] == '0') || token[0] < '0' ||
+          token[0] > '9')
+        return NULL;
+      i = strtoul(token, &end, 10);
+      v = *end ? NULL : json_array_get(v, i);
+    } else {
+      v = NULL;
+    }
+  }
+  return v;
+}
+
+/*
+ * The fingerprint of the parts of a canonical request that the pointers
+ * select: the canonical JSON of an object from each pointer that finds a
+ * value to that value.
+ */
+static int subset_fingerprint(const char *canon, size_t len,
+                              const char *const *pointers,
+                              char fp[IDEM_FINGERPRINT_SIZE]) {
+  json_error_t e;
+  json_t *doc, *sel;
+  char *text = NULL, *sub = NULL;
+  size_t sub_len = 0;
+  int rc = IDEM_OK;
+  /* The text is canonical already; integers are read as doubles, which is
+   * what canonical JSON's numbers are. */
+  doc = json_loadb(canon, len, JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL, &e);
+  sel = json_object();
+  if (!doc || !sel) {
+    rc = idem__fail(IDEM_EJSON, "execute: request: %s", e.text);
+    goto out;
+  }
+  for (int i = 0; pointers[i]; i++) {
+    int bad;
+    json_t *v = resolve_pointer(doc, pointers[i], &bad);
+    if (bad) {
+      rc = idem__fail(IDEM_EINVAL,
+                      "execute: fingerprint pointer '%s' is not an RFC 6901 "
+                      "JSON Pointer",
+                      pointers[i]);
+      goto out;
+    }
+    if (v && json_object_set(sel, pointers[i], v) != 0) {
+      rc = idem__fail(IDEM_ENOMEM, "execute: out of memory");
+      goto out;
+    }
+  }
+  text = json_dumps(sel, JSON_COMPACT | JSON_ENCODE_ANY | JSON_REAL_PRECISION(17));
+  if (!text) {
+    rc = idem__fail(IDEM_ENOMEM, "execute: out of memory");
+    goto out;
+  }
+  if ((rc = idem_canonicalize(text, strlen(text), NULL, &sub, &sub_len,
+                              NULL)) != IDEM_OK)
+    goto out;
+  rc = idem_sha256_hex(sub, sub_len, fp);
+out:
+  free(text);
+  idem_free(sub);
+  json_decref(sel);
+  json_decref(doc);
+  return rc;
+}
+
+/* ---- the call ---------------------------------------------------------- */
+
+static const char *ending_name(int how) {
+  return how == END_COMPLETE ? "stored" : how == END_RELEASE ? "released"
+                                                             : "marked unknown";
+}
+
+int idem_execute(idem_store *store, const idem_id *id, const char *request,
+                 size_t request_len, idem_exec_fn fn, void *ctx,
+                 const idem_execute_options *opts, idem_call **out) {
+  idem_execute_options o;
+  char fp[IDEM_FINGERPRINT_SIZE], *canon = NULL;
+  size_t canon_len = 0;
+  idem_call *call = NULL;
+  idem_exec x;
+  idem_response resp;
+  idem_exec_result result;
+  int rc, how;
+  int64_t budget, asked;
+
+  idem__clear_error();
+  if (!out)
+    return idem__fail(IDEM_EINVAL, "execute: NULL output");
+  *out = NULL;
+  if (!store || !fn || (!request && request_len))
+    return idem__fail(IDEM_EINVAL, "execute: NULL store, action or request");
+  memset(&o, 0, sizeof o);
+  if (opts)
+    o = *opts;
+  if (o.finish_retry_ms < 0)
+    return idem__fail(IDEM_EINVAL, "execute: negative finish_retry_ms");
+  if (o.fingerprint_pointers && !o.fingerprint_pointers[0])
+    return idem__fail(IDEM_EINVAL,
+                      "execute: fingerprint_pointers is empty: every request "
+                      "would share one fingerprint; pass NULL for the whole "
+                      "request");
+  budget = o.finish_retry_ms ? o.finish_retry_ms : DEFAULT_FINISH_RETRY_MS;
+
+  if ((rc = idem_canonicalize(request ? request : "", request_len, NULL,
+                              &canon, &canon_len, NULL)) != IDEM_OK)
+    return rc;
+  rc = o.fingerprint_pointers
+           ? subset_fingerprint(canon, canon_len, o.fingerprint_pointers, fp)
+           : idem_sha256_hex(canon, canon_len, fp);
+  if (rc != IDEM_OK)
+    goto out;
+  o.call.request = canon;
+  o.call.request_len = canon_len;
+  asked = mono_ms();
+  if ((rc = idem_claim(store, id, fp, &o.call, &call)) != IDEM_OK)
+    goto out;
+  if (idem_call_outcome(call) != IDEM_PROCEED &&
+      idem_call_outcome(call) != IDEM_RECOVER) {
+    *out = call;
+    goto out;
+  }
+
+  if ((rc = exec_start(&x, store, call,
+                       o.call.lease_ms ? o.call.lease_ms
+                                       : IDEM__DEFAULT_LEASE_MS,
+                       asked)) != IDEM_OK) {
+    /* Nothing ran: free the key for a retry. */
+    char why[512];
+    snprintf(why, sizeof why, "%s", idem_errmsg());
+    idem_release(store, call);
+    idem_call_free(call);
+    rc = idem__fail(rc, "%s", why);
+    goto out;
+  }
+  memset(&resp, 0, sizeof resp);
+  result = fn(&x, ctx, &resp);
+  how = result == IDEM_EXEC_DONE       ? END_COMPLETE
+        : result == IDEM_EXEC_NOT_DONE ? END_RELEASE
+                                       : END_UNKNOWN;
+  if (how == END_COMPLETE) {
+    char why[128];
+    int bad = idem__response_problem(&resp, "its response", why, sizeof why);
+    if (bad != IDEM_OK) {
+      /* The action ran, but this response cannot be kept: the key must not
+       * look free, nor stay in progress for a takeover to act again. */
+      int marked = end_record(&x, END_UNKNOWN, NULL, budget);
+      exec_stop(&x);
+      rc = idem__fail(bad,
+                      "execute: key '%s': the action ran, but %s; the key %s",
+                      id->key, why,
+                      marked == IDEM_OK
+                          ? "is marked unknown (resolve it as an operator)"
+                          : "could not be marked unknown either");
+      *out = call;
+      goto out;
+    }
+    if (idem__claim_set_response(call, resp.status, resp.meta, resp.meta_len,
+                                 resp.body, resp.body_len) != IDEM_OK) {
+      int marked = end_record(&x, END_UNKNOWN, NULL, budget);
+      exec_stop(&x);
+      rc = idem__fail(IDEM_ENOMEM,
+                      "execute: key '%s': out of memory after the action "
+                      "ran; the key %s",
+                      id->key,
+                      marked == IDEM_OK ? "is marked unknown"
+                                        : "could not be marked unknown");
+      *out = call;
+      goto out;
+    }
+  }
+  rc = end_record(&x, how, &resp, budget);
+  if (rc != IDEM_OK) {
+    char why[512];
+    int marked = -1;
+    snprintf(why, sizeof why, "%s", idem_errmsg());
+    /* The lease was taken over: the key is another holder's now, and it
+     * must not be touched. Otherwise a completion that failed for good
+     * leaves the key unknown rather than free or in progress. */
+    if (rc != IDEM_ESTALE && how == END_COMPLETE)
+      marked = end_record(&x, END_UNKNOWN, NULL, budget / 4);
+    exec_stop(&x);
+    rc = idem__fail(
+        rc, "execute: key '%s': the action %s, but it could not be %s: %s%s",
+        id->key, how == END_RELEASE ? "did not act" : "ran",
+        ending_name(how), why,
+        rc == IDEM_ESTALE ? " (another holder took the key over)"
+        : marked == IDEM_OK
+            ? "; the key is marked unknown"
+        : how == END_COMPLETE
+            ? "; marking the key unknown failed too: it stays in progress"
+            : "");
+    *out = call;
+    goto out;
+  }
+  exec_stop(&x);
+  *out = call;
+out:
+  idem_free(canon);
+  if (rc == IDEM_OK)
+    idem__clear_error();
+  return rc;
+}

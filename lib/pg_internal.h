@@ -1,0 +1,186 @@
+/*
+ * pg_internal.h -- what the files of the PostgreSQL backend share; never
+ * installed, and included by lib/store_pg.c and lib/pg_*.c only.
+ *
+ * The backend is split by concern, as libuv's src/unix is:
+ *
+ *   store_pg.c  the method table, open and close, claims, completions and
+ *               local actions (the statements they run, and why)
+ *   pg_conn.c   connections: the pool, (re)connecting and what a failed
+ *               connection means, session settings, errors, statements
+ *               and pipelines, parameters and binary results
+ *   pg_url.c    the store URL or conninfo: idem_schema, libpq's syntax
+ *               check, and the passwords that no message may show
+ *   pg_admin.c  the schema (creation, migration) and the operators' calls
+ *               (get, list, prune, resolve, delete)
+ *
+ * Names shared between them begin with idem__pg_; the rest are static.
+ */
+#ifndef IDEM_PG_INTERNAL_H
+#define IDEM_PG_INTERNAL_H
+
+#include "store.h"
+
+#include "cache.h"
+
+#include <libpq-fe.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define SCHEMA_MAX 63 /* PostgreSQL's NAMEDATALEN - 1 */
+#define ERR_SIZE 512
+#define MAX_PARAMS 12
+/* The most statements idem__pg_run_steps() sends in one round trip. */
+#define MAX_STEPS 4
+
+/* The prepared statements; their text is in store_pg.c. */
+enum {
+  ST_BEGIN,
+  ST_COMMIT,
+  ST_PEEK,
+  ST_LOCK,
+  ST_INSERT,
+  ST_INSERT_DONE,
+  ST_KEY_LOCK,
+  ST_INSERT_UNKNOWN,
+  ST_REPLACE,
+  ST_TAKEOVER,
+  ST_COMPLETE,
+  ST_COMPLETE_LOCAL,
+  ST_RELEASE,
+  ST_UNKNOWN,
+  ST_RENEW,
+  ST_GET,
+  ST_HOLDER,
+  ST_LIST,
+  ST_PRUNE,
+  ST_PRUNE_SOME,
+  ST_RESOLVE_DONE,
+  ST_RESOLVE_DELETE,
+  ST_DELETE,
+  ST_COUNT
+};
+
+typedef struct conn {
+  PGconn *pg;
+  /* Which statements this session has prepared. A reconnect starts a new
+   * session, which has none. */
+  unsigned char prepared[ST_COUNT];
+  char sqlstate[6]; /* of the last failure idem__pg_fail() classified */
+  int failed_step;  /* idem__pg_run_steps(): which statement failed, or -1 */
+  /* The server refused a write as read-only (a standby, say after a
+   * failover): reconnect before the next use, so that a multi-host URL
+   * with target_session_attrs=read-write finds the primary. */
+  int read_only;
+  struct conn *next;
+} conn;
+
+typedef struct pg_store {
+  char *conninfo; /* the target without idem_schema, as libpq gets it */
+  char schema[SCHEMA_MAX + 1];
+  char *sql[ST_COUNT];
+  char *sql_meta, *sql_v1, *sql_v2, *sql_version;
+  idem_store_options o;
+  char version[64];
+
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  conn *idle;
+  int nconn;
+  int64_t last_prune_ms;
+  idem__cache *cache; /* completed records, for replays (monotonic clock) */
+  /* What no message may show (see idem__pg_scrub()), longest first. */
+  char **secret;
+  int nsecret, secret_cap;
+  int secret_nomem; /* one could not be kept: the open fails */
+} pg_store;
+
+/* Text parameters go in text format, bytea in binary (no escaping). */
+typedef struct params {
+  int n;
+  const char *v[MAX_PARAMS];
+  int len[MAX_PARAMS];
+  int fmt[MAX_PARAMS];
+  char num[MAX_PARAMS][24];
+} params;
+
+/* One prepared statement of a pipeline (p may be NULL: no parameters). */
+typedef struct step {
+  int which;
+  const params *p;
+} step;
+
+/* ---- pg_conn.c: errors ------------------------------------------------ */
+
+/* Writes a message into err (ERR_SIZE bytes) and returns rc. */
+int idem__pg_failf(char *err, int rc, const char *fmt, ...) IDEM__PRINTF(3, 4);
+/* Copies libpq's text as one line. */
+void idem__pg_oneline(char *dst, size_t size, const char *src);
+/* Classifies a failed call on c (res may be NULL); returns the code. */
+int idem__pg_fail(conn *c, const PGresult *res, const char *what, char *err);
+
+/* ---- pg_conn.c: parameters and results -------------------------------- */
+
+void idem__pg_p_text(params *p, const char *t);
+void idem__pg_p_i64(params *p, int64_t x);
+void idem__pg_p_bytes(params *p, const void *b, size_t n);
+void idem__pg_p_id(params *p, const idem_id *id);
+/* A lease or retention period, capped so that now + period stays a
+ * bigint. */
+int64_t idem__pg_period(int64_t ms);
+int64_t idem__pg_col_int(const PGresult *r, int row, int col);
+const void *idem__pg_col_ptr(const PGresult *r, int row, int col, size_t *len);
+void *idem__pg_col_dup(const PGresult *r, int row, int col, size_t *len);
+char *idem__pg_col_text(const PGresult *r, int row, int col);
+
+/* ---- pg_conn.c: connections and the pool ------------------------------ */
+
+int idem__pg_conn_open(pg_store *s, conn **out, char *err);
+void idem__pg_conn_close(conn *c);
+int idem__pg_pool_get(pg_store *s, conn **out, char *err);
+void idem__pg_pool_put(pg_store *s, conn *c);
+void idem__pg_rollback(conn *c);
+
+/* ---- pg_conn.c: statements -------------------------------------------- */
+
+int idem__pg_run_stmt(pg_store *s, conn *c, int which, const params *p,
+                      const char *what, PGresult **out, char *err);
+int idem__pg_run_steps(pg_store *s, conn *c, const step *st, int n, int keep,
+                       const char *what, PGresult **out, char *last_tag,
+                       char *err);
+int idem__pg_revived(pg_store *s, conn *c, int *rc, char *err);
+int idem__pg_run_stmt_retry(pg_store *s, conn *c, int which, const params *p,
+                            const char *what, PGresult **out, char *err);
+int idem__pg_run_simple(conn *c, const char *sql, const char *what, char *err);
+int idem__pg_begin(conn *c, char *err);
+int idem__pg_commit(conn *c, char *err);
+
+/* ---- pg_url.c --------------------------------------------------------- */
+
+/* Splits the target into libpq's conninfo and idem's schema name, checks
+ * its syntax and collects its secrets. */
+int idem__pg_parse_target(pg_store *s, const char *target, char *err);
+/* Shows every secret of the target in msg as "***". */
+void idem__pg_scrub(const pg_store *s, char *msg, size_t size);
+/* Whether ch is an ASCII letter or digit. */
+int idem__pg_is_word_char(char ch);
+
+/* ---- pg_admin.c ------------------------------------------------------- */
+
+/* Replaces every "{S}" in tmpl with the quoted schema name. */
+char *idem__pg_build_sql(const char *tmpl, const char *schema);
+/* Builds s's schema statements (sql_meta, sql_v1, sql_v2, sql_version). */
+int idem__pg_schema_sql(pg_store *s);
+int idem__pg_server_version(pg_store *s, conn *c, char *err);
+int idem__pg_ensure_schema(pg_store *s, conn *c, char *err);
+int idem__pg_get(void *state, const idem_id *id, idem_record **out);
+int idem__pg_list(void *state, const idem_filter *filter, idem_record_fn fn,
+                  void *ctx);
+int idem__pg_prune(void *state, int64_t *removed);
+int idem__pg_resolve(void *state, const idem_id *id,
+                     const idem_response *response,
+                     const idem_resolve_options *opts);
+int idem__pg_remove(void *state, const idem_id *id);
+
+#endif

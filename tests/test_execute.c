@@ -1,0 +1,623 @@
+/*
+ * test_execute.c -- idem_execute(), the one call for remote actions: the
+ * outcomes, the three endings the action chooses, the lease renewed while
+ * it runs, a lease lost to a takeover, a response too large to keep, a
+ * completion retried while the store is busy, and fingerprints of a chosen
+ * part of the request. The action's side effect is a counter and a ticket
+ * number, and the tests check both. One suite for every backend.
+ */
+#include "engine_harness.c"
+
+#include <poll.h>
+
+#define REQ "{\"title\":\"Queue backlog\",\"priority\":\"normal\",\"n\":1.50}"
+#define REQ_REORDERED                                                          \
+  "{ \"n\": 1.5, \"priority\": \"normal\",\n  \"title\": \"Queue backlog\" }"
+#define REQ_OTHER "{\"title\":\"Queue backlog\",\"priority\":\"urgent\",\"n\":1.5}"
+
+typedef struct remote {
+  int runs;          /* how many times the action ran */
+  int next_ticket;   /* the remote system's counter */
+  int run_ms;        /* how long one run takes */
+  idem_exec_result answer;
+  int wait_for_loss; /* run until the lease is lost (bounded) */
+  int saw_loss;
+  int outcome, attempt;
+  char body[64];
+  size_t big; /* a body of this many bytes instead */
+  char *big_body;
+} remote;
+
+static idem_exec_result remote_action(idem_exec *x, void *ctx,
+                                      idem_response *r) {
+  remote *a = ctx;
+  a->runs++;
+  a->outcome = idem_exec_outcome(x);
+  a->attempt = idem_exec_attempt(x);
+  if (a->wait_for_loss) {
+    struct pollfd p = {idem_exec_lost_fd(x), POLLIN, 0};
+    a->saw_loss = poll(&p, 1, 10000) == 1 && idem_exec_lost(x);
+    return IDEM_EXEC_UNKNOWN;
+  }
+  if (a->run_ms)
+    sleep_ms(a->run_ms);
+  if (a->answer != IDEM_EXEC_DONE)
+    return a->answer;
+  a->next_ticket++;
+  r->status = 201;
+  if (a->big) {
+    a->big_body = malloc(a->big);
+    memset(a->big_body, 'x', a->big);
+    r->body = a->big_body;
+    r->body_len = a->big;
+    return IDEM_EXEC_DONE;
+  }
+  snprintf(a->body, sizeof a->body, "{\"ticket_id\":%d}", a->next_ticket);
+  r->meta = TICKET_META;
+  r->meta_len = strlen(TICKET_META);
+  r->body = a->body;
+  r->body_len = strlen(a->body);
+  return IDEM_EXEC_DONE;
+}
+
+static idem_call *execute_expect(idem_store *s, const idem_id *id,
+                                 const char *req, remote *a,
+                                 const idem_execute_options *o, int want_rc,
+                                 int want_outcome, int line) {
+  idem_call *c = NULL;
+  int rc = idem_execute(s, id, req, strlen(req), remote_action, a, o, &c);
+  if (rc != want_rc) {
+    print_error("line %d: idem_execute returned %s (%s), expected %s\n", line,
+                idem_rc_name(rc), idem_errmsg(), idem_rc_name(want_rc));
+    fail();
+  }
+  if (want_outcome) {
+    assert_non_null(c);
+    if ((int)idem_call_outcome(c) != want_outcome) {
+      print_error("line %d: outcome %s, expected %s\n", line,
+                  idem_outcome_name(idem_call_outcome(c)),
+                  idem_outcome_name(want_outcome));
+      fail();
+    }
+  }
+  return c;
+}
+
+#define EXECUTE(s, id, req, a, o, rc, outcome)                                 \
+  execute_expect((s), (id), (req), (a), (o), (rc), (outcome), __LINE__)
+
+static void test_execute_outcomes(void **state) {
+  fixture *f = *state;
+  idem_id id = {"tenant-a", OPERATION, KEY};
+  remote a = {0};
+  idem_record *rec;
+  idem_call *c;
+  char *canon = NULL;
+  size_t canon_len;
+
+  c = EXECUTE(f->store, &id, REQ, &a, NULL, IDEM_OK, IDEM_PROCEED);
+  assert_int_equal(a.runs, 1);
+  assert_int_equal(a.outcome, IDEM_PROCEED);
+  assert_int_equal(a.attempt, 1);
+  assert_int_equal(ticket_id_of(idem_call_response(c)), 1);
+  assert_int_equal(idem_call_lease_expires_ms(c), 0);
+  idem_call_free(c);
+  /* The record keeps the canonical request the fingerprint was made of. */
+  rec = get_record(f->store, &id);
+  assert_int_equal(rec->state, IDEM_STATE_COMPLETED);
+  EXPECT_RC(IDEM_OK, idem_canonicalize(REQ, strlen(REQ), NULL, &canon,
+                                       &canon_len, NULL));
+  assert_int_equal(rec->request_len, canon_len);
+  assert_memory_equal(rec->request, canon, canon_len);
+  idem_free(canon);
+  idem_record_free(rec);
+
+  /* The same request written otherwise replays; the action does not run. */
+  c = EXECUTE(f->store, &id, REQ_REORDERED, &a, NULL, IDEM_OK, IDEM_REPLAY);
+  assert_int_equal(ticket_id_of(idem_call_response(c)), 1);
+  idem_call_free(c);
+  c = EXECUTE(f->store, &id, REQ_OTHER, &a, NULL, IDEM_OK, IDEM_CONFLICT);
+  assert_null(idem_call_response(c));
+  idem_call_free(c);
+  assert_int_equal(a.runs, 1);
+  assert_int_equal(a.next_ticket, 1);
+
+  /* Malformed JSON is refused before anything is claimed. */
+  c = EXECUTE(f->store, &id, "{\"a\":", &a, NULL, IDEM_EJSON, 0);
+  assert_null(c);
+  assert_int_equal(a.runs, 1);
+}
+
+static void test_execute_endings(void **state) {
+  fixture *f = *state;
+  idem_id failed = {"tenant-a", OPERATION, "failed-before-acting"};
+  idem_id unsure = {"tenant-a", OPERATION, "timed-out"};
+  remote not_done = {.answer = IDEM_EXEC_NOT_DONE};
+  remote unknown = {.answer = IDEM_EXEC_UNKNOWN};
+  remote ok = {0};
+  idem_execute_options rerun = {.call = {.takeover_unknown = 1}};
+  idem_record *rec;
+  idem_call *c;
+
+  /* Failed before acting: released, so a retry acts. */
+  c = EXECUTE(f->store, &failed, REQ, &not_done, NULL, IDEM_OK, IDEM_PROCEED);
+  assert_null(idem_call_response(c));
+  idem_call_free(c);
+  assert_absent(f->store, &failed);
+  c = EXECUTE(f->store, &failed, REQ, &ok, NULL, IDEM_OK, IDEM_PROCEED);
+  assert_int_equal(ok.runs, 1);
+  assert_int_equal(ticket_id_of(idem_call_response(c)), 1);
+  idem_call_free(c);
+
+  /* Maybe acted: marked unknown, and a retry does not act. */
+  c = EXECUTE(f->store, &unsure, REQ, &unknown, NULL, IDEM_OK, IDEM_PROCEED);
+  idem_call_free(c);
+  rec = get_record(f->store, &unsure);
+  assert_int_equal(rec->state, IDEM_STATE_UNKNOWN);
+  idem_record_free(rec);
+  c = EXECUTE(f->store, &unsure, REQ, &ok, NULL, IDEM_OK, IDEM_UNKNOWN);
+  idem_call_free(c);
+  assert_int_equal(ok.runs, 1);
+  /* Unless the caller asks to run it again: attempt 2, told so. */
+  c = EXECUTE(f->store, &unsure, REQ, &ok, &rerun, IDEM_OK, IDEM_RECOVER);
+  assert_int_equal(ok.runs, 2);
+  assert_int_equal(ok.outcome, IDEM_RECOVER);
+  assert_int_equal(ok.attempt, 2);
+  assert_int_equal(ticket_id_of(idem_call_response(c)), 2);
+  idem_call_free(c);
+}
+
+/* Others see a long action in flight all along, though it runs four times
+ * as long as its lease. */
+typedef struct prober {
+  idem_store *store;
+  const idem_id *id;
+  int stop; /* __atomic: the prober reads it while the action sets it */
+  int in_flight, other;
+} prober;
+
+static void *probe_main(void *arg) {
+  prober *p = arg;
+  char fp[IDEM_FINGERPRINT_SIZE];
+  char *canon = NULL;
+  size_t n;
+  idem_canonicalize(REQ, strlen(REQ), NULL, &canon, &n, NULL);
+  idem_sha256_hex(canon, n, fp);
+  idem_free(canon);
+  while (!__atomic_load_n(&p->stop, __ATOMIC_ACQUIRE)) {
+    idem_call *c = NULL;
+    if (idem_claim(p->store, p->id, fp, NULL, &c) == IDEM_OK &&
+        idem_call_outcome(c) == IDEM_IN_FLIGHT)
+      p->in_flight++;
+    else if (!__atomic_load_n(&p->stop, __ATOMIC_ACQUIRE))
+      p->other++;
+    idem_call_free(c);
+    sleep_ms(50);
+  }
+  return NULL;
+}
+
+/* The action starts the prober once it holds the key, runs four leases
+ * long, then stops it. */
+static idem_exec_result probed_action(idem_exec *x, void *ctx,
+                                      idem_response *r) {
+  prober *p = ctx;
+  pthread_t t;
+  (void)x;
+  if (pthread_create(&t, NULL, probe_main, p) != 0)
+    return IDEM_EXEC_NOT_DONE;
+  sleep_ms(1200);
+  __atomic_store_n(&p->stop, 1, __ATOMIC_RELEASE);
+  pthread_join(t, NULL);
+  r->status = 201;
+  r->body = "{\"ticket_id\":1}";
+  r->body_len = strlen(r->body);
+  return IDEM_EXEC_DONE;
+}
+
+static void test_execute_renews_while_running(void **state) {
+  fixture *f = *state;
+  idem_id id = {"tenant-a", OPERATION, "long-action"};
+  idem_execute_options o = {.call = {.lease_ms = 300}};
+  prober p = {f->store, &id, 0, 0, 0};
+  remote a = {0};
+  idem_call *c = NULL;
+
+  EXPECT_RC(IDEM_OK, idem_execute(f->store, &id, REQ, strlen(REQ),
+                                  probed_action, &p, &o, &c));
+  assert_int_equal(idem_call_outcome(c), IDEM_PROCEED);
+  assert_int_equal(ticket_id_of(idem_call_response(c)), 1);
+  idem_call_free(c);
+  /* Every probe while it ran saw it in flight; none took it over. */
+  assert_true(p.in_flight >= 10);
+  assert_int_equal(p.other, 0);
+  c = EXECUTE(f->store, &id, REQ, &a, &o, IDEM_OK, IDEM_REPLAY);
+  assert_int_equal(ticket_id_of(idem_call_response(c)), 1);
+  idem_call_free(c);
+  assert_int_equal(a.runs, 0);
+}
+
+/* A holder whose key is taken over learns it while it runs, and its
+ * ending never overwrites the new holder's record. */
+typedef struct usurper {
+  fixture *f;
+  const char *key;
+} usurper;
+
+static void *usurp_main(void *arg) {
+  usurper *u = arg;
+  /* Wait for the holder's record, then give it another owner, as a
+   * takeover after an expired lease does. */
+  for (int i = 0; i < 200; i++) {
+    if (side_sql(u->f->url,
+                 is_pg_url(u->f->url)
+                     ? "UPDATE {S}.idem_records SET owner = 'usurper' "
+                       "WHERE key = $1::text"
+                     : "UPDATE idem_records SET owner = 'usurper' WHERE "
+                       "key = ?1",
+                 u->key) == 1)
+      break;
+    sleep_ms(10);
+  }
+  return NULL;
+}
+
+static void test_execute_lease_lost(void **state) {
+  fixture *f = *state;
+  idem_id id = {"tenant-a", OPERATION, "taken-over"};
+  idem_execute_options o = {.call = {.lease_ms = 300}};
+  remote a = {.wait_for_loss = 1};
+  usurper u = {f, "taken-over"};
+  idem_record *rec;
+  pthread_t t;
+  idem_call *c;
+
+  assert_int_equal(pthread_create(&t, NULL, usurp_main, &u), 0);
+  c = EXECUTE(f->store, &id, REQ, &a, &o, IDEM_ESTALE, IDEM_PROCEED);
+  pthread_join(t, NULL);
+  assert_int_equal(a.saw_loss, 1);
+  assert_non_null(strstr(idem_errmsg(), "another holder"));
+  idem_call_free(c);
+  /* The new holder's record is untouched: still in progress, not unknown. */
+  rec = get_record(f->store, &id);
+  assert_int_equal(rec->state, IDEM_STATE_IN_PROGRESS);
+  idem_record_free(rec);
+}
+
+static void test_execute_response_too_large(void **state) {
+  fixture *f = *state;
+  idem_id id = {"tenant-a", OPERATION, "huge"};
+  remote a = {.big = IDEM_MAX_RESPONSE + 1};
+  idem_record *rec;
+  idem_call *c;
+
+  c = EXECUTE(f->store, &id, REQ, &a, NULL, IDEM_ETOOBIG, IDEM_PROCEED);
+  assert_non_null(strstr(idem_errmsg(), "marked unknown"));
+  idem_call_free(c);
+  free(a.big_body);
+  assert_int_equal(a.runs, 1);
+  /* The action ran: the key must neither act again nor look free. */
+  rec = get_record(f->store, &id);
+  assert_int_equal(rec->state, IDEM_STATE_UNKNOWN);
+  idem_record_free(rec);
+  a.big = 0;
+  c = EXECUTE(f->store, &id, REQ, &a, NULL, IDEM_OK, IDEM_UNKNOWN);
+  idem_call_free(c);
+  assert_int_equal(a.runs, 1);
+}
+
+/* The store is locked by another connection when the action finishes: the
+ * completion fails busy, is tried again while the lease is renewed, and
+ * the record is stored once the lock is gone. */
+typedef struct late_lock {
+  fixture *f;
+  blocker b;
+  int runs;
+} late_lock;
+
+static idem_exec_result lock_then_finish(idem_exec *x, void *ctx,
+                                         idem_response *r) {
+  late_lock *l = ctx;
+  (void)x;
+  l->runs++;
+  blocker_start(&l->b, l->f->url, 1200);
+  r->status = 200;
+  r->body = "done";
+  r->body_len = 4;
+  return IDEM_EXEC_DONE;
+}
+
+static void test_execute_retries_busy_completion(void **state) {
+  fixture *f = *state;
+  idem_id id = {"tenant-a", OPERATION, "busy-at-the-end"};
+  idem_store_options quick = {.busy_timeout_ms = 200, .group_commit = -1};
+  idem_execute_options o = {.call = {.lease_ms = 3000}};
+  idem_store *s = NULL;
+  late_lock l = {.f = f};
+  remote a = {0};
+  int64_t t0;
+  idem_call *c = NULL;
+  int rc;
+
+  EXPECT_RC(IDEM_OK, idem_store_open(f->url, &quick, &s));
+  t0 = now_ms();
+  rc = idem_execute(s, &id, REQ, strlen(REQ), lock_then_finish, &l, &o, &c);
+  blocker_join(&l.b);
+  EXPECT_RC(IDEM_OK, rc);
+  /* It did wait for the lock to go, well past one busy timeout. */
+  assert_true(now_ms() - t0 >= 1000);
+  assert_int_equal(l.runs, 1);
+  assert_int_equal(idem_call_response(c)->status, 200);
+  idem_call_free(c);
+  c = EXECUTE(s, &id, REQ, &a, NULL, IDEM_OK, IDEM_REPLAY);
+  assert_int_equal(idem_call_response(c)->status, 200);
+  assert_int_equal(idem_call_response(c)->body_len, 4);
+  idem_call_free(c);
+  assert_int_equal(a.runs, 0);
+  idem_store_close(s);
+}
+
+/* The lock stays past the retries: the action ran, its result could not be
+ * recorded, and the caller is told so with the response in hand. */
+static void test_execute_completion_fails_for_good(void **state) {
+  fixture *f = *state;
+  idem_id id = {"tenant-a", OPERATION, "never-stored"};
+  idem_store_options quick = {.busy_timeout_ms = 100, .group_commit = -1};
+  idem_execute_options o = {.call = {.lease_ms = 5000},
+                            .finish_retry_ms = 300};
+  idem_store *s = NULL;
+  late_lock l = {.f = f};
+  idem_record *rec;
+  idem_call *c = NULL;
+  int rc;
+
+  EXPECT_RC(IDEM_OK, idem_store_open(f->url, &quick, &s));
+  rc = idem_execute(s, &id, REQ, strlen(REQ), lock_then_finish, &l, &o, &c);
+  EXPECT_RC(IDEM_EBUSY, rc);
+  assert_non_null(strstr(idem_errmsg(), "the action ran"));
+  assert_non_null(c);
+  assert_int_equal(idem_call_outcome(c), IDEM_PROCEED);
+  assert_int_equal(idem_call_response(c)->status, 200);
+  idem_call_free(c);
+  blocker_join(&l.b);
+  /* The record was not completed: it is in progress (marking it unknown
+   * met the same lock) and answers in flight until its lease ends. */
+  rec = get_record(s, &id);
+  assert_int_equal(rec->state, IDEM_STATE_IN_PROGRESS);
+  idem_record_free(rec);
+  assert_int_equal(l.runs, 1);
+  idem_store_close(s);
+}
+
+/*
+ * The store stays locked past the lease, so the renewer gives the lease up
+ * and the action hears of it; but the action had already acted and answers
+ * DONE. Nobody took the key over, so the completion is still the holder's
+ * to write: it is retried until the lock goes, as a completion that meets
+ * a busy store always is, and the response is kept. Giving up at the first
+ * busy answer would leave the key in progress, for a takeover to act again.
+ */
+typedef struct locked_past_lease {
+  fixture *f;
+  blocker b;
+  int runs, saw_loss;
+} locked_past_lease;
+
+static idem_exec_result lock_until_lost(idem_exec *x, void *ctx,
+                                        idem_response *r) {
+  locked_past_lease *l = ctx;
+  struct pollfd p = {idem_exec_lost_fd(x), POLLIN, 0};
+  l->runs++;
+  blocker_start(&l->b, l->f->url, 1500);
+  l->saw_loss = poll(&p, 1, 5000) == 1 && idem_exec_lost(x);
+  r->status = 200;
+  r->body = "done";
+  r->body_len = 4;
+  return IDEM_EXEC_DONE;
+}
+
+static void test_execute_completes_after_lease_lost(void **state) {
+  fixture *f = *state;
+  idem_id id = {"tenant-a", OPERATION, "locked-past-its-lease"};
+  idem_store_options quick = {.busy_timeout_ms = 100, .group_commit = -1};
+  idem_execute_options o = {.call = {.lease_ms = 300}};
+  idem_store *s = NULL;
+  locked_past_lease l = {.f = f};
+  remote a = {0};
+  idem_call *c = NULL;
+  int rc;
+
+  EXPECT_RC(IDEM_OK, idem_store_open(f->url, &quick, &s));
+  rc = idem_execute(s, &id, REQ, strlen(REQ), lock_until_lost, &l, &o, &c);
+  blocker_join(&l.b);
+  EXPECT_RC(IDEM_OK, rc);
+  assert_int_equal(l.saw_loss, 1);
+  assert_int_equal(idem_call_response(c)->status, 200);
+  idem_call_free(c);
+  c = EXECUTE(s, &id, REQ, &a, NULL, IDEM_OK, IDEM_REPLAY);
+  assert_int_equal(idem_call_response(c)->body_len, 4);
+  idem_call_free(c);
+  assert_int_equal(l.runs, 1);
+  assert_int_equal(a.runs, 0);
+  idem_store_close(s);
+}
+
+/* A retry budget as large as the type holds means "keep trying", not an
+ * overflow that ends the retries at once. */
+static void test_execute_largest_retry_budget(void **state) {
+  fixture *f = *state;
+  idem_id id = {"tenant-a", OPERATION, "patient"};
+  idem_store_options quick = {.busy_timeout_ms = 200, .group_commit = -1};
+  idem_execute_options o = {.call = {.lease_ms = 3000},
+                            .finish_retry_ms = INT64_MAX};
+  idem_store *s = NULL;
+  late_lock l = {.f = f};
+  idem_call *c = NULL;
+  int rc;
+
+  EXPECT_RC(IDEM_OK, idem_store_open(f->url, &quick, &s));
+  rc = idem_execute(s, &id, REQ, strlen(REQ), lock_then_finish, &l, &o, &c);
+  blocker_join(&l.b);
+  EXPECT_RC(IDEM_OK, rc);
+  assert_int_equal(idem_call_response(c)->status, 200);
+  idem_call_free(c);
+  idem_store_close(s);
+}
+
+static void test_execute_fingerprint_pointers(void **state) {
+  fixture *f = *state;
+  idem_id id = {"tenant-a", OPERATION, "payment-7"};
+  const char *const ptrs[] = {"/to", "/amount", "/tags/0", NULL};
+  const char *const bad_ptrs[] = {"amount", NULL};
+  idem_execute_options o = {.fingerprint_pointers = ptrs};
+  idem_execute_options bad = {.fingerprint_pointers = bad_ptrs};
+  remote a = {0};
+  idem_call *c;
+
+  c = EXECUTE(f->store, &id,
+              "{\"to\":\"acct-1\",\"amount\":100,\"note\":\"rent\","
+              "\"tags\":[\"a\",\"b\"]}",
+              &a, &o, IDEM_OK, IDEM_PROCEED);
+  idem_call_free(c);
+  /* Another note, another second tag, the amount written otherwise: the
+   * chosen parts are the same, so it replays. */
+  c = EXECUTE(f->store, &id,
+              "{\"note\":\"rent for May\",\"amount\":1.0e2,\"to\":\"acct-1\","
+              "\"tags\":[\"a\",\"z\"]}",
+              &a, &o, IDEM_OK, IDEM_REPLAY);
+  assert_int_equal(ticket_id_of(idem_call_response(c)), 1);
+  idem_call_free(c);
+  /* Another amount conflicts. */
+  c = EXECUTE(f->store, &id,
+              "{\"to\":\"acct-1\",\"amount\":101,\"note\":\"rent\","
+              "\"tags\":[\"a\",\"b\"]}",
+              &a, &o, IDEM_OK, IDEM_CONFLICT);
+  idem_call_free(c);
+  /* A part that goes missing changes the fingerprint too. */
+  c = EXECUTE(f->store, &id, "{\"to\":\"acct-1\",\"amount\":100}", &a, &o,
+              IDEM_OK, IDEM_CONFLICT);
+  idem_call_free(c);
+  assert_int_equal(a.runs, 1);
+  c = EXECUTE(f->store, &id, "{\"amount\":1}", &a, &bad, IDEM_EINVAL, 0);
+  assert_null(c);
+  assert_non_null(strstr(idem_errmsg(), "JSON Pointer"));
+  {
+    const char *const none[] = {NULL};
+    idem_execute_options empty = {.fingerprint_pointers = none};
+    c = EXECUTE(f->store, &id, "{\"amount\":1}", &a, &empty, IDEM_EINVAL, 0);
+    assert_null(c);
+    assert_int_equal(a.runs, 1);
+  }
+}
+
+/*
+ * The lease counts from the claim's write, so the renewals must too: when
+ * the claim comes back late (here its commit takes 500 ms of a 600 ms
+ * lease), the first renewal is due at once, not a third of a lease after
+ * the answer, when the lease would already be over and another caller
+ * could take the key over while the action still runs. SQLite: a commit
+ * hook, set on the store's writer by a local action, delays one commit.
+ */
+static int slow_commit_ms; /* the next commit sleeps this long, once */
+
+static int sleepy_commit(void *arg) {
+  (void)arg;
+  if (slow_commit_ms > 0) {
+    sleep_ms(slow_commit_ms);
+    slow_commit_ms = 0;
+  }
+  return 0;
+}
+
+static int install_sleepy_commit(void *conn, void *ctx, idem_response *r) {
+  (void)ctx;
+  sqlite3_commit_hook(conn, sleepy_commit, NULL);
+  r->status = 200;
+  return 0;
+}
+
+typedef struct taker {
+  idem_store *store;
+  const idem_id *id;
+  int stop; /* __atomic */
+  int took;
+} taker;
+
+static void *take_over_main(void *arg) {
+  taker *t = arg;
+  char fp[IDEM_FINGERPRINT_SIZE];
+  char *canon = NULL;
+  size_t n;
+  idem_canonicalize(REQ, strlen(REQ), NULL, &canon, &n, NULL);
+  idem_sha256_hex(canon, n, fp);
+  idem_free(canon);
+  while (!__atomic_load_n(&t->stop, __ATOMIC_ACQUIRE)) {
+    idem_record *r = NULL;
+    int rc = idem_get(t->store, t->id, &r);
+    idem_record_free(r);
+    if (rc == IDEM_OK)
+      break;
+    sleep_ms(5);
+  }
+  while (!__atomic_load_n(&t->stop, __ATOMIC_ACQUIRE)) {
+    idem_call *c = NULL;
+    if (idem_claim(t->store, t->id, fp, NULL, &c) == IDEM_OK &&
+        idem_call_outcome(c) == IDEM_RECOVER) {
+      t->took++;
+      idem_release(t->store, c);
+    }
+    idem_call_free(c);
+    sleep_ms(10);
+  }
+  return NULL;
+}
+
+static void test_execute_renews_from_the_write(void **state) {
+  fixture *f = *state;
+  idem_id hook = {"tenant-a", OPERATION, "installs-a-hook"};
+  idem_id id = {"tenant-a", OPERATION, "late-answer"};
+  idem_execute_options o = {.call = {.lease_ms = 600}};
+  char fp[IDEM_FINGERPRINT_SIZE];
+  remote a = {.run_ms = 1000};
+  taker t = {f->store, &id, 0, 0};
+  pthread_t th;
+  idem_call *c = NULL;
+  fp_of(PAYLOAD, fp);
+
+  EXPECT_RC(IDEM_OK, idem_execute_local(f->store, &hook, fp, NULL,
+                                        install_sleepy_commit, NULL, &c));
+  idem_call_free(c);
+  assert_int_equal(pthread_create(&th, NULL, take_over_main, &t), 0);
+  slow_commit_ms = 500;
+  c = EXECUTE(f->store, &id, REQ, &a, &o, IDEM_OK, IDEM_PROCEED);
+  __atomic_store_n(&t.stop, 1, __ATOMIC_RELEASE);
+  pthread_join(th, NULL);
+  assert_int_equal(t.took, 0);
+  assert_int_equal(a.runs, 1);
+  idem_call_free(c);
+}
+
+#define STORE_TEST(fn)                                                         \
+  cmocka_unit_test_setup_teardown(fn, setup_store, teardown_store)
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      STORE_TEST(test_execute_outcomes),
+      STORE_TEST(test_execute_endings),
+      STORE_TEST(test_execute_renews_while_running),
+      STORE_TEST(test_execute_lease_lost),
+      STORE_TEST(test_execute_response_too_large),
+      STORE_TEST(test_execute_retries_busy_completion),
+      STORE_TEST(test_execute_completion_fails_for_good),
+      STORE_TEST(test_execute_fingerprint_pointers),
+      STORE_TEST(test_execute_completes_after_lease_lost),
+      STORE_TEST(test_execute_largest_retry_budget),
+  };
+  const struct CMUnitTest sqlite_only[] = {
+      STORE_TEST(test_execute_renews_from_the_write),
+  };
+  return run_engine_tests("execute", tests, sizeof tests / sizeof tests[0],
+                          sqlite_only,
+                          sizeof sqlite_only / sizeof sqlite_only[0], NULL,
+                          0);
+}
