@@ -6,12 +6,15 @@
  * retry with the same key and request replays the output and the status
  * without running anything.
  *
- * The command itself, as a process, is run_child.c's concern. This file
- * reads and fingerprints standard input, holds the key (renewing its lease
- * while the command runs), and maps what became of the command to the
- * record: it ran to its end (completed with its status and output), it
- * could not be started (released: a retry may run it), or it was stopped by
- * a signal or a lost lease (marked unknown: it may have acted).
+ * idem_execute() holds the key: it claims it, renews its lease on a thread
+ * of its own while the command runs, and ends the record by what the
+ * command came to: it ran to its end (completed with its status and
+ * output, the completion retried while the store is busy or unreachable),
+ * it could not be started (released: a retry may run it), or it was
+ * stopped by a signal or a lost lease (marked unknown: it may have acted).
+ * The command as a process is run_child.c's concern; this file reads and
+ * fingerprints standard input, maps the outcome to an exit status and
+ * replays stored runs.
  */
 #include "cli.h"
 #include "run_child.h"
@@ -20,11 +23,11 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <openssl/evp.h>
@@ -246,13 +249,13 @@ fail:
 }
 
 /*
- * The request, as canonical JSON: {"argv": [...], "stdin": HEX or null}.
+ * The request, as JSON (idem_execute() canonicalises and fingerprints it):
+ * {"argv": [...], "stdin": HEX or null}.
  * An argument that is not UTF-8 is written {"hex": "..."}, its bytes in
  * hex, so that no two argv vectors share a request.
  */
 static int make_request(char **argv, int argc, const char *stdin_hex,
-                        char **req, size_t *req_len,
-                        char fp[IDEM_FINGERPRINT_SIZE]) {
+                        char **req, size_t *req_len) {
   static const char digits[] = "0123456789abcdef";
   json_t *args = json_array(), *o = NULL;
   char *text = NULL;
@@ -283,10 +286,10 @@ static int make_request(char **argv, int argc, const char *stdin_hex,
   text = o ? json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
   if (!text)
     goto out;
-  if (idem_canonicalize(text, strlen(text), NULL, req, req_len, NULL) !=
-      IDEM_OK)
-    goto out;
-  rc = idem_sha256_hex(*req, *req_len, fp) == IDEM_OK ? 0 : -1;
+  *req = text;
+  *req_len = strlen(text);
+  text = NULL;
+  rc = 0;
 out:
   free(text);
   json_decref(o);
@@ -425,90 +428,42 @@ static int parse(int argc, char **argv, run_opts *o, int *cmd_index) {
   return -1;
 }
 
-/*
- * Keeps the key held while the command runs: renews the lease a third of
- * the way through it. A renewal that fails for a passing reason is retried
- * sooner; the key counts as lost when the lease was taken over (or the
- * record removed), or when it could not be renewed before the lease ran out.
- */
-typedef struct renewer {
-  run_keeper k; /* first: run_child() hands it back */
-  idem_store *store;
-  idem_call *call;
-  const char *key;
-  int64_t lease_ms;
-  double held_until; /* the lease runs at least until then */
-  int stale;         /* the lease was taken over, or the record removed */
-  int warned;
-} renewer;
-
-static int renew_keep(run_keeper *k) {
-  renewer *r = (renewer *)k;
-  double t0 = cli_now_ms();
-  int rc = idem_renew(r->store, r->call, r->lease_ms);
-  if (rc == IDEM_OK) {
-    r->held_until = t0 + (double)r->lease_ms;
-    r->warned = 0;
-    k->due = cli_now_ms() + (double)r->lease_ms / 3;
-    return 0;
-  }
-  if (rc == IDEM_ESTALE) {
-    r->stale = 1;
-    cli_error("run",
-              "key '%s': the lease was lost (another run took the key over, "
-              "or its record was removed): stopping the command",
-              r->key);
-    return -1;
-  }
-  if (cli_now_ms() >= r->held_until) {
-    cli_error("run",
-              "key '%s': the lease was lost: it could not be renewed in time "
-              "(%s): stopping the command",
-              r->key, idem_errmsg());
-    return -1;
-  }
-  if (!r->warned)
-    cli_error("run", "warning: cannot renew the lease yet: %s (%s); retrying",
-              idem_errmsg(), idem_rc_name(rc));
-  r->warned = 1;
-  double next = (double)r->lease_ms / 10;
-  k->due = cli_now_ms() + (next < 50 ? 50 : next > 1000 ? 1000 : next);
-  return 0;
-}
-
 /* One run of the command while the key is held, and what it produced. */
 typedef struct run_job {
   const run_opts *o;
   char **cmd;
   int stdin_fd;
+  int ran;              /* the action was called (the key was held) */
+  idem_exec_result verdict;
   run_child_result res;
   char meta[160];
   char *body;
 } run_job;
 
-typedef enum run_verdict {
-  VERDICT_DONE = 0,     /* ran to its end: record the response */
-  VERDICT_NOT_DONE = 1, /* never started: free the key */
-  VERDICT_UNKNOWN = 2   /* stopped midway: it may have acted */
-} run_verdict;
-
 /*
- * Runs the command while the key is held; lost_fd and keeper tell when it
- * is lost. On VERDICT_DONE, *response is the status with stdout and stderr
- * in one body (the metadata says where stdout ends and whether anything was
- * cut); it stays valid until run_job_free().
+ * The action idem_execute() runs while it holds the key and renews its
+ * lease: runs the command until it ends, polling the descriptor that says
+ * the lease was lost. It ran to its end: DONE, with the status and stdout
+ * and stderr in one body (the metadata says where stdout ends and whether
+ * anything was cut). It never started: NOT_DONE. It was stopped by a
+ * signal or a lost lease: UNKNOWN, since it may have acted.
  */
-static run_verdict run_command(run_job *j, int lost_fd, run_keeper *keeper,
-                               idem_response *response) {
-  run_child_opts co = {j->cmd,  j->stdin_fd, j->o->max_output,
-                       j->o->kill_after_ms, lost_fd, keeper};
+static idem_exec_result run_action(idem_exec *x, void *ctx,
+                                   idem_response *response) {
+  run_job *j = ctx;
+  run_child_opts co = {j->cmd, j->stdin_fd, j->o->max_output,
+                       j->o->kill_after_ms, idem_exec_lost_fd(x)};
   run_child_result *r = &j->res;
-  memset(response, 0, sizeof *response);
+  j->ran = 1;
+  if (idem_exec_outcome(x) == IDEM_RECOVER)
+    cli_error("run", "key '%s': an earlier run has not reported a result; "
+                     "running the command again (--on-unknown rerun)",
+              j->o->key);
   run_child(&co, r);
   if (r->end == RUN_NOT_STARTED)
-    return VERDICT_NOT_DONE;
+    return j->verdict = IDEM_EXEC_NOT_DONE;
   if (r->end != RUN_EXITED)
-    return VERDICT_UNKNOWN;
+    return j->verdict = IDEM_EXEC_UNKNOWN;
   j->body = malloc(r->out_len + r->err_len + 1);
   if (!j->body) {
     /* The status at least is recorded; the output counts as cut. */
@@ -527,7 +482,7 @@ static run_verdict run_command(run_job *j, int lost_fd, run_keeper *keeper,
   response->meta_len = strlen(j->meta);
   response->body = j->body;
   response->body_len = r->out_len + r->err_len;
-  return VERDICT_DONE;
+  return j->verdict = IDEM_EXEC_DONE;
 }
 
 static void run_job_free(run_job *j) {
@@ -536,86 +491,88 @@ static void run_job_free(run_job *j) {
   j->body = NULL;
 }
 
-static void sleep_ms(double ms) {
-  struct timespec ts;
-  if (ms <= 0)
-    return;
-  ts.tv_sec = (time_t)(ms / 1000);
-  ts.tv_nsec = (long)((ms - (double)ts.tv_sec * 1000) * 1e6);
-  while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-    ;
-}
-
 /*
- * Records the response. A completion that fails because the store is busy
- * or unreachable is retried with backoff for COMPLETE_RETRY_MS, renewing
- * the lease meanwhile; one whose lease was taken over is not.
+ * The exit status once the action ran, and what to say: rc is what
+ * idem_execute() returned, whose idem_errmsg() tells (when not IDEM_OK)
+ * what became of the key.
  */
-static int complete_with_retries(renewer *rn, const idem_response *resp) {
-  double give_up = cli_now_ms() + COMPLETE_RETRY_MS, delay = 100;
-  int rc, noted = 0;
-  for (;;) {
-    rc = idem_complete(rn->store, rn->call, resp);
-    if (rc == IDEM_OK || rc == IDEM_ESTALE ||
-        (rc != IDEM_EBUSY && rc != IDEM_EUNAVAILABLE) ||
-        cli_now_ms() >= give_up)
-      return rc;
-    if (!noted)
-      cli_error("run", "cannot record the result yet: %s (%s); retrying for "
-                       "up to %ds",
-                idem_errmsg(), idem_rc_name(rc), COMPLETE_RETRY_MS / 1000);
-    noted = 1;
-    double wake = cli_now_ms() + delay;
-    if (wake > give_up)
-      wake = give_up;
-    while (cli_now_ms() < wake) {
-      if (cli_now_ms() >= rn->k.due) {
-        /* The lease only matters against a takeover: a stale one ends
-         * the retries, one that merely could not be renewed does not. */
-        int r = idem_renew(rn->store, rn->call, rn->lease_ms);
-        if (r == IDEM_ESTALE)
-          return r;
-        rn->k.due = cli_now_ms() + (r == IDEM_OK ? (double)rn->lease_ms / 3
-                                                 : 250);
-      }
-      double next = rn->k.due < wake ? rn->k.due : wake;
-      sleep_ms(next - cli_now_ms());
+static int ran_status(const run_job *j, int rc) {
+  const run_child_result *r = &j->res;
+  const char *key = j->o->key, *cmd = j->cmd[0];
+  char detail[768];
+  snprintf(detail, sizeof detail, "%s (%s)", idem_errmsg(), idem_rc_name(rc));
+  switch (j->verdict) {
+  case IDEM_EXEC_NOT_DONE:
+    if (rc != IDEM_OK)
+      cli_error("run", "warning: key '%s' could not be freed for a retry: %s",
+                key, detail);
+    if (r->signal) {
+      cli_error("run", "stopped by signal %d before the command started; "
+                       "nothing ran",
+                r->signal);
+      return 128 + r->signal;
     }
-    delay = delay * 2 > 2000 ? 2000 : delay * 2;
+    if (r->exec_failed) {
+      cli_error("run", "%s: %s", cmd, strerror(r->exec_errno));
+      return r->exec_errno == ENOENT ? EXIT_NOT_FOUND : EXIT_CANNOT_EXEC;
+    }
+    cli_error("run", "cannot start %s: %s", cmd, strerror(r->exec_errno));
+    return EXIT_RUN_ERROR;
+  case IDEM_EXEC_UNKNOWN:
+    if (r->end == RUN_INTERRUPTED) {
+      cli_error("run",
+                "stopped by signal %d: the command was stopped and may have "
+                "acted; %s (see `idem keys resolve %s`)",
+                r->signal,
+                rc == IDEM_OK ? "the key is marked unknown" : detail, key);
+      return 128 + r->signal;
+    }
+    cli_error("run",
+              "key '%s': the command was stopped after the lease was lost; "
+              "it ran but its result was not recorded; %s",
+              key, rc == IDEM_OK ? "the key is marked unknown" : detail);
+    return EXIT_NOT_RECORDED;
+  case IDEM_EXEC_DONE:
+  default:
+    break;
   }
+  if (rc != IDEM_OK) {
+    cli_error("run",
+              "key '%s': the command ran but its result was not recorded "
+              "(it exited with status %d): %s",
+              key, r->status, detail);
+    return EXIT_NOT_RECORDED;
+  }
+  if (r->truncated)
+    cli_error("run", "note: output beyond %zu bytes was shown but not kept "
+                     "for replay",
+              j->o->max_output);
+  return r->status;
 }
 
-/* Marks the key unknown after the command may have acted without a
- * result; returns a phrase for the message that says what became of it. */
-static const char *leave_unknown(idem_store *store, idem_call *call,
-                                 int stale, char *buf, size_t size) {
-  int rc;
-  if (stale)
-    return "the key was taken over by another run or its record removed";
-  rc = idem_mark_unknown(store, call);
-  if (rc == IDEM_OK)
-    return "the key is marked unknown";
-  if (rc == IDEM_ESTALE)
-    return "the key was taken over by another run or its record removed";
-  snprintf(buf, size,
-           "the key could not be marked unknown either (%s); it stays in "
-           "progress, and after its lease a retry is refused as outcome "
-           "unknown",
-           idem_errmsg());
-  return buf;
+/* A stop signal that came while they were held back, or 0; taken. */
+static int take_pending(const sigset_t *set) {
+  struct timespec zero = {0, 0};
+  int sig, first = 0;
+  while ((sig = sigtimedwait(set, NULL, &zero)) > 0)
+    if (sig != SIGCHLD && !first)
+      first = sig;
+  return first;
 }
 
 static int run(int argc, char **argv) {
   run_opts o;
   int cmd_index = 0, stdin_fd = -1, status = EXIT_RUN_ERROR, rc;
-  char stdin_hex[IDEM_FINGERPRINT_SIZE], fp[IDEM_FINGERPRINT_SIZE];
-  char *req = NULL, note[512];
+  char stdin_hex[IDEM_FINGERPRINT_SIZE];
+  char *req = NULL;
   size_t req_len = 0;
   idem_store *store = NULL;
   idem_call *call = NULL;
-  idem_call_options co = {0};
+  idem_execute_options eo;
+  sigset_t held, caller_mask;
   run_job job;
   memset(&job, 0, sizeof job);
+  memset(&eo, 0, sizeof eo);
 
   rc = parse(argc, argv, &o, &cmd_index);
   if (rc == 1) {
@@ -648,8 +605,8 @@ static int run(int argc, char **argv) {
   if (read_stdin(&o, &stdin_fd, stdin_hex) != 0)
     return EXIT_RUN_ERROR;
   if (make_request(cmd, ncmd, stdin_fd >= 0 ? stdin_hex : NULL, &req,
-                   &req_len, fp) != 0) {
-    cli_error("run", "cannot build the request fingerprint");
+                   &req_len) != 0) {
+    cli_error("run", "cannot build the request");
     goto out;
   }
   rc = idem_store_open(cli_store_url(o.store), NULL, &store);
@@ -660,36 +617,67 @@ static int run(int argc, char **argv) {
     goto out;
   }
   idem_id id = {o.tenant, "run", o.key};
-  co.lease_ms = o.lease_ms;
-  co.retention_ms = o.retention_ms;
-  co.request = req;
-  co.request_len = req_len;
-  co.on_expired_lease = o.rerun ? IDEM_EXPIRED_TAKE_OVER : IDEM_EXPIRED_REPORT;
-  co.takeover_unknown = o.rerun;
-  double claimed_at = cli_now_ms();
-  rc = idem_claim(store, &id, fp, &co, &call);
-  if (rc != IDEM_OK) {
+  eo.call.lease_ms = o.lease_ms;
+  eo.call.retention_ms = o.retention_ms;
+  eo.call.on_expired_lease =
+      o.rerun ? IDEM_EXPIRED_TAKE_OVER : IDEM_EXPIRED_REPORT;
+  eo.call.takeover_unknown = o.rerun;
+  job.o = &o;
+  job.cmd = cmd;
+  job.stdin_fd = stdin_fd;
+  signal(SIGPIPE, SIG_IGN);
+  /*
+   * Stop signals and SIGCHLD are held back while idem_execute() runs, so
+   * that its lease renewer thread (which inherits this mask) never takes
+   * them: run_child() lets them through on this thread while the command
+   * runs. One that comes while the key is claimed keeps the command from
+   * starting; one that comes while the result is recorded waits until it
+   * is.
+   */
+  sigemptyset(&held);
+  sigaddset(&held, SIGINT);
+  sigaddset(&held, SIGTERM);
+  sigaddset(&held, SIGHUP);
+  sigaddset(&held, SIGCHLD);
+  pthread_sigmask(SIG_BLOCK, &held, &caller_mask);
+  rc = idem_execute(store, &id, req, req_len, run_action, &job, &eo, &call);
+  int late = take_pending(&held);
+  pthread_sigmask(SIG_SETMASK, &caller_mask, NULL);
+  if (!call) {
     cli_idem_error("run", "claim", rc);
     status = rc == IDEM_EBUSY || rc == IDEM_EUNAVAILABLE ? EXIT_TEMPFAIL
                                                          : EXIT_RUN_ERROR;
     goto out;
   }
+  if (job.ran) {
+    status = ran_status(&job, rc);
+    if (late)
+      cli_error("run", "note: signal %d came while the result was being "
+                       "recorded; it was let finish",
+                late);
+    goto out;
+  }
+  if (late) {
+    cli_error("run", "stopped by signal %d; nothing was run", late);
+    status = 128 + late;
+    goto out;
+  }
   switch (idem_call_outcome(call)) {
   case IDEM_REPLAY:
     status = replay(idem_call_response(call));
-    goto out;
+    break;
   case IDEM_CONFLICT:
     cli_error("run",
               "key '%s' was already used with another command or input; "
               "nothing was run (use a new key for a new intention)",
               o.key);
     status = EXIT_CONFLICT;
-    goto out;
+    break;
   case IDEM_IN_FLIGHT:
     cli_error("run", "key '%s' is in flight in another run; retry in %.1fs",
               o.key, idem_call_retry_after_ms(call) / 1000.0);
     status = EXIT_TEMPFAIL;
-    goto out;
+    break;
   case IDEM_UNKNOWN:
     cli_error("run",
               "key '%s': outcome unknown: an earlier run has not reported a "
@@ -699,82 +687,17 @@ static int run(int argc, char **argv) {
               "--completed), or retry with --on-unknown rerun",
               o.key, o.key);
     status = EXIT_UNKNOWN;
-    goto out;
-  case IDEM_RECOVER:
-    cli_error("run", "key '%s': an earlier run has not reported a result; "
-                     "running the command again (--on-unknown rerun)",
-              o.key);
     break;
   default:
+    cli_error("run", "key '%s': unexpected outcome %s", o.key,
+              idem_outcome_name(idem_call_outcome(call)));
     break;
   }
-
-  /* PROCEED or RECOVER: this run holds the key. */
-  signal(SIGPIPE, SIG_IGN);
-  int64_t lease = o.lease_ms ? o.lease_ms : 30000;
-  renewer rn = {{claimed_at + (double)lease / 3, renew_keep},
-                store, call, o.key, lease, claimed_at + (double)lease, 0, 0};
-  idem_response resp;
-  job.o = &o;
-  job.cmd = cmd;
-  job.stdin_fd = stdin_fd;
-  run_verdict v = run_command(&job, -1, &rn.k, &resp);
-  const run_child_result *r = &job.res;
-
-  if (v == VERDICT_NOT_DONE) {
-    /* Nothing ran: free the key so that a retry may act. */
-    idem_release(store, call);
-    if (r->exec_failed) {
-      cli_error("run", "%s: %s", cmd[0], strerror(r->exec_errno));
-      status = r->exec_errno == ENOENT ? EXIT_NOT_FOUND : EXIT_CANNOT_EXEC;
-    } else {
-      cli_error("run", "cannot start %s: %s", cmd[0],
-                strerror(r->exec_errno));
-    }
-    goto out;
-  }
-  if (v == VERDICT_UNKNOWN) {
-    const char *what = leave_unknown(store, call, rn.stale, note, sizeof note);
-    if (r->end == RUN_INTERRUPTED) {
-      cli_error("run",
-                "stopped by signal %d: the command was stopped and may have "
-                "acted; %s (see `idem keys resolve %s`)",
-                r->signal, what, o.key);
-      status = 128 + r->signal;
-    } else {
-      cli_error("run",
-                "key '%s': the command was stopped after the lease was lost; "
-                "it ran but its result was not recorded; %s",
-                o.key, what);
-      status = EXIT_NOT_RECORDED;
-    }
-    goto out;
-  }
-
-  rc = complete_with_retries(&rn, &resp);
-  if (rc != IDEM_OK) {
-    char detail[256];
-    snprintf(detail, sizeof detail, "%s (%s)", idem_errmsg(),
-             idem_rc_name(rc));
-    const char *what = leave_unknown(store, call, rc == IDEM_ESTALE, note,
-                                     sizeof note);
-    cli_error("run",
-              "key '%s': the command ran but its result was not recorded "
-              "(it exited with status %d): %s; %s",
-              o.key, r->status, detail, what);
-    status = EXIT_NOT_RECORDED;
-    goto out;
-  }
-  status = r->status;
-  if (r->truncated)
-    cli_error("run", "note: output beyond %zu bytes was shown but not kept "
-                     "for replay",
-              o.max_output);
 out:
   run_job_free(&job);
   idem_call_free(call);
   idem_store_close(store);
-  idem_free(req);
+  free(req);
   if (stdin_fd >= 0)
     close(stdin_fd);
   return status;

@@ -7,9 +7,10 @@
  * descendants are reparented to it, so they are reaped here and stay in
  * reach. One poll loop waits on the output pipes, on a self-pipe that the
  * signal handlers write to (SIGCHLD included, so the end of the command is
- * noticed even after it closed its output), and on the lost-key descriptor;
- * the keeper is called from the same loop, so the key is renewed until the
- * command has been reaped, while it is being stopped too.
+ * noticed even after it closed its output), and on the lost-key descriptor,
+ * so a lost key is noticed until the command has been reaped, while it is
+ * being stopped too (the lease itself is renewed by the caller's thread of
+ * libidem meanwhile).
  *
  * What is guaranteed when idem run itself dies (SIGKILL, a crash):
  *  - the direct child gets SIGKILL from the kernel (PR_SET_PDEATHSIG; a
@@ -32,6 +33,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,7 +130,7 @@ static pid_t start_watchdog(pid_t pgid, const handlers *h, int *stand_down) {
   if (pipe2(p, O_CLOEXEC) != 0)
     return -1;
   sigfillset(&all);
-  sigprocmask(SIG_BLOCK, &all, &old);
+  pthread_sigmask(SIG_BLOCK, &all, &old);
   pid = fork();
   if (pid == 0) {
     char c;
@@ -150,14 +152,14 @@ static pid_t start_watchdog(pid_t pgid, const handlers *h, int *stand_down) {
       dup2(null_fd, 2);
     }
     close_from(4, open_max);
-    sigprocmask(SIG_SETMASK, &old, NULL);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
     while ((n = read(3, &c, 1)) < 0 && errno == EINTR)
       ;
     if (n == 0)
       kill(-pgid, SIGKILL);
     _exit(0);
   }
-  sigprocmask(SIG_SETMASK, &old, NULL);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
   close(p[0]);
   if (pid < 0) {
     close(p[1]);
@@ -195,7 +197,7 @@ static pid_t start(const run_child_opts *o, const handlers *h, int stdin_fd,
   }
   fflush(NULL);
   sigfillset(&all);
-  sigprocmask(SIG_BLOCK, &all, &old);
+  pthread_sigmask(SIG_BLOCK, &all, &old);
   pid = fork();
   if (pid == 0) {
     int e;
@@ -205,7 +207,7 @@ static pid_t start(const run_child_opts *o, const handlers *h, int stdin_fd,
     if (getppid() != parent)
       _exit(EXIT_SETUP_FAILED);
     default_handlers(h);
-    sigprocmask(SIG_SETMASK, &old, NULL);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
     /* dup2 clears close-on-exec on the copies; the pipes' own descriptors
      * are above 2 (idem run keeps 0-2 open) and close at exec. */
     if (dup2(stdin_fd, STDIN_FILENO) < 0 || dup2(out[1], STDOUT_FILENO) < 0 ||
@@ -219,7 +221,7 @@ static pid_t start(const run_child_opts *o, const handlers *h, int stdin_fd,
       _exit(EXIT_SETUP_FAILED);
     _exit(EXIT_SETUP_FAILED);
   }
-  sigprocmask(SIG_SETMASK, &old, NULL);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (pid < 0) {
     r->exec_errno = errno;
     goto fail;
@@ -413,6 +415,7 @@ void run_child(const run_child_opts *o, run_child_result *r) {
   size_t budget = o->max_output;
   int out[2], err[2], wd_fd = -1, null_fd = -1, lost = 0, got_signal = 0;
   struct pollfd pfd[4];
+  sigset_t ours, caller_mask;
 
   memset(r, 0, sizeof *r);
   memset(&s, 0, sizeof s);
@@ -434,6 +437,21 @@ void run_child(const run_child_opts *o, run_child_result *r) {
    * stay reachable and are reaped here. */
   prctl(PR_SET_CHILD_SUBREAPER, 1);
   install(&h);
+  sigemptyset(&ours);
+  for (size_t i = 0; i < N_STOP_SIGNALS; i++)
+    sigaddset(&ours, stop_signals[i]);
+  sigaddset(&ours, SIGCHLD);
+  pthread_sigmask(SIG_UNBLOCK, &ours, &caller_mask);
+  /* A signal that came while the caller held them back: nothing started
+   * yet, so nothing is started. */
+  {
+    unsigned char c;
+    while (read(sig_pipe[0], &c, 1) == 1)
+      if (c != SIGCHLD && !r->signal)
+        r->signal = c;
+    if (r->signal)
+      goto restore;
+  }
   s.pid = start(o, &h, stdin_fd, out, err, r);
   if (s.pid < 0)
     goto restore;
@@ -463,8 +481,6 @@ void run_child(const run_child_opts *o, run_child_result *r) {
       break;
     }
     int wait = -1;
-    if (o->keeper)
-      wait = min_wait(wait, o->keeper->due);
     if (s.stopping && !s.killed)
       wait = min_wait(wait, s.kill_at);
     if (s.child_reaped && !s.gone)
@@ -491,12 +507,12 @@ void run_child(const run_child_opts *o, run_child_result *r) {
     if (!lost && pfd[3].fd >= 0 && (pfd[3].revents & (POLLIN | POLLHUP))) {
       lost = 1;
       pfd[3].fd = -1;
+      cli_error("run", "the lease on the key was lost (another run took it "
+                       "over, its record was removed, or it could not be "
+                       "renewed in time): stopping the command");
+      if (!s.stopping)
+        begin_stop(&s, SIGTERM, o->kill_after_ms);
     }
-    if (o->keeper && cli_now_ms() >= o->keeper->due && !lost &&
-        o->keeper->keep(o->keeper) != 0)
-      lost = 1;
-    if (lost && !s.stopping)
-      begin_stop(&s, SIGTERM, o->kill_after_ms);
 
     for (int i = 1; i <= 2; i++) {
       char buf[65536];
@@ -560,6 +576,7 @@ void run_child(const run_child_opts *o, run_child_result *r) {
   r->err = cap[1].buf;
   r->err_len = cap[1].len;
 restore:
+  pthread_sigmask(SIG_SETMASK, &caller_mask, NULL);
   uninstall(&h);
   prctl(PR_SET_CHILD_SUBREAPER, 0);
 out:

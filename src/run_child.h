@@ -3,10 +3,9 @@
  * its output, the signals idem run receives meanwhile, and the watchdog that
  * kills the group when idem run dies.
  *
- * run_child() knows nothing of the store. What keeps the key held while the
- * command runs comes in as a file descriptor that becomes readable once the
- * key is lost, and an optional keeper called when it is due; either one
- * reporting the loss stops the command.
+ * run_child() knows nothing of the store. What keeps the key held (the
+ * library's renewer, in idem_execute()) tells it through a file descriptor
+ * that becomes readable once the key is lost, which stops the command.
  */
 #ifndef IDEM_RUN_CHILD_H
 #define IDEM_RUN_CHILD_H
@@ -14,26 +13,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/*
- * Called by run_child() whenever the monotonic clock (cli_now_ms()) passes
- * due; it sets due anew. Returns 0 while the key is held, -1 once it is lost.
- */
-typedef struct run_keeper {
-  double due;
-  int (*keep)(struct run_keeper *k);
-} run_keeper;
-
 typedef struct run_child_opts {
   char *const *argv;     /* the command; argv[0] is looked up in PATH */
   int stdin_fd;          /* its standard input; -1: /dev/null */
   size_t max_output;     /* kept of stdout and stderr together */
   int64_t kill_after_ms; /* from the first signal to SIGKILL */
   int lost_fd;           /* -1, or readable once the key is lost */
-  run_keeper *keeper;    /* may be NULL */
 } run_child_opts;
 
 typedef enum run_end {
-  RUN_NOT_STARTED = 0, /* nothing ran (exec_errno says why) */
+  RUN_NOT_STARTED = 0, /* nothing ran: exec_errno says why, or signal
+                          when idem run got one before it started */
   RUN_EXITED,          /* the command ended by itself (status) */
   RUN_INTERRUPTED,     /* idem run got a signal (signal); the command's
                           group was stopped */
@@ -45,7 +35,8 @@ typedef struct run_child_result {
   int status;      /* RUN_EXITED: its exit status, 128+N after signal N */
   int exec_errno;  /* RUN_NOT_STARTED: the errno of exec, or of the setup */
   int exec_failed; /* RUN_NOT_STARTED: non-zero when exec itself failed */
-  int signal;      /* RUN_INTERRUPTED: the first signal idem run got */
+  int signal;      /* the first signal idem run got (RUN_INTERRUPTED, or
+                      RUN_NOT_STARTED) */
   int killed;      /* the group had to be killed with SIGKILL */
   char *out, *err; /* what was kept of stdout and stderr */
   size_t out_len, err_len;
@@ -60,10 +51,14 @@ typedef struct run_child_result {
  * not waited for). SIGINT, SIGTERM and SIGHUP received meanwhile (unless
  * they were ignored when idem run started) and a lost key stop the command:
  * its group gets the signal (SIGTERM for a lost key), its output is still
- * drained and the keeper still called, and after kill_after_ms the group
- * gets SIGKILL. Fills *r; free it with run_child_result_free() whatever
- * the outcome. Output that does not fit in memory is shown but not kept, as
- * beyond max_output.
+ * drained, and after kill_after_ms the group gets SIGKILL. One of those
+ * signals pending when run_child() is called (the caller may block them
+ * while it claims the key) means the command is not started at all.
+ * While it runs, run_child() unblocks these signals and SIGCHLD in the
+ * calling thread, so that they are delivered there; it restores the
+ * thread's signal mask before it returns. Fills *r; free it with
+ * run_child_result_free() whatever the outcome. Output that does not fit
+ * in memory is shown but not kept, as beyond max_output.
  */
 void run_child(const run_child_opts *o, run_child_result *r);
 
