@@ -23,7 +23,6 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <poll.h>
-#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -550,16 +549,6 @@ static int ran_status(const run_job *j, int rc) {
   return r->status;
 }
 
-/* A stop signal that came while they were held back, or 0; taken. */
-static int take_pending(const sigset_t *set) {
-  struct timespec zero = {0, 0};
-  int sig, first = 0;
-  while ((sig = sigtimedwait(set, NULL, &zero)) > 0)
-    if (sig != SIGCHLD && !first)
-      first = sig;
-  return first;
-}
-
 static int run(int argc, char **argv) {
   run_opts o;
   int cmd_index = 0, stdin_fd = -1, status = EXIT_RUN_ERROR, rc;
@@ -569,7 +558,6 @@ static int run(int argc, char **argv) {
   idem_store *store = NULL;
   idem_call *call = NULL;
   idem_execute_options eo;
-  sigset_t held, caller_mask;
   run_job job;
   memset(&job, 0, sizeof job);
   memset(&eo, 0, sizeof eo);
@@ -626,23 +614,16 @@ static int run(int argc, char **argv) {
   job.cmd = cmd;
   job.stdin_fd = stdin_fd;
   signal(SIGPIPE, SIG_IGN);
-  /*
-   * Stop signals and SIGCHLD are held back while idem_execute() runs, so
-   * that its lease renewer thread (which inherits this mask) never takes
-   * them: run_child() lets them through on this thread while the command
-   * runs. One that comes while the key is claimed keeps the command from
-   * starting; one that comes while the result is recorded waits until it
-   * is.
-   */
-  sigemptyset(&held);
-  sigaddset(&held, SIGINT);
-  sigaddset(&held, SIGTERM);
-  sigaddset(&held, SIGHUP);
-  sigaddset(&held, SIGCHLD);
-  pthread_sigmask(SIG_BLOCK, &held, &caller_mask);
+  /* From the claim to the recorded result, signals are noted rather than
+   * acted on (run_child() acts on them while the command runs): one that
+   * comes while the key is claimed keeps the command from starting; one
+   * that comes while the result is recorded waits until it is. */
+  if (run_signals_hold() != 0) {
+    cli_error("run", "cannot set up signal handling: %s", strerror(errno));
+    goto out;
+  }
   rc = idem_execute(store, &id, req, req_len, run_action, &job, &eo, &call);
-  int late = take_pending(&held);
-  pthread_sigmask(SIG_SETMASK, &caller_mask, NULL);
+  int late = run_signals_release();
   if (!call) {
     cli_idem_error("run", "claim", rc);
     status = rc == IDEM_EBUSY || rc == IDEM_EUNAVAILABLE ? EXIT_TEMPFAIL

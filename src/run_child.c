@@ -52,6 +52,7 @@ enum { EXIT_SETUP_FAILED = 125 };
 static const int stop_signals[] = {SIGINT, SIGTERM, SIGHUP};
 #define N_STOP_SIGNALS (sizeof stop_signals / sizeof stop_signals[0])
 
+/* Written by the signal handlers, read by run_child()'s loop. */
 static int sig_pipe[2] = {-1, -1};
 
 static void on_signal(int sig) {
@@ -63,35 +64,60 @@ static void on_signal(int sig) {
   errno = saved;
 }
 
-/* The signal handlers of a run, and what was there before them. */
+/* The handlers of run_signals_hold(), and what was there before them. */
 typedef struct handlers {
   struct sigaction old_stop[N_STOP_SIGNALS], old_chld;
   int handled[N_STOP_SIGNALS];
 } handlers;
 
-static void install(handlers *h) {
+static handlers held;
+
+int run_signals_hold(void) {
   struct sigaction sa;
+  if (pipe2(sig_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
+    return -1;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_signal;
   sa.sa_flags = SA_RESTART;
   sigemptyset(&sa.sa_mask);
   for (size_t i = 0; i < N_STOP_SIGNALS; i++) {
-    sigaction(stop_signals[i], NULL, &h->old_stop[i]);
+    sigaction(stop_signals[i], NULL, &held.old_stop[i]);
     /* A signal ignored when idem run started (nohup, a background job of a
      * shell) stays ignored, for idem run and for the command. */
-    h->handled[i] = h->old_stop[i].sa_handler != SIG_IGN;
-    if (h->handled[i])
+    held.handled[i] = held.old_stop[i].sa_handler != SIG_IGN;
+    if (held.handled[i])
       sigaction(stop_signals[i], &sa, NULL);
   }
   sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
-  sigaction(SIGCHLD, &sa, &h->old_chld);
+  sigaction(SIGCHLD, &sa, &held.old_chld);
+  return 0;
 }
 
-static void uninstall(const handlers *h) {
+/* The first stop signal waiting in the pipe, or 0; the pipe is emptied. */
+static int take_stop_signal(void) {
+  unsigned char c[64];
+  ssize_t n;
+  int first = 0;
+  while ((n = read(sig_pipe[0], c, sizeof c)) > 0)
+    for (ssize_t i = 0; i < n; i++)
+      if (c[i] != SIGCHLD && !first)
+        first = c[i];
+  return first;
+}
+
+int run_signals_release(void) {
+  int first;
+  if (sig_pipe[0] < 0)
+    return 0;
   for (size_t i = 0; i < N_STOP_SIGNALS; i++)
-    if (h->handled[i])
-      sigaction(stop_signals[i], &h->old_stop[i], NULL);
-  sigaction(SIGCHLD, &h->old_chld, NULL);
+    if (held.handled[i])
+      sigaction(stop_signals[i], &held.old_stop[i], NULL);
+  sigaction(SIGCHLD, &held.old_chld, NULL);
+  first = take_stop_signal();
+  close(sig_pipe[0]);
+  close(sig_pipe[1]);
+  sig_pipe[0] = sig_pipe[1] = -1;
+  return first;
 }
 
 /* In a new child, before it execs or does its own work: the handlers of
@@ -119,7 +145,7 @@ static void close_from(int lowest, long open_max) {
  * run holds. A byte means idem run is done with the group: exit. End of file
  * without one means idem run died: kill the group.
  */
-static pid_t start_watchdog(pid_t pgid, const handlers *h, int *stand_down) {
+static pid_t start_watchdog(pid_t pgid, int *stand_down) {
   int p[2];
   long open_max = sysconf(_SC_OPEN_MAX);
   sigset_t all, old;
@@ -138,7 +164,7 @@ static pid_t start_watchdog(pid_t pgid, const handlers *h, int *stand_down) {
     int null_fd;
     setsid();
     prctl(PR_SET_NAME, "idem-watchdog");
-    default_handlers(h);
+    default_handlers(&held);
     /* Its one job is to outlive idem run: a signal meant to stop idem run
      * (pkill, killall) leaves it be, and idem run stops the group. */
     for (size_t i = 0; i < N_STOP_SIGNALS; i++)
@@ -184,7 +210,7 @@ static void stand_down(int *fd) {
  * id) with stdout and stderr on pipes. Returns its pid, or -1 with
  * r->exec_errno and r->exec_failed set.
  */
-static pid_t start(const run_child_opts *o, const handlers *h, int stdin_fd,
+static pid_t start(const run_child_opts *o, int stdin_fd,
                    int out[2], int err[2], run_child_result *r) {
   int report[2] = {-1, -1};
   pid_t parent = getpid(), pid;
@@ -206,7 +232,7 @@ static pid_t start(const run_child_opts *o, const handlers *h, int stdin_fd,
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent)
       _exit(EXIT_SETUP_FAILED);
-    default_handlers(h);
+    default_handlers(&held);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     /* dup2 clears close-on-exec on the copies; the pipes' own descriptors
      * are above 2 (idem run keeps 0-2 open) and close at exec. */
@@ -409,22 +435,16 @@ void run_child_result_free(run_child_result *r) {
 }
 
 void run_child(const run_child_opts *o, run_child_result *r) {
-  handlers h;
   run_state s;
   capture cap[2] = {{0}, {0}};
   size_t budget = o->max_output;
   int out[2], err[2], wd_fd = -1, null_fd = -1, lost = 0, got_signal = 0;
   struct pollfd pfd[4];
-  sigset_t ours, caller_mask;
 
   memset(r, 0, sizeof *r);
   memset(&s, 0, sizeof s);
   s.watchdog = -1;
   r->end = RUN_NOT_STARTED;
-  if (pipe2(sig_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
-    r->exec_errno = errno;
-    return;
-  }
   int stdin_fd = o->stdin_fd;
   if (stdin_fd < 0) {
     stdin_fd = null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -433,29 +453,17 @@ void run_child(const run_child_opts *o, run_child_result *r) {
       goto out;
     }
   }
+  /* A signal that came while the key was claimed: nothing started yet, so
+   * nothing is started. */
+  if ((r->signal = take_stop_signal()) != 0)
+    goto out;
   /* Orphaned descendants come to idem run instead of init, so that they
    * stay reachable and are reaped here. */
   prctl(PR_SET_CHILD_SUBREAPER, 1);
-  install(&h);
-  sigemptyset(&ours);
-  for (size_t i = 0; i < N_STOP_SIGNALS; i++)
-    sigaddset(&ours, stop_signals[i]);
-  sigaddset(&ours, SIGCHLD);
-  pthread_sigmask(SIG_UNBLOCK, &ours, &caller_mask);
-  /* A signal that came while the caller held them back: nothing started
-   * yet, so nothing is started. */
-  {
-    unsigned char c;
-    while (read(sig_pipe[0], &c, 1) == 1)
-      if (c != SIGCHLD && !r->signal)
-        r->signal = c;
-    if (r->signal)
-      goto restore;
-  }
-  s.pid = start(o, &h, stdin_fd, out, err, r);
+  s.pid = start(o, stdin_fd, out, err, r);
   if (s.pid < 0)
     goto restore;
-  s.watchdog = start_watchdog(s.pid, &h, &wd_fd);
+  s.watchdog = start_watchdog(s.pid, &wd_fd);
   if (s.watchdog < 0)
     cli_error("run", "warning: no watchdog (%s): if idem run is killed, "
                      "what the command started may outlive it",
@@ -576,13 +584,8 @@ void run_child(const run_child_opts *o, run_child_result *r) {
   r->err = cap[1].buf;
   r->err_len = cap[1].len;
 restore:
-  pthread_sigmask(SIG_SETMASK, &caller_mask, NULL);
-  uninstall(&h);
   prctl(PR_SET_CHILD_SUBREAPER, 0);
 out:
   if (null_fd >= 0)
     close(null_fd);
-  close(sig_pipe[0]);
-  close(sig_pipe[1]);
-  sig_pipe[0] = sig_pipe[1] = -1;
 }

@@ -52,15 +52,27 @@ typedef struct run_child_result {
  * they were ignored when idem run started) and a lost key stop the command:
  * its group gets the signal (SIGTERM for a lost key), its output is still
  * drained, and after kill_after_ms the group gets SIGKILL. One of those
- * signals pending when run_child() is called (the caller may block them
- * while it claims the key) means the command is not started at all.
- * While it runs, run_child() unblocks these signals and SIGCHLD in the
- * calling thread, so that they are delivered there; it restores the
- * thread's signal mask before it returns. Fills *r; free it with
+ * signals noted before run_child() is called (while the key was claimed)
+ * means the command is not started at all. Must be called between
+ * run_signals_hold() and run_signals_release(). Fills *r; free it with
  * run_child_result_free() whatever the outcome. Output that does not fit
  * in memory is shown but not kept, as beyond max_output.
  */
 void run_child(const run_child_opts *o, run_child_result *r);
+
+/*
+ * From run_signals_hold() to run_signals_release(), SIGINT, SIGTERM and
+ * SIGHUP (those not ignored when idem run started) and SIGCHLD no longer
+ * act: they are noted, whichever thread of idem run they reach (libidem
+ * has threads of its own), for run_child() to act on. So a signal that
+ * comes while the key is being claimed, or while the result is being
+ * recorded, cannot end idem run between the two and leave the key in
+ * progress. run_signals_hold() returns 0, or -1 with errno set.
+ * run_signals_release() restores the signals' dispositions and returns the
+ * first stop signal noted that run_child() did not act on, or 0.
+ */
+int run_signals_hold(void);
+int run_signals_release(void);
 
 void run_child_result_free(run_child_result *r);
 

@@ -12,7 +12,29 @@ IDEM=$1
 
 if [ -z "${IDEM_TEST_PG_URL:-}" ]; then
   fail "IDEM_TEST_PG_URL is not set: no PostgreSQL server for this test"
-  finish
+  # 3. SIGTERM while the completion is being retried: idem run does not die
+#    between the command's end and the record; the result is recorded,
+#    idem run exits with the command's status and says the signal came.
+: > "$TMP/refused"
+cmd='echo start >> "$1"; while [ ! -e "$2" ]; do sleep 0.05; done; echo pg-term'
+"$IDEM" run --tenant "$tenant" --key term-at-end --lease 2s -- sh -c "$cmd" x "$TMP/term" "$TMP/term.go" </dev/null >"$TMP/term.out" 2>"$TMP/term.err" &
+pid=$!
+wait_for "$TMP/term" || fail "term at end: the command did not start"
+down
+: > "$TMP/term.go"
+wait_for "$TMP/refused" || fail "term at end: no completion was tried"
+kill -TERM $pid
+sleep 0.5
+up
+wait_dead $pid 450 || { fail "term at end: idem run still runs"; kill -KILL $pid; }
+wait $pid
+expect_eq "term at end: exit status" 0 "$?"
+expect_match "term at end: the signal is mentioned" "signal 15" "$(cat "$TMP/term.err")"
+out=$("$IDEM" run --tenant "$tenant" --key term-at-end --lease 2s -- sh -c "$cmd" x "$TMP/term" "$TMP/term.go" </dev/null)
+expect_eq "term at end: replay" "0 pg-term" "$? $out"
+expect_eq "term at end: executions" 1 "$(lines "$TMP/term")"
+
+finish
   exit 1
 fi
 host=$(printf '%s' "$IDEM_TEST_PG_URL" | sed -n 's/.*[?&]host=\([^&]*\).*/\1/p')
@@ -79,5 +101,27 @@ expect_eq "midway: output" pg-mid "$(cat "$TMP/midway.out")"
 out=$("$IDEM" run --tenant "$tenant" --key midway --lease 3s -- sh -c "$cmd" x "$TMP/midway" "$TMP/midway.go" </dev/null)
 expect_eq "midway: replay" "0 pg-mid" "$? $out"
 expect_eq "midway: executions" 1 "$(lines "$TMP/midway")"
+
+# 3. SIGTERM while the completion is being retried: idem run does not die
+#    between the command's end and the record; the result is recorded,
+#    idem run exits with the command's status and says the signal came.
+: > "$TMP/refused"
+cmd='echo start >> "$1"; while [ ! -e "$2" ]; do sleep 0.05; done; echo pg-term'
+"$IDEM" run --tenant "$tenant" --key term-at-end --lease 2s -- sh -c "$cmd" x "$TMP/term" "$TMP/term.go" </dev/null >"$TMP/term.out" 2>"$TMP/term.err" &
+pid=$!
+wait_for "$TMP/term" || fail "term at end: the command did not start"
+down
+: > "$TMP/term.go"
+wait_for "$TMP/refused" || fail "term at end: no completion was tried"
+kill -TERM $pid
+sleep 0.5
+up
+wait_dead $pid 450 || { fail "term at end: idem run still runs"; kill -KILL $pid; }
+wait $pid
+expect_eq "term at end: exit status" 0 "$?"
+expect_match "term at end: the signal is mentioned" "signal 15" "$(cat "$TMP/term.err")"
+out=$("$IDEM" run --tenant "$tenant" --key term-at-end --lease 2s -- sh -c "$cmd" x "$TMP/term" "$TMP/term.go" </dev/null)
+expect_eq "term at end: replay" "0 pg-term" "$? $out"
+expect_eq "term at end: executions" 1 "$(lines "$TMP/term")"
 
 finish

@@ -14,8 +14,8 @@ ticker='echo start >> "$1"; n=${TICKS:-100000}
 while [ $n -gt 0 ]; do echo tick >> "$2"; sleep 0.1; n=$((n - 1)); done; echo done'
 
 # 1. An operator removes the in-progress record (`idem keys resolve
-#    --failed --force`): the next renewal finds the lease gone, idem run stops the
-#    command and exits 5.
+#    --failed --force`): the next renewal finds the lease gone, idem run
+#    stops the command and exits 5.
 : > "$TMP/removed.start"; : > "$TMP/removed.ticks"
 "$IDEM" run --key removed --lease 600ms -- sh -c "$ticker" x "$TMP/removed.start" "$TMP/removed.ticks" </dev/null 2>"$TMP/removed.err" &
 pid=$!
@@ -70,5 +70,26 @@ wait $pid
 expect_eq "late: exit status" 5 "$?"
 expect_eq "late: output shown" late-done "$(cat "$TMP/late.out")"
 expect_match "late: message" "ran but its result was not recorded" "$(cat "$TMP/late.err")"
+
+# 4. A signal while the key is being claimed (here the claim waits for a
+#    write lock held by another process): idem run is not ended by it
+#    midway (even when it reaches one of the store's threads), the claim
+#    finishes, the command is not started, the key is freed, and idem run
+#    exits 128+15.
+: > "$TMP/claiming"
+(printf 'BEGIN IMMEDIATE;\n.shell touch %s\n.shell sleep 2\nCOMMIT;\n' "$TMP/locked" | sqlite3 "$IDEM_STORE") &
+locker=$!
+wait_for_file() { n=0; while [ ! -e "$1" ] && [ $n -lt 200 ]; do sleep 0.1; n=$((n + 1)); done; }
+wait_for_file "$TMP/locked"
+"$IDEM" run --key claiming -- sh -c 'echo ran >> "$1"' x "$TMP/claiming" </dev/null 2>"$TMP/claiming.err" &
+pid=$!
+sleep 0.5
+kill -TERM $pid
+wait $pid
+expect_eq "signal while claiming: exit status" 143 "$?"
+wait $locker
+expect_eq "signal while claiming: nothing ran" 0 "$(lines "$TMP/claiming")"
+expect_eq "signal while claiming: no record" absent "$(state claiming)"
+expect_match "signal while claiming: idem run saw it through" "signal 15 before the command started" "$(cat "$TMP/claiming.err")"
 
 finish
