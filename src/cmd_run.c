@@ -363,22 +363,23 @@ static int parse(int argc, char **argv, run_opts *o, int *cmd_index) {
       return -1;
     }
     const char *v = argv[++i];
-    if (strcmp(a, "--key") == 0)
+    if (strcmp(a, "--key") == 0) {
       o->key = v;
-    else if (strcmp(a, "--tenant") == 0)
+    } else if (strcmp(a, "--tenant") == 0) {
+      if (cli_check_tenant("run", v) != 0)
+        return -1;
       o->tenant = v;
-    else if (strcmp(a, "--store") == 0)
-      o->store = v;
-    else if (strcmp(a, "--lease") == 0) {
-      if (cli_parse_duration(v, &o->lease_ms) || o->lease_ms < 100) {
-        cli_error("run", "--lease: a duration of at least 100ms");
+    } else if (strcmp(a, "--store") == 0) {
+      if (cli_store_option("run", v, &o->store) != 0)
         return -1;
-      }
+    } else if (strcmp(a, "--lease") == 0) {
+      if (cli_duration_option("run", a, v, 100, IDEM_MAX_LEASE_MS,
+                              &o->lease_ms) != 0)
+        return -1;
     } else if (strcmp(a, "--retention") == 0) {
-      if (cli_parse_duration(v, &o->retention_ms) || o->retention_ms < 1) {
-        cli_error("run", "--retention: a positive duration");
+      if (cli_duration_option("run", a, v, 1, IDEM_MAX_RETENTION_MS,
+                              &o->retention_ms) != 0)
         return -1;
-      }
     } else if (strcmp(a, "--on-unknown") == 0) {
       if (strcmp(v, "rerun") == 0)
         o->rerun = 1;
@@ -393,11 +394,9 @@ static int parse(int argc, char **argv, run_opts *o, int *cmd_index) {
         return -1;
       }
     } else if (strcmp(a, "--kill-after") == 0) {
-      if (cli_parse_duration(v, &o->kill_after_ms) ||
-          o->kill_after_ms > 86400000) {
-        cli_error("run", "--kill-after: a duration (0 to 24h)");
+      if (cli_duration_option("run", a, v, 0, 86400000, &o->kill_after_ms) !=
+          0)
         return -1;
-      }
     } else if (strcmp(a, "--stdin") == 0) {
       if (strcmp(v, "hash") == 0)
         o->stdin_mode = STDIN_HASH;
@@ -413,11 +412,9 @@ static int parse(int argc, char **argv, run_opts *o, int *cmd_index) {
         return -1;
       }
     } else if (strcmp(a, "--stdin-wait") == 0) {
-      if (cli_parse_duration(v, &o->stdin_wait_ms) || o->stdin_wait_ms < 1 ||
-          o->stdin_wait_ms > 86400000) {
-        cli_error("run", "--stdin-wait: a positive duration, at most 24h");
+      if (cli_duration_option("run", a, v, 1, 86400000, &o->stdin_wait_ms) !=
+          0)
         return -1;
-      }
     } else {
       cli_error("run", "unknown option '%s'", a);
       return -1;

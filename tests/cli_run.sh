@@ -153,6 +153,16 @@ expect_eq "no key: usage" 2 "$?"
 expect_eq "bad key: usage" 2 "$?"
 "$IDEM" run --key ok-key 2>/dev/null
 expect_eq "no command: usage" 2 "$?"
+# Options are checked before any store is opened or anything runs.
+: > "$TMP/usage"
+for bad in "--tenant $(printf 'a\001b')" "--store ''" "--lease 31d" "--lease 50ms" \
+    "--retention 0" "--kill-after -1s" "--stdin-wait 0"; do
+  eval "set -- $bad"
+  msg=$("$IDEM" run --key usage-key "$@" -- sh -c 'echo ran >> "$1"' x "$TMP/usage" </dev/null 2>&1)
+  expect_eq "usage: $bad" 2 "$?"
+  expect_match "usage: $bad: message names the option" "$1" "$msg"
+done
+expect_eq "usage: nothing ran" 0 "$(lines "$TMP/usage")"
 
 # 11. A command that closes its output is renewed until it exits: a retry
 #     meanwhile, even with --on-unknown rerun, finds it in flight (75) and
