@@ -167,14 +167,15 @@ expect_eq "usage: nothing ran" 0 "$(lines "$TMP/usage")"
 # 11. A command that closes its output is renewed until it exits: a retry
 #     meanwhile, even with --on-unknown rerun, finds it in flight (75) and
 #     does not run it beside the first.
-closed_cmd='echo start >> "$1"; exec >/dev/null 2>&1; sleep 2; echo end >> "$1"'
+closed_cmd='echo start >> "$1"; exec >/dev/null 2>&1; while [ ! -e "$2" ]; do sleep 0.05; done; echo end >> "$1"'
 : > "$TMP/closed"
-"$IDEM" run --key closed --lease 300ms -- sh -c "$closed_cmd" x "$TMP/closed" </dev/null &
+"$IDEM" run --key closed --lease 300ms -- sh -c "$closed_cmd" x "$TMP/closed" "$TMP/closed.go" </dev/null &
 pid=$!
 wait_for "$TMP/closed" || fail "closed output: the command did not start"
 sleep 1 # three leases of 300 ms
-"$IDEM" run --key closed --lease 300ms --on-unknown rerun -- sh -c "$closed_cmd" x "$TMP/closed" </dev/null 2>/dev/null
+"$IDEM" run --key closed --lease 300ms --on-unknown rerun -- sh -c "$closed_cmd" x "$TMP/closed" "$TMP/closed.go" </dev/null 2>/dev/null
 expect_eq "closed output: a retry while it runs is in flight" 75 "$?"
+: > "$TMP/closed.go"
 wait $pid
 expect_eq "closed output: status" 0 "$?"
 expect_eq "closed output: executions" "start end" "$(words "$TMP/closed")"
