@@ -183,8 +183,7 @@ static int read_stdin(const run_opts *o, int *fd_out,
     int w = o->stdin_wait_ms > 600000 ? 600000 : (int)o->stdin_wait_ms;
     double quiet_until = cli_now_ms() + (double)o->stdin_wait_ms;
     int n_ready;
-    while ((n_ready = poll(&p, 1, w)) == 0 ||
-           (n_ready < 0 && errno == EINTR)) {
+    while ((n_ready = poll(&p, 1, w)) == 0 || (n_ready < 0 && errno == EINTR)) {
       double left = quiet_until - cli_now_ms();
       if (left <= 0) {
         cli_error("run",
@@ -323,9 +322,9 @@ static int replay(const idem_response *r) {
   json_t *meta = r->meta ? json_loadb(r->meta, r->meta_len, 0, &e) : NULL;
   /* Without metadata (an operator's `idem keys resolve --completed`), the
    * whole body is standard output. */
-  json_int_t out_len =
-      meta ? json_integer_value(json_object_get(meta, "stdout"))
-           : (json_int_t)r->body_len;
+  json_int_t out_len = meta
+                           ? json_integer_value(json_object_get(meta, "stdout"))
+                           : (json_int_t)r->body_len;
   int truncated = meta && json_is_true(json_object_get(meta, "truncated"));
   int bad = r->meta && !meta;
   json_decref(meta);
@@ -394,8 +393,7 @@ static int parse(int argc, char **argv, run_opts *o, int *cmd_index) {
         return -1;
       }
     } else if (strcmp(a, "--kill-after") == 0) {
-      if (cli_duration_option("run", a, v, 0, 86400000, &o->kill_after_ms) !=
-          0)
+      if (cli_duration_option("run", a, v, 0, 86400000, &o->kill_after_ms) != 0)
         return -1;
     } else if (strcmp(a, "--stdin") == 0) {
       if (strcmp(v, "hash") == 0)
@@ -412,8 +410,7 @@ static int parse(int argc, char **argv, run_opts *o, int *cmd_index) {
         return -1;
       }
     } else if (strcmp(a, "--stdin-wait") == 0) {
-      if (cli_duration_option("run", a, v, 1, 86400000, &o->stdin_wait_ms) !=
-          0)
+      if (cli_duration_option("run", a, v, 1, 86400000, &o->stdin_wait_ms) != 0)
         return -1;
     } else {
       cli_error("run", "unknown option '%s'", a);
@@ -429,7 +426,7 @@ typedef struct run_job {
   const run_opts *o;
   char **cmd;
   int stdin_fd;
-  int ran;              /* the action was called (the key was held) */
+  int ran; /* the action was called (the key was held) */
   idem_exec_result verdict;
   run_child_result res;
   char meta[160];
@@ -452,8 +449,9 @@ static idem_exec_result run_action(idem_exec *x, void *ctx,
   run_child_result *r = &j->res;
   j->ran = 1;
   if (idem_exec_outcome(x) == IDEM_RECOVER)
-    cli_error("run", "key '%s': an earlier run has not reported a result; "
-                     "running the command again (--on-unknown rerun)",
+    cli_error("run",
+              "key '%s': an earlier run has not reported a result; "
+              "running the command again (--on-unknown rerun)",
               j->o->key);
   run_child(&co, r);
   if (r->end == RUN_NOT_STARTED)
@@ -503,8 +501,9 @@ static int ran_status(const run_job *j, int rc) {
       cli_error("run", "warning: key '%s' could not be freed for a retry: %s",
                 key, detail);
     if (r->signal) {
-      cli_error("run", "stopped by signal %d before the command started; "
-                       "nothing ran",
+      cli_error("run",
+                "stopped by signal %d before the command started; "
+                "nothing ran",
                 r->signal);
       return 128 + r->signal;
     }
@@ -519,8 +518,8 @@ static int ran_status(const run_job *j, int rc) {
       cli_error("run",
                 "stopped by signal %d: the command was stopped and may have "
                 "acted; %s (see `idem keys resolve %s`)",
-                r->signal,
-                rc == IDEM_OK ? "the key is marked unknown" : detail, key);
+                r->signal, rc == IDEM_OK ? "the key is marked unknown" : detail,
+                key);
       return 128 + r->signal;
     }
     cli_error("run",
@@ -540,8 +539,9 @@ static int ran_status(const run_job *j, int rc) {
     return EXIT_NOT_RECORDED;
   }
   if (r->truncated)
-    cli_error("run", "note: output beyond %zu bytes was shown but not kept "
-                     "for replay",
+    cli_error("run",
+              "note: output beyond %zu bytes was shown but not kept "
+              "for replay",
               j->o->max_output);
   return r->status;
 }
@@ -630,8 +630,9 @@ static int run(int argc, char **argv) {
   if (job.ran) {
     status = ran_status(&job, rc);
     if (late)
-      cli_error("run", "note: signal %d came while the result was being "
-                       "recorded; it was let finish",
+      cli_error("run",
+                "note: signal %d came while the result was being "
+                "recorded; it was let finish",
                 late);
     goto out;
   }
@@ -681,5 +682,5 @@ out:
   return status;
 }
 
-const cli_command cmd_run = {"run", run,
-                             "run a command at most once per key", usage};
+const cli_command cmd_run = {"run", run, "run a command at most once per key",
+                             usage};

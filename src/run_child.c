@@ -9,8 +9,8 @@
  * signal handlers write to (SIGCHLD included, so the end of the command is
  * noticed even after it closed its output), and on the lost-key descriptor,
  * so a lost key is noticed until the command has been reaped, while it is
- * being stopped too (the lease itself is renewed by the caller's thread of
- * libidem meanwhile).
+ * being stopped too (the lease itself is renewed by a thread of libidem's
+ * meanwhile).
  *
  * What is guaranteed when idem run itself dies (SIGKILL, a crash):
  *  - the direct child gets SIGKILL from the kernel (PR_SET_PDEATHSIG; a
@@ -52,7 +52,9 @@ enum { EXIT_SETUP_FAILED = 125 };
 static const int stop_signals[] = {SIGINT, SIGTERM, SIGHUP};
 #define N_STOP_SIGNALS (sizeof stop_signals / sizeof stop_signals[0])
 
-/* Written by the signal handlers, read by run_child()'s loop. */
+/* Written by the signal handlers, read by run_child()'s loop. Once made it
+ * stays open: a handler running on another thread as the handlers are
+ * taken down must not write to a descriptor number that was reused. */
 static int sig_pipe[2] = {-1, -1};
 
 static void on_signal(int sig) {
@@ -74,7 +76,7 @@ static handlers held;
 
 int run_signals_hold(void) {
   struct sigaction sa;
-  if (pipe2(sig_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
+  if (sig_pipe[0] < 0 && pipe2(sig_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
     return -1;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_signal;
@@ -114,9 +116,6 @@ int run_signals_release(void) {
       sigaction(stop_signals[i], &held.old_stop[i], NULL);
   sigaction(SIGCHLD, &held.old_chld, NULL);
   first = take_stop_signal();
-  close(sig_pipe[0]);
-  close(sig_pipe[1]);
-  sig_pipe[0] = sig_pipe[1] = -1;
   return first;
 }
 
@@ -210,8 +209,8 @@ static void stand_down(int *fd) {
  * id) with stdout and stderr on pipes. Returns its pid, or -1 with
  * r->exec_errno and r->exec_failed set.
  */
-static pid_t start(const run_child_opts *o, int stdin_fd,
-                   int out[2], int err[2], run_child_result *r) {
+static pid_t start(const run_child_opts *o, int stdin_fd, int out[2],
+                   int err[2], run_child_result *r) {
   int report[2] = {-1, -1};
   pid_t parent = getpid(), pid;
   sigset_t all, old;
@@ -337,15 +336,15 @@ static int write_all(int fd, const char *p, size_t n) {
 
 /* The state of one run of the loop. */
 typedef struct run_state {
-  pid_t pid;           /* the command, and its process group */
-  pid_t watchdog;      /* -1 when there is none (or it was reaped) */
-  int child_reaped;    /* the direct child was reaped */
-  int gone;            /* and after it every process of its group */
-  int wstatus;         /* its wait status */
-  int stopping;        /* the command's group is being stopped */
-  int killed;          /* SIGKILL was sent to the group */
-  double kill_at;      /* when to send it */
-  double give_up_at;   /* after SIGKILL: when to stop waiting */
+  pid_t pid;         /* the command, and its process group */
+  pid_t watchdog;    /* -1 when there is none (or it was reaped) */
+  int child_reaped;  /* the direct child was reaped */
+  int gone;          /* and after it every process of its group */
+  int wstatus;       /* its wait status */
+  int stopping;      /* the command's group is being stopped */
+  int killed;        /* SIGKILL was sent to the group */
+  double kill_at;    /* when to send it */
+  double give_up_at; /* after SIGKILL: when to stop waiting */
 } run_state;
 
 /* Reaps every child that ended: the command, the watchdog, and orphans
@@ -465,8 +464,9 @@ void run_child(const run_child_opts *o, run_child_result *r) {
     goto restore;
   s.watchdog = start_watchdog(s.pid, &wd_fd);
   if (s.watchdog < 0)
-    cli_error("run", "warning: no watchdog (%s): if idem run is killed, "
-                     "what the command started may outlive it",
+    cli_error("run",
+              "warning: no watchdog (%s): if idem run is killed, "
+              "what the command started may outlive it",
               strerror(errno));
   r->end = RUN_EXITED;
 
@@ -524,8 +524,7 @@ void run_child(const run_child_opts *o, run_child_result *r) {
 
     for (int i = 1; i <= 2; i++) {
       char buf[65536];
-      if (pfd[i].fd < 0 ||
-          !(pfd[i].revents & (POLLIN | POLLHUP | POLLERR)))
+      if (pfd[i].fd < 0 || !(pfd[i].revents & (POLLIN | POLLHUP | POLLERR)))
         continue;
       ssize_t n = read(pfd[i].fd, buf, sizeof buf);
       if (n < 0 && (errno == EINTR || errno == EAGAIN))
@@ -544,10 +543,9 @@ void run_child(const run_child_opts *o, run_child_result *r) {
 
     if (s.stopping && !s.killed && cli_now_ms() >= s.kill_at) {
       char why[96];
-      snprintf(why, sizeof why,
-               "the command did not end within %.1fs of signal %d",
-               (double)o->kill_after_ms / 1000, got_signal ? got_signal
-                                                           : SIGTERM);
+      snprintf(
+          why, sizeof why, "the command did not end within %.1fs of signal %d",
+          (double)o->kill_after_ms / 1000, got_signal ? got_signal : SIGTERM);
       kill_group(&s, why);
     }
   }
