@@ -119,4 +119,40 @@ expect_eq "left behind: status" 0 "$?"
 wait_lines "$TMP/left" 2 || fail "left behind: the background process was killed"
 expect_eq "left behind: lines" "main late" "$(words "$TMP/left")"
 
+# 8. On a terminal (a pseudo-terminal here): the command reads /dev/null,
+#    not the terminal, and Ctrl-C reaches it through idem run, which exits
+#    130 and leaves the key unknown. A terminal is no input: the same run
+#    with </dev/null is the same request (4, not a conflict).
+tty_cmd='cat; echo cat-done; trap "echo got-int; exit 3" INT; while :; do sleep 0.1; done'
+python3 - "$IDEM" "$tty_cmd" > "$TMP/tty.out" 2>&1 <<'PY'
+import os, pty, select, sys, time
+idem, cmd = sys.argv[1], sys.argv[2]
+pid, fd = pty.fork()
+if pid == 0:
+    os.execvp(idem, [idem, "run", "--key", "tty", "--", "sh", "-c", cmd])
+out = b""
+def read_until(want, seconds):
+    global out
+    end = time.time() + seconds
+    while want not in out and time.time() < end:
+        if select.select([fd], [], [], 0.1)[0]:
+            try:
+                out += os.read(fd, 4096)
+            except OSError:
+                return
+read_until(b"cat-done", 20)
+os.write(fd, b"\x03")
+read_until(b"idem run: stopped", 20)
+_, st = os.waitpid(pid, 0)
+sys.stdout.write(out.decode(errors="replace"))
+print("exit", os.waitstatus_to_exitcode(st))
+PY
+out=$(cat "$TMP/tty.out")
+expect_match "terminal: the command read /dev/null" "cat-done" "$out"
+expect_match "terminal: Ctrl-C reached the command" "got-int" "$out"
+expect_match "terminal: idem run exits 130" "exit 130" "$out"
+expect_eq "terminal: key left unknown" unknown "$(state tty)"
+"$IDEM" run --key tty -- sh -c "$tty_cmd" </dev/null 2>/dev/null
+expect_eq "terminal and /dev/null: the same request" 4 "$?"
+
 finish
