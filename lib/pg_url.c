@@ -146,6 +146,34 @@ static int is_url_at(const char *p) {
 }
 
 /*
+ * Reads the value of a conninfo keyword, p just past its '=': blanks, then
+ * a quoted value (backslash escapes kept) or a bare one up to a blank.
+ * Sets [*val, *val_end) to the value without its quotes and returns where
+ * the next keyword may start.
+ */
+static const char *conninfo_value(const char *p, const char **val,
+                                  const char **val_end) {
+  while (isspace((unsigned char)*p))
+    p++;
+  *val = p;
+  if (*p == '\'') {
+    for (p++; *p && *p != '\''; p++)
+      if (*p == '\\' && p[1])
+        p++;
+    *val_end = p;
+    (*val)++;
+    if (*p)
+      p++;
+  } else {
+    for (; *p && !isspace((unsigned char)*p); p++)
+      if (*p == '\\' && p[1])
+        p++;
+    *val_end = p;
+  }
+  return p;
+}
+
+/*
  * The secrets of a conninfo string, read as libpq reads it (keyword =
  * value, values optionally single-quoted with backslash escapes): the
  * values of password and sslpassword, as written and unescaped, and any
@@ -174,24 +202,7 @@ static void conninfo_secrets(pg_store *s, const char *t) {
       p = kw_end;
       continue;
     }
-    p++;
-    while (isspace((unsigned char)*p))
-      p++;
-    val = p;
-    if (*p == '\'') {
-      for (p++; *p && *p != '\''; p++)
-        if (*p == '\\' && p[1])
-          p++;
-      val_end = p;
-      val++;
-      if (*p)
-        p++;
-    } else {
-      for (; *p && !isspace((unsigned char)*p); p++)
-        if (*p == '\\' && p[1])
-          p++;
-      val_end = p;
-    }
+    p = conninfo_value(p + 1, &val, &val_end);
     after_password = password_keyword(tok, (size_t)(kw_end - tok));
     if (after_password) {
       char *u = malloc((size_t)(val_end - val) + 1);
@@ -367,24 +378,7 @@ static int strip_conninfo(const char *target, char *out, char *schema,
       o += (size_t)(p - tok);
       break;
     }
-    p++;
-    while (isspace((unsigned char)*p))
-      p++;
-    val = p;
-    if (*p == '\'') {
-      for (p++; *p && *p != '\''; p++)
-        if (*p == '\\' && p[1])
-          p++;
-      val_end = p;
-      val++;
-      if (*p)
-        p++;
-    } else {
-      for (; *p && !isspace((unsigned char)*p); p++)
-        if (*p == '\\' && p[1])
-          p++;
-      val_end = p;
-    }
+    p = conninfo_value(p + 1, &val, &val_end);
     if (kw_end - tok == 11 && !strncmp(tok, "idem_schema", 11)) {
       rc = take_schema(val, (size_t)(val_end - val), seen, schema, err);
       if (rc != IDEM_OK)
