@@ -993,6 +993,48 @@ static void test_pg_non_owner_keeps_version_1(void **state) {
   side_sql(f->url, sql, NULL);
 }
 
+/*
+ * A rejected action that leaves its insert in progress (a statement
+ * stepped once and not reset): SQLite then refuses ROLLBACK TO the
+ * action's savepoint. Its insert must still never commit.
+ */
+static sqlite3_stmt *left_open;
+
+static int insert_then_reject(void *conn, void *ctx, idem_response *r) {
+  sqlite3 *db = conn;
+  (void)ctx;
+  (void)r;
+  if (sqlite3_prepare_v2(db, sqlite_sql.insert_ticket, -1, &left_open,
+                         NULL) != SQLITE_OK)
+    return -1;
+  sqlite3_bind_text(left_open, 1, "rejected", -1, SQLITE_STATIC);
+  sqlite3_step(left_open); /* a row: the insert is still under way */
+  return 1;
+}
+
+static void test_sqlite_rejected_action_never_commits(void **state) {
+  fixture *f = *state;
+  char fp[IDEM_FINGERPRINT_SIZE];
+  idem_id id = {"tenant-a", OPERATION, "rejected"};
+  idem_id next = {"tenant-a", OPERATION, "next"};
+  ticket_action act = {.payload = PAYLOAD};
+  idem_call *c = NULL;
+  int rc;
+  fp_of(PAYLOAD, fp);
+  rc = idem_execute_local(f->store, &id, fp, NULL, insert_then_reject, NULL,
+                          &c);
+  sqlite3_finalize(left_open);
+  left_open = NULL;
+  assert_int_not_equal(rc, IDEM_OK);
+  assert_null(c);
+  assert_int_equal(count_tickets(f->url), 0);
+  assert_absent(f->store, &id);
+  /* The store works on. */
+  c = LOCAL(f->store, &next, fp, NULL, &act, IDEM_PROCEED);
+  idem_call_free(c);
+  assert_int_equal(count_tickets(f->url), 1);
+}
+
 #define STORE_TEST(fn)                                                         \
   cmocka_unit_test_setup_teardown(fn, setup_store, teardown_store)
 
@@ -1007,6 +1049,7 @@ int main(void) {
       STORE_TEST(test_newer_schema),
   };
   const struct CMUnitTest sqlite_only[] = {
+      STORE_TEST(test_sqlite_rejected_action_never_commits),
       cmocka_unit_test_setup_teardown(test_sqlite_not_a_database, setup_tmpdir,
                                       teardown_tmpdir),
       cmocka_unit_test_setup_teardown(test_sqlite_read_only_file, setup_tmpdir,
