@@ -250,6 +250,62 @@ static void test_sqlite_private_files_and_readers(void **state) {
 }
 
 /*
+ * The checkpoint thread needs a connection of its own. When it cannot have
+ * one (here: no file descriptor left for it), the writer must keep SQLite's
+ * own checkpoint, or the log grows without bound. In a child whose
+ * descriptor limit lets the store open with as few descriptors as it can,
+ * 3000 commits must leave a log of about 1000 pages, not 3000.
+ */
+#include <sys/resource.h>
+
+static void test_sqlite_log_bounded_without_checkpointer(void **state) {
+  const char *dir = *state;
+  char path[URL_MAX], url[URL_MAX + 8], wal[URL_MAX + 8];
+  int status = 0;
+  pid_t pid;
+  snprintf(path, sizeof path, "%s/store.db", dir);
+  snprintf(url, sizeof url, "sqlite:%s", path);
+  snprintf(wal, sizeof wal, "%s-wal", path);
+  pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    idem_store_options o = {.sqlite_synchronous = IDEM_SYNC_NORMAL};
+    idem_store *s = NULL;
+    struct stat st;
+    int fds;
+    /* The fewest descriptors with which the store opens. */
+    for (fds = 4; fds < 64 && !s; fds++) {
+      if (setrlimit(RLIMIT_NOFILE, &(struct rlimit){(rlim_t)fds, 1024}) != 0)
+        _exit(10);
+      if (idem_store_open(url, &o, &s) != IDEM_OK)
+        s = NULL;
+    }
+    if (!s)
+      _exit(11);
+    for (int i = 0; i < 3000; i++) {
+      char key[32], fp[IDEM_FINGERPRINT_SIZE];
+      idem_id id = {"", "op", key};
+      idem_response r = {0, NULL, 0, "x", 1};
+      idem_call *c = NULL;
+      snprintf(key, sizeof key, "k%d", i);
+      memset(fp, 'a', 64);
+      fp[64] = '\0';
+      if (idem_claim(s, &id, fp, NULL, &c) != IDEM_OK ||
+          idem_complete(s, c, &r) != IDEM_OK)
+        _exit(12);
+      idem_call_free(c);
+    }
+    if (stat(wal, &st) != 0)
+      _exit(13);
+    /* About 2 pages a commit without checkpoints: 6000 pages. */
+    _exit(st.st_size < 2500L * 4096 ? 0 : 14);
+  }
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+}
+
+/*
  * Deleting a live store's -wal file drops its newest commits for every
  * process that opens the store afterwards. The handle that notices refuses
  * to write again, so that it never answers PROCEED for a key whose record
@@ -1049,6 +1105,9 @@ int main(void) {
       STORE_TEST(test_newer_schema),
   };
   const struct CMUnitTest sqlite_only[] = {
+      cmocka_unit_test_setup_teardown(
+          test_sqlite_log_bounded_without_checkpointer, setup_tmpdir,
+          teardown_tmpdir),
       STORE_TEST(test_sqlite_rejected_action_never_commits),
       cmocka_unit_test_setup_teardown(test_sqlite_not_a_database, setup_tmpdir,
                                       teardown_tmpdir),
