@@ -146,6 +146,24 @@ static int is_url_at(const char *p) {
 }
 
 /*
+ * Reads a conninfo keyword: blanks, the word, blanks. Sets [*tok, *kw_end)
+ * and returns where it stopped: at its '=', at the end of the text (an
+ * empty *tok), or at whatever else follows.
+ */
+static const char *conninfo_keyword(const char *p, const char **tok,
+                                    const char **kw_end) {
+  while (isspace((unsigned char)*p))
+    p++;
+  *tok = p;
+  while (*p && *p != '=' && !isspace((unsigned char)*p))
+    p++;
+  *kw_end = p;
+  while (isspace((unsigned char)*p))
+    p++;
+  return p;
+}
+
+/*
  * Reads the value of a conninfo keyword, p just past its '=': blanks, then
  * a quoted value (backslash escapes kept) or a bare one up to a blank.
  * Sets [*val, *val_end) to the value without its quotes and returns where
@@ -186,16 +204,9 @@ static void conninfo_secrets(pg_store *s, const char *t) {
   int after_password = 0;
   while (*p) {
     const char *tok, *kw_end, *val, *val_end;
-    while (isspace((unsigned char)*p))
-      p++;
-    if (!*p)
+    p = conninfo_keyword(p, &tok, &kw_end);
+    if (tok == kw_end && !*p)
       break;
-    tok = p;
-    while (*p && *p != '=' && !isspace((unsigned char)*p))
-      p++;
-    kw_end = p;
-    while (isspace((unsigned char)*p))
-      p++;
     if (*p != '=') {
       if (after_password)
         add_secret(s, tok, (size_t)(kw_end - tok));
@@ -359,16 +370,9 @@ static int strip_conninfo(const char *target, char *out, char *schema,
   int rc;
   while (*p) {
     const char *tok, *kw_end, *val, *val_end;
-    while (isspace((unsigned char)*p))
-      p++;
-    if (!*p)
+    p = conninfo_keyword(p, &tok, &kw_end);
+    if (tok == kw_end && !*p)
       break;
-    tok = p;
-    while (*p && *p != '=' && !isspace((unsigned char)*p))
-      p++;
-    kw_end = p;
-    while (isspace((unsigned char)*p))
-      p++;
     if (*p != '=') {
       /* Not keyword=value: leave it, and the rest, for libpq to judge. */
       p = tok + strlen(tok);
