@@ -80,6 +80,9 @@ char *cli_pg_libpq_url(const char *url);
  */
 char *cli_redact(const char *text, const char *url);
 
+/* Writes all n bytes, going on after EINTR; 0, or -1 with errno set. */
+int cli_write_all(int fd, const void *buf, size_t n);
+
 /* The store URL: the --store value, else IDEM_STORE, else ./idem.db. */
 const char *cli_store_url(const char *flag);
 

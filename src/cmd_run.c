@@ -128,20 +128,6 @@ static void hex32(const unsigned char *md, char hex[IDEM_FINGERPRINT_SIZE]) {
   hex[64] = '\0';
 }
 
-static int write_all(int fd, const char *p, size_t n) {
-  while (n > 0) {
-    ssize_t w = write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR)
-        continue;
-      return -1;
-    }
-    p += w;
-    n -= (size_t)w;
-  }
-  return 0;
-}
-
 /*
  * Reads standard input to its end into an unlinked temporary file while
  * hashing it: the fingerprint must be known before CMD runs, and CMD then
@@ -218,7 +204,7 @@ static int read_stdin(const run_opts *o, int *fd_out,
       goto fail;
     }
     EVP_DigestUpdate(ctx, buf, (size_t)n);
-    if (write_all(fd, buf, (size_t)n) != 0) {
+    if (cli_write_all(fd, buf, (size_t)n) != 0) {
       cli_error("run", "cannot keep standard input in %s: %s", dir,
                 strerror(errno));
       goto fail;
@@ -333,8 +319,8 @@ static int replay(const idem_response *r) {
     return EXIT_RUN_ERROR;
   }
   signal(SIGPIPE, SIG_IGN);
-  write_all(STDOUT_FILENO, r->body, (size_t)out_len);
-  write_all(STDERR_FILENO, (const char *)r->body + out_len,
+  cli_write_all(STDOUT_FILENO, r->body, (size_t)out_len);
+  cli_write_all(STDERR_FILENO, (const char *)r->body + out_len,
             r->body_len - (size_t)out_len);
   if (truncated)
     cli_error("run", "note: the recorded output was truncated; only its "

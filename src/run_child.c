@@ -320,20 +320,6 @@ static void capture_add(capture *c, const char *p, size_t n, size_t *budget,
   *budget -= n;
 }
 
-static int write_all(int fd, const char *p, size_t n) {
-  while (n > 0) {
-    ssize_t w = write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR)
-        continue;
-      return -1;
-    }
-    p += w;
-    n -= (size_t)w;
-  }
-  return 0;
-}
-
 /* The state of one run of the loop. */
 typedef struct run_state {
   pid_t pid;         /* the command, and its process group */
@@ -410,7 +396,7 @@ static void drain(struct pollfd *pfd, int stdout_ok, int stderr_ok,
     fcntl(pfd[i].fd, F_SETFL, fcntl(pfd[i].fd, F_GETFL) | O_NONBLOCK);
     while (rounds++ < 64 && (n = read(pfd[i].fd, buf, sizeof buf)) > 0) {
       if (i == 1 ? stdout_ok : stderr_ok)
-        write_all(i == 1 ? STDOUT_FILENO : STDERR_FILENO, buf, (size_t)n);
+        cli_write_all(i == 1 ? STDOUT_FILENO : STDERR_FILENO, buf, (size_t)n);
       capture_add(&cap[i - 1], buf, (size_t)n, budget, truncated);
     }
     close(pfd[i].fd);
@@ -535,7 +521,7 @@ void run_child(const run_child_opts *o, run_child_result *r) {
         continue;
       }
       int *ok = i == 1 ? &stdout_ok : &stderr_ok;
-      if (*ok && write_all(i == 1 ? STDOUT_FILENO : STDERR_FILENO, buf,
+      if (*ok && cli_write_all(i == 1 ? STDOUT_FILENO : STDERR_FILENO, buf,
                            (size_t)n) != 0)
         *ok = 0; /* our reader went away; keep capturing */
       capture_add(&cap[i - 1], buf, (size_t)n, &budget, &r->truncated);

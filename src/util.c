@@ -2,6 +2,7 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <unistd.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -552,3 +553,19 @@ char *cli_redact(const char *text, const char *url) {
     free(secrets[i]);
   return sb_finish(&b);
 }
+
+int cli_write_all(int fd, const void *buf, size_t n) {
+  const char *p = buf;
+  while (n > 0) {
+    ssize_t w = write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR)
+        continue;
+      return -1;
+    }
+    p += w;
+    n -= (size_t)w;
+  }
+  return 0;
+}
+
