@@ -523,7 +523,15 @@ IDEM_API int idem_delete(idem_store *store, const idem_id *id);
 typedef enum idem_exec_result {
   IDEM_EXEC_DONE = 0,     /* it ran: *response is stored (complete) */
   IDEM_EXEC_NOT_DONE = 1, /* it certainly did not act: release the key */
-  IDEM_EXEC_UNKNOWN = 2   /* it may have acted: mark the key unknown */
+  IDEM_EXEC_UNKNOWN = 2,  /* it may have acted: mark the key unknown */
+  /*
+   * It may have acted and may still be acting (a request that timed out
+   * after it was sent): the record stays in progress, its lease renewed one
+   * last time to end lease_ms after the action returned. Until then a retry
+   * is told IDEM_IN_FLIGHT; after it, a claim sees an expired lease
+   * (IDEM_RECOVER, or IDEM_UNKNOWN with IDEM_EXPIRED_REPORT).
+   */
+  IDEM_EXEC_ABANDON = 3
 } idem_exec_result;
 
 /* What an action sees of its own run; valid while the action runs. */
@@ -575,7 +583,8 @@ typedef struct idem_execute_options {
  *    *out tells the outcome (and the stored response on REPLAY).
  *  - PROCEED, RECOVER: fn runs while a library thread renews the lease
  *    (every third of it). Its result ends the record: DONE completes it with
- *    the response, NOT_DONE releases it, UNKNOWN marks it unknown. A
+ *    the response, NOT_DONE releases it, UNKNOWN marks it unknown, ABANDON
+ *    leaves it in progress until a last lease runs out. A
  *    completion that fails with IDEM_EBUSY or IDEM_EUNAVAILABLE is retried
  *    with backoff for finish_retry_ms while the lease is still renewed.
  *    IDEM_OK once the record says what fn answered; idem_call_response(*out)

@@ -179,7 +179,7 @@ static void exec_stop(idem_exec *x) {
 
 /* ---- ending the record ------------------------------------------------ */
 
-enum { END_COMPLETE, END_RELEASE, END_UNKNOWN };
+enum { END_COMPLETE, END_RELEASE, END_UNKNOWN, END_ABANDON };
 
 /*
  * One ending, retried with backoff while the store is busy or unreachable
@@ -205,6 +205,7 @@ static int end_record(idem_exec *x, int how, const idem_response *r,
     }
     rc = how == END_COMPLETE  ? idem_complete(x->store, x->call, r)
          : how == END_RELEASE ? idem_release(x->store, x->call)
+         : how == END_ABANDON ? idem_renew(x->store, x->call, x->lease_ms)
                               : idem_mark_unknown(x->store, x->call);
     pthread_mutex_unlock(&x->mu);
     if ((rc != IDEM_EBUSY && rc != IDEM_EUNAVAILABLE) ||
@@ -324,8 +325,10 @@ out:
 /* ---- the call ---------------------------------------------------------- */
 
 static const char *ending_name(int how) {
-  return how == END_COMPLETE ? "stored" : how == END_RELEASE ? "released"
-                                                             : "marked unknown";
+  return how == END_COMPLETE  ? "stored"
+         : how == END_RELEASE ? "released"
+         : how == END_ABANDON ? "left in progress with a fresh lease"
+                              : "marked unknown";
 }
 
 int idem_execute(idem_store *store, const idem_id *id, const char *request,
@@ -394,6 +397,7 @@ int idem_execute(idem_store *store, const idem_id *id, const char *request,
   result = fn(&x, ctx, &resp);
   how = result == IDEM_EXEC_DONE       ? END_COMPLETE
         : result == IDEM_EXEC_NOT_DONE ? END_RELEASE
+        : result == IDEM_EXEC_ABANDON  ? END_ABANDON
                                        : END_UNKNOWN;
   if (how == END_COMPLETE) {
     char why[128];

@@ -597,6 +597,58 @@ static void test_execute_renews_from_the_write(void **state) {
   idem_call_free(c);
 }
 
+/* IDEM_EXEC_ABANDON: the action may still be acting (a request timed out
+ * after it was sent). The record stays in progress, its lease counted from
+ * the end of the run and no longer renewed: inside it a retry is told the
+ * call is in flight; after it, a retry takes over (RECOVER), or with
+ * IDEM_EXPIRED_REPORT is told the outcome is unknown. */
+static void test_execute_abandon(void **state) {
+  fixture *f = *state;
+  idem_id id = {"tenant-a", OPERATION, "left-running"};
+  idem_execute_options o = {.call = {.lease_ms = 900}};
+  idem_execute_options report = {
+      .call = {.lease_ms = 900, .on_expired_lease = IDEM_EXPIRED_REPORT}};
+  remote a = {.answer = IDEM_EXEC_ABANDON, .run_ms = 400};
+  idem_record *rec;
+  idem_call *c;
+  int64_t returned;
+
+  c = EXECUTE(f->store, &id, REQ, &a, &o, IDEM_OK, IDEM_PROCEED);
+  returned = now_ms();
+  assert_null(idem_call_response(c));
+  idem_call_free(c);
+  assert_int_equal(a.runs, 1);
+  assert_int_equal(a.next_ticket, 0);
+  rec = get_record(f->store, &id);
+  assert_int_equal(rec->state, IDEM_STATE_IN_PROGRESS);
+  /* The lease runs a whole lease from when the action returned, not from
+   * the claim 400 ms before. */
+  assert_true(rec->lease_expires_ms >= returned + 900 - 150);
+  idem_record_free(rec);
+
+  a.answer = IDEM_EXEC_DONE;
+  a.run_ms = 0;
+  c = EXECUTE(f->store, &id, REQ, &a, &o, IDEM_OK, IDEM_IN_FLIGHT);
+  assert_true(idem_call_retry_after_ms(c) > 0);
+  idem_call_free(c);
+  assert_int_equal(a.runs, 1);
+
+  sleep_ms(1100);
+  c = EXECUTE(f->store, &id, REQ, &a, &report, IDEM_OK, IDEM_UNKNOWN);
+  idem_call_free(c);
+  assert_int_equal(a.runs, 1);
+  c = EXECUTE(f->store, &id, REQ, &a, &o, IDEM_OK, IDEM_RECOVER);
+  assert_int_equal(a.runs, 2);
+  assert_int_equal(a.outcome, IDEM_RECOVER);
+  assert_int_equal(a.attempt, 2);
+  assert_int_equal(ticket_id_of(idem_call_response(c)), 1);
+  idem_call_free(c);
+  c = EXECUTE(f->store, &id, REQ, &a, &o, IDEM_OK, IDEM_REPLAY);
+  assert_int_equal(ticket_id_of(idem_call_response(c)), 1);
+  idem_call_free(c);
+  assert_int_equal(a.runs, 2);
+}
+
 #define STORE_TEST(fn)                                                         \
   cmocka_unit_test_setup_teardown(fn, setup_store, teardown_store)
 
@@ -612,6 +664,7 @@ int main(void) {
       STORE_TEST(test_execute_fingerprint_pointers),
       STORE_TEST(test_execute_completes_after_lease_lost),
       STORE_TEST(test_execute_largest_retry_budget),
+      STORE_TEST(test_execute_abandon),
   };
   const struct CMUnitTest sqlite_only[] = {
       STORE_TEST(test_execute_renews_from_the_write),
