@@ -2,7 +2,8 @@
 # Installs the Debian packages idem needs, only when some are missing.
 # Usage: scripts/deps.sh build|check|bench
 set -eu
-want="gcc make cmake pkg-config libjansson-dev libsqlite3-dev libssl-dev libpq-dev"
+want="gcc make cmake pkg-config libjansson-dev libsqlite3-dev libssl-dev libpq-dev
+  libmicrohttpd-dev libcurl4-openssl-dev"
 case "${1:-build}" in
   check) want="$want libcmocka-dev postgresql python3 sqlite3" ;;
   bench) want="$want postgresql postgresql-contrib python3" ;;

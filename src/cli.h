@@ -26,7 +26,8 @@ typedef struct cli_command {
   const char *usage; /* full --help text */
 } cli_command;
 
-extern const cli_command cmd_canon, cmd_keys, cmd_lab, cmd_bench, cmd_run;
+extern const cli_command cmd_canon, cmd_keys, cmd_lab, cmd_bench, cmd_run,
+    cmd_serve;
 
 /* Prints "idem NAME: message" to stderr. */
 void cli_error(const char *cmd, const char *fmt, ...)
@@ -64,6 +65,10 @@ int cli_duration_option(const char *cmd, const char *opt, const char *value,
 
 /* Parses a non-negative decimal integer no larger than max. */
 int cli_parse_uint(const char *s, long max, long *out);
+
+/* A size in bytes, or with a k, M or G suffix (1024-based); at most max.
+ * 0, or -1 when it is not a size or is larger. */
+int cli_parse_size(const char *s, size_t max, size_t *out);
 
 /* Milliseconds of CLOCK_MONOTONIC, for measuring. */
 double cli_now_ms(void);

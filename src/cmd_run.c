@@ -281,27 +281,6 @@ out:
   return rc;
 }
 
-/* Bytes, or with a k, M or G suffix; at most max. */
-static int parse_size(const char *s, size_t max, size_t *out) {
-  char *end = NULL;
-  errno = 0;
-  if (!s || *s < '0' || *s > '9')
-    return -1;
-  unsigned long long v = strtoull(s, &end, 10), unit = 1;
-  if (errno || end == s)
-    return -1;
-  if (*end == 'k' || *end == 'K')
-    unit = 1024, end++;
-  else if (*end == 'M' || *end == 'm')
-    unit = 1024 * 1024, end++;
-  else if (*end == 'G' || *end == 'g')
-    unit = 1024 * 1024 * 1024, end++;
-  if (*end || v > max / unit)
-    return -1;
-  *out = (size_t)(v * unit);
-  return 0;
-}
-
 /* Replays a stored run: its output, then its status. */
 static int replay(const idem_response *r) {
   json_error_t e;
@@ -373,7 +352,7 @@ static int parse(int argc, char **argv, run_opts *o, int *cmd_index) {
         return -1;
       }
     } else if (strcmp(a, "--max-output") == 0) {
-      if (parse_size(v, IDEM_MAX_RESPONSE - 4096, &o->max_output)) {
+      if (cli_parse_size(v, IDEM_MAX_RESPONSE - 4096, &o->max_output)) {
         cli_error("run", "--max-output: bytes (k and M suffixes), at most "
                          "about 16M");
         return -1;
@@ -391,7 +370,7 @@ static int parse(int argc, char **argv, run_opts *o, int *cmd_index) {
         return -1;
       }
     } else if (strcmp(a, "--max-input") == 0) {
-      if (parse_size(v, (size_t)1 << 40, &o->max_input)) {
+      if (cli_parse_size(v, (size_t)1 << 40, &o->max_input)) {
         cli_error("run", "--max-input: bytes (k, M and G suffixes)");
         return -1;
       }

@@ -569,3 +569,23 @@ int cli_write_all(int fd, const void *buf, size_t n) {
   return 0;
 }
 
+/* Bytes, or with a k, M or G suffix; at most max. */
+int cli_parse_size(const char *s, size_t max, size_t *out) {
+  char *end = NULL;
+  errno = 0;
+  if (!s || *s < '0' || *s > '9')
+    return -1;
+  unsigned long long v = strtoull(s, &end, 10), unit = 1;
+  if (errno || end == s)
+    return -1;
+  if (*end == 'k' || *end == 'K')
+    unit = 1024, end++;
+  else if (*end == 'M' || *end == 'm')
+    unit = 1024 * 1024, end++;
+  else if (*end == 'G' || *end == 'g')
+    unit = 1024 * 1024 * 1024, end++;
+  if (*end || v > max / unit)
+    return -1;
+  *out = (size_t)(v * unit);
+  return 0;
+}

@@ -1,0 +1,362 @@
+/*
+ * cmd_serve.c -- `idem serve`: the HTTP gateway's command line, start-up,
+ * signals and shutdown. The request path is gateway.c's; the upstream side
+ * upstream.c's; the admin listener admin.c's.
+ */
+#include "cli.h"
+#include "serve.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_PASS_FLOOR ((size_t)64 * 1024 * 1024)
+
+static const char usage[] =
+    "usage: idem serve --listen HOST:PORT --upstream URL [--store URL]\n"
+    "                  [--tenant-header NAME] [--require-key]\n"
+    "                  [--methods LIST] [--lease DUR] [--retention DUR]\n"
+    "                  [--no-store-5xx] [--on-unknown forward|fail]\n"
+    "                  [--max-body SIZE] [--max-response SIZE]\n"
+    "                  [--upstream-timeout DUR] [--upstream-cacert FILE]\n"
+    "                  [--admin-listen HOST:PORT] [--log FILE] [--threads N]\n"
+    "\n"
+    "An HTTP reverse proxy that gives the upstream Idempotency-Key semantics\n"
+    "(draft-ietf-httpapi-idempotency-key-header): a request retried with the\n"
+    "same key reaches the upstream once, and every retry gets the first\n"
+    "answer again. Clients change nothing but sending the header.\n"
+    "\n"
+    "Options:\n"
+    "  --listen HOST:PORT     where clients connect: 127.0.0.1:8080,\n"
+    "                         [::1]:8080, or :8080 for every address (IPv6\n"
+    "                         and IPv4); port 0 picks a free port. The\n"
+    "                         address bound is printed on standard error.\n"
+    "  --upstream URL         http:// or https:// base URL of the tool API;\n"
+    "                         the request's path and query are appended\n"
+    "  --store URL            the idempotency store: sqlite:PATH, a PATH, or\n"
+    "                         postgresql://... (several gateways share one\n"
+    "                         PostgreSQL store and act as one); default\n"
+    "                         IDEM_STORE, else ./idem.db\n"
+    "  --tenant-header NAME   the tenant is this header's value (at most 255\n"
+    "                         bytes); default: derived from the SHA-256 of\n"
+    "                         the Authorization header, so that two\n"
+    "                         credentials never share records (no header:\n"
+    "                         the tenant \"\")\n"
+    "  --require-key          refuse protected requests without a key (400)\n"
+    "                         instead of passing them through unprotected\n"
+    "  --methods LIST         methods protected by keys (default POST,PATCH);\n"
+    "                         others always pass through\n"
+    "  --lease DUR            how long a forward holds its key before a retry\n"
+    "                         may take it over (default 30s); renewed while\n"
+    "                         the upstream works\n"
+    "  --retention DUR        how long a stored response is replayed\n"
+    "                         (default 24h)\n"
+    "  --no-store-5xx         release the key after a 5xx answer, so that a\n"
+    "                         retry is forwarded again (default: 5xx answers\n"
+    "                         are stored and replayed: the upstream may have\n"
+    "                         acted before failing)\n"
+    "  --on-unknown MODE      after a forward whose outcome is unknown (sent,\n"
+    "                         no answer) and its lease: forward (default) a\n"
+    "                         retry again with the same key, or fail: answer\n"
+    "                         409 until an operator runs `idem keys resolve`\n"
+    "  --max-body SIZE        largest request body (default 1M; k, M, G)\n"
+    "  --max-response SIZE    largest response stored (default 1M, at most\n"
+    "                         16M); a larger one is passed on, not stored,\n"
+    "                         and its key marked unknown\n"
+    "  --upstream-timeout DUR how long to wait for the upstream's whole\n"
+    "                         answer (default 30s); also bounds the drain\n"
+    "                         at shutdown\n"
+    "  --upstream-cacert FILE CA certificates for an https:// upstream\n"
+    "                         (default: the system's)\n"
+    "  --admin-listen H:P     serve /healthz, /readyz and /metrics there\n"
+    "  --log FILE             append one JSON line per request to FILE (-:\n"
+    "                         standard output); SIGHUP reopens it\n"
+    "  --threads N            worker threads (default 32); each forward\n"
+    "                         holds one for its whole upstream round trip\n"
+    "\n"
+    "Requests with a protected method and an Idempotency-Key header (a token,\n"
+    "or a quoted string: \"...\"; 1-255 printable ASCII characters) are\n"
+    "claimed in the store under (tenant, METHOD PATH, key). The request's\n"
+    "fingerprint is its method, path, query and body: the RFC 8785 canonical\n"
+    "form of a JSON body (Content-Type application/json or +json), the bytes\n"
+    "of any other. The key is forwarded upstream unchanged.\n"
+    "\n"
+    "Status codes of the gateway's own (application/problem+json, RFC 9457):\n"
+    "  400  missing key with --require-key, malformed key, bad tenant header\n"
+    "  409  the same key is in flight (Retry-After: seconds left on its\n"
+    "       lease), or its earlier outcome is unknown and --on-unknown fail\n"
+    "  413  request body larger than --max-body; nothing claimed\n"
+    "  422  the key was used with another request\n"
+    "  502  upstream unreachable (nothing sent; the key is released), or the\n"
+    "       connection was lost after sending (the key stays in progress)\n"
+    "  503  the store is unavailable or busy (Retry-After); nothing forwarded\n"
+    "  504  the upstream did not answer within --upstream-timeout; the key\n"
+    "       stays in progress until its lease ends\n"
+    "Headers the gateway adds:\n"
+    "  Idempotent-Replayed: true   on a replayed answer\n"
+    "  Idem-Record: ...            when an answer was passed on but not\n"
+    "                              stored (too large, a released 5xx, a lost\n"
+    "                              lease or a failed store)\n"
+    "Replays carry the stored status, headers and body; Date is new and\n"
+    "Set-Cookie is never stored. Hop-by-hop headers are never passed on.\n"
+    "\n"
+    "Signals: SIGTERM or SIGINT stop accepting, let requests in flight\n"
+    "finish (bounded by --upstream-timeout) and exit 0; SIGHUP reopens the\n"
+    "log. See docs/gateway.md.\n";
+
+/* "POST,patch" -> ",POST,PATCH,". */
+static int parse_methods(const char *v, char *out, size_t size) {
+  size_t o = 0, tok = 0;
+  if (!*v)
+    return -1;
+  out[o++] = ',';
+  for (const char *p = v;; p++) {
+    if (*p == ',' || !*p) {
+      if (!tok)
+        return -1;
+      if (o + 1 >= size)
+        return -1;
+      out[o++] = ',';
+      tok = 0;
+      if (!*p)
+        break;
+      continue;
+    }
+    if (!isalpha((unsigned char)*p) || o + 2 >= size)
+      return -1;
+    out[o++] = (char)toupper((unsigned char)*p);
+    tok++;
+  }
+  out[o] = 0;
+  return 0;
+}
+
+static int parse(int argc, char **argv, serve_config *c) {
+  long n;
+  memset(c, 0, sizeof *c);
+  strcpy(c->methods, ",POST,PATCH,");
+  c->threads = 32;
+  c->max_body = 1024 * 1024;
+  c->max_response = 1024 * 1024;
+  c->lease_ms = 30000;
+  c->retention_ms = 24LL * 3600 * 1000;
+  c->upstream_timeout_ms = 30000;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v;
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0)
+      return 1;
+    if (strcmp(a, "--require-key") == 0) {
+      c->require_key = 1;
+      continue;
+    }
+    if (strcmp(a, "--no-store-5xx") == 0) {
+      c->no_store_5xx = 1;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      cli_error("serve", "%s: %s", a,
+                strncmp(a, "--", 2) == 0 ? "needs a value" : "unknown argument");
+      return -1;
+    }
+    v = argv[++i];
+    if (strcmp(a, "--listen") == 0) {
+      c->listen = v;
+    } else if (strcmp(a, "--upstream") == 0) {
+      c->upstream = v;
+    } else if (strcmp(a, "--store") == 0) {
+      if (cli_store_option("serve", v, &c->store_url) != 0)
+        return -1;
+    } else if (strcmp(a, "--tenant-header") == 0) {
+      if (!*v || strpbrk(v, " :\t\r\n")) {
+        cli_error("serve", "--tenant-header: a header name, such as "
+                           "X-Tenant");
+        return -1;
+      }
+      c->tenant_header = v;
+    } else if (strcmp(a, "--methods") == 0) {
+      if (parse_methods(v, c->methods, sizeof c->methods) != 0) {
+        cli_error("serve", "--methods: a comma-separated list of methods, "
+                           "such as POST,PATCH");
+        return -1;
+      }
+    } else if (strcmp(a, "--lease") == 0) {
+      if (cli_duration_option("serve", a, v, 100, IDEM_MAX_LEASE_MS,
+                              &c->lease_ms) != 0)
+        return -1;
+    } else if (strcmp(a, "--retention") == 0) {
+      if (cli_duration_option("serve", a, v, 1, IDEM_MAX_RETENTION_MS,
+                              &c->retention_ms) != 0)
+        return -1;
+    } else if (strcmp(a, "--upstream-timeout") == 0) {
+      if (cli_duration_option("serve", a, v, 10, 24LL * 3600 * 1000,
+                              &c->upstream_timeout_ms) != 0)
+        return -1;
+    } else if (strcmp(a, "--on-unknown") == 0) {
+      if (strcmp(v, "fail") == 0)
+        c->on_unknown_fail = 1;
+      else if (strcmp(v, "forward") != 0) {
+        cli_error("serve", "--on-unknown: forward or fail");
+        return -1;
+      }
+    } else if (strcmp(a, "--max-body") == 0) {
+      if (cli_parse_size(v, (size_t)1 << 30, &c->max_body) != 0) {
+        cli_error("serve", "--max-body: bytes (k, M and G suffixes), at "
+                           "most 1G");
+        return -1;
+      }
+    } else if (strcmp(a, "--max-response") == 0) {
+      if (cli_parse_size(v, IDEM_MAX_RESPONSE, &c->max_response) != 0) {
+        cli_error("serve", "--max-response: bytes (k and M suffixes), at "
+                           "most 16M");
+        return -1;
+      }
+    } else if (strcmp(a, "--upstream-cacert") == 0) {
+      if (access(v, R_OK) != 0) {
+        cli_error("serve", "--upstream-cacert: %s: %s", v, strerror(errno));
+        return -1;
+      }
+      c->upstream_cacert = v;
+    } else if (strcmp(a, "--admin-listen") == 0) {
+      c->admin_listen = v;
+    } else if (strcmp(a, "--log") == 0) {
+      c->log_path = v;
+    } else if (strcmp(a, "--threads") == 0) {
+      if (cli_parse_uint(v, 1024, &n) != 0 || n < 1) {
+        cli_error("serve", "--threads: a number from 1 to 1024");
+        return -1;
+      }
+      c->threads = (int)n;
+    } else {
+      cli_error("serve", "unknown option '%s'", a);
+      return -1;
+    }
+  }
+  if (!c->listen || !c->upstream) {
+    cli_error("serve", "--listen and --upstream are required (see idem "
+                       "serve --help)");
+    return -1;
+  }
+  if (strncasecmp(c->upstream, "http://", 7) != 0 &&
+      strncasecmp(c->upstream, "https://", 8) != 0) {
+    cli_error("serve", "--upstream: '%s' is not an http:// or https:// URL",
+              c->upstream);
+    return -1;
+  }
+  if (strpbrk(c->upstream, "?#")) {
+    cli_error("serve", "--upstream: a base URL without query or fragment");
+    return -1;
+  }
+  c->max_pass =
+      c->max_response > MAX_PASS_FLOOR ? c->max_response : MAX_PASS_FLOOR;
+  return 0;
+}
+
+/* How long to wait for requests in flight at shutdown: the upstream's own
+ * bound, and a little for the store. */
+static void drain(struct MHD_Daemon *d, int64_t bound_ms) {
+  struct timespec step = {0, 20 * 1000 * 1000};
+  int64_t waited = 0;
+  MHD_socket s = MHD_quiesce_daemon(d);
+  if (s != MHD_INVALID_SOCKET)
+    close(s);
+  while (metrics_in_flight_now() > 0 && waited < bound_ms) {
+    nanosleep(&step, NULL);
+    waited += 20;
+  }
+}
+
+static int run(int argc, char **argv) {
+  serve_config c;
+  idem_store *store = NULL;
+  idem_store_options so;
+  struct MHD_Daemon *gw = NULL, *admin = NULL;
+  char *upstream = NULL, bound[128] = "", admin_bound[128] = "";
+  sigset_t sigs;
+  int rc, sig, status = EXIT_FAIL;
+
+  if ((rc = parse(argc, argv, &c)) != 0) {
+    if (rc > 0) {
+      fputs(usage, stdout);
+      return EXIT_OK;
+    }
+    return EXIT_USAGE;
+  }
+  /* Signals are taken by this thread alone, with sigwait(): every thread
+   * started from here on inherits the mask. */
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+  signal(SIGPIPE, SIG_IGN);
+
+  if (!(upstream = strdup(c.upstream)))
+    return EXIT_FAIL;
+  for (size_t n = strlen(upstream); n > 8 && upstream[n - 1] == '/'; n--)
+    upstream[n - 1] = 0;
+  c.upstream = upstream;
+  if (c.log_path && accesslog_open(c.log_path) != 0) {
+    cli_error("serve", "--log: %s: %s", c.log_path, strerror(errno));
+    goto out;
+  }
+  memset(&so, 0, sizeof so);
+  so.max_connections = c.threads < 4 ? 4 : c.threads;
+  if ((rc = idem_store_open(c.store_url, &so, &store)) != IDEM_OK) {
+    cli_idem_error("serve", "cannot open the store", rc);
+    goto out;
+  }
+  if (upstream_init(&c) != 0) {
+    cli_error("serve", "cannot initialise libcurl");
+    goto out;
+  }
+  if (c.admin_listen &&
+      !(admin = admin_start(store, c.admin_listen, admin_bound,
+                            sizeof admin_bound)))
+    goto out;
+  if (!(gw = gateway_start(&c, store, bound, sizeof bound)))
+    goto out;
+  fprintf(stderr, "idem serve: listening on http://%s, forwarding to %s, "
+                  "store %s\n",
+          bound, c.upstream, idem_store_backend(store));
+  if (admin)
+    fprintf(stderr, "idem serve: admin on http://%s\n", admin_bound);
+
+  for (;;) {
+    if (sigwait(&sigs, &sig) != 0)
+      continue;
+    if (sig == SIGHUP) {
+      if (accesslog_reopen() != 0)
+        cli_error("serve", "SIGHUP: cannot reopen %s: %s", c.log_path,
+                  strerror(errno));
+      continue;
+    }
+    break;
+  }
+  fprintf(stderr, "idem serve: %s: draining %d request(s) in flight\n",
+          strsignal(sig), metrics_in_flight_now());
+  admin_set_draining();
+  gateway_set_draining();
+  drain(gw, c.upstream_timeout_ms + 2000);
+  status = EXIT_OK;
+out:
+  if (gw)
+    MHD_stop_daemon(gw);
+  if (admin)
+    MHD_stop_daemon(admin);
+  upstream_cleanup();
+  idem_store_close(store);
+  accesslog_close();
+  free(upstream);
+  if (status == EXIT_OK)
+    fprintf(stderr, "idem serve: stopped\n");
+  return status;
+}
+
+const cli_command cmd_serve = {
+    "serve", run, "HTTP gateway: Idempotency-Key semantics for any API",
+    usage};

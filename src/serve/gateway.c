@@ -1,0 +1,831 @@
+/*
+ * gateway.c -- the gateway's request path: from an HTTP request to a
+ * replay, a refusal, or a forward through idem_execute().
+ *
+ * libmicrohttpd calls handle() several times per request: once when the
+ * headers are in (every check that needs no body is made then, so that a
+ * bad key or a body over --max-body is refused before the body is read and
+ * before anything is claimed), once per piece of the body, and once at the
+ * end, when the request is decided. The gateway's threads are
+ * libmicrohttpd's thread pool; a forward blocks its thread, which keeps its
+ * own connection to the upstream (upstream.c).
+ */
+#include "serve.h"
+
+#include <arpa/inet.h>
+#include <jansson.h>
+#include <microhttpd.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "cli.h"
+
+#define PROBLEM_TYPE "urn:idem:problem:"
+
+static const serve_config *cfg;
+static idem_store *store;
+static int draining;
+
+void gateway_set_draining(void) {
+  __atomic_store_n(&draining, 1, __ATOMIC_RELEASE);
+}
+
+/* One request as it is received. */
+typedef struct req {
+  char *uri; /* the request target, as the client sent it */
+  int started;
+  int answered; /* a response was queued before the body was read */
+  int protect;  /* keyed, with a method the gateway protects */
+  char *body;
+  size_t len, cap;
+  int too_big;
+  double t0;
+  char *key;          /* the key, quotes of a structured field removed */
+  char tenant[300];
+  char path[1024];    /* printable ASCII: the path, percent-encoded where not */
+  char operation[256];
+} req;
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* ---- answers -------------------------------------------------------------- */
+
+static void log_answer(struct MHD_Connection *c, req *r, const char *method,
+                       serve_outcome o, int status, double upstream_ms,
+                       const char *note) {
+  access_entry e = {method,      r->path,
+                    o,           status,
+                    upstream_ms, now_ms() - r->t0,
+                    r->protect ? r->key : NULL,
+                    r->protect ? r->tenant : NULL,
+                    note};
+  (void)c;
+  metrics_request(o);
+  accesslog_write(&e);
+}
+
+static enum MHD_Result queue(struct MHD_Connection *c,
+                             struct MHD_Response *resp, int status) {
+  enum MHD_Result ok;
+  if (!resp)
+    return MHD_NO;
+  /* Draining: no new request on this connection; the client reconnects
+   * to another gateway. */
+  if (__atomic_load_n(&draining, __ATOMIC_ACQUIRE))
+    MHD_add_response_header(resp, "Connection", "close");
+  ok = MHD_queue_response(c, (unsigned)status, resp);
+  MHD_destroy_response(resp);
+  return ok;
+}
+
+/*
+ * An answer of the gateway's own: RFC 9457 problem details. detail tells
+ * the caller what to do next. retry_after > 0 adds Retry-After (seconds).
+ */
+static enum MHD_Result problem(struct MHD_Connection *c, req *r,
+                               const char *method, serve_outcome o,
+                               int status, const char *type,
+                               const char *title, int retry_after,
+                               double upstream_ms, const char *fmt, ...)
+    __attribute__((format(printf, 10, 11)));
+
+static enum MHD_Result problem(struct MHD_Connection *c, req *r,
+                               const char *method, serve_outcome o,
+                               int status, const char *type,
+                               const char *title, int retry_after,
+                               double upstream_ms, const char *fmt, ...) {
+  char detail[1024], t[128], ra[24];
+  va_list ap;
+  json_t *j;
+  char *text;
+  struct MHD_Response *resp;
+
+  va_start(ap, fmt);
+  vsnprintf(detail, sizeof detail, fmt, ap);
+  va_end(ap);
+  snprintf(t, sizeof t, PROBLEM_TYPE "%s", type);
+  j = json_pack("{s:s, s:s, s:i, s:s}", "type", t, "title", title, "status",
+                status, "detail", detail);
+  text = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+  json_decref(j);
+  if (!text)
+    return MHD_NO;
+  resp = MHD_create_response_from_buffer_with_free_callback(strlen(text), text,
+                                                            free);
+  if (!resp) {
+    free(text);
+    return MHD_NO;
+  }
+  MHD_add_response_header(resp, "Content-Type", "application/problem+json");
+  if (retry_after > 0) {
+    snprintf(ra, sizeof ra, "%d", retry_after);
+    MHD_add_response_header(resp, "Retry-After", ra);
+  }
+  log_answer(c, r, method, o, status, upstream_ms, type);
+  return queue(c, resp, status);
+}
+
+/* Adds the upstream's end-to-end headers; Date is the gateway's own. */
+static void add_headers(struct MHD_Response *resp, const up_header *h,
+                        size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (strcasecmp(h[i].name, "Date") != 0)
+      MHD_add_response_header(resp, h[i].name, h[i].value);
+}
+
+/* The upstream's answer, passed on; takes rs->body. */
+static enum MHD_Result pass_on(struct MHD_Connection *c, req *r,
+                               const char *method, serve_outcome o,
+                               up_response *rs, const char *record_note) {
+  struct MHD_Response *resp = MHD_create_response_from_buffer_with_free_callback(
+      rs->body_len, rs->body ? rs->body : (char *)"", rs->body ? free : NULL);
+  if (!resp)
+    return MHD_NO;
+  rs->body = NULL;
+  add_headers(resp, rs->headers, rs->nheaders);
+  if (record_note)
+    MHD_add_response_header(resp, "Idem-Record", record_note);
+  log_answer(c, r, method, o, rs->status, rs->ms, record_note);
+  return queue(c, resp, rs->status);
+}
+
+/* A stored response: its status, headers and body. */
+static enum MHD_Result replay(struct MHD_Connection *c, req *r,
+                              const char *method, const idem_response *st) {
+  struct MHD_Response *resp = MHD_create_response_from_buffer(
+      st->body_len, (void *)(st->body ? st->body : ""),
+      MHD_RESPMEM_MUST_COPY);
+  json_t *meta = NULL, *h;
+  size_t i;
+  if (!resp)
+    return MHD_NO;
+  if (st->meta_len &&
+      (meta = json_loadb(st->meta, st->meta_len, 0, NULL)) != NULL &&
+      json_is_array(meta)) {
+    json_array_foreach(meta, i, h) {
+      const char *n = json_string_value(json_array_get(h, 0));
+      const char *v = json_string_value(json_array_get(h, 1));
+      if (n && v)
+        MHD_add_response_header(resp, n, v);
+    }
+  }
+  json_decref(meta);
+  MHD_add_response_header(resp, "Idempotent-Replayed", "true");
+  log_answer(c, r, method, OUT_REPLAY, st->status, 0, NULL);
+  return queue(c, resp, st->status);
+}
+
+/* ---- the request ------------------------------------------------------------ */
+
+/* dst = src with bytes outside printable ASCII percent-encoded. */
+static void printable(const char *src, size_t n, char *dst, size_t size) {
+  static const char hex[] = "0123456789ABCDEF";
+  size_t o = 0;
+  for (size_t i = 0; i < n && o + 4 < size; i++) {
+    unsigned char b = (unsigned char)src[i];
+    if (b > 0x20 && b < 0x7f) {
+      dst[o++] = (char)b;
+    } else {
+      dst[o++] = '%';
+      dst[o++] = hex[b >> 4];
+      dst[o++] = hex[b & 15];
+    }
+  }
+  dst[o] = 0;
+}
+
+typedef struct headers {
+  up_header *h;
+  size_t n, cap;
+  int keys; /* how many Idempotency-Key headers */
+  int failed;
+} headers;
+
+static enum MHD_Result collect(void *cls, enum MHD_ValueKind kind,
+                               const char *name, size_t nl, const char *value,
+                               size_t vl) {
+  headers *hs = cls;
+  (void)kind;
+  if (strcasecmp(name, "Idempotency-Key") == 0)
+    hs->keys++;
+  if (hs->n == hs->cap) {
+    size_t cap = hs->cap ? hs->cap * 2 : 32;
+    up_header *h = realloc(hs->h, cap * sizeof *h);
+    if (!h) {
+      hs->failed = 1;
+      return MHD_NO;
+    }
+    hs->h = h;
+    hs->cap = cap;
+  }
+  hs->h[hs->n].name = strndup(name, nl);
+  hs->h[hs->n].value = strndup(value ? value : "", value ? vl : 0);
+  if (!hs->h[hs->n].name || !hs->h[hs->n].value) {
+    free(hs->h[hs->n].name);
+    free(hs->h[hs->n].value);
+    hs->failed = 1;
+    return MHD_NO;
+  }
+  hs->n++;
+  return MHD_YES;
+}
+
+static void headers_free(headers *hs) {
+  for (size_t i = 0; i < hs->n; i++) {
+    free(hs->h[i].name);
+    free(hs->h[i].value);
+  }
+  free(hs->h);
+}
+
+static int method_protected(const char *method) {
+  char m[40];
+  snprintf(m, sizeof m, ",%s,", method);
+  return strstr(cfg->methods, m) != NULL;
+}
+
+static int is_json_type(const char *ct) {
+  size_t n;
+  if (!ct)
+    return 0;
+  n = strcspn(ct, "; \t");
+  if (n == 16 && strncasecmp(ct, "application/json", 16) == 0)
+    return 1;
+  return n > 5 && strncasecmp(ct + n - 5, "+json", 5) == 0;
+}
+
+/*
+ * The tenant: the --tenant-header value as it is, else "authorization:"
+ * and the SHA-256 of the Authorization header, so that two credentials never
+ * share records and no credential is stored. No credential: "". 0, or -1
+ * when the header cannot be a tenant.
+ */
+static int derive_tenant(struct MHD_Connection *c, req *r) {
+  const char *v;
+  if (cfg->tenant_header) {
+    v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, cfg->tenant_header);
+    if (!v) {
+      r->tenant[0] = 0;
+      return 0;
+    }
+    if (strlen(v) > 255)
+      return -1;
+    for (const unsigned char *p = (const unsigned char *)v; *p; p++)
+      if (*p < 0x20 || *p == 0x7f)
+        return -1;
+    snprintf(r->tenant, sizeof r->tenant, "%s", v);
+    return 0;
+  }
+  v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+  if (!v) {
+    r->tenant[0] = 0;
+    return 0;
+  }
+  char hex[IDEM_FINGERPRINT_SIZE];
+  idem_sha256_hex(v, strlen(v), hex);
+  snprintf(r->tenant, sizeof r->tenant, "authorization:%s", hex);
+  return 0;
+}
+
+/*
+ * The key: the Idempotency-Key value, either a structured-field string
+ * ("...", as the IETF draft writes it) or the bare token Stripe's clients
+ * send. NULL with why set when it is not a valid key.
+ */
+static char *parse_key(const char *v, char *why, size_t size) {
+  size_t n = strlen(v);
+  char *k;
+  if (n >= 2 && v[0] == '"' && v[n - 1] == '"') {
+    if (memchr(v + 1, '"', n - 2) || memchr(v + 1, '\\', n - 2)) {
+      snprintf(why, size, "a quoted key may not contain '\"' or '\\'");
+      return NULL;
+    }
+    k = strndup(v + 1, n - 2);
+  } else {
+    k = strdup(v);
+  }
+  if (!k) {
+    snprintf(why, size, "out of memory");
+    return NULL;
+  }
+  if (idem_key_check(k) != IDEM_OK) {
+    snprintf(why, size, "%s", idem_errmsg());
+    free(k);
+    return NULL;
+  }
+  return k;
+}
+
+/* The checks made once the headers are in. MHD_YES to read the body. */
+static enum MHD_Result begin(struct MHD_Connection *c, req *r,
+                             const char *method) {
+  const char *v, *q = strchr(r->uri, '?');
+  char why[300];
+  headers hs = {0};
+  size_t plen = q ? (size_t)(q - r->uri) : strlen(r->uri);
+
+  r->started = 1;
+  printable(r->uri, plen, r->path, sizeof r->path);
+  v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+  if (v && strtoull(v, NULL, 10) > cfg->max_body) {
+    r->answered = 1;
+    return problem(c, r, method, OUT_REJECTED, 413, "body-too-large",
+                   "Request body too large", 0, 0,
+                   "The request body has %s bytes; this gateway takes at "
+                   "most %zu. Nothing was claimed or forwarded: send a "
+                   "smaller request.",
+                   v, cfg->max_body);
+  }
+  if (!method_protected(method))
+    return MHD_YES;
+  MHD_get_connection_values_n(c, MHD_HEADER_KIND, collect, &hs);
+  headers_free(&hs);
+  if (hs.keys > 1) {
+    r->answered = 1;
+    return problem(c, r, method, OUT_REJECTED, 400, "bad-key",
+                   "Malformed Idempotency-Key", 0, 0,
+                   "The request has %d Idempotency-Key headers; send "
+                   "exactly one.",
+                   hs.keys);
+  }
+  v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Idempotency-Key");
+  if (!v) {
+    if (!cfg->require_key)
+      return MHD_YES; /* passes through unprotected */
+    r->answered = 1;
+    return problem(c, r, method, OUT_REJECTED, 400, "key-required",
+                   "Idempotency-Key required", 0, 0,
+                   "%s requests need an Idempotency-Key header: a unique "
+                   "value (for example a UUID) made once per intended "
+                   "action and sent again, unchanged, with every retry of "
+                   "it.",
+                   method);
+  }
+  if (!(r->key = parse_key(v, why, sizeof why))) {
+    r->answered = 1;
+    return problem(c, r, method, OUT_REJECTED, 400, "bad-key",
+                   "Malformed Idempotency-Key", 0, 0,
+                   "The Idempotency-Key is not valid: %s. Use 1-255 "
+                   "printable ASCII characters, for example a UUID.",
+                   why);
+  }
+  if (derive_tenant(c, r) != 0) {
+    r->answered = 1;
+    return problem(c, r, method, OUT_REJECTED, 400, "bad-tenant",
+                   "Malformed tenant header", 0, 0,
+                   "The %s header must be at most 255 bytes without "
+                   "control characters.",
+                   cfg->tenant_header);
+  }
+  r->protect = 1;
+  if (strlen(method) <= 40 && strlen(r->path) <= 200) {
+    snprintf(r->operation, sizeof r->operation, "%.40s %.200s", method,
+             r->path);
+  } else {
+    /* Too long for an operation: its hash, with a readable start. */
+    char hex[IDEM_FINGERPRINT_SIZE];
+    idem_sha256_hex(r->path, strlen(r->path), hex);
+    snprintf(r->operation, sizeof r->operation, "%.20s %.100s... sha256:%s",
+             method, r->path, hex);
+  }
+  return MHD_YES;
+}
+
+/* ---- the forward, run by idem_execute() -------------------------------------- */
+
+typedef struct forward {
+  up_request rq;
+  up_response rs;
+  up_result result;
+  idem_exec *exec;
+  idem_exec_result answer;
+  int ran;
+  int not_stored; /* the response was too large to keep */
+  char *meta;
+} forward;
+
+static int lease_lost(void *ctx) {
+  forward *f = ctx;
+  return f->exec && idem_exec_lost(f->exec);
+}
+
+/* The headers kept with a stored response: all end-to-end ones but Date
+ * (a replay is a new message) and Set-Cookie (a cookie set for the first
+ * caller is not handed to whoever replays; see docs/gateway.md). */
+static char *stored_meta(const up_response *rs, size_t *len) {
+  json_t *a = json_array();
+  char *s;
+  if (!a)
+    return NULL;
+  for (size_t i = 0; i < rs->nheaders; i++) {
+    if (strcasecmp(rs->headers[i].name, "Date") == 0 ||
+        strcasecmp(rs->headers[i].name, "Set-Cookie") == 0)
+      continue;
+    json_t *pair = json_pack("[s,s]", rs->headers[i].name,
+                             rs->headers[i].value);
+    if (!pair) /* not UTF-8: the header is not kept */
+      continue;
+    json_array_append_new(a, pair);
+  }
+  s = json_dumps(a, JSON_COMPACT);
+  json_decref(a);
+  *len = s ? strlen(s) : 0;
+  return s;
+}
+
+static idem_exec_result forward_action(idem_exec *x, void *ctx,
+                                       idem_response *out) {
+  forward *f = ctx;
+  size_t meta_len = 0;
+  f->exec = x;
+  f->ran = 1;
+  f->result = upstream_forward(&f->rq, &f->rs);
+  metrics_upstream_ms(f->rs.ms);
+  switch (f->result) {
+  case UP_OK:
+    break;
+  case UP_NOT_SENT:
+    return f->answer = IDEM_EXEC_NOT_DONE;
+  case UP_TIMEOUT:
+  case UP_LOST:
+    /* It may have acted, and may still be acting. */
+    return f->answer = IDEM_EXEC_ABANDON;
+  case UP_TOO_LARGE:
+  case UP_ABORTED:
+    return f->answer = IDEM_EXEC_UNKNOWN;
+  }
+  if (f->rs.status >= 500 && cfg->no_store_5xx)
+    return f->answer = IDEM_EXEC_NOT_DONE;
+  if (!(f->meta = stored_meta(&f->rs, &meta_len)) ||
+      meta_len + f->rs.body_len > cfg->max_response) {
+    f->not_stored = 1;
+    return f->answer = IDEM_EXEC_UNKNOWN;
+  }
+  out->status = f->rs.status;
+  out->meta = f->meta;
+  out->meta_len = meta_len;
+  out->body = f->rs.body;
+  out->body_len = f->rs.body_len;
+  metrics_stored_bytes(meta_len + f->rs.body_len);
+  return f->answer = IDEM_EXEC_DONE;
+}
+
+/* The request as it is fingerprinted: method, path, query and the body,
+ * as JSON when it is JSON (so that its canonical form counts), else as
+ * the SHA-256 of its bytes. NULL when out of memory. */
+static char *request_json(const char *method, req *r, int body_as_json) {
+  const char *q = strchr(r->uri, '?');
+  char query[2048], hex[IDEM_FINGERPRINT_SIZE];
+  json_t *head;
+  char *h, *s = NULL;
+  printable(q ? q + 1 : "", q ? strlen(q + 1) : 0, query, sizeof query);
+  if (q && strlen(q + 1) * 3 >= sizeof query) {
+    idem_sha256_hex(q + 1, strlen(q + 1), hex);
+    snprintf(query, sizeof query, "sha256:%s", hex);
+  }
+  head = json_pack("{s:s, s:s, s:s}", "method", method, "path", r->path,
+                   "query", query);
+  if (!head)
+    return NULL;
+  if (!body_as_json) {
+    idem_sha256_hex(r->body ? r->body : "", r->len, hex);
+    json_object_set_new(head, "body_sha256", json_string(hex));
+  }
+  h = json_dumps(head, JSON_COMPACT);
+  json_decref(head);
+  if (!h)
+    return NULL;
+  if (!body_as_json)
+    return h;
+  /* {...,"body":<the body as sent>}: canonicalised with the rest. */
+  h[strlen(h) - 1] = 0;
+  if (asprintf(&s, "%s,\"body\":%.*s}", h, (int)r->len, r->body) < 0)
+    s = NULL;
+  free(h);
+  return s;
+}
+
+static int client_address(struct MHD_Connection *c, char *a, size_t size) {
+  const union MHD_ConnectionInfo *ci =
+      MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+  const struct sockaddr *sa = ci ? ci->client_addr : NULL;
+  if (!sa)
+    return -1;
+  if (sa->sa_family == AF_INET)
+    return inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, a,
+                     (socklen_t)size)
+               ? 0
+               : -1;
+  if (sa->sa_family == AF_INET6)
+    return inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr,
+                     a, (socklen_t)size)
+               ? 0
+               : -1;
+  return -1;
+}
+
+static int retry_after_s(int64_t ms) {
+  int64_t s = (ms + 999) / 1000;
+  return s < 1 ? 1 : s > 86400 ? 86400 : (int)s;
+}
+
+static int store_trouble(int rc) {
+  return rc == IDEM_EBUSY || rc == IDEM_EUNAVAILABLE || rc == IDEM_ESTORE ||
+         rc == IDEM_EIO || rc == IDEM_ENOMEM || rc == IDEM_ECORRUPT ||
+         rc == IDEM_ESCHEMA;
+}
+
+/* Once the body is in: decide, forward, answer. */
+static enum MHD_Result finish(struct MHD_Connection *c, req *r,
+                              const char *method) {
+  forward f;
+  headers hs = {0};
+  char addr[INET6_ADDRSTRLEN];
+  idem_call *call = NULL;
+  enum MHD_Result ok;
+  int rc, as_json;
+  char *rj = NULL;
+  double s0;
+
+  if (r->too_big)
+    return problem(c, r, method, OUT_REJECTED, 413, "body-too-large",
+                   "Request body too large", 0, 0,
+                   "The request body is larger than %zu bytes, the most this "
+                   "gateway takes. Nothing was claimed or forwarded: send a "
+                   "smaller request.",
+                   cfg->max_body);
+  memset(&f, 0, sizeof f);
+  MHD_get_connection_values_n(c, MHD_HEADER_KIND, collect, &hs);
+  if (hs.failed) {
+    headers_free(&hs);
+    return MHD_NO;
+  }
+  f.rq.method = method;
+  f.rq.uri = r->uri;
+  f.rq.headers = hs.h;
+  f.rq.nheaders = hs.n;
+  f.rq.body = r->body;
+  f.rq.body_len = r->len;
+  f.rq.client_addr = client_address(c, addr, sizeof addr) == 0 ? addr : NULL;
+  f.rq.abort_check = lease_lost;
+  f.rq.abort_ctx = &f;
+
+  if (!r->protect) {
+    f.result = upstream_forward(&f.rq, &f.rs);
+    metrics_upstream_ms(f.rs.ms);
+    if (f.result == UP_OK)
+      ok = pass_on(c, r, method, OUT_PASSTHROUGH, &f.rs, NULL);
+    else
+      ok = problem(c, r, method, OUT_ERROR, 502, "upstream-failed",
+                   "Upstream failed", 0, f.rs.ms,
+                   "The upstream did not answer: %s. This request had no "
+                   "Idempotency-Key, so the gateway cannot tell whether it "
+                   "acted.",
+                   f.rs.error);
+    goto out;
+  }
+
+  idem_id id = {r->tenant, r->operation, r->key};
+  idem_execute_options o;
+  memset(&o, 0, sizeof o);
+  o.call.lease_ms = cfg->lease_ms;
+  o.call.retention_ms = cfg->retention_ms;
+  o.call.on_expired_lease =
+      cfg->on_unknown_fail ? IDEM_EXPIRED_REPORT : IDEM_EXPIRED_TAKE_OVER;
+
+  as_json = r->len > 0 &&
+            is_json_type(MHD_lookup_connection_value(c, MHD_HEADER_KIND,
+                                                     "Content-Type"));
+  s0 = now_ms();
+  for (;;) {
+    if (!(rj = request_json(method, r, as_json))) {
+      ok = MHD_NO;
+      goto out;
+    }
+    rc = idem_execute(store, &id, rj, strlen(rj), forward_action, &f, &o,
+                      &call);
+    if (rc == IDEM_OK || call || !as_json || store_trouble(rc))
+      break;
+    /* Declared JSON, but not JSON: its bytes make the fingerprint. */
+    free(rj);
+    as_json = 0;
+  }
+  metrics_store_ms(now_ms() - s0 - (f.ran ? f.rs.ms : 0));
+
+  if (rc != IDEM_OK && !call) {
+    if (store_trouble(rc))
+      ok = problem(c, r, method, OUT_ERROR, 503, "store-unavailable",
+                   "Idempotency store unavailable", 1, 0,
+                   "The idempotency store could not record this request "
+                   "(%s), so it was not forwarded. Retry the same request "
+                   "with the same key.",
+                   idem_rc_name(rc));
+    else
+      ok = problem(c, r, method, OUT_ERROR, 500, "internal",
+                   "Gateway error", 0, 0, "%s: %s", idem_rc_name(rc),
+                   idem_errmsg());
+    goto out;
+  }
+
+  switch (idem_call_outcome(call)) {
+  case IDEM_REPLAY:
+    ok = replay(c, r, method, idem_call_response(call));
+    goto out;
+  case IDEM_CONFLICT:
+    ok = problem(c, r, method, OUT_CONFLICT, 422, "key-reused",
+                 "Idempotency-Key reused", 0, 0,
+                 "This Idempotency-Key was already used with a different "
+                 "request (method, path, query or body). Use a new key for a "
+                 "new request, or resend the original request unchanged to "
+                 "get its response again.");
+    goto out;
+  case IDEM_IN_FLIGHT:
+    ok = problem(c, r, method, OUT_IN_FLIGHT, 409, "in-flight",
+                 "Request in progress", retry_after_s(idem_call_retry_after_ms(call)),
+                 0,
+                 "A request with this Idempotency-Key is still being "
+                 "processed. Retry the same request after %d s; once it is "
+                 "done, its response is replayed.",
+                 retry_after_s(idem_call_retry_after_ms(call)));
+    goto out;
+  case IDEM_UNKNOWN:
+    ok = problem(c, r, method, OUT_CONFLICT, 409, "outcome-unknown",
+                 "Outcome unknown", 0, 0,
+                 "An earlier attempt with this Idempotency-Key may or may "
+                 "not have acted, and this gateway does not forward it "
+                 "again. An operator must resolve it (idem keys resolve); "
+                 "use a new key only if a second action is safe.");
+    goto out;
+  default:
+    break;
+  }
+
+  /* PROCEED or RECOVER: the upstream was asked. */
+  serve_outcome so =
+      idem_call_outcome(call) == IDEM_RECOVER ? OUT_RECOVER : OUT_PROCEED;
+  if (rc != IDEM_OK) {
+    /* It ran, but its result is not recorded (the lease was taken over,
+     * or the store failed past the retries). The caller still gets what
+     * the upstream answered. */
+    if (f.result == UP_OK)
+      ok = pass_on(c, r, method, so, &f.rs,
+                   rc == IDEM_ESTALE ? "not-stored; lease-lost"
+                                     : "not-stored; store-failed");
+    else
+      ok = problem(c, r, method, OUT_ERROR, 502, "upstream-failed",
+                   "Upstream failed", 0, f.rs.ms,
+                   "The upstream was asked but did not answer (%s), and "
+                   "the store could not record it (%s). It may have "
+                   "acted: do not retry blindly.",
+                   f.rs.error, idem_rc_name(rc));
+    goto out;
+  }
+  switch (f.answer) {
+  case IDEM_EXEC_DONE:
+    ok = pass_on(c, r, method, so, &f.rs, NULL);
+    break;
+  case IDEM_EXEC_NOT_DONE:
+    if (f.result == UP_OK) /* a 5xx with --no-store-5xx: released */
+      ok = pass_on(c, r, method, so, &f.rs, "not-stored; released");
+    else
+      ok = problem(c, r, method, OUT_ERROR, 502, "upstream-unreachable",
+                   "Upstream unreachable", 0, f.rs.ms,
+                   "The upstream could not be reached (%s); nothing was "
+                   "sent and the key was released. Retry the same request "
+                   "with the same key.",
+                   f.rs.error);
+    break;
+  case IDEM_EXEC_ABANDON:
+    ok = problem(
+        c, r, method, OUT_ERROR, f.result == UP_TIMEOUT ? 504 : 502,
+        f.result == UP_TIMEOUT ? "upstream-timeout" : "upstream-failed",
+        f.result == UP_TIMEOUT ? "Upstream timeout" : "Upstream failed",
+        retry_after_s(cfg->lease_ms), f.rs.ms,
+        "The request was sent upstream, which may have acted: %s. The key "
+        "stays in progress for %d s; a retry with the same key after that "
+        "is %s.",
+        f.rs.error, retry_after_s(cfg->lease_ms),
+        cfg->on_unknown_fail
+            ? "refused until an operator resolves it (idem keys resolve)"
+            : "forwarded again with the same Idempotency-Key");
+    break;
+  case IDEM_EXEC_UNKNOWN:
+  default:
+    if (f.result == UP_OK)
+      ok = pass_on(c, r, method, so, &f.rs,
+                   "unknown; response-too-large-to-store");
+    else
+      ok = problem(c, r, method, OUT_ERROR, 502, "upstream-failed",
+                   "Upstream failed", 0, f.rs.ms,
+                   "The upstream may have acted, but its answer cannot be "
+                   "passed on (%s). The key is marked unknown: an operator "
+                   "must resolve it (idem keys resolve).",
+                   f.rs.error);
+    break;
+  }
+out:
+  free(rj);
+  free(f.meta);
+  upstream_response_free(&f.rs);
+  idem_call_free(call);
+  headers_free(&hs);
+  return ok;
+}
+
+/* ---- libmicrohttpd's callbacks ---------------------------------------------- */
+
+static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
+                              const char *url, const char *method,
+                              const char *version, const char *upload,
+                              size_t *upload_size, void **con_cls) {
+  req *r = *con_cls;
+  (void)cls, (void)url, (void)version;
+  if (!r)
+    return MHD_NO;
+  if (!r->started) {
+    metrics_in_flight(1);
+    return begin(c, r, method);
+  }
+  if (r->answered)
+    return MHD_YES;
+  if (*upload_size) {
+    if (!r->too_big) {
+      if (*upload_size > cfg->max_body - r->len) {
+        r->too_big = 1;
+        free(r->body);
+        r->body = NULL;
+        r->len = r->cap = 0;
+      } else {
+        if (r->len + *upload_size > r->cap) {
+          size_t cap = r->cap ? r->cap : 4096;
+          while (cap < r->len + *upload_size)
+            cap *= 2;
+          char *b = realloc(r->body, cap);
+          if (!b)
+            return MHD_NO;
+          r->body = b;
+          r->cap = cap;
+        }
+        memcpy(r->body + r->len, upload, *upload_size);
+        r->len += *upload_size;
+      }
+    }
+    *upload_size = 0;
+    return MHD_YES;
+  }
+  r->answered = 1;
+  return finish(c, r, method);
+}
+
+static void *uri_log(void *cls, const char *uri, struct MHD_Connection *c) {
+  req *r = calloc(1, sizeof *r);
+  (void)cls, (void)c;
+  if (!r)
+    return NULL;
+  if (!(r->uri = strdup(uri))) {
+    free(r);
+    return NULL;
+  }
+  r->t0 = now_ms();
+  return r;
+}
+
+static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                      enum MHD_RequestTerminationCode toe) {
+  req *r = *con_cls;
+  (void)cls, (void)c, (void)toe;
+  if (!r)
+    return;
+  if (r->started)
+    metrics_in_flight(-1);
+  free(r->uri);
+  free(r->body);
+  free(r->key);
+  free(r);
+  *con_cls = NULL;
+}
+
+struct MHD_Daemon *gateway_start(const serve_config *c, idem_store *s,
+                                 char *bound, size_t bound_size) {
+  struct MHD_OptionItem opts[] = {
+      {MHD_OPTION_URI_LOG_CALLBACK, (intptr_t)uri_log, NULL},
+      {MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)completed, NULL},
+      {MHD_OPTION_THREAD_POOL_SIZE, c->threads, NULL},
+      {MHD_OPTION_CONNECTION_TIMEOUT, 75, NULL},
+      {MHD_OPTION_END, 0, NULL},
+  };
+  cfg = c;
+  store = s;
+  return listen_on("--listen", c->listen,
+                   MHD_USE_EPOLL_INTERNAL_THREAD | MHD_USE_ITC |
+                       MHD_USE_ERROR_LOG,
+                   handle, NULL, opts, bound, bound_size);
+}

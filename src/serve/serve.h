@@ -1,0 +1,157 @@
+/* serve.h -- what the parts of `idem serve`, the HTTP gateway, share. */
+#ifndef IDEM_SERVE_H
+#define IDEM_SERVE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <microhttpd.h>
+
+#include "idem.h"
+
+/* The command line, parsed. */
+typedef struct serve_config {
+  const char *listen;        /* HOST:PORT */
+  const char *upstream;      /* base URL, without a trailing slash */
+  const char *store_url;
+  const char *tenant_header; /* NULL: the Authorization header's hash */
+  const char *admin_listen;  /* NULL: no admin listener */
+  const char *log_path;      /* NULL: no access log; "-": stdout */
+  const char *upstream_cacert;
+  char methods[128];         /* ",POST,PATCH," */
+  int require_key;
+  int no_store_5xx;
+  int on_unknown_fail;
+  int threads;
+  size_t max_body;
+  size_t max_response;
+  size_t max_pass;           /* largest response passed on unstored */
+  int64_t lease_ms, retention_ms, upstream_timeout_ms;
+} serve_config;
+
+/* Outcomes a request is counted under, in /metrics and the access log. */
+typedef enum serve_outcome {
+  OUT_PROCEED,
+  OUT_REPLAY,
+  OUT_CONFLICT,
+  OUT_IN_FLIGHT,
+  OUT_RECOVER,
+  OUT_PASSTHROUGH,
+  OUT_REJECTED, /* refused by the gateway's own checks: key, size, tenant */
+  OUT_ERROR,    /* the store or the upstream failed */
+  OUT_COUNT
+} serve_outcome;
+
+const char *serve_outcome_name(serve_outcome o);
+
+/* ---- metrics.c ---------------------------------------------------------- */
+
+void metrics_request(serve_outcome o);
+void metrics_upstream_ms(double ms);
+void metrics_store_ms(double ms);
+void metrics_stored_bytes(size_t n);
+void metrics_in_flight(int delta);
+int metrics_in_flight_now(void);
+/* The Prometheus text exposition; free() it. NULL when out of memory. */
+char *metrics_render(size_t *len);
+
+/* ---- accesslog.c -------------------------------------------------------- */
+
+typedef struct access_entry {
+  const char *method, *path;
+  serve_outcome outcome;
+  int status;
+  double upstream_ms, total_ms;
+  const char *key;    /* hashed before it is written; may be NULL */
+  const char *tenant; /* hashed too; may be NULL */
+  const char *note;   /* why, when the gateway answered itself; may be NULL */
+} access_entry;
+
+/* Opens path for appending ("-": stdout). 0, or -1 with errno set. */
+int accesslog_open(const char *path);
+/* Opens the file again (after SIGHUP, for log rotation). */
+int accesslog_reopen(void);
+void accesslog_write(const access_entry *e);
+void accesslog_close(void);
+
+/* ---- upstream.c --------------------------------------------------------- */
+
+typedef struct up_header {
+  char *name, *value;
+} up_header;
+
+/* A request as the upstream will get it. */
+typedef struct up_request {
+  const char *method;
+  const char *uri; /* path and query, as the client sent them */
+  const up_header *headers;
+  size_t nheaders;
+  const char *body;
+  size_t body_len;
+  const char *client_addr; /* for X-Forwarded-For; may be NULL */
+  /* Non-NULL: polled while the request runs; non-zero aborts it. */
+  int (*abort_check)(void *ctx);
+  void *abort_ctx;
+} up_request;
+
+/* How a forward ended. */
+typedef enum up_result {
+  UP_OK,           /* a whole response arrived */
+  UP_NOT_SENT,     /* nothing reached the upstream: connect failed */
+  UP_TIMEOUT,      /* no whole answer within the timeout, after sending */
+  UP_LOST,         /* the connection failed after the request was sent */
+  UP_TOO_LARGE,    /* the response is larger than max_pass */
+  UP_ABORTED       /* abort_check asked to stop, after sending */
+} up_result;
+
+typedef struct up_response {
+  int status;
+  up_header *headers; /* end-to-end headers only */
+  size_t nheaders;
+  char *body;
+  size_t body_len;
+  double ms;          /* time spent */
+  char error[256];    /* what went wrong, for UP_* other than UP_OK */
+} up_response;
+
+/* Sets the base URL and limits; once, before the first forward. */
+int upstream_init(const serve_config *cfg);
+/* Forwards on the calling thread's own connection to the upstream. */
+up_result upstream_forward(const up_request *rq, up_response *rs);
+void upstream_response_free(up_response *rs);
+/* Frees every thread's connection; after the last forward. */
+void upstream_cleanup(void);
+
+/* Non-zero for headers that a proxy does not pass on (RFC 9110 7.6.1), and
+ * those it sets itself (Host, Content-Length). */
+int header_is_hop_by_hop(const char *name);
+
+/* ---- gateway.c, admin.c, listen.c -------------------------------------- */
+
+/* Starts the gateway's listener on cfg->listen; NULL, with why printed, on
+ * failure. The address bound is written to bound. */
+struct MHD_Daemon *gateway_start(const serve_config *cfg, idem_store *store,
+                                 char *bound, size_t bound_size);
+
+/* From now on answers close their connection: the gateway is stopping. */
+void gateway_set_draining(void);
+
+/* Starts the admin listener (/healthz, /readyz, /metrics). */
+struct MHD_Daemon *admin_start(idem_store *store, const char *listen,
+                               char *bound, size_t bound_size);
+/* From now on /readyz answers 503: the gateway is draining. */
+void admin_set_draining(void);
+
+/*
+ * Starts a libmicrohttpd daemon on HOST:PORT ("127.0.0.1:8080",
+ * "[::1]:8080", ":8080" for every address; port 0 for any free port) with
+ * the given flags, handler and options. Prints why and returns NULL on
+ * failure; what names the option in messages.
+ */
+struct MHD_Daemon *listen_on(const char *what, const char *listen,
+                             unsigned flags,
+                             MHD_AccessHandlerCallback handler, void *cls,
+                             const struct MHD_OptionItem *options,
+                             char *bound, size_t bound_size);
+
+#endif

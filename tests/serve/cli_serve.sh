@@ -1,0 +1,229 @@
+#!/bin/sh
+# idem serve between curl and a counting upstream, on loopback: replays,
+# conflicts, concurrency, tenants, keys, 5xx, limits, headers, the admin
+# listener, the access log and a graceful stop. Every case checks how many
+# times the upstream acted and what the client was answered.
+IDEM=$1
+. "$(dirname "$0")/../lib.sh"
+. "$(dirname "$0")/serve_lib.sh"
+
+start_upstream up || { finish; exit 1; }
+start_gateway gw --upstream "$UP" --store "$TMP/gw.db" --log "$TMP/access.log" || { finish; exit 1; }
+
+# 1. A lost response: the client gives up after the upstream acted; its
+#    retry gets the first answer, and the upstream acted once.
+curl -s -m 0.5 -o /dev/null -X POST -H 'Content-Type: application/json' \
+  -H 'Idempotency-Key: lost-1' --data '{"title":"Printer"}' "$GW/tickets?delay_ms=1200"
+expect_eq "lost response: the client timed out" 28 "$?"
+sleep 1.2
+post r1 lost-1 '{"title":"Printer"}' /tickets?delay_ms=1200
+expect_eq "lost response: retry status" 201 "$(code r1)"
+expect_eq "lost response: replayed" true "$(header r1 Idempotent-Replayed)"
+expect_eq "lost response: the stored ticket" "lost-1 Printer" "$(json r1 key) $(json r1 title)"
+first=$(body r1)
+post r2 lost-1 '{"title":"Printer"}' /tickets?delay_ms=1200
+expect_eq "lost response: a second retry, same body" "$first" "$(body r2)"
+expect_eq "lost response: upstream effects" 1 "$(effects lost-1)"
+expect_eq "lost response: stored header replayed" "$(json r1 ticket_id)" "$(header r2 X-Ticket)"
+expect_eq "lost response: content type replayed" "application/json" "$(header r2 Content-Type)"
+
+# 2. The same JSON written otherwise is a replay; another value is 422 and
+#    reaches nothing.
+post a1 json-1 '{"title":"Disk","n":1.0,"tags":["a","b"]}'
+expect_eq "first answer" 201 "$(code a1)"
+expect_eq "first answer is not a replay" "" "$(header a1 Idempotent-Replayed)"
+post a2 json-1 '{ "tags" : [ "a", "b" ],
+  "n": 1, "title": "Disk" }'
+expect_eq "reordered JSON: replay" "201 true" "$(code a2) $(header a2 Idempotent-Replayed)"
+expect_eq "reordered JSON: same body" "$(body a1)" "$(body a2)"
+post a3 json-1 '{"title":"Disk","n":2,"tags":["a","b"]}'
+expect_eq "changed value: 422" 422 "$(code a3)"
+expect_eq "changed value: problem+json" "application/problem+json" "$(header a3 Content-Type)"
+expect_eq "changed value: problem status" 422 "$(json a3 status)"
+expect_match "changed value: detail says what to do" "new key" "$(json a3 detail)"
+expect_eq "changed value: problem type" "urn:idem:problem:key-reused" "$(json a3 type)"
+post a4 json-1 '{"title":"Disk","n":1,"tags":["a","b"]}' /tickets/other
+expect_eq "same key, other path: a new operation" 201 "$(code a4)"
+post a5 json-1 '{"title":"Disk","n":1,"tags":["a","b"]}' /tickets?x=1
+expect_eq "same key and body, other query: 422" 422 "$(code a5)"
+expect_eq "json: upstream effects" 2 "$(effects json-1)"
+# A body that is not JSON is fingerprinted by its bytes.
+post t1 text-1 'a  b' -H 'Content-Type: text/plain'
+post t2 text-1 'a  b' -H 'Content-Type: text/plain'
+post t3 text-1 'a b' -H 'Content-Type: text/plain'
+expect_eq "text body: proceed, replay, conflict" "201 201 true 422" \
+  "$(code t1) $(code t2) $(header t2 Idempotent-Replayed) $(code t3)"
+post j1 bad-json-1 '{"title":' 
+post j2 bad-json-1 '{"title":'
+expect_eq "malformed JSON: forwarded once, then replayed" "201 true 1" \
+  "$(code j1) $(header j2 Idempotent-Replayed) $(effects bad-json-1)"
+
+# 3. 32 concurrent requests with one key: one effect; every 2xx has the
+#    same body; the others are 409 with Retry-After.
+i=0 pids=""
+while [ $i -lt 32 ]; do
+  post "c$i" conc-1 '{"title":"Race"}' /tickets?delay_ms=700 &
+  pids="$pids $!"
+  i=$((i + 1))
+done
+wait $pids
+ok2=0 busy=0 other=0 bodies=""
+i=0
+while [ $i -lt 32 ]; do
+  case $(code "c$i") in
+    201) ok2=$((ok2 + 1)); bodies="$bodies$(body "c$i")
+" ;;
+    409) busy=$((busy + 1))
+         [ -n "$(header "c$i" Retry-After)" ] || fail "409 without Retry-After" ;;
+    *) other=$((other + 1)) ;;
+  esac
+  i=$((i + 1))
+done
+expect_eq "concurrent: upstream effects" 1 "$(effects conc-1)"
+expect_eq "concurrent: every answer is 201 or 409" "32 0" "$((ok2 + busy)) $other"
+expect_eq "concurrent: one distinct 2xx body" 1 "$(printf '%s' "$bodies" | sort -u | grep -c .)"
+[ $busy -gt 0 ] && ok || fail "concurrent: no request was told 409 (in flight)"
+
+# 4. Two credentials, one key: two records, two effects. GET passes through.
+post u1 shared-1 '{"title":"T"}' -H 'Authorization: Bearer alice'
+post u2 shared-1 '{"title":"T"}' -H 'Authorization: Bearer bob'
+post u3 shared-1 '{"title":"T"}' -H 'Authorization: Bearer alice'
+expect_eq "tenants: two effects" 2 "$(effects shared-1)"
+expect_eq "tenants: alice's retry replays alice's ticket" "$(json u1 ticket_id) true" \
+  "$(json u3 ticket_id) $(header u3 Idempotent-Replayed)"
+[ "$(json u1 ticket_id)" != "$(json u2 ticket_id)" ] && ok || fail "tenants: one ticket for two credentials"
+before=$(upstream_field requests)
+g1=$(curl -s -H 'Idempotency-Key: get-1' "$GW/tickets/1")
+g2=$(curl -s -H 'Idempotency-Key: get-1' "$GW/tickets/1")
+after=$(upstream_field requests)
+expect_eq "GET passes through every time" 2 "$((after - before))"
+[ "$g1" != "$g2" ] && ok || fail "GET: the second answer was a replay"
+
+# 5. Keys: missing (passes through unprotected), empty, too long, control
+#    characters, a quoted structured-field string.
+before=$(effects "")
+post k1 - '{"title":"nokey"}'
+post k2 - '{"title":"nokey"}'
+expect_eq "no key: passed through twice" "201 201 2" "$(code k1) $(code k2) $(($(effects "") - before))"
+post k3 '' '{"title":"x"}'
+expect_eq "empty key: 400" "400 urn:idem:problem:bad-key" "$(code k3) $(json k3 type)"
+long=$(printf '%0300d' 7)
+post k4 "$long" '{"title":"x"}'
+expect_eq "300-byte key: 400" 400 "$(code k4)"
+post k5 "$(printf 'a\001b')" '{"title":"x"}'
+expect_eq "control character in key: 400" 400 "$(code k5)"
+post k6 'has space' '{"title":"x"}'
+expect_eq "space in key: 400" 400 "$(code k6)"
+curl -s -o "$TMP/k7.b" -w '%{http_code}' -X POST -H 'Idempotency-Key: dup-a' \
+  -H 'Idempotency-Key: dup-b' --data '{}' "$GW/tickets" >"$TMP/k7.code"
+expect_eq "two key headers: 400" 400 "$(code k7)"
+post q1 '"quoted-1"' '{"title":"q"}'
+post q2 'quoted-1' '{"title":"q"}'
+expect_eq "quoted key: the same record as the bare one" "201 true 1" \
+  "$(code q1) $(header q2 Idempotent-Replayed) $(effects '"quoted-1"')"
+expect_eq "quoted key: forwarded unchanged" '"quoted-1"' \
+  "$(upstream_field last_headers | python3 -c 'import json,sys; print(json.load(sys.stdin)["Idempotency-Key"])')"
+expect_eq "bad keys reached nothing" "0 0 0 $((before + 2))" \
+  "$(effects 'has space') $(effects dup-a) $(effects "$long") $(effects '')"
+
+# 6. 5xx answers are stored and replayed (the upstream may have acted).
+post f1 fail-1 '{"title":"F"}' /tickets?status=500
+post f2 fail-1 '{"title":"F"}' /tickets?status=500
+expect_eq "5xx: stored and replayed" "500 500 true 1" \
+  "$(code f1) $(code f2) $(header f2 Idempotent-Replayed) $(effects fail-1)"
+
+# 7. Set-Cookie is passed on, but not stored for replays.
+post s1 cookie-1 '{"title":"C"}' /tickets?cookie=1
+post s2 cookie-1 '{"title":"C"}' /tickets?cookie=1
+expect_match "Set-Cookie on the first answer" "session=s" "$(header s1 Set-Cookie)"
+expect_eq "no Set-Cookie on the replay" "true " "$(header s2 Idempotent-Replayed) $(header s2 Set-Cookie)"
+
+# 8. Transfer-Encoding: chunked and Expect: 100-continue request bodies.
+post e1 chunked-1 '{"title":"chunks"}' -H 'Transfer-Encoding: chunked'
+post e2 chunked-1 '{"title":"chunks"}'
+expect_eq "chunked body: forwarded, then replayed" "201 chunks true" \
+  "$(code e1) $(json e1 title) $(header e2 Idempotent-Replayed)"
+post e3 expect-1 '{"title":"continue"}' -H 'Expect: 100-continue'
+expect_eq "Expect: 100-continue" "201 continue 1" "$(code e3) $(json e3 title) $(effects expect-1)"
+
+# 9. The admin listener: /healthz, /readyz, /metrics moved by the above.
+expect_eq "healthz" "200" "$(curl -s -o /dev/null -w '%{http_code}' "$ADMIN/healthz")"
+expect_eq "readyz" "200" "$(curl -s -o /dev/null -w '%{http_code}' "$ADMIN/readyz")"
+replays=$(metric 'idem_gateway_requests_total{outcome="replay"}')
+post m1 json-1 '{"title":"Disk","n":1,"tags":["a","b"]}'
+expect_eq "metrics: a replay counted" "$((replays + 1))" "$(metric 'idem_gateway_requests_total{outcome="replay"}')"
+expect_match "metrics: conflicts counted" '^[1-9]' "$(metric 'idem_gateway_requests_total{outcome="conflict"}')"
+expect_match "metrics: in-flight refusals counted" '^[1-9]' "$(metric 'idem_gateway_requests_total{outcome="in_flight"}')"
+expect_match "metrics: passthrough counted" '^[1-9]' "$(metric 'idem_gateway_requests_total{outcome="passthrough"}')"
+expect_match "metrics: rejected counted" '^[1-9]' "$(metric 'idem_gateway_requests_total{outcome="rejected"}')"
+expect_match "metrics: upstream latency observed" '^[1-9]' "$(metric 'idem_gateway_upstream_seconds_count')"
+expect_match "metrics: store latency observed" '^[1-9]' "$(metric 'idem_gateway_store_seconds_count')"
+expect_match "metrics: stored bytes" '^[1-9]' "$(metric 'idem_gateway_stored_bytes_total')"
+expect_eq "metrics: nothing in flight" 0 "$(metric 'idem_gateway_in_flight')"
+expect_eq "admin: unknown path" 404 "$(curl -s -o /dev/null -w '%{http_code}' "$ADMIN/nope")"
+
+# 10. The access log: one JSON line per request, no raw key or credential.
+lines=$(wc -l < "$TMP/access.log")
+python3 - "$TMP/access.log" <<'PY' && ok || fail "access log: lines are not the expected JSON"
+import json, sys
+need = {"time", "method", "path", "outcome", "status", "upstream_ms"}
+for line in open(sys.argv[1]):
+    o = json.loads(line)
+    assert need <= set(o), o
+    assert "lost-1" not in line and "alice" not in line, line
+PY
+expect_match "access log: a replay line with hashes" '"outcome":"replay".*"key_hash":"[0-9a-f]{16}","tenant_hash"' "$(cat "$TMP/access.log")"
+mv "$TMP/access.log" "$TMP/access.log.1"
+kill -HUP "$GW_PID"
+sleep 0.3
+post h1 json-1 '{"title":"Disk","n":1,"tags":["a","b"]}'
+expect_eq "SIGHUP: the log reopened" 1 "$(wc -l < "$TMP/access.log")"
+[ "$lines" -ge 60 ] && ok || fail "access log: only $lines lines"
+
+# 11. SIGTERM lets a request in flight finish, then exits 0.
+post d1 drain-1 '{"title":"slow"}' /tickets?delay_ms=1500 &
+cpid=$!
+sleep 0.5
+kill -TERM "$GW_PID"
+sleep 0.2
+expect_eq "draining: readyz 503" 503 "$(curl -s -o /dev/null -w '%{http_code}' "$ADMIN/readyz")"
+wait $cpid
+wait "$GW_PID"
+expect_eq "SIGTERM: exit status" 0 "$?"
+expect_eq "SIGTERM: the request in flight was answered" "201 slow" "$(code d1) $(json d1 title)"
+
+# 12. Every record is in the store for operators.
+out=$("$IDEM" keys list --store "$TMP/gw.db" --state completed 2>&1)
+expect_match "idem keys lists the gateway's records" "POST /tickets.*lost-1" "$out"
+
+# 13. IPv6, a --max-body, --require-key, --no-store-5xx, a too-large answer.
+start_gateway gw2 --listen '[::1]:0' --upstream "$UP" --store "$TMP/gw2.db" \
+  --require-key --no-store-5xx --max-body 64 --max-response 1k || { finish; exit 1; }
+expect_match "IPv6 listen address" '^http://\[::1\]:[0-9]+$' "$GW"
+post n1 - '{"title":"x"}'
+expect_eq "--require-key: 400" "400 urn:idem:problem:key-required" "$(code n1) $(json n1 type)"
+curl -s -o /dev/null -w '%{http_code}' "$GW/tickets/1" >"$TMP/n2.code"
+expect_eq "--require-key: GET still passes" 200 "$(code n2)"
+big=$(printf '{"title":"%0100d"}' 1)
+post b1 big-1 "$big"
+expect_eq "--max-body: 413" "413 urn:idem:problem:body-too-large 0" "$(code b1) $(json b1 type) $(effects big-1)"
+post b2 big-1 "$big" -H 'Transfer-Encoding: chunked'
+expect_eq "--max-body, chunked: 413" "413 0" "$(code b2) $(effects big-1)"
+post b3 big-1 '{"title":"small"}'
+expect_eq "after a 413, the key is free" "201 1" "$(code b3) $(effects big-1)"
+post x1 nostore-1 '{"title":"F"}' /tickets?status=503
+post x2 nostore-1 '{"title":"F"}' /tickets?status=503
+expect_eq "--no-store-5xx: forwarded again" "503 503 2" "$(code x1) $(code x2) $(effects nostore-1)"
+expect_match "--no-store-5xx: said so" "released" "$(header x2 Idem-Record)"
+post l1 large-1 '{"title":"L"}' /tickets?bytes=4000
+expect_eq "too large to store: passed on" "201 4000" "$(code l1) $(wc -c < "$TMP/l1.b")"
+expect_match "too large to store: said so" "unknown" "$(header l1 Idem-Record)"
+post l2 large-1 '{"title":"L"}' /tickets?bytes=4000
+expect_eq "too large to store: a retry is refused" "409 urn:idem:problem:outcome-unknown 1" \
+  "$(code l2) $(json l2 type) $(effects large-1)"
+out=$("$IDEM" keys list --store "$TMP/gw2.db" --state unknown 2>&1)
+expect_match "too large to store: idem keys shows it" "large-1" "$out"
+stop_gateway "$GW_PID"
+expect_eq "gw2 stopped cleanly" 0 "$STOPPED"
+
+finish

@@ -1,0 +1,77 @@
+# Sourced by the gateway's tests (after lib.sh): a counting upstream
+# (upstream.py), gateways on loopback ports the kernel picks, and curl.
+HERE_SERVE=$(cd "$(dirname "$0")" && pwd)
+PIDS=""
+cleanup_serve() {
+  for p in $PIDS; do kill -KILL "$p" 2>/dev/null; done
+  rm -rf "$TMP"
+}
+trap cleanup_serve EXIT
+
+# start_upstream NAME [--tls CERT KEY]: sets UP (its base URL) and UP_PID.
+start_upstream() {
+  name=$1; shift
+  python3 "$HERE_SERVE/upstream.py" "$TMP/$name.port" "$@" &
+  UP_PID=$!
+  PIDS="$PIDS $UP_PID"
+  wait_for "$TMP/$name.port" || { fail "upstream $name did not start"; return 1; }
+  UP="http://127.0.0.1:$(cat "$TMP/$name.port")"
+}
+
+# start_gateway NAME ARGS...: idem serve on a free port, its admin listener
+# on another; sets GW, ADMIN and GW_PID. The log is $TMP/NAME.err.
+start_gateway() {
+  name=$1; shift
+  : > "$TMP/$name.err"
+  "$IDEM" serve --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 "$@" 2>"$TMP/$name.err" &
+  GW_PID=$!
+  PIDS="$PIDS $GW_PID"
+  n=0
+  while ! grep -q 'listening on' "$TMP/$name.err" && [ $n -lt 200 ]; do
+    kill -0 $GW_PID 2>/dev/null || break
+    sleep 0.05; n=$((n + 1))
+  done
+  GW=$(sed -n 's/.*listening on \(http:[^,]*\),.*/\1/p' "$TMP/$name.err")
+  ADMIN=$(sed -n 's/.*admin on \(http:.*\)$/\1/p' "$TMP/$name.err")
+  [ -n "$GW" ] || { fail "gateway $name did not start: $(cat "$TMP/$name.err")"; return 1; }
+}
+
+# effects KEY: how many times the upstream acted for KEY.
+effects() {
+  curl -s "$UP/_counts" | python3 -c 'import json,sys; print(json.load(sys.stdin)["effects"].get(sys.argv[1], 0))' "$1"
+}
+# upstream_field NAME: a field of the upstream's /_counts.
+upstream_field() {
+  curl -s "$UP/_counts" | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)[sys.argv[1]]))' "$1"
+}
+
+# post NAME KEY BODY [PATH] [CURL ARGS...]: POSTs JSON to the gateway (PATH
+# default /tickets; KEY - sends no key, '' an empty one); the status into
+# $TMP/NAME.code, headers into $TMP/NAME.h, the body into $TMP/NAME.b.
+post() {
+  name=$1 key=$2 body=$3 path=/tickets; shift 3
+  case ${1:-} in /*) path=$1; shift ;; esac
+  case $key in
+    -) set -- -H 'X-No-Key: 1' "$@" ;;
+    '') set -- -H 'Idempotency-Key;' "$@" ;;
+    *) set -- -H "Idempotency-Key: $key" "$@" ;;
+  esac
+  curl -s -o "$TMP/$name.b" -D "$TMP/$name.h" -w '%{http_code}' -X POST \
+    -H 'Content-Type: application/json' --data-binary "$body" "$@" \
+    "$GW$path" >"$TMP/$name.code"
+}
+code() { cat "$TMP/$1.code"; }
+body() { cat "$TMP/$1.b"; }
+# header NAME HEADER: one header's value, without the line end.
+header() { sed -n "s/^$2: *//Ip" "$TMP/$1.h" | tr -d '\r' | head -1; }
+# json NAME FIELD: a field of a JSON body.
+json() { python3 -c 'import json,sys; v=json.load(open(sys.argv[1])).get(sys.argv[2]); print(v if not isinstance(v,(dict,list)) else json.dumps(v))' "$TMP/$1.b" "$2"; }
+# metric NAME_WITH_LABELS: a value from /metrics.
+metric() { curl -s "$ADMIN/metrics" | grep -F "$1 " | grep -v '^#' | awk '{print $NF}'; }
+
+# stop_gateway: SIGTERM, and its exit status in $STOPPED.
+stop_gateway() {
+  kill -TERM "$1"
+  wait "$1"
+  STOPPED=$?
+}
