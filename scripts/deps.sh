@@ -5,7 +5,7 @@ set -eu
 want="gcc make cmake pkg-config libjansson-dev libsqlite3-dev libssl-dev libpq-dev
   libmicrohttpd-dev libcurl4-openssl-dev"
 case "${1:-build}" in
-  check) want="$want libcmocka-dev postgresql python3 sqlite3" ;;
+  check) want="$want libcmocka-dev postgresql python3 sqlite3 curl openssl" ;;
   bench) want="$want postgresql postgresql-contrib python3" ;;
 esac
 missing=""

@@ -171,6 +171,33 @@ static int on_progress(void *arg, curl_off_t dt, curl_off_t dn, curl_off_t ut,
   return rq->abort_check(rq->abort_ctx) ? 1 : 0;
 }
 
+/*
+ * The request body, given to libcurl by a read callback that cannot be
+ * rewound. When a reused keep-alive connection dies before any answer,
+ * libcurl sends the request again on a new one; but the upstream may have
+ * acted on the first and died answering. A body that cannot be rewound
+ * makes that resend fail (CURLE_SEND_FAIL_REWIND) instead.
+ */
+typedef struct body_reader {
+  const char *p;
+  size_t len, off;
+} body_reader;
+
+static size_t read_body(char *buf, size_t size, size_t n, void *arg) {
+  body_reader *b = arg;
+  size_t want = size * n, left = b->len - b->off;
+  if (want > left)
+    want = left;
+  memcpy(buf, b->p + b->off, want);
+  b->off += want;
+  return want;
+}
+
+static int seek_body(void *arg, curl_off_t offset, int origin) {
+  (void)arg, (void)offset, (void)origin;
+  return CURL_SEEKFUNC_CANTSEEK;
+}
+
 static double now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -231,6 +258,7 @@ up_result upstream_forward(const up_request *rq, up_response *rs) {
   struct curl_slist *hdrs = NULL;
   char *url = NULL;
   sink s = {rs, 0, 0, 0, 0};
+  body_reader body = {rq->body, rq->body_len, 0};
   CURLcode cc;
   long status = 0;
   curl_off_t sent = 0;
@@ -271,9 +299,17 @@ up_result upstream_forward(const up_request *rq, up_response *rs) {
   } else if (rq->body_len || strcmp(rq->method, "POST") == 0 ||
              strcmp(rq->method, "PUT") == 0 ||
              strcmp(rq->method, "PATCH") == 0) {
+    curl_easy_setopt(c, CURLOPT_POST, 1L);
     curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE,
                      (curl_off_t)rq->body_len);
-    curl_easy_setopt(c, CURLOPT_POSTFIELDS, rq->body ? rq->body : "");
+    curl_easy_setopt(c, CURLOPT_READFUNCTION, read_body);
+    curl_easy_setopt(c, CURLOPT_READDATA, &body);
+    curl_easy_setopt(c, CURLOPT_SEEKFUNCTION, seek_body);
+    if (!rq->body_len)
+      /* Nothing to read means nothing to rewind, and libcurl would resend
+       * on a new connection: an empty body takes a new one from the
+       * start (rare enough to cost nothing that matters). */
+      curl_easy_setopt(c, CURLOPT_FRESH_CONNECT, 1L);
     if (strcmp(rq->method, "POST") != 0)
       curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, rq->method);
   } else if (strcmp(rq->method, "GET") != 0) {

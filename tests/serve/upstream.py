@@ -11,6 +11,8 @@ it accepts. HTTP/1.1 with keep-alive, one thread per connection.
                                  where T is the JSON body's "title"
       ?delay_ms=N                acts, then waits N ms before answering
       ?delay_first_ms=N          the same, for the key's first effect only
+      ?drop_first=1              acts, then closes the connection without
+                                 an answer, for the key's first effect only
       ?status=S                  answers S instead of 201 (after acting)
       ?bytes=N                   the answer's body is N bytes of "x"
       ?cookie=1                  adds Set-Cookie: session=...
@@ -21,6 +23,7 @@ Every POST/PATCH/PUT counts as an effect for its Idempotency-Key header
 ("" without one).
 """
 import json
+import socket
 import socketserver
 import ssl
 import sys
@@ -73,6 +76,10 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(int(q["delay_ms"]) / 1000)
         if "delay_first_ms" in q and first:
             time.sleep(int(q["delay_first_ms"]) / 1000)
+        if q.get("drop_first") and first:
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
         status = int(q.get("status", 201))
         headers = [("Content-Type", "application/json"),
                    ("X-Ticket", str(n))]
@@ -105,6 +112,9 @@ class Handler(BaseHTTPRequestHandler):
 class Server(socketserver.ThreadingMixIn, HTTPServer):
     daemon_threads = True
     request_queue_size = 256
+
+    def handle_error(self, request, client_address):
+        pass  # a client that hung up early is part of the tests
 
 
 def main():
