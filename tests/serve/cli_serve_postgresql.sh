@@ -1,0 +1,98 @@
+#!/bin/sh
+# Two idem serve processes on one PostgreSQL store act as one gateway; a
+# store that becomes unreachable makes the gateway answer 503 and forward
+# nothing. Needs IDEM_TEST_PG_URL (scripts/check.sh starts a server); the
+# test fails, never skips, without one.
+IDEM=$1
+. "$(dirname "$0")/../lib.sh"
+. "$(dirname "$0")/serve_lib.sh"
+
+if [ -z "${IDEM_TEST_PG_URL:-}" ]; then
+  fail "IDEM_TEST_PG_URL is not set: no PostgreSQL server for this test"
+  finish
+  exit 1
+fi
+# The store is reached through a proxy that can take the server away.
+host=$(printf '%s' "$IDEM_TEST_PG_URL" | sed -n 's/.*[?&]host=\([^&]*\).*/\1/p')
+port=$(printf '%s' "$IDEM_TEST_PG_URL" | sed -n 's/.*[?&]port=\([0-9]*\).*/\1/p')
+port=${port:-5432}
+mkdir "$TMP/proxy"
+: > "$TMP/refused"
+python3 "$(dirname "$0")/../pg_proxy.py" "$TMP/proxy/.s.PGSQL.$port" "$host/.s.PGSQL.$port" "$TMP/down" "$TMP/refused" &
+PIDS="$PIDS $!"
+n=0
+while [ ! -S "$TMP/proxy/.s.PGSQL.$port" ] && [ $n -lt 100 ]; do sleep 0.1; n=$((n + 1)); done
+STORE="postgresql://idem@/postgres?host=$TMP/proxy&port=$port"
+down() {
+  : > "$TMP/down"
+  n=0
+  while [ ! -e "$TMP/down.cut" ] && [ $n -lt 100 ]; do sleep 0.05; n=$((n + 1)); done
+}
+up() {
+  rm -f "$TMP/down"
+  n=0
+  while [ -e "$TMP/down.cut" ] && [ $n -lt 100 ]; do sleep 0.05; n=$((n + 1)); done
+}
+# Records stay in the server between runs: this run's tenant is its own.
+T="serve-$$-$(date +%s%N)"
+
+start_upstream up || { finish; exit 1; }
+start_gateway a --upstream "$UP" --store "$STORE" --tenant-header X-Tenant || { finish; exit 1; }
+GW_A=$GW ADMIN_A=$ADMIN PID_A=$GW_PID
+start_gateway b --upstream "$UP" --store "$STORE" --tenant-header X-Tenant || { finish; exit 1; }
+GW_B=$GW PID_B=$GW_PID
+expect_match "gateway on PostgreSQL" "store postgresql" "$(cat "$TMP/a.err")"
+
+# 1. 32 concurrent requests with one key, split between two gateways:
+#    one effect; every 2xx has the same body; the others are 409.
+i=0 pids=""
+while [ $i -lt 32 ]; do
+  if [ $((i % 2)) = 0 ]; then GW=$GW_A; else GW=$GW_B; fi
+  post "c$i" pg-conc '{"title":"Race"}' /tickets?delay_ms=700 -H "X-Tenant: $T" &
+  pids="$pids $!"
+  i=$((i + 1))
+done
+wait $pids
+ok2=0 busy=0 bodies=""
+i=0
+while [ $i -lt 32 ]; do
+  case $(code "c$i") in
+    201) ok2=$((ok2 + 1)); bodies="$bodies$(body "c$i")
+" ;;
+    409) busy=$((busy + 1)) ;;
+  esac
+  i=$((i + 1))
+done
+expect_eq "two gateways: one effect" 1 "$(effects pg-conc)"
+expect_eq "two gateways: every answer 201 or 409" 32 "$((ok2 + busy))"
+expect_eq "two gateways: one distinct 2xx body" 1 "$(printf '%s' "$bodies" | sort -u | grep -c .)"
+GW=$GW_B post r1 pg-conc '{"title":"Race"}' /tickets?delay_ms=700 -H "X-Tenant: $T"
+GW=$GW_A post r2 pg-conc '{"title":"Race"}' /tickets?delay_ms=700 -H "X-Tenant: $T"
+expect_eq "two gateways: both replay the one answer" "true true 1" \
+  "$(header r1 Idempotent-Replayed) $(header r2 Idempotent-Replayed) $(effects pg-conc)"
+expect_eq "two gateways: the same body" "$(body r1)" "$(body r2)"
+GW=$GW_B post r3 pg-conc '{"title":"Race"}' /tickets?delay_ms=700 -H "X-Tenant: $T-other"
+expect_eq "another tenant header: a record of its own" "201 2" "$(code r3) $(effects pg-conc)"
+
+# 2. The store unreachable: 503 with Retry-After, nothing forwarded;
+#    /healthz says so; once it is back the retry proceeds.
+GW=$GW_A ADMIN=$ADMIN_A
+down
+post s1 pg-down '{"title":"D"}' -H "X-Tenant: $T"
+expect_eq "store down: 503" "503 urn:idem:problem:store-unavailable" "$(code s1) $(json s1 type)"
+expect_match "store down: Retry-After" '^[0-9]+$' "$(header s1 Retry-After)"
+expect_eq "store down: nothing forwarded" 0 "$(effects pg-down)"
+expect_eq "store down: healthz 503" 503 "$(curl -s -o /dev/null -w '%{http_code}' "$ADMIN/healthz")"
+g=$(curl -s -o /dev/null -w '%{http_code}' "$GW/tickets/1")
+expect_eq "store down: requests without a key still pass" 200 "$g"
+up
+post s2 pg-down '{"title":"D"}' -H "X-Tenant: $T"
+expect_eq "store back: the retry proceeds" "201 1" "$(code s2) $(effects pg-down)"
+expect_eq "store back: healthz 200" 200 "$(curl -s -o /dev/null -w '%{http_code}' "$ADMIN/healthz")"
+expect_match "metrics: errors counted" '^[1-9]' "$(metric 'idem_gateway_requests_total{outcome="error"}')"
+
+stop_gateway "$PID_A"
+expect_eq "gateway a stops cleanly" 0 "$STOPPED"
+stop_gateway "$PID_B"
+expect_eq "gateway b stops cleanly" 0 "$STOPPED"
+finish
