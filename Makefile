@@ -28,6 +28,7 @@ check:
 bench: build
 	@sh scripts/deps.sh bench
 	sh bench/run.sh $(BUILD)/idem
+	sh bench/gateway.sh $(BUILD)/idem
 
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)

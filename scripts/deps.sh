@@ -6,7 +6,7 @@ want="gcc make cmake pkg-config libjansson-dev libsqlite3-dev libssl-dev libpq-d
   libmicrohttpd-dev libcurl4-openssl-dev"
 case "${1:-build}" in
   check) want="$want libcmocka-dev postgresql python3 sqlite3 curl openssl" ;;
-  bench) want="$want postgresql postgresql-contrib python3" ;;
+  bench) want="$want postgresql postgresql-contrib python3 curl nginx wrk" ;;
 esac
 missing=""
 for p in $want; do
