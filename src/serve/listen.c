@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <microhttpd.h>
 #include <netdb.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,19 @@
 #include <unistd.h>
 
 #include "cli.h"
+
+/* libmicrohttpd's own messages (a client's malformed request, a header
+ * too large), marked as the gateway's. */
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+  char line[1024];
+  size_t n;
+  (void)cls;
+  vsnprintf(line, sizeof line, fmt, ap);
+  n = strlen(line);
+  while (n && line[n - 1] == '\n')
+    line[--n] = 0;
+  fprintf(stderr, "idem serve: http: %s\n", line);
+}
 
 /* Splits HOST:PORT; host "" means every address. 0, or -1. */
 static int split(const char *s, char *host, size_t hsize, char *port,
@@ -112,7 +126,9 @@ struct MHD_Daemon *listen_on(const char *what, const char *where,
   }
   d = MHD_start_daemon(flags, 0, NULL, NULL,
                        handler, cls,
-                       MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_ARRAY,
+                       MHD_OPTION_LISTEN_SOCKET, fd,
+                       MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+                       MHD_OPTION_ARRAY,
                        options, MHD_OPTION_END);
   if (!d)
     cli_error("serve", "%s: cannot start the HTTP server on %s", what,

@@ -146,6 +146,16 @@ expect_eq "chunked body: forwarded, then replayed" "201 chunks true" \
 post e3 expect-1 '{"title":"continue"}' -H 'Expect: 100-continue'
 expect_eq "Expect: 100-continue" "201 continue 1" "$(code e3) $(json e3 title) $(effects expect-1)"
 
+# 8b. Limits of the server library: headers too large are refused before
+#     anything is claimed; keep-alive: one connection for several requests.
+big=$(head -c 40000 /dev/zero | tr '\0' a)
+post hb big-header-1 '{"title":"x"}' -H "X-Big: $big"
+expect_eq "headers over the server's limit: 431, nothing forwarded" "431 0" "$(code hb) $(effects big-header-1)"
+reused=$(curl -sv -X POST -H 'Content-Type: application/json' -H 'Idempotency-Key: ka-1' \
+  --data '{"title":"ka"}' "$GW/tickets" "$GW/tickets" 2>&1 | grep -c 'Re-using existing connection')
+expect_eq "keep-alive: the second request reuses the connection" 1 "$reused"
+expect_eq "keep-alive: one effect for the key" 1 "$(effects ka-1)"
+
 # 9. The admin listener: /healthz, /readyz, /metrics moved by the above.
 expect_eq "healthz" "200" "$(curl -s -o /dev/null -w '%{http_code}' "$ADMIN/healthz")"
 expect_eq "readyz" "200" "$(curl -s -o /dev/null -w '%{http_code}' "$ADMIN/readyz")"
@@ -223,7 +233,8 @@ expect_eq "too large to store: a retry is refused" "409 urn:idem:problem:outcome
   "$(code l2) $(json l2 type) $(effects large-1)"
 out=$("$IDEM" keys list --store "$TMP/gw2.db" --state unknown 2>&1)
 expect_match "too large to store: idem keys shows it" "large-1" "$out"
-stop_gateway "$GW_PID"
-expect_eq "gw2 stopped cleanly" 0 "$STOPPED"
+kill -INT "$GW_PID"
+wait "$GW_PID"
+expect_eq "SIGINT: gw2 stopped cleanly" 0 "$?"
 
 finish
