@@ -40,8 +40,9 @@ static const char usage[] =
     "--operation defaults to \"run\", the operation of `idem run`; the\n"
     "tenant defaults to \"\". A tenant is at most 255 bytes of UTF-8 without\n"
     "control characters or invisible ones that reorder or hide text (such\n"
-    "as U+202E). --status is 0-255. Stored text that could mislead on a\n"
-    "terminal is shown escaped (\\n, \\x1b, \\u202e; a backslash as \\\\).\n"
+    "as U+202E). --status is 0-255 for `idem run` (an exit status) and\n"
+    "0-999 for other operations (an HTTP status for `idem serve`). Stored\n"
+    "text that could mislead on a terminal is shown escaped (\\n, \\x1b, \\u202e; a backslash as \\\\).\n"
     "\n"
     "Exit status: 0 ok, 1 store error or no such record, 2 usage.\n";
 
@@ -441,9 +442,8 @@ static int set_option(opts *o, const char *name, const char *v) {
     }
     o->limit = (int)n;
   } else if (strcmp(name, "--status") == 0) {
-    if (cli_parse_uint(v, 255, &n) != 0) {
-      cli_error("keys", "--status: '%s' is not an exit status from 0 to 255",
-                v);
+    if (cli_parse_uint(v, 999, &n) != 0) {
+      cli_error("keys", "--status: '%s' is not a status from 0 to 999", v);
       return -1;
     }
     o->status = n;
@@ -521,6 +521,13 @@ static int run(int argc, char **argv) {
   }
   if (action == RESOLVE && o.completed == o.failed) {
     cli_error("keys", "resolve needs exactly one of --completed or --failed");
+    return EXIT_USAGE;
+  }
+  if (o.has_status && o.status > 255 &&
+      (!o.operation || strcmp(o.operation, "run") == 0)) {
+    cli_error("keys", "--status: %ld is not an exit status (0-255), which "
+                      "the records of `idem run` keep",
+              o.status);
     return EXIT_USAGE;
   }
   if (o.expired && o.overdue) {

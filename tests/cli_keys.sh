@@ -145,7 +145,7 @@ expect_eq "resolve --failed --status: exit 2" 2 "$?"
 msg=$("$IDEM" keys list --store '' 2>&1)
 expect_eq "--store '': exit 2" 2 "$?"
 expect_eq "--store '': why" "idem keys: --store: empty store URL" "$msg"
-for st in -1 256 99999999999 x 1.5 ''; do
+for st in -1 256 1000 99999999999 x 1.5 ''; do
   "$IDEM" keys resolve dying --completed --status "$st" 2>/dev/null
   expect_eq "resolve --status '$st': exit 2" 2 "$?"
 done

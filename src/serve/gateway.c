@@ -637,6 +637,17 @@ static enum MHD_Result finish(struct MHD_Connection *c, req *r,
 
   switch (idem_call_outcome(call)) {
   case IDEM_REPLAY:
+    if (idem_call_response(call)->status < 100 ||
+        idem_call_response(call)->status > 599) {
+      /* An operator's `idem keys resolve --completed` without --status. */
+      ok = problem(c, r, method, OUT_ERROR, 500, "stored-status-invalid",
+                   "Stored answer is not HTTP", 0, 0,
+                   "The stored answer for this key has status %d, which is "
+                   "not an HTTP status; an operator must resolve the key "
+                   "again with --status.",
+                   idem_call_response(call)->status);
+      goto out;
+    }
     ok = replay(c, r, method, idem_call_response(call));
     goto out;
   case IDEM_CONFLICT:

@@ -82,6 +82,22 @@ expect_match "fail: the detail names idem keys resolve" "idem keys resolve" "$(j
 expect_eq "fail: resolved by an operator" 0 "$?"
 post f3 fail-1 '{"title":"F"}' /tickets?delay_first_ms=1500
 expect_eq "fail: after resolve --failed, forwarded again" "201 2" "$(code f3) $(effects fail-1)"
+# An operator may also settle it with an answer of their own, replayed.
+post f4 fail-2 '{"title":"F"}' /tickets?delay_first_ms=1500
+sleep 1.3
+printf '{"resolved":"by hand"}' > "$TMP/answer.json"
+"$IDEM" keys resolve fail-2 --store "$DB" --operation 'POST /tickets' --completed \
+  --status 202 --body "$TMP/answer.json" >/dev/null 2>&1
+expect_eq "fail: resolved --completed with an HTTP status" 0 "$?"
+post f5 fail-2 '{"title":"F"}' /tickets?delay_first_ms=1500
+expect_eq "fail: the operator's answer is replayed" '202 true {"resolved":"by hand"} 1' \
+  "$(code f5) $(header f5 Idempotent-Replayed) $(body f5) $(effects fail-2)"
+post f6 fail-3 '{"title":"F"}' /tickets?delay_first_ms=1500
+sleep 1.3
+"$IDEM" keys resolve fail-3 --store "$DB" --operation 'POST /tickets' --completed >/dev/null 2>&1
+post f7 fail-3 '{"title":"F"}' /tickets?delay_first_ms=1500
+expect_eq "fail: resolved without an HTTP status: 500, said why" "500 urn:idem:problem:stored-status-invalid 1" \
+  "$(code f7) $(json f7 type) $(effects fail-3)"
 stop_gateway "$GW_PID"
 
 # 5. The gateway killed with SIGKILL while the upstream works; restarted
