@@ -46,7 +46,7 @@ typedef struct req {
   double t0;
   char *key;          /* the key, quotes of a structured field removed */
   char tenant[300];
-  char path[1024];    /* printable ASCII: the path, percent-encoded where not */
+  char *path;         /* printable ASCII: the path, percent-encoded where not */
   char operation[256];
 } req;
 
@@ -61,7 +61,7 @@ static double now_ms(void) {
 static void log_answer(struct MHD_Connection *c, req *r, const char *method,
                        serve_outcome o, int status, double upstream_ms,
                        const char *note) {
-  access_entry e = {method,      r->path,
+  access_entry e = {method,      r->path ? r->path : "",
                     o,           status,
                     upstream_ms, now_ms() - r->t0,
                     r->protect ? r->key : NULL,
@@ -185,23 +185,6 @@ static enum MHD_Result replay(struct MHD_Connection *c, req *r,
 
 /* ---- the request ------------------------------------------------------------ */
 
-/* dst = src with bytes outside printable ASCII percent-encoded. */
-static void printable(const char *src, size_t n, char *dst, size_t size) {
-  static const char hex[] = "0123456789ABCDEF";
-  size_t o = 0;
-  for (size_t i = 0; i < n && o + 4 < size; i++) {
-    unsigned char b = (unsigned char)src[i];
-    if (b > 0x20 && b < 0x7f) {
-      dst[o++] = (char)b;
-    } else {
-      dst[o++] = '%';
-      dst[o++] = hex[b >> 4];
-      dst[o++] = hex[b & 15];
-    }
-  }
-  dst[o] = 0;
-}
-
 typedef struct headers {
   up_header *h;
   size_t n, cap;
@@ -252,16 +235,6 @@ static int method_protected(const char *method) {
   return strstr(cfg->methods, m) != NULL;
 }
 
-static int is_json_type(const char *ct) {
-  size_t n;
-  if (!ct)
-    return 0;
-  n = strcspn(ct, "; \t");
-  if (n == 16 && strncasecmp(ct, "application/json", 16) == 0)
-    return 1;
-  return n > 5 && strncasecmp(ct + n - 5, "+json", 5) == 0;
-}
-
 /*
  * The tenant: the --tenant-header value as it is, else "authorization:"
  * and the SHA-256 of the Authorization header, so that two credentials never
@@ -295,35 +268,6 @@ static int derive_tenant(struct MHD_Connection *c, req *r) {
   return 0;
 }
 
-/*
- * The key: the Idempotency-Key value, either a structured-field string
- * ("...", as the IETF draft writes it) or the bare token Stripe's clients
- * send. NULL with why set when it is not a valid key.
- */
-static char *parse_key(const char *v, char *why, size_t size) {
-  size_t n = strlen(v);
-  char *k;
-  if (n >= 2 && v[0] == '"' && v[n - 1] == '"') {
-    if (memchr(v + 1, '"', n - 2) || memchr(v + 1, '\\', n - 2)) {
-      snprintf(why, size, "a quoted key may not contain '\"' or '\\'");
-      return NULL;
-    }
-    k = strndup(v + 1, n - 2);
-  } else {
-    k = strdup(v);
-  }
-  if (!k) {
-    snprintf(why, size, "out of memory");
-    return NULL;
-  }
-  if (idem_key_check(k) != IDEM_OK) {
-    snprintf(why, size, "%s", idem_errmsg());
-    free(k);
-    return NULL;
-  }
-  return k;
-}
-
 /* The checks made once the headers are in. MHD_YES to read the body. */
 static enum MHD_Result begin(struct MHD_Connection *c, req *r,
                              const char *method) {
@@ -333,7 +277,8 @@ static enum MHD_Result begin(struct MHD_Connection *c, req *r,
   size_t plen = q ? (size_t)(q - r->uri) : strlen(r->uri);
 
   r->started = 1;
-  printable(r->uri, plen, r->path, sizeof r->path);
+  if (!(r->path = serve_printable(r->uri, plen)))
+    return MHD_NO;
   v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
   if (v && strtoull(v, NULL, 10) > cfg->max_body) {
     r->answered = 1;
@@ -369,7 +314,7 @@ static enum MHD_Result begin(struct MHD_Connection *c, req *r,
                    "it.",
                    method);
   }
-  if (!(r->key = parse_key(v, why, sizeof why))) {
+  if (!(r->key = serve_parse_key(v, why, sizeof why))) {
     r->answered = 1;
     return problem(c, r, method, OUT_REJECTED, 400, "bad-key",
                    "Malformed Idempotency-Key", 0, 0,
@@ -386,15 +331,13 @@ static enum MHD_Result begin(struct MHD_Connection *c, req *r,
                    cfg->tenant_header);
   }
   r->protect = 1;
-  if (strlen(method) <= 40 && strlen(r->path) <= 200) {
-    snprintf(r->operation, sizeof r->operation, "%.40s %.200s", method,
-             r->path);
-  } else {
-    /* Too long for an operation: its hash, with a readable start. */
-    char hex[IDEM_FINGERPRINT_SIZE];
-    idem_sha256_hex(r->path, strlen(r->path), hex);
-    snprintf(r->operation, sizeof r->operation, "%.20s %.100s... sha256:%s",
-             method, r->path, hex);
+  if (serve_operation(method, r->path, r->operation, sizeof r->operation) !=
+      0) {
+    r->answered = 1;
+    return problem(c, r, method, OUT_REJECTED, 400, "bad-method",
+                   "Method too long", 0, 0,
+                   "A method of more than 32 characters cannot be "
+                   "protected.");
   }
   return MHD_YES;
 }
@@ -478,41 +421,6 @@ static idem_exec_result forward_action(idem_exec *x, void *ctx,
   return f->answer = IDEM_EXEC_DONE;
 }
 
-/* The request as it is fingerprinted: method, path, query and the body,
- * as JSON when it is JSON (so that its canonical form counts), else as
- * the SHA-256 of its bytes. NULL when out of memory. */
-static char *request_json(const char *method, req *r, int body_as_json) {
-  const char *q = strchr(r->uri, '?');
-  char query[2048], hex[IDEM_FINGERPRINT_SIZE];
-  json_t *head;
-  char *h, *s = NULL;
-  printable(q ? q + 1 : "", q ? strlen(q + 1) : 0, query, sizeof query);
-  if (q && strlen(q + 1) * 3 >= sizeof query) {
-    idem_sha256_hex(q + 1, strlen(q + 1), hex);
-    snprintf(query, sizeof query, "sha256:%s", hex);
-  }
-  head = json_pack("{s:s, s:s, s:s}", "method", method, "path", r->path,
-                   "query", query);
-  if (!head)
-    return NULL;
-  if (!body_as_json) {
-    idem_sha256_hex(r->body ? r->body : "", r->len, hex);
-    json_object_set_new(head, "body_sha256", json_string(hex));
-  }
-  h = json_dumps(head, JSON_COMPACT);
-  json_decref(head);
-  if (!h)
-    return NULL;
-  if (!body_as_json)
-    return h;
-  /* {...,"body":<the body as sent>}: canonicalised with the rest. */
-  h[strlen(h) - 1] = 0;
-  if (asprintf(&s, "%s,\"body\":%.*s}", h, (int)r->len, r->body) < 0)
-    s = NULL;
-  free(h);
-  return s;
-}
-
 static int client_address(struct MHD_Connection *c, char *a, size_t size) {
   const union MHD_ConnectionInfo *ci =
       MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
@@ -551,7 +459,7 @@ static enum MHD_Result finish(struct MHD_Connection *c, req *r,
   char addr[INET6_ADDRSTRLEN];
   idem_call *call = NULL;
   enum MHD_Result ok;
-  int rc, as_json;
+  int rc;
   char *rj = NULL;
   double s0;
 
@@ -601,23 +509,15 @@ static enum MHD_Result finish(struct MHD_Connection *c, req *r,
   o.call.on_expired_lease =
       cfg->on_unknown_fail ? IDEM_EXPIRED_REPORT : IDEM_EXPIRED_TAKE_OVER;
 
-  as_json = r->len > 0 &&
-            is_json_type(MHD_lookup_connection_value(c, MHD_HEADER_KIND,
-                                                     "Content-Type"));
-  s0 = now_ms();
-  for (;;) {
-    if (!(rj = request_json(method, r, as_json))) {
-      ok = MHD_NO;
-      goto out;
-    }
-    rc = idem_execute(store, &id, rj, strlen(rj), forward_action, &f, &o,
-                      &call);
-    if (rc == IDEM_OK || call || !as_json || store_trouble(rc))
-      break;
-    /* Declared JSON, but not JSON: its bytes make the fingerprint. */
-    free(rj);
-    as_json = 0;
+  rj = serve_request_json(method, r->uri, r->body, r->len,
+                          serve_is_json_type(MHD_lookup_connection_value(
+                              c, MHD_HEADER_KIND, "Content-Type")));
+  if (!rj) {
+    ok = MHD_NO;
+    goto out;
   }
+  s0 = now_ms();
+  rc = idem_execute(store, &id, rj, strlen(rj), forward_action, &f, &o, &call);
   metrics_store_ms(now_ms() - s0 - (f.ran ? f.rs.ms : 0));
 
   if (rc != IDEM_OK && !call) {
@@ -820,6 +720,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
   free(r->uri);
   free(r->body);
   free(r->key);
+  free(r->path);
   free(r);
   *con_cls = NULL;
 }

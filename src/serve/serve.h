@@ -126,6 +126,38 @@ void upstream_cleanup(void);
  * those it sets itself (Host, Content-Length). */
 int header_is_hop_by_hop(const char *name);
 
+/* ---- request.c: what of a request makes its record ----------------------- */
+
+/* The longest operation libidem takes. */
+#define IDEM_OPERATION_MAX 255
+
+/* s (n bytes) with every byte outside printable ASCII (0x21-0x7e)
+ * percent-encoded; malloc()ed, NULL when out of memory. */
+char *serve_printable(const char *s, size_t n);
+
+/* The operation, "METHOD PATH" (path printable), or, past 255 bytes, the
+ * path's first 100 bytes and its SHA-256. op has at least 256 bytes. 0, or
+ * -1 for a method longer than 32 bytes. */
+int serve_operation(const char *method, const char *path, char *op,
+                    size_t size);
+
+/* Non-zero for application/json and any +json media type. */
+int serve_is_json_type(const char *content_type);
+
+/* The key of an Idempotency-Key value: a token, or a structured-field
+ * string ("..."), checked as libidem checks keys. malloc()ed; NULL with why
+ * set when it is not a valid key. */
+char *serve_parse_key(const char *value, char *why, size_t size);
+
+/*
+ * The request that is fingerprinted, as JSON: {"method", "path", "query"
+ * (both printable), and "body" (the canonical JSON body when json_type and
+ * the body is one JSON value) or "body_sha256"}. Always valid JSON.
+ * malloc()ed; NULL when out of memory.
+ */
+char *serve_request_json(const char *method, const char *uri,
+                         const char *body, size_t len, int json_type);
+
 /* ---- gateway.c, admin.c, listen.c -------------------------------------- */
 
 /* Starts the gateway's listener on cfg->listen; NULL, with why printed, on

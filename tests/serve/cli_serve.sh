@@ -47,6 +47,14 @@ expect_eq "same key, other path: a new operation" 201 "$(code a4)"
 post a5 json-1 '{"title":"Disk","n":1,"tags":["a","b"]}' /tickets?x=1
 expect_eq "same key and body, other query: 422" 422 "$(code a5)"
 expect_eq "json: upstream effects" 2 "$(effects json-1)"
+# Long paths: two that differ only past 1100 bytes are two operations
+# (not one, as when the path was cut to fit a buffer).
+stem=/tickets/$(printf '%01100d' 0)
+post lp1 long-path-1 '{"title":"L"}' "$stem/a"
+post lp2 long-path-1 '{"title":"L"}' "$stem/b"
+post lp3 long-path-1 '{"title":"L"}' "$stem/a"
+expect_eq "long paths: two operations, the first replayed" "201 201 true 2" \
+  "$(code lp1) $(code lp2) $(header lp3 Idempotent-Replayed) $(effects long-path-1)"
 # A body that is not JSON is fingerprinted by its bytes.
 post t1 text-1 'a  b' -H 'Content-Type: text/plain'
 post t2 text-1 'a  b' -H 'Content-Type: text/plain'
