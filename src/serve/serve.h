@@ -125,6 +125,9 @@ void upstream_cleanup(void);
 /* Non-zero for headers that a proxy does not pass on (RFC 9110 7.6.1), and
  * those it sets itself (Host, Content-Length). */
 int header_is_hop_by_hop(const char *name);
+/* Non-zero when the value of a Connection header names this header, which
+ * is then hop-by-hop too. */
+int header_named_by(const char *connection, const char *name);
 
 /* ---- request.c: what of a request makes its record ----------------------- */
 

@@ -80,6 +80,20 @@ int header_is_hop_by_hop(const char *n) {
   return 0;
 }
 
+int header_named_by(const char *connection, const char *name) {
+  size_t n = strlen(name);
+  const char *p = connection;
+  while (p && *p) {
+    size_t len;
+    p += strspn(p, " \t,");
+    len = strcspn(p, " \t,");
+    if (len == n && strncasecmp(p, name, n) == 0)
+      return 1;
+    p += len;
+  }
+  return 0;
+}
+
 /* ---- the response as it arrives ------------------------------------------ */
 
 typedef struct sink {
@@ -87,6 +101,7 @@ typedef struct sink {
   size_t cap, hcap;
   int too_large;
   int saw_status; /* headers of the final response (not 100 Continue) */
+  char *connection; /* the response's Connection header: more hop-by-hop */
 } sink;
 
 static void free_headers(up_response *rs) {
@@ -108,6 +123,8 @@ static size_t on_header(char *p, size_t size, size_t n, void *arg) {
     /* A new status line: interim (1xx) responses come first and their
      * headers are dropped. */
     free_headers(rs);
+    free(s->connection);
+    s->connection = NULL;
     return len;
   }
   while (len && (p[len - 1] == '\n' || p[len - 1] == '\r'))
@@ -133,6 +150,8 @@ static size_t on_header(char *p, size_t size, size_t n, void *arg) {
     return 0;
   }
   if (header_is_hop_by_hop(h->name)) {
+    if (strcasecmp(h->name, "Connection") == 0 && !s->connection)
+      s->connection = strdup(h->value);
     free(h->name);
     free(h->value);
     return size * n;
@@ -209,10 +228,15 @@ static double now_ms(void) {
 static struct curl_slist *request_headers(const up_request *rq) {
   struct curl_slist *l = NULL, *n;
   char *line;
+  const char *connection = NULL;
   int had_xff = 0;
+  for (size_t i = 0; i < rq->nheaders; i++)
+    if (strcasecmp(rq->headers[i].name, "Connection") == 0)
+      connection = rq->headers[i].value;
   for (size_t i = 0; i < rq->nheaders; i++) {
     const up_header *h = &rq->headers[i];
-    if (header_is_hop_by_hop(h->name))
+    if (header_is_hop_by_hop(h->name) ||
+        header_named_by(connection, h->name))
       continue;
     if (strcasecmp(h->name, "X-Forwarded-For") == 0 && rq->client_addr) {
       had_xff = 1;
@@ -257,7 +281,7 @@ up_result upstream_forward(const up_request *rq, up_response *rs) {
   CURL *c;
   struct curl_slist *hdrs = NULL;
   char *url = NULL;
-  sink s = {rs, 0, 0, 0, 0};
+  sink s = {rs, 0, 0, 0, 0, NULL};
   body_reader body = {rq->body, rq->body_len, 0};
   CURLcode cc;
   long status = 0;
@@ -346,6 +370,20 @@ up_result upstream_forward(const up_request *rq, up_response *rs) {
     snprintf(rs->error, sizeof rs->error, "%s", curl_easy_strerror(cc));
     r = UP_LOST;
   }
+  if (r == UP_OK && s.connection) {
+    /* Headers the Connection header names are hop-by-hop too. */
+    size_t k = 0;
+    for (size_t i = 0; i < rs->nheaders; i++) {
+      if (header_named_by(s.connection, rs->headers[i].name)) {
+        free(rs->headers[i].name);
+        free(rs->headers[i].value);
+      } else {
+        rs->headers[k++] = rs->headers[i];
+      }
+    }
+    rs->nheaders = k;
+  }
+  free(s.connection);
   if (r != UP_OK) {
     free_headers(rs);
     free(rs->body);

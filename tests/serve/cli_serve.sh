@@ -146,6 +146,14 @@ post s2 cookie-1 '{"title":"C"}' /tickets?cookie=1
 expect_match "Set-Cookie on the first answer" "session=s" "$(header s1 Set-Cookie)"
 expect_eq "no Set-Cookie on the replay" "true " "$(header s2 Idempotent-Replayed) $(header s2 Set-Cookie)"
 
+# 7b. Headers a Connection header names are hop-by-hop, both ways.
+post hop1 hop-1 '{"title":"H"}' /tickets?hop=1 -H 'Connection: X-Client-Hop' -H 'X-Client-Hop: 1' -H 'X-End-To-End: 1'
+post hop2 hop-1 '{"title":"H"}' /tickets?hop=1
+expect_eq "hop-by-hop: not passed on, not replayed" "201  true " \
+  "$(code hop1) $(header hop1 X-Hop-Only) $(header hop2 Idempotent-Replayed) $(header hop2 X-Hop-Only)"
+expect_eq "hop-by-hop: the client's named header stays here" "None 1" \
+  "$(upstream_field last_headers | python3 -c 'import json,sys; h=json.load(sys.stdin); print(h.get("X-Client-Hop"), h.get("X-End-To-End"))')"
+
 # 8. Transfer-Encoding: chunked and Expect: 100-continue request bodies.
 post e1 chunked-1 '{"title":"chunks"}' -H 'Transfer-Encoding: chunked'
 post e2 chunked-1 '{"title":"chunks"}'

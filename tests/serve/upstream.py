@@ -16,6 +16,7 @@ it accepts. HTTP/1.1 with keep-alive, one thread per connection.
       ?status=S                  answers S instead of 201 (after acting)
       ?bytes=N                   the answer's body is N bytes of "x"
       ?cookie=1                  adds Set-Cookie: session=...
+      ?hop=1                     adds X-Hop-Only, named by Connection
   GET  /_counts                  {"effects": {key: count}, "total": N,
                                   "requests": N, "last_headers": {...}}
   GET  /anything-else            200 {"get": true, "n": requests so far}
@@ -83,6 +84,8 @@ class Handler(BaseHTTPRequestHandler):
         status = int(q.get("status", 201))
         headers = [("Content-Type", "application/json"),
                    ("X-Ticket", str(n))]
+        if q.get("hop"):
+            headers += [("Connection", "X-Hop-Only"), ("X-Hop-Only", "1")]
         if q.get("cookie"):
             headers.append(("Set-Cookie", "session=s%d; Path=/" % n))
         if "bytes" in q:
