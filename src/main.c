@@ -5,6 +5,7 @@
 
 static const cli_command *const commands[] = {
     &cmd_lab, &cmd_canon, &cmd_run, &cmd_keys, &cmd_bench,
+    &cmd_mcp,
 };
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
 
