@@ -430,6 +430,32 @@ static void *keyed_thread(void *arg) {
   return NULL;
 }
 
+/*
+ * A retry of a call whose result is stored is answered here, on the client
+ * reader's thread, from a read of the record: no claim and no thread. A
+ * completed record with the same fingerprint is what a claim would replay;
+ * anything else (no record, another fingerprint, a record in progress or
+ * unknown, a failed read) goes through idem_execute(). Returns 1 when
+ * answered.
+ */
+static int answer_completed(keyed *k) {
+  const mcp_opts *o = k->p->o;
+  idem_id id = {o->tenant, k->tool, k->key};
+  idem_record *rec = NULL;
+  char fp[IDEM_FINGERPRINT_SIZE];
+  int done = 0;
+  if (idem_fingerprint(k->request, k->request_len, 1, fp) != IDEM_OK ||
+      idem_get(k->p->store, &id, &rec) != IDEM_OK)
+    return 0;
+  if (rec->state == IDEM_STATE_COMPLETED && rec->has_response &&
+      strcmp(rec->fingerprint, fp) == 0) {
+    answer_replay(k, &rec->response);
+    done = 1;
+  }
+  idem_record_free(rec);
+  return done;
+}
+
 /* {name, arguments} without the key: what the fingerprint is made of. */
 static char *make_request(json_t *params, const char *tool, const char *drop,
                           size_t *len) {
@@ -513,7 +539,17 @@ void mcp_keyed_call(mcp_proxy *p, json_t *msg, const char *line, size_t len,
     keyed_free(k);
     return;
   }
-  p->nkeyed++;
+  p->nkeyed++; /* the store stays open until this call is settled */
+  pthread_mutex_unlock(&p->lock);
+  if (answer_completed(k)) {
+    keyed_free(k);
+    pthread_mutex_lock(&p->lock);
+    p->nkeyed--;
+    pthread_cond_broadcast(&p->cond);
+    pthread_mutex_unlock(&p->lock);
+    return;
+  }
+  pthread_mutex_lock(&p->lock);
   k->handed = &handed;
   pthread_mutex_unlock(&p->lock);
   pthread_attr_init(&attr);
