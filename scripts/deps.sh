@@ -7,9 +7,9 @@ case "${1:-build}" in
   check) want="$want libcmocka-dev postgresql python3 sqlite3" ;;
   bench) want="$want postgresql postgresql-contrib python3" ;;
 esac
-# The idem mcp tests run real MCP servers from npm: Node.js and npm, from
-# Debian when the machine has neither.
-if [ "${1:-build}" = check ]; then
+# The idem mcp tests and bench/mcp.sh run real MCP servers from npm:
+# Node.js and npm, from Debian when the machine has neither.
+if [ "${1:-build}" = check ] || [ "${1:-build}" = bench ]; then
   command -v node >/dev/null 2>&1 || want="$want nodejs"
   command -v npm >/dev/null 2>&1 || want="$want npm"
 fi

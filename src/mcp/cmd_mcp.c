@@ -150,8 +150,8 @@ static int parse(int argc, char **argv, mcp_opts *o) {
                               &o->retention_ms) != 0)
         return -1;
     } else if (strcmp(a, "--shutdown-wait") == 0) {
-      if (cli_duration_option("mcp", a, v, 0, 3600000,
-                              &o->shutdown_wait_ms) != 0)
+      if (cli_duration_option("mcp", a, v, 0, 3600000, &o->shutdown_wait_ms) !=
+          0)
         return -1;
     } else if (strcmp(a, "--on-unknown") == 0) {
       if (strcmp(v, "fail") == 0)
@@ -162,8 +162,9 @@ static int parse(int argc, char **argv, mcp_opts *o) {
       }
     } else if (strcmp(a, "--max-result") == 0) {
       if (parse_size(v, IDEM_MAX_RESPONSE - 4096, &o->max_result) != 0) {
-        cli_error("mcp", "--max-result: bytes (k and M suffixes), at most "
-                         "16M less 4k, not '%s'",
+        cli_error("mcp",
+                  "--max-result: bytes (k and M suffixes), at most "
+                  "16M less 4k, not '%s'",
                   v);
         return -1;
       }
@@ -208,8 +209,9 @@ static int wait_server(mcp_proxy *p, int sig_fd) {
       stage = 1;
       deadline = now + (double)p->o->shutdown_wait_ms;
     } else if (stage == 1 && now >= deadline) {
-      cli_error("mcp", "the server has not exited %.1fs after its input "
-                       "was closed; sending SIGTERM",
+      cli_error("mcp",
+                "the server has not exited %.1fs after its input "
+                "was closed; sending SIGTERM",
                 (double)p->o->shutdown_wait_ms / 1000);
       kill(-p->child, SIGTERM);
       stage = 2;
@@ -298,7 +300,7 @@ static int run(int argc, char **argv) {
     _exit(EXIT_FAIL);
   }
   st = wait_server(p, sig[0]);
-  status = WIFEXITED(st) ? WEXITSTATUS(st)
+  status = WIFEXITED(st)     ? WEXITSTATUS(st)
            : WIFSIGNALED(st) ? 128 + WTERMSIG(st)
                              : EXIT_FAIL;
   /* The server's output ends with it, unless a process it left behind
@@ -329,6 +331,5 @@ static int run(int argc, char **argv) {
   return status;
 }
 
-const cli_command cmd_mcp = {"mcp", run,
-                             "make MCP tools/call retries safe (stdio proxy)",
-                             usage};
+const cli_command cmd_mcp = {
+    "mcp", run, "make MCP tools/call retries safe (stdio proxy)", usage};

@@ -27,15 +27,15 @@
 
 /* The JSON-RPC error codes the proxy answers with; never renumbered. */
 enum {
-  MCP_E_CONFLICT = -32001,     /* key used with other arguments */
-  MCP_E_IN_FLIGHT = -32002,    /* the same call is still running */
-  MCP_E_UNKNOWN = -32003,      /* an earlier attempt's outcome is unknown */
-  MCP_E_STORE = -32004,        /* the store is unavailable or busy */
-  MCP_E_KEY_REQUIRED = -32005, /* --require-key: this tool needs a key */
-  MCP_E_BAD_KEY = -32006,      /* the key is not a valid key */
+  MCP_E_CONFLICT = -32001,      /* key used with other arguments */
+  MCP_E_IN_FLIGHT = -32002,     /* the same call is still running */
+  MCP_E_UNKNOWN = -32003,       /* an earlier attempt's outcome is unknown */
+  MCP_E_STORE = -32004,         /* the store is unavailable or busy */
+  MCP_E_KEY_REQUIRED = -32005,  /* --require-key: this tool needs a key */
+  MCP_E_BAD_KEY = -32006,       /* the key is not a valid key */
   MCP_E_SERVER_EXITED = -32007, /* the server exited; nothing was sent */
-  MCP_E_INTERNAL = -32008,     /* the proxy failed; nothing was sent */
-  MCP_E_BATCH = -32009         /* a keyed tools/call inside a batch */
+  MCP_E_INTERNAL = -32008,      /* the proxy failed; nothing was sent */
+  MCP_E_BATCH = -32009          /* a keyed tools/call inside a batch */
 };
 
 typedef struct mcp_opts {
@@ -65,9 +65,9 @@ enum { PENDING_WAITING = 0, PENDING_ANSWERED, PENDING_GONE, PENDING_CANCELLED };
 /* A keyed call forwarded to the server and waiting for its response. */
 typedef struct mcp_pending {
   struct mcp_pending *next;
-  char *id;     /* the request id as compact JSON */
-  int wake_fd;  /* an eventfd, written when state changes */
-  int state;    /* PENDING_* */
+  char *id;         /* the request id as compact JSON */
+  int wake_fd;      /* an eventfd, written when state changes */
+  int state;        /* PENDING_* */
   json_t *response; /* the server's message, on ANSWERED */
   char *line;       /* and its line, as the server wrote it */
   size_t len;
@@ -88,13 +88,13 @@ typedef struct mcp_proxy {
   mcp_out to_server, to_client;
   pid_t child;
   int from_server; /* the server's standard output */
-  int event_fd; /* the main loop's wake-up pipe (write end) */
+  int event_fd;    /* the main loop's wake-up pipe (write end) */
 
   pthread_mutex_t lock; /* everything below */
   pthread_cond_t cond;  /* keyed calls handed over or ended */
   mcp_pending *pending;
   mcp_watch *watches;
-  json_t *tools; /* tool name -> true when readOnlyHint or idempotentHint */
+  json_t *tools;   /* tool name -> true when readOnlyHint or idempotentHint */
   int server_gone; /* the server's output ended */
   int client_eof;  /* the client's input ended */
   int closing;     /* no new keyed call may start */

@@ -28,8 +28,8 @@ static void on_signal(int sig) {
   errno = saved;
 }
 
-static const int forwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1,
-                                SIGUSR2};
+static const int forwarded[] = {SIGINT,  SIGTERM, SIGHUP,
+                                SIGQUIT, SIGUSR1, SIGUSR2};
 
 int mcp_signal_forwarded(int sig) {
   for (size_t i = 0; i < sizeof forwarded / sizeof forwarded[0]; i++)

@@ -165,8 +165,7 @@ static idem_exec_result keyed_action(idem_exec *x, void *ctx,
       return IDEM_EXEC_UNKNOWN;
     }
     k->why = WHY_RESULT;
-    response->status =
-        json_is_true(json_object_get(result, "isError")) ? 1 : 0;
+    response->status = json_is_true(json_object_get(result, "isError")) ? 1 : 0;
     response->body = k->body;
     response->body_len = k->body_len;
     return IDEM_EXEC_DONE;
@@ -254,8 +253,9 @@ static void finish_ran(keyed *k, int rc) {
     break;
   case WHY_SERVER_ERROR:
     if (rc != IDEM_OK)
-      cli_error("mcp", "key '%s' could not be freed after the server's "
-                       "error: %s",
+      cli_error("mcp",
+                "key '%s' could not be freed after the server's "
+                "error: %s",
                 k->key, detail);
     mcp_out_line(&p->to_client, k->pend.line, k->pend.len);
     break;
@@ -280,8 +280,9 @@ static void finish_ran(keyed *k, int rc) {
               "key '%s' (tool %s): the server exited before answering; the "
               "key is %s",
               k->key, k->tool, rc == IDEM_OK ? "marked unknown" : detail);
-    answer_unknown(k, lease_ms(p), "the server exited before answering "
-                                   "this call");
+    answer_unknown(k, lease_ms(p),
+                   "the server exited before answering "
+                   "this call");
     break;
   case WHY_CANCELLED:
     cli_error("mcp",
@@ -353,8 +354,7 @@ static void keyed_run(keyed *k) {
                   : "idem mcp: this call cannot be given its key (%s); "
                     "nothing was sent to the server.",
              idem_errmsg());
-    cli_error("mcp", "key '%s' (tool %s): %s", k->key, k->tool,
-              idem_errmsg());
+    cli_error("mcp", "key '%s' (tool %s): %s", k->key, k->tool, idem_errmsg());
     mcp_answer_error(p, k->id, busy ? MCP_E_STORE : MCP_E_INTERNAL, msg,
                      error_data(k, busy ? "store_unavailable" : "internal"));
   } else if (k->ran) {
@@ -461,8 +461,8 @@ static char *make_request(json_t *params, const char *tool, const char *drop,
                           size_t *len) {
   json_t *args = json_object_get(params, "arguments");
   json_t *copy = json_is_object(args) ? json_deep_copy(args)
-                 : args                ? json_incref(args)
-                                       : json_object();
+                 : args               ? json_incref(args)
+                                      : json_object();
   json_t *req;
   char *text;
   if (copy && drop && json_is_object(copy))

@@ -139,8 +139,7 @@ void mcp_answer_error(mcp_proxy *p, json_t *id, int code, const char *msg,
 
 /* open: the line is the input's last and had no newline (it goes on
  * without one). */
-typedef void (*line_fn)(mcp_proxy *p, const char *line, size_t len,
-                        int open);
+typedef void (*line_fn)(mcp_proxy *p, const char *line, size_t len, int open);
 
 /*
  * Reads fd to its end, calling fn once per line (without its newline). A
@@ -200,8 +199,10 @@ static void read_lines(mcp_proxy *p, int fd, line_fn fn, mcp_out *raw_out) {
       if (!streaming) {
         pthread_mutex_lock(&raw_out->lock);
         streaming = 1;
-        cli_error("mcp", "a line longer than %zu bytes passes through "
-                         "unread", MCP_MAX_LINE);
+        cli_error("mcp",
+                  "a line longer than %zu bytes passes through "
+                  "unread",
+                  MCP_MAX_LINE);
       }
       out_locked(raw_out, buf, len, 0);
       len = scan = 0;
@@ -327,8 +328,8 @@ static void to_server(mcp_proxy *p, const char *line, size_t len, int open) {
 
 int mcp_find_key(const mcp_proxy *p, json_t *params, const char **key,
                  int *in_argument) {
-  json_t *k = json_object_get(json_object_get(params, "_meta"),
-                              "idempotencyKey");
+  json_t *k =
+      json_object_get(json_object_get(params, "_meta"), "idempotencyKey");
   *key = NULL;
   *in_argument = 0;
   if (!k)
@@ -366,9 +367,9 @@ static void refuse_unkeyed(mcp_proxy *p, json_t *id, const char *tool) {
            p->o->key_argument ? " or in the tool argument \"" : "",
            p->o->key_argument ? p->o->key_argument : "",
            p->o->key_argument ? "\"" : "");
-  mcp_answer_error(p, id, MCP_E_KEY_REQUIRED, msg,
-                   json_pack("{s:s,s:s?}", "idem", "key_required", "tool",
-                             tool));
+  mcp_answer_error(
+      p, id, MCP_E_KEY_REQUIRED, msg,
+      json_pack("{s:s,s:s?}", "idem", "key_required", "tool", tool));
 }
 
 /* What the proxy does with one tools/call from the client: 1 when it
@@ -441,8 +442,8 @@ static void client_batch(mcp_proxy *p, json_t *batch, const char *line,
       continue;
     json_array_append_new(
         answers,
-        json_pack("{s:s,s:O,s:{s:i,s:s}}", "jsonrpc", "2.0", "id", id,
-                  "error", "code", MCP_E_BATCH, "message",
+        json_pack("{s:s,s:O,s:{s:i,s:s}}", "jsonrpc", "2.0", "id", id, "error",
+                  "code", MCP_E_BATCH, "message",
                   "idem mcp: a tools/call with an idempotency key (or one "
                   "that --require-key refuses) must be sent on its own, not "
                   "in a batch. Nothing in this batch was sent to the "
@@ -454,8 +455,8 @@ static void client_batch(mcp_proxy *p, json_t *batch, const char *line,
 }
 
 static void cancel_pending(mcp_proxy *p, json_t *msg) {
-  char *id = mcp_id_text(
-      json_object_get(json_object_get(msg, "params"), "requestId"));
+  char *id =
+      mcp_id_text(json_object_get(json_object_get(msg, "params"), "requestId"));
   uint64_t one = 1;
   if (!id)
     return;
@@ -471,8 +472,7 @@ static void cancel_pending(mcp_proxy *p, json_t *msg) {
   free(id);
 }
 
-static void client_line(mcp_proxy *p, const char *line, size_t len,
-                        int open) {
+static void client_line(mcp_proxy *p, const char *line, size_t len, int open) {
   int dup;
   json_t *msg = mcp_parse(line, len, &dup);
   const char *method;
@@ -554,8 +554,7 @@ static int give_to_pending(mcp_proxy *p, const char *id, json_t *msg,
   return found;
 }
 
-static void server_line(mcp_proxy *p, const char *line, size_t len,
-                        int open) {
+static void server_line(mcp_proxy *p, const char *line, size_t len, int open) {
   int dup;
   json_t *msg = mcp_parse(line, len, &dup);
   if (msg && json_is_object(msg) && !json_object_get(msg, "method") &&
