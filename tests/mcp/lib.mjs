@@ -40,7 +40,16 @@ export function eq(what, expected, actual) {
   check(what, isDeepStrictEqual(expected, actual),
     `expected ${JSON.stringify(expected)}, got ${JSON.stringify(actual)}`);
 }
+// What every proxy wrote to standard error, checked at the end for reports
+// of the sanitizers (the ASan+UBSan build runs these tests too).
+const stderrs = [];
+export function watchStderr(get) { stderrs.push(get); }
+const SANITIZER = /AddressSanitizer|LeakSanitizer|UndefinedBehaviorSanitizer|runtime error:/;
 export function finish() {
+  for (const get of stderrs) {
+    const e = get();
+    check("no sanitizer report", !SANITIZER.test(e), e);
+  }
   console.log(`${passed} passed, ${failed} failed`);
   process.exit(failed === 0 && passed > 0 ? 0 : 1);
 }
@@ -67,6 +76,7 @@ export async function connect({ server, args = [], proxy = null, env = {},
   });
   let err = "";
   transport.stderr.on("data", (d) => { err += d.toString(); });
+  watchStderr(() => err);
   const client = new Client({ name: "idem-test", version: "1.0.0" },
     { capabilities });
   if (handlers) handlers(client);

@@ -7,7 +7,7 @@
 import { spawn, spawnSync } from "node:child_process";
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
-import { IDEM, SERVERS, TMP, check, eq, finish, sleep } from "./lib.mjs";
+import { IDEM, SERVERS, TMP, check, eq, finish, sleep, watchStderr } from "./lib.mjs";
 
 const store = join(TMP, "idem.db");
 let n = 0;
@@ -27,6 +27,7 @@ function start(opts = [], env = {}) {
     }
   });
   p.stderr.on("data", (d) => { err += d; });
+  watchStderr(() => err);
   const exited = new Promise((r) => p.on("exit", (code, signal) =>
     r({ code, signal })));
   const log = () => existsSync(logf)
