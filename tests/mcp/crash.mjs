@@ -134,6 +134,36 @@ async function crash(mode, key) {
   }
   await b.client.close();
 }
+// The proxy itself killed mid-call: the record stays in progress until its
+// lease runs out (the server is stopped with it), then a retry RECOVERs.
+{
+  const f = join(TMP, "proxy-killed.txt");
+  const opts = ["--store", store, "--lease", "4s"];
+  const args = { file: f, text: "one", delay_ms: 3000 };
+  const a = await test(opts);
+  const pending = call(a.client, "append", args, { key: "pk-1" });
+  await waitFor(() => existsSync(f + ".pid"), "proxy killed: the call to start");
+  const pid = Number(readFileSync(f + ".pid", "utf8"));
+  a.proc.kill("SIGKILL");
+  const r1 = await pending;
+  check("proxy killed: the client lost the connection", r1.error !== undefined);
+  const gone = () => { try { process.kill(pid, 0); return false; } catch { return true; } };
+  await waitFor(gone, "proxy killed: the server to be stopped with it");
+  eq("proxy killed: in progress", "in_progress", record(store, "append", "pk-1")?.state);
+  const b = await test(opts);
+  const r2 = await call(b.client, "append", args, { key: "pk-1" });
+  eq("proxy killed: retry during the lease: in flight", -32002, r2.error?.code);
+  eq("proxy killed: acted once", ["one"], lines(f));
+  check("proxy killed: retryAfterMs within the lease",
+    r2.error?.data?.retryAfterMs > 0 && r2.error?.data?.retryAfterMs <= 4000);
+  await sleep((r2.error?.data?.retryAfterMs ?? 4000) + 100);
+  const r3 = await call(b.client, "append", args, { key: "pk-1" });
+  check("proxy killed: after the lease the retry is sent again",
+    r3.result && !replayed(r3.result), JSON.stringify(r3));
+  eq("proxy killed: acted again", ["one", "one"], lines(f));
+  await b.client.close();
+}
+
 await crash("forward", "crash-f-1");
 await crash("fail", "crash-x-1");
 finish();
