@@ -407,7 +407,7 @@ static int client_tools_call(mcp_proxy *p, json_t *msg, const char *line,
 /* A batch from the client: passes on whole unless a tools/call in it would
  * be handled by the proxy, which answers every request in it then. */
 static void client_batch(mcp_proxy *p, json_t *batch, const char *line,
-                         size_t len) {
+                         size_t len, int open) {
   size_t i;
   json_t *m;
   int refuse = 0;
@@ -432,7 +432,7 @@ static void client_batch(mcp_proxy *p, json_t *batch, const char *line,
       else if (method && id && strcmp(method, "tools/list") == 0)
         watch_add(p, id, WATCH_TOOLS_LIST);
     }
-    to_server(p, line, len, 0);
+    to_server(p, line, len, open);
     return;
   }
   json_t *answers = json_array();
@@ -490,7 +490,7 @@ static void client_line(mcp_proxy *p, const char *line, size_t len, int open) {
     return;
   }
   if (json_is_array(msg)) {
-    client_batch(p, msg, line, len);
+    client_batch(p, msg, line, len, open);
     json_decref(msg);
     return;
   }

@@ -2,19 +2,31 @@
 // restarted (unknown until the lease ends, then RECOVER; or refused with
 // --on-unknown fail until resolved), a JSON-RPC error that frees the key,
 // --key-argument, and a result larger than --max-result.
+//
+// `node crash.mjs` uses an SQLite store; `node crash.mjs postgresql` the
+// PostgreSQL server named by IDEM_TEST_PG_URL (a failure without one), with
+// a tenant of its own so that runs sharing the server never meet.
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { SERVERS, TMP, call, check, connect, eq, finish, idem, record,
   replayed, sleep, text, unmarked } from "./lib.mjs";
 
-const store = join(TMP, "idem.db");
+const onPg = process.argv[2] === "postgresql";
+if (onPg && !process.env.IDEM_TEST_PG_URL) {
+  console.error("IDEM_TEST_PG_URL is not set: no PostgreSQL server for this test");
+  process.exit(1);
+}
+const store = onPg ? process.env.IDEM_TEST_PG_URL : join(TMP, "idem.db");
+const tenant = onPg ? `mcp-crash-${process.pid}-${Date.now()}` : "";
+const rec = (op, key) => record(store, op, key, tenant);
 const lines = (f) => existsSync(f)
   ? readFileSync(f, "utf8").split("\n").filter((l) => l) : [];
 const waitFor = async (cond, what) => {
   for (let i = 0; i < 400 && !cond(); i++) await sleep(25);
   check(`waited for ${what}`, cond());
 };
-const test = (proxy) => connect({ server: SERVERS.test, proxy });
+const test = (proxy) => connect({ server: SERVERS.test,
+  proxy: ["--tenant", tenant, ...proxy] });
 
 // A JSON-RPC error from the server: the tool never ran, the key is freed.
 {
@@ -22,7 +34,7 @@ const test = (proxy) => connect({ server: SERVERS.test, proxy });
   const r1 = await call(client, "reject", { n: 1 }, { key: "rej-1" });
   eq("rpc error: passed on", -32602, r1.error?.code);
   check("rpc error: the server's message", /always refused/.test(r1.error?.message));
-  eq("rpc error: no record kept", null, record(store, "reject", "rej-1"));
+  eq("rpc error: no record kept", null, rec("reject", "rej-1"));
   const r2 = await call(client, "reject", { n: 2 }, { key: "rej-1" });
   eq("rpc error: the same key with other arguments reaches the server",
     -32602, r2.error?.code);
@@ -47,7 +59,7 @@ const test = (proxy) => connect({ server: SERVERS.test, proxy });
   eq("key-argument: same result", r1.result, unmarked(r2.result));
   eq("key-argument: the stored request has no key", { name: "append",
     arguments: { file: f, text: "a" } },
-  JSON.parse(record(store, "append", "ka-1").request));
+  JSON.parse(rec("append", "ka-1").request));
   const r3 = await call(client, "append", { ...args, text: "b" });
   eq("key-argument: other arguments refused", -32001, r3.error?.code);
   const r4 = await call(client, "append", { file: f, text: "c" });
@@ -63,9 +75,9 @@ const test = (proxy) => connect({ server: SERVERS.test, proxy });
   const r1 = await call(client, "big", { bytes: 5000 }, { key: "big-1" });
   eq("max-result: passed on whole", 5000, text(r1.result)?.length);
   check("max-result: not marked replayed", !replayed(r1.result));
-  const rec = record(store, "big", "big-1");
-  eq("max-result: marked unknown", "unknown", rec?.state);
-  eq("max-result: nothing stored", undefined, rec?.response ?? undefined);
+  const big = rec("big", "big-1");
+  eq("max-result: marked unknown", "unknown", big?.state);
+  eq("max-result: nothing stored", undefined, big?.response ?? undefined);
   check("max-result: logged", /larger than --max-result/.test(stderr()), stderr());
   const r2 = await call(client, "big", { bytes: 5000 }, { key: "big-1" });
   eq("max-result: a retry is told the outcome is unknown", -32003, r2.error?.code);
@@ -95,7 +107,7 @@ async function crash(mode, key) {
   eq(`${mode}: the proxy exits with the server's status`, 128 + 9,
     a.proc.exitCode);
   eq(`${mode}: acted once`, ["one"], lines(f));
-  eq(`${mode}: key marked unknown`, "unknown", record(store, "append", key)?.state);
+  eq(`${mode}: key marked unknown`, "unknown", rec("append", key)?.state);
 
   const b = await test(opts);
   const r2 = await call(b.client, "append", args, { key });
@@ -124,7 +136,7 @@ async function crash(mode, key) {
       /idem keys resolve/.test(r3.error?.message ?? ""), r3.error?.message);
     eq("fail: nothing acted", ["one"], lines(f));
     idem("keys", "resolve", key, "--store", store, "--operation", "append",
-      "--failed");
+      "--tenant", tenant, "--failed");
     const r4 = await call(b.client, "append", args, { key });
     check("fail: after resolve the call acts", r4.result && !replayed(r4.result),
       JSON.stringify(r4));
@@ -149,7 +161,7 @@ async function crash(mode, key) {
   check("proxy killed: the client lost the connection", r1.error !== undefined);
   const gone = () => { try { process.kill(pid, 0); return false; } catch { return true; } };
   await waitFor(gone, "proxy killed: the server to be stopped with it");
-  eq("proxy killed: in progress", "in_progress", record(store, "append", "pk-1")?.state);
+  eq("proxy killed: in progress", "in_progress", rec("append", "pk-1")?.state);
   const b = await test(opts);
   const r2 = await call(b.client, "append", args, { key: "pk-1" });
   eq("proxy killed: retry during the lease: in flight", -32002, r2.error?.code);
