@@ -142,6 +142,34 @@ const answer = (got, id) => parsed(got).find((m) => m && m.id === id && !m.metho
 }
 
 {
+  // --require-key learns the annotations from every page of tools/list.
+  const s = start(["--require-key"]);
+  const ask = async (id, name, key) => {
+    s.send(call(id, name, {}, key));
+    await s.until(() => answer(s.got, id), `the answer to ${id}`);
+    const a = answer(s.got, id);
+    return a?.error ? a.error.code : a?.result?.content?.[0]?.text;
+  };
+  eq("require-key: nothing listed yet: refused", -32005, await ask(1, "t_ro"));
+  s.send(J({ jsonrpc: "2.0", id: "l1", method: "tools/list", params: {} }));
+  await s.until(() => answer(s.got, "l1"), "page 1");
+  eq("require-key: readOnlyHint on page 1", "t_ro", await ask(2, "t_ro"));
+  eq("require-key: unannotated on page 1", -32005, await ask(3, "t_plain"));
+  eq("require-key: page 2 not listed yet", -32005, await ask(4, "t_idem"));
+  s.send(J({ jsonrpc: "2.0", id: "l2", method: "tools/list",
+    params: { cursor: "page-2" } }));
+  await s.until(() => answer(s.got, "l2"), "page 2");
+  eq("require-key: idempotentHint on page 2", "t_idem", await ask(5, "t_idem"));
+  eq("require-key: hints false on page 2", -32005, await ask(6, "t_no"));
+  eq("require-key: with a key it runs", "t_plain", await ask(7, "t_plain", "rk-1"));
+  eq("require-key: refused calls never reached the server",
+    ["t_ro", "t_idem", "t_plain"], s.log().map((l) => {
+      try { const m = JSON.parse(l); return m.method === "tools/call" ? m.params.name : null; } catch { return null; }
+    }).filter((x) => x));
+  s.p.stdin.end();
+  eq("require-key: ends", { code: 0, signal: null }, await s.exited);
+}
+{
   // Signals reach the server.
   const s = start();
   s.send(J({ jsonrpc: "2.0", method: "n" }));

@@ -4,6 +4,8 @@
 // idem mcp in both directions.
 //   {"method":"emit","params":{"lines":[...]}}   writes those lines
 //   {"method":"exit","params":{"code":N}}        exits with N
+//   tools/list                                   two pages of tools t_*
+//   tools/call "t_*"                             answers the tool's name
 //   tools/call "add" {a,b}                       answers a+b
 //   tools/call "ask"                             sends the client a request
 //     with the same id as the call, and answers the call with the client's
@@ -34,7 +36,21 @@ rl.on("line", (line) => {
   else if (m.method === "initialize")
     out({ jsonrpc: "2.0", id: m.id, result: { protocolVersion: "2025-06-18",
       capabilities: { tools: {} }, serverInfo: { name: "raw", version: "1" } } });
+  else if (m.method === "tools/list" && !m.params?.cursor)
+    out({ jsonrpc: "2.0", id: m.id, result: { nextCursor: "page-2", tools: [
+      { name: "t_ro", inputSchema: { type: "object" },
+        annotations: { readOnlyHint: true } },
+      { name: "t_plain", inputSchema: { type: "object" } }] } });
+  else if (m.method === "tools/list")
+    out({ jsonrpc: "2.0", id: m.id, result: { tools: [
+      { name: "t_idem", inputSchema: { type: "object" },
+        annotations: { idempotentHint: true } },
+      { name: "t_no", inputSchema: { type: "object" },
+        annotations: { readOnlyHint: false, idempotentHint: false } }] } });
   else if (m.method === "tools/call" && m.id === undefined) return;
+  else if (m.method === "tools/call" && m.params.name.startsWith("t_"))
+    out({ jsonrpc: "2.0", id: m.id, result: { content: [{ type: "text",
+      text: m.params.name }] } });
   else if (m.method === "tools/call" && m.params.name === "add") {
     const { a, b } = m.params.arguments;
     out({ jsonrpc: "2.0", id: m.id, result: { content: [{ type: "text",
