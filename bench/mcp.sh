@@ -15,6 +15,9 @@
 #   fresh    through idem mcp, a new key per call (claim, forward, store)
 #   replay   through idem mcp, one key for every call (answered from the
 #            store; nothing reaches the server)
+#   floor    `idem bench --workers 1`: claim + complete on the same kind of
+#            store without any proxy or server, the two durable commits a
+#            fresh key costs (shown for scale; no target)
 # The store is SQLite with its default, durable settings (synchronous=FULL)
 # in TMPDIR. Then it prints the median of the rounds and the ratios against
 # the targets (replay >= 2x direct, fresh >= 0.7x direct). A missed target
@@ -84,25 +87,29 @@ while [ $r -le "$ROUNDS" ]; do
     "$IDEM" "$WORK/r$r.fresh.db"
   step "r$r.replay" node "$WORK/mcp_client.mjs" replay "$SECS" "$SERVER" \
     "$IDEM" "$WORK/r$r.replay.db"
+  step "r$r.floor" "$IDEM" bench --store "$WORK/r$r.floor.db" --workers 1 \
+    --seconds 1 --json
   r=$((r + 1))
 done
 
 python3 - "$WORK/out" "$ROUNDS" <<'PY'
 import json, os, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
+def value(mode, doc):
+    return doc['claim_complete_ops_per_s' if mode == 'floor' else 'ops_per_s']
 def runs(mode):
     xs = []
     for r in range(1, rounds + 1):
         p = os.path.join(out, 'r%d.%s.json' % (r, mode))
         if os.path.exists(p):
-            xs.append(json.load(open(p))['ops_per_s'])
+            xs.append(value(mode, json.load(open(p))))
     return xs
-med = {m: (statistics.median(runs(m)) if runs(m) else None)
-       for m in ('direct', 'fresh', 'replay')}
+MODES = ('direct', 'fresh', 'replay', 'floor')
+med = {m: (statistics.median(runs(m)) if runs(m) else None) for m in MODES}
 print('idem mcp: keyed tools/call round trips, one client, one call at a time')
 print('server-everything echo over stdio; durable SQLite store (synchronous=FULL)')
 print('medians of %d rounds (calls/s):' % rounds)
-for m in ('direct', 'fresh', 'replay'):
+for m in MODES:
     xs = runs(m)
     print('  %-8s %10s   rounds: %s' % (m, '%.0f' % med[m] if med[m] else '-',
           ', '.join('%.0f' % x for x in xs)))
@@ -118,6 +125,11 @@ for label, a, target in (('replay / direct', 'replay', 2.0),
     missed += not ok
     print('%-36s %8.2f %8s  %s' % (label, x, '>= %.1f' % target,
                                    'met' if ok else 'MISSED'))
+if med['floor'] and med['fresh']:
+    print('%-36s %8.2f %8s  %s' % ('fresh / floor (two durable commits)',
+                                   med['fresh'] / med['floor'], '-', ''))
+    print('%-36s %8.2f %8s  %s' % ('floor / direct', med['floor'] / med['direct'],
+                                   '-', 'the best fresh / direct this disk allows'))
 print('targets missed: %d' % missed)
 PY
 exit $failed
