@@ -122,9 +122,11 @@ void *mcp_server_reader(void *arg);
 void mcp_notify(mcp_proxy *p);
 
 /*
- * The client reader's part of a keyed call: starts the call's thread and
- * waits until the call has been forwarded or answered. params is the
- * request's params; key the key's location in it (borrowed).
+ * The client reader's part of a keyed call: answers it from a stored result
+ * when there is one, else starts the call's thread and waits until the call
+ * has been forwarded or answered. msg is the request and line its text;
+ * key and tool are borrowed from msg; key_in_argument says the key came
+ * from --key-argument (it is then left out of the fingerprint).
  */
 void mcp_keyed_call(mcp_proxy *p, json_t *msg, const char *line, size_t len,
                     const char *key, const char *tool, int key_in_argument);

@@ -78,7 +78,7 @@ char *mcp_id_text(json_t *id) {
   char buf[64];
   if (json_is_real(id)) {
     double d = json_real_value(id);
-    if (d == (double)(long long)d && d > -9e15 && d < 9e15) {
+    if (d > -9e15 && d < 9e15 && d == (double)(long long)d) {
       snprintf(buf, sizeof buf, "%lld", (long long)d);
       return strdup(buf);
     }

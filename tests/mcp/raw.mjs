@@ -58,7 +58,8 @@ const answer = (got, id) => parsed(got).find((m) => m && m.id === id && !m.metho
   const out = ["server says hi", '{"jsonrpc":"2.0","method":"notifications/message","params":{}}',
     '{"jsonrpc":"2.0","id":1,"method":"roots/list"}',
     '[{"jsonrpc":"2.0","id":9,"result":{}},{"jsonrpc":"2.0","method":"x"}]',
-    '{"jsonrpc":"2.0","id":2,"result":{"b":1}}', '{"jsonrpc":"2.0","id":1,"result":{"a":1}}'];
+    '{"jsonrpc":"2.0","id":2,"result":{"b":1}}', '{"jsonrpc":"2.0","id":1,"result":{"a":1}}',
+    '{"jsonrpc":"2.0","id":1e300,"result":{}}', '{"jsonrpc":"2.0","id":-1.5,"result":{}}'];
   const emit = J({ jsonrpc: "2.0", method: "emit", params: { lines: out } });
   s.send(emit);
   await s.until(() => s.got.length >= out.length, "the emitted lines");
