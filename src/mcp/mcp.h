@@ -13,6 +13,7 @@
  *
  *   mcp_relay.c   lines, the two writers, and what each direction does
  *   mcp_keyed.c   keyed calls: the key, the fingerprint, claim to answer
+ *   mcp_cache.c   stored results kept in memory for replays
  *   mcp_child.c   the server process: start, signals, end
  *   cmd_mcp.c     options, start-up and shut-down
  */
@@ -138,6 +139,14 @@ void mcp_keyed_call(mcp_proxy *p, json_t *msg, const char *line, size_t len,
  */
 int mcp_find_key(const mcp_proxy *p, json_t *params, const char **key,
                  int *in_argument);
+
+/* Results kept in memory for replays (mcp_cache.c): put copies the body;
+ * get returns 1 with a copy (free() it) when tool, key and fingerprint
+ * match an entry whose retention has not ended at now_ms. */
+void mcp_cache_put(const char *tool, const char *key, const char *fp,
+                   const void *body, size_t len, int64_t expires_ms);
+int mcp_cache_get(const char *tool, const char *key, const char *fp,
+                  int64_t now_ms, char **body, size_t *len);
 
 /* The server process. */
 int mcp_child_start(char **cmd, int *to_child, int *from_child, pid_t *pid);

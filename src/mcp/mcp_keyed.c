@@ -61,6 +61,7 @@ typedef struct keyed {
   mcp_pending pend;
   char *body; /* the stored result */
   size_t body_len;
+  char fp[IDEM_FINGERPRINT_SIZE]; /* the request's fingerprint */
 } keyed;
 
 static int64_t wall_ms(void) {
@@ -265,6 +266,10 @@ static void finish_ran(keyed *k, int rc) {
                 "key '%s' (tool %s): the result was passed on but not "
                 "recorded: %s",
                 k->key, k->tool, detail);
+    else if (k->fp[0])
+      mcp_cache_put(
+          k->tool, k->key, k->fp, k->body, k->body_len,
+          wall_ms() + (p->o->retention_ms > 0 ? p->o->retention_ms : 86400000));
     mcp_out_line(&p->to_client, k->pend.line, k->pend.len);
     break;
   case WHY_TOO_BIG:
@@ -432,24 +437,40 @@ static void *keyed_thread(void *arg) {
 
 /*
  * A retry of a call whose result is stored is answered here, on the client
- * reader's thread, from a read of the record: no claim and no thread. A
- * completed record with the same fingerprint is what a claim would replay;
- * anything else (no record, another fingerprint, a record in progress or
- * unknown, a failed read) goes through idem_execute(). Returns 1 when
- * answered.
+ * reader's thread, without a claim or a thread: from the proxy's cache of
+ * results it stored or read (mcp_cache.c), else from a read of the record.
+ * A completed record with the same fingerprint is what a claim would
+ * replay; anything else (no record, another fingerprint, a record in
+ * progress or unknown, a failed read) goes through idem_execute(). Returns
+ * 1 when answered.
  */
 static int answer_completed(keyed *k) {
   const mcp_opts *o = k->p->o;
   idem_id id = {o->tenant, k->tool, k->key};
   idem_record *rec = NULL;
-  char fp[IDEM_FINGERPRINT_SIZE];
+  idem_response r;
+  char *body;
+  size_t len;
   int done = 0;
-  if (idem_fingerprint(k->request, k->request_len, 1, fp) != IDEM_OK ||
-      idem_get(k->p->store, &id, &rec) != IDEM_OK)
+  if (idem_fingerprint(k->request, k->request_len, 1, k->fp) != IDEM_OK) {
+    k->fp[0] = '\0';
+    return 0;
+  }
+  if (mcp_cache_get(k->tool, k->key, k->fp, wall_ms(), &body, &len)) {
+    memset(&r, 0, sizeof r);
+    r.body = body;
+    r.body_len = len;
+    answer_replay(k, &r);
+    free(body);
+    return 1;
+  }
+  if (idem_get(k->p->store, &id, &rec) != IDEM_OK)
     return 0;
   if (rec->state == IDEM_STATE_COMPLETED && rec->has_response &&
-      strcmp(rec->fingerprint, fp) == 0) {
+      strcmp(rec->fingerprint, k->fp) == 0) {
     answer_replay(k, &rec->response);
+    mcp_cache_put(k->tool, k->key, k->fp, rec->response.body,
+                  rec->response.body_len, rec->expires_ms);
     done = 1;
   }
   idem_record_free(rec);
