@@ -143,6 +143,25 @@ const answer = (got, id) => parsed(got).find((m) => m && m.id === id && !m.metho
 }
 
 {
+  // Retention ends protection: after it a retry acts again (also when the
+  // result was replayed from the proxy's memory before).
+  const s = start(["--retention", "1s"]);
+  const adds = () => s.log().filter((l) => l.includes('"ret-1"')).length;
+  s.send(call(1, "add", { a: 1, b: 2 }, "ret-1"));
+  await s.until(() => answer(s.got, 1), "the first call");
+  s.send(call(2, "add", { a: 1, b: 2 }, "ret-1"));
+  await s.until(() => answer(s.got, 2), "the replay");
+  eq("retention: replayed within it", [true, 1],
+    [answer(s.got, 2)?.result?._meta?.["idem/replayed"], adds()]);
+  await sleep(1300);
+  s.send(call(3, "add", { a: 1, b: 2 }, "ret-1"));
+  await s.until(() => answer(s.got, 3), "the call after retention");
+  eq("retention: after it the call acts again", [undefined, 2],
+    [answer(s.got, 3)?.result?._meta?.["idem/replayed"], adds()]);
+  s.p.stdin.end();
+  eq("retention: ends", { code: 0, signal: null }, await s.exited);
+}
+{
   // --require-key learns the annotations from every page of tools/list.
   const s = start(["--require-key"]);
   const ask = async (id, name, key) => {
