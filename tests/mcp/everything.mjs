@@ -85,7 +85,7 @@ await client.close();
 // A long-running call cancelled by the client.
 async function cancelled(mode, key) {
   const { client: c, stderr: err } = await everything(["--store", store,
-    "--lease", "1s", "--on-unknown", mode]);
+    "--lease", "2s", "--on-unknown", mode]);
   const args = { duration: 0.9, steps: 3 };
   const ac = new AbortController();
   const steps = [];
@@ -101,7 +101,7 @@ async function cancelled(mode, key) {
     "trigger-long-running-operation", key)?.state);
   const r2 = await call(c, "trigger-long-running-operation", args, { key });
   eq(`${mode}: at once: unknown`, -32003, r2.error?.code);
-  await sleep(1200);
+  await sleep(2200);
   const r3 = await call(c, "trigger-long-running-operation", args,
     { key, onprogress: (p) => steps.push(p.progress) });
   if (mode === "forward") {
