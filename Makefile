@@ -6,7 +6,7 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 PREFIX ?= /usr/local
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build demo check check-asan bench install clean format
+.PHONY: all deps build demo check check-asan bench bench-mcp install clean format
 
 all: build
 
@@ -29,12 +29,24 @@ bench: build
 	@sh scripts/deps.sh bench
 	sh bench/run.sh $(BUILD)/idem
 	sh bench/gateway.sh $(BUILD)/idem
+	sh bench/mcp.sh $(BUILD)/idem
+
+# Only idem serve's benchmark (bench/gateway.sh).
+bench-gateway: build
+	@sh scripts/deps.sh bench
+	sh bench/gateway.sh $(BUILD)/idem
+
+# Only idem mcp's benchmark (bench/mcp.sh).
+bench-mcp: build
+	@sh scripts/deps.sh bench
+	sh bench/mcp.sh $(BUILD)/idem
 
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)
 
 format:
-	clang-format -i include/*.h lib/*.c lib/*.h src/*.c src/*.h tests/*.c
+	clang-format -i include/*.h lib/*.c lib/*.h src/*.c src/*.h src/mcp/*.c \
+	  src/mcp/*.h tests/*.c
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD)

@@ -8,6 +8,12 @@ case "${1:-build}" in
   check) want="$want libcmocka-dev postgresql python3 sqlite3 curl openssl" ;;
   bench) want="$want postgresql postgresql-contrib python3 curl nginx wrk" ;;
 esac
+# The idem mcp tests and bench/mcp.sh run real MCP servers from npm:
+# Node.js and npm, from Debian when the machine has neither.
+if [ "${1:-build}" = check ] || [ "${1:-build}" = bench ]; then
+  command -v node >/dev/null 2>&1 || want="$want nodejs"
+  command -v npm >/dev/null 2>&1 || want="$want npm"
+fi
 missing=""
 for p in $want; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed"; then

@@ -27,7 +27,7 @@ typedef struct cli_command {
 } cli_command;
 
 extern const cli_command cmd_canon, cmd_keys, cmd_lab, cmd_bench, cmd_run,
-    cmd_serve;
+    cmd_serve, cmd_mcp;
 
 /* Prints "idem NAME: message" to stderr. */
 void cli_error(const char *cmd, const char *fmt, ...)

@@ -4,7 +4,8 @@
 #include <string.h>
 
 static const cli_command *const commands[] = {
-    &cmd_lab, &cmd_canon, &cmd_run, &cmd_serve, &cmd_keys, &cmd_bench,
+    &cmd_lab, &cmd_canon, &cmd_run, &cmd_serve,
+    &cmd_mcp, &cmd_keys, &cmd_bench,
 };
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
 

@@ -1,0 +1,610 @@
+/*
+ * mcp_relay.c -- newline-delimited JSON-RPC between the client and the
+ * server, unchanged and in order.
+ *
+ * Every line is parsed (jansson) to see what it is; all but a few pass on
+ * as the bytes that came in. What the proxy acts on: from the client, a
+ * `tools/call` with a key (mcp_keyed.c), one without a key that
+ * --require-key refuses, the requests whose responses it reads (initialize,
+ * tools/list) and notifications/cancelled for a keyed call; from the
+ * server, the response to a keyed call (handed to the call's thread) and
+ * those two watched responses. A line that is not JSON passes unchanged.
+ * Requests from the server to the client (sampling, elicitation, roots)
+ * and the client's responses to them are a separate id space: they are
+ * never matched against the client's requests.
+ */
+#include "mcp.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+/* Lines up to this size are read whole and parsed; a longer one streams
+ * through unparsed. */
+#define MCP_MAX_LINE ((size_t)256 * 1024 * 1024)
+
+static int writev_all(int fd, struct iovec *iov, int n) {
+  while (n > 0) {
+    ssize_t w = writev(fd, iov, n);
+    if (w < 0) {
+      if (errno == EINTR)
+        continue;
+      return -1;
+    }
+    while (n > 0 && (size_t)w >= iov->iov_len) {
+      w -= (ssize_t)iov->iov_len;
+      iov++;
+      n--;
+    }
+    if (n > 0) {
+      iov->iov_base = (char *)iov->iov_base + w;
+      iov->iov_len -= (size_t)w;
+    }
+  }
+  return 0;
+}
+
+static int out_locked(mcp_out *out, const char *data, size_t len, int nl) {
+  struct iovec iov[2] = {{(void *)data, len}, {(void *)"\n", 1}};
+  if (out->fd < 0 || out->broken)
+    return -1;
+  if (writev_all(out->fd, iov, nl ? 2 : 1) != 0) {
+    out->broken = 1;
+    return -1;
+  }
+  return 0;
+}
+
+int mcp_out_line(mcp_out *out, const char *line, size_t len) {
+  pthread_mutex_lock(&out->lock);
+  int rc = out_locked(out, line, len, 1);
+  pthread_mutex_unlock(&out->lock);
+  return rc;
+}
+
+int mcp_out_json(mcp_out *out, json_t *msg) {
+  char *text = json_dumps(msg, JSON_COMPACT);
+  if (!text)
+    return -1;
+  int rc = mcp_out_line(out, text, strlen(text));
+  free(text);
+  return rc;
+}
+
+char *mcp_id_text(json_t *id) {
+  char buf[64];
+  if (json_is_real(id)) {
+    double d = json_real_value(id);
+    if (d > -9e15 && d < 9e15 && d == (double)(long long)d) {
+      snprintf(buf, sizeof buf, "%lld", (long long)d);
+      return strdup(buf);
+    }
+  }
+  if (!json_is_string(id) && !json_is_number(id))
+    return NULL;
+  return json_dumps(id, JSON_COMPACT | JSON_ENCODE_ANY);
+}
+
+json_t *mcp_parse(const char *line, size_t len, int *dup) {
+  json_error_t e;
+  json_t *v;
+  *dup = 0;
+  if (len == 0)
+    return NULL;
+  v = json_loadb(line, len, JSON_REJECT_DUPLICATES, &e);
+  if (v)
+    return v;
+  /* Integers past 64 bits are numbers all the same. */
+  v = json_loadb(line, len, JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL,
+                 &e);
+  if (v)
+    return v;
+  v = json_loadb(line, len, JSON_DECODE_INT_AS_REAL, &e);
+  if (v) {
+    *dup = 1;
+    json_decref(v);
+  }
+  return NULL;
+}
+
+void mcp_notify(mcp_proxy *p) {
+  char b = 0;
+  if (write(p->event_fd, &b, 1) < 0) {
+    /* A full pipe already holds a wake-up. */
+  }
+}
+
+void mcp_answer_error(mcp_proxy *p, json_t *id, int code, const char *msg,
+                      json_t *data) {
+  json_t *err = json_pack("{s:i,s:s}", "code", code, "message", msg);
+  json_t *m = NULL;
+  if (err && data)
+    json_object_set_new(err, "data", data);
+  else
+    json_decref(data);
+  if (err)
+    m = json_pack("{s:s,s:O,s:o}", "jsonrpc", "2.0", "id",
+                  id ? id : json_null(), "error", err);
+  if (m)
+    mcp_out_json(&p->to_client, m);
+  json_decref(m);
+}
+
+/* ------------------------------------------------------------------ */
+/* Reading lines                                                        */
+/* ------------------------------------------------------------------ */
+
+/* open: the line is the input's last and had no newline (it goes on
+ * without one). */
+typedef void (*line_fn)(mcp_proxy *p, const char *line, size_t len, int open);
+
+/*
+ * Reads fd to its end, calling fn once per line (without its newline). A
+ * line longer than MCP_MAX_LINE is copied to raw_out as it comes, with the
+ * stream's lock held until its end, and not parsed. A last line without a
+ * newline is handed over as it is, and marked so that it goes out without
+ * one.
+ */
+static void read_lines(mcp_proxy *p, int fd, line_fn fn, mcp_out *raw_out) {
+  size_t cap = 65536, len = 0, scan = 0;
+  char *buf = malloc(cap);
+  int streaming = 0; /* inside an over-long line, raw_out's lock held */
+  if (!buf) {
+    cli_error("mcp", "out of memory");
+    return;
+  }
+  for (;;) {
+    if (len == cap) {
+      size_t ncap = cap * 2;
+      char *nb = realloc(buf, ncap);
+      if (!nb) {
+        cli_error("mcp", "out of memory for a line of %zu bytes", len);
+        break;
+      }
+      buf = nb;
+      cap = ncap;
+    }
+    ssize_t n = read(fd, buf + len, cap - len);
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      break;
+    }
+    if (n == 0)
+      break;
+    len += (size_t)n;
+    size_t start = 0;
+    char *nl;
+    while ((nl = memchr(buf + scan, '\n', len - scan)) != NULL) {
+      size_t end = (size_t)(nl - buf);
+      if (streaming) {
+        out_locked(raw_out, buf + start, end - start, 1);
+        pthread_mutex_unlock(&raw_out->lock);
+        streaming = 0;
+      } else {
+        fn(p, buf + start, end - start, 0);
+      }
+      start = scan = end + 1;
+    }
+    scan = len;
+    if (start > 0) {
+      memmove(buf, buf + start, len - start);
+      len -= start;
+      scan = len;
+    }
+    if (len > MCP_MAX_LINE) {
+      if (!streaming) {
+        pthread_mutex_lock(&raw_out->lock);
+        streaming = 1;
+        cli_error("mcp",
+                  "a line longer than %zu bytes passes through "
+                  "unread",
+                  MCP_MAX_LINE);
+      }
+      out_locked(raw_out, buf, len, 0);
+      len = scan = 0;
+    }
+  }
+  if (streaming) {
+    out_locked(raw_out, buf, len, 0);
+    pthread_mutex_unlock(&raw_out->lock);
+  } else if (len > 0) {
+    fn(p, buf, len, 1);
+  }
+  free(buf);
+}
+
+/* ------------------------------------------------------------------ */
+/* Watched requests: initialize and tools/list                          */
+/* ------------------------------------------------------------------ */
+
+static void watch_add(mcp_proxy *p, json_t *id, int kind) {
+  char *t = mcp_id_text(id);
+  mcp_watch *w = t ? calloc(1, sizeof *w) : NULL;
+  if (!w) {
+    free(t);
+    return;
+  }
+  w->id = t;
+  w->kind = kind;
+  pthread_mutex_lock(&p->lock);
+  w->next = p->watches;
+  p->watches = w;
+  pthread_mutex_unlock(&p->lock);
+}
+
+/* Removes and returns the watch kind for id (0 when none). Called with
+ * p->lock held. */
+static int watch_take(mcp_proxy *p, const char *id) {
+  for (mcp_watch **w = &p->watches; *w; w = &(*w)->next)
+    if (strcmp((*w)->id, id) == 0) {
+      mcp_watch *d = *w;
+      int kind = d->kind;
+      *w = d->next;
+      free(d->id);
+      free(d);
+      return kind;
+    }
+  return 0;
+}
+
+/* Adds capabilities.experimental["idem/idempotency"] to an initialize
+ * result. */
+static int extend_initialize(mcp_proxy *p, json_t *msg) {
+  json_t *result = json_object_get(msg, "result");
+  json_t *caps, *exp, *locs, *info;
+  if (!json_is_object(result))
+    return -1;
+  caps = json_object_get(result, "capabilities");
+  if (!caps) {
+    caps = json_object();
+    json_object_set_new(result, "capabilities", caps);
+  }
+  if (!json_is_object(caps))
+    return -1;
+  exp = json_object_get(caps, "experimental");
+  if (!exp) {
+    exp = json_object();
+    json_object_set_new(caps, "experimental", exp);
+  }
+  if (!json_is_object(exp))
+    return -1;
+  locs = json_pack("[s,s]", "params._meta.idempotencyKey",
+                   "params.idempotencyKey");
+  if (locs && p->o->key_argument) {
+    char *a = malloc(strlen(p->o->key_argument) + 20);
+    if (a) {
+      sprintf(a, "params.arguments.%s", p->o->key_argument);
+      json_array_append_new(locs, json_string(a));
+      free(a);
+    }
+  }
+  info = json_pack("{s:o,s:b,s:s,s:s}", "keyLocations", locs, "requireKey",
+                   p->o->require_key, "onUnknown",
+                   p->o->on_unknown_fail ? "fail" : "forward", "replayedMeta",
+                   "idem/replayed");
+  if (!info)
+    return -1;
+  json_object_set_new(exp, "idem/idempotency", info);
+  return 0;
+}
+
+/* Learns which tools need no key from a tools/list result. */
+static void learn_tools(mcp_proxy *p, json_t *msg) {
+  json_t *tools = json_object_get(json_object_get(msg, "result"), "tools");
+  size_t i;
+  json_t *t;
+  if (!json_is_array(tools))
+    return;
+  pthread_mutex_lock(&p->lock);
+  json_array_foreach(tools, i, t) {
+    const char *name = json_string_value(json_object_get(t, "name"));
+    json_t *ann = json_object_get(t, "annotations");
+    int safe = json_is_true(json_object_get(ann, "readOnlyHint")) ||
+               json_is_true(json_object_get(ann, "idempotentHint"));
+    if (name)
+      json_object_set_new(p->tools, name, json_boolean(safe));
+  }
+  pthread_mutex_unlock(&p->lock);
+}
+
+/* ------------------------------------------------------------------ */
+/* Client to server                                                     */
+/* ------------------------------------------------------------------ */
+
+static void to_server(mcp_proxy *p, const char *line, size_t len, int open) {
+  if (open) {
+    /* The client's last bytes had no newline: neither do they now. */
+    pthread_mutex_lock(&p->to_server.lock);
+    out_locked(&p->to_server, line, len, 0);
+    pthread_mutex_unlock(&p->to_server.lock);
+    return;
+  }
+  mcp_out_line(&p->to_server, line, len);
+}
+
+int mcp_find_key(const mcp_proxy *p, json_t *params, const char **key,
+                 int *in_argument) {
+  json_t *k =
+      json_object_get(json_object_get(params, "_meta"), "idempotencyKey");
+  *key = NULL;
+  *in_argument = 0;
+  if (!k)
+    k = json_object_get(params, "idempotencyKey");
+  if (!k && p->o->key_argument) {
+    k = json_object_get(json_object_get(params, "arguments"),
+                        p->o->key_argument);
+    *in_argument = k != NULL;
+  }
+  if (!k || json_is_null(k))
+    return 0;
+  if (!json_is_string(k))
+    return -1;
+  *key = json_string_value(k);
+  return 0;
+}
+
+static int tool_needs_key(mcp_proxy *p, const char *tool) {
+  pthread_mutex_lock(&p->lock);
+  int safe = tool && json_is_true(json_object_get(p->tools, tool));
+  pthread_mutex_unlock(&p->lock);
+  return !safe;
+}
+
+static void refuse_unkeyed(mcp_proxy *p, json_t *id, const char *tool) {
+  char msg[1024];
+  snprintf(msg, sizeof msg,
+           "idem mcp: tool \"%.200s\" needs an idempotency key: it is not "
+           "annotated readOnlyHint or idempotentHint in tools/list, so a "
+           "retry could act twice. Put a new key in "
+           "params._meta.idempotencyKey%s%s%s (one key per intended action, "
+           "created before the first attempt and sent again unchanged on "
+           "every retry of it). Nothing was sent to the server.",
+           tool ? tool : "?",
+           p->o->key_argument ? " or in the tool argument \"" : "",
+           p->o->key_argument ? p->o->key_argument : "",
+           p->o->key_argument ? "\"" : "");
+  mcp_answer_error(
+      p, id, MCP_E_KEY_REQUIRED, msg,
+      json_pack("{s:s,s:s?}", "idem", "key_required", "tool", tool));
+}
+
+/* What the proxy does with one tools/call from the client: 1 when it
+ * answered or took the call, 0 when the line passes on. */
+static int client_tools_call(mcp_proxy *p, json_t *msg, const char *line,
+                             size_t len) {
+  json_t *id = json_object_get(msg, "id");
+  json_t *params = json_object_get(msg, "params");
+  const char *tool = json_string_value(json_object_get(params, "name"));
+  const char *key;
+  int in_arg;
+  if (!id)
+    return 0; /* a notification: nothing to answer */
+  if (mcp_find_key(p, params, &key, &in_arg) != 0) {
+    mcp_answer_error(p, id, MCP_E_BAD_KEY,
+                     "idem mcp: the idempotency key must be a string of "
+                     "1-255 printable ASCII characters (0x21-0x7e). Nothing "
+                     "was sent to the server.",
+                     json_pack("{s:s}", "idem", "bad_key"));
+    return 1;
+  }
+  if (!key) {
+    if (p->o->require_key && tool_needs_key(p, tool)) {
+      refuse_unkeyed(p, id, tool);
+      return 1;
+    }
+    return 0;
+  }
+  if (!tool)
+    return 0; /* no tool name: the server answers the invalid call */
+  mcp_keyed_call(p, msg, line, len, key, tool, in_arg);
+  return 1;
+}
+
+/* A batch from the client: passes on whole unless a tools/call in it would
+ * be handled by the proxy, which answers every request in it then. */
+static void client_batch(mcp_proxy *p, json_t *batch, const char *line,
+                         size_t len, int open) {
+  size_t i;
+  json_t *m;
+  int refuse = 0;
+  json_array_foreach(batch, i, m) {
+    const char *method = json_string_value(json_object_get(m, "method"));
+    json_t *params = json_object_get(m, "params");
+    const char *key;
+    int in_arg;
+    if (!method || strcmp(method, "tools/call") != 0)
+      continue;
+    if (mcp_find_key(p, params, &key, &in_arg) != 0 || key ||
+        (p->o->require_key &&
+         tool_needs_key(p, json_string_value(json_object_get(params, "name")))))
+      refuse = 1;
+  }
+  if (!refuse) {
+    json_array_foreach(batch, i, m) {
+      const char *method = json_string_value(json_object_get(m, "method"));
+      json_t *id = json_object_get(m, "id");
+      if (method && id && strcmp(method, "initialize") == 0)
+        watch_add(p, id, WATCH_INITIALIZE);
+      else if (method && id && strcmp(method, "tools/list") == 0)
+        watch_add(p, id, WATCH_TOOLS_LIST);
+    }
+    to_server(p, line, len, open);
+    return;
+  }
+  json_t *answers = json_array();
+  json_array_foreach(batch, i, m) {
+    json_t *id = json_object_get(m, "id");
+    if (!id || !json_object_get(m, "method"))
+      continue;
+    json_array_append_new(
+        answers,
+        json_pack("{s:s,s:O,s:{s:i,s:s}}", "jsonrpc", "2.0", "id", id, "error",
+                  "code", MCP_E_BATCH, "message",
+                  "idem mcp: a tools/call with an idempotency key (or one "
+                  "that --require-key refuses) must be sent on its own, not "
+                  "in a batch. Nothing in this batch was sent to the "
+                  "server."));
+  }
+  if (json_array_size(answers) > 0)
+    mcp_out_json(&p->to_client, answers);
+  json_decref(answers);
+}
+
+static void cancel_pending(mcp_proxy *p, json_t *msg) {
+  char *id =
+      mcp_id_text(json_object_get(json_object_get(msg, "params"), "requestId"));
+  uint64_t one = 1;
+  if (!id)
+    return;
+  pthread_mutex_lock(&p->lock);
+  for (mcp_pending *q = p->pending; q; q = q->next)
+    if (strcmp(q->id, id) == 0 && q->state == PENDING_WAITING) {
+      q->state = PENDING_CANCELLED;
+      if (write(q->wake_fd, &one, sizeof one) < 0) {
+        /* The counter cannot overflow with one write per change. */
+      }
+    }
+  pthread_mutex_unlock(&p->lock);
+  free(id);
+}
+
+static void client_line(mcp_proxy *p, const char *line, size_t len, int open) {
+  int dup;
+  json_t *msg = mcp_parse(line, len, &dup);
+  const char *method;
+  json_t *id;
+  if (!msg) {
+    if (dup && memmem(line, len, "tools/call", 10)) {
+      /* The server could read another name or key than the proxy did. */
+      mcp_answer_error(p, NULL, -32600,
+                       "idem mcp: a message naming a member twice is not "
+                       "passed on; send each member once",
+                       NULL);
+      return;
+    }
+    to_server(p, line, len, open);
+    return;
+  }
+  if (json_is_array(msg)) {
+    client_batch(p, msg, line, len, open);
+    json_decref(msg);
+    return;
+  }
+  method = json_string_value(json_object_get(msg, "method"));
+  id = json_object_get(msg, "id");
+  if (method && strcmp(method, "tools/call") == 0) {
+    if (client_tools_call(p, msg, line, len)) {
+      json_decref(msg);
+      return;
+    }
+  } else if (method && id && strcmp(method, "initialize") == 0) {
+    watch_add(p, id, WATCH_INITIALIZE);
+  } else if (method && id && strcmp(method, "tools/list") == 0) {
+    watch_add(p, id, WATCH_TOOLS_LIST);
+  }
+  to_server(p, line, len, open);
+  if (method && strcmp(method, "notifications/cancelled") == 0)
+    cancel_pending(p, msg);
+  json_decref(msg);
+}
+
+void *mcp_client_reader(void *arg) {
+  mcp_proxy *p = arg;
+  read_lines(p, STDIN_FILENO, client_line, &p->to_server);
+  pthread_mutex_lock(&p->lock);
+  p->client_eof = 1;
+  pthread_mutex_unlock(&p->lock);
+  mcp_notify(p);
+  return NULL;
+}
+
+/* ------------------------------------------------------------------ */
+/* Server to client                                                     */
+/* ------------------------------------------------------------------ */
+
+/* Hands a response to the keyed call waiting for it; 1 when there was one
+ * (the message and the line are then the call's). */
+static int give_to_pending(mcp_proxy *p, const char *id, json_t *msg,
+                           const char *line, size_t len) {
+  uint64_t one = 1;
+  int found = 0;
+  pthread_mutex_lock(&p->lock);
+  for (mcp_pending *q = p->pending; q; q = q->next)
+    if (q->state == PENDING_WAITING && strcmp(q->id, id) == 0) {
+      char *copy = malloc(len + 1);
+      if (!copy)
+        break;
+      memcpy(copy, line, len);
+      copy[len] = '\0';
+      q->line = copy;
+      q->len = len;
+      q->response = json_incref(msg);
+      q->state = PENDING_ANSWERED;
+      if (write(q->wake_fd, &one, sizeof one) < 0) {
+        /* See cancel_pending(). */
+      }
+      found = 1;
+      break;
+    }
+  pthread_mutex_unlock(&p->lock);
+  return found;
+}
+
+static void server_line(mcp_proxy *p, const char *line, size_t len, int open) {
+  int dup;
+  json_t *msg = mcp_parse(line, len, &dup);
+  if (msg && json_is_object(msg) && !json_object_get(msg, "method") &&
+      (json_object_get(msg, "result") || json_object_get(msg, "error"))) {
+    char *id = mcp_id_text(json_object_get(msg, "id"));
+    int kind = 0;
+    if (id && give_to_pending(p, id, msg, line, len)) {
+      free(id);
+      json_decref(msg);
+      return;
+    }
+    if (id) {
+      pthread_mutex_lock(&p->lock);
+      kind = watch_take(p, id);
+      pthread_mutex_unlock(&p->lock);
+    }
+    free(id);
+    if (kind == WATCH_INITIALIZE && extend_initialize(p, msg) == 0) {
+      mcp_out_json(&p->to_client, msg);
+      json_decref(msg);
+      return;
+    }
+    if (kind == WATCH_TOOLS_LIST)
+      learn_tools(p, msg);
+  }
+  json_decref(msg);
+  if (open) {
+    pthread_mutex_lock(&p->to_client.lock);
+    out_locked(&p->to_client, line, len, 0);
+    pthread_mutex_unlock(&p->to_client.lock);
+    return;
+  }
+  mcp_out_line(&p->to_client, line, len);
+}
+
+void *mcp_server_reader(void *arg) {
+  mcp_proxy *p = arg;
+  uint64_t one = 1;
+  read_lines(p, p->from_server, server_line, &p->to_client);
+  /* Every keyed call still waiting will get no answer now. */
+  pthread_mutex_lock(&p->lock);
+  p->server_gone = 1;
+  for (mcp_pending *q = p->pending; q; q = q->next)
+    if (q->state == PENDING_WAITING) {
+      q->state = PENDING_GONE;
+      if (write(q->wake_fd, &one, sizeof one) < 0) {
+        /* See cancel_pending(). */
+      }
+    }
+  pthread_mutex_unlock(&p->lock);
+  mcp_notify(p);
+  return NULL;
+}

@@ -1,0 +1,237 @@
+// idem mcp byte for byte, with a server that logs what it reads
+// (raw_server.mjs) and a client that writes lines by hand: lines that are
+// not JSON, batches, server-to-client requests with the client's ids,
+// out-of-order responses and notifications pass unchanged and in order;
+// refused messages never reach the server; exit status, signals, and the
+// end of the client's input.
+import { spawn, spawnSync } from "node:child_process";
+import { existsSync, readFileSync } from "node:fs";
+import { join } from "node:path";
+import { IDEM, SERVERS, TMP, check, eq, finish, sleep, watchStderr } from "./lib.mjs";
+
+const store = join(TMP, "idem.db");
+let n = 0;
+function start(opts = [], env = {}) {
+  const logf = join(TMP, `raw-${++n}.log`);
+  const p = spawn(IDEM, ["mcp", "--store", store, ...opts, "--", "node",
+    SERVERS.raw], { env: { ...process.env, RAW_LOG: logf, ...env } });
+  const got = [];
+  let buf = "";
+  let err = "";
+  p.stdout.on("data", (d) => {
+    buf += d;
+    let i;
+    while ((i = buf.indexOf("\n")) >= 0) {
+      got.push(buf.slice(0, i));
+      buf = buf.slice(i + 1);
+    }
+  });
+  p.stderr.on("data", (d) => { err += d; });
+  watchStderr(() => err);
+  const exited = new Promise((r) => p.on("exit", (code, signal) =>
+    r({ code, signal })));
+  const log = () => existsSync(logf)
+    ? readFileSync(logf, "utf8").split("\n").slice(0, -1) : [];
+  const until = async (cond, what) => {
+    for (let i = 0; i < 400 && !cond(); i++) await sleep(25);
+    check(`waited for ${what}`, cond(), JSON.stringify({ got, log: log() }));
+  };
+  return { p, got, log, until, exited, err: () => err,
+    send: (l) => p.stdin.write(l + "\n") };
+}
+const J = JSON.stringify;
+const call = (id, name, args, key) => J({ jsonrpc: "2.0", id,
+  method: "tools/call", params: { name, arguments: args,
+    ...(key !== undefined ? { _meta: { idempotencyKey: key } } : {}) } });
+const parsed = (got) => got.map((l) => { try { return JSON.parse(l); } catch { return l; } });
+const answer = (got, id) => parsed(got).find((m) => m && m.id === id && !m.method);
+
+{
+  const s = start();
+  // Client to server, unchanged: not JSON, spaces, a batch, a huge id.
+  const lines = ["this is not json {", '  {"jsonrpc":"2.0","method":"n0"}  ',
+    '[{"jsonrpc":"2.0","method":"n1"},{"jsonrpc":"2.0","id":9,"method":"ping"}]',
+    '{"jsonrpc":"2.0","id":123456789012345678901234,"method":"m"}',
+    '{"jsonrpc":"2.0","method":"tools/call","params":{"name":"add"}}'];
+  lines.forEach(s.send);
+  // Server to client, unchanged and in order.
+  const out = ["server says hi", '{"jsonrpc":"2.0","method":"notifications/message","params":{}}',
+    '{"jsonrpc":"2.0","id":1,"method":"roots/list"}',
+    '[{"jsonrpc":"2.0","id":9,"result":{}},{"jsonrpc":"2.0","method":"x"}]',
+    '{"jsonrpc":"2.0","id":2,"result":{"b":1}}', '{"jsonrpc":"2.0","id":1,"result":{"a":1}}',
+    '{"jsonrpc":"2.0","id":1e300,"result":{}}', '{"jsonrpc":"2.0","id":-1.5,"result":{}}'];
+  const emit = J({ jsonrpc: "2.0", method: "emit", params: { lines: out } });
+  s.send(emit);
+  await s.until(() => s.got.length >= out.length, "the emitted lines");
+  eq("client lines reach the server unchanged, in order", [...lines, emit],
+    s.log().slice(0, lines.length + 1));
+  eq("server lines reach the client unchanged, in order", out, s.got.slice(0, out.length));
+  s.got.length = 0;
+
+  // initialize: the capability is added, the rest kept.
+  s.send(J({ jsonrpc: "2.0", id: "init-1", method: "initialize", params: {} }));
+  await s.until(() => answer(s.got, "init-1"), "initialize");
+  const init = answer(s.got, "init-1");
+  eq("initialize: capabilities kept and extended", { tools: {}, experimental: {
+    "idem/idempotency": { keyLocations: ["params._meta.idempotencyKey",
+      "params.idempotencyKey"], requireKey: false, onUnknown: "forward",
+    replayedMeta: "idem/replayed" } } }, init?.result?.capabilities);
+  eq("initialize: server info kept", { name: "raw", version: "1" },
+    init?.result?.serverInfo);
+
+  // A keyed call, then a notification: they reach the server in that order.
+  const before = s.log().length;
+  const c1 = call(5, "add", { a: 2, b: 3 }, "raw-1");
+  s.send(c1);
+  s.send('{"jsonrpc":"2.0","method":"notifications/after"}');
+  await s.until(() => answer(s.got, 5), "the keyed call");
+  eq("keyed: order kept", [c1, '{"jsonrpc":"2.0","method":"notifications/after"}'],
+    s.log().slice(before, before + 2));
+  const live = answer(s.got, 5);
+  eq("keyed: live result", { content: [{ type: "text", text: "5" }],
+    structuredContent: { sum: 5, half: 0.1 } }, live?.result);
+  s.send(call("six", "add", { a: 2, b: 3 }, "raw-1"));
+  await s.until(() => answer(s.got, "six"), "the replay");
+  const rep = answer(s.got, "six");
+  eq("replay: under the new id, marked", { content: [{ type: "text", text: "5" }],
+    structuredContent: { sum: 5, half: 0.1 }, _meta: { "idem/replayed": true } },
+  rep?.result);
+  eq("replay: the server saw one call", 1,
+    s.log().filter((l) => l.includes('"raw-1"')).length);
+
+  // A keyed call whose server asks the client with the call's own id: the
+  // two id spaces are kept apart.
+  s.got.length = 0;
+  s.send(call(1, "ask", {}, "raw-ask"));
+  await s.until(() => parsed(s.got).some((m) => m.method === "sampling/createMessage"),
+    "the server's request");
+  eq("server request passes with its id", 1, parsed(s.got)[0]?.id);
+  const reply = '{"jsonrpc":"2.0","id":1,"result":{"model":"m"}}';
+  s.send(reply);
+  await s.until(() => answer(s.got, 1), "the call's answer");
+  check("the client's reply reached the server unchanged", s.log().includes(reply));
+  eq("the call got the answer made of the reply", 'client said {"model":"m"}',
+    answer(s.got, 1)?.result?.content?.[0]?.text);
+  s.send(call(2, "ask", {}, "raw-ask"));
+  await s.until(() => answer(s.got, 2), "the replay of ask");
+  eq("ask: replayed", 'client said {"model":"m"}', answer(s.got, 2)?.result?.content?.[0]?.text);
+
+  // Refused before the server: duplicate names, keyed calls in a batch,
+  // bad keys.
+  s.got.length = 0;
+  const logged = s.log().length;
+  s.send('{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"add","name":"rm","arguments":{}}}');
+  s.send(`[${call(8, "add", { a: 1, b: 1 }, "raw-b")},{"jsonrpc":"2.0","method":"n"}]`);
+  s.send(call(10, "add", { a: 1, b: 1 }, "has space"));
+  s.send(call(11, "add", { a: 1, b: 1 }, 42));
+  s.send(call(12, "add", { a: 1, b: 1 }, "x".repeat(256)));
+  await s.until(() => s.got.length >= 5, "the refusals");
+  const m = parsed(s.got);
+  eq("duplicate names refused", -32600, m.find((x) => !Array.isArray(x) &&
+    x.error && /twice/.test(x.error.message))?.error?.code);
+  eq("keyed call in a batch refused", [{ jsonrpc: "2.0", id: 8, error: { code: -32009,
+    message: m.find(Array.isArray)?.[0]?.error?.message } }], m.find(Array.isArray));
+  eq("key with a space refused", -32006, answer(s.got, 10)?.error?.code);
+  eq("key not a string refused", -32006, answer(s.got, 11)?.error?.code);
+  eq("key too long refused", -32006, answer(s.got, 12)?.error?.code);
+  eq("none of them reached the server", logged, s.log().length);
+
+  // The server's exit status ends the proxy, the client's input still open.
+  s.send(J({ jsonrpc: "2.0", method: "exit", params: { code: 7 } }));
+  const e = await s.exited;
+  eq("exit status passed on", { code: 7, signal: null }, e);
+}
+
+{
+  // Retention ends protection: after it a retry acts again (also when the
+  // result was replayed from the proxy's memory before).
+  const s = start(["--retention", "1s"]);
+  const adds = () => s.log().filter((l) => l.includes('"ret-1"')).length;
+  s.send(call(1, "add", { a: 1, b: 2 }, "ret-1"));
+  await s.until(() => answer(s.got, 1), "the first call");
+  s.send(call(2, "add", { a: 1, b: 2 }, "ret-1"));
+  await s.until(() => answer(s.got, 2), "the replay");
+  eq("retention: replayed within it", [true, 1],
+    [answer(s.got, 2)?.result?._meta?.["idem/replayed"], adds()]);
+  await sleep(1300);
+  s.send(call(3, "add", { a: 1, b: 2 }, "ret-1"));
+  await s.until(() => answer(s.got, 3), "the call after retention");
+  eq("retention: after it the call acts again", [undefined, 2],
+    [answer(s.got, 3)?.result?._meta?.["idem/replayed"], adds()]);
+  s.p.stdin.end();
+  eq("retention: ends", { code: 0, signal: null }, await s.exited);
+}
+{
+  // --require-key learns the annotations from every page of tools/list.
+  const s = start(["--require-key"]);
+  const ask = async (id, name, key) => {
+    s.send(call(id, name, {}, key));
+    await s.until(() => answer(s.got, id), `the answer to ${id}`);
+    const a = answer(s.got, id);
+    return a?.error ? a.error.code : a?.result?.content?.[0]?.text;
+  };
+  eq("require-key: nothing listed yet: refused", -32005, await ask(1, "t_ro"));
+  s.send(J({ jsonrpc: "2.0", id: "l1", method: "tools/list", params: {} }));
+  await s.until(() => answer(s.got, "l1"), "page 1");
+  eq("require-key: readOnlyHint on page 1", "t_ro", await ask(2, "t_ro"));
+  eq("require-key: unannotated on page 1", -32005, await ask(3, "t_plain"));
+  eq("require-key: page 2 not listed yet", -32005, await ask(4, "t_idem"));
+  s.send(J({ jsonrpc: "2.0", id: "l2", method: "tools/list",
+    params: { cursor: "page-2" } }));
+  await s.until(() => answer(s.got, "l2"), "page 2");
+  eq("require-key: idempotentHint on page 2", "t_idem", await ask(5, "t_idem"));
+  eq("require-key: hints false on page 2", -32005, await ask(6, "t_no"));
+  eq("require-key: with a key it runs", "t_plain", await ask(7, "t_plain", "rk-1"));
+  eq("require-key: refused calls never reached the server",
+    ["t_ro", "t_idem", "t_plain"], s.log().map((l) => {
+      try { const m = JSON.parse(l); return m.method === "tools/call" ? m.params.name : null; } catch { return null; }
+    }).filter((x) => x));
+  s.p.stdin.end();
+  eq("require-key: ends", { code: 0, signal: null }, await s.exited);
+}
+{
+  // Signals reach the server.
+  const s = start();
+  s.send(J({ jsonrpc: "2.0", method: "n" }));
+  await s.until(() => s.log().length >= 1, "the server");
+  s.p.kill("SIGUSR1");
+  await s.until(() => s.log().includes("SIGUSR1"), "SIGUSR1");
+  s.p.kill("SIGTERM");
+  eq("SIGTERM: the server's status", { code: 42, signal: null }, await s.exited);
+  check("SIGTERM reached the server", s.log().includes("SIGTERM"));
+}
+{
+  // The client closes its input: so does the server's.
+  const s = start();
+  s.send(J({ jsonrpc: "2.0", method: "n" }));
+  s.p.stdin.end();
+  eq("client EOF: the server ends", { code: 0, signal: null }, await s.exited);
+  eq("client EOF: the server saw EOF", ["EOF"], s.log().slice(-1));
+}
+{
+  // A server that does not end: SIGTERM, then SIGKILL.
+  const s = start(["--shutdown-wait", "300ms"], { RAW_STUBBORN: "1" });
+  s.send(J({ jsonrpc: "2.0", method: "n" }));
+  await s.until(() => s.log().length >= 1, "the server");
+  const t0 = Date.now();
+  s.p.stdin.end();
+  eq("stubborn: killed", { code: 128 + 9, signal: null }, await s.exited);
+  check("stubborn: within the waits", Date.now() - t0 < 5000, Date.now() - t0);
+  eq("stubborn: EOF then SIGTERM", ["EOF", "SIGTERM"], s.log().slice(-2));
+  check("stubborn: said so", /SIGTERM/.test(s.err()) && /SIGKILL/.test(s.err()), s.err());
+}
+
+// Usage errors and a server that cannot start.
+const run = (...args) => spawnSync(IDEM, ["mcp", ...args], { encoding: "utf8" });
+eq("no server: usage", 2, run("--store", store).status);
+eq("--lease 0: usage", 2, run("--lease", "0", "--", "true").status);
+eq("--on-unknown maybe: usage", 2, run("--on-unknown", "maybe", "--", "true").status);
+eq("--max-result too large: usage", 2, run("--max-result", "1G", "--", "true").status);
+eq("--tenant with a control character: usage", 2, run("--tenant", "a\u0007", "--", "true").status);
+const nf = run("--store", store, "--", "/no/such/server");
+eq("missing server: 127", 127, nf.status);
+check("missing server: said so", /cannot start \/no\/such\/server/.test(nf.stderr), nf.stderr);
+const help = run("--help");
+check("--help lists the error codes", [-32001, -32002, -32003, -32004, -32005,
+  -32006, -32007, -32008, -32009].every((c) => help.stdout.includes(String(c))));
+finish();

@@ -1,0 +1,45 @@
+// test_server.mjs -- a small MCP server (SDK, stdio) with the tools the real
+// servers lack: one that appends to a file and then waits (to be killed
+// mid-call), one whose result has a chosen size, one that answers a
+// JSON-RPC error, and one that takes an idempotency_key argument.
+import { Server } from "@modelcontextprotocol/sdk/server/index.js";
+import { StdioServerTransport } from "@modelcontextprotocol/sdk/server/stdio.js";
+import { CallToolRequestSchema, ErrorCode, ListToolsRequestSchema, McpError }
+  from "@modelcontextprotocol/sdk/types.js";
+import { appendFileSync, readFileSync, writeFileSync } from "node:fs";
+
+const obj = (properties) => ({ type: "object", properties });
+const tools = [
+  { name: "append", description: "Appends a line to a file, then waits.",
+    inputSchema: obj({ file: { type: "string" }, text: { type: "string" },
+      delay_ms: { type: "number" }, idempotency_key: { type: "string" } }) },
+  { name: "big", description: "Returns bytes characters.",
+    inputSchema: obj({ bytes: { type: "number" } }),
+    annotations: { readOnlyHint: true } },
+  { name: "reject", description: "Always answers a JSON-RPC error.",
+    inputSchema: obj({ n: { type: "number" } }) },
+];
+
+const server = new Server({ name: "idem-test-server", version: "1.0.0" },
+  { capabilities: { tools: {} } });
+server.setRequestHandler(ListToolsRequestSchema, async () => ({ tools }));
+server.setRequestHandler(CallToolRequestSchema, async (req) => {
+  const a = req.params.arguments ?? {};
+  switch (req.params.name) {
+    case "append": {
+      appendFileSync(a.file, a.text + "\n");
+      const n = readFileSync(a.file, "utf8").split("\n").length - 1;
+      writeFileSync(a.file + ".pid", String(process.pid));
+      if (a.delay_ms) await new Promise((r) => setTimeout(r, a.delay_ms));
+      return { content: [{ type: "text",
+        text: `appended ${a.text} as line ${n}; arguments ${JSON.stringify(a)}` }] };
+    }
+    case "big":
+      return { content: [{ type: "text", text: "y".repeat(a.bytes) }] };
+    case "reject":
+      throw new McpError(ErrorCode.InvalidParams, "reject: always refused");
+    default:
+      throw new McpError(ErrorCode.MethodNotFound, `no tool ${req.params.name}`);
+  }
+});
+await server.connect(new StdioServerTransport());
