@@ -6,7 +6,7 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 PREFIX ?= /usr/local
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build demo check check-asan bench bench-mcp install clean format
+.PHONY: all deps build demo check check-asan bench bench-gateway bench-mcp install clean format
 
 all: build
 

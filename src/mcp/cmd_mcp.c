@@ -82,24 +82,6 @@ static const char usage[] =
     "N ended it); 2 usage; 1 the store cannot be opened; 126 or 127 the\n"
     "server cannot be started.\n";
 
-static int parse_size(const char *s, size_t max, size_t *out) {
-  char *end = NULL;
-  errno = 0;
-  if (!s || *s < '0' || *s > '9')
-    return -1;
-  unsigned long long v = strtoull(s, &end, 10), unit = 1;
-  if (errno || end == s)
-    return -1;
-  if (*end == 'k' || *end == 'K')
-    unit = 1024, end++;
-  else if (*end == 'M' || *end == 'm')
-    unit = 1024 * 1024, end++;
-  if (*end || v > max / unit)
-    return -1;
-  *out = (size_t)(v * unit);
-  return 0;
-}
-
 static int parse(int argc, char **argv, mcp_opts *o) {
   memset(o, 0, sizeof *o);
   o->tenant = "";
@@ -161,7 +143,7 @@ static int parse(int argc, char **argv, mcp_opts *o) {
         return -1;
       }
     } else if (strcmp(a, "--max-result") == 0) {
-      if (parse_size(v, IDEM_MAX_RESPONSE - 4096, &o->max_result) != 0) {
+      if (cli_parse_size(v, IDEM_MAX_RESPONSE - 4096, &o->max_result) != 0) {
         cli_error("mcp",
                   "--max-result: bytes (k and M suffixes), at most "
                   "16M less 4k, not '%s'",

@@ -10,19 +10,22 @@
  *   (isError too: the tool ran)
  *   the server answered a JSON-RPC error  NOT_DONE: released (the tool
  *                                         never ran), the error passed on
- *   the server exited first, the client   UNKNOWN: marked unknown
- *   cancelled, the lease was lost, or the
- *   result is larger than --max-result
+ *   the server exited first, or the       ABANDON: the record stays in
+ *   client cancelled the call             progress for one more lease
+ *   the lease was lost, or the result is  UNKNOWN: marked unknown
+ *   larger than --max-result
  *
  * The client reader waits until the call has been written to the server
  * (or answered by the proxy) before it reads on, so the order of the
  * client's messages is kept.
  *
- * A key marked unknown is held for one lease from when it was marked, the
- * time a holder that could still be acting would have held it. Then, with
- * --on-unknown forward, a retry takes it over (RECOVER) and is sent to the
- * server again with the same key; with --on-unknown fail it waits for an
- * operator (`idem keys resolve`).
+ * A call left in progress is held for one lease from when it was left, the
+ * time the tool could still be acting: a retry is told it is in flight.
+ * Then, with --on-unknown forward, a retry takes it over (RECOVER) and is
+ * sent to the server again with the same key; with --on-unknown fail it
+ * waits for an operator (`idem keys resolve`). A key marked unknown (the
+ * tool ran, but its result could not be kept) always waits for an
+ * operator.
  */
 #include "mcp.h"
 
@@ -171,13 +174,14 @@ static idem_exec_result keyed_action(idem_exec *x, void *ctx,
     response->body_len = k->body_len;
     return IDEM_EXEC_DONE;
   }
-  if (state == PENDING_CANCELLED)
-    k->why = WHY_CANCELLED;
-  else if (state == PENDING_GONE)
-    k->why = WHY_GONE;
-  else
-    k->why = lost ? WHY_LEASE_LOST : WHY_GONE;
-  return IDEM_EXEC_UNKNOWN;
+  if (lost) {
+    k->why = WHY_LEASE_LOST;
+    return IDEM_EXEC_UNKNOWN;
+  }
+  /* Cancelled (the tool may still be acting) or the server gone (it may
+   * have acted): held in progress for a lease, then taken over. */
+  k->why = state == PENDING_CANCELLED ? WHY_CANCELLED : WHY_GONE;
+  return IDEM_EXEC_ABANDON;
 }
 
 static json_t *error_data(const keyed *k, const char *what) {
@@ -213,16 +217,19 @@ static void answer_replay(keyed *k, const idem_response *r) {
   json_decref(result);
 }
 
+/* An unknown outcome. wait_ms > 0: the key is held that long, then a
+ * retry is sent again (--on-unknown forward); otherwise it waits for an
+ * operator. */
 static void answer_unknown(keyed *k, int64_t wait_ms, const char *why) {
   char msg[2048];
   const mcp_opts *o = k->p->o;
   json_t *data = error_data(k, "unknown");
-  if (!o->on_unknown_fail) {
+  if (wait_ms > 0) {
     snprintf(msg, sizeof msg,
              "idem mcp: %s (key \"%s\", tool %s), so the tool may or may "
-             "not have acted. Nothing was sent to the server now. Check "
-             "whether it acted if you can; a retry with the same key in "
-             "%.1f s sends the call to the server again.",
+             "not have acted. Check whether it acted if you can; a retry "
+             "with the same key in %.1f s sends the call to the server "
+             "again.",
              why, k->key, k->tool, (double)wait_ms / 1000);
     json_object_set_new(data, "retryAfterMs", json_integer(wait_ms));
   } else {
@@ -284,16 +291,20 @@ static void finish_ran(keyed *k, int rc) {
     cli_error("mcp",
               "key '%s' (tool %s): the server exited before answering; the "
               "key is %s",
-              k->key, k->tool, rc == IDEM_OK ? "marked unknown" : detail);
-    answer_unknown(k, lease_ms(p),
-                   "the server exited before answering "
-                   "this call");
+              k->key, k->tool,
+              rc == IDEM_OK ? "held in progress for one lease" : detail);
+    if (p->o->on_unknown_fail)
+      answer_unknown(k, 0, "the server exited before answering this call");
+    else
+      answer_unknown(k, lease_ms(p),
+                     "the server exited before answering this call");
     break;
   case WHY_CANCELLED:
     cli_error("mcp",
               "key '%s' (tool %s): cancelled by the client before the "
               "server answered; the key is %s",
-              k->key, k->tool, rc == IDEM_OK ? "marked unknown" : detail);
+              k->key, k->tool,
+              rc == IDEM_OK ? "held in progress for one lease" : detail);
     break;
   case WHY_LEASE_LOST:
   default:
@@ -304,23 +315,6 @@ static void finish_ran(keyed *k, int rc) {
               k->key, k->tool, rc == IDEM_OK ? "marked unknown" : detail);
     break;
   }
-}
-
-/*
- * For a key marked unknown: how long it is still held (0 when its lease
- * is over, -1 when it is no longer marked unknown).
- */
-static int64_t unknown_hold(keyed *k, const idem_id *id) {
-  idem_record *rec = NULL;
-  int64_t left = -1;
-  if (idem_get(k->p->store, id, &rec) == IDEM_OK &&
-      rec->state == IDEM_STATE_UNKNOWN) {
-    left = rec->updated_ms + lease_ms(k->p) - wall_ms();
-    if (left < 0)
-      left = 0;
-  }
-  idem_record_free(rec);
-  return left;
 }
 
 static void keyed_run(keyed *k) {
@@ -335,20 +329,8 @@ static void keyed_run(keyed *k) {
   eo.call.retention_ms = o->retention_ms;
   eo.call.on_expired_lease =
       o->on_unknown_fail ? IDEM_EXPIRED_REPORT : IDEM_EXPIRED_TAKE_OVER;
-  for (int round = 0;; round++) {
-    rc = idem_execute(p->store, &id, k->request, k->request_len, keyed_action,
-                      k, &eo, &call);
-    if (!call || k->ran || idem_call_outcome(call) != IDEM_UNKNOWN ||
-        o->on_unknown_fail || round >= 2)
-      break;
-    int64_t left = unknown_hold(k, &id);
-    if (left > 0)
-      break;
-    /* Held for a lease already (or settled meanwhile): take it over. */
-    eo.call.takeover_unknown = left == 0;
-    idem_call_free(call);
-    call = NULL;
-  }
+  rc = idem_execute(p->store, &id, k->request, k->request_len, keyed_action,
+                    k, &eo, &call);
   if (!call) {
     char msg[1024];
     int busy = rc == IDEM_EBUSY || rc == IDEM_EUNAVAILABLE;
@@ -394,14 +376,13 @@ static void keyed_run(keyed *k) {
       mcp_answer_error(p, k->id, MCP_E_IN_FLIGHT, msg, data);
       break;
     case IDEM_UNKNOWN:
-    default: {
-      int64_t left = o->on_unknown_fail ? 0 : unknown_hold(k, &id);
-      answer_unknown(k, left > 0 ? left : 100,
+    default:
+      answer_unknown(k, 0,
                      "an earlier attempt of this call ended without a "
-                     "result (cancelled, or the server exited or its "
-                     "result could not be kept)");
+                     "result that could be kept (cancelled or the server "
+                     "exited, with --on-unknown fail; or a result too "
+                     "large to store, or a lost lease)");
       break;
-    }
     }
   }
   idem_call_free(call);

@@ -81,6 +81,18 @@ const test = (proxy) => connect({ server: SERVERS.test,
   check("max-result: logged", /larger than --max-result/.test(stderr()), stderr());
   const r2 = await call(client, "big", { bytes: 5000 }, { key: "big-1" });
   eq("max-result: a retry is told the outcome is unknown", -32003, r2.error?.code);
+  // Not even after a lease: the tool ran; only an operator may free it.
+  const { client: c2 } = await test(["--store", store, "--max-result", "1k",
+    "--lease", "1s"]);
+  const b1 = await call(c2, "big", { bytes: 5000 }, { key: "big-3" });
+  eq("max-result, short lease: passed on", 5000, text(b1.result)?.length);
+  await sleep(1300);
+  const b2 = await call(c2, "big", { bytes: 5000 }, { key: "big-3" });
+  eq("max-result: after the lease still unknown, not sent again", -32003,
+    b2.error?.code);
+  check("max-result: the message names idem keys resolve",
+    /idem keys resolve/.test(b2.error?.message ?? ""), b2.error?.message);
+  await c2.close();
   const r3 = await call(client, "big", { bytes: 500 }, { key: "big-2" });
   const r4 = await call(client, "big", { bytes: 500 }, { key: "big-2" });
   check("max-result: a smaller result is stored", replayed(r4.result) &&
@@ -109,11 +121,11 @@ async function crash(mode, key) {
   eq(`${mode}: the proxy exits with the server's status`, 128 + 9,
     a.proc.exitCode);
   eq(`${mode}: acted once`, ["one"], lines(f));
-  eq(`${mode}: key marked unknown`, "unknown", rec("append", key)?.state);
+  eq(`${mode}: key held in progress`, "in_progress", rec("append", key)?.state);
 
   const b = await test(opts);
   const r2 = await call(b.client, "append", args, { key });
-  eq(`${mode}: retry at once: unknown`, -32003, r2.error?.code);
+  eq(`${mode}: retry at once: in flight`, -32002, r2.error?.code);
   eq(`${mode}: nothing acted`, ["one"], lines(f));
   if (mode === "forward") {
     const wait = r2.error?.data?.retryAfterMs;
@@ -131,7 +143,7 @@ async function crash(mode, key) {
     check("forward: then replays", replayed(r5.result));
     eq("forward: the replay is the recovered result", r4.result, unmarked(r5.result));
   } else {
-    await sleep(4200);
+    await sleep((r2.error?.data?.retryAfterMs ?? 4000) + 200);
     const r3 = await call(b.client, "append", args, { key });
     eq("fail: still refused after the lease", -32003, r3.error?.code);
     check("fail: the message names idem keys resolve",

@@ -97,10 +97,10 @@ async function cancelled(mode, key) {
   check(`${mode}: the client saw its cancellation`, r1.error !== undefined);
   await sleep(100);
   check(`${mode}: logged`, /cancelled by the client/.test(err()), err());
-  eq(`${mode}: key unknown`, "unknown", record(store,
+  eq(`${mode}: key held in progress`, "in_progress", record(store,
     "trigger-long-running-operation", key)?.state);
   const r2 = await call(c, "trigger-long-running-operation", args, { key });
-  eq(`${mode}: at once: unknown`, -32003, r2.error?.code);
+  eq(`${mode}: at once: in flight`, -32002, r2.error?.code);
   await sleep(2200);
   const r3 = await call(c, "trigger-long-running-operation", args,
     { key, onprogress: (p) => steps.push(p.progress) });
