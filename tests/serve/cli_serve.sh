@@ -15,7 +15,7 @@ start_gateway gw --upstream "$UP" --store "$TMP/gw.db" --log "$TMP/access.log" |
 curl -s -m 0.5 -o /dev/null -X POST -H 'Content-Type: application/json' \
   -H 'Idempotency-Key: lost-1' --data '{"title":"Printer"}' "$GW/tickets?delay_ms=1200"
 expect_eq "lost response: the client timed out" 28 "$?"
-sleep 1.2
+wait_eq completed state "$TMP/gw.db" lost-1 || fail "lost response: never completed"
 post r1 lost-1 '{"title":"Printer"}' /tickets?delay_ms=1200
 expect_eq "lost response: retry status" 201 "$(code r1)"
 expect_eq "lost response: replayed" true "$(header r1 Idempotent-Replayed)"
@@ -201,7 +201,7 @@ PY
 expect_match "access log: a replay line with hashes" '"outcome":"replay".*"key_hash":"[0-9a-f]{16}","tenant_hash"' "$(cat "$TMP/access.log")"
 mv "$TMP/access.log" "$TMP/access.log.1"
 kill -HUP "$GW_PID"
-sleep 0.3
+n=0; while [ ! -e "$TMP/access.log" ] && [ $n -lt 400 ]; do sleep 0.05; n=$((n + 1)); done
 post h1 json-1 '{"title":"Disk","n":1,"tags":["a","b"]}'
 expect_eq "SIGHUP: the log reopened" 1 "$(wc -l < "$TMP/access.log")"
 [ "$lines" -ge 60 ] && ok || fail "access log: only $lines lines"
@@ -209,9 +209,9 @@ expect_eq "SIGHUP: the log reopened" 1 "$(wc -l < "$TMP/access.log")"
 # 11. SIGTERM lets a request in flight finish, then exits 0.
 post d1 drain-1 '{"title":"slow"}' /tickets?delay_ms=1500 &
 cpid=$!
-sleep 0.5
+wait_eq 1 effects drain-1 || fail "draining: the request never reached the upstream"
 kill -TERM "$GW_PID"
-sleep 0.2
+wait_eq 503 curl -s -o /dev/null -w '%{http_code}' "$ADMIN/readyz"
 expect_eq "draining: readyz 503" 503 "$(curl -s -o /dev/null -w '%{http_code}' "$ADMIN/readyz")"
 wait $cpid
 wait "$GW_PID"

@@ -34,16 +34,17 @@ stop_gateway "$GW_PID"
 # 2. Upstream slower than --upstream-timeout: 504; the key stays in
 #    progress (409) until its lease ends; then a retry RECOVERs and is
 #    forwarded again with the same key.
-start_gateway slow --upstream "$UP" --store "$DB" --upstream-timeout 1s --lease 2s || { finish; exit 1; }
+start_gateway slow --upstream "$UP" --store "$DB" --upstream-timeout 1s --lease 3s || { finish; exit 1; }
 post s1 slow-1 '{"title":"S"}' /tickets?delay_first_ms=2500
-expect_eq "timeout: 504" "504 urn:idem:problem:upstream-timeout 2" "$(code s1) $(json s1 type) $(header s1 Retry-After)"
+expect_eq "timeout: 504" "504 urn:idem:problem:upstream-timeout 3" "$(code s1) $(json s1 type) $(header s1 Retry-After)"
 post s2 slow-1 '{"title":"S"}' /tickets?delay_first_ms=2500
 expect_eq "timeout: in progress" "409 urn:idem:problem:in-flight" "$(code s2) $(json s2 type)"
-expect_match "timeout: Retry-After" '^[12]$' "$(header s2 Retry-After)"
+expect_match "timeout: Retry-After" '^[123]$' "$(header s2 Retry-After)"
 expect_match "timeout: idem keys shows it in progress" "in_progress" \
   "$("$IDEM" keys list --store "$DB" 2>&1 | grep slow-1)"
 expect_eq "timeout: one effect so far" 1 "$(effects slow-1)"
-sleep 2.3
+sleep "$(header s2 Retry-After)"
+sleep 0.3
 post s3 slow-1 '{"title":"S"}' /tickets?delay_first_ms=2500
 expect_eq "after the lease: recovered and forwarded again" "201 S 2" "$(code s3) $(json s3 title) $(effects slow-1)"
 expect_eq "after the lease: the upstream saw the same key" slow-1 "$(last_key)"
@@ -104,18 +105,19 @@ stop_gateway "$GW_PID"
 #    on the same store. No second effect inside the lease; after it, with
 #    --on-unknown forward, one more with the same key; with fail, none.
 for mode in forward fail; do
-  start_gateway "kill-$mode" --upstream "$UP" --store "$DB" --lease 2s --on-unknown $mode || { finish; exit 1; }
+  start_gateway "kill-$mode" --upstream "$UP" --store "$DB" --lease 5s --on-unknown $mode || { finish; exit 1; }
   post "k-$mode" "kill-$mode" '{"title":"K"}' /tickets?delay_first_ms=1500 &
   cpid=$!
-  sleep 0.6
+  wait_eq 1 effects "kill-$mode" || fail "SIGKILL ($mode): the request never reached the upstream"
   kill -KILL "$GW_PID"
   wait "$GW_PID" 2>/dev/null
   wait $cpid
   expect_eq "SIGKILL ($mode): the client got no answer" 000 "$(code "k-$mode")"
-  start_gateway "kill-$mode-2" --upstream "$UP" --store "$DB" --lease 2s --on-unknown $mode || { finish; exit 1; }
+  start_gateway "kill-$mode-2" --upstream "$UP" --store "$DB" --lease 5s --on-unknown $mode || { finish; exit 1; }
   post "k2-$mode" "kill-$mode" '{"title":"K"}' /tickets?delay_first_ms=1500
   expect_eq "SIGKILL ($mode): in flight inside the lease" "409 1" "$(code "k2-$mode") $(effects "kill-$mode")"
-  sleep 2.2
+  sleep "$(header "k2-$mode" Retry-After)"
+  sleep 0.3
   post "k3-$mode" "kill-$mode" '{"title":"K"}' /tickets?delay_first_ms=1500
   if [ $mode = forward ]; then
     expect_eq "SIGKILL (forward): after the lease, forwarded once more" "201 2 kill-forward" \

@@ -69,6 +69,20 @@ json() { python3 -c 'import json,sys; v=json.load(open(sys.argv[1])).get(sys.arg
 # metric NAME_WITH_LABELS: a value from /metrics.
 metric() { curl -s "$ADMIN/metrics" | grep -F "$1 " | grep -v '^#' | awk '{print $NF}'; }
 
+# wait_eq EXPECTED CMD...: runs CMD until it prints EXPECTED (20 s at
+# most), so that a loaded machine makes a test slower, not wrong.
+wait_eq() {
+  want=$1; shift
+  n=0
+  while [ "$("$@")" != "$want" ] && [ $n -lt 400 ]; do sleep 0.05; n=$((n + 1)); done
+  [ "$("$@")" = "$want" ]
+}
+# state DB KEY: the state of the gateway's record of KEY (POST /tickets).
+state() {
+  "$IDEM" keys show "$2" --store "$1" --operation 'POST /tickets' --json 2>/dev/null |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["state"])' 2>/dev/null
+}
+
 # stop_gateway: SIGTERM, and its exit status in $STOPPED.
 stop_gateway() {
   kill -TERM "$1"
