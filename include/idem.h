@@ -40,6 +40,10 @@
  *    same values), and max_attempts was added.
  *  - idem_store_options: sqlite_sync_normal became sqlite_synchronous (same
  *    slot, same values); read_only and replay_cache_entries were added.
+ *  - An SQLite store whose disk fails a read, a write or an fsync, or is
+ *    full, answers IDEM_EIO (it answered IDEM_ESTORE); the call's
+ *    transaction was rolled back, and the store works again once the disk
+ *    does (docs/reliability.md).
  *  - idem_resolve() refuses a record whose holder's lease is still running;
  *    idem_resolve_with() can force it and sets the retention. idem_delete()
  *    removes any one record (a corrupted one, say).

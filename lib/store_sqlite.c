@@ -232,6 +232,12 @@ static int map_rc(int src) {
   case SQLITE_CORRUPT:
   case SQLITE_NOTADB:
     return IDEM_ESTORE;
+  /* The disk failed the store (a read, a write, an fsync) or is full: the
+   * call's transaction was rolled back, and a retry may work once the
+   * disk does. */
+  case SQLITE_IOERR:
+  case SQLITE_FULL:
+    return IDEM_EIO;
   default:
     return IDEM_ESTORE;
   }
