@@ -35,6 +35,9 @@ crash: build
 	cmake --build $(BUILD) -j $(JOBS) --target test_powerloss
 	nice -n 10 $(BUILD)/tests/test_powerloss --sync full --trials $(CRASH_TRIALS)
 	nice -n 10 $(BUILD)/tests/test_powerloss --sync normal --trials $(CRASH_TRIALS)
+	nice -n 10 $(BUILD)/tests/test_powerloss --sync full --faults --trials $(CRASH_TRIALS)
+	cmake --build $(BUILD) -j $(JOBS) --target test_iofaults
+	$(BUILD)/tests/test_iofaults
 
 bench: build
 	@sh scripts/deps.sh bench

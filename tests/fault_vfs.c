@@ -31,6 +31,7 @@ typedef struct tfile {
   char *path;
   int is_db;
   int gone; /* deleted, and not written since */
+  unsigned err_seq; /* failed syncs so far (Linux's errseq_t) */
   unsigned char *durable; /* content as of the last sync */
   size_t dlen, dcap;
   pending *head, *tail;
@@ -40,6 +41,7 @@ typedef struct tfile {
 typedef struct ffile {
   sqlite3_file base;
   tfile *t;            /* NULL: not followed */
+  unsigned seen;       /* the last of t's sync failures this handle saw */
   sqlite3_file real[]; /* the unix VFS's file, szOsFile bytes */
 } ffile;
 
@@ -291,6 +293,18 @@ static int f_sync(sqlite3_file *f, int flags) {
     for (pending *p = t->head; p; p = p->next)
       stats.forgotten++;
     free_pending(t);
+    t->err_seq++;
+    ((ffile *)f)->seen = t->err_seq;
+    pthread_mutex_unlock(&mu);
+    return SQLITE_IOERR_FSYNC;
+  }
+  if (((ffile *)f)->seen != t->err_seq) {
+    /* As Linux since 4.13: every descriptor open when a sync failed gets
+     * the error from its own next sync too, once; what was written since
+     * is flushed all the same. */
+    ((ffile *)f)->seen = t->err_seq;
+    stats.reported_again++;
+    make_durable(t);
     pthread_mutex_unlock(&mu);
     return SQLITE_IOERR_FSYNC;
   }
@@ -356,6 +370,7 @@ static int v_open(sqlite3_vfs *vfs, const char *name, sqlite3_file *file,
                         SQLITE_OPEN_MAIN_JOURNAL))) {
     pthread_mutex_lock(&mu);
     f->t = follow(name, (flags & SQLITE_OPEN_MAIN_DB) != 0);
+    f->seen = f->t->err_seq;
     pthread_mutex_unlock(&mu);
   }
   f->base.pMethods = &fault_io;

@@ -21,7 +21,9 @@
  * SQLITE_IOERR_READ. A failed sync behaves as Linux after a writeback error
  * (PostgreSQL's "fsyncgate"): the file's writes since its last sync are
  * forgotten by the disk, never to be made durable by a later sync, though
- * the process still reads them back.
+ * the process still reads them back; and, as Linux does since 4.13, each
+ * other handle that had the file open then gets the error from its own
+ * next sync (once).
  *
  * Only the database file, its write-ahead log and a rollback journal are
  * followed; the shared-memory file is memory, and a power loss deletes it.
@@ -48,7 +50,8 @@ typedef struct fvfs_stats {
   long long crashes;                  /* armed crash points reached */
   /* What power losses did to the writes not yet synced. */
   long long kept, dropped, torn, torn_garbage, trunc_kept, trunc_dropped;
-  long long forgotten; /* writes forgotten by a failed sync */
+  long long forgotten;      /* writes forgotten by a failed sync */
+  long long reported_again; /* a failed sync reported to another handle */
 } fvfs_stats;
 
 /* Registers the VFS (once; not as the default). SQLITE_OK or an error. */

@@ -312,6 +312,70 @@ static void test_eio_on_read(void **state) {
   assert_integrity_ok(path);
 }
 
+/*
+ * A local action whose own statement meets an I/O error: SQLite then rolls
+ * back the whole transaction by itself. Nothing of the action or its batch
+ * was kept: the call fails with IDEM_EIO, the key is left free (not marked
+ * unknown, as for an action that ended the transaction itself), and once
+ * reads work again it acts, once.
+ */
+static int read_cold_table(void *conn, void *ctx, idem_response *r) {
+  sqlite3 *db = conn;
+  const char *key = ctx;
+  /* Pages this connection never read, so that SQLite must read them. */
+  fvfs_set_fault(FVFS_READ_EIO, 0, -1);
+  if (sqlite3_exec(db, "SELECT sum(length(x)) FROM filler", NULL, NULL,
+                   NULL) != SQLITE_OK)
+    return 1;
+  fvfs_set_fault(FVFS_NONE, 0, 0);
+  return add_effect(conn, (void *)key, r);
+}
+
+static void test_eio_inside_local_action(void **state) {
+  const char *dir = *state;
+  char path[URL_MAX + 32], fp[IDEM_FINGERPRINT_SIZE];
+  idem_store *s = NULL;
+  idem_call *c = (idem_call *)&c;
+  idem_id id = {"t", FOP, "cold"};
+  sqlite3 *db = NULL;
+  snprintf(path, sizeof path, "%s/store.db", dir);
+  fvfs_reset(0x42);
+  fvfs_make_default(1);
+  EXPECT_RC(IDEM_OK, idem_store_open(path, NULL, &s));
+  local_ok(s, "warm", IDEM_PROCEED);
+  /* Another connection writes a table of its own. */
+  assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE, "unix"),
+                   SQLITE_OK);
+  sqlite3_busy_timeout(db, 10000);
+  assert_int_equal(
+      sqlite3_exec(db,
+                   "CREATE TABLE filler (x TEXT); WITH RECURSIVE n(i) AS "
+                   "(SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 300) "
+                   "INSERT INTO filler SELECT printf('%.1000c', 'f') FROM n",
+                   NULL, NULL, NULL),
+      SQLITE_OK);
+  sqlite3_close(db);
+
+  key_fp("cold", fp);
+  int rc = idem_execute_local(s, &id, fp, NULL, read_cold_table,
+                              (void *)"cold", &c);
+  fvfs_set_fault(FVFS_NONE, 0, 0);
+  if (rc != IDEM_EIO)
+    fail_msg("an action whose statement met EIO: %s (%s), expected IDEM_EIO",
+             idem_rc_name(rc), idem_errmsg());
+  assert_null(c);
+  assert_absent(s, &id);
+  assert_int_equal(effects_of(path, "cold"), 0);
+  local_ok(s, "cold", IDEM_PROCEED);
+  local_ok(s, "cold", IDEM_REPLAY);
+  local_ok(s, "warm", IDEM_REPLAY);
+  idem_store_close(s);
+  fvfs_make_default(0);
+  assert_int_equal(fvfs_power_loss(), 0);
+  assert_int_equal(effects_of(path, "cold"), 1);
+  assert_integrity_ok(path);
+}
+
 /* ------------------------------------------------------------------ */
 /* A real full disk: a small tmpfs in a mount namespace of a child's     */
 /* ------------------------------------------------------------------ */
@@ -550,6 +614,7 @@ int main(void) {
       FAULT_TEST(test_eio_on_fsync),
       FAULT_TEST(test_fsync_fails_once),
       FAULT_TEST(test_eio_on_read),
+      FAULT_TEST(test_eio_inside_local_action),
       FAULT_TEST(test_full_tmpfs),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

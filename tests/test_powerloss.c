@@ -23,6 +23,14 @@
  *  - the engine works: a new local action and a new claim and completion
  *    succeed.
  *
+ * With --faults each trial also injects I/O errors before its crash point:
+ * a few writes failing with SQLITE_FULL or EIO, fsyncs failing with EIO
+ * (the writes they should have saved are forgotten, as Linux does), or
+ * reads failing. A call that meets one must fail with IDEM_EIO (or
+ * IDEM_EUNAVAILABLE, for the other calls of its group commit); the callers
+ * carry on (a failed completion is retried), and once the fault is gone
+ * the same handle must work again.
+ *
  * With --sync normal (synchronous=NORMAL) acknowledged calls may be lost:
  * they are counted, not failed, provided that only the last commits are
  * lost (a local action committed before a kept one never is) and nothing
@@ -32,6 +40,7 @@
  *
  * Usage: test_powerloss [--trials N] [--sync full|normal] [--seed S]
  *                        [--fresh-every K] [--quiet] [--lying-disk]
+ *                        [--faults]
  * IDEM_POWERLOSS_TRIALS sets the default number of trials. Exit 0 when no
  * invariant was violated. --lying-disk checks the campaign itself: the
  * disk acknowledges syncs without keeping anything, and the exit status is
@@ -83,7 +92,9 @@ static struct {
   size_t n, cap;
 } acks = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0};
 
-static int sync_normal, quiet, lying_disk;
+static int sync_normal, quiet, lying_disk, with_faults;
+static long long injected_at_start; /* faults injected before this trial */
+static long long tolerated;         /* calls failed by an injected fault */
 static long long violations, checked[ACK_KINDS], lost[ACK_KINDS];
 static long long trials_with_loss, max_lost_in_trial;
 static atomic_llong action_seq;
@@ -173,13 +184,44 @@ static int insert_effect(void *conn, void *p, idem_response *r) {
   return 0;
 }
 
-/* A call failed: expected once the machine stopped, a violation before. */
+static long long injected_total(void) {
+  fvfs_stats st;
+  long long n = 0;
+  fvfs_get_stats(&st);
+  for (int k = 0; k < FVFS_KINDS; k++)
+    n += st.injected[k];
+  return n;
+}
+
+/*
+ * A call failed: expected once the machine stopped, and with IDEM_EIO (or
+ * IDEM_EUNAVAILABLE for the rest of its group commit) once a fault was
+ * injected; a violation otherwise. Returns non-zero when the caller should
+ * stop (the machine stopped).
+ */
 static int failed(const char *what, const char *key, int rc) {
+  static pthread_mutex_t count_mu = PTHREAD_MUTEX_INITIALIZER;
   if (fvfs_crashed())
     return 1;
+  if (with_faults && injected_total() > injected_at_start &&
+      (rc == IDEM_EIO || rc == IDEM_EUNAVAILABLE)) {
+    pthread_mutex_lock(&count_mu);
+    tolerated++;
+    pthread_mutex_unlock(&count_mu);
+    return 0;
+  }
   violation("%s '%s' failed without a fault: %s: %s", what, key,
             idem_rc_name(rc), idem_errmsg());
   return 1;
+}
+
+/* An outcome no caller should see without a fault (in flight: a claim
+ * whose completion failed for good). */
+static void odd_outcome(const char *what, const char *key, idem_outcome o) {
+  if (fvfs_crashed() ||
+      (with_faults && injected_total() > injected_at_start))
+    return;
+  violation("%s '%s': outcome %s", what, key, idem_outcome_name(o));
 }
 
 static void fill_ack(ack *a, ack_kind kind, int trial, const char *op,
@@ -210,8 +252,9 @@ static void *local_worker(void *p) {
     int rc = idem_execute_local(w->store, &id, fp, NULL, insert_effect, &ctx,
                                 &c);
     if (rc != IDEM_OK) {
-      failed("execute_local", key, rc);
-      break;
+      if (failed("execute_local", key, rc))
+        break;
+      continue;
     }
     idem_outcome o = idem_call_outcome(c);
     const idem_response *r = idem_call_response(c);
@@ -226,8 +269,8 @@ static void *local_worker(void *p) {
     } else if (o == IDEM_REPLAY && r) {
       fill_ack(&a, ACK_REPLAY, w->trial, OP_LOCAL, key, r);
       add_ack(&a);
-    } else if (!fvfs_crashed()) {
-      violation("execute_local '%s': outcome %s", key, idem_outcome_name(o));
+    } else {
+      odd_outcome("execute_local", key, o);
     }
     idem_call_free(c);
   }
@@ -247,8 +290,9 @@ static void *claim_worker(void *p) {
     idem_call *c = NULL;
     int rc = idem_claim(w->store, &id, fp, &lease, &c);
     if (rc != IDEM_OK) {
-      failed("claim", key, rc);
-      break;
+      if (failed("claim", key, rc))
+        break;
+      continue;
     }
     idem_outcome o = idem_call_outcome(c);
     ack a;
@@ -259,10 +303,20 @@ static void *claim_worker(void *p) {
                w->index);
       idem_response resp = {200, NULL, 0, body, strlen(body)};
       rc = idem_complete(w->store, c, &resp);
+      /* A completion that met a fault is tried again, as a caller would:
+       * it must then be kept for good. */
+      for (int tries = 0; rc != IDEM_OK && tries < 5; tries++) {
+        if (failed("complete", key, rc))
+          break;
+        struct timespec ts = {0, 1000000L};
+        nanosleep(&ts, NULL);
+        rc = idem_complete(w->store, c, &resp);
+      }
       if (rc != IDEM_OK) {
         idem_call_free(c);
-        failed("complete", key, rc);
-        break;
+        if (failed("complete", key, rc))
+          break;
+        continue;
       }
       fill_ack(&a, ACK_COMPLETE, w->trial, OP_CLAIM, key, &resp);
       add_ack(&a);
@@ -270,8 +324,8 @@ static void *claim_worker(void *p) {
       fill_ack(&a, ACK_REPLAY, w->trial, OP_CLAIM, key,
                idem_call_response(c));
       add_ack(&a);
-    } else if (!fvfs_crashed()) {
-      violation("claim '%s': outcome %s", key, idem_outcome_name(o));
+    } else {
+      odd_outcome("claim", key, o);
     }
     idem_call_free(c);
   }
@@ -426,19 +480,24 @@ static void check_acks(idem_store *s, int trial) {
               trial, lost_min_seq, kept_max_seq);
 }
 
-/* After the crash: the engine works again on the reopened store. */
-static void check_works(idem_store *s, int trial) {
+/* The engine works: after the crash on the reopened store, and after a
+ * fault on the same handle (where only the armed crash may stop it). */
+static void check_works(idem_store *s, int trial, const char *when) {
   char key[48], fp[IDEM_FINGERPRINT_SIZE];
   idem_call *c = NULL;
   ack a;
-  snprintf(key, sizeof key, "t%d-after-L", trial);
+  snprintf(key, sizeof key, "t%d-%s-L", trial, when);
   fingerprint(key, fp);
   idem_id lid = {TENANT, OP_LOCAL, key};
   local_ctx ctx = {key, "", 0};
   int rc = idem_execute_local(s, &lid, fp, NULL, insert_effect, &ctx, &c);
+  if (rc != IDEM_OK && fvfs_crashed()) {
+    idem_call_free(c);
+    return;
+  }
   if (rc != IDEM_OK || idem_call_outcome(c) != IDEM_PROCEED ||
       !idem_call_response(c)) {
-    violation("trial %d: after reopening, execute_local: %s %s", trial,
+    violation("trial %d: %s, execute_local: %s %s", trial, when,
               idem_rc_name(rc), rc ? idem_errmsg() : "");
   } else {
     fill_ack(&a, ACK_LOCAL, trial, OP_LOCAL, key, idem_call_response(c));
@@ -447,20 +506,24 @@ static void check_works(idem_store *s, int trial) {
   }
   idem_call_free(c);
   c = NULL;
-  snprintf(key, sizeof key, "t%d-after-C", trial);
+  snprintf(key, sizeof key, "t%d-%s-C", trial, when);
   fingerprint(key, fp);
   idem_id cid = {TENANT, OP_CLAIM, key};
   rc = idem_claim(s, &cid, fp, NULL, &c);
+  if (rc != IDEM_OK && fvfs_crashed()) {
+    idem_call_free(c);
+    return;
+  }
   if (rc != IDEM_OK || idem_call_outcome(c) != IDEM_PROCEED) {
-    violation("trial %d: after reopening, claim: %s %s", trial,
-              idem_rc_name(rc), rc ? idem_errmsg() : "");
+    violation("trial %d: %s, claim: %s %s", trial, when, idem_rc_name(rc),
+              rc ? idem_errmsg() : "");
   } else {
     idem_response resp = {200, NULL, 0, "{\"after\":true}", 14};
     rc = idem_complete(s, c, &resp);
-    if (rc != IDEM_OK)
-      violation("trial %d: after reopening, complete: %s %s", trial,
+    if (rc != IDEM_OK && !fvfs_crashed())
+      violation("trial %d: %s, complete: %s %s", trial, when,
                 idem_rc_name(rc), idem_errmsg());
-    else {
+    else if (rc == IDEM_OK) {
       fill_ack(&a, ACK_COMPLETE, trial, OP_CLAIM, key, &resp);
       add_ack(&a);
     }
@@ -511,8 +574,20 @@ static long long run_trial(int trial, uint64_t seed, long long crash_n) {
       pthread_create(&w[i].th, NULL,
                      i < LOCAL_THREADS ? local_worker : claim_worker, &w[i]);
     }
+    if (with_faults) {
+      uint64_t r = mix(seed ^ 0xfa017);
+      injected_at_start = injected_total();
+      fvfs_set_fault((fvfs_fault)(1 + r % 4), (int)((r >> 8) % 40),
+                     1 + (int)((r >> 16) % 4));
+    }
     for (int i = 0; i < LOCAL_THREADS + CLAIM_THREADS; i++)
       pthread_join(w[i].th, NULL);
+    if (with_faults) {
+      /* The fault is gone: this very handle works again. */
+      fvfs_set_fault(FVFS_NONE, 0, 0);
+      if (!fvfs_crashed())
+        check_works(s, trial, "after-fault");
+    }
     atomic_store(&k.stop, 1);
     pthread_join(k.th, NULL);
     idem_store_close(s);
@@ -536,7 +611,7 @@ static long long run_trial(int trial, uint64_t seed, long long crash_n) {
     return events;
   }
   check_acks(s, trial);
-  check_works(s, trial);
+  check_works(s, trial, "reopened");
   idem_store_close(s);
   check_file(trial);
   return events;
@@ -579,10 +654,12 @@ int main(int argc, char **argv) {
       quiet = 1;
     else if (strcmp(argv[i], "--lying-disk") == 0)
       lying_disk = 1;
+    else if (strcmp(argv[i], "--faults") == 0)
+      with_faults = 1;
     else {
       fprintf(stderr,
               "usage: %s [--trials N] [--sync full|normal] [--seed S] "
-              "[--fresh-every K] [--quiet]\n",
+              "[--fresh-every K] [--quiet] [--lying-disk] [--faults]\n",
               argv[0]);
       return 2;
     }
@@ -604,8 +681,9 @@ int main(int argc, char **argv) {
     return 2;
   }
   snprintf(store_path, sizeof store_path, "%s/store.db", base);
-  printf("powerloss: synchronous=%s trials=%d seed=0x%016" PRIx64 "\n",
-         sync_normal ? "NORMAL" : "FULL", trials, seed);
+  printf("powerloss: synchronous=%s%s trials=%d seed=0x%016" PRIx64 "\n",
+         sync_normal ? "NORMAL" : "FULL", with_faults ? " with I/O faults" : "",
+         trials, seed);
   fflush(stdout);
   clock_gettime(CLOCK_MONOTONIC, &t0);
 
@@ -653,6 +731,13 @@ int main(int argc, char **argv) {
            "one\n",
            lost[ACK_CLAIM], lost[ACK_COMPLETE], lost[ACK_LOCAL],
            lost[ACK_REPLAY], trials_with_loss, max_lost_in_trial);
+  if (with_faults)
+    printf("  I/O faults injected: %lld writes full, %lld writes EIO, %lld "
+           "fsyncs EIO (%lld unsynced writes forgotten), %lld reads EIO; "
+           "calls failed by them: %lld\n",
+           st.injected[FVFS_WRITE_FULL], st.injected[FVFS_WRITE_EIO],
+           st.injected[FVFS_SYNC_EIO], st.forgotten,
+           st.injected[FVFS_READ_EIO], tolerated);
   printf("  violations: %lld\n", violations);
   nftw(base, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
   free(acks.v);
