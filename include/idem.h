@@ -404,7 +404,10 @@ IDEM_API int idem_renew(idem_store *store, idem_call *call,
  * into the same store. An fn that ends the transaction anyway (on either
  * store) makes the call fail with IDEM_ESTORE and leaves the key marked
  * unknown, since what it wrote before may have been kept without a record;
- * other calls of the same batch then fail with IDEM_EUNAVAILABLE.
+ * other calls of the same batch then fail with IDEM_EUNAVAILABLE. (On
+ * SQLite, a statement of fn that meets an I/O error or a full disk makes
+ * SQLite roll the transaction back by itself: nothing was kept, so the
+ * call fails with IDEM_EIO and the key stays free for a retry.)
  *
  * fn runs only for PROCEED and RECOVER. For REPLAY, CONFLICT, IN_FLIGHT and
  * UNKNOWN it does not run and nothing is written. After a run the claim

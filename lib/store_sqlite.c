@@ -173,6 +173,7 @@ static const char schema_v1[] =
 
 typedef struct conn {
   sqlite3 *db;
+  unsigned commits; /* counted by a commit hook: see run_local() */
   sqlite3_stmt *st[ST_COUNT];
   struct conn *next;
 } conn;
@@ -334,6 +335,12 @@ static int reopen_immutable(sq_store *s, conn *c) {
   return rc;
 }
 
+/* A commit hook: counts the connection's commits. */
+static int count_commit(void *arg) {
+  (*(unsigned *)arg)++;
+  return 0;
+}
+
 static int conn_open(sq_store *s, conn **out) {
   conn *c = calloc(1, sizeof *c);
   const char *sync = s->o.sqlite_synchronous == IDEM_SYNC_NORMAL
@@ -356,6 +363,7 @@ static int conn_open(sq_store *s, conn **out) {
   }
   sqlite3_extended_result_codes(c->db, 1);
   sqlite3_busy_timeout(c->db, s->o.busy_timeout_ms);
+  sqlite3_commit_hook(c->db, count_commit, &c->commits);
   /* The first statement reads the file header: a file that is not a
    * database fails here, before anything could be written to it. Switching
    * a new file to WAL needs a moment alone with it, and SQLite does not call
@@ -716,10 +724,26 @@ static void run_local(conn *c, idem__op *op, const idem__row *row,
   idem_response r;
   char sum[IDEM_FINGERPRINT_SIZE];
   sqlite3_stmt *q;
+  unsigned commits = c->commits;
   int fn_rc;
   memset(&r, 0, sizeof r);
   fn_rc = op->fn(c->db, op->ctx, &r);
   if (sqlite3_get_autocommit(c->db)) {
+    int src = sqlite3_extended_errcode(c->db);
+    /* SQLite itself rolls the whole transaction back when a statement
+     * meets an I/O error, a full disk or no memory. When nothing committed
+     * meanwhile (the connection's commit hook counts commits), nothing of
+     * the action was kept: the key stays free. */
+    if (c->commits == commits && ((src & 0xff) == SQLITE_IOERR ||
+                       (src & 0xff) == SQLITE_FULL ||
+                       (src & 0xff) == SQLITE_NOMEM)) {
+      idem__op_fail(op, map_rc(src),
+                    "key '%s': the action's statement failed (%s) and "
+                    "SQLite rolled the transaction back: nothing of it was "
+                    "kept; a retry acts",
+                    op->id->key, sqlite3_errmsg(c->db));
+      return;
+    }
     mark_self_ended(c, op, now);
     return;
   }
@@ -820,9 +844,15 @@ static int step_once(conn *c, int which) {
   return rc == SQLITE_DONE ? SQLITE_OK : rc;
 }
 
-static void prune_some(sq_store *s, conn *c, int64_t now) {
+/*
+ * Removes some retention-expired records inside the batch's transaction.
+ * Returns SQLITE_OK, or the error that ended the whole transaction (SQLite
+ * rolls it back by itself on an I/O error), its text in why.
+ */
+static int prune_some(sq_store *s, conn *c, int64_t now, char *why,
+                      size_t size) {
   sqlite3_stmt *q;
-  int due;
+  int due, src = SQLITE_OK;
   /* Without group commit, batches of several threads run at once. */
   pthread_mutex_lock(&s->gc_mu);
   due = now - s->last_prune_ms >= IDEM__PRUNE_EVERY_MS;
@@ -830,17 +860,24 @@ static void prune_some(sq_store *s, conn *c, int64_t now) {
     s->last_prune_ms = now;
   pthread_mutex_unlock(&s->gc_mu);
   if (!due)
-    return;
+    return SQLITE_OK;
   if (exec(c, "SAVEPOINT idem_prune") != SQLITE_OK)
-    return;
+    return SQLITE_OK;
   q = stmt(c, ST_PRUNE_SOME);
   if (q) {
     sqlite3_bind_int64(q, 1, now);
-    if (sqlite3_step(q) != SQLITE_DONE)
-      exec(c, "ROLLBACK TO idem_prune");
+    if (sqlite3_step(q) != SQLITE_DONE) {
+      src = sqlite3_extended_errcode(c->db);
+      snprintf(why, size, "%s", sqlite3_errmsg(c->db));
+    }
     sqlite3_reset(q);
   }
+  if (sqlite3_get_autocommit(c->db))
+    return src != SQLITE_OK ? src : SQLITE_ERROR;
+  if (src != SQLITE_OK)
+    exec(c, "ROLLBACK TO idem_prune");
   exec(c, "RELEASE idem_prune");
+  return SQLITE_OK;
 }
 
 /*
@@ -988,7 +1025,25 @@ static void run_batch(sq_store *s, conn *c, idem__op **ops, int n) {
     }
     step_once(c, ST_RELEASE_SP);
   }
-  prune_some(s, c, idem__now_ms());
+  {
+    char why[256] = "the transaction ended";
+    int src = prune_some(s, c, idem__now_ms(), why, sizeof why);
+    if (src != SQLITE_OK) {
+      /* Rolled back while expired records were removed: nothing of the
+       * batch was kept, and no claim is held. */
+      for (i = 0; i < n; i++) {
+        if (ops[i]->rc == IDEM_OK)
+          idem__op_fail(ops[i], map_rc(src),
+                        "sqlite: the transaction was rolled back while "
+                        "expired records were removed, nothing was stored: "
+                        "%s",
+                        why);
+        if (ops[i]->kind == IDEM__OP_CLAIM || ops[i]->kind == IDEM__OP_LOCAL)
+          ops[i]->claim->held = 0;
+      }
+      return;
+    }
+  }
   if (exec(c, "COMMIT") != SQLITE_OK) {
     char msg[256];
     snprintf(msg, sizeof msg, "%s", sqlite3_errmsg(c->db));
