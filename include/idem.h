@@ -215,8 +215,12 @@ typedef struct idem_store_options {
  * NULL or "" means the environment variable IDEM_STORE, and when that is
  * unset too, "./idem.db". The schema is created or migrated on open; a store
  * written by a newer idem fails with IDEM_ESCHEMA and is left untouched. A
- * file that is not an SQLite database fails with IDEM_ESTORE and is not
- * overwritten. opts may be NULL. On failure *out is NULL.
+ * file that is not an SQLite database, a damaged or truncated one, a
+ * directory, a file the user may not read, or (read-write) one whose
+ * folder is not writable fails with IDEM_ESTORE, naming the file, and is
+ * not overwritten. A handle whose store a newer idem migrates meanwhile
+ * writes nothing more: its writes fail with IDEM_ESCHEMA. opts may be
+ * NULL. On failure *out is NULL.
  */
 IDEM_API int idem_store_open(const char *url, const idem_store_options *opts,
                              idem_store **out);

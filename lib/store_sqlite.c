@@ -58,6 +58,7 @@ enum {
   ST_SAVEPOINT,
   ST_RELEASE_SP,
   ST_ROLLBACK_SP,
+  ST_VERSION,
   ST_COUNT
 };
 
@@ -148,6 +149,8 @@ static const char *const sql_text[ST_COUNT] = {
     [ST_SAVEPOINT] = "SAVEPOINT idem_op",
     [ST_RELEASE_SP] = "RELEASE idem_op",
     [ST_ROLLBACK_SP] = "ROLLBACK TO idem_op",
+    [ST_VERSION] = "SELECT CAST(value AS INTEGER) FROM idem_meta WHERE name "
+                   "= 'schema_version'",
 };
 
 static const char schema_v1[] =
@@ -380,8 +383,26 @@ static int conn_open(sq_store *s, conn **out) {
                          (rc & 0xff) == SQLITE_READONLY))
     rc = reopen_immutable(s, c);
   if (rc != SQLITE_OK || exec(c, sync) != SQLITE_OK) {
-    rc = idem__fail(map_rc(sqlite3_extended_errcode(c->db)),
-                    "store '%s': %s", s->path, sqlite3_errmsg(c->db));
+    int src = sqlite3_extended_errcode(c->db);
+    char folder[4096];
+    const char *slash = strrchr(s->path, '/');
+    /* The usual reason a writable file cannot be written: WAL makes its
+     * -wal and -shm files beside it, in a folder that is read-only. */
+    snprintf(folder, sizeof folder, "%.*s",
+             slash ? (int)(slash == s->path ? 1 : slash - s->path) : 1,
+             slash ? s->path : ".");
+    if (!s->o.read_only &&
+        ((src & 0xff) == SQLITE_READONLY || (src & 0xff) == SQLITE_CANTOPEN) &&
+        faccessat(AT_FDCWD, folder, W_OK, AT_EACCESS) != 0)
+      rc = idem__fail(IDEM_ESTORE,
+                      "store '%s': its folder '%s' is not writable, and the "
+                      "store must create its -wal and -shm files there (%s); "
+                      "make the folder writable, or open the store "
+                      "read-only",
+                      s->path, folder, sqlite3_errmsg(c->db));
+    else
+      rc = idem__fail(map_rc(src), "store '%s': %s", s->path,
+                      sqlite3_errmsg(c->db));
     conn_close(c);
     return rc;
   }
@@ -916,6 +937,34 @@ static void batch_lost(conn *c, idem__op **ops, int n, int lost) {
   }
 }
 
+/*
+ * Whether the schema is still the one this idem writes. A newer idem may
+ * migrate the store while this handle has it open: from then on this
+ * handle writes nothing (records in the old layout would be misread), and
+ * says why. Read inside the write transaction, or just before an
+ * operator's single statement. IDEM_OK, or IDEM_ESCHEMA with a detail.
+ */
+static int schema_unchanged(sq_store *s, conn *c) {
+  sqlite3_stmt *q = stmt(c, ST_VERSION);
+  int version = -1, step;
+  if (!q)
+    return sqlite_fail(c, "prepare");
+  step = sqlite3_step(q);
+  if (step == SQLITE_ROW)
+    version = sqlite3_column_int(q, 0);
+  sqlite3_reset(q);
+  if (step != SQLITE_ROW && step != SQLITE_DONE)
+    return sqlite_fail(c, "read the schema version");
+  if (version == SCHEMA_VERSION)
+    return IDEM_OK;
+  return idem__fail(IDEM_ESCHEMA,
+                    "store '%s': its schema is now version %d (this idem "
+                    "knows up to %d): another version of idem changed it "
+                    "while this handle had it open; nothing more is written "
+                    "through this handle; open the store with that version",
+                    s->path, version, SCHEMA_VERSION);
+}
+
 /* Notes the log file that the store's connections have open. */
 static void note_wal(sq_store *s) {
   char wal[4096];
@@ -980,6 +1029,18 @@ static void run_batch(sq_store *s, conn *c, idem__op **ops, int n) {
   if (exec(c, "BEGIN IMMEDIATE") != SQLITE_OK) {
     for (i = 0; i < n; i++)
       op_sqlite_fail(ops[i], c, "begin");
+    return;
+  }
+  if ((i = schema_unchanged(s, c)) != IDEM_OK) {
+    char why[sizeof ops[0]->errmsg];
+    int rc = i;
+    snprintf(why, sizeof why, "%s", idem_errmsg());
+    exec(c, "ROLLBACK");
+    for (i = 0; i < n; i++) {
+      idem__op_fail(ops[i], rc, "%s", why);
+      if (ops[i]->kind == IDEM__OP_CLAIM || ops[i]->kind == IDEM__OP_LOCAL)
+        ops[i]->claim->held = 0;
+    }
     return;
   }
   {
@@ -1316,6 +1377,14 @@ static int sq_open(const char *target, const idem_store_options *opts,
                       "(an in-memory database would be private to one "
                       "connection); give a file path",
                       target);
+  {
+    struct stat st;
+    if (stat(target, &st) == 0 && S_ISDIR(st.st_mode))
+      return idem__fail(IDEM_ESTORE,
+                        "store '%s' is a directory; name a file (for "
+                        "example %s/idem.db)",
+                        target, target);
+  }
   if (!opts->read_only && (rc = create_private(target)) != IDEM_OK)
     return rc;
   s = calloc(1, sizeof *s);
@@ -1543,20 +1612,24 @@ static int sq_list(void *state, const idem_filter *f, idem_record_fn fn,
 
 /* An operator's write through a handle whose log was deleted would go
  * into the lost log and vanish when the store closes: IDEM_ESTORE. */
-static int operator_may_write(sq_store *s) {
+static int operator_may_write(sq_store *s, conn *c) {
   char why[512];
-  if (wal_intact(s, why, sizeof why))
-    return IDEM_OK;
-  return idem__fail(IDEM_ESTORE, "%s", why);
+  if (!wal_intact(s, why, sizeof why))
+    return idem__fail(IDEM_ESTORE, "%s", why);
+  return schema_unchanged(s, c);
 }
 
 static int sq_prune(void *state, int64_t *removed) {
   sq_store *s = state;
   conn *c;
   sqlite3_stmt *q;
-  int rc = operator_may_write(s);
-  if (rc != IDEM_OK || (rc = pool_get(s, &c)) != IDEM_OK)
+  int rc = pool_get(s, &c);
+  if (rc != IDEM_OK)
     return rc;
+  if ((rc = operator_may_write(s, c)) != IDEM_OK) {
+    pool_put(s, c);
+    return rc;
+  }
   q = stmt(c, ST_PRUNE);
   if (!q) {
     rc = sqlite_fail(c, "prepare");
@@ -1589,7 +1662,7 @@ static int sq_resolve(void *state, const idem_id *id,
     pool_put(s, c);
     return rc;
   }
-  if ((rc = operator_may_write(s)) != IDEM_OK)
+  if ((rc = operator_may_write(s, c)) != IDEM_OK)
     goto out;
   now = idem__now_ms();
   q = stmt(c, ST_SELECT);
@@ -1675,9 +1748,13 @@ static int sq_remove(void *state, const idem_id *id) {
   sq_store *s = state;
   conn *c;
   sqlite3_stmt *q;
-  int rc = operator_may_write(s), changed = 0;
-  if (rc != IDEM_OK || (rc = pool_get(s, &c)) != IDEM_OK)
+  int rc = pool_get(s, &c), changed = 0;
+  if (rc != IDEM_OK)
     return rc;
+  if ((rc = operator_may_write(s, c)) != IDEM_OK) {
+    pool_put(s, c);
+    return rc;
+  }
   q = stmt(c, ST_DELETE);
   if (!q) {
     rc = sqlite_fail(c, "prepare");
