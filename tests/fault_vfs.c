@@ -30,8 +30,8 @@ typedef struct pending {
 typedef struct tfile {
   char *path;
   int is_db;
-  int gone; /* deleted, and not written since */
-  unsigned err_seq; /* failed syncs so far (Linux's errseq_t) */
+  int gone;               /* deleted, and not written since */
+  unsigned err_seq;       /* failed syncs so far (Linux's errseq_t) */
   unsigned char *durable; /* content as of the last sync */
   size_t dlen, dcap;
   pending *head, *tail;
@@ -88,8 +88,7 @@ static int grow(unsigned char **buf, size_t *cap, size_t need) {
 
 /* Applies one write of len bytes at off to an image. */
 static int image_write(unsigned char **buf, size_t *len, size_t *cap,
-                       sqlite3_int64 off, const unsigned char *data,
-                       size_t n) {
+                       sqlite3_int64 off, const unsigned char *data, size_t n) {
   size_t end = (size_t)off + n;
   if (grow(buf, cap, end) != 0)
     return -1;
@@ -456,35 +455,47 @@ int fvfs_register(void) {
       return SQLITE_ERROR;
     }
     /* Version 2: no memory-mapped reads, so every read comes through. */
-    fault_io = (sqlite3_io_methods){
-        2,           f_close,        f_read,       f_write,
-        f_truncate,  f_sync,         f_file_size,  f_lock,
-        f_unlock,    f_check_reserved, f_file_control, f_sector_size,
-        f_device_chars, f_shm_map,   f_shm_lock,   f_shm_barrier,
-        f_shm_unmap, NULL,           NULL};
-    fault_vfs = (sqlite3_vfs){
-        2,
-        (int)(sizeof(ffile) + (size_t)unix_vfs->szOsFile),
-        unix_vfs->mxPathname,
-        NULL,
-        FVFS_NAME,
-        NULL,
-        v_open,
-        v_delete,
-        v_access,
-        v_full_pathname,
-        v_dlopen,
-        v_dlerror,
-        v_dlsym,
-        v_dlclose,
-        v_randomness,
-        v_sleep,
-        v_current_time,
-        v_last_error,
-        v_current_time64,
-        NULL,
-        NULL,
-        NULL};
+    fault_io = (sqlite3_io_methods){2,
+                                    f_close,
+                                    f_read,
+                                    f_write,
+                                    f_truncate,
+                                    f_sync,
+                                    f_file_size,
+                                    f_lock,
+                                    f_unlock,
+                                    f_check_reserved,
+                                    f_file_control,
+                                    f_sector_size,
+                                    f_device_chars,
+                                    f_shm_map,
+                                    f_shm_lock,
+                                    f_shm_barrier,
+                                    f_shm_unmap,
+                                    NULL,
+                                    NULL};
+    fault_vfs = (sqlite3_vfs){2,
+                              (int)(sizeof(ffile) + (size_t)unix_vfs->szOsFile),
+                              unix_vfs->mxPathname,
+                              NULL,
+                              FVFS_NAME,
+                              NULL,
+                              v_open,
+                              v_delete,
+                              v_access,
+                              v_full_pathname,
+                              v_dlopen,
+                              v_dlerror,
+                              v_dlsym,
+                              v_dlclose,
+                              v_randomness,
+                              v_sleep,
+                              v_current_time,
+                              v_last_error,
+                              v_current_time64,
+                              NULL,
+                              NULL,
+                              NULL};
     rc = sqlite3_vfs_register(&fault_vfs, 0);
     done = rc == SQLITE_OK;
   }
@@ -579,8 +590,8 @@ static int lose_power(tfile *t, unsigned char **img, size_t *len) {
       int whole = (int)(next_rand() % (uint64_t)sectors);
       int head = whole * SECTOR;
       stats.torn++;
-      if (head > 0 && image_write(img, len, &cap, p->off, p->data,
-                                  (size_t)head) != 0)
+      if (head > 0 &&
+          image_write(img, len, &cap, p->off, p->data, (size_t)head) != 0)
         return -1;
       if (next_rand() % 2) {
         int rest = p->len - head;

@@ -51,8 +51,8 @@ static long long effects_of(const char *path, const char *key) {
   sqlite3_stmt *q = NULL;
   long long n = -1;
   if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, "unix") == SQLITE_OK &&
-      sqlite3_prepare_v2(db, "SELECT count(*) FROM effects WHERE key = ?1",
-                         -1, &q, NULL) == SQLITE_OK) {
+      sqlite3_prepare_v2(db, "SELECT count(*) FROM effects WHERE key = ?1", -1,
+                         &q, NULL) == SQLITE_OK) {
     sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
     if (sqlite3_step(q) == SQLITE_ROW)
       n = sqlite3_column_int64(q, 0);
@@ -86,8 +86,8 @@ static void local_ok(idem_store *s, const char *key, idem_outcome want) {
   idem_id id = {"t", FOP, key};
   idem_call *c = NULL;
   key_fp(key, fp);
-  EXPECT_RC(IDEM_OK, idem_execute_local(s, &id, fp, NULL, add_effect,
-                                        (void *)key, &c));
+  EXPECT_RC(IDEM_OK,
+            idem_execute_local(s, &id, fp, NULL, add_effect, (void *)key, &c));
   assert_int_equal(idem_call_outcome(c), want);
   assert_non_null(idem_call_response(c));
   assert_int_equal(idem_call_response(c)->body_len, strlen(key));
@@ -99,16 +99,14 @@ static void assert_eio(int rc, fvfs_fault kind) {
   if (rc != IDEM_EIO)
     fail_msg("under %s: %s (%s), expected IDEM_EIO", fvfs_fault_name(kind),
              idem_rc_name(rc), idem_errmsg());
-  const char *want =
-      kind == FVFS_WRITE_FULL ? "full" : "I/O error";
+  const char *want = kind == FVFS_WRITE_FULL ? "full" : "I/O error";
   if (!strstr(idem_errmsg(), want))
     fail_msg("under %s: the detail does not say '%s': %s",
              fvfs_fault_name(kind), want, idem_errmsg());
 }
 
 /* The record of key is completed with body == key (local) or body. */
-static void assert_completed(idem_store *s, const char *key,
-                             const char *body) {
+static void assert_completed(idem_store *s, const char *key, const char *body) {
   idem_id id = {"t", FOP, key};
   idem_record *r = get_record(s, &id);
   assert_int_equal(r->state, IDEM_STATE_COMPLETED);
@@ -148,9 +146,9 @@ static void write_fault(const char *dir, fvfs_fault kind) {
     c = (idem_call *)&c;
     key_fp("during", fp);
     idem_id id = {"t", FOP, "during"};
-    assert_eio(idem_execute_local(s, &id, fp, NULL, add_effect,
-                                  (void *)"during", &c),
-               kind);
+    assert_eio(
+        idem_execute_local(s, &id, fp, NULL, add_effect, (void *)"during", &c),
+        kind);
     assert_null(c);
     c = (idem_call *)&c;
     key_fp("claimed", fp);
@@ -292,9 +290,9 @@ static void test_eio_on_read(void **state) {
   fvfs_get_stats(&before);
   fvfs_set_fault(FVFS_READ_EIO, 0, -1);
   key_fp("done", fp);
-  assert_eio(idem_execute_local(s, &id, fp, NULL, add_effect, (void *)"done",
-                                &c),
-             FVFS_READ_EIO);
+  assert_eio(
+      idem_execute_local(s, &id, fp, NULL, add_effect, (void *)"done", &c),
+      FVFS_READ_EIO);
   assert_null(c);
   c = (idem_call *)&c;
   assert_eio(idem_claim(s, &id, fp, NULL, &c), FVFS_READ_EIO);
@@ -324,8 +322,8 @@ static int read_cold_table(void *conn, void *ctx, idem_response *r) {
   const char *key = ctx;
   /* Pages this connection never read, so that SQLite must read them. */
   fvfs_set_fault(FVFS_READ_EIO, 0, -1);
-  if (sqlite3_exec(db, "SELECT sum(length(x)) FROM filler", NULL, NULL,
-                   NULL) != SQLITE_OK)
+  if (sqlite3_exec(db, "SELECT sum(length(x)) FROM filler", NULL, NULL, NULL) !=
+      SQLITE_OK)
     return 1;
   fvfs_set_fault(FVFS_NONE, 0, 0);
   return add_effect(conn, (void *)key, r);
@@ -357,8 +355,8 @@ static void test_eio_inside_local_action(void **state) {
   sqlite3_close(db);
 
   key_fp("cold", fp);
-  int rc = idem_execute_local(s, &id, fp, NULL, read_cold_table,
-                              (void *)"cold", &c);
+  int rc =
+      idem_execute_local(s, &id, fp, NULL, read_cold_table, (void *)"cold", &c);
   fvfs_set_fault(FVFS_NONE, 0, 0);
   if (rc != IDEM_EIO)
     fail_msg("an action whose statement met EIO: %s (%s), expected IDEM_EIO",
@@ -609,12 +607,9 @@ static int teardown_faults(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      FAULT_TEST(test_full_from_vfs),
-      FAULT_TEST(test_eio_on_write),
-      FAULT_TEST(test_eio_on_fsync),
-      FAULT_TEST(test_fsync_fails_once),
-      FAULT_TEST(test_eio_on_read),
-      FAULT_TEST(test_eio_inside_local_action),
+      FAULT_TEST(test_full_from_vfs), FAULT_TEST(test_eio_on_write),
+      FAULT_TEST(test_eio_on_fsync),  FAULT_TEST(test_fsync_fails_once),
+      FAULT_TEST(test_eio_on_read),   FAULT_TEST(test_eio_inside_local_action),
       FAULT_TEST(test_full_tmpfs),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -72,7 +72,13 @@
 #define OP_CLAIM "claim"
 #define TENANT "t"
 
-typedef enum ack_kind { ACK_CLAIM, ACK_COMPLETE, ACK_LOCAL, ACK_REPLAY, ACK_KINDS } ack_kind;
+typedef enum ack_kind {
+  ACK_CLAIM,
+  ACK_COMPLETE,
+  ACK_LOCAL,
+  ACK_REPLAY,
+  ACK_KINDS
+} ack_kind;
 static const char *const ack_names[ACK_KINDS] = {"claims", "completions",
                                                  "local actions", "replays"};
 
@@ -218,8 +224,7 @@ static int failed(const char *what, const char *key, int rc) {
 /* An outcome no caller should see without a fault (in flight: a claim
  * whose completion failed for good). */
 static void odd_outcome(const char *what, const char *key, idem_outcome o) {
-  if (fvfs_crashed() ||
-      (with_faults && injected_total() > injected_at_start))
+  if (fvfs_crashed() || (with_faults && injected_total() > injected_at_start))
     return;
   violation("%s '%s': outcome %s", what, key, idem_outcome_name(o));
 }
@@ -243,14 +248,13 @@ static void *local_worker(void *p) {
   for (int i = 0; i < OPS_PER_THREAD && !fvfs_crashed(); i++) {
     char key[48], fp[IDEM_FINGERPRINT_SIZE];
     w->rng = mix(w->rng);
-    snprintf(key, sizeof key, "t%d-L%d", w->trial,
-             (int)(w->rng % LOCAL_KEYS));
+    snprintf(key, sizeof key, "t%d-L%d", w->trial, (int)(w->rng % LOCAL_KEYS));
     fingerprint(key, fp);
     idem_id id = {TENANT, OP_LOCAL, key};
     local_ctx ctx = {key, "", 0};
     idem_call *c = NULL;
-    int rc = idem_execute_local(w->store, &id, fp, NULL, insert_effect, &ctx,
-                                &c);
+    int rc =
+        idem_execute_local(w->store, &id, fp, NULL, insert_effect, &ctx, &c);
     if (rc != IDEM_OK) {
       if (failed("execute_local", key, rc))
         break;
@@ -299,8 +303,7 @@ static void *claim_worker(void *p) {
     if (o == IDEM_PROCEED) {
       fill_ack(&a, ACK_CLAIM, w->trial, OP_CLAIM, key, NULL);
       add_ack(&a);
-      snprintf(body, sizeof body, "{\"done\":\"%s\",\"by\":%d}", key,
-               w->index);
+      snprintf(body, sizeof body, "{\"done\":\"%s\",\"by\":%d}", key, w->index);
       idem_response resp = {200, NULL, 0, body, strlen(body)};
       rc = idem_complete(w->store, c, &resp);
       /* A completion that met a fault is tried again, as a caller would:
@@ -321,8 +324,7 @@ static void *claim_worker(void *p) {
       fill_ack(&a, ACK_COMPLETE, w->trial, OP_CLAIM, key, &resp);
       add_ack(&a);
     } else if (o == IDEM_REPLAY && idem_call_response(c)) {
-      fill_ack(&a, ACK_REPLAY, w->trial, OP_CLAIM, key,
-               idem_call_response(c));
+      fill_ack(&a, ACK_REPLAY, w->trial, OP_CLAIM, key, idem_call_response(c));
       add_ack(&a);
     } else {
       odd_outcome("claim", key, o);
@@ -359,7 +361,8 @@ static void *checkpoint_main(void *p) {
   return NULL;
 }
 
-/* ---- checks ----------------------------------------------------------------- */
+/* ---- checks -----------------------------------------------------------------
+ */
 
 static long long query_int(sqlite3 *db, const char *sql) {
   sqlite3_stmt *q = NULL;
@@ -459,8 +462,7 @@ static void check_acks(idem_store *s, int trial) {
     } else if (gone) {
       lost[a->kind]++;
       lost_now++;
-      if (a->kind == ACK_LOCAL &&
-          (lost_min_seq < 0 || a->seq < lost_min_seq))
+      if (a->kind == ACK_LOCAL && (lost_min_seq < 0 || a->seq < lost_min_seq))
         lost_min_seq = a->seq;
       continue;
     }
@@ -521,8 +523,8 @@ static void check_works(idem_store *s, int trial, const char *when) {
     idem_response resp = {200, NULL, 0, "{\"after\":true}", 14};
     rc = idem_complete(s, c, &resp);
     if (rc != IDEM_OK && !fvfs_crashed())
-      violation("trial %d: %s, complete: %s %s", trial, when,
-                idem_rc_name(rc), idem_errmsg());
+      violation("trial %d: %s, complete: %s %s", trial, when, idem_rc_name(rc),
+                idem_errmsg());
     else if (rc == IDEM_OK) {
       fill_ack(&a, ACK_COMPLETE, trial, OP_CLAIM, key, &resp);
       add_ack(&a);
@@ -531,7 +533,8 @@ static void check_works(idem_store *s, int trial, const char *when) {
   idem_call_free(c);
 }
 
-/* ---- trials ------------------------------------------------------------------ */
+/* ---- trials
+ * ------------------------------------------------------------------ */
 
 static void remove_store(void) {
   static const char *const ends[] = {"", "-wal", "-shm", "-journal"};
@@ -736,8 +739,8 @@ int main(int argc, char **argv) {
            "fsyncs EIO (%lld unsynced writes forgotten), %lld reads EIO; "
            "calls failed by them: %lld\n",
            st.injected[FVFS_WRITE_FULL], st.injected[FVFS_WRITE_EIO],
-           st.injected[FVFS_SYNC_EIO], st.forgotten,
-           st.injected[FVFS_READ_EIO], tolerated);
+           st.injected[FVFS_SYNC_EIO], st.forgotten, st.injected[FVFS_READ_EIO],
+           tolerated);
   printf("  violations: %lld\n", violations);
   nftw(base, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
   free(acks.v);

@@ -61,8 +61,8 @@ static void expect_refused(const char *path, int want) {
     int rc = idem_store_open(path, i ? &ro : NULL, &s);
     if (rc != want)
       fail_msg("%s (%s): %s (%s), expected %s", path,
-               i ? "read-only" : "read-write", idem_rc_name(rc),
-               idem_errmsg(), idem_rc_name(want));
+               i ? "read-only" : "read-write", idem_rc_name(rc), idem_errmsg(),
+               idem_rc_name(want));
     assert_null(s);
     if (!strstr(idem_errmsg(), path))
       fail_msg("the detail does not name the file: %s", idem_errmsg());
@@ -86,8 +86,7 @@ static void test_truncated_store(void **state) {
   make_store(good, 400);
   assert_int_equal(stat(good, &st), 0);
   assert_true(st.st_size > 8 * 4096);
-  long sizes[] = {50, 100, 4096, (long)st.st_size / 2,
-                  (long)st.st_size - 4096};
+  long sizes[] = {50, 100, 4096, (long)st.st_size / 2, (long)st.st_size - 4096};
   for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
     snprintf(cut, sizeof cut, "%s/cut-%ld.db", dir, sizes[i]);
     copy_file(good, cut, sizes[i]);
@@ -220,8 +219,7 @@ static void test_read_only_directory(void **state) {
   expect_nobody_refused(store, NULL, "folder");
   nobody_report m = open_as_nobody(store, &read_only);
   if (m.rc != IDEM_OK)
-    fail_msg("read-only open of %s: %s (%s)", store, idem_rc_name(m.rc),
-             m.err);
+    fail_msg("read-only open of %s: %s (%s)", store, idem_rc_name(m.rc), m.err);
   after = read_whole(store, &after_len);
   assert_int_equal(after_len, before_len);
   assert_memory_equal(after, before, before_len);
@@ -303,16 +301,15 @@ static void test_newer_version_while_open(void **state) {
   EXPECT_RC(IDEM_ESCHEMA, idem_store_open(path, NULL, &again));
   assert_null(again);
   idem_store_close(old);
-  assert_int_equal(
-      sqlite_side_sql(path, sqlite_sql.schema_version, NULL), 2);
+  assert_int_equal(sqlite_side_sql(path, sqlite_sql.schema_version, NULL), 2);
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_truncated_store, setup_tmpdir,
                                       teardown_tmpdir),
-      cmocka_unit_test_setup_teardown(test_garbage_behind_header,
-                                      setup_tmpdir, teardown_tmpdir),
+      cmocka_unit_test_setup_teardown(test_garbage_behind_header, setup_tmpdir,
+                                      teardown_tmpdir),
       cmocka_unit_test_setup_teardown(test_directory, setup_tmpdir,
                                       teardown_tmpdir),
       cmocka_unit_test_setup_teardown(test_read_only_directory, setup_tmpdir,
