@@ -94,7 +94,8 @@ static int image_write(unsigned char **buf, size_t *len, size_t *cap,
     return -1;
   if ((size_t)off > *len)
     memset(*buf + *len, 0, (size_t)off - *len);
-  memcpy(*buf + off, data, n);
+  if (n > 0)
+    memcpy(*buf + off, data, n);
   if (end > *len)
     *len = end;
   return 0;
@@ -564,7 +565,8 @@ static int lose_power(tfile *t, unsigned char **img, size_t *len) {
   *img = malloc(cap);
   if (!*img)
     return -1;
-  memcpy(*img, t->durable, t->dlen);
+  if (t->dlen > 0)
+    memcpy(*img, t->durable, t->dlen);
   *len = t->dlen;
   for (pending *p = t->head; p; p = p->next) {
     unsigned r = (unsigned)(next_rand() % 100);
