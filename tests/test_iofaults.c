@@ -374,6 +374,73 @@ static void test_eio_inside_local_action(void **state) {
   assert_integrity_ok(path);
 }
 
+/*
+ * The first write batch of a handle also removes expired records, in the
+ * same transaction. When that meets an I/O error SQLite rolls the whole
+ * batch back: every call of it fails with IDEM_EIO and says so, nothing of
+ * it is kept, and the expired records are still there to remove later.
+ */
+static int warm_then_fail_reads(void *conn, void *ctx, idem_response *r) {
+  sqlite3 *db = conn;
+  int rc = add_effect(conn, ctx, r);
+  /* The pages the record's own write needs are read now (the newest end
+   * of the expiry index); the oldest records' pages are not. */
+  if (rc == 0 && sqlite3_exec(db, "SELECT max(expires_ms) FROM idem_records",
+                              NULL, NULL, NULL) != SQLITE_OK)
+    rc = 1;
+  fvfs_set_fault(FVFS_READ_EIO, 0, -1);
+  return rc;
+}
+
+static void test_eio_while_pruning(void **state) {
+  const char *dir = *state;
+  char path[URL_MAX + 32], fp[IDEM_FINGERPRINT_SIZE];
+  idem_store *s = NULL;
+  idem_call *c;
+  idem_call_options brief = {.retention_ms = 1};
+  idem_id id = {"t", FOP, "during-prune"};
+  snprintf(path, sizeof path, "%s/store.db", dir);
+  fvfs_reset(0x5150);
+  fvfs_make_default(1);
+  EXPECT_RC(IDEM_OK, idem_store_open(path, NULL, &s));
+  for (int i = 0; i < 1500; i++) {
+    char key[32];
+    snprintf(key, sizeof key, "expired-%04d", i);
+    idem_id e = {"t", FOP, key};
+    key_fp(key, fp);
+    c = NULL;
+    EXPECT_RC(IDEM_OK,
+              idem_execute_local(s, &e, fp, &brief, add_effect, key, &c));
+    idem_call_free(c);
+  }
+  idem_store_close(s);
+  sleep_ms(20);
+  assert_int_equal(
+      sqlite_side_sql(path, "SELECT count(*) FROM idem_records", NULL), 1500);
+
+  s = NULL;
+  EXPECT_RC(IDEM_OK, idem_store_open(path, NULL, &s));
+  key_fp("during-prune", fp);
+  c = (idem_call *)&c;
+  int rc = idem_execute_local(s, &id, fp, NULL, warm_then_fail_reads,
+                              (void *)"during-prune", &c);
+  fvfs_set_fault(FVFS_NONE, 0, 0);
+  if (rc != IDEM_EIO || !strstr(idem_errmsg(), "expired"))
+    fail_msg("a batch rolled back while pruning: %s (%s), expected IDEM_EIO",
+             idem_rc_name(rc), idem_errmsg());
+  assert_null(c);
+  assert_absent(s, &id);
+  assert_int_equal(effects_of(path, "during-prune"), 0);
+  assert_int_equal(
+      sqlite_side_sql(path, "SELECT count(*) FROM idem_records", NULL), 1500);
+  local_ok(s, "during-prune", IDEM_PROCEED);
+  idem_store_close(s);
+  fvfs_make_default(0);
+  assert_int_equal(fvfs_power_loss(), 0);
+  assert_int_equal(effects_of(path, "during-prune"), 1);
+  assert_integrity_ok(path);
+}
+
 /* ------------------------------------------------------------------ */
 /* A real full disk: a small tmpfs in a mount namespace of a child's     */
 /* ------------------------------------------------------------------ */
@@ -606,11 +673,17 @@ static int teardown_faults(void **state) {
   cmocka_unit_test_setup_teardown(fn, setup_faults, teardown_faults)
 
 int main(void) {
+  /* clang-format off */
   const struct CMUnitTest tests[] = {
-      FAULT_TEST(test_full_from_vfs), FAULT_TEST(test_eio_on_write),
-      FAULT_TEST(test_eio_on_fsync),  FAULT_TEST(test_fsync_fails_once),
-      FAULT_TEST(test_eio_on_read),   FAULT_TEST(test_eio_inside_local_action),
+      FAULT_TEST(test_full_from_vfs),
+      FAULT_TEST(test_eio_on_write),
+      FAULT_TEST(test_eio_on_fsync),
+      FAULT_TEST(test_fsync_fails_once),
+      FAULT_TEST(test_eio_on_read),
+      FAULT_TEST(test_eio_inside_local_action),
+      FAULT_TEST(test_eio_while_pruning),
       FAULT_TEST(test_full_tmpfs),
   };
+  /* clang-format on */
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
