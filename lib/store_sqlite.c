@@ -247,16 +247,36 @@ static int map_rc(int src) {
   }
 }
 
+/*
+ * SQLite's message for db's last error; for an I/O error also what the
+ * system said when that names a disk's trouble ("disk I/O error (No space
+ * left on device)"), which SQLite's text leaves out. (SQLite reads errno
+ * some time after the failed call, so other values may be another call's
+ * and are not shown.) Uses buf.
+ */
+static const char *errtext(sqlite3 *db, char *buf, size_t size) {
+  int src = sqlite3_extended_errcode(db) & 0xff, sys = sqlite3_system_errno(db);
+  if ((src == SQLITE_IOERR || src == SQLITE_CANTOPEN) &&
+      (sys == ENOSPC || sys == EDQUOT || sys == EIO || sys == EROFS ||
+       sys == EFBIG))
+    snprintf(buf, size, "%s (%s)", sqlite3_errmsg(db), strerror(sys));
+  else
+    snprintf(buf, size, "%s", sqlite3_errmsg(db));
+  return buf;
+}
+
 static int op_sqlite_fail(idem__op *op, conn *c, const char *what) {
   int src = sqlite3_extended_errcode(c->db);
+  char buf[384];
   return idem__op_fail(op, map_rc(src), "sqlite: %s: %s", what,
-                       sqlite3_errmsg(c->db));
+                       errtext(c->db, buf, sizeof buf));
 }
 
 static int sqlite_fail(conn *c, const char *what) {
   int src = sqlite3_extended_errcode(c->db);
+  char buf[384];
   return idem__fail(map_rc(src), "sqlite: %s: %s", what,
-                    sqlite3_errmsg(c->db));
+                    errtext(c->db, buf, sizeof buf));
 }
 
 /* ---- connections ----------------------------------------------------- */
@@ -345,6 +365,7 @@ static int count_commit(void *arg) {
 }
 
 static int conn_open(sq_store *s, conn **out) {
+  char buf[384];
   conn *c = calloc(1, sizeof *c);
   const char *sync = s->o.sqlite_synchronous == IDEM_SYNC_NORMAL
                          ? "PRAGMA synchronous=NORMAL"
@@ -360,7 +381,8 @@ static int conn_open(sq_store *s, conn **out) {
                        NULL);
   if (rc != SQLITE_OK) {
     rc = idem__fail(map_rc(rc), "store '%s': cannot open: %s", s->path,
-                    c->db ? sqlite3_errmsg(c->db) : sqlite3_errstr(rc));
+                    c->db ? errtext(c->db, buf, sizeof buf)
+                          : sqlite3_errstr(rc));
     conn_close(c);
     return rc;
   }
@@ -399,10 +421,10 @@ static int conn_open(sq_store *s, conn **out) {
                       "store must create its -wal and -shm files there (%s); "
                       "make the folder writable, or open the store "
                       "read-only",
-                      s->path, folder, sqlite3_errmsg(c->db));
+                      s->path, folder, errtext(c->db, buf, sizeof buf));
     else
       rc = idem__fail(map_rc(src), "store '%s': %s", s->path,
-                      sqlite3_errmsg(c->db));
+                      errtext(c->db, buf, sizeof buf));
     conn_close(c);
     return rc;
   }
@@ -755,6 +777,7 @@ static void run_local(conn *c, idem__op *op, const idem__row *row,
      * meets an I/O error, a full disk or no memory. When nothing committed
      * meanwhile (the connection's commit hook counts commits), nothing of
      * the action was kept: the key stays free. */
+    char buf[384];
     if (c->commits == commits && ((src & 0xff) == SQLITE_IOERR ||
                        (src & 0xff) == SQLITE_FULL ||
                        (src & 0xff) == SQLITE_NOMEM)) {
@@ -762,7 +785,7 @@ static void run_local(conn *c, idem__op *op, const idem__row *row,
                     "key '%s': the action's statement failed (%s) and "
                     "SQLite rolled the transaction back: nothing of it was "
                     "kept; a retry acts",
-                    op->id->key, sqlite3_errmsg(c->db));
+                    op->id->key, errtext(c->db, buf, sizeof buf));
       return;
     }
     mark_self_ended(c, op, now);
@@ -889,7 +912,7 @@ static int prune_some(sq_store *s, conn *c, int64_t now, char *why,
     sqlite3_bind_int64(q, 1, now);
     if (sqlite3_step(q) != SQLITE_DONE) {
       src = sqlite3_extended_errcode(c->db);
-      snprintf(why, size, "%s", sqlite3_errmsg(c->db));
+      errtext(c->db, why, size);
     }
     sqlite3_reset(q);
   }
@@ -1107,7 +1130,7 @@ static void run_batch(sq_store *s, conn *c, idem__op **ops, int n) {
   }
   if (exec(c, "COMMIT") != SQLITE_OK) {
     char msg[256];
-    snprintf(msg, sizeof msg, "%s", sqlite3_errmsg(c->db));
+    errtext(c->db, msg, sizeof msg);
     int rc = map_rc(sqlite3_extended_errcode(c->db));
     exec(c, "ROLLBACK");
     for (i = 0; i < n; i++) {

@@ -31,6 +31,8 @@ typedef struct tfile {
   char *path;
   int is_db;
   int gone;               /* deleted, and not written since */
+  int refs;               /* handles open on it */
+  int detached;           /* forgotten while open: freed with its last one */
   unsigned err_seq;       /* failed syncs so far (Linux's errseq_t) */
   unsigned char *durable; /* content as of the last sync */
   size_t dlen, dcap;
@@ -171,14 +173,23 @@ static tfile *follow(const char *path, int is_db) {
   return t;
 }
 
+static void free_tfile(tfile *t) {
+  free_pending(t);
+  free(t->durable);
+  free(t->path);
+  free(t);
+}
+
+/* Forgets every file; one still open (a test that failed half-way left
+ * its store open) is freed when its last handle closes. */
 static void forget_all(void) {
   tfile *t = files, *n;
   for (; t; t = n) {
     n = t->next;
-    free_pending(t);
-    free(t->durable);
-    free(t->path);
-    free(t);
+    if (t->refs > 0)
+      t->detached = 1;
+    else
+      free_tfile(t);
   }
   files = NULL;
 }
@@ -214,7 +225,16 @@ static int event_crashes(void) {
 #define T(f) (((ffile *)(f))->t)
 
 static int f_close(sqlite3_file *f) {
-  return REAL(f)->pMethods ? REAL(f)->pMethods->xClose(REAL(f)) : SQLITE_OK;
+  tfile *t = T(f);
+  int rc = REAL(f)->pMethods ? REAL(f)->pMethods->xClose(REAL(f)) : SQLITE_OK;
+  if (t) {
+    pthread_mutex_lock(&mu);
+    if (--t->refs == 0 && t->detached)
+      free_tfile(t);
+    pthread_mutex_unlock(&mu);
+    T(f) = NULL;
+  }
+  return rc;
 }
 
 static int f_read(sqlite3_file *f, void *buf, int amt, sqlite3_int64 off) {
@@ -222,8 +242,10 @@ static int f_read(sqlite3_file *f, void *buf, int amt, sqlite3_int64 off) {
     pthread_mutex_lock(&mu);
     int fail = fault_now(FVFS_READ_EIO);
     pthread_mutex_unlock(&mu);
-    if (fail)
+    if (fail) {
+      errno = EIO; /* what SQLite's error text then reports */
       return SQLITE_IOERR_READ;
+    }
   }
   return REAL(f)->pMethods->xRead(REAL(f), buf, amt, off);
 }
@@ -241,10 +263,12 @@ static int f_write(sqlite3_file *f, const void *buf, int amt,
   }
   if (fault_now(FVFS_WRITE_FULL)) {
     pthread_mutex_unlock(&mu);
+    errno = ENOSPC;
     return SQLITE_FULL;
   }
   if (fault_now(FVFS_WRITE_EIO)) {
     pthread_mutex_unlock(&mu);
+    errno = EIO;
     return SQLITE_IOERR_WRITE;
   }
   stats.writes++;
@@ -296,6 +320,7 @@ static int f_sync(sqlite3_file *f, int flags) {
     t->err_seq++;
     ((ffile *)f)->seen = t->err_seq;
     pthread_mutex_unlock(&mu);
+    errno = EIO;
     return SQLITE_IOERR_FSYNC;
   }
   if (((ffile *)f)->seen != t->err_seq) {
@@ -306,6 +331,7 @@ static int f_sync(sqlite3_file *f, int flags) {
     stats.reported_again++;
     make_durable(t);
     pthread_mutex_unlock(&mu);
+    errno = EIO;
     return SQLITE_IOERR_FSYNC;
   }
   stats.syncs++;
@@ -370,6 +396,7 @@ static int v_open(sqlite3_vfs *vfs, const char *name, sqlite3_file *file,
                         SQLITE_OPEN_MAIN_JOURNAL))) {
     pthread_mutex_lock(&mu);
     f->t = follow(name, (flags & SQLITE_OPEN_MAIN_DB) != 0);
+    f->t->refs++;
     f->seen = f->t->err_seq;
     pthread_mutex_unlock(&mu);
   }

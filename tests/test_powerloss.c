@@ -495,8 +495,7 @@ static long long late_errors(void) {
 /* Whether a call that failed with rc may be tried again: a failed sync
  * reported late to this handle, once, as Linux does, after the fault. */
 static int late_error(int rc, long long before) {
-  return (rc == IDEM_EIO || rc == IDEM_EUNAVAILABLE) &&
-         late_errors() > before;
+  return (rc == IDEM_EIO || rc == IDEM_EUNAVAILABLE) && late_errors() > before;
 }
 
 static void check_works(idem_store *s, int trial, const char *when) {
@@ -770,8 +769,8 @@ int main(int argc, char **argv) {
            "again to another handle), %lld reads EIO; calls failed by "
            "them: %lld\n",
            st.injected[FVFS_WRITE_FULL], st.injected[FVFS_WRITE_EIO],
-           st.injected[FVFS_SYNC_EIO], st.forgotten, st.reported_again, st.injected[FVFS_READ_EIO],
-           tolerated);
+           st.injected[FVFS_SYNC_EIO], st.forgotten, st.reported_again,
+           st.injected[FVFS_READ_EIO], tolerated);
   printf("  violations: %lld\n", violations);
   nftw(base, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
   free(acks.v);
