@@ -77,10 +77,13 @@ typedef enum ack_kind {
   ACK_COMPLETE,
   ACK_LOCAL,
   ACK_REPLAY,
+  ACK_UNKNOWN, /* idem_mark_unknown() */
+  ACK_RELEASE, /* idem_release() */
   ACK_KINDS
 } ack_kind;
-static const char *const ack_names[ACK_KINDS] = {"claims", "completions",
-                                                 "local actions", "replays"};
+static const char *const ack_names[ACK_KINDS] = {
+    "claims",  "completions",    "local actions",
+    "replays", "marked unknown", "releases"};
 
 typedef struct ack {
   ack_kind kind;
@@ -89,7 +92,8 @@ typedef struct ack {
   char key[48];
   int status;
   char body[96];
-  long long seq; /* local actions: the commit order of their action */
+  long long seq;  /* local actions: the commit order of their action */
+  int superseded; /* a later release or claim of the key replaced it */
 } ack;
 
 static struct {
@@ -126,6 +130,13 @@ static void add_ack(const ack *a) {
     if (!acks.v)
       abort();
   }
+  /* A release, or a new claim after one, replaces what was acknowledged
+   * of the key before (keys are the trial's own, and its acks the last). */
+  if (a->kind == ACK_RELEASE || a->kind == ACK_CLAIM)
+    for (size_t i = acks.n; i-- > 0 && acks.v[i].trial == a->trial;)
+      if (strcmp(acks.v[i].key, a->key) == 0 &&
+          strcmp(acks.v[i].op, a->op) == 0)
+        acks.v[i].superseded = 1;
   acks.v[acks.n++] = *a;
   pthread_mutex_unlock(&acks.mu);
 }
@@ -149,6 +160,7 @@ typedef struct worker {
   idem_store *store;
   int trial, index;
   uint64_t rng;
+  char marked[CLAIM_KEYS]; /* keys this worker marked unknown */
 } worker;
 
 typedef struct local_ctx {
@@ -281,14 +293,24 @@ static void *local_worker(void *p) {
   return NULL;
 }
 
+/* Ends a held claim as ack kind end says. */
+static int finish_claim(idem_store *s, idem_call *c, ack_kind end,
+                        const idem_response *resp) {
+  if (end == ACK_RELEASE)
+    return idem_release(s, c);
+  if (end == ACK_UNKNOWN)
+    return idem_mark_unknown(s, c);
+  return idem_complete(s, c, resp);
+}
+
 static void *claim_worker(void *p) {
   worker *w = p;
   idem_call_options lease = {.lease_ms = 600000};
   for (int i = 0; i < OPS_PER_THREAD && !fvfs_crashed(); i++) {
     char key[48], fp[IDEM_FINGERPRINT_SIZE], body[96];
     w->rng = mix(w->rng);
-    snprintf(key, sizeof key, "t%d-w%d-C%d", w->trial, w->index,
-             (int)(w->rng % CLAIM_KEYS));
+    int kidx = (int)(w->rng % CLAIM_KEYS);
+    snprintf(key, sizeof key, "t%d-w%d-C%d", w->trial, w->index, kidx);
     fingerprint(key, fp);
     idem_id id = {TENANT, OP_CLAIM, key};
     idem_call *c = NULL;
@@ -301,32 +323,43 @@ static void *claim_worker(void *p) {
     idem_outcome o = idem_call_outcome(c);
     ack a;
     if (o == IDEM_PROCEED) {
+      /* Mostly completed; one in ten released, one in ten marked unknown. */
+      static const ack_kind ends[10] = {
+          ACK_RELEASE,  ACK_UNKNOWN,  ACK_COMPLETE, ACK_COMPLETE, ACK_COMPLETE,
+          ACK_COMPLETE, ACK_COMPLETE, ACK_COMPLETE, ACK_COMPLETE, ACK_COMPLETE};
+      ack_kind end = ends[(w->rng >> 40) % 10];
+      const char *what = end == ACK_RELEASE   ? "release"
+                         : end == ACK_UNKNOWN ? "mark_unknown"
+                                              : "complete";
       fill_ack(&a, ACK_CLAIM, w->trial, OP_CLAIM, key, NULL);
       add_ack(&a);
       snprintf(body, sizeof body, "{\"done\":\"%s\",\"by\":%d}", key, w->index);
       idem_response resp = {200, NULL, 0, body, strlen(body)};
-      rc = idem_complete(w->store, c, &resp);
-      /* A completion that met a fault is tried again, as a caller would:
-       * it must then be kept for good. */
+      rc = finish_claim(w->store, c, end, &resp);
+      /* A call that met a fault is tried again, as a caller would: it
+       * must then be kept for good. */
       for (int tries = 0; rc != IDEM_OK && tries < 5; tries++) {
-        if (failed("complete", key, rc))
+        if (failed(what, key, rc))
           break;
         struct timespec ts = {0, 1000000L};
         nanosleep(&ts, NULL);
-        rc = idem_complete(w->store, c, &resp);
+        rc = finish_claim(w->store, c, end, &resp);
       }
       if (rc != IDEM_OK) {
         idem_call_free(c);
-        if (failed("complete", key, rc))
+        if (failed(what, key, rc))
           break;
         continue;
       }
-      fill_ack(&a, ACK_COMPLETE, w->trial, OP_CLAIM, key, &resp);
+      fill_ack(&a, end, w->trial, OP_CLAIM, key,
+               end == ACK_COMPLETE ? &resp : NULL);
       add_ack(&a);
+      if (end == ACK_UNKNOWN)
+        w->marked[kidx] = 1;
     } else if (o == IDEM_REPLAY && idem_call_response(c)) {
       fill_ack(&a, ACK_REPLAY, w->trial, OP_CLAIM, key, idem_call_response(c));
       add_ack(&a);
-    } else {
+    } else if (!(o == IDEM_UNKNOWN && w->marked[kidx])) {
       odd_outcome("claim", key, o);
     }
     idem_call_free(c);
@@ -431,9 +464,18 @@ static void check_acks(idem_store *s, int trial) {
     ack *a = &acks.v[i];
     idem_id id = {TENANT, a->op, a->key};
     idem_record *rec = NULL;
+    if (a->superseded)
+      continue;
     int rc = idem_get(s, &id, &rec), gone = 0;
     checked[a->kind]++;
-    if (rc == IDEM_ENOTFOUND) {
+    if (a->kind == ACK_RELEASE) {
+      /* Released: the record is gone; one that is back lost the release. */
+      if (rc == IDEM_OK)
+        gone = 1;
+      else if (rc != IDEM_ENOTFOUND)
+        violation("trial %d: get '%s': %s: %s", trial, a->key, idem_rc_name(rc),
+                  idem_errmsg());
+    } else if (rc == IDEM_ENOTFOUND) {
       gone = 1;
     } else if (rc != IDEM_OK) {
       violation("trial %d: get '%s': %s: %s", trial, a->key, idem_rc_name(rc),
@@ -443,6 +485,9 @@ static void check_acks(idem_store *s, int trial) {
       fingerprint(a->key, fp);
       if (strcmp(rec->fingerprint, fp) != 0)
         violation("trial %d: claim '%s': another fingerprint", trial, a->key);
+    } else if (a->kind == ACK_UNKNOWN) {
+      if (rec->state != IDEM_STATE_UNKNOWN)
+        gone = 1;
     } else if (rec->state != IDEM_STATE_COMPLETED) {
       /* A completed record went back: only a lost commit does that. */
       gone = 1;
@@ -603,6 +648,7 @@ static long long run_trial(int trial, uint64_t seed, long long crash_n) {
       w[i].trial = trial;
       w[i].index = i;
       w[i].rng = mix(seed + (uint64_t)i + 1);
+      memset(w[i].marked, 0, sizeof w[i].marked);
       pthread_create(&w[i].th, NULL,
                      i < LOCAL_THREADS ? local_worker : claim_worker, &w[i]);
     }
@@ -754,15 +800,17 @@ int main(int argc, char **argv) {
          st.kept, st.dropped, st.torn, st.torn_garbage, st.trunc_kept,
          st.trunc_dropped);
   printf("  acknowledged calls checked after reopening: %lld claims, %lld "
-         "completions, %lld local actions, %lld replays\n",
+         "completions, %lld local actions, %lld replays, %lld marked "
+         "unknown, %lld releases\n",
          checked[ACK_CLAIM], checked[ACK_COMPLETE], checked[ACK_LOCAL],
-         checked[ACK_REPLAY]);
+         checked[ACK_REPLAY], checked[ACK_UNKNOWN], checked[ACK_RELEASE]);
   if (sync_normal)
     printf("  lost (synchronous=NORMAL): %lld claims, %lld completions, %lld "
-           "local actions, %lld replays; in %lld trials, at most %lld in "
-           "one\n",
+           "local actions, %lld replays, %lld marked unknown, %lld "
+           "releases; in %lld trials, at most %lld in one\n",
            lost[ACK_CLAIM], lost[ACK_COMPLETE], lost[ACK_LOCAL],
-           lost[ACK_REPLAY], trials_with_loss, max_lost_in_trial);
+           lost[ACK_REPLAY], lost[ACK_UNKNOWN], lost[ACK_RELEASE],
+           trials_with_loss, max_lost_in_trial);
   if (with_faults)
     printf("  I/O faults injected: %lld writes full, %lld writes EIO, %lld "
            "fsyncs EIO (%lld unsynced writes forgotten, %lld reported "
