@@ -293,6 +293,16 @@ static void *local_worker(void *p) {
   return NULL;
 }
 
+/* What was acknowledged of a key of this trial no longer says what the
+ * store must hold. */
+static void forget_key(int trial, const char *op, const char *key) {
+  pthread_mutex_lock(&acks.mu);
+  for (size_t i = acks.n; i-- > 0 && acks.v[i].trial == trial;)
+    if (strcmp(acks.v[i].key, key) == 0 && strcmp(acks.v[i].op, op) == 0)
+      acks.v[i].superseded = 1;
+  pthread_mutex_unlock(&acks.mu);
+}
+
 /* Ends a held claim as ack kind end says. */
 static int finish_claim(idem_store *s, idem_call *c, ack_kind end,
                         const idem_response *resp) {
@@ -346,6 +356,11 @@ static void *claim_worker(void *p) {
         rc = finish_claim(w->store, c, end, &resp);
       }
       if (rc != IDEM_OK) {
+        /* A release that failed may still have been kept (the machine
+         * stopped after its commit reached the disk): the claim's record
+         * may be there or not. */
+        if (end == ACK_RELEASE)
+          forget_key(w->trial, OP_CLAIM, key);
         idem_call_free(c);
         if (failed(what, key, rc))
           break;
