@@ -6,7 +6,7 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 PREFIX ?= /usr/local
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build demo check check-asan bench bench-gateway bench-mcp install clean format
+.PHONY: all deps build demo check check-asan crash bench bench-gateway bench-mcp install clean format
 
 all: build
 
@@ -24,6 +24,20 @@ demo: build
 check:
 	@sh scripts/deps.sh check
 	sh scripts/check.sh $(BUILD) $(ASAN_BUILD) $(JOBS)
+
+# The long fault campaigns (docs/reliability.md): CRASH_TRIALS simulated
+# power losses with synchronous=FULL, as many with NORMAL, then the I/O
+# fault tests.
+CRASH_TRIALS ?= 5000
+crash: build
+	@sh scripts/deps.sh check
+	cmake -S . -B $(BUILD) -DBUILD_TESTING=ON >/dev/null
+	cmake --build $(BUILD) -j $(JOBS) --target test_powerloss
+	nice -n 10 $(BUILD)/tests/test_powerloss --sync full --trials $(CRASH_TRIALS)
+	nice -n 10 $(BUILD)/tests/test_powerloss --sync normal --trials $(CRASH_TRIALS)
+	nice -n 10 $(BUILD)/tests/test_powerloss --sync full --faults --trials $(CRASH_TRIALS)
+	cmake --build $(BUILD) -j $(JOBS) --target test_iofaults
+	$(BUILD)/tests/test_iofaults
 
 bench: build
 	@sh scripts/deps.sh bench

@@ -40,6 +40,10 @@
  *    same values), and max_attempts was added.
  *  - idem_store_options: sqlite_sync_normal became sqlite_synchronous (same
  *    slot, same values); read_only and replay_cache_entries were added.
+ *  - An SQLite store whose disk fails a read, a write or an fsync, or is
+ *    full, answers IDEM_EIO (it answered IDEM_ESTORE); the call's
+ *    transaction was rolled back, and the store works again once the disk
+ *    does (docs/reliability.md).
  *  - idem_resolve() refuses a record whose holder's lease is still running;
  *    idem_resolve_with() can force it and sets the retention. idem_delete()
  *    removes any one record (a corrupted one, say).
@@ -211,8 +215,12 @@ typedef struct idem_store_options {
  * NULL or "" means the environment variable IDEM_STORE, and when that is
  * unset too, "./idem.db". The schema is created or migrated on open; a store
  * written by a newer idem fails with IDEM_ESCHEMA and is left untouched. A
- * file that is not an SQLite database fails with IDEM_ESTORE and is not
- * overwritten. opts may be NULL. On failure *out is NULL.
+ * file that is not an SQLite database, a damaged or truncated one, a
+ * directory, a file the user may not read, or (read-write) one whose
+ * folder is not writable fails with IDEM_ESTORE, naming the file, and is
+ * not overwritten. A handle whose store a newer idem migrates meanwhile
+ * writes nothing more: its writes fail with IDEM_ESCHEMA. opts may be
+ * NULL. On failure *out is NULL.
  */
 IDEM_API int idem_store_open(const char *url, const idem_store_options *opts,
                              idem_store **out);
@@ -400,7 +408,10 @@ IDEM_API int idem_renew(idem_store *store, idem_call *call,
  * into the same store. An fn that ends the transaction anyway (on either
  * store) makes the call fail with IDEM_ESTORE and leaves the key marked
  * unknown, since what it wrote before may have been kept without a record;
- * other calls of the same batch then fail with IDEM_EUNAVAILABLE.
+ * other calls of the same batch then fail with IDEM_EUNAVAILABLE. (On
+ * SQLite, a statement of fn that meets an I/O error or a full disk makes
+ * SQLite roll the transaction back by itself: nothing was kept, so the
+ * call fails with IDEM_EIO and the key stays free for a retry.)
  *
  * fn runs only for PROCEED and RECOVER. For REPLAY, CONFLICT, IN_FLIGHT and
  * UNKNOWN it does not run and nothing is written. After a run the claim

@@ -58,6 +58,7 @@ enum {
   ST_SAVEPOINT,
   ST_RELEASE_SP,
   ST_ROLLBACK_SP,
+  ST_VERSION,
   ST_COUNT
 };
 
@@ -148,6 +149,8 @@ static const char *const sql_text[ST_COUNT] = {
     [ST_SAVEPOINT] = "SAVEPOINT idem_op",
     [ST_RELEASE_SP] = "RELEASE idem_op",
     [ST_ROLLBACK_SP] = "ROLLBACK TO idem_op",
+    [ST_VERSION] = "SELECT CAST(value AS INTEGER) FROM idem_meta WHERE name "
+                   "= 'schema_version'",
 };
 
 static const char schema_v1[] =
@@ -173,6 +176,7 @@ static const char schema_v1[] =
 
 typedef struct conn {
   sqlite3 *db;
+  unsigned commits; /* counted by a commit hook: see run_local() */
   sqlite3_stmt *st[ST_COUNT];
   struct conn *next;
 } conn;
@@ -232,21 +236,47 @@ static int map_rc(int src) {
   case SQLITE_CORRUPT:
   case SQLITE_NOTADB:
     return IDEM_ESTORE;
+  /* The disk failed the store (a read, a write, an fsync) or is full: the
+   * call's transaction was rolled back, and a retry may work once the
+   * disk does. */
+  case SQLITE_IOERR:
+  case SQLITE_FULL:
+    return IDEM_EIO;
   default:
     return IDEM_ESTORE;
   }
 }
 
+/*
+ * SQLite's message for db's last error; for an I/O error also what the
+ * system said when that names a disk's trouble ("disk I/O error (No space
+ * left on device)"), which SQLite's text leaves out. (SQLite reads errno
+ * some time after the failed call, so other values may be another call's
+ * and are not shown.) Uses buf.
+ */
+static const char *errtext(sqlite3 *db, char *buf, size_t size) {
+  int src = sqlite3_extended_errcode(db) & 0xff, sys = sqlite3_system_errno(db);
+  if ((src == SQLITE_IOERR || src == SQLITE_CANTOPEN) &&
+      (sys == ENOSPC || sys == EDQUOT || sys == EIO || sys == EROFS ||
+       sys == EFBIG))
+    snprintf(buf, size, "%s (%s)", sqlite3_errmsg(db), strerror(sys));
+  else
+    snprintf(buf, size, "%s", sqlite3_errmsg(db));
+  return buf;
+}
+
 static int op_sqlite_fail(idem__op *op, conn *c, const char *what) {
   int src = sqlite3_extended_errcode(c->db);
+  char buf[384];
   return idem__op_fail(op, map_rc(src), "sqlite: %s: %s", what,
-                       sqlite3_errmsg(c->db));
+                       errtext(c->db, buf, sizeof buf));
 }
 
 static int sqlite_fail(conn *c, const char *what) {
   int src = sqlite3_extended_errcode(c->db);
+  char buf[384];
   return idem__fail(map_rc(src), "sqlite: %s: %s", what,
-                    sqlite3_errmsg(c->db));
+                    errtext(c->db, buf, sizeof buf));
 }
 
 /* ---- connections ----------------------------------------------------- */
@@ -328,7 +358,14 @@ static int reopen_immutable(sq_store *s, conn *c) {
   return rc;
 }
 
+/* A commit hook: counts the connection's commits. */
+static int count_commit(void *arg) {
+  (*(unsigned *)arg)++;
+  return 0;
+}
+
 static int conn_open(sq_store *s, conn **out) {
+  char buf[384];
   conn *c = calloc(1, sizeof *c);
   const char *sync = s->o.sqlite_synchronous == IDEM_SYNC_NORMAL
                          ? "PRAGMA synchronous=NORMAL"
@@ -344,12 +381,14 @@ static int conn_open(sq_store *s, conn **out) {
                        NULL);
   if (rc != SQLITE_OK) {
     rc = idem__fail(map_rc(rc), "store '%s': cannot open: %s", s->path,
-                    c->db ? sqlite3_errmsg(c->db) : sqlite3_errstr(rc));
+                    c->db ? errtext(c->db, buf, sizeof buf)
+                          : sqlite3_errstr(rc));
     conn_close(c);
     return rc;
   }
   sqlite3_extended_result_codes(c->db, 1);
   sqlite3_busy_timeout(c->db, s->o.busy_timeout_ms);
+  sqlite3_commit_hook(c->db, count_commit, &c->commits);
   /* The first statement reads the file header: a file that is not a
    * database fails here, before anything could be written to it. Switching
    * a new file to WAL needs a moment alone with it, and SQLite does not call
@@ -366,8 +405,26 @@ static int conn_open(sq_store *s, conn **out) {
                          (rc & 0xff) == SQLITE_READONLY))
     rc = reopen_immutable(s, c);
   if (rc != SQLITE_OK || exec(c, sync) != SQLITE_OK) {
-    rc = idem__fail(map_rc(sqlite3_extended_errcode(c->db)),
-                    "store '%s': %s", s->path, sqlite3_errmsg(c->db));
+    int src = sqlite3_extended_errcode(c->db);
+    char folder[4096];
+    const char *slash = strrchr(s->path, '/');
+    /* The usual reason a writable file cannot be written: WAL makes its
+     * -wal and -shm files beside it, in a folder that is read-only. */
+    snprintf(folder, sizeof folder, "%.*s",
+             slash ? (int)(slash == s->path ? 1 : slash - s->path) : 1,
+             slash ? s->path : ".");
+    if (!s->o.read_only &&
+        ((src & 0xff) == SQLITE_READONLY || (src & 0xff) == SQLITE_CANTOPEN) &&
+        faccessat(AT_FDCWD, folder, W_OK, AT_EACCESS) != 0)
+      rc = idem__fail(IDEM_ESTORE,
+                      "store '%s': its folder '%s' is not writable, and the "
+                      "store must create its -wal and -shm files there (%s); "
+                      "make the folder writable, or open the store "
+                      "read-only",
+                      s->path, folder, errtext(c->db, buf, sizeof buf));
+    else
+      rc = idem__fail(map_rc(src), "store '%s': %s", s->path,
+                      errtext(c->db, buf, sizeof buf));
     conn_close(c);
     return rc;
   }
@@ -710,10 +767,27 @@ static void run_local(conn *c, idem__op *op, const idem__row *row,
   idem_response r;
   char sum[IDEM_FINGERPRINT_SIZE];
   sqlite3_stmt *q;
+  unsigned commits = c->commits;
   int fn_rc;
   memset(&r, 0, sizeof r);
   fn_rc = op->fn(c->db, op->ctx, &r);
   if (sqlite3_get_autocommit(c->db)) {
+    int src = sqlite3_extended_errcode(c->db);
+    /* SQLite itself rolls the whole transaction back when a statement
+     * meets an I/O error, a full disk or no memory. When nothing committed
+     * meanwhile (the connection's commit hook counts commits), nothing of
+     * the action was kept: the key stays free. */
+    char buf[384];
+    if (c->commits == commits && ((src & 0xff) == SQLITE_IOERR ||
+                       (src & 0xff) == SQLITE_FULL ||
+                       (src & 0xff) == SQLITE_NOMEM)) {
+      idem__op_fail(op, map_rc(src),
+                    "key '%s': the action's statement failed (%s) and "
+                    "SQLite rolled the transaction back: nothing of it was "
+                    "kept; a retry acts",
+                    op->id->key, errtext(c->db, buf, sizeof buf));
+      return;
+    }
     mark_self_ended(c, op, now);
     return;
   }
@@ -814,9 +888,15 @@ static int step_once(conn *c, int which) {
   return rc == SQLITE_DONE ? SQLITE_OK : rc;
 }
 
-static void prune_some(sq_store *s, conn *c, int64_t now) {
+/*
+ * Removes some retention-expired records inside the batch's transaction.
+ * Returns SQLITE_OK, or the error that ended the whole transaction (SQLite
+ * rolls it back by itself on an I/O error), its text in why.
+ */
+static int prune_some(sq_store *s, conn *c, int64_t now, char *why,
+                      size_t size) {
   sqlite3_stmt *q;
-  int due;
+  int due, src = SQLITE_OK;
   /* Without group commit, batches of several threads run at once. */
   pthread_mutex_lock(&s->gc_mu);
   due = now - s->last_prune_ms >= IDEM__PRUNE_EVERY_MS;
@@ -824,17 +904,24 @@ static void prune_some(sq_store *s, conn *c, int64_t now) {
     s->last_prune_ms = now;
   pthread_mutex_unlock(&s->gc_mu);
   if (!due)
-    return;
+    return SQLITE_OK;
   if (exec(c, "SAVEPOINT idem_prune") != SQLITE_OK)
-    return;
+    return SQLITE_OK;
   q = stmt(c, ST_PRUNE_SOME);
   if (q) {
     sqlite3_bind_int64(q, 1, now);
-    if (sqlite3_step(q) != SQLITE_DONE)
-      exec(c, "ROLLBACK TO idem_prune");
+    if (sqlite3_step(q) != SQLITE_DONE) {
+      src = sqlite3_extended_errcode(c->db);
+      errtext(c->db, why, size);
+    }
     sqlite3_reset(q);
   }
+  if (sqlite3_get_autocommit(c->db))
+    return src != SQLITE_OK ? src : SQLITE_ERROR;
+  if (src != SQLITE_OK)
+    exec(c, "ROLLBACK TO idem_prune");
   exec(c, "RELEASE idem_prune");
+  return SQLITE_OK;
 }
 
 /*
@@ -871,6 +958,34 @@ static void batch_lost(conn *c, idem__op **ops, int n, int lost) {
                     "try again",
                     why);
   }
+}
+
+/*
+ * Whether the schema is still the one this idem writes. A newer idem may
+ * migrate the store while this handle has it open: from then on this
+ * handle writes nothing (records in the old layout would be misread), and
+ * says why. Read inside the write transaction, or just before an
+ * operator's single statement. IDEM_OK, or IDEM_ESCHEMA with a detail.
+ */
+static int schema_unchanged(sq_store *s, conn *c) {
+  sqlite3_stmt *q = stmt(c, ST_VERSION);
+  int version = -1, step;
+  if (!q)
+    return sqlite_fail(c, "prepare");
+  step = sqlite3_step(q);
+  if (step == SQLITE_ROW)
+    version = sqlite3_column_int(q, 0);
+  sqlite3_reset(q);
+  if (step != SQLITE_ROW && step != SQLITE_DONE)
+    return sqlite_fail(c, "read the schema version");
+  if (version == SCHEMA_VERSION)
+    return IDEM_OK;
+  return idem__fail(IDEM_ESCHEMA,
+                    "store '%s': its schema is now version %d (this idem "
+                    "knows up to %d): another version of idem changed it "
+                    "while this handle had it open; nothing more is written "
+                    "through this handle; open the store with that version",
+                    s->path, version, SCHEMA_VERSION);
 }
 
 /* Notes the log file that the store's connections have open. */
@@ -939,6 +1054,18 @@ static void run_batch(sq_store *s, conn *c, idem__op **ops, int n) {
       op_sqlite_fail(ops[i], c, "begin");
     return;
   }
+  if ((i = schema_unchanged(s, c)) != IDEM_OK) {
+    char why[sizeof ops[0]->errmsg];
+    int rc = i;
+    snprintf(why, sizeof why, "%s", idem_errmsg());
+    exec(c, "ROLLBACK");
+    for (i = 0; i < n; i++) {
+      idem__op_fail(ops[i], rc, "%s", why);
+      if (ops[i]->kind == IDEM__OP_CLAIM || ops[i]->kind == IDEM__OP_LOCAL)
+        ops[i]->claim->held = 0;
+    }
+    return;
+  }
   {
     char why[sizeof ops[0]->errmsg];
     if (!wal_intact(s, why, sizeof why)) {
@@ -982,10 +1109,28 @@ static void run_batch(sq_store *s, conn *c, idem__op **ops, int n) {
     }
     step_once(c, ST_RELEASE_SP);
   }
-  prune_some(s, c, idem__now_ms());
+  {
+    char why[256] = "the transaction ended";
+    int src = prune_some(s, c, idem__now_ms(), why, sizeof why);
+    if (src != SQLITE_OK) {
+      /* Rolled back while expired records were removed: nothing of the
+       * batch was kept, and no claim is held. */
+      for (i = 0; i < n; i++) {
+        if (ops[i]->rc == IDEM_OK)
+          idem__op_fail(ops[i], map_rc(src),
+                        "sqlite: the transaction was rolled back while "
+                        "expired records were removed, nothing was stored: "
+                        "%s",
+                        why);
+        if (ops[i]->kind == IDEM__OP_CLAIM || ops[i]->kind == IDEM__OP_LOCAL)
+          ops[i]->claim->held = 0;
+      }
+      return;
+    }
+  }
   if (exec(c, "COMMIT") != SQLITE_OK) {
     char msg[256];
-    snprintf(msg, sizeof msg, "%s", sqlite3_errmsg(c->db));
+    errtext(c->db, msg, sizeof msg);
     int rc = map_rc(sqlite3_extended_errcode(c->db));
     exec(c, "ROLLBACK");
     for (i = 0; i < n; i++) {
@@ -1255,6 +1400,14 @@ static int sq_open(const char *target, const idem_store_options *opts,
                       "(an in-memory database would be private to one "
                       "connection); give a file path",
                       target);
+  {
+    struct stat st;
+    if (stat(target, &st) == 0 && S_ISDIR(st.st_mode))
+      return idem__fail(IDEM_ESTORE,
+                        "store '%s' is a directory; name a file (for "
+                        "example %s/idem.db)",
+                        target, target);
+  }
   if (!opts->read_only && (rc = create_private(target)) != IDEM_OK)
     return rc;
   s = calloc(1, sizeof *s);
@@ -1482,20 +1635,24 @@ static int sq_list(void *state, const idem_filter *f, idem_record_fn fn,
 
 /* An operator's write through a handle whose log was deleted would go
  * into the lost log and vanish when the store closes: IDEM_ESTORE. */
-static int operator_may_write(sq_store *s) {
+static int operator_may_write(sq_store *s, conn *c) {
   char why[512];
-  if (wal_intact(s, why, sizeof why))
-    return IDEM_OK;
-  return idem__fail(IDEM_ESTORE, "%s", why);
+  if (!wal_intact(s, why, sizeof why))
+    return idem__fail(IDEM_ESTORE, "%s", why);
+  return schema_unchanged(s, c);
 }
 
 static int sq_prune(void *state, int64_t *removed) {
   sq_store *s = state;
   conn *c;
   sqlite3_stmt *q;
-  int rc = operator_may_write(s);
-  if (rc != IDEM_OK || (rc = pool_get(s, &c)) != IDEM_OK)
+  int rc = pool_get(s, &c);
+  if (rc != IDEM_OK)
     return rc;
+  if ((rc = operator_may_write(s, c)) != IDEM_OK) {
+    pool_put(s, c);
+    return rc;
+  }
   q = stmt(c, ST_PRUNE);
   if (!q) {
     rc = sqlite_fail(c, "prepare");
@@ -1528,7 +1685,7 @@ static int sq_resolve(void *state, const idem_id *id,
     pool_put(s, c);
     return rc;
   }
-  if ((rc = operator_may_write(s)) != IDEM_OK)
+  if ((rc = operator_may_write(s, c)) != IDEM_OK)
     goto out;
   now = idem__now_ms();
   q = stmt(c, ST_SELECT);
@@ -1614,9 +1771,13 @@ static int sq_remove(void *state, const idem_id *id) {
   sq_store *s = state;
   conn *c;
   sqlite3_stmt *q;
-  int rc = operator_may_write(s), changed = 0;
-  if (rc != IDEM_OK || (rc = pool_get(s, &c)) != IDEM_OK)
+  int rc = pool_get(s, &c), changed = 0;
+  if (rc != IDEM_OK)
     return rc;
+  if ((rc = operator_may_write(s, c)) != IDEM_OK) {
+    pool_put(s, c);
+    return rc;
+  }
   q = stmt(c, ST_DELETE);
   if (!q) {
     rc = sqlite_fail(c, "prepare");
