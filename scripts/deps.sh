@@ -1,11 +1,12 @@
 #!/bin/sh
 # Installs the Debian packages idem needs, only when some are missing.
-# Usage: scripts/deps.sh build|check|bench
+# Usage: scripts/deps.sh build|check|bench|fuzz
 set -eu
 want="gcc make cmake pkg-config libjansson-dev libsqlite3-dev libssl-dev libpq-dev"
 case "${1:-build}" in
   check) want="$want libcmocka-dev postgresql python3 sqlite3" ;;
   bench) want="$want postgresql postgresql-contrib python3" ;;
+  fuzz) want="$want clang libclang-rt-dev" ;;
 esac
 missing=""
 for p in $want; do
