@@ -8,7 +8,9 @@
 # PostgreSQL the campaign fails, never skips. CHAOS_SEED fixes the seed
 # (printed by every run, so that a failing run can be repeated);
 # CHAOS_RESTART_EVERY how many trials between restarts (default 10). A run
-# with a violation keeps its folder and says where it is.
+# with a violation keeps its folder and says where it is. CHAOS_SABOTAGE=1
+# runs callers that break the rules and passes only when the checker
+# reports violations.
 set -eu
 MODE=$1
 STORE=$2
@@ -49,6 +51,18 @@ case "$STORE" in
     exit 2
     ;;
 esac
+if [ "${CHAOS_SABOTAGE:-0}" = 1 ]; then
+  # The checker's own test: callers that break the rules must be caught.
+  out=$("$CHAOS" "$@" --sabotage) && rc=0 || rc=$?
+  printf '%s\n' "$out" | tail -1
+  if [ $rc = 1 ] && printf '%s\n' "$out" | grep -q "^VIOLATION: " &&
+    printf '%s\n' "$out" | tail -1 | grep -Eq "violations [1-9][0-9]*$"; then
+    echo "chaos.sh: the checker caught the sabotage"
+    exit 0
+  fi
+  echo "chaos.sh: the sabotage went unnoticed (exit $rc)" >&2
+  exit 1
+fi
 if "$CHAOS" "$@"; then
   exit 0
 fi
