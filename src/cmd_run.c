@@ -105,7 +105,8 @@ static const char usage[] =
     "  125  idem failed before running CMD (bad store, standard input too\n"
     "       large or silent, ...); nothing ran and nothing was stored\n"
     "  126  CMD could not be executed; 127  CMD was not found\n"
-    "       (in both cases nothing ran and the key is free again)\n"
+    "       (in both cases nothing ran and the key is free again, unless\n"
+    "       --on-unknown rerun took it over: an earlier run may have acted)\n"
     "  128+N  idem run got signal N while CMD ran: CMD was stopped and the\n"
     "       key marked unknown\n";
 
