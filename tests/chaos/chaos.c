@@ -167,8 +167,8 @@ static int open_append(const char *path) {
 }
 
 static const char *key_name(int k, char buf[8]) {
-  snprintf(buf, 8, "%s%d", k < REMOTE_KEYS ? "k" : "L",
-           k < REMOTE_KEYS ? k : k - REMOTE_KEYS);
+  snprintf(buf, 8, "%s%u", k < REMOTE_KEYS ? "k" : "L",
+           (unsigned)(k < REMOTE_KEYS ? k : k - REMOTE_KEYS) % 1000u);
   return buf;
 }
 
@@ -623,11 +623,6 @@ static void run_worker_main(const trial_ctx *t, int wid, uint64_t seed) {
   int hist = open_append(t->hist_path);
   uint64_t rng = seed ^ ((uint64_t)getpid() << 16) ^ (uint64_t)wid;
   char key[8];
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_usr; /* no SA_RESTART: select() returns EINTR */
-  sigaction(SIGUSR1, &sa, NULL);
-  sigaction(SIGUSR2, &sa, NULL);
   while (mono_ms() < t->deadline) {
     key_name(pick(&rng, RUN_KEYS), key);
     if (sabotage && pick(&rng, 4) == 0) {
@@ -1115,6 +1110,10 @@ static int check_run(const trial_ctx *t, idem_store *store, totals *tot) {
       tot->outcome[IDEM_IN_FLIGHT]++;
     } else if (code == 128 + SIGKILL) {
       /* Killed: counted with the faults. */
+    } else if (code == 128 + SIGABRT || code == 128 + SIGSEGV ||
+               code == 128 + SIGBUS || code == 128 + SIGILL) {
+      bad |= violation(tot, "%s %s: run %d crashed (exit %d)", t->tenant, key,
+                       pid, code);
     } else {
       tot->errors++;
     }
@@ -1264,14 +1263,23 @@ static int trial(const config *cfg, long n, totals *tot) {
     }
   int64_t grace = mono_ms() + 10000;
   for (int i = 0; i < np; i++) {
-    int st;
-    while (waitpid(procs[i].pid, &st, WNOHANG) == 0) {
-      if (mono_ms() > grace) {
+    int st = 0;
+    pid_t got;
+    while ((got = waitpid(procs[i].pid, &st, WNOHANG)) == 0) {
+      if (mono_ms() > grace && !procs[i].dead) {
         kill(procs[i].pid, SIGKILL);
+        procs[i].dead = 1;
         tot->killed++;
       }
       sleep_ms(5);
     }
+    /* A worker that was not killed must end by itself, cleanly: a crash
+     * (or a sanitizer's report, which aborts) is a failure. */
+    if (got == procs[i].pid && !procs[i].dead &&
+        !(WIFEXITED(st) && WEXITSTATUS(st) == 0))
+      bad |= violation(tot, "worker %d ended with %s %d", (int)procs[i].pid,
+                       WIFEXITED(st) ? "status" : "signal",
+                       WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
   }
   if (restart_pid > 0) {
     int st;
@@ -1304,7 +1312,7 @@ static int trial(const config *cfg, long n, totals *tot) {
   } else {
     recover_keys(&t, store, tot);
   }
-  bad = is_run ? check_run(&t, store, tot) : check_lib(&t, store, tot);
+  bad |= is_run ? check_run(&t, store, tot) : check_lib(&t, store, tot);
   idem_store_close(store);
   tot->trials++;
   if (bad) {
@@ -1379,6 +1387,15 @@ int main(int argc, char **argv) {
   }
   if (!strcmp(cfg.mode, "lib"))
     setup_local_table(&cfg);
+  else {
+    /* The run workers' handlers, set before they are forked so that a
+     * signal sent right after the fork finds them. */
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_usr; /* no SA_RESTART: select() returns EINTR */
+    sigaction(SIGUSR1, &sa, NULL);
+    sigaction(SIGUSR2, &sa, NULL);
+  }
   int64_t t0 = mono_ms();
   for (long n = 0; n < cfg.trials; n++) {
     trial(&cfg, n, &tot);
