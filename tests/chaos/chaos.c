@@ -247,8 +247,8 @@ static void log_answer(worker_thread *w, const char *holder, const char *key,
       if (body[i] == ' ' || body[i] == '\n' || body[i] == '\0')
         body[i] = '?';
   }
-  append_line(w->hist, "C %s %s %d %d %s", holder, key, o,
-              idem_call_attempt(c), body);
+  append_line(w->hist, "C %s %s %d %d %s", holder, key, o, idem_call_attempt(c),
+              body);
 }
 
 /* claim, act, then complete, release or mark unknown; sometimes slowly,
@@ -376,10 +376,11 @@ static int local_fn(void *conn, void *p, idem_response *resp) {
   body_of(l->body, sizeof l->body, l->key, l->holder, 1);
   if (l->pg) {
     const char *v[3] = {l->w->t->tenant, l->key, l->body};
-    PGresult *r = PQexecParams(
-        conn, "INSERT INTO public.chaos_local(tenant, key, body) "
-              "VALUES ($1, $2, $3)",
-        3, NULL, v, NULL, NULL, 0);
+    PGresult *r =
+        PQexecParams(conn,
+                     "INSERT INTO public.chaos_local(tenant, key, body) "
+                     "VALUES ($1, $2, $3)",
+                     3, NULL, v, NULL, NULL, 0);
     int ok = PQresultStatus(r) == PGRES_COMMAND_OK;
     PQclear(r);
     if (!ok)
@@ -550,12 +551,26 @@ static int run_once(const trial_ctx *t, int hist, uint64_t *rng,
   if (pid < 0)
     die("fork: %s", strerror(errno));
   if (pid == 0) {
-    const char *argv[] = {t->cfg->idem, "run",     "--key",   key,
-                          "--tenant",   t->tenant, "--store", t->cfg->store,
-                          "--lease",    lease,     "--stdin", "ignore",
-                          "--on-unknown", rerun ? "rerun" : "fail",
-                          "--",         "sh",      "-c",      script,
-                          key,          NULL};
+    const char *argv[] = {t->cfg->idem,
+                          "run",
+                          "--key",
+                          key,
+                          "--tenant",
+                          t->tenant,
+                          "--store",
+                          t->cfg->store,
+                          "--lease",
+                          lease,
+                          "--stdin",
+                          "ignore",
+                          "--on-unknown",
+                          rerun ? "rerun" : "fail",
+                          "--",
+                          "sh",
+                          "-c",
+                          script,
+                          key,
+                          NULL};
     dup2(out[1], 1);
     dup2(err[1], 2);
     close(out[0]);
@@ -906,8 +921,10 @@ static int check_lib(const trial_ctx *t, idem_store *store, totals *tot) {
     /* V7 */
     if (fin[k].state == IDEM_STATE_IN_PROGRESS &&
         fin[k].lease_expires_ms <= now)
-      bad |= violation(tot, "%s %s: in progress with an expired lease after "
-                       "the recovery pass", t->tenant, kname[k]);
+      bad |= violation(tot,
+                       "%s %s: in progress with an expired lease after "
+                       "the recovery pass",
+                       t->tenant, kname[k]);
   }
   key_hist kh[NKEYS];
   memset(kh, 0, sizeof kh);
@@ -940,22 +957,26 @@ static int check_lib(const trial_ctx *t, idem_store *store, totals *tot) {
       /* V3 */
       if (a == IDEM_REPLAY &&
           (fin[k].state != IDEM_STATE_COMPLETED || strcmp(body, fin[k].body)))
-        bad |= violation(tot, "%s %s: replay [%s] but the record holds [%s] "
-                         "(state %d)", t->tenant, key, body, fin[k].body,
-                         fin[k].state);
+        bad |= violation(tot,
+                         "%s %s: replay [%s] but the record holds [%s] "
+                         "(state %d)",
+                         t->tenant, key, body, fin[k].body, fin[k].state);
     } else if (kind == 'D' &&
                sscanf(line, "D %*s %*s %d %255s", &a, body) == 2) {
       /* V4, V5 */
       if (a == IDEM_OK &&
           (fin[k].state != IDEM_STATE_COMPLETED || strcmp(body, fin[k].body)))
-        bad |= violation(tot, "%s %s: completion of [%s] answered OK, but "
-                         "the record holds [%s] (state %d)", t->tenant, key,
-                         body, fin[k].body, fin[k].state);
+        bad |= violation(tot,
+                         "%s %s: completion of [%s] answered OK, but "
+                         "the record holds [%s] (state %d)",
+                         t->tenant, key, body, fin[k].body, fin[k].state);
       if (a == IDEM_ESTALE) {
         tot->stale++;
         if (!strcmp(body, fin[k].body))
-          bad |= violation(tot, "%s %s: the stale completion [%s] is the "
-                           "record's response", t->tenant, key, body);
+          bad |= violation(tot,
+                           "%s %s: the stale completion [%s] is the "
+                           "record's response",
+                           t->tenant, key, body);
       }
     } else if (kind == 'L' &&
                sscanf(line, "L %*s %*s %d %255s", &a, body) == 2) {
@@ -964,9 +985,10 @@ static int check_lib(const trial_ctx *t, idem_store *store, totals *tot) {
         tot->outcome[a]++;
       if ((a == IDEM_PROCEED || a == IDEM_RECOVER || a == IDEM_REPLAY) &&
           (fin[k].state != IDEM_STATE_COMPLETED || strcmp(body, fin[k].body)))
-        bad |= violation(tot, "%s %s: local call answered [%s] (outcome %d), "
-                         "the record holds [%s]", t->tenant, key, body, a,
-                         fin[k].body);
+        bad |= violation(tot,
+                         "%s %s: local call answered [%s] (outcome %d), "
+                         "the record holds [%s]",
+                         t->tenant, key, body, a, fin[k].body);
     }
   }
   fclose(h);
@@ -986,31 +1008,36 @@ static int check_lib(const trial_ctx *t, idem_store *store, totals *tot) {
       kh[k].effects++;
       holder_rec *hr = find_holder(holders, nh, holder);
       if (!hr || strcmp(hr->key, key))
-        bad |= violation(tot, "%s %s: effect by %s, which was never answered "
-                         "PROCEED or RECOVER", t->tenant, key, holder);
+        bad |= violation(tot,
+                         "%s %s: effect by %s, which was never answered "
+                         "PROCEED or RECOVER",
+                         t->tenant, key, holder);
       else if (hr->outcome == IDEM_PROCEED && ++kh[k].proceed_effects > 1)
-        bad |= violation(tot, "%s %s: a second effect by a caller answered "
-                         "PROCEED (%s), not told RECOVER", t->tenant, key,
-                         holder);
+        bad |= violation(tot,
+                         "%s %s: a second effect by a caller answered "
+                         "PROCEED (%s), not told RECOVER",
+                         t->tenant, key, holder);
     }
     fclose(e);
   }
   for (int k = 0; k < REMOTE_KEYS; k++) {
     if (kh[k].effects > 1 + kh[k].recover_answers)
-      bad |= violation(tot, "%s %s: %d effects, %d RECOVER answers",
-                       t->tenant, kname[k], kh[k].effects,
-                       kh[k].recover_answers);
+      bad |= violation(tot, "%s %s: %d effects, %d RECOVER answers", t->tenant,
+                       kname[k], kh[k].effects, kh[k].recover_answers);
     /* V5 (the last attempt's response), V6 */
     if (fin[k].state == IDEM_STATE_COMPLETED) {
       if (body_attempt(fin[k].body) != fin[k].attempt)
-        bad |= violation(tot, "%s %s: the record's response [%s] is not its "
-                         "attempt %d's", t->tenant, kname[k], fin[k].body,
-                         fin[k].attempt);
+        bad |= violation(tot,
+                         "%s %s: the record's response [%s] is not its "
+                         "attempt %d's",
+                         t->tenant, kname[k], fin[k].body, fin[k].attempt);
       char holder[64];
       if (sscanf(fin[k].body, "r:%*[^:]:%63[^:]", holder) != 1 ||
           !find_holder(holders, nh, holder))
-        bad |= violation(tot, "%s %s: the record's response [%s] is no "
-                         "holder's", t->tenant, kname[k], fin[k].body);
+        bad |= violation(tot,
+                         "%s %s: the record's response [%s] is no "
+                         "holder's",
+                         t->tenant, kname[k], fin[k].body);
     }
   }
   /* V8 */
@@ -1023,9 +1050,11 @@ static int check_lib(const trial_ctx *t, idem_store *store, totals *tot) {
       bad |= violation(tot, "%s %s: a local key in state %d", t->tenant,
                        kname[k], fin[k].state);
     if (rows != want || (want && strcmp(body, fin[k].body)))
-      bad |= violation(tot, "%s %s: %d rows ([%s]) for a record in state %d "
-                       "([%s])", t->tenant, kname[k], rows, body,
-                       fin[k].state, fin[k].body);
+      bad |=
+          violation(tot,
+                    "%s %s: %d rows ([%s]) for a record in state %d "
+                    "([%s])",
+                    t->tenant, kname[k], rows, body, fin[k].state, fin[k].body);
   }
   return bad;
 }
@@ -1052,8 +1081,10 @@ static int check_run(const trial_ctx *t, idem_store *store, totals *tot) {
     /* V7, after the final rerun of every key */
     if (fin[k].state == IDEM_STATE_IN_PROGRESS &&
         fin[k].lease_expires_ms <= now)
-      bad |= violation(tot, "%s %s: in progress with an expired lease after "
-                       "the final runs", t->tenant, kname[k]);
+      bad |= violation(tot,
+                       "%s %s: in progress with an expired lease after "
+                       "the final runs",
+                       t->tenant, kname[k]);
   }
   /* Runs by pid: which key, exit status, told of a rerun. */
   static struct {
@@ -1090,9 +1121,10 @@ static int check_run(const trial_ctx *t, idem_store *store, totals *tot) {
     if (code == 0) {
       /* Ran and completed, or replayed: the stored output either way. */
       if (fin[k].state != IDEM_STATE_COMPLETED || strcmp(out, fin[k].body))
-        bad |= violation(tot, "%s %s: run %d exited 0 with [%s], the record "
-                         "holds [%s] (state %d)", t->tenant, key, pid, out,
-                         fin[k].body, fin[k].state);
+        bad |= violation(tot,
+                         "%s %s: run %d exited 0 with [%s], the record "
+                         "holds [%s] (state %d)",
+                         t->tenant, key, pid, out, fin[k].body, fin[k].state);
       char mine[32];
       snprintf(mine, sizeof mine, "out_%s_%d_", key, pid);
       tot->outcome[strcmp(out, mine) ? IDEM_REPLAY : IDEM_PROCEED]++;
@@ -1101,9 +1133,10 @@ static int check_run(const trial_ctx *t, idem_store *store, totals *tot) {
       char mine[32];
       snprintf(mine, sizeof mine, "out_%s_%d_", key, pid);
       if (!strcmp(fin[k].body, mine))
-        bad |= violation(tot, "%s %s: run %d's result was not recorded "
-                         "(exit 5), yet the record holds it", t->tenant, key,
-                         pid);
+        bad |= violation(tot,
+                         "%s %s: run %d's result was not recorded "
+                         "(exit 5), yet the record holds it",
+                         t->tenant, key, pid);
     } else if (code == 4) {
       tot->outcome[IDEM_UNKNOWN]++;
     } else if (code == 75) {
@@ -1135,8 +1168,8 @@ static int check_run(const trial_ctx *t, idem_store *store, totals *tot) {
       effects[k]++;
       for (int i = 0; i < ns; i++)
         if (seen_pid[i] == pid)
-          bad |= violation(tot, "%s %s: run %d acted twice", t->tenant, key,
-                           pid);
+          bad |=
+              violation(tot, "%s %s: run %d acted twice", t->tenant, key, pid);
       if (ns < MAX_HOLDERS)
         seen_pid[ns++] = pid;
       if (effects[k] > 1) {
@@ -1146,7 +1179,8 @@ static int check_run(const trial_ctx *t, idem_store *store, totals *tot) {
           if (runs[i].pid == pid && runs[i].told)
             ok = 1;
         if (!ok)
-          bad |= violation(tot, "%s %s: effect %d by run %d, which was not "
+          bad |= violation(tot,
+                           "%s %s: effect %d by run %d, which was not "
                            "told that an earlier run may have acted",
                            t->tenant, key, effects[k], pid);
       }
@@ -1164,9 +1198,9 @@ static int check_run(const trial_ctx *t, idem_store *store, totals *tot) {
 
 static void setup_local_table(const config *cfg) {
   if (cfg->pg) {
-    PGresult *r = PQexec(admin_conn(cfg),
-                         "CREATE TABLE IF NOT EXISTS public.chaos_local("
-                         "tenant text, key text, body text)");
+    PGresult *r =
+        PQexec(admin_conn(cfg), "CREATE TABLE IF NOT EXISTS public.chaos_local("
+                                "tenant text, key text, body text)");
     if (PQresultStatus(r) != PGRES_COMMAND_OK)
       die("create chaos_local: %s", PQerrorMessage(admin));
     PQclear(r);
@@ -1304,8 +1338,8 @@ static int trial(const config *cfg, long n, totals *tot) {
     for (int k = 0; k < RUN_KEYS; k++) {
       char key[8];
       /* In flight (exit 75) until the lease of a stopped run ends. */
-      for (int i = 0; i < 100 && run_once(&t, hist, &rng, key_name(k, key), 1)
-                                     == 75; i++)
+      for (int i = 0;
+           i < 100 && run_once(&t, hist, &rng, key_name(k, key), 1) == 75; i++)
         sleep_ms(LEASE_MS / 4);
     }
     close(hist);

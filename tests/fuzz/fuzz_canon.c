@@ -21,13 +21,13 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-#define CHECK(cond)                                                           \
-  do {                                                                        \
-    if (!(cond)) {                                                            \
-      fprintf(stderr, "fuzz_canon: property violated: %s (line %d)\n", #cond, \
-              __LINE__);                                                      \
-      abort();                                                                \
-    }                                                                         \
+#define CHECK(cond)                                                            \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      fprintf(stderr, "fuzz_canon: property violated: %s (line %d)\n", #cond,  \
+              __LINE__);                                                       \
+      abort();                                                                 \
+    }                                                                          \
   } while (0)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

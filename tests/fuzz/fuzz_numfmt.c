@@ -25,13 +25,13 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-#define CHECK(cond)                                                           \
-  do {                                                                        \
-    if (!(cond)) {                                                            \
-      fprintf(stderr, "fuzz_numfmt: property violated: %s (line %d)\n",       \
-              #cond, __LINE__);                                               \
-      abort();                                                                \
-    }                                                                         \
+#define CHECK(cond)                                                            \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      fprintf(stderr, "fuzz_numfmt: property violated: %s (line %d)\n", #cond, \
+              __LINE__);                                                       \
+      abort();                                                                 \
+    }                                                                          \
   } while (0)
 
 /* The significant digits of a number's text, without leading or trailing

@@ -19,13 +19,13 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-#define CHECK(cond)                                                           \
-  do {                                                                        \
-    if (!(cond)) {                                                            \
-      fprintf(stderr, "fuzz_run_record: property violated: %s (line %d)\n",   \
-              #cond, __LINE__);                                               \
-      abort();                                                                \
-    }                                                                         \
+#define CHECK(cond)                                                            \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      fprintf(stderr, "fuzz_run_record: property violated: %s (line %d)\n",    \
+              #cond, __LINE__);                                                \
+      abort();                                                                 \
+    }                                                                          \
   } while (0)
 
 static void *dup_exact(const uint8_t *p, size_t n) {
