@@ -12,7 +12,7 @@
  *    own tail (SQLite, pg:) or the URL with its scheme in lower case;
  *  - a target that looks like a conninfo or holds "://" is never a file;
  *  - the PostgreSQL target parses or fails with IDEM_EURL; when it parses,
- *    the conninfo is no longer than the target and the schema a valid name,
+ *    the conninfo fits the room made for it and the schema is a valid name,
  *    and every password libpq reads from the conninfo is shown as "***"
  *    by idem__pg_scrub() in a message that quotes it.
  */
@@ -67,7 +67,9 @@ static void check_pg(const char *target) {
     free_pg(&s);
     return;
   }
-  CHECK(s.conninfo && strlen(s.conninfo) <= strlen(target));
+  /* At most one separator more per token: a quoted value directly
+   * followed by the next keyword gains a space. */
+  CHECK(s.conninfo && strlen(s.conninfo) <= 2 * strlen(target) + 1);
   CHECK(s.schema[0] && strlen(s.schema) <= SCHEMA_MAX);
   for (const char *c = s.schema; *c; c++)
     CHECK((*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') || *c == '_');
