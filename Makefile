@@ -6,7 +6,7 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 PREFIX ?= /usr/local
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build demo check check-asan crash bench bench-gateway bench-mcp install clean format
+.PHONY: all deps build demo check check-asan crash chaos fuzz bench bench-gateway bench-mcp install clean format
 
 all: build
 
@@ -55,6 +55,18 @@ bench-mcp: build
 	@sh scripts/deps.sh bench
 	sh bench/mcp.sh $(BUILD)/idem
 
+# The long kill -9 campaign (tests/chaos): CHAOS_TRIALS trials per store.
+CHAOS_TRIALS ?= 10000
+chaos: build
+	@sh scripts/deps.sh check
+	CHAOS_TRIALS=$(CHAOS_TRIALS) sh tests/chaos/long.sh $(BUILD)
+
+# Each libFuzzer driver of tests/fuzz for FUZZ_SECONDS (clang build).
+FUZZ_SECONDS ?= 60
+fuzz:
+	@sh scripts/deps.sh fuzz
+	FUZZ_SECONDS=$(FUZZ_SECONDS) JOBS=$(JOBS) sh scripts/fuzz.sh
+
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)
 
@@ -63,4 +75,4 @@ format:
 	  src/mcp/*.h tests/*.c
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) build-fuzz

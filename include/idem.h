@@ -379,6 +379,13 @@ IDEM_API int idem_complete(idem_store *store, idem_call *call,
 /*
  * Deletes the in-progress record: the action certainly did not happen, so a
  * retry may proceed. Fenced like idem_complete().
+ *
+ * A holder answered IDEM_RECOVER knows this of its own attempt only: an
+ * earlier attempt may have acted. Its release therefore leaves the record
+ * as the takeover found it: in progress with its lease ended (the next
+ * claim is answered IDEM_RECOVER, or IDEM_UNKNOWN with
+ * IDEM_EXPIRED_REPORT), or marked unknown again when it was, so that the
+ * next caller is told too.
  */
 IDEM_API int idem_release(idem_store *store, idem_call *call);
 
@@ -533,7 +540,8 @@ IDEM_API int idem_delete(idem_store *store, const idem_id *id);
 /* What an action run by idem_execute() reports. */
 typedef enum idem_exec_result {
   IDEM_EXEC_DONE = 0,     /* it ran: *response is stored (complete) */
-  IDEM_EXEC_NOT_DONE = 1, /* it certainly did not act: release the key */
+  IDEM_EXEC_NOT_DONE = 1, /* it certainly did not act: release the key
+                             (after RECOVER, see idem_release()) */
   IDEM_EXEC_UNKNOWN = 2,  /* it may have acted: mark the key unknown */
   /*
    * It may have acted and may still be acting (a request that timed out

@@ -372,10 +372,13 @@ typedef struct canon {
 static size_t first_duplicate(canon *c, int d) {
   size_t lo = c->bases[d],
          hi = d + 1 < c->nbases ? c->bases[d + 1] : c->open_len;
-  uint32_t *v = c->open + lo;
   size_t k = hi - lo, best = NO_OFFSET;
+  uint32_t *v;
+  /* Before any name was kept, c->open is NULL, and even NULL + 0 is
+   * undefined behaviour. */
   if (k < 2)
     return NO_OFFSET;
+  v = c->open + lo;
   sort_text = c->s;
   qsort(v, k, sizeof *v, compare_name_offsets);
   for (size_t a = 0; a < k;) {

@@ -157,6 +157,8 @@ idem__action idem__decide_op(idem__op *op, const idem__row *row,
   cl->outcome = idem__decide(row, op->fingerprint, now_ms, &op->opts, &action,
                              &cl->retry_after_ms);
   cl->attempt = row->attempt;
+  cl->took_over_unknown =
+      cl->outcome == IDEM_RECOVER && row->state == IDEM_STATE_UNKNOWN;
   if (cl->outcome == IDEM_IN_FLIGHT && cl->retry_after_ms < 1)
     cl->retry_after_ms = 1;
   return action;
@@ -720,7 +722,7 @@ static int finish(idem_store *store, idem_call *claim, idem__op_kind kind,
   idem__op op;
   idem_id id;
   int64_t deadline;
-  int rc;
+  int rc, ends = 0;
   idem__clear_error();
   if (!store || !claim)
     return idem__fail(IDEM_EINVAL, "NULL store or claim");
@@ -738,6 +740,19 @@ static int finish(idem_store *store, idem_call *claim, idem__op_kind kind,
     return rc;
   if (kind == IDEM__OP_RENEW && lease_ms == 0)
     return idem__fail(IDEM_EINVAL, "renew: lease must be positive");
+  /*
+   * A holder that took the key over knows only that its own attempt did
+   * not act: an earlier one may have. Its release leaves the record as the
+   * takeover found it, so that the next caller is told so too: marked
+   * unknown again, or in progress with its lease ended (the next claim is
+   * RECOVER, or UNKNOWN with IDEM_EXPIRED_REPORT). Deleting it would let
+   * the next caller PROCEED, unwarned, and act a second time.
+   */
+  if (kind == IDEM__OP_RELEASE && claim->outcome == IDEM_RECOVER) {
+    kind = claim->took_over_unknown ? IDEM__OP_MARK_UNKNOWN : IDEM__OP_RENEW;
+    lease_ms = 0;
+    ends = 1;
+  }
   memset(&op, 0, sizeof op);
   id.tenant = claim->tenant;
   id.operation = claim->operation;
@@ -755,7 +770,7 @@ static int finish(idem_store *store, idem_call *claim, idem__op_kind kind,
    * stored before, and the holder must not count on a longer one. */
   if (rc != IDEM_OK && kind == IDEM__OP_RENEW)
     claim->lease_expires_ms = deadline;
-  if (rc == IDEM_OK && kind != IDEM__OP_RENEW) {
+  if (rc == IDEM_OK && (kind != IDEM__OP_RENEW || ends)) {
     claim->held = 0;
     claim->lease_expires_ms = 0;
   }

@@ -101,9 +101,10 @@ static int password_keyword(const char *p, size_t n) {
 /*
  * The secrets of the URL in the n bytes at url: the password of the user
  * info, as libpq reads it (up to the first '@'); from the first ':' to the
- * last '@' before the query and each piece of that between '@', '/' and
- * ':', for a password in which those were not percent-encoded; and the
- * values of password and sslpassword in the query.
+ * last '@' before the query and each piece of that between '@', '/', ':'
+ * and blanks, for a password in which those were not percent-encoded (a
+ * message may show a tab as a space); and the values of password and
+ * sslpassword in the query.
  */
 static void url_secrets(pg_store *s, const char *url, size_t n) {
   const char *end = url + n, *a = strstr(url, "://"), *p, *q, *at = NULL,
@@ -123,7 +124,8 @@ static void url_secrets(pg_store *s, const char *url, size_t n) {
     const char *piece = colon + 1;
     add_url_secret(s, piece, (size_t)(at - piece));
     for (p = piece; p <= at; p++)
-      if (p == at || *p == '@' || *p == '/' || *p == ':') {
+      if (p == at || *p == '@' || *p == '/' || *p == ':' ||
+          isspace((unsigned char)*p)) {
         add_secret(s, piece, (size_t)(p - piece));
         piece = p + 1;
       }
@@ -273,11 +275,16 @@ void idem__pg_scrub(const pg_store *s, char *msg, size_t size) {
   }
 }
 
-/* The secrets of a target, before anything reads it. */
+/* The secrets of a target, before anything reads it. A URL that starts
+ * the target (after blanks, as after "pg: ") is read by libpq to the end
+ * of the text, blanks and all; one inside a conninfo ends at a blank. */
 static void collect_secrets(pg_store *s, const char *target) {
+  const char *first = target;
+  while (isspace((unsigned char)*first))
+    first++;
   for (const char *p = target; *p; p++)
     if (is_url_at(p) && (p == target || !idem__pg_is_word_char(p[-1]))) {
-      size_t n = strcspn(p, " \t\n'");
+      size_t n = p == first ? strlen(p) : strcspn(p, " \t\n'");
       url_secrets(s, p, n);
       p += n - 1;
     }
@@ -424,8 +431,9 @@ int idem__pg_parse_target(pg_store *s, const char *target, char *err) {
               : strip_conninfo(target, s->conninfo, s->schema, &seen, err);
   if (rc != IDEM_OK)
     return rc;
-  /* A bare word is a database name (libpq's rule for dbname). */
-  if (!is_url && !strchr(s->conninfo, '='))
+  /* A bare word is a database name (libpq's rule for dbname), unless it
+   * is a URL, which libpq expands (the rest of the text after "pg: "). */
+  if (!is_url && !strchr(s->conninfo, '=') && !is_url_at(s->conninfo))
     return IDEM_OK;
   opts = PQconninfoParse(s->conninfo, &msg);
   if (!opts) {

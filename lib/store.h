@@ -43,6 +43,7 @@ struct idem_call {
   idem_response response; /* points into resp_buf */
   void *resp_buf;
   int held; /* PROCEED/RECOVER not yet completed, released or marked */
+  int took_over_unknown; /* RECOVER of a record that was marked unknown */
 };
 
 typedef enum idem__op_kind {

@@ -1,12 +1,13 @@
 #!/bin/sh
 # Installs the Debian packages idem needs, only when some are missing.
-# Usage: scripts/deps.sh build|check|bench
+# Usage: scripts/deps.sh build|check|bench|fuzz
 set -eu
 want="gcc make cmake pkg-config libjansson-dev libsqlite3-dev libssl-dev libpq-dev
   libmicrohttpd-dev libcurl4-openssl-dev"
 case "${1:-build}" in
   check) want="$want libcmocka-dev postgresql python3 sqlite3 curl openssl" ;;
   bench) want="$want postgresql postgresql-contrib python3 curl nginx wrk" ;;
+  fuzz) want="$want clang libclang-rt-dev" ;;
 esac
 # The idem mcp tests and bench/mcp.sh run real MCP servers from npm:
 # Node.js and npm, from Debian when the machine has neither.

@@ -105,7 +105,8 @@ static const char usage[] =
     "  125  idem failed before running CMD (bad store, standard input too\n"
     "       large or silent, ...); nothing ran and nothing was stored\n"
     "  126  CMD could not be executed; 127  CMD was not found\n"
-    "       (in both cases nothing ran and the key is free again)\n"
+    "       (in both cases nothing ran and the key is free again, unless\n"
+    "       --on-unknown rerun took it over: an earlier run may have acted)\n"
     "  128+N  idem run got signal N while CMD ran: CMD was stopped and the\n"
     "       key marked unknown\n";
 
@@ -281,26 +282,43 @@ out:
   return rc;
 }
 
-/* Replays a stored run: its output, then its status. */
-static int replay(const idem_response *r) {
+/*
+ * Reads a stored run: how many bytes of the body are standard output (the
+ * rest is standard error) and whether the output was cut. The metadata is
+ * {"stdout": N, "stderr": N, "truncated": BOOL}, as run_action() writes
+ * it; without metadata (an operator's `idem keys resolve --completed`) the
+ * whole body is standard output. Returns 0, or -1 when the record is not
+ * one `idem run` wrote (metadata that is not JSON, or an output length
+ * outside the body).
+ */
+static int decode_record(const idem_response *r, size_t *out_len,
+                         int *truncated) {
   json_error_t e;
   json_t *meta = r->meta ? json_loadb(r->meta, r->meta_len, 0, &e) : NULL;
-  /* Without metadata (an operator's `idem keys resolve --completed`), the
-   * whole body is standard output. */
-  json_int_t out_len = meta
-                           ? json_integer_value(json_object_get(meta, "stdout"))
-                           : (json_int_t)r->body_len;
-  int truncated = meta && json_is_true(json_object_get(meta, "truncated"));
+  json_int_t n = meta ? json_integer_value(json_object_get(meta, "stdout"))
+                      : (json_int_t)r->body_len;
   int bad = r->meta && !meta;
+  *truncated = meta && json_is_true(json_object_get(meta, "truncated"));
   json_decref(meta);
-  if (bad || out_len < 0 || (size_t)out_len > r->body_len) {
+  *out_len = 0;
+  if (bad || n < 0 || (uint64_t)n > r->body_len)
+    return -1;
+  *out_len = (size_t)n;
+  return 0;
+}
+
+/* Replays a stored run: its output, then its status. */
+static int replay(const idem_response *r) {
+  size_t out_len;
+  int truncated;
+  if (decode_record(r, &out_len, &truncated) != 0) {
     cli_error("run", "the stored result is not one `idem run` wrote");
     return EXIT_RUN_ERROR;
   }
   signal(SIGPIPE, SIG_IGN);
-  cli_write_all(STDOUT_FILENO, r->body, (size_t)out_len);
+  cli_write_all(STDOUT_FILENO, r->body, out_len);
   cli_write_all(STDERR_FILENO, (const char *)r->body + out_len,
-            r->body_len - (size_t)out_len);
+                r->body_len - out_len);
   if (truncated)
     cli_error("run", "note: the recorded output was truncated; only its "
                      "first bytes were kept");

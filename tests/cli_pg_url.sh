@@ -43,6 +43,12 @@ expect_hidden "a password in the query" \
   'postgres://idem@[::1/app?password=S3CRET' S3CRET
 expect_hidden "a conninfo with a space in the password" \
   'pg:host=/nonexistent password=S3CRET PART2' S3CRET PART2
+# pg: with blanks before a URL: libpq reads the whole rest as the URL,
+# blanks and all (found by fuzz_store_url).
+expect_hidden "a URL after pg: and a blank, a space in the password" \
+  'pg: postgresql://idem:S3CRET PART2@[::1' S3CRET PART2
+expect_hidden "a URL after pg: and a tab, a tab in the password" \
+  "pg:	postgres://idem:S3CRET	PART2@[::1/app" S3CRET PART2
 # idem lab quotes libpq when its own connection fails: never the password.
 for url in 'postgresql://idem:S3CRET@[::1' 'postgresql://idem:S3%43RET@[::1' \
   'postgresql://idem:S3CRET@127.0.0.1:1/x?connect_timeout=2'; do

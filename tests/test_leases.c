@@ -355,6 +355,87 @@ static void test_abandoned_holder_never_expires(void **state) {
 /* Attempts                                                             */
 /* ------------------------------------------------------------------ */
 
+/*
+ * A holder that took a key over (RECOVER) and releases it knows only that
+ * its own attempt did not act: the earlier attempt may have. The next
+ * caller must still be told so, RECOVER (attempt 3) or UNKNOWN, never
+ * PROCEED as on a fresh key, or a second effect happens without anyone
+ * being warned (found by the kill -9 campaign, tests/chaos). The same
+ * through idem_execute() with an action that answers NOT_DONE after
+ * RECOVER; and a record marked unknown that a holder took over and
+ * released is unknown again.
+ */
+static idem_exec_result did_not_act(idem_exec *x, void *ctx,
+                                    idem_response *r) {
+  int *runs = ctx;
+  (*runs)++;
+  assert_int_equal(idem_exec_outcome(x), IDEM_RECOVER);
+  return IDEM_EXEC_NOT_DONE;
+}
+
+static void test_release_after_takeover_still_warns(void **state) {
+  fixture *f = *state;
+  char fp[IDEM_FINGERPRINT_SIZE];
+  idem_id id = {"tenant-a", OPERATION, "released-after-takeover"};
+  idem_id ex = {"tenant-a", OPERATION, "not-done-after-takeover"};
+  idem_id unk = {"tenant-a", OPERATION, "unknown-taken-over"};
+  idem_call_options brief = {.lease_ms = SHORT_MS};
+  idem_call_options report = {.on_expired_lease = IDEM_EXPIRED_REPORT};
+  idem_call_options take_unknown = {.takeover_unknown = 1};
+  idem_execute_options eo = {.call = {.lease_ms = SHORT_MS}};
+  idem_record *rec;
+  idem_call *first, *second, *c;
+  int runs = 0;
+  fp_of(PAYLOAD, fp);
+
+  /* The first holder may have acted, then died. */
+  first = CLAIM(f->store, &id, fp, &brief, IDEM_PROCEED);
+  sleep_ms(PAST_SHORT_MS);
+  second = CLAIM(f->store, &id, fp, &brief, IDEM_RECOVER);
+  assert_int_equal(idem_call_attempt(second), 2);
+  EXPECT_RC(IDEM_OK, idem_release(f->store, second));
+  idem_call_free(second);
+  c = CLAIM(f->store, &id, fp, &report, IDEM_UNKNOWN);
+  idem_call_free(c);
+  c = CLAIM(f->store, &id, fp, NULL, IDEM_RECOVER);
+  assert_int_equal(idem_call_attempt(c), 3);
+  EXPECT_RC(IDEM_ESTALE, idem_complete(f->store, first, &(idem_response){0}));
+  EXPECT_RC(IDEM_OK, idem_release(f->store, c));
+  idem_call_free(c);
+  idem_call_free(first);
+
+  /* idem_execute(): NOT_DONE after RECOVER. Its fingerprint is that of
+   * the canonical request. */
+  EXPECT_RC(IDEM_OK, idem_fingerprint(PAYLOAD, strlen(PAYLOAD), 1, fp));
+  first = CLAIM(f->store, &ex, fp, &brief, IDEM_PROCEED);
+  sleep_ms(PAST_SHORT_MS);
+  c = NULL;
+  EXPECT_RC(IDEM_OK, idem_execute(f->store, &ex, PAYLOAD, strlen(PAYLOAD),
+                                  did_not_act, &runs, &eo, &c));
+  assert_int_equal(runs, 1);
+  assert_int_equal(idem_call_outcome(c), IDEM_RECOVER);
+  idem_call_free(c);
+  c = CLAIM(f->store, &ex, fp, NULL, IDEM_RECOVER);
+  assert_int_equal(idem_call_attempt(c), 3);
+  EXPECT_RC(IDEM_OK, idem_release(f->store, c));
+  idem_call_free(c);
+  idem_call_free(first);
+
+  /* Unknown, taken over, released: unknown again. */
+  fp_of(PAYLOAD, fp);
+  c = CLAIM(f->store, &unk, fp, NULL, IDEM_PROCEED);
+  EXPECT_RC(IDEM_OK, idem_mark_unknown(f->store, c));
+  idem_call_free(c);
+  c = CLAIM(f->store, &unk, fp, &take_unknown, IDEM_RECOVER);
+  EXPECT_RC(IDEM_OK, idem_release(f->store, c));
+  idem_call_free(c);
+  rec = get_record(f->store, &unk);
+  assert_int_equal(rec->state, IDEM_STATE_UNKNOWN);
+  idem_record_free(rec);
+  c = CLAIM(f->store, &unk, fp, NULL, IDEM_UNKNOWN);
+  idem_call_free(c);
+}
+
 static void test_max_attempts(void **state) {
   fixture *f = *state;
   char fp[IDEM_FINGERPRINT_SIZE];
@@ -576,6 +657,7 @@ int main(void) {
       STORE_TEST(test_unknown_never_expires),
       STORE_TEST(test_abandoned_holder_never_expires),
       STORE_TEST(test_max_attempts),
+      STORE_TEST(test_release_after_takeover_still_warns),
       STORE_TEST(test_delete_corrupted_record),
       STORE_TEST(test_errmsg_cleared_on_success),
       STORE_TEST(test_scheme_in_any_case),

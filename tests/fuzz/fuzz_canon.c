@@ -1,0 +1,73 @@
+/*
+ * fuzz_canon.c -- the canonical JSON parser and serialiser (lib/canon.c).
+ *
+ * Input: any bytes, given as a JSON text of exactly that size on the heap,
+ * with no NUL after it, so that a read past the end is an ASan report.
+ * Properties checked (a violation aborts):
+ *  - accepted: the output is NUL-terminated at out_len and holds no NUL
+ *    before it; canonicalising the output again (also from an exact-size
+ *    copy) succeeds and gives the same bytes (canon(canon(x)) == canon(x));
+ *    idem_fingerprint() of the input is the SHA-256 of the output;
+ *  - refused: *out is NULL, *out_len 0, the error offset within the input,
+ *    the result code one of the documented ones, and the fingerprint of the
+ *    input as JSON is refused with the same code.
+ */
+#include "idem.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+#define CHECK(cond)                                                            \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      fprintf(stderr, "fuzz_canon: property violated: %s (line %d)\n", #cond,  \
+              __LINE__);                                                       \
+      abort();                                                                 \
+    }                                                                          \
+  } while (0)
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  char *in = malloc(size ? size : 1), *out = NULL, *again = NULL, *copy;
+  size_t out_len = 99, again_len = 0, off = (size_t)-1;
+  char fp[IDEM_FINGERPRINT_SIZE], sha[IDEM_FINGERPRINT_SIZE];
+  int rc, rc2;
+  if (!in)
+    return 0;
+  if (size)
+    memcpy(in, data, size);
+  rc = idem_canonicalize(in, size, NULL, &out, &out_len, &off);
+  rc2 = idem_fingerprint(in, size, 1, fp);
+  if (rc == IDEM_OK) {
+    CHECK(out != NULL);
+    CHECK(out[out_len] == '\0');
+    CHECK(memchr(out, '\0', out_len) == NULL);
+    CHECK(out_len > 0);
+    copy = malloc(out_len);
+    CHECK(copy != NULL);
+    memcpy(copy, out, out_len);
+    off = (size_t)-1;
+    CHECK(idem_canonicalize(copy, out_len, NULL, &again, &again_len, &off) ==
+          IDEM_OK);
+    CHECK(again_len == out_len && memcmp(again, out, out_len) == 0);
+    free(copy);
+    CHECK(rc2 == IDEM_OK);
+    CHECK(idem_sha256_hex(out, out_len, sha) == IDEM_OK);
+    CHECK(strcmp(fp, sha) == 0);
+  } else {
+    CHECK(out == NULL && out_len == 0);
+    CHECK(off <= size);
+    CHECK(rc == IDEM_EJSON || rc == IDEM_EDUPKEY || rc == IDEM_EUTF8 ||
+          rc == IDEM_ERANGE || rc == IDEM_EDEPTH || rc == IDEM_ETOOBIG ||
+          rc == IDEM_ENOMEM);
+    CHECK(rc2 == rc);
+    CHECK(idem_errmsg()[0] != '\0');
+  }
+  idem_free(again);
+  idem_free(out);
+  free(in);
+  return 0;
+}
