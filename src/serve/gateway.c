@@ -279,6 +279,15 @@ static enum MHD_Result begin(struct MHD_Connection *c, req *r,
   r->started = 1;
   if (!(r->path = serve_printable(r->uri, plen)))
     return MHD_NO;
+  /* Only a path is appended to the upstream's base URL: "@host/x" or
+   * "http://host/x" would name another host. */
+  if (r->uri[0] != '/') {
+    r->answered = 1;
+    return problem(c, r, method, OUT_REJECTED, 400, "bad-target",
+                   "Request target is not a path", 0, 0,
+                   "The request target must be a path starting with '/' "
+                   "(origin-form); nothing was claimed or forwarded.");
+  }
   v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
   if (v && strtoull(v, NULL, 10) > cfg->max_body) {
     r->answered = 1;

@@ -1,0 +1,30 @@
+#!/bin/sh
+# idem serve with requests at the edges of HTTP: request targets that are
+# not a path, and other odd input. Every case checks what reached which
+# upstream and what the client was answered.
+IDEM=$1
+. "$(dirname "$0")/../lib.sh"
+. "$(dirname "$0")/serve_lib.sh"
+
+start_upstream other || { finish; exit 1; }
+OTHER=$UP
+start_upstream up || { finish; exit 1; }
+start_gateway gw --upstream "$UP" --store "$TMP/gw.db" || { finish; exit 1; }
+
+# 1. A request target that is not a path ("@host:port/x") must not make
+#    the gateway talk to another host: appended to the upstream's base URL
+#    it would read as user info and a host of the client's choosing.
+target="@${OTHER#http://}/tickets"
+post t1 target-1 '{"title":"T"}' /tickets --request-target "$target"
+curl -s -o "$TMP/t2.b" -w '%{http_code}' --request-target "@${OTHER#http://}/x" "$GW/x" >"$TMP/t2.code"
+expect_eq "target not a path: POST refused" "400 urn:idem:problem:bad-target" "$(code t1) $(json t1 type)"
+expect_eq "target not a path: GET refused" 400 "$(code t2)"
+expect_eq "target not a path: the other host saw nothing" "0 0" \
+  "$(curl -s "$OTHER/_counts" | python3 -c 'import json,sys; c=json.load(sys.stdin); print(c["total"], c["requests"])')" 
+expect_eq "target not a path: nothing forwarded" "0" "$(effects target-1)"
+post t3 target-1 '{"title":"T"}'
+expect_eq "target not a path: the key is free" "201 T 1" "$(code t3) $(json t3 title) $(effects target-1)"
+
+stop_gateway "$GW_PID"
+expect_eq "stopped cleanly" 0 "$STOPPED"
+finish
