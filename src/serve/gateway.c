@@ -189,6 +189,7 @@ typedef struct headers {
   up_header *h;
   size_t n, cap;
   int keys; /* how many Idempotency-Key headers */
+  int tenants; /* how many tenant (or Authorization) headers */
   int failed;
 } headers;
 
@@ -199,6 +200,9 @@ static enum MHD_Result collect(void *cls, enum MHD_ValueKind kind,
   (void)kind;
   if (strcasecmp(name, "Idempotency-Key") == 0)
     hs->keys++;
+  if (strcasecmp(name, cfg->tenant_header ? cfg->tenant_header
+                                          : "Authorization") == 0)
+    hs->tenants++;
   if (hs->n == hs->cap) {
     size_t cap = hs->cap ? hs->cap * 2 : 32;
     up_header *h = realloc(hs->h, cap * sizeof *h);
@@ -331,13 +335,16 @@ static enum MHD_Result begin(struct MHD_Connection *c, req *r,
                    "printable ASCII characters, for example a UUID.",
                    why);
   }
-  if (derive_tenant(c, r) != 0) {
+  /* Two tenant headers (one the client's, one a front proxy's) would
+   * leave the tenant to whichever is read first. */
+  if (hs.tenants > 1 || derive_tenant(c, r) != 0) {
     r->answered = 1;
     return problem(c, r, method, OUT_REJECTED, 400, "bad-tenant",
                    "Malformed tenant header", 0, 0,
-                   "The %s header must be at most 255 bytes without "
-                   "control characters.",
-                   cfg->tenant_header);
+                   "The %s header must be sent once, at most 255 bytes "
+                   "without control characters.",
+                   cfg->tenant_header ? cfg->tenant_header
+                                      : "Authorization");
   }
   r->protect = 1;
   if (serve_operation(method, r->path, r->operation, sizeof r->operation) !=

@@ -27,4 +27,26 @@ expect_eq "target not a path: the key is free" "201 T 1" "$(code t3) $(json t3 t
 
 stop_gateway "$GW_PID"
 expect_eq "stopped cleanly" 0 "$STOPPED"
+
+# 2. A tenant header sent twice (a front proxy that appends its own to the
+#    client's) is refused: read first, the client's would pick the tenant
+#    and replay another tenant's answer.
+start_gateway gwt --upstream "$UP" --store "$TMP/gwt.db" --tenant-header X-Tenant || { finish; exit 1; }
+post a1 tenant-1 '{"title":"alice only"}' -H 'X-Tenant: alice'
+post a2 tenant-1 '{"title":"alice only"}' -H 'X-Tenant: alice' -H 'X-Tenant: mallory'
+expect_eq "tenant header twice: 400" "400 urn:idem:problem:bad-tenant" "$(code a2) $(json a2 type)"
+expect_eq "tenant header twice: alice's answer not replayed" "" "$(header a2 Idempotent-Replayed)"
+post a3 tenant-1 '{"title":"alice only"}' -H 'X-Tenant: mallory'
+expect_eq "tenant header once: mallory's own record" "201 alice only " \
+  "$(code a3) $(json a3 title) $(header a3 Idempotent-Replayed)"
+post a4 tenant-1 '{"title":"alice only"}' -H 'X-Tenant: alice'
+expect_eq "tenant header once: alice's replay" "201 true $(json a1 ticket_id)" \
+  "$(code a4) $(header a4 Idempotent-Replayed) $(json a4 ticket_id)"
+expect_eq "tenant header: two effects, one per tenant" 2 "$(effects tenant-1)"
+stop_gateway "$GW_PID"
+start_gateway gwa --upstream "$UP" --store "$TMP/gwa.db" || { finish; exit 1; }
+post z1 auth-1 '{"title":"Z"}' -H 'Authorization: Bearer a' -H 'Authorization: Bearer b'
+expect_eq "Authorization twice: 400, nothing forwarded" "400 urn:idem:problem:bad-tenant 0" \
+  "$(code z1) $(json z1 type) $(effects auth-1)"
+stop_gateway "$GW_PID"
 finish
