@@ -25,10 +25,23 @@ expect_eq "target not a path: nothing forwarded" "0" "$(effects target-1)"
 post t3 target-1 '{"title":"T"}'
 expect_eq "target not a path: the key is free" "201 T 1" "$(code t3) $(json t3 title) $(effects target-1)"
 
+# 2. A header value that is not UTF-8 (obs-text, ISO-8859-1) is replayed
+#    byte for byte, not dropped from the stored answer.
+curl -s -o /dev/null -D "$TMP/l1.h" -X POST -H 'Idempotency-Key: latin-1' \
+  --data x "$GW/tickets?latin1=1"
+curl -s -o /dev/null -D "$TMP/l2.h" -X POST -H 'Idempotency-Key: latin-1' \
+  --data x "$GW/tickets?latin1=1"
+cd_line() { grep -a -i '^Content-Disposition:' "$TMP/$1.h" | od -An -tx1 | tr -d ' \n'; }
+expect_eq "latin-1 header: passed on byte for byte" \
+  "$(printf 'Content-Disposition: attachment; filename="caf\351.txt"\r\n' | od -An -tx1 | tr -d ' \n')" "$(cd_line l1)"
+expect_eq "latin-1 header: replayed" true "$(header l2 Idempotent-Replayed)"
+expect_eq "latin-1 header: the replay has it, byte for byte" "$(cd_line l1)" "$(cd_line l2)"
+expect_eq "latin-1 header: one effect" 1 "$(effects latin-1)"
+
 stop_gateway "$GW_PID"
 expect_eq "stopped cleanly" 0 "$STOPPED"
 
-# 2. A tenant header sent twice (a front proxy that appends its own to the
+# 3. A tenant header sent twice (a front proxy that appends its own to the
 #    client's) is refused: read first, the client's would pick the tenant
 #    and replay another tenant's answer.
 start_gateway gwt --upstream "$UP" --store "$TMP/gwt.db" --tenant-header X-Tenant || { finish; exit 1; }
