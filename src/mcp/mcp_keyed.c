@@ -193,7 +193,8 @@ static json_t *error_data(const keyed *k, const char *what) {
  * _meta["idem/replayed"]. */
 static void answer_replay(keyed *k, const idem_response *r) {
   json_error_t e;
-  json_t *result = json_loadb(r->body, r->body_len, JSON_DECODE_ANY, &e);
+  json_t *result =
+      json_loadb(r->body, r->body_len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &e);
   json_t *m = NULL;
   if (json_is_object(result)) {
     json_t *meta = json_object_get(result, "_meta");

@@ -94,15 +94,19 @@ json_t *mcp_parse(const char *line, size_t len, int *dup) {
   *dup = 0;
   if (len == 0)
     return NULL;
-  v = json_loadb(line, len, JSON_REJECT_DUPLICATES, &e);
+  /* U+0000 is a character like any other (\u0000): a message holding one
+   * is read, never passed on unseen. */
+  v = json_loadb(line, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &e);
   if (v)
     return v;
   /* Integers past 64 bits are numbers all the same. */
-  v = json_loadb(line, len, JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL,
+  v = json_loadb(line, len,
+                 JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL |
+                     JSON_ALLOW_NUL,
                  &e);
   if (v)
     return v;
-  v = json_loadb(line, len, JSON_DECODE_INT_AS_REAL, &e);
+  v = json_loadb(line, len, JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL, &e);
   if (v) {
     *dup = 1;
     json_decref(v);
@@ -305,7 +309,8 @@ static void learn_tools(mcp_proxy *p, json_t *msg) {
     json_t *ann = json_object_get(t, "annotations");
     int safe = json_is_true(json_object_get(ann, "readOnlyHint")) ||
                json_is_true(json_object_get(ann, "idempotentHint"));
-    if (name)
+    if (name &&
+        strlen(name) == json_string_length(json_object_get(t, "name")))
       json_object_set_new(p->tools, name, json_boolean(safe));
   }
   pthread_mutex_unlock(&p->lock);
@@ -341,7 +346,8 @@ int mcp_find_key(const mcp_proxy *p, json_t *params, const char **key,
   }
   if (!k || json_is_null(k))
     return 0;
-  if (!json_is_string(k))
+  if (!json_is_string(k) ||
+      strlen(json_string_value(k)) != json_string_length(k))
     return -1;
   *key = json_string_value(k);
   return 0;
@@ -383,6 +389,15 @@ static int client_tools_call(mcp_proxy *p, json_t *msg, const char *line,
   int in_arg;
   if (!id)
     return 0; /* a notification: nothing to answer */
+  if (tool &&
+      strlen(tool) != json_string_length(json_object_get(params, "name"))) {
+    /* Read as C strings, "t\u0000x" would be tool "t". */
+    mcp_answer_error(p, id, -32602,
+                     "idem mcp: a tool name may not contain U+0000. Nothing "
+                     "was sent to the server.",
+                     NULL);
+    return 1;
+  }
   if (mcp_find_key(p, params, &key, &in_arg) != 0) {
     mcp_answer_error(p, id, MCP_E_BAD_KEY,
                      "idem mcp: the idempotency key must be a string of "
@@ -418,6 +433,10 @@ static void client_batch(mcp_proxy *p, json_t *batch, const char *line,
     int in_arg;
     if (!method || strcmp(method, "tools/call") != 0)
       continue;
+    json_t *name = json_object_get(params, "name");
+    if (json_is_string(name) &&
+        strlen(json_string_value(name)) != json_string_length(name))
+      refuse = 1; /* a name holding U+0000 */
     if (mcp_find_key(p, params, &key, &in_arg) != 0 || key ||
         (p->o->require_key &&
          tool_needs_key(p, json_string_value(json_object_get(params, "name")))))
@@ -483,6 +502,18 @@ static void client_line(mcp_proxy *p, const char *line, size_t len, int open) {
       mcp_answer_error(p, NULL, -32600,
                        "idem mcp: a message naming a member twice is not "
                        "passed on; send each member once",
+                       NULL);
+      return;
+    }
+    if (memmem(line, len, "tools/call", 10)) {
+      /* A server's parser may take what this one cannot (a number past
+       * the double range, a lone surrogate, bytes that are not UTF-8):
+       * the call would reach it with its key unseen. */
+      mcp_answer_error(p, NULL, -32700,
+                       "idem mcp: a tools/call that is not valid JSON (UTF-8 "
+                       "without lone surrogates, numbers within the double "
+                       "range) is not passed on; nothing was sent to the "
+                       "server",
                        NULL);
       return;
     }

@@ -157,6 +157,44 @@ static enum MHD_Result pass_on(struct MHD_Connection *c, req *r,
   return queue(c, resp, rs->status);
 }
 
+/*
+ * Header values that are not UTF-8 (obs-text, in practice ISO-8859-1) are
+ * stored as [name, value read as ISO-8859-1, "latin1"], since JSON holds
+ * UTF-8 only; the replay turns them back into the bytes that came. Both
+ * return malloc()ed text, NULL when out of memory.
+ */
+static char *latin1_to_utf8(const char *v) {
+  char *out = malloc(strlen(v) * 2 + 1), *o = out;
+  if (!out)
+    return NULL;
+  for (const unsigned char *p = (const unsigned char *)v; *p; p++) {
+    if (*p < 0x80) {
+      *o++ = (char)*p;
+    } else {
+      *o++ = (char)(0xc0 | (*p >> 6));
+      *o++ = (char)(0x80 | (*p & 0x3f));
+    }
+  }
+  *o = 0;
+  return out;
+}
+
+static char *utf8_to_latin1(const char *v) {
+  char *out = malloc(strlen(v) + 1), *o = out;
+  if (!out)
+    return NULL;
+  for (const unsigned char *p = (const unsigned char *)v; *p; p++) {
+    if ((p[0] & 0xe0) == 0xc0 && (p[1] & 0xc0) == 0x80) {
+      *o++ = (char)(((p[0] & 0x1f) << 6) | (p[1] & 0x3f));
+      p++;
+    } else {
+      *o++ = (char)*p;
+    }
+  }
+  *o = 0;
+  return out;
+}
+
 /* A stored response: its status, headers and body. */
 static enum MHD_Result replay(struct MHD_Connection *c, req *r,
                               const char *method, const idem_response *st) {
@@ -173,8 +211,13 @@ static enum MHD_Result replay(struct MHD_Connection *c, req *r,
     json_array_foreach(meta, i, h) {
       const char *n = json_string_value(json_array_get(h, 0));
       const char *v = json_string_value(json_array_get(h, 1));
+      const char *enc = json_string_value(json_array_get(h, 2));
+      char *raw = NULL;
+      if (n && v && enc && strcmp(enc, "latin1") == 0)
+        v = raw = utf8_to_latin1(v);
       if (n && v)
         MHD_add_response_header(resp, n, v);
+      free(raw);
     }
   }
   json_decref(meta);
@@ -189,6 +232,7 @@ typedef struct headers {
   up_header *h;
   size_t n, cap;
   int keys; /* how many Idempotency-Key headers */
+  int tenants; /* how many tenant (or Authorization) headers */
   int failed;
 } headers;
 
@@ -199,6 +243,9 @@ static enum MHD_Result collect(void *cls, enum MHD_ValueKind kind,
   (void)kind;
   if (strcasecmp(name, "Idempotency-Key") == 0)
     hs->keys++;
+  if (strcasecmp(name, cfg->tenant_header ? cfg->tenant_header
+                                          : "Authorization") == 0)
+    hs->tenants++;
   if (hs->n == hs->cap) {
     size_t cap = hs->cap ? hs->cap * 2 : 32;
     up_header *h = realloc(hs->h, cap * sizeof *h);
@@ -279,6 +326,15 @@ static enum MHD_Result begin(struct MHD_Connection *c, req *r,
   r->started = 1;
   if (!(r->path = serve_printable(r->uri, plen)))
     return MHD_NO;
+  /* Only a path is appended to the upstream's base URL: "@host/x" or
+   * "http://host/x" would name another host. */
+  if (r->uri[0] != '/') {
+    r->answered = 1;
+    return problem(c, r, method, OUT_REJECTED, 400, "bad-target",
+                   "Request target is not a path", 0, 0,
+                   "The request target must be a path starting with '/' "
+                   "(origin-form); nothing was claimed or forwarded.");
+  }
   v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
   if (v && strtoull(v, NULL, 10) > cfg->max_body) {
     r->answered = 1;
@@ -322,13 +378,16 @@ static enum MHD_Result begin(struct MHD_Connection *c, req *r,
                    "printable ASCII characters, for example a UUID.",
                    why);
   }
-  if (derive_tenant(c, r) != 0) {
+  /* Two tenant headers (one the client's, one a front proxy's) would
+   * leave the tenant to whichever is read first. */
+  if (hs.tenants > 1 || derive_tenant(c, r) != 0) {
     r->answered = 1;
     return problem(c, r, method, OUT_REJECTED, 400, "bad-tenant",
                    "Malformed tenant header", 0, 0,
-                   "The %s header must be at most 255 bytes without "
-                   "control characters.",
-                   cfg->tenant_header);
+                   "The %s header must be sent once, at most 255 bytes "
+                   "without control characters.",
+                   cfg->tenant_header ? cfg->tenant_header
+                                      : "Authorization");
   }
   r->protect = 1;
   if (serve_operation(method, r->path, r->operation, sizeof r->operation) !=
@@ -374,7 +433,13 @@ static char *stored_meta(const up_response *rs, size_t *len) {
       continue;
     json_t *pair = json_pack("[s,s]", rs->headers[i].name,
                              rs->headers[i].value);
-    if (!pair) /* not UTF-8: the header is not kept */
+    if (!pair) { /* a value that is not UTF-8: kept as ISO-8859-1 */
+      char *u = latin1_to_utf8(rs->headers[i].value);
+      pair = u ? json_pack("[s,s,s]", rs->headers[i].name, u, "latin1")
+               : NULL;
+      free(u);
+    }
+    if (!pair) /* a name that is not UTF-8 (not a token): not kept */
       continue;
     json_array_append_new(a, pair);
   }

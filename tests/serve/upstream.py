@@ -17,6 +17,8 @@ it accepts. HTTP/1.1 with keep-alive, one thread per connection.
       ?bytes=N                   the answer's body is N bytes of "x"
       ?cookie=1                  adds Set-Cookie: session=...
       ?hop=1                     adds X-Hop-Only, named by Connection
+      ?latin1=1                  adds a Content-Disposition whose value is
+                                 not UTF-8 (ISO-8859-1 "caf\xe9")
   GET  /_counts                  {"effects": {key: count}, "total": N,
                                   "requests": N, "last_headers": {...}}
   GET  /anything-else            200 {"get": true, "n": requests so far}
@@ -86,6 +88,10 @@ class Handler(BaseHTTPRequestHandler):
                    ("X-Ticket", str(n))]
         if q.get("hop"):
             headers += [("Connection", "X-Hop-Only"), ("X-Hop-Only", "1")]
+        if q.get("latin1"):
+            # send_header writes ISO-8859-1: one byte 0xe9, not UTF-8.
+            headers.append(("Content-Disposition",
+                            'attachment; filename="caf\xe9.txt"'))
         if q.get("cookie"):
             headers.append(("Set-Cookie", "session=s%d; Path=/" % n))
         if "bytes" in q:

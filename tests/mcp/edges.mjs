@@ -1,0 +1,101 @@
+// idem mcp with JSON at its edges, byte for byte through raw_server.mjs:
+// strings holding U+0000, numbers past the double range, keys and ids of
+// odd shapes. A keyed call must never reach the server unseen by the
+// proxy, and a result must be recorded whatever characters it holds.
+import { spawn } from "node:child_process";
+import { existsSync, readFileSync } from "node:fs";
+import { join } from "node:path";
+import { IDEM, SERVERS, TMP, check, eq, finish, sleep, watchStderr } from "./lib.mjs";
+
+const store = join(TMP, "idem.db");
+let n = 0;
+function start(opts = [], env = {}) {
+  const logf = join(TMP, `edges-${++n}.log`);
+  const p = spawn(IDEM, ["mcp", "--store", store, ...opts, "--", "node",
+    SERVERS.raw], { env: { ...process.env, RAW_LOG: logf, ...env } });
+  const got = [];
+  let buf = "";
+  let err = "";
+  p.stdout.on("data", (d) => {
+    buf += d;
+    let i;
+    while ((i = buf.indexOf("\n")) >= 0) {
+      got.push(buf.slice(0, i));
+      buf = buf.slice(i + 1);
+    }
+  });
+  p.stderr.on("data", (d) => { err += d; });
+  watchStderr(() => err);
+  const exited = new Promise((r) => p.on("exit", (code, signal) =>
+    r({ code, signal })));
+  const log = () => existsSync(logf)
+    ? readFileSync(logf, "utf8").split("\n").slice(0, -1) : [];
+  const until = async (cond, what) => {
+    for (let i = 0; i < 400 && !cond(); i++) await sleep(25);
+    check(`waited for ${what}`, cond(), JSON.stringify({ got, log: log() }));
+  };
+  return { p, got, log, until, exited, err: () => err,
+    send: (l) => p.stdin.write(l + "\n") };
+}
+const J = JSON.stringify;
+const call = (id, name, args, key) => J({ jsonrpc: "2.0", id,
+  method: "tools/call", params: { name, arguments: args,
+    ...(key !== undefined ? { _meta: { idempotencyKey: key } } : {}) } });
+const parsed = (got) => got.map((l) => { try { return JSON.parse(l); } catch { return l; } });
+const answer = (got, id) => parsed(got).find((m) => m && m.id === id && !m.method);
+const calls = (s, key) => s.log().filter((l) => l.includes(`"${key}"`)).length;
+
+{
+  const s = start();
+  // 1. An argument holding U+0000: the call is keyed like any other.
+  s.send(call(1, "add", { a: 1, b: 2, note: "x\u0000y" }, "nul-1"));
+  await s.until(() => answer(s.got, 1), "the call with U+0000");
+  s.send(call(2, "add", { a: 1, b: 2, note: "x\u0000y" }, "nul-1"));
+  await s.until(() => answer(s.got, 2), "its retry");
+  eq("U+0000 in an argument: the first answer", "3",
+    answer(s.got, 1)?.result?.content?.[0]?.text);
+  eq("U+0000 in an argument: the retry replayed", [true, "3"],
+    [answer(s.got, 2)?.result?._meta?.["idem/replayed"],
+      answer(s.got, 2)?.result?.content?.[0]?.text]);
+  eq("U+0000 in an argument: the server saw one call", 1, calls(s, "nul-1"));
+  s.send(call(3, "add", { a: 1, b: 2, note: "x\u0000z" }, "nul-1"));
+  await s.until(() => answer(s.got, 3), "another argument");
+  eq("U+0000 in an argument: another value is a conflict", [-32001, 1],
+    [answer(s.got, 3)?.error?.code, calls(s, "nul-1")]);
+
+  // 2. A result holding U+0000 is recorded: a retry gets it again, not
+  //    "in flight" for as long as the proxy lives.
+  s.send(call(4, "add", { a: "m\u0000", b: "n" }, "nul-2"));
+  await s.until(() => answer(s.got, 4), "the answer with U+0000");
+  const first = answer(s.got, 4)?.result?.content?.[0]?.text;
+  eq("U+0000 in a result: passed on", "m\u0000n", first);
+  s.send(call(5, "add", { a: "m\u0000", b: "n" }, "nul-2"));
+  await s.until(() => answer(s.got, 5), "its retry");
+  eq("U+0000 in a result: the retry replayed", [true, first],
+    [answer(s.got, 5)?.result?._meta?.["idem/replayed"],
+      answer(s.got, 5)?.result?.content?.[0]?.text]);
+  eq("U+0000 in a result: the server saw one call", 1, calls(s, "nul-2"));
+
+  // 3. Keys holding U+0000 are not keys: "k\0a" and "k\0b" must not both
+  //    be "k".
+  s.send(call(6, "add", { a: 1, b: 1 }, "k\u0000a"));
+  s.send(call(7, "add", { a: 1, b: 1 }, "k\u0000b"));
+  await s.until(() => answer(s.got, 6) && answer(s.got, 7), "the keys with U+0000");
+  eq("U+0000 in a key: refused", [-32006, -32006],
+    [answer(s.got, 6)?.error?.code, answer(s.got, 7)?.error?.code]);
+
+  // 4. A keyed call the proxy cannot read (a number past the double
+  //    range, a lone surrogate) does not reach the server unkeyed.
+  const logged = s.log().length;
+  s.got.length = 0;
+  s.send('{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"add","arguments":{"a":1,"b":1e400},"_meta":{"idempotencyKey":"big-1"}}}');
+  s.send('{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"add","arguments":{"a":1,"b":2,"s":"\\ud800"},"_meta":{"idempotencyKey":"sur-1"}}}');
+  await s.until(() => s.got.length >= 2, "the refusals");
+  eq("unreadable keyed calls: refused as parse errors", [-32700, -32700],
+    parsed(s.got).map((m) => m?.error?.code));
+  eq("unreadable keyed calls: nothing reached the server", logged, s.log().length);
+
+  s.p.stdin.end();
+  eq("ends", { code: 0, signal: null }, await s.exited);
+}
+finish();

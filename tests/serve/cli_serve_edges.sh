@@ -1,0 +1,65 @@
+#!/bin/sh
+# idem serve with requests at the edges of HTTP: request targets that are
+# not a path, and other odd input. Every case checks what reached which
+# upstream and what the client was answered.
+IDEM=$1
+. "$(dirname "$0")/../lib.sh"
+. "$(dirname "$0")/serve_lib.sh"
+
+start_upstream other || { finish; exit 1; }
+OTHER=$UP
+start_upstream up || { finish; exit 1; }
+start_gateway gw --upstream "$UP" --store "$TMP/gw.db" || { finish; exit 1; }
+
+# 1. A request target that is not a path ("@host:port/x") must not make
+#    the gateway talk to another host: appended to the upstream's base URL
+#    it would read as user info and a host of the client's choosing.
+target="@${OTHER#http://}/tickets"
+post t1 target-1 '{"title":"T"}' /tickets --request-target "$target"
+curl -s -o "$TMP/t2.b" -w '%{http_code}' --request-target "@${OTHER#http://}/x" "$GW/x" >"$TMP/t2.code"
+expect_eq "target not a path: POST refused" "400 urn:idem:problem:bad-target" "$(code t1) $(json t1 type)"
+expect_eq "target not a path: GET refused" 400 "$(code t2)"
+expect_eq "target not a path: the other host saw nothing" "0 0" \
+  "$(curl -s "$OTHER/_counts" | python3 -c 'import json,sys; c=json.load(sys.stdin); print(c["total"], c["requests"])')" 
+expect_eq "target not a path: nothing forwarded" "0" "$(effects target-1)"
+post t3 target-1 '{"title":"T"}'
+expect_eq "target not a path: the key is free" "201 T 1" "$(code t3) $(json t3 title) $(effects target-1)"
+
+# 2. A header value that is not UTF-8 (obs-text, ISO-8859-1) is replayed
+#    byte for byte, not dropped from the stored answer.
+curl -s -o /dev/null -D "$TMP/l1.h" -X POST -H 'Idempotency-Key: latin-1' \
+  --data x "$GW/tickets?latin1=1"
+curl -s -o /dev/null -D "$TMP/l2.h" -X POST -H 'Idempotency-Key: latin-1' \
+  --data x "$GW/tickets?latin1=1"
+cd_line() { grep -a -i '^Content-Disposition:' "$TMP/$1.h" | od -An -tx1 | tr -d ' \n'; }
+expect_eq "latin-1 header: passed on byte for byte" \
+  "$(printf 'Content-Disposition: attachment; filename="caf\351.txt"\r\n' | od -An -tx1 | tr -d ' \n')" "$(cd_line l1)"
+expect_eq "latin-1 header: replayed" true "$(header l2 Idempotent-Replayed)"
+expect_eq "latin-1 header: the replay has it, byte for byte" "$(cd_line l1)" "$(cd_line l2)"
+expect_eq "latin-1 header: one effect" 1 "$(effects latin-1)"
+
+stop_gateway "$GW_PID"
+expect_eq "stopped cleanly" 0 "$STOPPED"
+
+# 3. A tenant header sent twice (a front proxy that appends its own to the
+#    client's) is refused: read first, the client's would pick the tenant
+#    and replay another tenant's answer.
+start_gateway gwt --upstream "$UP" --store "$TMP/gwt.db" --tenant-header X-Tenant || { finish; exit 1; }
+post a1 tenant-1 '{"title":"alice only"}' -H 'X-Tenant: alice'
+post a2 tenant-1 '{"title":"alice only"}' -H 'X-Tenant: alice' -H 'X-Tenant: mallory'
+expect_eq "tenant header twice: 400" "400 urn:idem:problem:bad-tenant" "$(code a2) $(json a2 type)"
+expect_eq "tenant header twice: alice's answer not replayed" "" "$(header a2 Idempotent-Replayed)"
+post a3 tenant-1 '{"title":"alice only"}' -H 'X-Tenant: mallory'
+expect_eq "tenant header once: mallory's own record" "201 alice only " \
+  "$(code a3) $(json a3 title) $(header a3 Idempotent-Replayed)"
+post a4 tenant-1 '{"title":"alice only"}' -H 'X-Tenant: alice'
+expect_eq "tenant header once: alice's replay" "201 true $(json a1 ticket_id)" \
+  "$(code a4) $(header a4 Idempotent-Replayed) $(json a4 ticket_id)"
+expect_eq "tenant header: two effects, one per tenant" 2 "$(effects tenant-1)"
+stop_gateway "$GW_PID"
+start_gateway gwa --upstream "$UP" --store "$TMP/gwa.db" || { finish; exit 1; }
+post z1 auth-1 '{"title":"Z"}' -H 'Authorization: Bearer a' -H 'Authorization: Bearer b'
+expect_eq "Authorization twice: 400, nothing forwarded" "400 urn:idem:problem:bad-tenant 0" \
+  "$(code z1) $(json z1 type) $(effects auth-1)"
+stop_gateway "$GW_PID"
+finish
