@@ -61,7 +61,7 @@ int mcp_out_line(mcp_out *out, const char *line, size_t len);
 /* Writes a JSON value as one compact line. */
 int mcp_out_json(mcp_out *out, json_t *msg);
 
-enum { PENDING_WAITING = 0, PENDING_ANSWERED, PENDING_GONE, PENDING_CANCELLED };
+enum { PENDING_WAITING = 0, PENDING_ANSWERED, PENDING_GONE };
 
 /* A keyed call forwarded to the server and waiting for its response. */
 typedef struct mcp_pending {
@@ -69,6 +69,7 @@ typedef struct mcp_pending {
   char *id;         /* the request id as compact JSON */
   int wake_fd;      /* an eventfd, written when state changes */
   int state;        /* PENDING_* */
+  int cancelled;    /* the client cancelled it; its answer may still come */
   json_t *response; /* the server's message, on ANSWERED */
   char *line;       /* and its line, as the server wrote it */
   size_t len;

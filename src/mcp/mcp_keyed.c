@@ -103,6 +103,7 @@ static idem_exec_result keyed_action(idem_exec *x, void *ctx,
   keyed *k = ctx;
   mcp_proxy *p = k->p;
   int lost = 0, state;
+  int64_t cancelled_at = 0;
   k->ran = 1;
   if (idem_exec_outcome(x) == IDEM_RECOVER)
     cli_error("mcp",
@@ -133,7 +134,20 @@ static idem_exec_result keyed_action(idem_exec *x, void *ctx,
   for (;;) {
     struct pollfd f[2] = {{k->pend.wake_fd, POLLIN, 0},
                           {idem_exec_lost_fd(x), POLLIN, 0}};
-    int n = poll(f, f[1].fd >= 0 ? 2 : 1, -1);
+    int wait = -1, n;
+    pthread_mutex_lock(&p->lock);
+    if (k->pend.cancelled && !cancelled_at)
+      cancelled_at = wall_ms();
+    pthread_mutex_unlock(&p->lock);
+    if (cancelled_at) {
+      /* Cancelled: the server may still finish the call; its answer is
+       * awaited for one lease, and recorded if it comes. */
+      int64_t left = cancelled_at + lease_ms(p) - wall_ms();
+      if (left <= 0)
+        break;
+      wait = left > 1000000 ? 1000000 : (int)left;
+    }
+    n = poll(f, f[1].fd >= 0 ? 2 : 1, wait);
     if (n < 0 && errno != EINTR)
       break;
     if (n > 0 && f[0].revents) {
@@ -178,9 +192,10 @@ static idem_exec_result keyed_action(idem_exec *x, void *ctx,
     k->why = WHY_LEASE_LOST;
     return IDEM_EXEC_UNKNOWN;
   }
-  /* Cancelled (the tool may still be acting) or the server gone (it may
-   * have acted): held in progress for a lease, then taken over. */
-  k->why = state == PENDING_CANCELLED ? WHY_CANCELLED : WHY_GONE;
+  /* Cancelled and not answered within a lease (the tool may still be
+   * acting), or the server gone (it may have acted): held in progress for
+   * a lease, then taken over. */
+  k->why = state == PENDING_WAITING ? WHY_CANCELLED : WHY_GONE;
   return IDEM_EXEC_ABANDON;
 }
 

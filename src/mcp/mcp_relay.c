@@ -481,8 +481,11 @@ static void cancel_pending(mcp_proxy *p, json_t *msg) {
     return;
   pthread_mutex_lock(&p->lock);
   for (mcp_pending *q = p->pending; q; q = q->next)
-    if (strcmp(q->id, id) == 0 && q->state == PENDING_WAITING) {
-      q->state = PENDING_CANCELLED;
+    if (strcmp(q->id, id) == 0 && q->state == PENDING_WAITING &&
+        !q->cancelled) {
+      /* Still waiting: a server that finishes the call anyway answers it,
+       * and that answer is recorded. */
+      q->cancelled = 1;
       if (write(q->wake_fd, &one, sizeof one) < 0) {
         /* The counter cannot overflow with one write per change. */
       }

@@ -126,9 +126,8 @@ struct MHD_Daemon *listen_on(const char *what, const char *where,
   }
   d = MHD_start_daemon(flags, 0, NULL, NULL,
                        handler, cls,
-                       MHD_OPTION_LISTEN_SOCKET, fd,
                        MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
-                       MHD_OPTION_ARRAY,
+                       MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_ARRAY,
                        options, MHD_OPTION_END);
   if (!d)
     cli_error("serve", "%s: cannot start the HTTP server on %s", what,

@@ -285,7 +285,7 @@ up_result upstream_forward(const up_request *rq, up_response *rs) {
   body_reader body = {rq->body, rq->body_len, 0};
   CURLcode cc;
   long status = 0;
-  curl_off_t sent = 0;
+  long sent = 0; /* CURLINFO_REQUEST_SIZE is a long */
   double t0 = now_ms();
   up_result r;
 

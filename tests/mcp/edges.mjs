@@ -98,4 +98,28 @@ const calls = (s, key) => s.log().filter((l) => l.includes(`"${key}"`)).length;
   s.p.stdin.end();
   eq("ends", { code: 0, signal: null }, await s.exited);
 }
+
+{
+  // 5. A call cancelled by the client whose answer still comes (a server
+  //    that finishes what it started): the proxy records it, and a retry
+  //    after the lease is replayed, not sent again.
+  const s = start(["--lease", "1s"]);
+  s.send(call(10, "ask", {}, "cx-1"));
+  await s.until(() => parsed(s.got).some((m) => m?.method === "sampling/createMessage"),
+    "the server's question");
+  s.send(J({ jsonrpc: "2.0", method: "notifications/cancelled",
+    params: { requestId: 10, reason: "the client gave up" } }));
+  await sleep(200);
+  s.send(J({ jsonrpc: "2.0", id: 10, result: { answer: 42 } }));
+  await sleep(1500);
+  s.send(call(11, "ask", {}, "cx-1"));
+  await s.until(() => answer(s.got, 11), "the retry");
+  eq("cancelled, answered late: the retry is a replay of the late answer",
+    [true, 'client said {"answer":42}'],
+    [answer(s.got, 11)?.result?._meta?.["idem/replayed"],
+      answer(s.got, 11)?.result?.content?.[0]?.text]);
+  eq("cancelled, answered late: the server saw one call", 1, calls(s, "cx-1"));
+  s.p.stdin.end();
+  eq("ends", { code: 0, signal: null }, await s.exited);
+}
 finish();

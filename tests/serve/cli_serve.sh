@@ -9,6 +9,8 @@ IDEM=$1
 
 start_upstream up || { finish; exit 1; }
 start_gateway gw --upstream "$UP" --store "$TMP/gw.db" --log "$TMP/access.log" || { finish; exit 1; }
+expect_eq "nothing but the addresses at start" "" \
+  "$(grep -v '^idem serve: \(listening on\|admin on\)' "$TMP/gw.err")"
 
 # 1. A lost response: the client gives up after the upstream acted; its
 #    retry gets the first answer, and the upstream acted once.
@@ -207,7 +209,7 @@ expect_eq "SIGHUP: the log reopened" 1 "$(wc -l < "$TMP/access.log")"
 [ "$lines" -ge 60 ] && ok || fail "access log: only $lines lines"
 
 # 11. SIGTERM lets a request in flight finish, then exits 0.
-post d1 drain-1 '{"title":"slow"}' /tickets?delay_ms=1500 &
+post d1 drain-1 '{"title":"slow"}' /tickets?delay_ms=4000 &
 cpid=$!
 wait_eq 1 effects drain-1 || fail "draining: the request never reached the upstream"
 kill -TERM "$GW_PID"
