@@ -135,11 +135,18 @@ void mcp_keyed_call(mcp_proxy *p, json_t *msg, const char *line, size_t len,
 
 /*
  * Where the key of a tools/call is: *key the key (borrowed; NULL without
- * one), *in_argument set when it came from --key-argument. Returns 0, or -1
+ * one), *in_argument set when it came from the argument named
+ * key_argument (--key-argument; may be NULL). Returns 0, or -1
  * when a key is there but is not a string (*key is then NULL).
  */
-int mcp_find_key(const mcp_proxy *p, json_t *params, const char **key,
+int mcp_find_key(const char *key_argument, json_t *params, const char **key,
                  int *in_argument);
+
+/* {name, arguments}, without the argument named drop (may be NULL): the
+ * request a keyed call is fingerprinted by, as compact JSON. NULL when out
+ * of memory; free() it. */
+char *mcp_request_text(json_t *params, const char *tool, const char *drop,
+                       size_t *len);
 
 /* Results kept in memory for replays (mcp_cache.c): put copies the body;
  * get returns 1 with a copy (free() it) when tool, key and fingerprint

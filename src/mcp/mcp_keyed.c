@@ -474,24 +474,6 @@ static int answer_completed(keyed *k) {
   return done;
 }
 
-/* {name, arguments} without the key: what the fingerprint is made of. */
-static char *make_request(json_t *params, const char *tool, const char *drop,
-                          size_t *len) {
-  json_t *args = json_object_get(params, "arguments");
-  json_t *copy = json_is_object(args) ? json_deep_copy(args)
-                 : args               ? json_incref(args)
-                                      : json_object();
-  json_t *req;
-  char *text;
-  if (copy && drop && json_is_object(copy))
-    json_object_del(copy, drop);
-  req = copy ? json_pack("{s:s,s:o}", "name", tool, "arguments", copy) : NULL;
-  text = req ? json_dumps(req, JSON_COMPACT) : NULL;
-  json_decref(req);
-  *len = text ? strlen(text) : 0;
-  return text;
-}
-
 void mcp_keyed_call(mcp_proxy *p, json_t *msg, const char *line, size_t len,
                     const char *key, const char *tool, int key_in_argument) {
   json_t *id = json_object_get(msg, "id");
@@ -521,7 +503,7 @@ void mcp_keyed_call(mcp_proxy *p, json_t *msg, const char *line, size_t len,
   k->key = strdup(key);
   k->tool = strdup(tool);
   k->pend.id = mcp_id_text(id);
-  k->request = make_request(json_object_get(msg, "params"), tool,
+  k->request = mcp_request_text(json_object_get(msg, "params"), tool,
                             key_in_argument ? p->o->key_argument : NULL,
                             &k->request_len);
   if (!k->line || !k->key || !k->tool || !k->request) {

@@ -74,46 +74,6 @@ int mcp_out_json(mcp_out *out, json_t *msg) {
   return rc;
 }
 
-char *mcp_id_text(json_t *id) {
-  char buf[64];
-  if (json_is_real(id)) {
-    double d = json_real_value(id);
-    if (d > -9e15 && d < 9e15 && d == (double)(long long)d) {
-      snprintf(buf, sizeof buf, "%lld", (long long)d);
-      return strdup(buf);
-    }
-  }
-  if (!json_is_string(id) && !json_is_number(id))
-    return NULL;
-  return json_dumps(id, JSON_COMPACT | JSON_ENCODE_ANY);
-}
-
-json_t *mcp_parse(const char *line, size_t len, int *dup) {
-  json_error_t e;
-  json_t *v;
-  *dup = 0;
-  if (len == 0)
-    return NULL;
-  /* U+0000 is a character like any other (\u0000): a message holding one
-   * is read, never passed on unseen. */
-  v = json_loadb(line, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &e);
-  if (v)
-    return v;
-  /* Integers past 64 bits are numbers all the same. */
-  v = json_loadb(line, len,
-                 JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL |
-                     JSON_ALLOW_NUL,
-                 &e);
-  if (v)
-    return v;
-  v = json_loadb(line, len, JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL, &e);
-  if (v) {
-    *dup = 1;
-    json_decref(v);
-  }
-  return NULL;
-}
-
 void mcp_notify(mcp_proxy *p) {
   char b = 0;
   if (write(p->event_fd, &b, 1) < 0) {
@@ -331,28 +291,6 @@ static void to_server(mcp_proxy *p, const char *line, size_t len, int open) {
   mcp_out_line(&p->to_server, line, len);
 }
 
-int mcp_find_key(const mcp_proxy *p, json_t *params, const char **key,
-                 int *in_argument) {
-  json_t *k =
-      json_object_get(json_object_get(params, "_meta"), "idempotencyKey");
-  *key = NULL;
-  *in_argument = 0;
-  if (!k)
-    k = json_object_get(params, "idempotencyKey");
-  if (!k && p->o->key_argument) {
-    k = json_object_get(json_object_get(params, "arguments"),
-                        p->o->key_argument);
-    *in_argument = k != NULL;
-  }
-  if (!k || json_is_null(k))
-    return 0;
-  if (!json_is_string(k) ||
-      strlen(json_string_value(k)) != json_string_length(k))
-    return -1;
-  *key = json_string_value(k);
-  return 0;
-}
-
 static int tool_needs_key(mcp_proxy *p, const char *tool) {
   pthread_mutex_lock(&p->lock);
   int safe = tool && json_is_true(json_object_get(p->tools, tool));
@@ -398,7 +336,7 @@ static int client_tools_call(mcp_proxy *p, json_t *msg, const char *line,
                      NULL);
     return 1;
   }
-  if (mcp_find_key(p, params, &key, &in_arg) != 0) {
+  if (mcp_find_key(p->o->key_argument, params, &key, &in_arg) != 0) {
     mcp_answer_error(p, id, MCP_E_BAD_KEY,
                      "idem mcp: the idempotency key must be a string of "
                      "1-255 printable ASCII characters (0x21-0x7e). Nothing "
@@ -437,7 +375,7 @@ static void client_batch(mcp_proxy *p, json_t *batch, const char *line,
     if (json_is_string(name) &&
         strlen(json_string_value(name)) != json_string_length(name))
       refuse = 1; /* a name holding U+0000 */
-    if (mcp_find_key(p, params, &key, &in_arg) != 0 || key ||
+    if (mcp_find_key(p->o->key_argument, params, &key, &in_arg) != 0 || key ||
         (p->o->require_key &&
          tool_needs_key(p, json_string_value(json_object_get(params, "name")))))
       refuse = 1;
