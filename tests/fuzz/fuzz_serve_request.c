@@ -103,14 +103,17 @@ static void check_operation(const char *method, const char *uri) {
     check(n >= 1 && n <= IDEM_OPERATION_MAX);
     for (size_t i = 0; i < n; i++)
       check(op[i] >= 0x20 && op[i] < 0x7f);
-    if (strstr(op, "... sha256:") == NULL) {
+    if (strlen(method) + 1 + strlen(path) <= IDEM_OPERATION_MAX) {
       /* The plain form says the method and the whole path. */
       check(strncmp(op, method, strlen(method)) == 0);
       check(strcmp(op + strlen(method) + 1, path) == 0);
     } else {
+      /* The hashed form has two spaces, the plain one one (neither method
+       * nor path has any), so the two never meet. */
       char hex[IDEM_FINGERPRINT_SIZE];
       idem_sha256_hex(path, strlen(path), hex);
-      check(strcmp(op + n - 64, hex) == 0);
+      check(n > 64 && strcmp(op + n - 64, hex) == 0);
+      check(strstr(op, "... sha256:") != NULL);
     }
   } else {
     check(strlen(method) > 32);
