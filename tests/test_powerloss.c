@@ -160,7 +160,8 @@ typedef struct worker {
   idem_store *store;
   int trial, index;
   uint64_t rng;
-  char marked[CLAIM_KEYS]; /* keys this worker marked unknown */
+  char marked[CLAIM_KEYS];   /* keys this worker marked unknown */
+  char released[CLAIM_KEYS]; /* keys whose last end was a release */
 } worker;
 
 typedef struct local_ctx {
@@ -326,6 +327,10 @@ static void *claim_worker(void *p) {
     idem_call *c = NULL;
     int rc = idem_claim(w->store, &id, fp, &lease, &c);
     if (rc != IDEM_OK) {
+      /* A claim that failed may still have been kept: a released key may
+       * be held again. */
+      if (w->released[kidx])
+        forget_key(w->trial, OP_CLAIM, key);
       if (failed("claim", key, rc))
         break;
       continue;
@@ -371,6 +376,7 @@ static void *claim_worker(void *p) {
       add_ack(&a);
       if (end == ACK_UNKNOWN)
         w->marked[kidx] = 1;
+      w->released[kidx] = end == ACK_RELEASE;
     } else if (o == IDEM_REPLAY && idem_call_response(c)) {
       fill_ack(&a, ACK_REPLAY, w->trial, OP_CLAIM, key, idem_call_response(c));
       add_ack(&a);
@@ -664,6 +670,7 @@ static long long run_trial(int trial, uint64_t seed, long long crash_n) {
       w[i].index = i;
       w[i].rng = mix(seed + (uint64_t)i + 1);
       memset(w[i].marked, 0, sizeof w[i].marked);
+      memset(w[i].released, 0, sizeof w[i].released);
       pthread_create(&w[i].th, NULL,
                      i < LOCAL_THREADS ? local_worker : claim_worker, &w[i]);
     }
