@@ -57,7 +57,7 @@ static void check_request(const char *method, const char *uri,
   check(rj && path && query);
   check(idem_canonicalize(rj, strlen(rj), NULL, &canon, &cl, NULL) ==
         IDEM_OK);
-  doc = json_loads(rj, JSON_DECODE_INT_AS_REAL, NULL);
+  doc = json_loads(rj, JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL, NULL);
   check(doc != NULL);
   check(strcmp(json_string_value(json_object_get(doc, "method")), method) ==
         0);
