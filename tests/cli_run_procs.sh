@@ -122,8 +122,9 @@ expect_eq "left behind: lines" "main late" "$(words "$TMP/left")"
 # 8. On a terminal (a pseudo-terminal here): the command reads /dev/null,
 #    not the terminal, and Ctrl-C reaches it through idem run, which exits
 #    130 and leaves the key unknown. A terminal is no input: the same run
-#    with </dev/null is the same request (4, not a conflict).
-tty_cmd='cat; echo cat-done; trap "echo got-int; exit 3" INT; while :; do sleep 0.1; done'
+#    with </dev/null is the same request (4, not a conflict). The command
+#    says cat-done once its trap is set, so that Ctrl-C never comes first.
+tty_cmd='cat; trap "echo got-int; exit 3" INT; echo cat-done; while :; do sleep 0.1; done'
 python3 - "$IDEM" "$tty_cmd" > "$TMP/tty.out" 2>&1 <<'PY'
 import os, pty, select, sys, time
 idem, cmd = sys.argv[1], sys.argv[2]
