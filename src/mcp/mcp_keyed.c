@@ -44,6 +44,7 @@ enum {
   WHY_RESULT,       /* a result (stored) */
   WHY_SERVER_ERROR, /* a JSON-RPC error: released */
   WHY_TOO_BIG,      /* a result larger than --max-result */
+  WHY_UNREADABLE,   /* an answer the proxy cannot read as JSON */
   WHY_GONE,         /* the server exited before answering */
   WHY_CANCELLED,    /* the client cancelled the call */
   WHY_LEASE_LOST    /* the key was taken over or not renewed in time */
@@ -170,6 +171,12 @@ static idem_exec_result keyed_action(idem_exec *x, void *ctx,
   pending_remove(p, &k->pend);
   state = k->pend.state;
   pthread_mutex_unlock(&p->lock);
+  if (state == PENDING_ANSWERED && !k->pend.response) {
+    /* The tool answered, so it may have acted; what it answered cannot be
+     * kept. */
+    k->why = WHY_UNREADABLE;
+    return IDEM_EXEC_UNKNOWN;
+  }
   if (state == PENDING_ANSWERED) {
     json_t *result = json_object_get(k->pend.response, "result");
     if (!result) {
@@ -293,6 +300,14 @@ static void finish_ran(keyed *k, int rc) {
       mcp_cache_put(
           k->tool, k->key, k->fp, k->body, k->body_len,
           wall_ms() + (p->o->retention_ms > 0 ? p->o->retention_ms : 86400000));
+    mcp_out_line(&p->to_client, k->pend.line, k->pend.len);
+    break;
+  case WHY_UNREADABLE:
+    cli_error("mcp",
+              "key '%s' (tool %s): the server's answer is not JSON the "
+              "proxy can read (a lone surrogate, or a number past the "
+              "double range): passed on, not stored; the key is %s",
+              k->key, k->tool, rc == IDEM_OK ? "marked unknown" : detail);
     mcp_out_line(&p->to_client, k->pend.line, k->pend.len);
     break;
   case WHY_TOO_BIG:

@@ -514,7 +514,7 @@ static int give_to_pending(mcp_proxy *p, const char *id, json_t *msg,
       copy[len] = '\0';
       q->line = copy;
       q->len = len;
-      q->response = json_incref(msg);
+      q->response = msg ? json_incref(msg) : NULL;
       q->state = PENDING_ANSWERED;
       if (write(q->wake_fd, &one, sizeof one) < 0) {
         /* See cancel_pending(). */
@@ -526,9 +526,54 @@ static int give_to_pending(mcp_proxy *p, const char *id, json_t *msg,
   return found;
 }
 
+/* Whether line holds "id":ID (compact, or with one space) followed by the
+ * end of the value. */
+static int has_id(const char *line, size_t len, const char *id) {
+  static const char *const forms[] = {"\"id\":", "\"id\": "};
+  for (int f = 0; f < 2; f++) {
+    size_t fl = strlen(forms[f]), il = strlen(id);
+    const char *at = line, *end = line + len;
+    while ((at = memmem(at, (size_t)(end - at), forms[f], fl)) != NULL) {
+      const char *v = at + fl;
+      if ((size_t)(end - v) >= il && memcmp(v, id, il) == 0 &&
+          (v + il == end || strchr(",} \t\r", v[il])))
+        return 1;
+      at += fl;
+    }
+  }
+  return 0;
+}
+
+/*
+ * A server line the proxy cannot read (jansson refuses it: a lone
+ * surrogate, a number past the double range) that looks like the answer
+ * to a keyed call waiting for one: that call is ended with it, unreadable,
+ * instead of waiting for an answer that has already gone by. Returns 1
+ * when a call took the line.
+ */
+static int unreadable_answer(mcp_proxy *p, const char *line, size_t len) {
+  char *id = NULL;
+  if (!memmem(line, len, "\"result\"", 8) && !memmem(line, len, "\"error\"", 7))
+    return 0;
+  if (memmem(line, len, "\"method\"", 8))
+    return 0;
+  pthread_mutex_lock(&p->lock);
+  for (mcp_pending *q = p->pending; q && !id; q = q->next)
+    if (q->state == PENDING_WAITING && has_id(line, len, q->id))
+      id = strdup(q->id);
+  pthread_mutex_unlock(&p->lock);
+  if (!id)
+    return 0;
+  int taken = give_to_pending(p, id, NULL, line, len);
+  free(id);
+  return taken;
+}
+
 static void server_line(mcp_proxy *p, const char *line, size_t len, int open) {
   int dup;
   json_t *msg = mcp_parse(line, len, &dup);
+  if (!msg && !open && unreadable_answer(p, line, len))
+    return;
   if (msg && json_is_object(msg) && !json_object_get(msg, "method") &&
       (json_object_get(msg, "result") || json_object_get(msg, "error"))) {
     char *id = mcp_id_text(json_object_get(msg, "id"));

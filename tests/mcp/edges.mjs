@@ -100,6 +100,27 @@ const calls = (s, key) => s.log().filter((l) => l.includes(`"${key}"`)).length;
 }
 
 {
+  // 6. An answer to a keyed call that the proxy cannot read (a lone
+  //    surrogate): passed on, the key marked unknown at once, so a retry is
+  //    refused as unknown rather than left waiting for an answer that has
+  //    gone by.
+  const s = start();
+  s.send(call(20, "silent", {}, "unread-1"));
+  await s.until(() => calls(s, "unread-1") === 1, "the call at the server");
+  const bad = '{"jsonrpc":"2.0","id":20,"result":{"content":[{"type":"text","text":"\\ud800"}]}}';
+  s.send(J({ jsonrpc: "2.0", method: "emit", params: { lines: [bad] } }));
+  await s.until(() => s.got.includes(bad), "the unreadable answer passed on");
+  s.send(call(21, "silent", {}, "unread-1"));
+  await s.until(() => answer(s.got, 21), "the retry");
+  eq("unreadable answer: the retry is told the outcome is unknown", -32003,
+    answer(s.got, 21)?.error?.code);
+  eq("unreadable answer: the server saw one call", 1, calls(s, "unread-1"));
+  check("unreadable answer: logged", /not JSON the proxy can read/.test(s.err()), s.err());
+  s.p.stdin.end();
+  eq("ends", { code: 0, signal: null }, await s.exited);
+}
+
+{
   // 5. A call cancelled by the client whose answer still comes (a server
   //    that finishes what it started): the proxy records it, and a retry
   //    after the lease is replayed, not sent again.
