@@ -182,6 +182,41 @@ static void exec_stop(idem_exec *x) {
 enum { END_COMPLETE, END_RELEASE, END_UNKNOWN, END_ABANDON };
 
 /*
+ * Whether the record already holds this ending, at this claim's attempt:
+ * completed with exactly response r, or marked unknown. So it is when an
+ * earlier send of the ending committed and its answer was lost with the
+ * connection, and the renewer, finding the record no longer held under
+ * the claim's token, ran before the ending was sent again. A release
+ * cannot be told from a takeover's release, nor a renewal from a newer
+ * holder's, so neither ever counts.
+ */
+static int ended_already(idem_exec *x, int how, const idem_response *r) {
+  const idem_call *cl = x->call;
+  idem_id id = {cl->tenant, cl->operation, cl->key};
+  idem_record *rec = NULL;
+  int same = 0;
+  if (how == END_RELEASE || how == END_ABANDON ||
+      idem_get(x->store, &id, &rec) != IDEM_OK)
+    return 0;
+  if (rec->attempt == cl->attempt &&
+      strcmp(rec->fingerprint, cl->fingerprint) == 0) {
+    if (how == END_UNKNOWN)
+      same = rec->state == IDEM_STATE_UNKNOWN;
+    else
+      same = rec->state == IDEM_STATE_COMPLETED && rec->has_response &&
+             rec->response.status == r->status &&
+             rec->response.meta_len == r->meta_len &&
+             rec->response.body_len == r->body_len &&
+             (r->meta_len == 0 ||
+              memcmp(rec->response.meta, r->meta, r->meta_len) == 0) &&
+             (r->body_len == 0 ||
+              memcmp(rec->response.body, r->body, r->body_len) == 0);
+  }
+  idem_record_free(rec);
+  return same;
+}
+
+/*
  * One ending, retried with backoff while the store is busy or unreachable
  * and the budget lasts; the renewer keeps the lease meanwhile. Runs under
  * x->mu, one store call at a time with the renewer. A lease that could not
@@ -198,8 +233,12 @@ static int end_record(idem_exec *x, int how, const idem_response *r,
   for (;;) {
     pthread_mutex_lock(&x->mu);
     if (x->stale) {
-      /* The renewer found the key taken over; the claim holds nothing. */
-      rc = idem__fail(IDEM_ESTALE, "%s", x->lost_why);
+      /* The renewer found the record no longer held under the claim's
+       * token: taken over, or already ended as asked (see
+       * ended_already()). */
+      rc = ended_already(x, how, r)
+               ? IDEM_OK
+               : idem__fail(IDEM_ESTALE, "%s", x->lost_why);
       pthread_mutex_unlock(&x->mu);
       return rc;
     }

@@ -649,6 +649,86 @@ static void test_execute_abandon(void **state) {
   assert_int_equal(a.runs, 2);
 }
 
+/*
+ * The lease renewer may find the record no longer held under the claim's
+ * token because it already holds this run's ending: on PostgreSQL, when a
+ * server restart swallowed the answer to the completion, which had
+ * committed, and the renewal ran before the completion was sent again.
+ * idem_execute() must then answer by the record (IDEM_OK: the response is
+ * stored), not IDEM_ESTALE, which made `idem run` report "not recorded"
+ * (exit 5) for a stored result (found by the kill -9 campaign,
+ * tests/chaos). Here an operator's forced resolve with the very same
+ * response puts the record in that state; one with another response still
+ * makes the completion stale.
+ */
+typedef struct done_elsewhere {
+  fixture *f;
+  const idem_id *id;
+  const char *body; /* what the operator stores */
+  int runs, saw_loss;
+} done_elsewhere;
+
+static idem_exec_result completed_meanwhile(idem_exec *x, void *ctx,
+                                            idem_response *r) {
+  done_elsewhere *d = ctx;
+  idem_store *op = NULL;
+  idem_resolve_options force = {.force = 1};
+  idem_response same = {201, "m", 1, d->body, strlen(d->body)};
+  d->runs++;
+  EXPECT_RC(IDEM_OK, idem_store_open(d->f->url, NULL, &op));
+  EXPECT_RC(IDEM_OK, idem_resolve_with(op, d->id, &same, &force));
+  idem_store_close(op);
+  /* The renewer runs every third of the lease and finds the record gone
+   * from this holder. */
+  for (int i = 0; i < 300 && !idem_exec_lost(x); i++)
+    sleep_ms(10);
+  d->saw_loss = idem_exec_lost(x);
+  r->status = 201;
+  r->meta = "m";
+  r->meta_len = 1;
+  r->body = "done";
+  r->body_len = 4;
+  return IDEM_EXEC_DONE;
+}
+
+static void test_execute_ending_already_stored(void **state) {
+  fixture *f = *state;
+  idem_id id = {"tenant-a", OPERATION, "stored-before-the-answer"};
+  idem_id other = {"tenant-a", OPERATION, "resolved-otherwise"};
+  idem_execute_options o = {.call = {.lease_ms = 300}};
+  done_elsewhere same = {.f = f, .id = &id, .body = "done"};
+  done_elsewhere differs = {.f = f, .id = &other, .body = "operator's"};
+  remote a = {0};
+  idem_record *rec;
+  idem_call *c = NULL;
+
+  EXPECT_RC(IDEM_OK, idem_execute(f->store, &id, REQ, strlen(REQ),
+                                  completed_meanwhile, &same, &o, &c));
+  assert_int_equal(same.runs, 1);
+  assert_int_equal(same.saw_loss, 1);
+  assert_int_equal(idem_call_outcome(c), IDEM_PROCEED);
+  assert_int_equal(idem_call_response(c)->status, 201);
+  idem_call_free(c);
+  rec = get_record(f->store, &id);
+  assert_int_equal(rec->state, IDEM_STATE_COMPLETED);
+  assert_int_equal(rec->response.body_len, 4);
+  assert_memory_equal(rec->response.body, "done", 4);
+  idem_record_free(rec);
+  c = EXECUTE(f->store, &id, REQ, &a, NULL, IDEM_OK, IDEM_REPLAY);
+  idem_call_free(c);
+  assert_int_equal(a.runs, 0);
+
+  c = NULL;
+  EXPECT_RC(IDEM_ESTALE, idem_execute(f->store, &other, REQ, strlen(REQ),
+                                      completed_meanwhile, &differs, &o, &c));
+  assert_int_equal(differs.saw_loss, 1);
+  idem_call_free(c);
+  rec = get_record(f->store, &other);
+  assert_int_equal(rec->state, IDEM_STATE_COMPLETED);
+  assert_int_equal(rec->response.body_len, strlen("operator's"));
+  idem_record_free(rec);
+}
+
 #define STORE_TEST(fn)                                                         \
   cmocka_unit_test_setup_teardown(fn, setup_store, teardown_store)
 
@@ -665,6 +745,7 @@ int main(void) {
       STORE_TEST(test_execute_completes_after_lease_lost),
       STORE_TEST(test_execute_largest_retry_budget),
       STORE_TEST(test_execute_abandon),
+      STORE_TEST(test_execute_ending_already_stored),
   };
   const struct CMUnitTest sqlite_only[] = {
       STORE_TEST(test_execute_renews_from_the_write),

@@ -631,6 +631,13 @@ static int run_once(const trial_ctx *t, int hist, uint64_t *rng,
       obuf[i] = '_';
   append_line(hist, "X %d %s %d %d %s", (int)pid, key, code, told,
               on ? obuf : "-");
+  if (code == 5 || code == 125) {
+    /* What idem run said, for whoever reads a failing trial's history. */
+    for (size_t i = 0; i < en; i++)
+      if (ebuf[i] == '\n')
+        ebuf[i] = '|';
+    append_line(hist, "M %d %.400s", (int)pid, ebuf);
+  }
   return code;
 }
 
