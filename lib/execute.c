@@ -23,18 +23,20 @@
 #define BACKOFF_FIRST_MS 50
 #define BACKOFF_MAX_MS 2000
 
+typedef struct renewer renewer;
+
 struct idem_exec {
   idem_store *store;
   idem_call *call;
   int64_t lease_ms;
-  pthread_mutex_t mu; /* guards call, lost, stop */
+  pthread_mutex_t mu; /* guards call, lost, stop, lost_pipe */
   pthread_cond_t cv;  /* wakes the renewer early: stop */
-  pthread_t renewer;
+  renewer *renewer;
   int running;
   int stop;
   int lost;  /* read without the lock: __atomic */
   int stale; /* the lease was taken over (not merely not renewed) */
-  int lost_pipe[2];
+  int lost_pipe[2]; /* made when idem_exec_lost_fd() is first asked */
   int64_t renewed_mono; /* when the lease was last written, monotonic, or
                            a moment before */
   char lost_why[256];
@@ -54,7 +56,23 @@ static void sleep_ms(int64_t ms) {
 
 /* ---- what the action sees -------------------------------------------- */
 
-int idem_exec_lost_fd(const idem_exec *x) { return x ? x->lost_pipe[0] : -1; }
+int idem_exec_lost_fd(const idem_exec *cx) {
+  idem_exec *x = (idem_exec *)cx; /* the library's own: made on demand */
+  int fd;
+  if (!x)
+    return -1;
+  pthread_mutex_lock(&x->mu);
+  if (x->lost_pipe[0] < 0 &&
+      pipe2(x->lost_pipe, O_CLOEXEC | O_NONBLOCK) == 0 && x->lost) {
+    char one = 1;
+    if (write(x->lost_pipe[1], &one, 1) < 0) {
+      /* An empty pipe of ours takes one byte. */
+    }
+  }
+  fd = x->lost_pipe[0];
+  pthread_mutex_unlock(&x->mu);
+  return fd;
+}
 
 int idem_exec_lost(const idem_exec *x) {
   return x ? __atomic_load_n(&x->lost, __ATOMIC_ACQUIRE) : 0;
@@ -77,7 +95,7 @@ static void set_lost(idem_exec *x, const char *why) {
     return;
   __atomic_store_n(&x->lost, 1, __ATOMIC_RELEASE);
   snprintf(x->lost_why, sizeof x->lost_why, "%s", why);
-  if (write(x->lost_pipe[1], &one, 1) < 0) {
+  if (x->lost_pipe[1] >= 0 && write(x->lost_pipe[1], &one, 1) < 0) {
     /* The pipe is empty and ours: a write cannot fail short of a bug;
      * idem_exec_lost() still says so. */
   }
@@ -89,8 +107,7 @@ static void set_lost(idem_exec *x, const char *why) {
  * unreachable store) is tried again sooner, and the lease counts as lost
  * once it may have run out since the last renewal that was written.
  */
-static void *renewer_main(void *arg) {
-  idem_exec *x = arg;
+static void renew_while_running(idem_exec *x) {
   int64_t period = x->lease_ms / 3 > 0 ? x->lease_ms / 3 : 1;
   /* From the claim, not from now: a claim that came back late (a slow
    * commit, a long group commit) is due for renewal at once. */
@@ -130,7 +147,120 @@ static void *renewer_main(void *arg) {
     }
   }
   pthread_mutex_unlock(&x->mu);
+}
+
+/* ---- renewer threads, kept for the next call --------------------------- */
+
+/*
+ * Every action has a renewer beside it. A thread started and joined per call
+ * costs a clone, a stack and a dozen system calls, a fair part of a fast
+ * call; so a renewer whose call has ended is parked and serves a later
+ * call, up to MAX_PARKED of them. Each serves one call at a time, as a
+ * thread of its own would. After fork() the child forgets the parked ones:
+ * their threads are not in it.
+ */
+#define MAX_PARKED 64
+
+struct renewer {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  idem_exec *job; /* the call served; NULL while parked */
+  int busy;       /* job given and its renewals not yet over */
+  int quit;       /* not parked (too many): the thread ends */
+  renewer *next;  /* in the parked list */
+};
+
+static pthread_mutex_t parked_mu = PTHREAD_MUTEX_INITIALIZER;
+static renewer *parked;
+static int nparked;
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+static void forget_parked(void) {
+  pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+  parked_mu = fresh;
+  parked = NULL;
+  nparked = 0;
+}
+
+static void watch_forks(void) { pthread_atfork(NULL, NULL, forget_parked); }
+
+static void *renewer_thread(void *arg) {
+  renewer *r = arg;
+  pthread_mutex_lock(&r->mu);
+  for (;;) {
+    while (!r->job && !r->quit)
+      pthread_cond_wait(&r->cv, &r->mu);
+    if (r->quit)
+      break;
+    idem_exec *x = r->job;
+    pthread_mutex_unlock(&r->mu);
+    renew_while_running(x);
+    pthread_mutex_lock(&r->mu);
+    r->job = NULL;
+    r->busy = 0;
+    pthread_cond_broadcast(&r->cv);
+  }
+  pthread_mutex_unlock(&r->mu);
+  pthread_mutex_destroy(&r->mu);
+  pthread_cond_destroy(&r->cv);
+  free(r);
   return NULL;
+}
+
+/* A renewer serving x: a parked one, or a new thread. */
+static renewer *renewer_take(idem_exec *x) {
+  renewer *r;
+  pthread_attr_t attr;
+  pthread_t t;
+  pthread_once(&fork_once, watch_forks);
+  pthread_mutex_lock(&parked_mu);
+  if ((r = parked) != NULL) {
+    parked = r->next;
+    nparked--;
+  }
+  pthread_mutex_unlock(&parked_mu);
+  if (!r) {
+    if (!(r = calloc(1, sizeof *r)))
+      return NULL;
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &attr, renewer_thread, r) != 0) {
+      pthread_attr_destroy(&attr);
+      pthread_mutex_destroy(&r->mu);
+      pthread_cond_destroy(&r->cv);
+      free(r);
+      return NULL;
+    }
+    pthread_attr_destroy(&attr);
+  }
+  pthread_mutex_lock(&r->mu);
+  r->job = x;
+  r->busy = 1;
+  pthread_cond_broadcast(&r->cv);
+  pthread_mutex_unlock(&r->mu);
+  return r;
+}
+
+/* Waits until r's renewals for its call are over, then parks it (or lets
+ * its thread end); r is not touched after that. */
+static void renewer_give_back(renewer *r) {
+  pthread_mutex_lock(&r->mu);
+  while (r->busy)
+    pthread_cond_wait(&r->cv, &r->mu);
+  pthread_mutex_lock(&parked_mu);
+  if (nparked < MAX_PARKED) {
+    r->next = parked;
+    parked = r;
+    nparked++;
+    pthread_mutex_unlock(&parked_mu);
+  } else {
+    pthread_mutex_unlock(&parked_mu);
+    r->quit = 1;
+    pthread_cond_broadcast(&r->cv);
+  }
+  pthread_mutex_unlock(&r->mu);
 }
 
 /* claimed_mono: a monotonic time before the claim was asked, which its
@@ -144,16 +274,12 @@ static int exec_start(idem_exec *x, idem_store *store, idem_call *call,
   x->lease_ms = lease_ms;
   x->renewed_mono = claimed_mono;
   x->lost_pipe[0] = x->lost_pipe[1] = -1;
-  if (pipe2(x->lost_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
-    return idem__fail(IDEM_EIO, "execute: pipe: %s", strerror(errno));
   pthread_mutex_init(&x->mu, NULL);
   pthread_condattr_init(&mono);
   pthread_condattr_setclock(&mono, CLOCK_MONOTONIC);
   pthread_cond_init(&x->cv, &mono);
   pthread_condattr_destroy(&mono);
-  if (pthread_create(&x->renewer, NULL, renewer_main, x) != 0) {
-    close(x->lost_pipe[0]);
-    close(x->lost_pipe[1]);
+  if (!(x->renewer = renewer_take(x))) {
     pthread_mutex_destroy(&x->mu);
     pthread_cond_destroy(&x->cv);
     return idem__fail(IDEM_ENOMEM, "execute: cannot start the lease renewer");
@@ -169,9 +295,11 @@ static void exec_stop(idem_exec *x) {
   x->stop = 1;
   pthread_cond_signal(&x->cv);
   pthread_mutex_unlock(&x->mu);
-  pthread_join(x->renewer, NULL);
-  close(x->lost_pipe[0]);
-  close(x->lost_pipe[1]);
+  renewer_give_back(x->renewer);
+  if (x->lost_pipe[0] >= 0) {
+    close(x->lost_pipe[0]);
+    close(x->lost_pipe[1]);
+  }
   pthread_mutex_destroy(&x->mu);
   pthread_cond_destroy(&x->cv);
   x->running = 0;
