@@ -50,7 +50,6 @@ W=$(mktemp -d /tmp/idem-gwbench.XXXXXX)
 PIDS=""
 cleanup() {
   for p in $PIDS; do kill "$p" 2>/dev/null || true; done
-  [ -f "$W/nginx.pid" ] && kill "$(cat "$W/nginx.pid")" 2>/dev/null || true
   if [ -n "${PG_DIR:-}" ]; then pg_stop || true; fi
   rm -rf "$W"
 }
