@@ -4,8 +4,8 @@
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 import { CallToolResultSchema } from "@modelcontextprotocol/sdk/types.js";
-import { execFileSync } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
+import { execFileSync, spawn } from "node:child_process";
+import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -134,3 +134,45 @@ export function idem(...args) {
   return execFileSync(IDEM, args, { stdio: ["ignore", "pipe", "pipe"] })
     .toString();
 }
+
+let rawRuns = 0;
+// startRaw(store, opts, env): idem mcp in front of raw_server.mjs, driven by
+// lines written by hand: got (the lines the client got), log() (the lines
+// the server read), until(cond, what), send(line), exited, err().
+export function startRaw(store, opts = [], env = {}) {
+  const logf = join(TMP, `raw-${++rawRuns}.log`);
+  const p = spawn(IDEM, ["mcp", "--store", store, ...opts, "--", "node",
+    SERVERS.raw], { env: { ...process.env, RAW_LOG: logf, ...env } });
+  const got = [];
+  let buf = "";
+  let err = "";
+  p.stdout.on("data", (d) => {
+    buf += d;
+    let i;
+    while ((i = buf.indexOf("\n")) >= 0) {
+      got.push(buf.slice(0, i));
+      buf = buf.slice(i + 1);
+    }
+  });
+  p.stderr.on("data", (d) => { err += d; });
+  watchStderr(() => err);
+  const exited = new Promise((r) => p.on("exit", (code, signal) =>
+    r({ code, signal })));
+  const log = () => existsSync(logf)
+    ? readFileSync(logf, "utf8").split("\n").slice(0, -1) : [];
+  const until = async (cond, what) => {
+    for (let i = 0; i < 400 && !cond(); i++) await sleep(25);
+    check(`waited for ${what}`, cond(), JSON.stringify({ got, log: log() }));
+  };
+  return { p, got, log, until, exited, err: () => err,
+    send: (l) => p.stdin.write(l + "\n") };
+}
+const J = JSON.stringify;
+// A keyed (key given) or unkeyed tools/call line.
+export const rawCall = (id, name, args, key) => J({ jsonrpc: "2.0", id,
+  method: "tools/call", params: { name, arguments: args,
+    ...(key !== undefined ? { _meta: { idempotencyKey: key } } : {}) } });
+// The lines as JSON where they are JSON.
+export const rawParsed = (got) => got.map((l) => { try { return JSON.parse(l); } catch { return l; } });
+// The response with this id.
+export const rawAnswer = (got, id) => rawParsed(got).find((m) => m && m.id === id && !m.method);

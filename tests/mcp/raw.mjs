@@ -4,47 +4,14 @@
 // out-of-order responses and notifications pass unchanged and in order;
 // refused messages never reach the server; exit status, signals, and the
 // end of the client's input.
-import { spawn, spawnSync } from "node:child_process";
-import { existsSync, readFileSync } from "node:fs";
+import { spawnSync } from "node:child_process";
 import { join } from "node:path";
-import { IDEM, SERVERS, TMP, check, eq, finish, sleep, watchStderr } from "./lib.mjs";
+import { IDEM, TMP, check, eq, finish, sleep, startRaw, rawCall as call,
+  rawParsed as parsed, rawAnswer as answer } from "./lib.mjs";
 
 const store = join(TMP, "idem.db");
-let n = 0;
-function start(opts = [], env = {}) {
-  const logf = join(TMP, `raw-${++n}.log`);
-  const p = spawn(IDEM, ["mcp", "--store", store, ...opts, "--", "node",
-    SERVERS.raw], { env: { ...process.env, RAW_LOG: logf, ...env } });
-  const got = [];
-  let buf = "";
-  let err = "";
-  p.stdout.on("data", (d) => {
-    buf += d;
-    let i;
-    while ((i = buf.indexOf("\n")) >= 0) {
-      got.push(buf.slice(0, i));
-      buf = buf.slice(i + 1);
-    }
-  });
-  p.stderr.on("data", (d) => { err += d; });
-  watchStderr(() => err);
-  const exited = new Promise((r) => p.on("exit", (code, signal) =>
-    r({ code, signal })));
-  const log = () => existsSync(logf)
-    ? readFileSync(logf, "utf8").split("\n").slice(0, -1) : [];
-  const until = async (cond, what) => {
-    for (let i = 0; i < 400 && !cond(); i++) await sleep(25);
-    check(`waited for ${what}`, cond(), JSON.stringify({ got, log: log() }));
-  };
-  return { p, got, log, until, exited, err: () => err,
-    send: (l) => p.stdin.write(l + "\n") };
-}
+const start = (opts, env) => startRaw(store, opts, env);
 const J = JSON.stringify;
-const call = (id, name, args, key) => J({ jsonrpc: "2.0", id,
-  method: "tools/call", params: { name, arguments: args,
-    ...(key !== undefined ? { _meta: { idempotencyKey: key } } : {}) } });
-const parsed = (got) => got.map((l) => { try { return JSON.parse(l); } catch { return l; } });
-const answer = (got, id) => parsed(got).find((m) => m && m.id === id && !m.method);
 
 {
   const s = start();
