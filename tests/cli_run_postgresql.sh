@@ -9,6 +9,7 @@
 IDEM=$1
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/run_lib.sh"
+. "$(dirname "$0")/pg_proxy.sh"
 
 if [ -z "${IDEM_TEST_PG_URL:-}" ]; then
   fail "IDEM_TEST_PG_URL is not set: no PostgreSQL server for this test"
@@ -37,29 +38,10 @@ expect_eq "term at end: executions" 1 "$(lines "$TMP/term")"
 finish
   exit 1
 fi
-host=$(printf '%s' "$IDEM_TEST_PG_URL" | sed -n 's/.*[?&]host=\([^&]*\).*/\1/p')
-port=$(printf '%s' "$IDEM_TEST_PG_URL" | sed -n 's/.*[?&]port=\([0-9]*\).*/\1/p')
-port=${port:-5432}
-mkdir "$TMP/proxy"
-python3 "$(dirname "$0")/pg_proxy.py" "$TMP/proxy/.s.PGSQL.$port" "$host/.s.PGSQL.$port" "$TMP/down" "$TMP/refused" &
-proxy=$!
+pg_proxy_start
+proxy=$PG_PROXY_PID
 trap 'kill $proxy 2>/dev/null; rm -rf "$TMP"' EXIT
-n=0
-while [ ! -S "$TMP/proxy/.s.PGSQL.$port" ] && [ $n -lt 100 ]; do sleep 0.1; n=$((n + 1)); done
-export IDEM_STORE="postgresql://idem@/postgres?host=$TMP/proxy&port=$port"
-
-# down / up: the server becomes unreachable, or reachable again, through the
-# proxy; each returns once the proxy has acted on it.
-down() {
-  : > "$TMP/down"
-  n=0
-  while [ ! -e "$TMP/down.cut" ] && [ $n -lt 100 ]; do sleep 0.05; n=$((n + 1)); done
-}
-up() {
-  rm -f "$TMP/down"
-  n=0
-  while [ -e "$TMP/down.cut" ] && [ $n -lt 100 ]; do sleep 0.05; n=$((n + 1)); done
-}
+export IDEM_STORE="$PG_PROXY_URL"
 tenant="cli-run-$$-$(date +%s)"
 
 # 1. The server goes away as the command ends and comes back 1.5 s later:

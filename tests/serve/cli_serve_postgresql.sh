@@ -6,6 +6,7 @@
 IDEM=$1
 . "$(dirname "$0")/../lib.sh"
 . "$(dirname "$0")/serve_lib.sh"
+. "$(dirname "$0")/../pg_proxy.sh"
 
 if [ -z "${IDEM_TEST_PG_URL:-}" ]; then
   fail "IDEM_TEST_PG_URL is not set: no PostgreSQL server for this test"
@@ -13,26 +14,9 @@ if [ -z "${IDEM_TEST_PG_URL:-}" ]; then
   exit 1
 fi
 # The store is reached through a proxy that can take the server away.
-host=$(printf '%s' "$IDEM_TEST_PG_URL" | sed -n 's/.*[?&]host=\([^&]*\).*/\1/p')
-port=$(printf '%s' "$IDEM_TEST_PG_URL" | sed -n 's/.*[?&]port=\([0-9]*\).*/\1/p')
-port=${port:-5432}
-mkdir "$TMP/proxy"
-: > "$TMP/refused"
-python3 "$(dirname "$0")/../pg_proxy.py" "$TMP/proxy/.s.PGSQL.$port" "$host/.s.PGSQL.$port" "$TMP/down" "$TMP/refused" &
-PIDS="$PIDS $!"
-n=0
-while [ ! -S "$TMP/proxy/.s.PGSQL.$port" ] && [ $n -lt 100 ]; do sleep 0.1; n=$((n + 1)); done
-STORE="postgresql://idem@/postgres?host=$TMP/proxy&port=$port"
-down() {
-  : > "$TMP/down"
-  n=0
-  while [ ! -e "$TMP/down.cut" ] && [ $n -lt 100 ]; do sleep 0.05; n=$((n + 1)); done
-}
-up() {
-  rm -f "$TMP/down"
-  n=0
-  while [ -e "$TMP/down.cut" ] && [ $n -lt 100 ]; do sleep 0.05; n=$((n + 1)); done
-}
+pg_proxy_start
+PIDS="$PIDS $PG_PROXY_PID"
+STORE=$PG_PROXY_URL
 # Records stay in the server between runs: this run's tenant is its own.
 T="serve-$$-$(date +%s%N)"
 
