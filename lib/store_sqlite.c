@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -988,16 +989,40 @@ static int schema_unchanged(sq_store *s, conn *c) {
                     s->path, version, SCHEMA_VERSION);
 }
 
+/*
+ * The device and inode of the -wal file; 0 if it cannot be read. statx()
+ * asked for STATX_INO alone reads no timestamp. stat() reads them all, and
+ * since Linux 6.13 (multigrain timestamps) a file whose times were read gets
+ * fine-grained ones at its next write: the log's inode is dirtied by every
+ * commit and fdatasync writes it too (bench/stat_fsync.c). It syncs as
+ * stat() does (not AT_STATX_DONT_SYNC): a network filesystem's cached
+ * answer could hide the very deletion looked for. stat() where statx() is
+ * missing (C library before glibc 2.28) or fails (ENOSYS, a seccomp EPERM).
+ */
+static int wal_id(const char *wal, dev_t *dev, ino_t *ino) {
+  struct stat st;
+#ifdef STATX_INO
+  struct statx stx;
+  if (statx(AT_FDCWD, wal, AT_STATX_SYNC_AS_STAT, STATX_INO, &stx) == 0 &&
+      (stx.stx_mask & STATX_INO)) {
+    *dev = makedev(stx.stx_dev_major, stx.stx_dev_minor);
+    *ino = (ino_t)stx.stx_ino;
+    return 1;
+  }
+#endif
+  if (stat(wal, &st) != 0)
+    return 0;
+  *dev = st.st_dev;
+  *ino = st.st_ino;
+  return 1;
+}
+
 /* Notes the log file that the store's connections have open. */
 static void note_wal(sq_store *s) {
   char wal[4096];
-  struct stat st;
   if (snprintf(wal, sizeof wal, "%s-wal", s->path) < (int)sizeof wal &&
-      stat(wal, &st) == 0) {
-    s->wal_dev = st.st_dev;
-    s->wal_ino = st.st_ino;
+      wal_id(wal, &s->wal_dev, &s->wal_ino))
     s->wal_known = 1;
-  }
 }
 
 /*
@@ -1009,12 +1034,12 @@ static void note_wal(sq_store *s) {
  */
 static int wal_intact(sq_store *s, char *why, size_t size) {
   char wal[4096];
-  struct stat st;
+  dev_t dev;
+  ino_t ino;
   if (!s->wal_known)
     return 1;
   snprintf(wal, sizeof wal, "%s-wal", s->path);
-  if (stat(wal, &st) == 0 && st.st_dev == s->wal_dev &&
-      st.st_ino == s->wal_ino)
+  if (wal_id(wal, &dev, &ino) && dev == s->wal_dev && ino == s->wal_ino)
     return 1;
   snprintf(why, size,
            "store '%.160s': its write-ahead log (the -wal file) was deleted "
