@@ -23,6 +23,12 @@
  *  - Strings are NUL-terminated UTF-8 unless a length is given with them.
  *  - A call that succeeds clears idem_errmsg() (it reads "" afterwards).
  *
+ * Changes in 0.3.0 (rebuild against this header; the ABI of 0.2 is not
+ * kept):
+ *  - The SONAME is now per 0.x release: libidem.so.0.3 (0.2 had
+ *    libidem.so.0). A program built against another 0.x release is refused
+ *    by the loader instead of running on structs laid out differently.
+ *
  * Changes in 0.2.0 (source-compatible where noted; rebuild against this
  * header, the ABI of 0.1 is not kept):
  *  - idem_execute(): one call for a remote action: canonicalises and
@@ -65,11 +71,11 @@ extern "C" {
 #endif
 
 #define IDEM_VERSION_MAJOR 0
-#define IDEM_VERSION_MINOR 2
+#define IDEM_VERSION_MINOR 3
 #define IDEM_VERSION_PATCH 0
-#define IDEM_VERSION_STRING "0.2.0"
+#define IDEM_VERSION_STRING "0.3.0"
 
-/* The version of the library actually linked, e.g. "0.2.0". */
+/* The version of the library actually linked, e.g. "0.3.0". */
 IDEM_API const char *idem_version(void);
 
 /*
@@ -562,7 +568,7 @@ typedef struct idem_exec idem_exec;
  * ended. The action should then stop acting and return IDEM_EXEC_UNKNOWN
  * (or NOT_DONE when it had not acted). Owned by the library.
  */
-IDEM_API int idem_exec_lost_fd(const idem_exec *exec);
+IDEM_API int idem_exec_lost_fd(idem_exec *exec);
 /* Non-zero once the lease is lost. */
 IDEM_API int idem_exec_lost(const idem_exec *exec);
 /* IDEM_PROCEED, or IDEM_RECOVER when an earlier attempt may have acted. */

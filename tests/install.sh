@@ -40,6 +40,6 @@ expect_eq "a program builds with pkg-config idem" 0 "$?"
 cat "$TMP/cc.log" >&2
 out=$("$TMP/consumer")
 expect_eq "and runs against the installed library" \
-  "0.2.0 {\"a\":[1],\"b\":1} 44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a" "$out"
+  "0.3.0 {\"a\":[1],\"b\":1} 44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a" "$out"
 expect_match "installed idem runs" '^idem ' "$("$TMP/prefix/bin/idem" --version)"
 finish

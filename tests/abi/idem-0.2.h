@@ -1,0 +1,629 @@
+/*
+ * idem.h -- the public interface of libidem.
+ *
+ * libidem makes retries of side-effecting actions safe. A caller names one
+ * intention with an operation key; the library stores the key, a fingerprint
+ * of the request and, once the action is done, its response. A retry with the
+ * same key and fingerprint gets the stored response back instead of acting a
+ * second time.
+ *
+ * Conventions, for every function in this header:
+ *
+ *  - Functions return an int result code: IDEM_OK (0) on success, one of the
+ *    IDEM_E* codes below otherwise. Outcomes of a claim (PROCEED, REPLAY, ...)
+ *    are not errors; they come back through output parameters.
+ *  - On failure every output parameter is still defined: pointers are set to
+ *    NULL and sizes to 0, so a caller may free them unconditionally.
+ *  - idem_errmsg() returns the detail of the calling thread's last failure
+ *    (for example the SQLite or libpq text), so it is safe with many threads
+ *    sharing one store.
+ *  - Memory returned through an output parameter belongs to the caller and is
+ *    released with the matching *_free() function, or idem_free() for plain
+ *    buffers. Every destructor accepts NULL as a harmless no-op.
+ *  - Strings are NUL-terminated UTF-8 unless a length is given with them.
+ *  - A call that succeeds clears idem_errmsg() (it reads "" afterwards).
+ *
+ * Changes in 0.2.0 (source-compatible where noted; rebuild against this
+ * header, the ABI of 0.1 is not kept):
+ *  - idem_execute(): one call for a remote action: canonicalises and
+ *    fingerprints the request, claims, renews the lease while the action
+ *    runs, and completes, releases or marks unknown by the action's answer.
+ *  - idem_call_lease_expires_ms(): the deadline of the lease a holder got.
+ *  - Parameters of type idem_call are named call throughout.
+ *  - Leases count from a time read after the store's write lock is held.
+ *  - Leases and retention are bounded (IDEM_MAX_LEASE_MS,
+ *    IDEM_MAX_RETENTION_MS); larger values fail with IDEM_EINVAL.
+ *  - Retention applies to completed records only: a record in progress or
+ *    marked unknown never expires, and idem_prune() leaves it (see
+ *    idem_filter.overdue).
+ *  - idem_call_options: no_takeover became on_expired_lease (same slot,
+ *    same values), and max_attempts was added.
+ *  - idem_store_options: sqlite_sync_normal became sqlite_synchronous (same
+ *    slot, same values); read_only and replay_cache_entries were added.
+ *  - An SQLite store whose disk fails a read, a write or an fsync, or is
+ *    full, answers IDEM_EIO (it answered IDEM_ESTORE); the call's
+ *    transaction was rolled back, and the store works again once the disk
+ *    does (docs/reliability.md).
+ *  - idem_resolve() refuses a record whose holder's lease is still running;
+ *    idem_resolve_with() can force it and sets the retention. idem_delete()
+ *    removes any one record (a corrupted one, say).
+ */
+#ifndef IDEM_H
+#define IDEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(IDEM_BUILDING) && defined(__GNUC__)
+#define IDEM_API __attribute__((visibility("default")))
+#else
+#define IDEM_API
+#endif
+
+#define IDEM_VERSION_MAJOR 0
+#define IDEM_VERSION_MINOR 2
+#define IDEM_VERSION_PATCH 0
+#define IDEM_VERSION_STRING "0.2.0"
+
+/* The version of the library actually linked, e.g. "0.2.0". */
+IDEM_API const char *idem_version(void);
+
+/*
+ * Result codes. One table generates the enum, idem_rc_name() and
+ * idem_strerror(). Numbers are part of the ABI: they are never renumbered and
+ * new codes are only ever appended.
+ */
+#define IDEM_RC_MAP(X)                                                        \
+  X(OK, 0, "success")                                                         \
+  X(EINVAL, 1, "invalid argument")                                            \
+  X(ENOMEM, 2, "out of memory")                                               \
+  X(ETOOBIG, 3, "too large")                                                  \
+  X(EJSON, 4, "malformed JSON")                                               \
+  X(EDUPKEY, 5, "duplicate member name in JSON object")                       \
+  X(EUTF8, 6, "invalid UTF-8 or lone surrogate")                              \
+  X(ERANGE, 7, "number outside the IEEE-754 double range")                    \
+  X(EDEPTH, 8, "JSON nested too deeply")                                      \
+  X(EKEY, 9, "invalid key")                                                   \
+  X(EURL, 10, "invalid store URL")                                            \
+  X(ESTORE, 11, "store error")                                                \
+  X(EBUSY, 12, "store busy")                                                  \
+  X(EUNAVAILABLE, 13, "store unavailable")                                    \
+  X(ESCHEMA, 14, "store schema is newer than this version of idem")          \
+  X(ESTALE, 15, "claim is stale: its lease was taken over")                   \
+  X(ENOTFOUND, 16, "no such record")                                          \
+  X(ECORRUPT, 17, "stored record is corrupted")                               \
+  X(EREJECTED, 18, "the action was rejected; nothing was stored")             \
+  X(ESTATE, 19, "record is not in a state that allows this")                  \
+  X(EIO, 20, "input/output error")
+
+typedef enum idem_rc {
+#define IDEM__RC_ENUM(name, num, msg) IDEM_##name = num,
+  IDEM_RC_MAP(IDEM__RC_ENUM)
+#undef IDEM__RC_ENUM
+} idem_rc;
+
+/* "IDEM_EKEY" for IDEM_EKEY; "IDEM_UNKNOWN_RC" for a number not in the table. */
+IDEM_API const char *idem_rc_name(int rc);
+
+/* The fixed one-line message of a result code ("invalid key"). */
+IDEM_API const char *idem_strerror(int rc);
+
+/*
+ * The detail of the calling thread's last failed call, for example
+ * "key: byte 3 is 0x0a, keys are printable ASCII (0x21-0x7e)". Never NULL;
+ * "" when nothing failed yet. Valid until the thread's next idem_ call.
+ */
+IDEM_API const char *idem_errmsg(void);
+
+/* Releases a buffer returned by libidem. NULL is a no-op. */
+IDEM_API void idem_free(void *p);
+
+/* ------------------------------------------------------------------ */
+/* Canonical JSON (RFC 8785) and fingerprints                           */
+/* ------------------------------------------------------------------ */
+
+/* Limits applied by idem_canonicalize(); zero fields take the defaults. */
+typedef struct idem_canon_limits {
+  size_t max_bytes; /* input size; default 16 MiB */
+  int max_depth;    /* nesting of arrays and objects; default 256 */
+} idem_canon_limits;
+
+/*
+ * Canonicalises one JSON text per RFC 8785 (JCS).
+ *
+ * Members are sorted by UTF-16 code units, strings use the minimal escapes,
+ * numbers are written as ECMAScript's Number.prototype.toString does, and no
+ * insignificant whitespace remains. Rejected, with a result code and a detail
+ * naming the byte offset: malformed JSON (IDEM_EJSON), duplicate member names
+ * (IDEM_EDUPKEY), invalid UTF-8 or lone surrogates (IDEM_EUTF8), numbers that
+ * overflow a double (IDEM_ERANGE), nesting deeper than the limit
+ * (IDEM_EDEPTH), input larger than the limit (IDEM_ETOOBIG).
+ *
+ * On success *out holds the canonical bytes (NUL-terminated for convenience,
+ * the terminator not counted in *out_len); free it with idem_free(). On
+ * failure *out is NULL, *out_len 0 and, when err_offset is not NULL,
+ * *err_offset the byte offset of the problem. limits may be NULL.
+ */
+IDEM_API int idem_canonicalize(const char *json, size_t len,
+                               const idem_canon_limits *limits, char **out,
+                               size_t *out_len, size_t *err_offset);
+
+/* Length of a fingerprint in lowercase hex, including the terminating NUL. */
+#define IDEM_FINGERPRINT_SIZE 65
+
+/* SHA-256 of len bytes, written as 64 lowercase hex digits and a NUL. */
+IDEM_API int idem_sha256_hex(const void *data, size_t len,
+                             char hex[IDEM_FINGERPRINT_SIZE]);
+
+/*
+ * Fingerprint of a request: the SHA-256 of its canonical JSON when is_json is
+ * non-zero (failing like idem_canonicalize() when the text is not valid
+ * JSON), of its raw bytes otherwise.
+ */
+IDEM_API int idem_fingerprint(const void *data, size_t len, int is_json,
+                              char hex[IDEM_FINGERPRINT_SIZE]);
+
+/* ------------------------------------------------------------------ */
+/* Stores                                                               */
+/* ------------------------------------------------------------------ */
+
+typedef struct idem_store idem_store;
+
+/* Values of idem_store_options.sqlite_synchronous. */
+enum {
+  /* The default: a completed record is kept once the call that stored it
+   * has returned, across power loss. */
+  IDEM_SYNC_FULL = 0,
+  /* Faster, but the most recent completed records may be lost on power
+   * loss (never on a process crash). */
+  IDEM_SYNC_NORMAL = 1
+};
+
+/* Options for idem_store_open(); zero fields take the defaults. */
+typedef struct idem_store_options {
+  int sqlite_synchronous; /* SQLite: IDEM_SYNC_FULL or IDEM_SYNC_NORMAL */
+  int busy_timeout_ms; /* how long to wait for a locked store; default 10000 */
+  int max_connections; /* connection pool size; default 16 */
+  /*
+   * Group commit: concurrent callers in one process share one transaction
+   * and so one fsync. 0 = default (on), -1 = off.
+   */
+  int group_commit;
+  /*
+   * Non-zero: open for reading only (idem_get(), idem_list()); every call
+   * that writes fails with IDEM_ESTORE. An SQLite store is then opened
+   * read-only, so a user who may only read the file can list it; a missing
+   * file is an error instead of a new store.
+   */
+  int read_only;
+  /*
+   * How many completed records the in-process replay cache keeps (replays
+   * and conflicts answered without a read of the store); 0 = default
+   * (4096), negative = no cache.
+   */
+  int replay_cache_entries;
+} idem_store_options;
+
+/*
+ * Opens the store named by url:
+ *   "sqlite:PATH" or a bare PATH        an SQLite database file
+ *   "postgresql://..." / "postgres://..." a PostgreSQL server (libpq conninfo)
+ * NULL or "" means the environment variable IDEM_STORE, and when that is
+ * unset too, "./idem.db". The schema is created or migrated on open; a store
+ * written by a newer idem fails with IDEM_ESCHEMA and is left untouched. A
+ * file that is not an SQLite database, a damaged or truncated one, a
+ * directory, a file the user may not read, or (read-write) one whose
+ * folder is not writable fails with IDEM_ESTORE, naming the file, and is
+ * not overwritten. A handle whose store a newer idem migrates meanwhile
+ * writes nothing more: its writes fail with IDEM_ESCHEMA. opts may be
+ * NULL. On failure *out is NULL.
+ */
+IDEM_API int idem_store_open(const char *url, const idem_store_options *opts,
+                             idem_store **out);
+
+/*
+ * Closes the store. NULL is a no-op. No call may be in progress.
+ *
+ * A store handle belongs to the process that opened it: after fork() the
+ * child opens a handle of its own and neither uses nor closes the parent's
+ * (SQLite connections, PostgreSQL sockets and the SQLite store's checkpoint
+ * thread do not survive a fork).
+ */
+IDEM_API void idem_store_close(idem_store *store);
+
+/* "sqlite" or "postgresql". */
+IDEM_API const char *idem_store_backend(const idem_store *store);
+
+/* The version of the store's engine, e.g. "3.40.1" (SQLite) or "15.18". */
+IDEM_API const char *idem_store_engine_version(const idem_store *store);
+
+/* ------------------------------------------------------------------ */
+/* Records and claims                                                   */
+/* ------------------------------------------------------------------ */
+
+/*
+ * A record is identified by (tenant, operation, key).
+ *  tenant     the caller's identity boundary; may be "" (0-255 bytes)
+ *  operation  the kind of action, e.g. a tool name or "POST /tickets"
+ *             (1-255 bytes)
+ *  key        the caller's operation key: 1-255 bytes of printable ASCII
+ *             (0x21-0x7e); anything else fails with IDEM_EKEY.
+ */
+typedef struct idem_id {
+  const char *tenant;
+  const char *operation;
+  const char *key;
+} idem_id;
+
+/* Checks a key; IDEM_OK or IDEM_EKEY with a detail in idem_errmsg(). */
+IDEM_API int idem_key_check(const char *key);
+
+typedef enum idem_outcome {
+  IDEM_PROCEED = 1,   /* new record in progress; the caller acts */
+  IDEM_REPLAY = 2,    /* completed earlier; the stored response is returned */
+  IDEM_CONFLICT = 3,  /* same key, other fingerprint; nothing written */
+  IDEM_IN_FLIGHT = 4, /* another holder's lease is active; nothing written */
+  IDEM_RECOVER = 5,   /* an earlier holder's lease expired; the caller took
+                         over and an earlier attempt may have acted */
+  IDEM_UNKNOWN = 6    /* the outcome of an earlier attempt is unknown (marked
+                         so, or an expired lease when takeover was not
+                         asked for); nothing written */
+} idem_outcome;
+
+/* "proceed", "replay", "conflict", "in_flight", "recover", "unknown". */
+IDEM_API const char *idem_outcome_name(int outcome);
+
+/* A response as stored with a completed record. */
+typedef struct idem_response {
+  int status;       /* e.g. an HTTP status or an exit status */
+  const void *meta; /* free-form metadata, e.g. headers as JSON; may be NULL */
+  size_t meta_len;
+  const void *body; /* may be NULL when body_len is 0 */
+  size_t body_len;
+} idem_response;
+
+/* The largest lease: 30 days. A longer action renews its lease. */
+#define IDEM_MAX_LEASE_MS (30LL * 24 * 3600 * 1000)
+/* The longest retention: 100 years of 365.25 days ("keep forever"). */
+#define IDEM_MAX_RETENTION_MS (100LL * 36525 * 24 * 3600 * 10)
+
+/* Values of idem_call_options.on_expired_lease. */
+enum {
+  IDEM_EXPIRED_TAKE_OVER = 0, /* the default: outcome IDEM_RECOVER */
+  IDEM_EXPIRED_REPORT = 1     /* outcome IDEM_UNKNOWN, nothing written */
+};
+
+/*
+ * Per-call options; NULL or zero fields take the defaults. Periods are in
+ * milliseconds; one past its bound fails with IDEM_EINVAL.
+ */
+typedef struct idem_call_options {
+  int64_t lease_ms;     /* how long a holder owns an in-progress record;
+                           default 30000, at most IDEM_MAX_LEASE_MS. It
+                           counts from when the claim is written, under the
+                           store's write lock. */
+  int64_t retention_ms; /* how long a completed record is kept; default
+                           24 h, at most IDEM_MAX_RETENTION_MS. Records in
+                           progress or marked unknown never expire. */
+  const void *request;  /* the canonical request, stored for operators; may
+                           be NULL. One larger than 64 KiB is not kept. */
+  size_t request_len;
+  /* What to do with an in-progress record whose lease expired:
+   * IDEM_EXPIRED_TAKE_OVER (default) or IDEM_EXPIRED_REPORT. */
+  int on_expired_lease;
+  /* Non-zero: also take over a record marked unknown (IDEM_RECOVER). */
+  int takeover_unknown;
+  /*
+   * The most attempts a key may have; 0 = no limit. A takeover that would
+   * start attempt max_attempts + 1 is answered IDEM_UNKNOWN instead, and
+   * nothing is written: the key then waits for an operator.
+   */
+  int max_attempts;
+} idem_call_options;
+
+/* The largest response (meta plus body) a record keeps: 16 MiB. */
+#define IDEM_MAX_RESPONSE (16u * 1024u * 1024u)
+
+/*
+ * One call of an action: the outcome of its claim, the response (on replay,
+ * or after a local action ran), and while the caller holds the record, the
+ * owner token that fences its completion. Opaque; read it with the
+ * idem_call_* accessors below and free it with idem_call_free().
+ */
+typedef struct idem_call idem_call;
+
+/*
+ * Claims (tenant, operation, key) for a request with the given fingerprint
+ * (64 lowercase hex digits, as idem_fingerprint() writes) in one atomic step.
+ * The outcome is read with idem_call_outcome(): see idem_outcome. On
+ * PROCEED and RECOVER the caller holds the record and must end it with
+ * exactly one of idem_complete(), idem_release() or idem_mark_unknown(); a
+ * holder that does none of them blocks the key until its lease ends.
+ * Completed records past their retention count as absent. *out is freed
+ * with idem_call_free().
+ */
+IDEM_API int idem_claim(idem_store *store, const idem_id *id,
+                        const char *fingerprint,
+                        const idem_call_options *opts, idem_call **out);
+
+IDEM_API idem_outcome idem_call_outcome(const idem_call *call);
+/* The stored response on REPLAY (and after execute_local's PROCEED or
+ * RECOVER, the new one); NULL otherwise. Owned by the call. */
+IDEM_API const idem_response *idem_call_response(const idem_call *call);
+/* On IN_FLIGHT: milliseconds until the holder's lease ends (at least 1). */
+IDEM_API int64_t idem_call_retry_after_ms(const idem_call *call);
+/* The attempt number: 1 for the first holder, +1 for each takeover. */
+IDEM_API int idem_call_attempt(const idem_call *call);
+/*
+ * While the caller holds the record (PROCEED, RECOVER): when its lease ends,
+ * in Unix milliseconds by the store's clock, as the last claim or renewal
+ * wrote it. 0 otherwise.
+ */
+IDEM_API int64_t idem_call_lease_expires_ms(const idem_call *call);
+IDEM_API void idem_call_free(idem_call *call);
+
+/*
+ * Stores the response and completes the record. Fenced by the claim's owner
+ * token: when the lease was taken over by another holder, fails with
+ * IDEM_ESTALE and the newer holder's record is left untouched. A response
+ * larger than IDEM_MAX_RESPONSE fails with IDEM_ETOOBIG and the record stays
+ * in progress.
+ */
+IDEM_API int idem_complete(idem_store *store, idem_call *call,
+                           const idem_response *response);
+
+/*
+ * Deletes the in-progress record: the action certainly did not happen, so a
+ * retry may proceed. Fenced like idem_complete().
+ *
+ * A holder answered IDEM_RECOVER knows this of its own attempt only: an
+ * earlier attempt may have acted. Its release therefore leaves the record
+ * as the takeover found it: in progress with its lease ended (the next
+ * claim is answered IDEM_RECOVER, or IDEM_UNKNOWN with
+ * IDEM_EXPIRED_REPORT), or marked unknown again when it was, so that the
+ * next caller is told too.
+ */
+IDEM_API int idem_release(idem_store *store, idem_call *call);
+
+/*
+ * Marks the record's outcome as unknown: the action may or may not have
+ * happened. Claims then see IDEM_UNKNOWN until an operator resolves it with
+ * idem_resolve(). Fenced like idem_complete().
+ */
+IDEM_API int idem_mark_unknown(idem_store *store, idem_call *call);
+
+/* Extends the holder's lease to lease_ms from now. Fenced. */
+IDEM_API int idem_renew(idem_store *store, idem_call *call,
+                        int64_t lease_ms);
+
+/*
+ * A local action: fn runs inside the store's transaction, on the store's own
+ * connection (conn is a sqlite3 * or a PGconn *), so the caller's tables
+ * commit together with the record. fn fills *response (its pointers must stay
+ * valid until idem_execute_local() returns; they are copied) and returns 0;
+ * a non-zero return rejects the action: everything fn did is rolled back, no
+ * record is kept, and idem_execute_local() returns IDEM_EREJECTED.
+ *
+ * With group commit (the default) fn may run on another thread of the
+ * process, the one committing a batch of concurrent calls, and each fn runs
+ * inside its own SAVEPOINT of that batch's transaction. fn must therefore
+ * not begin, commit or roll back transactions itself and must not call back
+ * into the same store. An fn that ends the transaction anyway (on either
+ * store) makes the call fail with IDEM_ESTORE and leaves the key marked
+ * unknown, since what it wrote before may have been kept without a record;
+ * other calls of the same batch then fail with IDEM_EUNAVAILABLE. (On
+ * SQLite, a statement of fn that meets an I/O error or a full disk makes
+ * SQLite roll the transaction back by itself: nothing was kept, so the
+ * call fails with IDEM_EIO and the key stays free for a retry.)
+ *
+ * fn runs only for PROCEED and RECOVER. For REPLAY, CONFLICT, IN_FLIGHT and
+ * UNKNOWN it does not run and nothing is written. After a run the claim
+ * already holds the completed record; the caller does not complete it.
+ * One exception, on PostgreSQL: there a new key's record is written after
+ * fn, and if an idem_claim() from elsewhere takes the key while fn runs,
+ * fn's transaction is rolled back and the claim's outcome is returned (it
+ * may then be REPLAY or IN_FLIGHT, or RECOVER with fn run again). So fn
+ * may run and be rolled back; whatever it does outside the transaction
+ * (sequence values, its ctx, calls to other systems) is not undone.
+ */
+typedef int (*idem_local_fn)(void *conn, void *ctx, idem_response *response);
+
+IDEM_API int idem_execute_local(idem_store *store, const idem_id *id,
+                                const char *fingerprint,
+                                const idem_call_options *opts,
+                                idem_local_fn fn, void *ctx,
+                                idem_call **out);
+
+/* ------------------------------------------------------------------ */
+/* Operators                                                            */
+/* ------------------------------------------------------------------ */
+
+typedef enum idem_state {
+  IDEM_STATE_IN_PROGRESS = 1,
+  IDEM_STATE_COMPLETED = 2,
+  IDEM_STATE_UNKNOWN = 3
+} idem_state;
+
+/* "in_progress", "completed", "unknown". */
+IDEM_API const char *idem_state_name(int state);
+
+/* A copy of a stored record; all pointers are owned by the record. */
+typedef struct idem_record {
+  char *tenant, *operation, *key;
+  char *fingerprint;
+  idem_state state;
+  int attempt;
+  int64_t created_ms, updated_ms; /* Unix milliseconds */
+  int64_t lease_expires_ms;       /* 0 unless in progress */
+  int64_t expires_ms;             /* retention */
+  void *request;
+  size_t request_len;
+  int has_response;
+  idem_response response;
+} idem_record;
+
+IDEM_API void idem_record_free(idem_record *record);
+
+/* Reads one record; IDEM_ENOTFOUND when absent or a retention-expired
+ * completed record. */
+IDEM_API int idem_get(idem_store *store, const idem_id *id,
+                      idem_record **out);
+
+/* Filters for idem_list(); NULL fields match everything. */
+typedef struct idem_filter {
+  const char *tenant;
+  const char *operation;
+  int state;   /* 0 = any */
+  int limit;   /* 0 = no limit */
+  int expired; /* non-zero: include retention-expired completed records */
+  /*
+   * Non-zero: only records past their retention that retention does not
+   * remove: in progress or marked unknown, waiting for a holder or an
+   * operator (idem_resolve()) longer than a completed record would be kept.
+   */
+  int overdue;
+} idem_filter;
+
+/* Calls fn once per matching record, oldest first; a non-zero return from
+ * fn stops the listing and is returned. The record is freed after fn. */
+typedef int (*idem_record_fn)(const idem_record *record, void *ctx);
+IDEM_API int idem_list(idem_store *store, const idem_filter *filter,
+                       idem_record_fn fn, void *ctx);
+
+/* Deletes retention-expired completed records; *removed (may be NULL)
+ * counts them. Records in progress or marked unknown are never pruned. */
+IDEM_API int idem_prune(idem_store *store, int64_t *removed);
+
+/* Options for idem_resolve_with(); zero fields take the defaults. */
+typedef struct idem_resolve_options {
+  /* How long the completed record is kept; default 24 h. */
+  int64_t retention_ms;
+  /*
+   * Non-zero: resolve a record in progress even while its holder's lease
+   * runs. The holder may still be acting: its completion then fails with
+   * IDEM_ESTALE, and after a release a retry acts beside it.
+   */
+  int force;
+} idem_resolve_options;
+
+/*
+ * Resolves a record whose outcome is unknown, or which is in progress with
+ * an expired lease: with a response it becomes completed (later claims
+ * replay it); with response NULL it is deleted (failed: a retry acts
+ * again). IDEM_ENOTFOUND when absent, IDEM_ESTATE when already completed
+ * or when its holder's lease is still running (unless opts->force).
+ * idem_resolve() is idem_resolve_with() with opts NULL.
+ */
+IDEM_API int idem_resolve_with(idem_store *store, const idem_id *id,
+                               const idem_response *response,
+                               const idem_resolve_options *opts);
+IDEM_API int idem_resolve(idem_store *store, const idem_id *id,
+                          const idem_response *response);
+
+/*
+ * Deletes one record whatever its state: for an operator who must remove a
+ * record that fails its checksum (IDEM_ECORRUPT) or that was written in
+ * error. A retry then acts again. Another process may still replay a
+ * completed record from its replay cache until the record's retention ends.
+ * IDEM_ENOTFOUND when absent.
+ */
+IDEM_API int idem_delete(idem_store *store, const idem_id *id);
+
+/* ------------------------------------------------------------------ */
+/* Remote actions in one call                                           */
+/* ------------------------------------------------------------------ */
+
+/* What an action run by idem_execute() reports. */
+typedef enum idem_exec_result {
+  IDEM_EXEC_DONE = 0,     /* it ran: *response is stored (complete) */
+  IDEM_EXEC_NOT_DONE = 1, /* it certainly did not act: release the key
+                             (after RECOVER, see idem_release()) */
+  IDEM_EXEC_UNKNOWN = 2,  /* it may have acted: mark the key unknown */
+  /*
+   * It may have acted and may still be acting (a request that timed out
+   * after it was sent): the record stays in progress, its lease renewed one
+   * last time to end lease_ms after the action returned. Until then a retry
+   * is told IDEM_IN_FLIGHT; after it, a claim sees an expired lease
+   * (IDEM_RECOVER, or IDEM_UNKNOWN with IDEM_EXPIRED_REPORT).
+   */
+  IDEM_EXEC_ABANDON = 3
+} idem_exec_result;
+
+/* What an action sees of its own run; valid while the action runs. */
+typedef struct idem_exec idem_exec;
+
+/*
+ * A file descriptor that becomes readable once the lease is lost: another
+ * holder took the key over, or the lease could not be renewed before it
+ * ended. The action should then stop acting and return IDEM_EXEC_UNKNOWN
+ * (or NOT_DONE when it had not acted). Owned by the library.
+ */
+IDEM_API int idem_exec_lost_fd(const idem_exec *exec);
+/* Non-zero once the lease is lost. */
+IDEM_API int idem_exec_lost(const idem_exec *exec);
+/* IDEM_PROCEED, or IDEM_RECOVER when an earlier attempt may have acted. */
+IDEM_API idem_outcome idem_exec_outcome(const idem_exec *exec);
+/* The attempt number (1 for the first). */
+IDEM_API int idem_exec_attempt(const idem_exec *exec);
+
+/*
+ * The action. On IDEM_EXEC_DONE it fills *response, whose pointers must stay
+ * valid until idem_execute() returns (they are copied); on the other
+ * results *response is ignored. It runs on the caller's thread.
+ */
+typedef idem_exec_result (*idem_exec_fn)(idem_exec *exec, void *ctx,
+                                         idem_response *response);
+
+/* Options for idem_execute(); NULL or zero fields take the defaults. */
+typedef struct idem_execute_options {
+  idem_call_options call; /* lease, retention, takeover, max_attempts; its
+                             request fields are ignored (the request is
+                             kept when it fits) */
+  /*
+   * NULL-terminated RFC 6901 JSON Pointers: only these parts of the request
+   * make the fingerprint (a pointer that finds nothing counts as absent).
+   * NULL: the whole request. An empty list is IDEM_EINVAL.
+   */
+  const char *const *fingerprint_pointers;
+  /* How long to keep retrying a completion, release or mark-unknown that
+   * fails with IDEM_EBUSY or IDEM_EUNAVAILABLE; default 30000 ms. */
+  int64_t finish_retry_ms;
+} idem_execute_options;
+
+/*
+ * Runs a remote action at most once per id. The request is JSON: it is
+ * canonicalised (RFC 8785) and fingerprinted here, so the fingerprint can
+ * never disagree with the stored request. Then:
+ *  - REPLAY, CONFLICT, IN_FLIGHT, UNKNOWN: fn does not run; IDEM_OK, and
+ *    *out tells the outcome (and the stored response on REPLAY).
+ *  - PROCEED, RECOVER: fn runs while a library thread renews the lease
+ *    (every third of it). Its result ends the record: DONE completes it with
+ *    the response, NOT_DONE releases it, UNKNOWN marks it unknown, ABANDON
+ *    leaves it in progress until a last lease runs out. A
+ *    completion that fails with IDEM_EBUSY or IDEM_EUNAVAILABLE is retried
+ *    with backoff for finish_retry_ms while the lease is still renewed.
+ *    IDEM_OK once the record says what fn answered; idem_call_response(*out)
+ *    is fn's response on DONE.
+ *
+ * When fn ran but its result could not be recorded (the lease was taken
+ * over: IDEM_ESTALE; a response too large to keep: IDEM_ETOOBIG; the store
+ * failing past the retries), idem_execute() returns that code and still
+ * sets *out (outcome PROCEED or RECOVER, fn's response on DONE), since the
+ * action did run. It marks the key unknown where it still can (not after
+ * IDEM_ESTALE: the key is another holder's), and idem_errmsg() says
+ * whether it did. On any other failure *out is NULL and fn did not run.
+ */
+IDEM_API int idem_execute(idem_store *store, const idem_id *id,
+                          const char *request, size_t request_len,
+                          idem_exec_fn fn, void *ctx,
+                          const idem_execute_options *opts, idem_call **out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* IDEM_H */
