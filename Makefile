@@ -39,11 +39,17 @@ crash: build
 	cmake --build $(BUILD) -j $(JOBS) --target test_iofaults
 	$(BUILD)/tests/test_iofaults
 
+# BASE=<commit>: only idem bench, side by side with a build of that commit
+# (ROUNDS pairs, default 5; bench/compare.sh).
 bench: build
 	@sh scripts/deps.sh bench
+ifneq ($(BASE),)
+	BASE='$(BASE)' sh bench/run.sh $(BUILD)/idem
+else
 	sh bench/run.sh $(BUILD)/idem
 	sh bench/gateway.sh $(BUILD)/idem
 	sh bench/mcp.sh $(BUILD)/idem
+endif
 
 # Only idem serve's benchmark (bench/gateway.sh).
 bench-gateway: build

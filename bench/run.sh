@@ -3,6 +3,10 @@
 # create_ticket (bench/seed_reference.py), measured in the same run.
 #
 # Usage: sh bench/run.sh PATH_TO_IDEM
+#        BASE=<commit> [ROUNDS=5] sh bench/run.sh PATH_TO_IDEM
+#
+# With BASE set, only the side-by-side mode runs: this idem against a build
+# of that commit, in alternating pairs (bench/compare.sh says how).
 #
 # Three rounds. Each round runs, interleaved so that both sides see the same
 # machine state:
@@ -44,6 +48,10 @@ if [ ! -x "$IDEM" ]; then
   exit 2
 fi
 HERE=$(cd "$(dirname "$0")" && pwd)
+# The side-by-side mode: this build against a build of BASE (bench/compare.sh).
+if [ -n "${BASE:-}" ] || [ -n "${BASE_IDEM:-}" ]; then
+  exec sh "$HERE/compare.sh" "$IDEM"
+fi
 REF=$HERE/seed_reference.py
 SECS=${BENCH_SECONDS:-2}
 ROUNDS=${BENCH_ROUNDS:-3}

@@ -1,0 +1,210 @@
+#!/bin/sh
+# bench/compare.sh -- bench/run.sh's side-by-side mode: this build of idem
+# against a build of another commit, on the same machine in the same minutes.
+#
+# Usage: BASE=<commit> sh bench/run.sh PATH_TO_IDEM   (or make bench BASE=...)
+#        BASE=<commit> sh bench/compare.sh PATH_TO_IDEM
+#
+# Builds BASE in a temporary git worktree (only the idem target, with the
+# build type of PATH_TO_IDEM's build folder, RelWithDebInfo if unknown, as
+# the Makefile does), then runs ROUNDS pairs: in each pair, for each worker
+# count, `idem bench --json` with the base build and with this one, the
+# base first in odd pairs and second in even ones. Prints, for every phase
+# of idem bench (fresh keys, claim + complete, replays, conflicts) and
+# worker count: the median ops/s of each side, their ratio current / base,
+# and the median and range of the ratios within pairs. Then runs
+# bench/stat_fsync.c (what reading the -wal file's times cost a commit).
+# Figures are reported, never judged; the exit status is non-zero only when
+# a build or a run failed.
+#
+# Environment: BASE (a commit, tag or branch), BASE_IDEM (an idem already
+# built, instead of building BASE; BASE is then only its label), ROUNDS
+# (pairs, default 5; BENCH_ROUNDS is read too), BENCH_SECONDS (per phase,
+# default 2), BENCH_WORKERS (default "1 16"), BASE_JOBS (build jobs, default
+# 1, run under nice), BENCH_STAT_FSYNC (0 skips stat_fsync), TMPDIR.
+set -eu
+
+if [ $# -ne 1 ]; then
+  echo "usage: BASE=<commit> sh bench/compare.sh PATH_TO_IDEM" >&2
+  exit 2
+fi
+IDEM=$1
+case $IDEM in */*) ;; *) IDEM=./$IDEM ;; esac
+if [ ! -x "$IDEM" ]; then
+  echo "bench: $IDEM is not an executable (build it first: make build)" >&2
+  exit 2
+fi
+BASE=${BASE:-}
+BASE_IDEM=${BASE_IDEM:-}
+if [ -z "$BASE" ] && [ -z "$BASE_IDEM" ]; then
+  echo "bench: set BASE=<commit> (or BASE_IDEM=<path to an idem>)" >&2
+  exit 2
+fi
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(git -C "$HERE/.." rev-parse --show-toplevel)
+ROUNDS=${ROUNDS:-${BENCH_ROUNDS:-5}}
+SECS=${BENCH_SECONDS:-2}
+WORKERS=${BENCH_WORKERS:-1 16}
+JOBS=${BASE_JOBS:-1}
+case $ROUNDS in '' | *[!0-9]* | 0) echo "bench: ROUNDS must be a positive number" >&2; exit 2 ;; esac
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/idem-bench-compare.XXXXXX")
+WT=
+cleanup() {
+  if [ -n "$WT" ]; then
+    git -C "$REPO" worktree remove --force "$WT" >/dev/null 2>&1 || true
+  fi
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+mkdir "$WORK/tmp" "$WORK/out"
+
+# The build type of the build being measured, for the base build too, and
+# the commit it was built from (its source folder's; "+changes" when that
+# folder differs from it).
+CACHE=$(dirname "$IDEM")/CMakeCache.txt
+TYPE=$(sed -n 's/^CMAKE_BUILD_TYPE:[A-Z]*=//p' "$CACHE" 2>/dev/null || true)
+TYPE=${TYPE:-RelWithDebInfo}
+SRC=$(sed -n 's/^CMAKE_HOME_DIRECTORY:[A-Z]*=//p' "$CACHE" 2>/dev/null || true)
+CUR=$(git -C "${SRC:-$REPO}" log -1 --format=%h HEAD 2>/dev/null || echo '?')
+git -C "${SRC:-$REPO}" diff --quiet HEAD 2>/dev/null || CUR="$CUR+changes"
+
+if [ -n "$BASE_IDEM" ]; then
+  [ -x "$BASE_IDEM" ] || { echo "bench: BASE_IDEM=$BASE_IDEM is not an executable" >&2; exit 2; }
+  BASE=${BASE:-$BASE_IDEM}
+  BIN=$BASE_IDEM
+else
+  SHA=$(git -C "$REPO" rev-parse --verify --quiet "$BASE^{commit}") || {
+    echo "bench: BASE=$BASE is not a commit of $REPO" >&2
+    exit 2
+  }
+  short=$(git -C "$REPO" log -1 --format=%h "$SHA")
+  case $short in "$BASE"*) BASE=$short ;; *) BASE="$BASE ($short)" ;; esac
+  WT=$WORK/src
+  echo "bench: building $BASE in a temporary worktree ($TYPE, idem only)" >&2
+  git -C "$REPO" worktree add --detach "$WT" "$SHA" >/dev/null 2>&1 || {
+    WT=
+    echo "bench: git worktree add failed for $BASE" >&2
+    exit 1
+  }
+  if ! { cmake -S "$WT" -B "$WORK/build" -DCMAKE_BUILD_TYPE="$TYPE" \
+           -DBUILD_TESTING=OFF &&
+         nice cmake --build "$WORK/build" -j "$JOBS" --target idem; } \
+       >"$WORK/build.log" 2>&1; then
+    tail -n 30 "$WORK/build.log" >&2
+    echo "bench: the build of $BASE failed" >&2
+    exit 1
+  fi
+  BIN=$WORK/build/idem
+fi
+
+failed=0
+# run SIDE PAIR WORKERS: one idem bench, its JSON in out/.
+run() {
+  bin=$BIN
+  [ "$1" = cur ] && bin=$IDEM
+  f=$WORK/out/p$2.$1.w$3
+  printf '  pair %s, %-4s %2s worker(s) ' "$2" "$1" "$3" >&2
+  if TMPDIR="$WORK/tmp" "$bin" bench --workers "$3" --seconds "$SECS" --json \
+    >"$f.json" 2>"$f.err"; then
+    echo ok >&2
+  else
+    rc=$?
+    failed=1
+    echo "FAILED (exit $rc)" >&2
+    sed 's/^/    /' "$f.err" >&2
+  fi
+}
+
+echo "bench: $ROUNDS pairs, $SECS s per phase, workers: $WORKERS" >&2
+echo "  base:    $BASE: $BIN" >&2
+echo "  current: $CUR: $IDEM" >&2
+if command -v pgrep >/dev/null && pgrep -x cc1 >/dev/null; then
+  echo "bench: a compiler is running; the figures will be noisier" >&2
+fi
+p=1
+while [ "$p" -le "$ROUNDS" ]; do
+  for w in $WORKERS; do
+    if [ $((p % 2)) = 1 ]; then run base "$p" "$w"; run cur "$p" "$w"
+    else run cur "$p" "$w"; run base "$p" "$w"; fi
+  done
+  cut -d' ' -f1 /proc/loadavg >"$WORK/out/p$p.load" 2>/dev/null || true
+  p=$((p + 1))
+done
+
+python3 - "$WORK/out" "$ROUNDS" "$WORKERS" "$BASE" "$CUR" "$SECS" "$TYPE" <<'EOF'
+import json, os, statistics, sys
+
+out, rounds, workers = sys.argv[1], int(sys.argv[2]), sys.argv[3].split()
+base, cur, secs, btype = sys.argv[4:8]
+
+def get(side, p, w):
+    try:
+        with open(os.path.join(out, 'p%d.%s.w%s.json' % (p, side, w))) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+loads = []
+for p in range(1, rounds + 1):
+    try:
+        loads.append(float(open(os.path.join(out, 'p%d.load' % p)).read()))
+    except (OSError, ValueError):
+        pass
+print()
+print('idem bench side by side: current %s against base %s (%s, SQLite '
+      'store, %s s per phase)' % (cur, base, btype, secs))
+print('%d alternating pairs; medians of ops/s; load average after each pair: '
+      '%s' % (rounds, ' '.join('%.1f' % l for l in loads) or '?'))
+print()
+print('%-26s %11s %11s %8s   %s' % ('phase', 'base', 'current', 'cur/base',
+                                    'within pairs: median (min..max)'))
+errors = 0
+for w in workers:
+    for phase in ('fresh', 'claim_complete', 'replay', 'conflict'):
+        b, c, pr = [], [], []
+        for p in range(1, rounds + 1):
+            rb, rc = get('base', p, w), get('cur', p, w)
+            for r in (rb, rc):
+                if r and phase == 'fresh':
+                    errors += r.get('errors', 0)
+            xb = rb and rb.get(phase + '_ops_per_s')
+            xc = rc and rc.get(phase + '_ops_per_s')
+            if xb:
+                b.append(xb)
+            if xc:
+                c.append(xc)
+            if xb and xc:
+                pr.append(xc / xb)
+        mb = statistics.median(b) if b else None
+        mc = statistics.median(c) if c else None
+        label = '%s, %s worker%s' % (phase.replace('_', ' + '), w,
+                                     '' if w == '1' else 's')
+        print('%-26s %11s %11s %8s   %s' % (
+            label,
+            '-' if mb is None else '%.1f' % mb,
+            '-' if mc is None else '%.1f' % mc,
+            '-' if not (mb and mc) else '%.2fx' % (mc / mb),
+            '-' if not pr else '%.2fx (%.2f..%.2f)' % (
+                statistics.median(pr), min(pr), max(pr))))
+print()
+print('%d calls with unexpected results' % errors)
+EOF
+
+if [ "${BENCH_STAT_FSYNC:-1}" = 1 ]; then
+  echo
+  if ${CC:-cc} -std=c11 -O2 -o "$WORK/stat_fsync" "$HERE/stat_fsync.c" 2>"$WORK/sf.err"; then
+    "$WORK/stat_fsync" "$WORK/tmp" || failed=1
+  else
+    cat "$WORK/sf.err" >&2
+    echo "bench: could not build bench/stat_fsync.c (skip it: BENCH_STAT_FSYNC=0)" >&2
+    failed=1
+  fi
+fi
+
+if [ "$failed" -ne 0 ]; then
+  echo "bench: some runs failed (see above)" >&2
+  exit 1
+fi
+exit 0
