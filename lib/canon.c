@@ -984,6 +984,13 @@ int idem_canonicalize(const char *json, size_t len,
     if (c.i < c.n && c.s[c.i] >= 0x80 && utf8_len(c.s + c.i, c.n - c.i) == 0)
       rc =
           fail_at(&c, IDEM_EUTF8, c.i, "invalid UTF-8 (byte 0x%02x)", c.s[c.i]);
+    else if (c.i < c.n && c.s[c.i] == '\0')
+      /* A length that counted a C string's terminator is the usual cause,
+       * and "unexpected data" would not point at it. */
+      rc = fail_at(&c, IDEM_EJSON, c.i, "a NUL byte after the JSON value%s",
+                   c.i + 1 == c.n ? " (was the terminating NUL counted in "
+                                    "the length?)"
+                                  : "");
     else if (c.i < c.n)
       rc = fail_at(&c, IDEM_EJSON, c.i, "unexpected data after the JSON value");
   }

@@ -368,6 +368,31 @@ static void test_malformed(void **state) {
   expect_reject_n("[true\0]", 7, NULL, IDEM_EJSON, 6);
 }
 
+/* A length that counts the terminating NUL leaves a NUL byte after the
+ * value: the detail says so, not merely "unexpected data". */
+static void test_nul_after_value(void **state) {
+  static const char *const texts[] = {"[1]", "1", "{} ", "\"a\"", "true"};
+  char want[128];
+  (void)state;
+  for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+    size_t n = strlen(texts[i]);
+    expect_reject_n(texts[i], n + 1, NULL, IDEM_EJSON, n);
+    snprintf(want, sizeof want,
+             "at byte %zu: a NUL byte after the JSON value (was the "
+             "terminating NUL counted in the length?)",
+             n);
+    assert_string_equal(idem_errmsg(), want);
+  }
+  /* A NUL with more after it is named too, without the guess. */
+  expect_reject_n("[1]\0x", 5, NULL, IDEM_EJSON, 3);
+  assert_string_equal(idem_errmsg(),
+                      "at byte 3: a NUL byte after the JSON value");
+  /* Other trailing data keeps its detail. */
+  expect_reject("[1] x", IDEM_EJSON, 4);
+  assert_string_equal(idem_errmsg(),
+                      "at byte 4: unexpected data after the JSON value");
+}
+
 static void test_number_range(void **state) {
   char big[400];
   (void)state;
@@ -481,6 +506,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_lone_surrogates),
       cmocka_unit_test(test_depth),
       cmocka_unit_test(test_malformed),
+      cmocka_unit_test(test_nul_after_value),
       cmocka_unit_test(test_number_range),
       cmocka_unit_test(test_max_bytes),
       cmocka_unit_test(test_arguments),
