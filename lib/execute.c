@@ -8,7 +8,7 @@
  * noticing a takeover, retrying a completion the store could not take)
  * slightly wrong.
  */
-#include "store.h"
+#include "lease.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -23,30 +23,14 @@
 #define BACKOFF_FIRST_MS 50
 #define BACKOFF_MAX_MS 2000
 
-typedef struct renewer renewer;
-
+/* The store's scheduler renews the lease (lease.h); this is what the
+ * action sees of it. */
 struct idem_exec {
   idem_store *store;
   idem_call *call;
-  int64_t lease_ms;
-  pthread_mutex_t mu; /* guards call, lost, stop, lost_pipe */
-  pthread_cond_t cv;  /* wakes the renewer early: stop */
-  renewer *renewer;
+  idem__lease lease;
   int running;
-  int stop;
-  int lost;  /* read without the lock: __atomic */
-  int stale; /* the lease was taken over (not merely not renewed) */
-  int lost_pipe[2]; /* made when idem_exec_lost_fd() is first asked */
-  int64_t renewed_mono; /* when the lease was last written, monotonic, or
-                           a moment before */
-  char lost_why[256];
 };
-
-static int64_t mono_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static void sleep_ms(int64_t ms) {
   struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
@@ -56,26 +40,12 @@ static void sleep_ms(int64_t ms) {
 
 /* ---- what the action sees -------------------------------------------- */
 
-int idem_exec_lost_fd(const idem_exec *cx) {
-  idem_exec *x = (idem_exec *)cx; /* the library's own: made on demand */
-  int fd;
-  if (!x)
-    return -1;
-  pthread_mutex_lock(&x->mu);
-  if (x->lost_pipe[0] < 0 &&
-      pipe2(x->lost_pipe, O_CLOEXEC | O_NONBLOCK) == 0 && x->lost) {
-    char one = 1;
-    if (write(x->lost_pipe[1], &one, 1) < 0) {
-      /* An empty pipe of ours takes one byte. */
-    }
-  }
-  fd = x->lost_pipe[0];
-  pthread_mutex_unlock(&x->mu);
-  return fd;
+int idem_exec_lost_fd(idem_exec *x) {
+  return x && x->running ? idem__lease_lost_fd(&x->lease) : -1;
 }
 
 int idem_exec_lost(const idem_exec *x) {
-  return x ? __atomic_load_n(&x->lost, __ATOMIC_ACQUIRE) : 0;
+  return x && x->running ? idem__lease_lost((idem__lease *)&x->lease) : 0;
 }
 
 idem_outcome idem_exec_outcome(const idem_exec *x) {
@@ -86,204 +56,19 @@ int idem_exec_attempt(const idem_exec *x) {
   return x ? idem_call_attempt(x->call) : 0;
 }
 
-/* ---- the renewer ------------------------------------------------------ */
-
-/* Under x->mu. */
-static void set_lost(idem_exec *x, const char *why) {
-  char one = 1;
-  if (x->lost)
-    return;
-  __atomic_store_n(&x->lost, 1, __ATOMIC_RELEASE);
-  snprintf(x->lost_why, sizeof x->lost_why, "%s", why);
-  if (x->lost_pipe[1] >= 0 && write(x->lost_pipe[1], &one, 1) < 0) {
-    /* The pipe is empty and ours: a write cannot fail short of a bug;
-     * idem_exec_lost() still says so. */
-  }
-}
-
-/*
- * Renews the lease every third of it. A renewal that finds the lease taken
- * over (IDEM_ESTALE) loses it at once; one that fails otherwise (a busy or
- * unreachable store) is tried again sooner, and the lease counts as lost
- * once it may have run out since the last renewal that was written.
- */
-static void renew_while_running(idem_exec *x) {
-  int64_t period = x->lease_ms / 3 > 0 ? x->lease_ms / 3 : 1;
-  /* From the claim, not from now: a claim that came back late (a slow
-   * commit, a long group commit) is due for renewal at once. */
-  int64_t next = x->renewed_mono + period;
-  pthread_mutex_lock(&x->mu);
-  while (!x->stop && !x->lost) {
-    int64_t now = mono_ms();
-    if (now < next) {
-      struct timespec until;
-      clock_gettime(CLOCK_MONOTONIC, &until);
-      int64_t wait = next - now;
-      until.tv_sec += (time_t)(wait / 1000);
-      until.tv_nsec += (long)(wait % 1000) * 1000000L;
-      if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-      }
-      pthread_cond_timedwait(&x->cv, &x->mu, &until);
-      continue;
-    }
-    int64_t asked = mono_ms();
-    int rc = idem_renew(x->store, x->call, x->lease_ms);
-    if (rc == IDEM_OK) {
-      x->renewed_mono = asked;
-      next = mono_ms() + period;
-    } else if (rc == IDEM_ESTALE) {
-      x->stale = 1;
-      set_lost(x, idem_errmsg());
-    } else if (mono_ms() - x->renewed_mono >= x->lease_ms) {
-      char why[256];
-      snprintf(why, sizeof why, "the lease could not be renewed before it "
-                                "ended: %s",
-               idem_errmsg());
-      set_lost(x, why);
-    } else {
-      next = mono_ms() + (period / 4 > 0 ? period / 4 : 1);
-    }
-  }
-  pthread_mutex_unlock(&x->mu);
-}
-
-/* ---- renewer threads, kept for the next call --------------------------- */
-
-/*
- * Every action has a renewer beside it. A thread started and joined per call
- * costs a clone, a stack and a dozen system calls, a fair part of a fast
- * call; so a renewer whose call has ended is parked and serves a later
- * call, up to MAX_PARKED of them. Each serves one call at a time, as a
- * thread of its own would. After fork() the child forgets the parked ones:
- * their threads are not in it.
- */
-#define MAX_PARKED 64
-
-struct renewer {
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  idem_exec *job; /* the call served; NULL while parked */
-  int busy;       /* job given and its renewals not yet over */
-  int quit;       /* not parked (too many): the thread ends */
-  renewer *next;  /* in the parked list */
-};
-
-static pthread_mutex_t parked_mu = PTHREAD_MUTEX_INITIALIZER;
-static renewer *parked;
-static int nparked;
-static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
-
-static void forget_parked(void) {
-  pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
-  parked_mu = fresh;
-  parked = NULL;
-  nparked = 0;
-}
-
-static void watch_forks(void) { pthread_atfork(NULL, NULL, forget_parked); }
-
-static void *renewer_thread(void *arg) {
-  renewer *r = arg;
-  pthread_mutex_lock(&r->mu);
-  for (;;) {
-    while (!r->job && !r->quit)
-      pthread_cond_wait(&r->cv, &r->mu);
-    if (r->quit)
-      break;
-    idem_exec *x = r->job;
-    pthread_mutex_unlock(&r->mu);
-    renew_while_running(x);
-    pthread_mutex_lock(&r->mu);
-    r->job = NULL;
-    r->busy = 0;
-    pthread_cond_broadcast(&r->cv);
-  }
-  pthread_mutex_unlock(&r->mu);
-  pthread_mutex_destroy(&r->mu);
-  pthread_cond_destroy(&r->cv);
-  free(r);
-  return NULL;
-}
-
-/* A renewer serving x: a parked one, or a new thread. */
-static renewer *renewer_take(idem_exec *x) {
-  renewer *r;
-  pthread_attr_t attr;
-  pthread_t t;
-  pthread_once(&fork_once, watch_forks);
-  pthread_mutex_lock(&parked_mu);
-  if ((r = parked) != NULL) {
-    parked = r->next;
-    nparked--;
-  }
-  pthread_mutex_unlock(&parked_mu);
-  if (!r) {
-    if (!(r = calloc(1, sizeof *r)))
-      return NULL;
-    pthread_mutex_init(&r->mu, NULL);
-    pthread_cond_init(&r->cv, NULL);
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    if (pthread_create(&t, &attr, renewer_thread, r) != 0) {
-      pthread_attr_destroy(&attr);
-      pthread_mutex_destroy(&r->mu);
-      pthread_cond_destroy(&r->cv);
-      free(r);
-      return NULL;
-    }
-    pthread_attr_destroy(&attr);
-  }
-  pthread_mutex_lock(&r->mu);
-  r->job = x;
-  r->busy = 1;
-  pthread_cond_broadcast(&r->cv);
-  pthread_mutex_unlock(&r->mu);
-  return r;
-}
-
-/* Waits until r's renewals for its call are over, then parks it (or lets
- * its thread end); r is not touched after that. */
-static void renewer_give_back(renewer *r) {
-  pthread_mutex_lock(&r->mu);
-  while (r->busy)
-    pthread_cond_wait(&r->cv, &r->mu);
-  pthread_mutex_lock(&parked_mu);
-  if (nparked < MAX_PARKED) {
-    r->next = parked;
-    parked = r;
-    nparked++;
-    pthread_mutex_unlock(&parked_mu);
-  } else {
-    pthread_mutex_unlock(&parked_mu);
-    r->quit = 1;
-    pthread_cond_broadcast(&r->cv);
-  }
-  pthread_mutex_unlock(&r->mu);
-}
-
 /* claimed_mono: a monotonic time before the claim was asked, which its
  * lease counts from at the earliest. */
 static int exec_start(idem_exec *x, idem_store *store, idem_call *call,
                       int64_t lease_ms, int64_t claimed_mono) {
-  pthread_condattr_t mono;
+  int rc;
   memset(x, 0, sizeof *x);
   x->store = store;
   x->call = call;
-  x->lease_ms = lease_ms;
-  x->renewed_mono = claimed_mono;
-  x->lost_pipe[0] = x->lost_pipe[1] = -1;
-  pthread_mutex_init(&x->mu, NULL);
-  pthread_condattr_init(&mono);
-  pthread_condattr_setclock(&mono, CLOCK_MONOTONIC);
-  pthread_cond_init(&x->cv, &mono);
-  pthread_condattr_destroy(&mono);
-  if (!(x->renewer = renewer_take(x))) {
-    pthread_mutex_destroy(&x->mu);
-    pthread_cond_destroy(&x->cv);
-    return idem__fail(IDEM_ENOMEM, "execute: cannot start the lease renewer");
-  }
+  x->lease.call = call;
+  x->lease.lease_ms = lease_ms;
+  x->lease.claimed_mono = claimed_mono;
+  if ((rc = idem__lease_start(store, &x->lease)) != IDEM_OK)
+    return rc;
   x->running = 1;
   return IDEM_OK;
 }
@@ -291,17 +76,7 @@ static int exec_start(idem_exec *x, idem_store *store, idem_call *call,
 static void exec_stop(idem_exec *x) {
   if (!x->running)
     return;
-  pthread_mutex_lock(&x->mu);
-  x->stop = 1;
-  pthread_cond_signal(&x->cv);
-  pthread_mutex_unlock(&x->mu);
-  renewer_give_back(x->renewer);
-  if (x->lost_pipe[0] >= 0) {
-    close(x->lost_pipe[0]);
-    close(x->lost_pipe[1]);
-  }
-  pthread_mutex_destroy(&x->mu);
-  pthread_cond_destroy(&x->cv);
+  idem__lease_stop(&x->lease);
   x->running = 0;
 }
 
@@ -346,38 +121,44 @@ static int ended_already(idem_exec *x, int how, const idem_response *r) {
 
 /*
  * One ending, retried with backoff while the store is busy or unreachable
- * and the budget lasts; the renewer keeps the lease meanwhile. Runs under
- * x->mu, one store call at a time with the renewer. A lease that could not
+ * and the budget lasts; the scheduler keeps the lease meanwhile. Each try
+ * holds renewals off, so that no renewal runs beside an ending (one that
+ * landed after a release would give the lease back). A lease that could not
  * be renewed does not end the retries: until another holder takes the key
  * (IDEM_ESTALE), the ending is still this holder's to write, and giving up
  * would leave the key in progress for a takeover to act again.
  */
 static int end_record(idem_exec *x, int how, const idem_response *r,
                       int64_t budget_ms) {
-  int64_t start = mono_ms(), backoff = BACKOFF_FIRST_MS;
+  int64_t start = idem__mono_ms(), backoff = BACKOFF_FIRST_MS;
   int64_t until =
       budget_ms > INT64_MAX - start ? INT64_MAX : start + budget_ms;
   int rc;
   for (;;) {
-    pthread_mutex_lock(&x->mu);
-    if (x->stale) {
-      /* The renewer found the record no longer held under the claim's
+    char why[256];
+    if (idem__lease_hold(&x->lease, why, sizeof why)) {
+      /* The scheduler found the record no longer held under the claim's
        * token: taken over, or already ended as asked (see
        * ended_already()). */
-      rc = ended_already(x, how, r)
-               ? IDEM_OK
-               : idem__fail(IDEM_ESTALE, "%s", x->lost_why);
-      pthread_mutex_unlock(&x->mu);
+      rc = ended_already(x, how, r) ? IDEM_OK
+                                    : idem__fail(IDEM_ESTALE, "%s", why);
+      idem__lease_unhold(&x->lease, 1);
       return rc;
     }
     rc = how == END_COMPLETE  ? idem_complete(x->store, x->call, r)
          : how == END_RELEASE ? idem_release(x->store, x->call)
-         : how == END_ABANDON ? idem_renew(x->store, x->call, x->lease_ms)
+         : how == END_ABANDON ? idem_renew(x->store, x->call,
+                                           x->lease.lease_ms)
                               : idem_mark_unknown(x->store, x->call);
-    pthread_mutex_unlock(&x->mu);
     if ((rc != IDEM_EBUSY && rc != IDEM_EUNAVAILABLE) ||
-        mono_ms() + backoff > until)
+        idem__mono_ms() + backoff > until) {
+      /* Renewals end with the ending written, or given up on. */
+      idem__lease_unhold(&x->lease, 1);
       return rc;
+    }
+    /* Renewals go on between tries: the ending is still this holder's to
+     * write. */
+    idem__lease_unhold(&x->lease, 0);
     sleep_ms(backoff);
     backoff = backoff * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : backoff * 2;
   }
@@ -539,7 +320,7 @@ int idem_execute(idem_store *store, const idem_id *id, const char *request,
     goto out;
   o.call.request = canon;
   o.call.request_len = canon_len;
-  asked = mono_ms();
+  asked = idem__mono_ms();
   if ((rc = idem_claim(store, id, fp, &o.call, &call)) != IDEM_OK)
     goto out;
   if (idem_call_outcome(call) != IDEM_PROCEED &&
