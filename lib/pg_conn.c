@@ -428,7 +428,11 @@ static void ignore_notice(void *arg, const char *message) {
  * Per-session settings, applied after every (re)connect, in one round trip.
  *
  * busy_timeout_ms bounds lock waits, as SQLite's busy timeout does; a
- * lock_timeout that the URL, role or database already set is kept.
+ * lock_timeout that the URL, role or database already set is kept. So is
+ * a statement_timeout; without one, no statement runs past
+ * IDEM__PG_STATEMENT_TIMEOUT (the default lease and then some), so that a
+ * stuck server never holds a call for good. Renewals have a tighter bound
+ * of their own: the lease (pg_lease.c).
  *
  * synchronous_commit is at least "on": with "off" the server acknowledges
  * a COMMIT before its WAL is flushed, so a completion reported stored could
@@ -447,6 +451,9 @@ static int session_setup(pg_store *s, conn *c, char *err) {
       c->pg,
       "SELECT CASE WHEN current_setting('lock_timeout') = '0' THEN "
       "set_config('lock_timeout', $1, false) END, CASE WHEN "
+      "current_setting('statement_timeout') = '0' THEN "
+      "set_config('statement_timeout', '" IDEM__PG_STATEMENT_TIMEOUT
+      "', false) END, CASE WHEN "
       "current_setting('synchronous_commit') IN ('off', 'local', "
       "'remote_write') THEN set_config('synchronous_commit', 'on', false) END",
       1, NULL, v, NULL, NULL, 0);
@@ -466,9 +473,21 @@ void idem__pg_conn_close(conn *c) {
 
 int idem__pg_conn_open(pg_store *s, conn **out, char *err) {
   /* Listed before dbname, so that the URL or conninfo may override them. */
-  const char *const kw[] = {"connect_timeout", "fallback_application_name",
-                            "dbname", NULL};
-  const char *const val[] = {"10", "idem", s->conninfo, NULL};
+  /* TCP keepalives and a user timeout: a server or network that stops
+   * answering fails the call in about 20 s instead of hanging it for the
+   * kernel's default (hours); a holder's lease is lost at its deadline in
+   * any case (lease.c). */
+  const char *const kw[] = {"connect_timeout",
+                            "fallback_application_name",
+                            "keepalives",
+                            "keepalives_idle",
+                            "keepalives_interval",
+                            "keepalives_count",
+                            "tcp_user_timeout",
+                            "dbname",
+                            NULL};
+  const char *const val[] = {"10", "idem", "1",          "10", "3",
+                             "3",  "20000", s->conninfo, NULL};
   conn *c = calloc(1, sizeof *c);
   int rc;
   *out = NULL;

@@ -618,6 +618,49 @@ static void test_wait_on_another_process(void **state) {
   close(down[1]);
 }
 
+/* PostgreSQL: the store's sessions have keepalives, a TCP user timeout
+ * and a statement timeout, so that no call hangs on a dead server. */
+typedef struct session_seen {
+  char keepalives[16], user_timeout[16], statement_timeout[32];
+} session_seen;
+
+static int look_at_session(void *conn, void *ctx, idem_response *r) {
+  session_seen *seen = ctx;
+  PQconninfoOption *opts = PQconninfo(conn);
+  PGresult *res;
+  for (PQconninfoOption *o = opts; o && o->keyword; o++) {
+    if (strcmp(o->keyword, "keepalives") == 0)
+      snprintf(seen->keepalives, sizeof seen->keepalives, "%s",
+               o->val ? o->val : "");
+    if (strcmp(o->keyword, "tcp_user_timeout") == 0)
+      snprintf(seen->user_timeout, sizeof seen->user_timeout, "%s",
+               o->val ? o->val : "");
+  }
+  PQconninfoFree(opts);
+  res = PQexec(conn, "SHOW statement_timeout");
+  if (PQresultStatus(res) == PGRES_TUPLES_OK)
+    snprintf(seen->statement_timeout, sizeof seen->statement_timeout, "%s",
+             PQgetvalue(res, 0, 0));
+  PQclear(res);
+  r->status = 200;
+  return 0;
+}
+
+static void test_pg_sessions_cannot_hang(void **state) {
+  fixture *f = *state;
+  idem_id id = {"tenant-a", OPERATION, "session"};
+  char fp[IDEM_FINGERPRINT_SIZE];
+  session_seen seen = {"", "", ""};
+  idem_call *c = NULL;
+  req_fp(fp);
+  EXPECT_RC(IDEM_OK, idem_execute_local(f->store, &id, fp, NULL,
+                                        look_at_session, &seen, &c));
+  idem_call_free(c);
+  assert_string_equal(seen.keepalives, "1");
+  assert_string_equal(seen.user_timeout, "20000");
+  assert_string_equal(seen.statement_timeout, "1min");
+}
+
 #define STORE_TEST(fn)                                                         \
   cmocka_unit_test_setup_teardown(fn, setup_store, teardown_store)
 
@@ -634,6 +677,9 @@ int main(void) {
       STORE_TEST(test_wait_after_holder_died),
       STORE_TEST(test_wait_on_another_process),
   };
+  const struct CMUnitTest pg_only[] = {
+      STORE_TEST(test_pg_sessions_cannot_hang),
+  };
   return run_engine_tests("holding", both, sizeof both / sizeof both[0], NULL,
-                          0, NULL, 0);
+                          0, pg_only, sizeof pg_only / sizeof pg_only[0]);
 }
