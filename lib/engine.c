@@ -539,8 +539,10 @@ static int pick_backend(const char *url, const idem__store_methods **m,
       *target = *owned;
     }
 #else
-    return idem__fail(IDEM_EURL, "store: this build of idem has no "
-                                 "PostgreSQL backend");
+    /* Built with -DIDEM_WITH_POSTGRESQL=OFF: no libpq, no PostgreSQL
+     * store. The URL is refused as one this library cannot open. */
+    return idem__fail(IDEM_EURL, "store: this libidem was built without "
+                                 "PostgreSQL support");
 #endif
   } else {
     return idem__fail(IDEM_EURL,

@@ -5,7 +5,11 @@ set -eu
 want="gcc make cmake pkg-config libjansson-dev libsqlite3-dev libssl-dev libpq-dev
   libmicrohttpd-dev libcurl4-openssl-dev"
 case "${1:-build}" in
-  check) want="$want libcmocka-dev postgresql python3 sqlite3 curl openssl" ;;
+  # zlib1g-dev, libc6-dev, binutils: the install tests link programs with
+  # `pkg-config --static --libs idem` (SQLite's -lz; a fully static one
+  # without PostgreSQL needs libc.a) and read them with readelf.
+  check) want="$want libcmocka-dev postgresql python3 sqlite3 curl openssl
+    zlib1g-dev libc6-dev binutils" ;;
   bench) want="$want postgresql postgresql-contrib python3 curl nginx wrk" ;;
   fuzz) want="$want clang libclang-rt-dev" ;;
 esac

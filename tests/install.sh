@@ -1,9 +1,15 @@
 #!/bin/sh
-# cmake --install puts the header, both libraries, idem.pc and the program
-# under any prefix, and a program builds against them with pkg-config.
+# cmake --install puts the header, both libraries (with the SONAME links),
+# idem.pc and the program under any prefix, and a program builds against
+# them with pkg-config: linked with the shared library, and with libidem.a
+# from `pkg-config --static --libs idem`. Both use an SQLite store.
+#
+# Usage: install.sh BUILD SANITIZE VERSION
 BUILD=$1
 SANITIZE=${2:-OFF}
-. "$(dirname "$0")/lib.sh"
+VERSION=$3
+HERE=$(cd "$(dirname "$0")" && pwd)
+. "$HERE/lib.sh"
 # A sanitized libidem needs its runtime in the program too.
 CFLAGS_EXTRA=""
 [ "$SANITIZE" = ON ] && CFLAGS_EXTRA="-fsanitize=address,undefined"
@@ -17,29 +23,67 @@ pc=$(find "$TMP/prefix" -name idem.pc | head -n 1)
 [ -n "$pc" ] && ok || fail "installed idem.pc"
 libdir=$(dirname "$(dirname "$pc")")
 [ -f "$libdir/libidem.a" ] && ok || fail "installed libidem.a"
-[ -e "$libdir/libidem.so" ] && ok || fail "installed libidem.so"
 
-cat > "$TMP/consumer.c" <<'C'
-#include <idem.h>
-#include <stdio.h>
-int main(void) {
-  char *out = NULL, fp[IDEM_FINGERPRINT_SIZE];
-  size_t n = 0;
-  if (idem_canonicalize("{\"b\":1,\"a\":[1.0]}", 17, NULL, &out, &n, NULL) ||
-      idem_fingerprint("{}", 2, 1, fp))
-    return 1;
-  printf("%s %s %s\n", idem_version(), out, fp);
-  idem_free(out);
-  return 0;
-}
-C
+# The shared library and its links (docs/design.md, "ABI"): libidem.so ->
+# the SONAME (libidem.so.0.MINOR while the major version is 0) -> the file.
+major=${VERSION%%.*}
+rest=${VERSION#*.}
+minor=${rest%%.*}
+if [ "$major" = 0 ]; then soname="libidem.so.0.$minor"; else soname="libidem.so.$major"; fi
+[ -f "$libdir/libidem.so.$VERSION" ] && [ ! -L "$libdir/libidem.so.$VERSION" ] &&
+  ok || fail "installed libidem.so.$VERSION"
+expect_eq "the SONAME link" "libidem.so.$VERSION" "$(readlink "$libdir/$soname")"
+expect_eq "the link for -lidem" "$soname" "$(readlink "$libdir/libidem.so")"
+expect_match "the installed library's SONAME" "\\(SONAME\\).*\\[$soname\\]" \
+  "$(readelf -d "$libdir/libidem.so.$VERSION")"
+if [ "$major" = 0 ]; then
+  [ ! -e "$libdir/libidem.so.0" ] && ok || fail "0.2's SONAME libidem.so.0 is installed"
+fi
+
 export PKG_CONFIG_PATH="$(dirname "$pc")"
-cc $CFLAGS_EXTRA "$TMP/consumer.c" $(pkg-config --cflags --libs idem) -Wl,-rpath,"$libdir" \
-  -o "$TMP/consumer" 2>"$TMP/cc.log"
+# A user's flags hold idem's include folder only: nothing of the libraries
+# libidem uses inside (no -I/usr/include/postgresql), and no .pc file of
+# theirs is needed to build against the shared library.
+cflags=$(pkg-config --cflags idem)
+expect_eq "pkg-config --cflags idem is one flag" 1 "$(printf '%s\n' $cflags | wc -l)"
+inc=$(printf '%s\n' $cflags | sed -n 's/^-I//p')
+expect_eq "the prefix's include folder" "$(cd "$TMP/prefix/include" && pwd -P)" \
+  "$(cd "${inc:-/nonexistent}" 2>/dev/null && pwd -P)"
+expect_eq "pkg-config --modversion idem" "$VERSION" \
+  "$(pkg-config --modversion idem)"
+
+# The expected line of pkg_user: the canonical request, its fingerprint
+# (SHA-256 of the canonical JSON), both outcomes and the replay.
+canon='{"a":[1],"b":1}'
+fp=$(printf '%s' "$canon" | sha256sum | cut -d ' ' -f 1)
+want="$VERSION $canon $fp proceed replay 201 {\"ticket\":1}"
+
+# Linked with the shared library.
+cc $CFLAGS_EXTRA -std=c11 -Wall -Wextra -Werror "$HERE/pkg_user.c" \
+  $(pkg-config --cflags --libs idem) -Wl,-rpath,"$libdir" \
+  -o "$TMP/user_shared" 2>"$TMP/cc.log"
 expect_eq "a program builds with pkg-config idem" 0 "$?"
 cat "$TMP/cc.log" >&2
-out=$("$TMP/consumer")
-expect_eq "and runs against the installed library" \
-  "0.3.0 {\"a\":[1],\"b\":1} 44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a" "$out"
-expect_match "installed idem runs" '^idem ' "$("$TMP/prefix/bin/idem" --version)"
+expect_match "it needs the SONAME" "NEEDED.*\\[$soname\\]" \
+  "$(readelf -d "$TMP/user_shared")"
+mkdir "$TMP/s1" "$TMP/s2"
+out=$("$TMP/user_shared" "sqlite:$TMP/s1/store.db" 2>&1)
+expect_eq "and runs against the installed library" "0 $want" "$? $out"
+
+# Linked with libidem.a: `pkg-config --static --libs idem`, with libidem.a
+# taken for -lidem (-l:libidem.a; the system's libraries stay shared).
+libs=$(pkg-config --static --libs idem)
+expect_match "pkg-config --static --libs idem" '(^| )-lidem( |$)' "$libs"
+libs=$(printf '%s\n' "$libs" | sed 's/\(^\| \)-lidem\( \|$\)/\1-l:libidem.a\2/')
+cc $CFLAGS_EXTRA -std=c11 -Wall -Wextra -Werror "$HERE/pkg_user.c" \
+  $(pkg-config --cflags idem) $libs -o "$TMP/user_static" 2>"$TMP/cc.log"
+expect_eq "a program links libidem.a with pkg-config --static idem" 0 "$?"
+cat "$TMP/cc.log" >&2
+readelf -d "$TMP/user_static" | grep -q 'NEEDED.*libidem' &&
+  fail "the static program needs a libidem.so" || ok
+out=$("$TMP/user_static" "sqlite:$TMP/s2/store.db" 2>&1)
+expect_eq "and runs" "0 $want" "$? $out"
+
+expect_match "installed idem runs" "^idem $VERSION\$" \
+  "$("$TMP/prefix/bin/idem" --version)"
 finish
