@@ -140,8 +140,15 @@ static int end_record(idem_exec *x, int how, const idem_response *r,
       /* The scheduler found the record no longer held under the claim's
        * token: taken over, or already ended as asked (see
        * ended_already()). */
-      rc = ended_already(x, how, r) ? IDEM_OK
-                                    : idem__fail(IDEM_ESTALE, "%s", why);
+      if (ended_already(x, how, r)) {
+        x->call->held = 0;
+        x->call->lease_expires_ms = 0;
+        x->call->ended_state = how == END_COMPLETE ? IDEM_STATE_COMPLETED
+                                                   : IDEM_STATE_UNKNOWN;
+        rc = IDEM_OK;
+      } else {
+        rc = idem__fail(IDEM_ESTALE, "%s", why);
+      }
       idem__lease_unhold(&x->lease, 1);
       return rc;
     }
@@ -301,6 +308,11 @@ int idem_execute(idem_store *store, const idem_id *id, const char *request,
   memset(&o, 0, sizeof o);
   if (opts)
     o = *opts;
+  if (o.call.request || o.call.request_len)
+    return idem__fail(IDEM_EINVAL,
+                      "execute: call.request is set; idem_execute() keeps "
+                      "the canonical request itself: leave call.request "
+                      "NULL and call.request_len 0");
   if (o.finish_retry_ms < 0)
     return idem__fail(IDEM_EINVAL, "execute: negative finish_retry_ms");
   if (o.fingerprint_pointers && !o.fingerprint_pointers[0])
@@ -345,7 +357,7 @@ int idem_execute(idem_store *store, const idem_id *id, const char *request,
   result = fn(&x, ctx, &resp);
   how = result == IDEM_EXEC_DONE       ? END_COMPLETE
         : result == IDEM_EXEC_NOT_DONE ? END_RELEASE
-        : result == IDEM_EXEC_ABANDON  ? END_ABANDON
+        : result == IDEM_EXEC_LEAVE_IN_PROGRESS ? END_ABANDON
                                        : END_UNKNOWN;
   if (how == END_COMPLETE) {
     char why[128];
