@@ -21,7 +21,10 @@
 # built, instead of building BASE; BASE is then only its label), ROUNDS
 # (pairs, default 5; BENCH_ROUNDS is read too), BENCH_SECONDS (per phase,
 # default 2), BENCH_WORKERS (default "1 16"), BASE_JOBS (build jobs, default
-# 1, run under nice), BENCH_STAT_FSYNC (0 skips stat_fsync), TMPDIR.
+# 1, run under nice), BENCH_STAT_FSYNC (0 skips stat_fsync), BENCH_WAIT_CC
+# (before each run, wait up to this many seconds while a compiler, cc1,
+# runs: on a shared machine, builds are the main noise; default 600, 0
+# never waits), TMPDIR.
 set -eu
 
 if [ $# -ne 1 ]; then
@@ -46,6 +49,7 @@ ROUNDS=${ROUNDS:-${BENCH_ROUNDS:-5}}
 SECS=${BENCH_SECONDS:-2}
 WORKERS=${BENCH_WORKERS:-1 16}
 JOBS=${BASE_JOBS:-1}
+WAIT_CC=${BENCH_WAIT_CC:-600}
 case $ROUNDS in '' | *[!0-9]* | 0) echo "bench: ROUNDS must be a positive number" >&2; exit 2 ;; esac
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/idem-bench-compare.XXXXXX")
@@ -99,16 +103,30 @@ else
   BIN=$WORK/build/idem
 fi
 
+compiling() { pgrep -x cc1 >/dev/null 2>&1; }
+
 failed=0
+noisy=0
 # run SIDE PAIR WORKERS: one idem bench, its JSON in out/.
 run() {
   bin=$BIN
   [ "$1" = cur ] && bin=$IDEM
   f=$WORK/out/p$2.$1.w$3
+  waited=0
+  while [ "$waited" -lt "$WAIT_CC" ] && compiling; do
+    [ "$waited" = 0 ] && echo "  (a compiler is running: waiting for it)" >&2
+    sleep 2
+    waited=$((waited + 2))
+  done
   printf '  pair %s, %-4s %2s worker(s) ' "$2" "$1" "$3" >&2
   if TMPDIR="$WORK/tmp" "$bin" bench --workers "$3" --seconds "$SECS" --json \
     >"$f.json" 2>"$f.err"; then
-    echo ok >&2
+    if compiling; then
+      noisy=$((noisy + 1))
+      echo "ok (a compiler started meanwhile)" >&2
+    else
+      echo ok >&2
+    fi
   else
     rc=$?
     failed=1
@@ -120,9 +138,6 @@ run() {
 echo "bench: $ROUNDS pairs, $SECS s per phase, workers: $WORKERS" >&2
 echo "  base:    $BASE: $BIN" >&2
 echo "  current: $CUR: $IDEM" >&2
-if command -v pgrep >/dev/null && pgrep -x cc1 >/dev/null; then
-  echo "bench: a compiler is running; the figures will be noisier" >&2
-fi
 p=1
 while [ "$p" -le "$ROUNDS" ]; do
   for w in $WORKERS; do
@@ -133,11 +148,11 @@ while [ "$p" -le "$ROUNDS" ]; do
   p=$((p + 1))
 done
 
-python3 - "$WORK/out" "$ROUNDS" "$WORKERS" "$BASE" "$CUR" "$SECS" "$TYPE" <<'EOF'
+python3 - "$WORK/out" "$ROUNDS" "$WORKERS" "$BASE" "$CUR" "$SECS" "$TYPE" "$noisy" <<'EOF'
 import json, os, statistics, sys
 
 out, rounds, workers = sys.argv[1], int(sys.argv[2]), sys.argv[3].split()
-base, cur, secs, btype = sys.argv[4:8]
+base, cur, secs, btype, noisy = sys.argv[4:9]
 
 def get(side, p, w):
     try:
@@ -157,8 +172,10 @@ print('idem bench side by side: current %s against base %s (%s, SQLite '
       'store, %s s per phase)' % (cur, base, btype, secs))
 print('%d alternating pairs; medians of ops/s; load average after each pair: '
       '%s' % (rounds, ' '.join('%.1f' % l for l in loads) or '?'))
+print('runs that ended with a compiler running: %s of %d'
+      % (noisy, 2 * rounds * len(workers)))
 print()
-print('%-26s %11s %11s %8s   %s' % ('phase', 'base', 'current', 'cur/base',
+print('%-30s %11s %11s %8s   %s' % ('phase', 'base', 'current', 'cur/base',
                                     'within pairs: median (min..max)'))
 errors = 0
 for w in workers:
@@ -181,7 +198,7 @@ for w in workers:
         mc = statistics.median(c) if c else None
         label = '%s, %s worker%s' % (phase.replace('_', ' + '), w,
                                      '' if w == '1' else 's')
-        print('%-26s %11s %11s %8s   %s' % (
+        print('%-30s %11s %11s %8s   %s' % (
             label,
             '-' if mb is None else '%.1f' % mb,
             '-' if mc is None else '%.1f' % mc,
