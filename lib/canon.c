@@ -15,6 +15,11 @@
  * Errors are reported at the first problem in the text, with the offset
  * where the parser gave up: the first byte of a bad escape, character or
  * number, and the end of a token that cannot stand where it is.
+ *
+ * The same two passes write the text that a fingerprint hashes
+ * (idem__fingerprint_text(), at the end): RFC 8785's form with numbers kept
+ * exact where a double cannot hold them, of the whole text or of the parts
+ * that RFC 6901 JSON Pointers select.
  */
 #include "internal.h"
 #include "numfmt.h"
@@ -350,6 +355,7 @@ typedef struct canon {
   size_t n;
   size_t i; /* where the first pass is */
   int max_depth;
+  int exact; /* numbers for a fingerprint (idem__format_number_exact) */
   /* The open objects' member names, as offsets of their opening quotes:
    * those of the object at depth d start at open[bases[d]]. */
   uint32_t *open;
@@ -797,6 +803,37 @@ static int write_string(const canon *c, canon_buf *b, size_t *i) {
   return rc == IDEM_OK ? buf_putc(b, '"') : rc;
 }
 
+/* Writes the number whose text is s[0..len): RFC 8785's form, or for a
+ * fingerprint its exact value where the double does not hold it. */
+static int write_number(const canon *c, canon_buf *b, const unsigned char *s,
+                        size_t len) {
+  char small[128], *num = small;
+  size_t num_len = 0;
+  double v = 0;
+  int rc = number_value(s, len, &v);
+  if (rc != IDEM_OK)
+    return rc;
+  if (!c->exact) {
+    if ((rc = idem__format_double(v, small, &num_len)) != IDEM_OK)
+      return rc;
+    return buf_put(b, small, num_len);
+  }
+  /* An exact number is as long as its digits: long ones are written in
+   * place. */
+  if (IDEM__EXACT_NUMBER_MAX(len) > sizeof small) {
+    if ((rc = buf_reserve(b, IDEM__EXACT_NUMBER_MAX(len))) != IDEM_OK)
+      return rc;
+    num = b->data + b->len;
+  }
+  rc = idem__format_number_exact((const char *)s, len, v, num, &num_len);
+  if (rc != IDEM_OK)
+    return rc;
+  if (num == small)
+    return buf_put(b, small, num_len);
+  b->len += num_len;
+  return IDEM_OK;
+}
+
 static const object_order *find_object(const canon *c, size_t start) {
   size_t lo = 0, hi = c->objects_len;
   while (lo < hi) {
@@ -893,16 +930,9 @@ static int write_value(const canon *c, canon_buf *b, size_t *i) {
     break;
   default: {
     size_t start = k;
-    char num[32];
-    size_t num_len = 0;
-    double v = 0;
     while (k < c->n && is_number_char(s[k]))
       k++;
-    rc = number_value(s + start, k - start, &v);
-    if (rc == IDEM_OK)
-      rc = idem__format_double(v, num, &num_len);
-    if (rc == IDEM_OK)
-      rc = buf_put(b, num, num_len);
+    rc = write_number(c, b, s + start, k - start);
     break;
   }
   }
@@ -911,7 +941,248 @@ static int write_value(const canon *c, canon_buf *b, size_t *i) {
 }
 
 /* ------------------------------------------------------------------ */
-/* idem_canonicalize                                                    */
+/* Fingerprint text: the parts that JSON Pointers select                */
+/* ------------------------------------------------------------------ */
+
+/*
+ * These walk a text that the first pass validated, so they look no further
+ * than what is needed to step over a valid value.
+ */
+
+/* The offset just past the string whose opening quote is at s[i]. */
+static size_t skip_string_at(const canon *c, size_t i) {
+  for (i++; c->s[i] != '"'; i++)
+    if (c->s[i] == '\\')
+      i++;
+  return i + 1;
+}
+
+/* The offset just past the value that starts at s[i]. */
+static size_t skip_value_at(const canon *c, size_t i) {
+  const unsigned char *s = c->s;
+  size_t depth = 0;
+  do {
+    if (s[i] == '"') {
+      i = skip_string_at(c, i);
+    } else if (s[i] == '{' || s[i] == '[') {
+      depth++;
+      i++;
+    } else if (s[i] == '}' || s[i] == ']') {
+      depth--;
+      i++;
+    } else if (depth == 0) {
+      /* A number or a literal. */
+      while (i < c->n && (is_number_char(s[i]) || is_alpha(s[i])))
+        i++;
+    } else {
+      i++;
+    }
+  } while (depth > 0);
+  return i;
+}
+
+/* The code point of the valid UTF-8 sequence at *p, a NUL-terminated
+ * string's; *p goes past it. */
+static long next_utf8(const unsigned char **p) {
+  const unsigned char *q = *p;
+  size_t k = utf8_len(q, 4);
+  *p = q + k;
+  return k == 1   ? q[0]
+         : k == 2 ? (long)(q[0] & 0x1F) << 6 | (q[1] & 0x3F)
+         : k == 3 ? (long)(q[0] & 0x0F) << 12 | (long)(q[1] & 0x3F) << 6 |
+                        (q[2] & 0x3F)
+                  : (long)(q[0] & 0x07) << 18 | (long)(q[1] & 0x3F) << 12 |
+                        (long)(q[2] & 0x3F) << 6 | (q[3] & 0x3F);
+}
+
+/*
+ * The next character of a pointer's reference token at *p (valid UTF-8,
+ * '~0' and '~1' decoded to '~' and '/'); -1 at its end.
+ */
+static long next_token_char(const unsigned char **p) {
+  const unsigned char *q = *p;
+  if (*q == '\0' || *q == '/')
+    return -1;
+  if (*q == '~') {
+    *p = q + 2;
+    return q[1] == '0' ? '~' : '/';
+  }
+  return next_utf8(p);
+}
+
+/* Whether the member name whose opening quote is at s[i] is the token. */
+static int name_is_token(const canon *c, size_t i, const unsigned char *tok) {
+  i++;
+  for (;;) {
+    long x = next_code_point(c->s, &i), y = next_token_char(&tok);
+    if (x != y)
+      return 0;
+    if (x < 0)
+      return 1;
+  }
+}
+
+/* The value of the member of the object at s[at] that the token names, or
+ * NO_OFFSET. */
+static size_t find_member(const canon *c, size_t at, const unsigned char *tok) {
+  size_t i = skip_ws_at(c, at + 1);
+  while (c->s[i] == '"') {
+    size_t value = skip_ws_at(c, skip_ws_at(c, skip_string_at(c, i)) + 1);
+    if (name_is_token(c, i, tok))
+      return value;
+    i = skip_ws_at(c, skip_value_at(c, value));
+    if (c->s[i] != ',')
+      break;
+    i = skip_ws_at(c, i + 1);
+  }
+  return NO_OFFSET;
+}
+
+/* The element of the array at s[at] that the token indexes, or NO_OFFSET:
+ * a token that is not a decimal index without leading zeros ("-", "01")
+ * finds nothing, as an index past the end does. */
+static size_t find_element(const canon *c, size_t at,
+                           const unsigned char *tok) {
+  size_t n = strcspn((const char *)tok, "/"), i;
+  uint64_t index = 0;
+  /* Texts are shorter than 2^31 bytes: no array has 10^10 elements. */
+  if (n == 0 || n > 10 || (n > 1 && tok[0] == '0'))
+    return NO_OFFSET;
+  for (size_t k = 0; k < n; k++) {
+    if (!is_digit(tok[k]))
+      return NO_OFFSET;
+    index = index * 10 + (uint64_t)(tok[k] - '0');
+  }
+  i = skip_ws_at(c, at + 1);
+  if (c->s[i] == ']')
+    return NO_OFFSET;
+  for (uint64_t k = 0; k < index; k++) {
+    i = skip_ws_at(c, skip_value_at(c, i));
+    if (c->s[i] != ',')
+      return NO_OFFSET;
+    i = skip_ws_at(c, i + 1);
+  }
+  return i;
+}
+
+/* Where the value that a well-formed pointer finds starts, or NO_OFFSET. */
+static size_t resolve_pointer(const canon *c, const char *pointer) {
+  const unsigned char *p = (const unsigned char *)pointer;
+  size_t at = skip_ws_at(c, 0);
+  while (*p == '/' && at != NO_OFFSET) {
+    p++;
+    if (c->s[at] == '{')
+      at = find_member(c, at, p);
+    else if (c->s[at] == '[')
+      at = find_element(c, at, p);
+    else
+      at = NO_OFFSET;
+    p += strcspn((const char *)p, "/");
+  }
+  return at;
+}
+
+/* NULL when the pointer is an RFC 6901 JSON Pointer, else why not. A
+ * malformed part is found wherever it is, whatever the document holds. */
+static const char *pointer_problem(const char *pointer) {
+  const unsigned char *p = (const unsigned char *)pointer;
+  size_t n = strlen(pointer);
+  if (*p != '\0' && *p != '/')
+    return "it must be empty or start with '/'";
+  for (size_t i = 0; i < n;) {
+    size_t k;
+    if (p[i] == '~') {
+      if (p[i + 1] != '0' && p[i + 1] != '1')
+        return "'~' must be followed by '0' or '1'";
+      i += 2;
+      continue;
+    }
+    if ((k = utf8_len(p + i, n - i)) == 0)
+      return "it is not valid UTF-8";
+    i += k;
+  }
+  return NULL;
+}
+
+/* A pointer as an error detail shows it: bytes other than printable ASCII
+ * as \xNN, and no more than 200 of them. */
+static void printable_pointer(const char *pointer, char out[1024]) {
+  size_t o = 0;
+  for (size_t i = 0; pointer[i] != '\0' && o < 800; i++) {
+    unsigned char ch = (unsigned char)pointer[i];
+    if (i == 200) {
+      memcpy(out + o, "...", 3);
+      o += 3;
+      break;
+    }
+    if (ch >= 0x20 && ch < 0x7F)
+      out[o++] = (char)ch;
+    else
+      o += (size_t)snprintf(out + o, 5, "\\x%02x", ch);
+  }
+  out[o] = '\0';
+}
+
+/* Orders pointers as RFC 8785 orders member names: by UTF-16 code units. */
+static int compare_pointers(const void *pa, const void *pb) {
+  const unsigned char *a = (const unsigned char *)*(const char *const *)pa;
+  const unsigned char *b = (const unsigned char *)*(const char *const *)pb;
+  while (*a == *b && *a != '\0') {
+    a++;
+    b++;
+  }
+  if (*a == *b)
+    return 0;
+  /* Back to the first byte of the characters where they part (the bytes
+   * before are the same in both). */
+  while ((*a & 0xC0) == 0x80 || (*b & 0xC0) == 0x80) {
+    a--;
+    b--;
+  }
+  {
+    long x = *a ? next_utf8(&a) : -1, y = *b ? next_utf8(&b) : -1;
+    return utf16_rank(x) < utf16_rank(y) ? -1 : 1;
+  }
+}
+
+/* Writes a pointer as a member name, with RFC 8785's escapes. */
+static int write_pointer_name(canon_buf *b, const char *pointer) {
+  const unsigned char *p = (const unsigned char *)pointer;
+  int rc = buf_putc(b, '"');
+  while (rc == IDEM_OK && *p != '\0')
+    rc = write_code_point(b, next_utf8(&p));
+  return rc == IDEM_OK ? buf_putc(b, '"') : rc;
+}
+
+/*
+ * Writes the object that maps each pointer finding a value to that value,
+ * its members in RFC 8785's order; a pointer named twice is one member.
+ * sorted: the pointers (n of them, valid), sorted by compare_pointers().
+ */
+static int write_selection(const canon *c, canon_buf *b,
+                           const char *const *sorted, size_t n) {
+  int rc = buf_putc(b, '{'), first = 1;
+  for (size_t k = 0; k < n && rc == IDEM_OK; k++) {
+    size_t at;
+    if (k > 0 && strcmp(sorted[k], sorted[k - 1]) == 0)
+      continue;
+    if ((at = resolve_pointer(c, sorted[k])) == NO_OFFSET)
+      continue;
+    if (!first)
+      rc = buf_putc(b, ',');
+    first = 0;
+    if (rc == IDEM_OK)
+      rc = write_pointer_name(b, sorted[k]);
+    if (rc == IDEM_OK)
+      rc = buf_putc(b, ':');
+    if (rc == IDEM_OK)
+      rc = write_value(c, b, &at);
+  }
+  return rc == IDEM_OK ? buf_putc(b, '}') : rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* idem_canonicalize and idem__fingerprint_text                         */
 /* ------------------------------------------------------------------ */
 
 static int compare_object_starts(const void *pa, const void *pb) {
@@ -919,25 +1190,24 @@ static int compare_object_starts(const void *pa, const void *pb) {
   return a->start < b->start ? -1 : a->start > b->start;
 }
 
-int idem_canonicalize(const char *json, size_t len,
-                      const idem_canon_limits *limits, char **out,
+/*
+ * Both: RFC 8785's form when exact is 0; the fingerprint's text, of the
+ * whole or (pointers not NULL) of the parts they select, when it is 1.
+ * The caller has checked the output arguments.
+ */
+static int canon_text(const char *json, size_t len,
+                      const idem_canon_limits *limits,
+                      const char *const *pointers, int exact, char **out,
                       size_t *out_len, size_t *err_offset) {
-  size_t max_bytes = CANON_DEFAULT_MAX_BYTES, pos = 0;
+  size_t max_bytes = CANON_DEFAULT_MAX_BYTES, pos = 0, npointers = 0;
   int max_depth = CANON_DEFAULT_MAX_DEPTH;
   canon c;
   canon_buf b = {NULL, 0, 0, 0};
+  const char **sorted = NULL;
   int rc;
-  idem__clear_error();
 
   memset(&c, 0, sizeof c);
-  if (out != NULL)
-    *out = NULL;
-  if (out_len != NULL)
-    *out_len = 0;
-  if (err_offset != NULL)
-    *err_offset = 0;
-  if (out == NULL || out_len == NULL || (json == NULL && len > 0))
-    return idem__fail(IDEM_EINVAL, "canonicalize: NULL argument");
+  c.exact = exact;
   if (json == NULL)
     json = "";
   if (limits != NULL) {
@@ -1006,10 +1276,40 @@ int idem_canonicalize(const char *json, size_t len,
   b.max = max_bytes > (SIZE_MAX - 64) / CANON_OUTPUT_FACTOR
               ? SIZE_MAX - 1
               : max_bytes * CANON_OUTPUT_FACTOR + 64;
+  if (pointers != NULL) {
+    /* The document is valid: now the pointers, each checked whole. */
+    for (; pointers[npointers] != NULL; npointers++) {
+      const char *why = pointer_problem(pointers[npointers]);
+      if (why != NULL) {
+        char shown[1024];
+        printable_pointer(pointers[npointers], shown);
+        rc = idem__fail(IDEM_EINVAL,
+                        "fingerprint: pointer '%s' is not an RFC 6901 JSON "
+                        "Pointer: %s",
+                        shown, why);
+        goto cleanup;
+      }
+    }
+    sorted = malloc(npointers * sizeof *sorted);
+    if (sorted == NULL) {
+      rc = idem__fail(IDEM_ENOMEM, "fingerprint: out of memory");
+      goto cleanup;
+    }
+    memcpy(sorted, pointers, npointers * sizeof *sorted);
+    qsort(sorted, npointers, sizeof *sorted, compare_pointers);
+    /* Each pointer may select the whole text, and its name is six bytes
+     * a byte at most (\u00XX): the cap grows with them. */
+    for (size_t k = 0; k < npointers && b.max < SIZE_MAX / 2; k++) {
+      size_t more =
+          max_bytes * CANON_OUTPUT_FACTOR + 64 + 6 * strlen(sorted[k]);
+      b.max = more > SIZE_MAX / 2 - b.max ? SIZE_MAX / 2 : b.max + more;
+    }
+  }
   /* The canonical form is seldom longer than the text. */
   rc = buf_reserve(&b, len);
   if (rc == IDEM_OK)
-    rc = write_value(&c, &b, &pos);
+    rc = pointers != NULL ? write_selection(&c, &b, sorted, npointers)
+                          : write_value(&c, &b, &pos);
   if (rc != IDEM_OK)
     goto cleanup;
   b.data[b.len] = '\0';
@@ -1020,10 +1320,54 @@ int idem_canonicalize(const char *json, size_t len,
 cleanup:
   if (rc != IDEM_OK && err_offset != NULL)
     *err_offset = c.err_offset;
+  free(sorted);
   free(b.data);
   free(c.open);
   free(c.bases);
   free(c.names);
   free(c.objects);
   return rc;
+}
+
+/* Sets the outputs for a failure before anything is read. */
+static int clear_outputs(char **out, size_t *out_len, size_t *err_offset) {
+  if (out != NULL)
+    *out = NULL;
+  if (out_len != NULL)
+    *out_len = 0;
+  if (err_offset != NULL)
+    *err_offset = 0;
+  return out != NULL && out_len != NULL;
+}
+
+int idem_canonicalize(const char *json, size_t len,
+                      const idem_canon_limits *limits, char **out,
+                      size_t *out_len, size_t *err_offset) {
+  idem__clear_error();
+  if (!clear_outputs(out, out_len, err_offset) || (json == NULL && len > 0))
+    return idem__fail(IDEM_EINVAL, "canonicalize: NULL argument");
+  return canon_text(json, len, limits, NULL, 0, out, out_len, err_offset);
+}
+
+/*
+ * The fingerprint's text. RFC 8785 reads every number as a double, so
+ * 12345678901234567 and 12345678901234568 have one canonical form; a
+ * fingerprint must tell them apart, or a key reused for another account
+ * would be replayed instead of refused. So numbers are written by
+ * idem__format_number_exact(): RFC 8785's form where the double's shortest
+ * form has the number's exact value (then the text, and the fingerprint,
+ * are what 0.2 made), the exact value otherwise. Numbers that overflow a
+ * double are refused, as RFC 8785 refuses them.
+ */
+int idem__fingerprint_text(const char *json, size_t len,
+                           const char *const *pointers, char **out,
+                           size_t *out_len, size_t *err_offset) {
+  if (!clear_outputs(out, out_len, err_offset) || (json == NULL && len > 0))
+    return idem__fail(IDEM_EINVAL, "fingerprint: NULL argument");
+  if (pointers != NULL && pointers[0] == NULL)
+    return idem__fail(IDEM_EINVAL,
+                      "fingerprint: the list of pointers is empty: every "
+                      "request would share one fingerprint; pass NULL for "
+                      "the whole request");
+  return canon_text(json, len, NULL, pointers, 1, out, out_len, err_offset);
 }

@@ -50,20 +50,36 @@ int idem_sha256_hex(const void *data, size_t len,
   return idem__sha256_parts(&data, &len, 1, hex);
 }
 
+/*
+ * JSON requests are fingerprinted by idem__fingerprint_text(): RFC 8785's
+ * canonical form with numbers kept exact where a double cannot hold them,
+ * so that two requests whose numbers differ in value never share a
+ * fingerprint, and that every request without such a number keeps the
+ * fingerprint 0.2 gave it (see canon.c).
+ */
+int idem__request_fingerprint(const char *json, size_t len,
+                              const char *const *pointers,
+                              char fp[IDEM_FINGERPRINT_SIZE]) {
+  char *text = NULL;
+  size_t text_len = 0;
+  int rc;
+  if (fp == NULL)
+    return idem__fail(IDEM_EINVAL, "fingerprint: NULL output");
+  fp[0] = '\0';
+  rc = idem__fingerprint_text(json, len, pointers, &text, &text_len, NULL);
+  if (rc == IDEM_OK)
+    rc = idem__sha256_parts((const void *const *)&text, &text_len, 1, fp);
+  idem_free(text);
+  return rc;
+}
+
 int idem_fingerprint(const void *data, size_t len, int is_json,
                      char hex[IDEM_FINGERPRINT_SIZE]) {
-  char *canon = NULL;
-  size_t canon_len = 0;
-  int rc;
   idem__clear_error();
   if (hex == NULL)
     return idem__fail(IDEM_EINVAL, "fingerprint: NULL output");
   hex[0] = '\0';
   if (!is_json)
     return idem_sha256_hex(data, len, hex);
-  rc = idem_canonicalize(data, len, NULL, &canon, &canon_len, NULL);
-  if (rc == IDEM_OK)
-    rc = idem_sha256_hex(canon, canon_len, hex);
-  idem_free(canon);
-  return rc;
+  return idem__request_fingerprint(data, len, NULL, hex);
 }

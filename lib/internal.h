@@ -20,4 +20,34 @@ void idem__clear_error(void);
 int idem__sha256_parts(const void *const *parts, const size_t *sizes, int n,
                        char hex[IDEM_FINGERPRINT_SIZE]);
 
+/*
+ * The text that a JSON request's fingerprint hashes: its RFC 8785 canonical
+ * form, except that a number whose double does not hold its exact decimal
+ * value is written exactly (see "Fingerprint text" in canon.c), so that two
+ * requests whose numbers differ in value never share it. With pointers, a
+ * NULL-terminated list of RFC 6901 JSON Pointers, it is the same of the
+ * object that maps each pointer that finds a value to that value (a
+ * pointer that finds nothing is left out).
+ *
+ * Fails as idem_canonicalize() fails with the default limits, and with
+ * IDEM_EINVAL for an empty list or a malformed pointer. On success *out
+ * (free it with idem_free()) holds the text, NUL-terminated; on failure it
+ * is NULL, *out_len 0 and *err_offset (when not NULL) as
+ * idem_canonicalize() sets it.
+ */
+int idem__fingerprint_text(const char *json, size_t len,
+                           const char *const *pointers, char **out,
+                           size_t *out_len, size_t *err_offset);
+
+/*
+ * A JSON request's fingerprint: the SHA-256, in lowercase hex, of
+ * idem__fingerprint_text() (whole with pointers NULL). For every request
+ * whose numbers a double holds exactly it is the fingerprint of 0.2, the
+ * SHA-256 of the canonical form (of the selected parts). fp is "" on
+ * failure.
+ */
+int idem__request_fingerprint(const char *json, size_t len,
+                              const char *const *pointers,
+                              char fp[IDEM_FINGERPRINT_SIZE]);
+
 #endif

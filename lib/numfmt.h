@@ -16,4 +16,30 @@
  */
 int idem__format_double(double v, char out[32], size_t *len);
 
+/* The most bytes idem__format_number_exact() writes for a number text of
+ * len bytes, its terminating NUL included. */
+#define IDEM__EXACT_NUMBER_MAX(len) ((len) + 48)
+
+/*
+ * Writes a JSON number for a fingerprint, which must tell apart any two
+ * numbers whose exact decimal values differ. text (len bytes) is a valid
+ * RFC 8259 number and v the double nearest to its value, finite.
+ *
+ * When the shortest form of v that idem__format_double() writes (RFC
+ * 8785's) has the exact decimal value of text, the number is "faithful"
+ * and that form is written, byte for byte what RFC 8785 writes; 0.1 is
+ * faithful, 12345678901234567 (whose double is 12345678901234568) is not.
+ * Otherwise the number's exact value is written: its significant digits
+ * without leading or trailing zeros, placed by the same notation rules as
+ * ECMAScript's (plain for exponents -7 < x < 21, "d.ddde-x" otherwise),
+ * with an exponent of any size. Both forms read back as exactly the value
+ * they stand for, so no two values share a text.
+ *
+ * out must hold IDEM__EXACT_NUMBER_MAX(len) bytes. Returns IDEM_OK with out
+ * NUL-terminated and *out_len its length; IDEM_ERANGE when v is not finite.
+ * Time and memory are linear in len, whatever the exponent says.
+ */
+int idem__format_number_exact(const char *text, size_t len, double v, char *out,
+                              size_t *out_len);
+
 #endif

@@ -7,12 +7,14 @@
  *  - accepted: the output is NUL-terminated at out_len and holds no NUL
  *    before it; canonicalising the output again (also from an exact-size
  *    copy) succeeds and gives the same bytes (canon(canon(x)) == canon(x));
- *    idem_fingerprint() of the input is the SHA-256 of the output;
+ *    idem_fingerprint() of the input is the SHA-256 of the fingerprint's
+ *    text, which is the output itself or, where a number's double does not
+ *    hold its exact value, a text that canonicalises to the output;
  *  - refused: *out is NULL, *out_len 0, the error offset within the input,
  *    the result code one of the documented ones, and the fingerprint of the
  *    input as JSON is refused with the same code.
  */
-#include "idem.h"
+#include "internal.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -55,8 +57,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     CHECK(again_len == out_len && memcmp(again, out, out_len) == 0);
     free(copy);
     CHECK(rc2 == IDEM_OK);
-    CHECK(idem_sha256_hex(out, out_len, sha) == IDEM_OK);
-    CHECK(strcmp(fp, sha) == 0);
+    {
+      char *text = NULL, *back = NULL;
+      size_t text_len = 0, back_len = 0;
+      CHECK(idem__fingerprint_text(in, size, NULL, &text, &text_len, NULL) ==
+            IDEM_OK);
+      CHECK(idem_sha256_hex(text, text_len, sha) == IDEM_OK);
+      CHECK(strcmp(fp, sha) == 0);
+      CHECK(idem_canonicalize(text, text_len, NULL, &back, &back_len, NULL) ==
+            IDEM_OK);
+      CHECK(back_len == out_len && memcmp(back, out, out_len) == 0);
+      idem_free(back);
+      idem_free(text);
+    }
   } else {
     CHECK(out == NULL && out_len == 0);
     CHECK(off <= size);
