@@ -85,7 +85,7 @@ char *serve_parse_key(const char *v, char *why, size_t size) {
 char *serve_request_json(const char *method, const char *uri,
                          const char *body, size_t len, int json_type) {
   const char *q = strchr(uri, '?');
-  size_t pl = q ? (size_t)(q - uri) : strlen(uri), cl = 0;
+  size_t pl = q ? (size_t)(q - uri) : strlen(uri), cl = 0, hl;
   char hex[IDEM_FINGERPRINT_SIZE];
   char *path = serve_printable(uri, pl);
   char *query = serve_printable(q ? q + 1 : "", q ? strlen(q + 1) : 0);
@@ -98,8 +98,9 @@ char *serve_request_json(const char *method, const char *uri,
                    "query", query);
   if (!head)
     goto out;
-  /* A JSON body counts by its canonical form; any other body, and one
-   * that says it is JSON but is not one JSON value, by its bytes. */
+  /* A JSON body counts as JSON (idem_execute() fingerprints it by its
+   * canonical form, member order and whitespace aside); any other body, and
+   * one that says it is JSON but is not one JSON value, by its bytes. */
   if (!json_type || !len ||
       idem_canonicalize(body, len, NULL, &canon, &cl, NULL) != IDEM_OK) {
     idem_sha256_hex(body ? body : "", len, hex);
@@ -111,9 +112,18 @@ char *serve_request_json(const char *method, const char *uri,
     h = NULL;
     goto out;
   }
-  h[strlen(h) - 1] = 0; /* {...,"body":<canonical body>} */
-  if (asprintf(&s, "%s,\"body\":%s}", h, canon) < 0)
-    s = NULL;
+  /* {...,"body":<the body as sent>}: its text, not its canonical form,
+   * whose numbers are doubles already, so that the fingerprint sees
+   * 12345678901234567 and 12345678901234568 as the client wrote them. A
+   * valid JSON text holds no NUL byte. */
+  hl = strlen(h) - 1; /* without its '}' */
+  s = malloc(hl + 8 + len + 2);
+  if (s) {
+    memcpy(s, h, hl);
+    memcpy(s + hl, ",\"body\":", 8);
+    memcpy(s + hl + 8, body, len);
+    memcpy(s + hl + 8 + len, "}", 2);
+  }
 out:
   idem_free(canon);
   json_decref(head);

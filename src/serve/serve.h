@@ -154,9 +154,9 @@ char *serve_parse_key(const char *value, char *why, size_t size);
 
 /*
  * The request that is fingerprinted, as JSON: {"method", "path", "query"
- * (both printable), and "body" (the canonical JSON body when json_type and
- * the body is one JSON value) or "body_sha256"}. Always valid JSON.
- * malloc()ed; NULL when out of memory.
+ * (both printable), and "body" (the JSON body as sent, its numbers as the
+ * client wrote them, when json_type and the body is one JSON value) or
+ * "body_sha256"}. Always valid JSON. malloc()ed; NULL when out of memory.
  */
 char *serve_request_json(const char *method, const char *uri,
                          const char *body, size_t len, int json_type);

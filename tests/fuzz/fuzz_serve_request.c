@@ -7,8 +7,10 @@
  * empty). Properties, each an abort() when broken:
  *  - the fingerprinted request is always valid JSON that idem_canonicalize()
  *    takes, and says exactly what the request was: its method, path and
- *    query in printable form, and the body either as its canonical JSON
- *    (a JSON body that is one JSON value) or as the SHA-256 of its bytes;
+ *    query in printable form, and the body either as JSON (a JSON body that
+ *    is one JSON value: its bytes as sent, whose canonical form is the
+ *    body's and whose numbers reach the fingerprint exact) or as the
+ *    SHA-256 of its bytes;
  *  - the operation is 1-255 bytes of printable ASCII and spaces, and two
  *    different paths never share it unless it is the hashed form, whose
  *    hash is the whole path's;
@@ -20,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "idem.h"
+#include "internal.h"
 #include "serve/serve.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -78,6 +80,22 @@ static void check_request(const char *method, const char *uri,
     check(ml == cbl && memcmp(mine, cb, ml) == 0);
     idem_free(mine);
     free(text);
+    /* The body's bytes as sent, so that its fingerprint text (numbers
+     * exact) is what the request's "/body" is. */
+    {
+      static const char *const body_ptr[] = {"/body", NULL};
+      size_t rl = strlen(rj), tl = 0, sl = 0;
+      char *t = NULL, *sel = NULL;
+      check(rl > blen + 9 && memcmp(rj + rl - blen - 9, ",\"body\":", 8) == 0);
+      check(memcmp(rj + rl - blen - 1, body, blen) == 0 && rj[rl - 1] == '}');
+      check(idem__fingerprint_text(body, blen, NULL, &t, &tl, NULL) == IDEM_OK);
+      check(idem__fingerprint_text(rj, rl, body_ptr, &sel, &sl, NULL) ==
+            IDEM_OK);
+      check(sl == tl + 10 && memcmp(sel, "{\"/body\":", 9) == 0 &&
+            memcmp(sel + 9, t, tl) == 0 && sel[sl - 1] == '}');
+      idem_free(t);
+      idem_free(sel);
+    }
   } else {
     idem_sha256_hex(body, blen, hex);
     check(!json_object_get(doc, "body"));

@@ -1,0 +1,60 @@
+#!/bin/sh
+# idem serve with numbers that a double cannot hold: a key reused for
+# another account (12345678901234567, then 12345678901234568, one double
+# under RFC 8785) is refused and reaches nothing, while the same value
+# written otherwise (1, 1.0) is a replay. Every case checks what the
+# upstream saw and what the client was answered.
+IDEM=$1
+. "$(dirname "$0")/../lib.sh"
+. "$(dirname "$0")/serve_lib.sh"
+
+start_upstream up || { finish; exit 1; }
+start_gateway gw --upstream "$UP" --store "$TMP/gw.db" || { finish; exit 1; }
+
+# 1. Another account under the same key: 422, and the upstream saw one
+#    request, the first.
+post a1 account-1 '{"title":"pay","account":12345678901234567}'
+post a2 account-1 '{"title":"pay","account":12345678901234568}'
+expect_eq "first account: forwarded" "201 " \
+  "$(code a1) $(header a1 Idempotent-Replayed)"
+expect_eq "another account, same key: 422 key-reused" \
+  "422 urn:idem:problem:key-reused" "$(code a2) $(json a2 type)"
+expect_eq "another account: not a replay" "" "$(header a2 Idempotent-Replayed)"
+expect_eq "another account: the upstream saw exactly one request" "1 1" \
+  "$(effects account-1) $(upstream_field total)"
+# The first account again, its digits written otherwise: the replay.
+post a3 account-1 '{ "account" : 1.2345678901234567e16, "title":"pay" }'
+expect_eq "first account again: replayed" "201 true" \
+  "$(code a3) $(header a3 Idempotent-Replayed)"
+expect_eq "first account again: the first answer" "$(body a1)" "$(body a3)"
+
+# 2. Other numbers one double holds: 0.1 and 0.10000000000000001, and two
+#    amounts too small for any double but zero.
+post t1 tenth-1 '{"title":"t","amount":0.1}'
+post t2 tenth-1 '{"title":"t","amount":0.10000000000000001}'
+expect_eq "0.1, then 0.10000000000000001: 201, 422" "201 422" \
+  "$(code t1) $(code t2)"
+post u1 tiny-1 '{"title":"u","amount":1e-400}'
+post u2 tiny-1 '{"title":"u","amount":2e-400}'
+expect_eq "1e-400, then 2e-400: 201, 422" "201 422" "$(code u1) $(code u2)"
+expect_eq "one effect each" "1 1" "$(effects tenth-1) $(effects tiny-1)"
+
+# 3. One value written otherwise: 1, then 1.0 (and 10E-1): replays.
+post o1 one-1 '{"title":"o","n":1}'
+post o2 one-1 '{"title":"o","n":1.0}'
+post o3 one-1 '{"n":10E-1,"title":"o"}'
+expect_eq "1, then 1.0 and 10E-1: 201, replays" "201 201 true 201 true" \
+  "$(code o1) $(code o2) $(header o2 Idempotent-Replayed) $(code o3) $(header o3 Idempotent-Replayed)"
+expect_eq "1, then 1.0: the first answer" "$(body o1)" "$(body o2)"
+expect_eq "1, then 1.0: one effect" 1 "$(effects one-1)"
+
+# 4. Operators still see the request's canonical form (RFC 8785), its
+#    numbers as doubles.
+expect_eq "stored request: RFC 8785" \
+  '{"body":{"account":12345678901234568,"title":"pay"},"method":"POST","path":"/tickets","query":""}' \
+  "$("$IDEM" keys show account-1 --store "$TMP/gw.db" --operation 'POST /tickets' --json |
+    python3 -c 'import json,sys; print(json.load(sys.stdin).get("request"))')"
+
+stop_gateway "$GW_PID"
+expect_eq "stopped cleanly" 0 "$STOPPED"
+finish
