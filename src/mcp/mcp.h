@@ -142,11 +142,15 @@ void mcp_keyed_call(mcp_proxy *p, json_t *msg, const char *line, size_t len,
 int mcp_find_key(const char *key_argument, json_t *params, const char **key,
                  int *in_argument);
 
-/* {name, arguments}, without the argument named drop (may be NULL): the
- * request a keyed call is fingerprinted by, as compact JSON. NULL when out
- * of memory; free() it. */
-char *mcp_request_text(json_t *params, const char *tool, const char *drop,
-                       size_t *len);
+/*
+ * {"name": tool, "arguments": ...}, without the argument named drop (may be
+ * NULL): the request a keyed call is fingerprinted by. The arguments are
+ * the text of params.arguments in line (a message mcp_parse() read), so
+ * that the fingerprint sees the numbers as the client wrote them; {} when
+ * there are none. NULL when out of memory; free() it.
+ */
+char *mcp_request_text(const char *line, size_t line_len, const char *tool,
+                       const char *drop, size_t *len);
 
 /* Results kept in memory for replays (mcp_cache.c): put copies the body;
  * get returns 1 with a copy (free() it) when tool, key and fingerprint

@@ -518,9 +518,9 @@ void mcp_keyed_call(mcp_proxy *p, json_t *msg, const char *line, size_t len,
   k->key = strdup(key);
   k->tool = strdup(tool);
   k->pend.id = mcp_id_text(id);
-  k->request = mcp_request_text(json_object_get(msg, "params"), tool,
-                            key_in_argument ? p->o->key_argument : NULL,
-                            &k->request_len);
+  k->request = mcp_request_text(line, len, tool,
+                               key_in_argument ? p->o->key_argument : NULL,
+                               &k->request_len);
   if (!k->line || !k->key || !k->tool || !k->request) {
     keyed_free(k);
     goto oom;

@@ -73,19 +73,156 @@ int mcp_find_key(const char *key_argument, json_t *params, const char **key,
   return 0;
 }
 
-char *mcp_request_text(json_t *params, const char *tool, const char *drop,
-                       size_t *len) {
-  json_t *args = json_object_get(params, "arguments");
-  json_t *copy = json_is_object(args) ? json_deep_copy(args)
-                 : args               ? json_incref(args)
-                                      : json_object();
-  json_t *req;
-  char *text;
-  if (copy && drop && json_is_object(copy))
-    json_object_del(copy, drop);
-  req = copy ? json_pack("{s:s,s:o}", "name", tool, "arguments", copy) : NULL;
-  text = req ? json_dumps(req, JSON_COMPACT) : NULL;
-  json_decref(req);
-  *len = text ? strlen(text) : 0;
+/* ---- the request's text, taken from the line ---------------------------
+ *
+ * jansson reads every number as an int64 or a double, so a request rebuilt
+ * from its tree would have lost what a double cannot hold: 0.1 and
+ * 0.10000000000000001, 1 and 1.00000000000000001, and with an integer past
+ * 64 bits anywhere in the line every integer past 2^53. The fingerprint
+ * must see the numbers the client sent, so the arguments are copied from
+ * the line's own text. The line is JSON that mcp_parse() read, so these
+ * only step over valid values.
+ */
+
+static size_t skip_ws(const char *s, size_t n, size_t i) {
+  while (i < n && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r'))
+    i++;
+  return i;
+}
+
+/* Just past the string whose opening quote is at s[i]. */
+static size_t skip_string(const char *s, size_t n, size_t i) {
+  for (i++; i < n && s[i] != '"'; i++)
+    if (s[i] == '\\')
+      i++;
+  return i + 1;
+}
+
+/* Just past the value that starts at s[i]. */
+static size_t skip_value(const char *s, size_t n, size_t i) {
+  size_t depth = 0;
+  do {
+    if (i >= n)
+      return n;
+    if (s[i] == '"') {
+      i = skip_string(s, n, i);
+    } else if (s[i] == '{' || s[i] == '[') {
+      depth++;
+      i++;
+    } else if (s[i] == '}' || s[i] == ']') {
+      depth--;
+      i++;
+    } else if (depth == 0) {
+      while (i < n && !strchr(" \t\r\n,]}", s[i]))
+        i++;
+    } else {
+      i++;
+    }
+  } while (depth > 0);
+  return i;
+}
+
+/* Whether the member name whose quotes span s[i..end) is name, decoded. */
+static int name_is(const char *s, size_t i, size_t end, const char *name) {
+  size_t want = strlen(name);
+  json_t *v;
+  int same;
+  if (!memchr(s + i, '\\', end - i))
+    return end - i - 2 == want && memcmp(s + i + 1, name, want) == 0;
+  v = json_loadb(s + i, end - i, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
+  same = json_is_string(v) && json_string_length(v) == want &&
+         memcmp(json_string_value(v), name, want) == 0;
+  json_decref(v);
+  return same;
+}
+
+/* A member of the object at s[at]: where its name starts, where its value
+ * starts and ends. */
+typedef struct member_span {
+  size_t name, value, end;
+} member_span;
+
+/* Finds the member called name in the object at s[at]; 0 when there is
+ * none (or s[at] is no object). */
+static int find_member(const char *s, size_t n, size_t at, const char *name,
+                       member_span *m) {
+  size_t i;
+  if (at >= n || s[at] != '{')
+    return 0;
+  i = skip_ws(s, n, at + 1);
+  while (i < n && s[i] == '"') {
+    size_t end = skip_string(s, n, i);
+    m->name = i;
+    m->value = skip_ws(s, n, skip_ws(s, n, end) + 1);
+    m->end = skip_value(s, n, m->value);
+    if (name_is(s, i, end, name))
+      return 1;
+    i = skip_ws(s, n, m->end);
+    if (i >= n || s[i] != ',')
+      break;
+    i = skip_ws(s, n, i + 1);
+  }
+  return 0;
+}
+
+char *mcp_request_text(const char *line, size_t line_len, const char *tool,
+                       const char *drop, size_t *len) {
+  member_span params, args, key;
+  json_t *name = json_string(tool);
+  char *name_text = name ? json_dumps(name, JSON_ENCODE_ANY) : NULL;
+  char *text = NULL;
+  const char *a = "{}", *cut = NULL;
+  size_t alen = 2, cut_from = 0, cut_to = 0;
+  int have_args = 0;
+  *len = 0;
+  json_decref(name);
+  if (!name_text)
+    return NULL;
+  if (find_member(line, line_len, skip_ws(line, line_len, 0), "params",
+                  &params) &&
+      find_member(line, line_len, params.value, "arguments", &args)) {
+    a = line + args.value;
+    alen = args.end - args.value;
+    have_args = 1;
+  }
+  /* The key, when it came from the arguments, is no part of the request:
+   * its member goes, with the comma that joins it to a neighbour. */
+  if (drop && have_args &&
+      find_member(line, line_len, args.value, drop, &key)) {
+    size_t after = skip_ws(line, line_len, key.end);
+    cut = line + key.name;
+    cut_from = key.name;
+    cut_to = key.end;
+    if (after < line_len && line[after] == ',') {
+      cut_to = skip_ws(line, line_len, after + 1);
+    } else {
+      size_t before = key.name;
+      while (before > args.value && strchr(" \t\r\n", line[before - 1]) != NULL)
+        before--;
+      if (line[before - 1] == ',')
+        cut_from = before - 1;
+    }
+  }
+  {
+    size_t n = strlen(name_text) + alen + 32;
+    text = malloc(n);
+    if (text) {
+      size_t o =
+          (size_t)snprintf(text, n, "{\"name\":%s,\"arguments\":", name_text);
+      if (cut) {
+        memcpy(text + o, a, cut_from - args.value);
+        o += cut_from - args.value;
+        memcpy(text + o, line + cut_to, args.end - cut_to);
+        o += args.end - cut_to;
+      } else {
+        memcpy(text + o, a, alen);
+        o += alen;
+      }
+      text[o++] = '}';
+      text[o] = '\0';
+      *len = o;
+    }
+  }
+  free(name_text);
   return text;
 }

@@ -10,16 +10,18 @@
  *    params.idempotencyKey or, with --key-argument, an argument), the
  *    fingerprinted request is JSON that idem_canonicalize() takes (else the
  *    call could not be keyed), names the tool, and leaves out a key that
- *    came from the arguments;
+ *    came from the arguments; its canonical form is the one built from
+ *    jansson's tree (as 0.2 built it), and its arguments are the line's
+ *    own text, whose numbers reach the fingerprint exact;
  *  - the request does not depend on where the key was: the same call with
- *    its key in _meta, in params or nowhere fingerprints alike.
+ *    its key in _meta, in params or nowhere canonicalises alike.
  */
 #include <jansson.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "idem.h"
+#include "internal.h"
 #include "mcp/mcp.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -29,12 +31,45 @@ static void check(int ok) {
     abort();
 }
 
-static void check_call(json_t *params, const char *key_argument) {
+/* The canonical form (RFC 8785) of n bytes; NULL when refused. */
+static char *canonical(const char *s, size_t n, size_t *len) {
+  char *c = NULL;
+  *len = 0;
+  if (idem_canonicalize(s, n, NULL, &c, len, NULL) != IDEM_OK)
+    return NULL;
+  return c;
+}
+
+/* The request as 0.2 built it, from jansson's tree, canonicalised. */
+static char *request_from_tree(json_t *params, const char *tool,
+                               const char *drop, size_t *len) {
+  json_t *args = json_object_get(params, "arguments");
+  json_t *copy = json_is_object(args) ? json_deep_copy(args)
+                 : args               ? json_incref(args)
+                                      : json_object();
+  json_t *req;
+  char *text, *c;
+  check(copy != NULL);
+  if (drop && json_is_object(copy))
+    json_object_del(copy, drop);
+  req = json_pack("{s:s,s:o}", "name", tool, "arguments", copy);
+  check(req != NULL);
+  text = json_dumps(req, JSON_COMPACT);
+  check(text != NULL);
+  c = canonical(text, strlen(text), len);
+  check(c != NULL);
+  json_decref(req);
+  free(text);
+  return c;
+}
+
+static void check_call(const char *line, size_t size, json_t *params,
+                       const char *key_argument) {
   const char *tool = json_string_value(json_object_get(params, "name"));
-  const char *key = NULL;
+  const char *key = NULL, *drop;
   int in_arg = 0;
-  char *req, *canon = NULL, *again;
-  size_t len = 0, cl = 0, len2 = 0;
+  char *req, *canon, *again, *again_canon, *old, *bare_line;
+  size_t len = 0, cl = 0, len2 = 0, cl2 = 0, ol = 0;
   json_t *doc, *bare;
 
   if (!tool || strlen(tool) != json_string_length(json_object_get(params,
@@ -42,9 +77,11 @@ static void check_call(json_t *params, const char *key_argument) {
     return;
   if (mcp_find_key(key_argument, params, &key, &in_arg) != 0 || !key)
     return;
-  req = mcp_request_text(params, tool, in_arg ? key_argument : NULL, &len);
+  drop = in_arg ? key_argument : NULL;
+  req = mcp_request_text(line, size, tool, drop, &len);
   check(req != NULL && len == strlen(req));
-  check(idem_canonicalize(req, len, NULL, &canon, &cl, NULL) == IDEM_OK);
+  canon = canonical(req, len, &cl);
+  check(canon != NULL);
   doc = json_loadb(req, len, JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL, NULL);
   check(doc != NULL);
   check(strcmp(json_string_value(json_object_get(doc, "name")), tool) == 0);
@@ -52,15 +89,47 @@ static void check_call(json_t *params, const char *key_argument) {
     check(!json_object_get(json_object_get(doc, "arguments"), key_argument));
   json_decref(doc);
 
+  /* Under RFC 8785 it is the request 0.2 built from the tree: what is
+   * stored for operators has not changed. */
+  old = request_from_tree(params, tool, drop, &ol);
+  check(ol == cl && memcmp(old, canon, cl) == 0);
+
+  /* The arguments reach the fingerprint as the line wrote them: exact
+   * numbers included. */
+  if (!drop && json_object_get(params, "arguments")) {
+    static const char *const in_req[] = {"/arguments", NULL};
+    static const char *const in_line[] = {"/params/arguments", NULL};
+    char *a = NULL, *b = NULL;
+    size_t al = 0, bl = 0;
+    if (idem__fingerprint_text(line, size, in_line, &b, &bl, NULL) == IDEM_OK) {
+      check(idem__fingerprint_text(req, len, in_req, &a, &al, NULL) == IDEM_OK);
+      /* {"/arguments":X} and {"/params/arguments":X} */
+      check(al > 15 && bl > 22 && al - 15 == bl - 22 &&
+            memcmp(a + 14, b + 21, al - 15) == 0);
+      idem_free(a);
+      idem_free(b);
+    }
+  }
+
   /* Without the key's own members the request is the same. */
   bare = json_deep_copy(params);
   check(bare != NULL);
   json_object_del(bare, "idempotencyKey");
   json_object_del(json_object_get(bare, "_meta"), "idempotencyKey");
-  again = mcp_request_text(bare, tool, in_arg ? key_argument : NULL, &len2);
-  check(again != NULL && len2 == len && memcmp(again, req, len) == 0);
+  bare = json_pack("{s:o}", "params", bare);
+  check(bare != NULL);
+  bare_line = json_dumps(bare, JSON_COMPACT);
+  check(bare_line != NULL);
+  again = mcp_request_text(bare_line, strlen(bare_line), tool, drop, &len2);
+  check(again != NULL);
+  again_canon = canonical(again, len2, &cl2);
+  check(again_canon != NULL && cl2 == cl &&
+        memcmp(again_canon, canon, cl) == 0);
+  idem_free(again_canon);
   free(again);
+  free(bare_line);
   json_decref(bare);
+  idem_free(old);
   idem_free(canon);
   free(req);
 }
@@ -83,8 +152,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
   params = json_object_get(msg, "params");
   if (json_is_object(params)) {
-    check_call(params, NULL);
-    check_call(params, "idempotency_key");
+    check_call((const char *)data, size, params, NULL);
+    check_call((const char *)data, size, params, "idempotency_key");
   }
   json_decref(msg);
   return 0;
