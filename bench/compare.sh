@@ -21,10 +21,11 @@
 # built, instead of building BASE; BASE is then only its label), ROUNDS
 # (pairs, default 5; BENCH_ROUNDS is read too), BENCH_SECONDS (per phase,
 # default 2), BENCH_WORKERS (default "1 16"), BASE_JOBS (build jobs, default
-# 1, run under nice), BENCH_STAT_FSYNC (0 skips stat_fsync), BENCH_WAIT_CC
-# (before each run, wait up to this many seconds while a compiler, cc1,
-# runs: on a shared machine, builds are the main noise; default 600, 0
-# never waits), TMPDIR.
+# 1, run under nice), BENCH_STAT_FSYNC (0 skips stat_fsync), BENCH_WAIT
+# (before each run, wait up to this many seconds while a compiler, cc1, runs
+# or the CPUs are more than BENCH_BUSY percent busy over a second, default
+# 50: on a shared machine, others' builds and tests are the noise; default
+# 600, 0 never waits), TMPDIR.
 set -eu
 
 if [ $# -ne 1 ]; then
@@ -49,7 +50,8 @@ ROUNDS=${ROUNDS:-${BENCH_ROUNDS:-5}}
 SECS=${BENCH_SECONDS:-2}
 WORKERS=${BENCH_WORKERS:-1 16}
 JOBS=${BASE_JOBS:-1}
-WAIT_CC=${BENCH_WAIT_CC:-600}
+WAIT=${BENCH_WAIT:-600}
+BUSY=${BENCH_BUSY:-50}
 case $ROUNDS in '' | *[!0-9]* | 0) echo "bench: ROUNDS must be a positive number" >&2; exit 2 ;; esac
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/idem-bench-compare.XXXXXX")
@@ -104,6 +106,18 @@ else
 fi
 
 compiling() { pgrep -x cc1 >/dev/null 2>&1; }
+# busy: whether a compiler runs or the CPUs were more than BUSY% busy
+# during the last second (/proc/stat; idle and iowait count as idle).
+cpu_times() { awk '/^cpu /{t = 0; for (i = 2; i <= NF; i++) t += $i; print t, $5 + $6}' /proc/stat; }
+busy() {
+  compiling && return 0
+  [ -r /proc/stat ] || return 1
+  a=$(cpu_times)
+  sleep 1
+  b=$(cpu_times)
+  echo "$a $b" | awk -v max="$BUSY" '{ t = $3 - $1; i = $4 - $2;
+    exit !(t > 0 && 100 * (t - i) / t > max) }'
+}
 
 failed=0
 noisy=0
@@ -113,9 +127,9 @@ run() {
   [ "$1" = cur ] && bin=$IDEM
   f=$WORK/out/p$2.$1.w$3
   waited=0
-  while [ "$waited" -lt "$WAIT_CC" ] && compiling; do
-    [ "$waited" = 0 ] && echo "  (a compiler is running: waiting for it)" >&2
-    sleep 2
+  while [ "$waited" -lt "$WAIT" ] && busy; do
+    [ "$waited" = 0 ] && echo "  (the machine is busy: waiting)" >&2
+    sleep 1
     waited=$((waited + 2))
   done
   printf '  pair %s, %-4s %2s worker(s) ' "$2" "$1" "$3" >&2
