@@ -12,8 +12,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <jansson.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -171,112 +171,6 @@ static int end_record(idem_exec *x, int how, const idem_response *r,
   }
 }
 
-/* ---- fingerprints ----------------------------------------------------- */
-
-/* The value at an RFC 6901 pointer, or NULL. */
-static json_t *resolve_pointer(json_t *doc, const char *ptr, int *bad) {
-  json_t *v = doc;
-  *bad = 0;
-  if (*ptr == '\0')
-    return doc;
-  if (*ptr != '/') {
-    *bad = 1;
-    return NULL;
-  }
-  while (v && *ptr == '/') {
-    char token[1024];
-    size_t n = 0;
-    ptr++;
-    while (*ptr && *ptr != '/') {
-      char ch = *ptr++;
-      if (ch == '~') {
-        if (*ptr == '0')
-          ch = '~';
-        else if (*ptr == '1')
-          ch = '/';
-        else {
-          *bad = 1;
-          return NULL;
-        }
-        ptr++;
-      }
-      if (n + 1 >= sizeof token) {
-        *bad = 1;
-        return NULL;
-      }
-      token[n++] = ch;
-    }
-    token[n] = '\0';
-    if (json_is_object(v)) {
-      v = json_object_get(v, token);
-    } else if (json_is_array(v)) {
-      char *end;
-      unsigned long i;
-      if (n == 0 || (n > 1 && token[0] == '0') || token[0] < '0' ||
-          token[0] > '9')
-        return NULL;
-      i = strtoul(token, &end, 10);
-      v = *end ? NULL : json_array_get(v, i);
-    } else {
-      v = NULL;
-    }
-  }
-  return v;
-}
-
-/*
- * The fingerprint of the parts of a canonical request that the pointers
- * select: the canonical JSON of an object from each pointer that finds a
- * value to that value.
- */
-static int subset_fingerprint(const char *canon, size_t len,
-                              const char *const *pointers,
-                              char fp[IDEM_FINGERPRINT_SIZE]) {
-  json_error_t e;
-  json_t *doc, *sel;
-  char *text = NULL, *sub = NULL;
-  size_t sub_len = 0;
-  int rc = IDEM_OK;
-  /* The text is canonical already; integers are read as doubles, which is
-   * what canonical JSON's numbers are. */
-  doc = json_loadb(canon, len, JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL, &e);
-  sel = json_object();
-  if (!doc || !sel) {
-    rc = idem__fail(IDEM_EJSON, "execute: request: %s", e.text);
-    goto out;
-  }
-  for (int i = 0; pointers[i]; i++) {
-    int bad;
-    json_t *v = resolve_pointer(doc, pointers[i], &bad);
-    if (bad) {
-      rc = idem__fail(IDEM_EINVAL,
-                      "execute: fingerprint pointer '%s' is not an RFC 6901 "
-                      "JSON Pointer",
-                      pointers[i]);
-      goto out;
-    }
-    if (v && json_object_set(sel, pointers[i], v) != 0) {
-      rc = idem__fail(IDEM_ENOMEM, "execute: out of memory");
-      goto out;
-    }
-  }
-  text = json_dumps(sel, JSON_COMPACT | JSON_ENCODE_ANY | JSON_REAL_PRECISION(17));
-  if (!text) {
-    rc = idem__fail(IDEM_ENOMEM, "execute: out of memory");
-    goto out;
-  }
-  if ((rc = idem_canonicalize(text, strlen(text), NULL, &sub, &sub_len,
-                              NULL)) != IDEM_OK)
-    goto out;
-  rc = idem_sha256_hex(sub, sub_len, fp);
-out:
-  free(text);
-  idem_free(sub);
-  json_decref(sel);
-  json_decref(doc);
-  return rc;
-}
-
 /* ---- the call ---------------------------------------------------------- */
 
 static const char *ending_name(int how) {
@@ -325,9 +219,10 @@ int idem_execute(idem_store *store, const idem_id *id, const char *request,
   if ((rc = idem_canonicalize(request ? request : "", request_len, NULL,
                               &canon, &canon_len, NULL)) != IDEM_OK)
     return rc;
-  rc = o.fingerprint_pointers
-           ? subset_fingerprint(canon, canon_len, o.fingerprint_pointers, fp)
-           : idem_sha256_hex(canon, canon_len, fp);
+  /* From the request as sent: its numbers exact where a double cannot
+   * hold them (the canonical form keeps for operators has doubles). */
+  rc = idem__request_fingerprint(request ? request : "", request_len,
+                                 o.fingerprint_pointers, fp);
   if (rc != IDEM_OK)
     goto out;
   o.call.request = canon;

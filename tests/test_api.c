@@ -125,6 +125,31 @@ static void test_call_state_after_each_ending(void **state) {
   }
 }
 
+/* idem_execute() fingerprints the request as sent: numbers that differ
+ * past a double's precision are other requests; equal values are one. */
+static void test_execute_exact_numbers(void **state) {
+  fixture *f = *state;
+  idem_id id = {"tenant-a", OPERATION, "exact-account"};
+  const char *first = "{\"account\":12345678901234567}";
+  const char *other = "{\"account\":12345678901234568}";
+  const char *same = "{\"account\":1234567890123456.7e1}";
+  int how = IDEM_EXEC_DONE;
+  idem_call *c = NULL;
+  EXPECT_RC(IDEM_OK, idem_execute(f->store, &id, first, strlen(first),
+                                  answer_with, &how, NULL, &c));
+  assert_int_equal(idem_call_outcome(c), IDEM_PROCEED);
+  idem_call_free(c);
+  EXPECT_RC(IDEM_OK, idem_execute(f->store, &id, other, strlen(other),
+                                  answer_with, &how, NULL, &c));
+  assert_int_equal(idem_call_outcome(c), IDEM_CONFLICT);
+  idem_call_free(c);
+  EXPECT_RC(IDEM_OK, idem_execute(f->store, &id, same, strlen(same),
+                                  answer_with, &how, NULL, &c));
+  assert_int_equal(idem_call_outcome(c), IDEM_REPLAY);
+  assert_int_equal(ticket_id_of(idem_call_response(c)), 1);
+  idem_call_free(c);
+}
+
 #define STORE_TEST(fn)                                                         \
   cmocka_unit_test_setup_teardown(fn, setup_store, teardown_store)
 
@@ -133,6 +158,7 @@ int main(void) {
       cmocka_unit_test(test_open_without_a_store_named),
       STORE_TEST(test_execute_refuses_request_fields),
       STORE_TEST(test_call_state_after_each_ending),
+      STORE_TEST(test_execute_exact_numbers),
   };
   return run_engine_tests("api", both, sizeof both / sizeof both[0], NULL, 0,
                           NULL, 0);
