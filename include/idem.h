@@ -365,6 +365,14 @@ IDEM_API int64_t idem_call_retry_after_ms(const idem_call *call);
 /* The attempt number: 1 for the first holder, +1 for each takeover. */
 IDEM_API int idem_call_attempt(const idem_call *call);
 /*
+ * Non-zero when an earlier attempt may also have acted: on RECOVER (the
+ * caller holds the key after a takeover, and idem_execute_local() ran its
+ * action then), and on REPLAY of a response that a holder stored after
+ * RECOVER, or that an operator stored for a record of more than one
+ * attempt (idem_record.recovered). 0 on every other outcome, and for NULL.
+ */
+IDEM_API int idem_call_recovered(const idem_call *call);
+/*
  * While the caller holds the record (PROCEED, RECOVER): when its lease ends,
  * in Unix milliseconds by the store's clock, as the last claim or renewal
  * wrote it. 0 otherwise.
@@ -470,6 +478,12 @@ typedef struct idem_record {
   size_t request_len;
   int has_response;
   idem_response response;
+  /* Completed records only: non-zero when the response was stored by a
+   * holder that took the key over (outcome IDEM_RECOVER), or by an
+   * operator's idem_resolve_with() on a record of more than one attempt:
+   * an earlier attempt may also have acted. Replays say so
+   * (idem_call_recovered()). Records completed by idem 0.2 say 0. */
+  int recovered;
 } idem_record;
 
 IDEM_API void idem_record_free(idem_record *record);

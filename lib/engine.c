@@ -637,6 +637,8 @@ int64_t idem_call_retry_after_ms(const idem_call *c) {
 
 int idem_call_attempt(const idem_call *c) { return c ? c->attempt : 0; }
 
+int idem_call_recovered(const idem_call *c) { return c ? c->recovered : 0; }
+
 int64_t idem_call_lease_expires_ms(const idem_call *c) {
   return c && c->held ? c->lease_expires_ms : 0;
 }

@@ -44,6 +44,7 @@ struct idem_call {
   void *resp_buf;
   int held; /* PROCEED/RECOVER not yet completed, released or marked */
   int took_over_unknown; /* RECOVER of a record that was marked unknown */
+  int recovered; /* RECOVER, or REPLAY of a record marked recovered */
 };
 
 typedef enum idem__op_kind {

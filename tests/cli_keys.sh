@@ -258,6 +258,37 @@ expect_eq "deleted: gone" 1 "$?"
 "$IDEM" keys delete od --store "$od_db" 2>/dev/null
 expect_eq "delete of a missing key: exit 1" 1 "$?"
 
+# A response completed by a run that took the key over (--on-unknown rerun
+# after a run died holding it) is marked recovered; a first run's is not.
+rec_db="sqlite:$TMP/recovered.db"
+# The same command both times (the fingerprint is its argv): the first run
+# hangs, the second finds the first one's mark and ends.
+rec_cmd='if [ -s "$1" ]; then echo again; else echo up >> "$1"; sleep 5; fi'
+"$IDEM" run --store "$rec_db" --key rec --lease 200ms -- sh -c "$rec_cmd" x "$TMP/uprec" </dev/null >/dev/null 2>&1 &
+rpid=$!
+wait_for "$TMP/uprec" || fail "the run to recover did not start"
+kill -KILL $rpid; wait $rpid 2>/dev/null
+sleep 0.4 # past the 200ms lease
+out=$("$IDEM" run --store "$rec_db" --key rec --on-unknown rerun -- sh -c "$rec_cmd" x "$TMP/uprec" </dev/null 2>/dev/null)
+expect_eq "the run that took over: exit 0" 0 "$?"
+expect_eq "the run that took over: its output" "again" "$out"
+"$IDEM" run --store "$rec_db" --key first -- echo first </dev/null >/dev/null
+out=$("$IDEM" keys show rec --store "$rec_db")
+expect_eq "show: a recovered completion" "recovered:   yes" \
+  "$(printf '%s\n' "$out" | grep '^recovered:')"
+expect_eq "show: its attempt" "attempt:     2" \
+  "$(printf '%s\n' "$out" | grep '^attempt:')"
+out=$("$IDEM" keys show first --store "$rec_db")
+expect_eq "show: a first run's completion" "recovered:   no" \
+  "$(printf '%s\n' "$out" | grep '^recovered:')"
+out=$("$IDEM" keys show rec --store "$rec_db" --json)
+expect_match "show --json: recovered" '"recovered": true' "$out"
+out=$("$IDEM" keys show first --store "$rec_db" --json)
+expect_match "show --json: not recovered" '"recovered": false' "$out"
+out=$("$IDEM" keys list --store "$rec_db" --json)
+expect_match "list --json: recovered" '"key":"rec".*"recovered":true' "$out"
+expect_match "list --json: not recovered" '"key":"first".*"recovered":false' "$out"
+
 # Listing never creates a store.
 "$IDEM" keys list --store "sqlite:$TMP/none.db" 2>/dev/null
 expect_eq "list of a missing store: exit 1" 1 "$?"
