@@ -17,6 +17,7 @@ typedef struct slot {
   int64_t expires_ms;
   int status;
   int attempt;
+  int recovered;
   int has_meta;
   char *data; /* meta then body */
   size_t meta_len, body_len;
@@ -94,8 +95,8 @@ void idem__cache_free(idem__cache *c) {
 
 void idem__cache_put(idem__cache *c, const idem_id *id,
                      const char *fingerprint, int64_t expires_ms, int attempt,
-                     int status, const void *meta, size_t meta_len, const void *body,
-                     size_t body_len) {
+                     int recovered, int status, const void *meta,
+                     size_t meta_len, const void *body, size_t body_len) {
   char key[3 * 256 + 2];
   size_t n = make_id(id, key, sizeof key);
   slot fresh;
@@ -114,6 +115,7 @@ void idem__cache_put(idem__cache *c, const idem_id *id,
   fresh.expires_ms = expires_ms;
   fresh.status = status;
   fresh.attempt = attempt;
+  fresh.recovered = recovered != 0;
   fresh.has_meta = meta != NULL;
   if (meta_len)
     memcpy(fresh.data, meta, meta_len);
@@ -186,12 +188,14 @@ int idem__cache_get(idem__cache *c, idem__op *op, int64_t now_ms) {
     if (strcmp(s->fingerprint, op->fingerprint) != 0) {
       cl->outcome = IDEM_CONFLICT;
       cl->attempt = s->attempt;
+      cl->recovered = 0;
       hit = 1;
     } else if (idem__claim_set_response(
                    cl, s->status, s->has_meta ? s->data : NULL, s->meta_len,
                    s->data + s->meta_len, s->body_len) == IDEM_OK) {
       cl->outcome = IDEM_REPLAY;
       cl->attempt = s->attempt;
+      cl->recovered = s->recovered;
       hit = 1;
     }
   }

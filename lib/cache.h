@@ -27,15 +27,15 @@ void idem__cache_free(idem__cache *c);
 /* Stores a completed record read from the store. */
 void idem__cache_put(idem__cache *c, const idem_id *id,
                      const char *fingerprint, int64_t expires_ms, int attempt,
-                     int status, const void *meta, size_t meta_len, const void *body,
-                     size_t body_len);
+                     int recovered, int status, const void *meta,
+                     size_t meta_len, const void *body, size_t body_len);
 
 /* Forgets id's record, which was deleted from the store. */
 void idem__cache_forget(idem__cache *c, const idem_id *id);
 
 /*
- * Looks up op's id at time now. On a hit, fills op->claim with REPLAY (and
- * the response) or CONFLICT and returns 1; returns 0 on a miss, an expired
+ * Looks up op's id at time now. On a hit, fills op->claim with REPLAY (the
+ * response and the record's recovered mark) or CONFLICT and returns 1; returns 0 on a miss, an expired
  * entry or an allocation failure.
  */
 int idem__cache_get(idem__cache *c, idem__op *op, int64_t now_ms);

@@ -159,6 +159,8 @@ idem__action idem__decide_op(idem__op *op, const idem__row *row,
   cl->attempt = row->attempt;
   cl->took_over_unknown =
       cl->outcome == IDEM_RECOVER && row->state == IDEM_STATE_UNKNOWN;
+  /* A replay's mark is the record's: idem__claim_replay() sets it. */
+  cl->recovered = cl->outcome == IDEM_RECOVER;
   if (cl->outcome == IDEM_IN_FLIGHT && cl->retry_after_ms < 1)
     cl->retry_after_ms = 1;
   return action;
@@ -166,7 +168,8 @@ idem__action idem__decide_op(idem__op *op, const idem__row *row,
 
 int idem__claim_replay(idem__op *op, const char *fingerprint, int status,
                        const void *meta, size_t meta_len, const void *body,
-                       size_t body_len, const char *sum, size_t sum_len) {
+                       size_t body_len, const char *sum, size_t sum_len,
+                       int recovered) {
   char want[IDEM_FINGERPRINT_SIZE];
   if (idem__response_checksum(fingerprint, status, meta, meta_len, body,
                               body_len, want) != IDEM_OK ||
@@ -181,6 +184,7 @@ int idem__claim_replay(idem__op *op, const char *fingerprint, int status,
   if (idem__claim_set_response(op->claim, status, meta_len ? meta : NULL,
                                meta_len, body, body_len) != IDEM_OK)
     return idem__op_fail(op, IDEM_ENOMEM, "out of memory");
+  op->claim->recovered = recovered != 0;
   return IDEM_OK;
 }
 
@@ -241,6 +245,7 @@ int idem__record_new(const idem__row_parts *p, idem_record **out) {
     r->response.meta_len = r->response.meta ? p->meta_len : 0;
     r->response.body = dup_part(p->body, p->body_len, &oom);
     r->response.body_len = r->response.body ? p->body_len : 0;
+    r->recovered = p->recovered != 0;
   }
   if (oom) {
     idem_record_free(r);

@@ -85,6 +85,7 @@ typedef struct idem__row {
   int attempt;
   int64_t lease_expires_ms;
   int64_t expires_ms;
+  int recovered; /* completed by a holder that recovered (see idem.h) */
 } idem__row;
 
 typedef enum idem__action {
@@ -141,12 +142,14 @@ idem__action idem__decide_op(idem__op *op, const idem__row *row,
                              int64_t now_ms);
 /*
  * For a REPLAY: checks the stored response against its checksum (sum_len
- * bytes at sum; NULL when none was stored) and copies it into op's claim.
- * IDEM_OK, or op->rc (IDEM_ECORRUPT: nothing is replayed; IDEM_ENOMEM).
+ * bytes at sum; NULL when none was stored) and copies it into op's claim,
+ * with the record's recovered mark. IDEM_OK, or op->rc (IDEM_ECORRUPT:
+ * nothing is replayed; IDEM_ENOMEM).
  */
 int idem__claim_replay(idem__op *op, const char *fingerprint, int status,
                        const void *meta, size_t meta_len, const void *body,
-                       size_t body_len, const char *sum, size_t sum_len);
+                       size_t body_len, const char *sum, size_t sum_len,
+                       int recovered);
 /*
  * Why a response cannot be kept (NULL data with a length; larger than
  * IDEM_MAX_RESPONSE), as "who: reason" in why; IDEM_OK when it can.
@@ -165,6 +168,7 @@ typedef struct idem__row_parts {
   int status;
   const void *meta, *body;
   size_t meta_len, body_len;
+  int recovered;
 } idem__row_parts;
 /* An idem_record holding copies of the parts (each with a spare NUL, so
  * that text prints as is); the response only for a completed record. */
@@ -173,7 +177,15 @@ int idem__record_new(const idem__row_parts *parts, idem_record **out);
 int idem__claim_set_response(idem_call *claim, int status, const void *meta,
                              size_t meta_len, const void *body,
                              size_t body_len);
-/* The checksum that detects a corrupted completed record. */
+/*
+ * The checksum that detects a corrupted completed record. It covers the
+ * response (and the fingerprint), not the recovered mark: idem 0.2
+ * handles still open on a migrated store, and handles working at an older
+ * schema that has no mark (docs/design.md), verify records with this same
+ * sum; a sum that covered the mark would make them call every marked
+ * record corrupted, and an operator told to delete it would let the key
+ * act once more.
+ */
 int idem__response_checksum(const char *fingerprint, int status,
                             const void *meta, size_t meta_len,
                             const void *body, size_t body_len,

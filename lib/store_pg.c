@@ -333,13 +333,14 @@ static int load_and_decide(pg_store *s, conn *c, idem__op *op, int which,
     const void *body = idem__pg_col_ptr(res, 0, 7, &body_len);
     const char *sum = idem__pg_col_ptr(res, 0, 8, &sum_len);
     if (idem__claim_replay(op, row->fingerprint, status, meta, meta_len, body,
-                           body_len, sum, sum_len) != IDEM_OK) {
+                           body_len, sum, sum_len, row->recovered) != IDEM_OK) {
       PQclear(res);
       return op->rc;
     }
     idem__cache_put(s->cache, op->id, row->fingerprint,
                     cache_deadline(sent, row->expires_ms - now), row->attempt,
-                    status, meta_len ? meta : NULL, meta_len, body, body_len);
+                    row->recovered, status, meta_len ? meta : NULL, meta_len,
+                    body, body_len);
   }
   PQclear(res);
   return IDEM_OK;
@@ -793,7 +794,7 @@ static int run_local_first(pg_store *s, conn *c, idem__op *op) {
     return idem__op_fail(op, IDEM_ENOMEM, "out of memory"), 1;
   idem__cache_put(s->cache, op->id, op->fingerprint,
                   cache_deadline(sent, idem__pg_period(op->opts.retention_ms)),
-                  1, r.status, r.meta, r.meta_len, r.body, r.body_len);
+                  1, 0, r.status, r.meta, r.meta_len, r.body, r.body_len);
   return 1;
 }
 

@@ -601,8 +601,8 @@ static int load_and_decide(conn *c, idem__op *op, int64_t now, idem__row *row,
     const char *sum = (const char *)sqlite3_column_text(q, 8);
     size_t sum_len = (size_t)sqlite3_column_bytes(q, 8);
     if (idem__claim_replay(op, row->fingerprint, sqlite3_column_int(q, 5),
-                           meta, meta_len, body, body_len, sum,
-                           sum_len) != IDEM_OK) {
+                           meta, meta_len, body, body_len, sum, sum_len,
+                           row->recovered) != IDEM_OK) {
       sqlite3_reset(q);
       return op->rc;
     }
@@ -1329,8 +1329,8 @@ static void sq_run(void *state, idem__op *op) {
       if (op->claim->outcome == IDEM_REPLAY) {
         const idem_response *r = &op->claim->response;
         idem__cache_put(s->cache, op->id, row.fingerprint, row.expires_ms,
-                        row.attempt, r->status, r->meta, r->meta_len,
-                        r->body, r->body_len);
+                        row.attempt, row.recovered, r->status, r->meta,
+                        r->meta_len, r->body, r->body_len);
       }
       return;
     }
