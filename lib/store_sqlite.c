@@ -35,7 +35,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#define SCHEMA_VERSION 1
+/* 1: idem 0.2; 2: the recovered mark (idem_record.recovered). */
+#define SCHEMA_VERSION 2
 #define BATCH_MAX 64
 
 enum {
@@ -63,10 +64,25 @@ enum {
   ST_COUNT
 };
 
-#define RECORD_COLUMNS                                                        \
+/*
+ * Every read that answers from rows also reads the schema version, in the
+ * same statement and so the same snapshot: a store that a newer idem
+ * migrated is refused (IDEM_ESCHEMA) instead of having its rows read in a
+ * layout this idem does not know. One more lookup in a one-row table, no
+ * statement more.
+ */
+#define VERSION_SQL                                                            \
+  "(SELECT value FROM idem_meta WHERE name = 'schema_version')"
+
+/* The columns of a record; rec is the recovered mark's column, or "0" on
+ * a store of schema 1 opened read-only (which cannot be migrated). Then
+ * the schema version. */
+#define RECORD_COLUMNS(rec)                                                    \
   "tenant, operation, key, fingerprint, state, attempt, created_ms, "         \
   "updated_ms, lease_expires_ms, expires_ms, request, status, meta, body, "   \
-  "checksum"
+  "checksum, " rec ", " VERSION_SQL
+#define RECORD_RECOVERED 15
+#define RECORD_VERSION 16
 
 /* Expired by retention: completed records only. A record in progress or
  * marked unknown may describe an action that happened; it stays. */
@@ -74,10 +90,36 @@ enum {
 /* Past its retention but kept, waiting for a holder or an operator. */
 #define OVERDUE_SQL "(state <> 2 AND expires_ms <= ?1)"
 
+/* A claim's read of its record: columns 0-8, the recovered mark (rec) and
+ * the schema version. */
+#define SELECT_SQL(rec)                                                        \
+  "SELECT fingerprint, state, attempt, lease_expires_ms, expires_ms, "        \
+  "status, meta, body, checksum, " rec ", " VERSION_SQL " FROM "             \
+  "idem_records WHERE tenant = ?1 AND operation = ?2 AND key = ?3"
+#define SELECT_RECOVERED 9
+#define SELECT_VERSION 10
+
+#define GET_SQL(cols)                                                          \
+  "SELECT " cols " FROM idem_records WHERE tenant = ?2 AND operation = ?3 "   \
+  "AND key = ?4 AND NOT " EXPIRED_SQL
+
+/* One page after the last record of the previous one (?8-?11). */
+#define LIST_SQL(cols)                                                         \
+  "SELECT " cols " FROM idem_records WHERE (?2 IS NULL OR "                   \
+  "tenant = ?2) AND (?3 IS NULL OR operation = ?3) AND (?4 = 0 OR state = "   \
+  "?4) AND (?5 OR NOT " EXPIRED_SQL ") AND (?7 = 0 OR " OVERDUE_SQL ") AND "  \
+  "(created_ms, tenant, operation, key) > (?8, ?9, ?10, ?11) ORDER BY "       \
+  "created_ms, tenant, operation, key LIMIT ?6"
+
+/*
+ * A completion is marked recovered when its holder took the key over: its
+ * attempt is then above 1 (attempts grow by takeovers only; a new record,
+ * and one that replaces an expired record, start at 1). An operator's
+ * resolution is marked by the same rule: a record of more than one attempt
+ * may have acted more than once.
+ */
 static const char *const sql_text[ST_COUNT] = {
-    [ST_SELECT] = "SELECT fingerprint, state, attempt, lease_expires_ms, "
-                  "expires_ms, status, meta, body, checksum FROM idem_records "
-                  "WHERE tenant = ?1 AND operation = ?2 AND key = ?3",
+    [ST_SELECT] = SELECT_SQL("recovered"),
     [ST_INSERT] =
         "INSERT OR REPLACE INTO idem_records (tenant, operation, key, "
         "fingerprint, request, state, owner, attempt, created_ms, updated_ms, "
@@ -90,8 +132,8 @@ static const char *const sql_text[ST_COUNT] = {
     [ST_COMPLETE] =
         "UPDATE idem_records SET state = 2, owner = NULL, lease_expires_ms = "
         "0, updated_ms = ?5, expires_ms = ?6, status = ?7, meta = ?8, body = "
-        "?9, checksum = ?10 WHERE tenant = ?1 AND operation = ?2 AND key = ?3 "
-        "AND owner = ?4 AND state = 1",
+        "?9, checksum = ?10, recovered = attempt > 1 WHERE tenant = ?1 AND "
+        "operation = ?2 AND key = ?3 AND owner = ?4 AND state = 1",
     [ST_RELEASE] = "DELETE FROM idem_records WHERE tenant = ?1 AND operation "
                    "= ?2 AND key = ?3 AND owner = ?4 AND state = 1",
     [ST_UNKNOWN] = "UPDATE idem_records SET state = 3, owner = NULL, "
@@ -101,15 +143,8 @@ static const char *const sql_text[ST_COUNT] = {
     [ST_RENEW] = "UPDATE idem_records SET lease_expires_ms = ?5, updated_ms = "
                  "?6 WHERE tenant = ?1 AND operation = ?2 AND key = ?3 AND "
                  "owner = ?4 AND state = 1",
-    [ST_GET] = "SELECT " RECORD_COLUMNS " FROM idem_records WHERE tenant = ?2 "
-               "AND operation = ?3 AND key = ?4 AND NOT " EXPIRED_SQL,
-    /* One page after the last record of the previous one (?8-?11). */
-    [ST_LIST] = "SELECT " RECORD_COLUMNS " FROM idem_records WHERE (?2 IS "
-                "NULL OR tenant = ?2) AND (?3 IS NULL OR operation = ?3) AND "
-                "(?4 = 0 OR state = ?4) AND (?5 OR NOT " EXPIRED_SQL ") AND "
-                "(?7 = 0 OR " OVERDUE_SQL ") AND (created_ms, tenant, "
-                "operation, key) > (?8, ?9, ?10, ?11) ORDER BY created_ms, "
-                "tenant, operation, key LIMIT ?6",
+    [ST_GET] = GET_SQL(RECORD_COLUMNS("recovered")),
+    [ST_LIST] = LIST_SQL(RECORD_COLUMNS("recovered")),
     [ST_PRUNE] = "DELETE FROM idem_records WHERE " EXPIRED_SQL,
     [ST_PRUNE_SOME] = "DELETE FROM idem_records WHERE (tenant, operation, "
                       "key) IN (SELECT tenant, operation, key FROM "
@@ -117,8 +152,8 @@ static const char *const sql_text[ST_COUNT] = {
     [ST_RESOLVE_DONE] =
         "UPDATE idem_records SET state = 2, owner = NULL, lease_expires_ms = "
         "0, updated_ms = ?4, expires_ms = MAX(expires_ms, ?5), status = ?6, "
-        "meta = ?7, body = ?8, checksum = ?9 WHERE tenant = ?1 AND operation "
-        "= ?2 AND key = ?3 AND state <> 2",
+        "meta = ?7, body = ?8, checksum = ?9, recovered = attempt > 1 WHERE "
+        "tenant = ?1 AND operation = ?2 AND key = ?3 AND state <> 2",
     [ST_RESOLVE_DELETE] = "DELETE FROM idem_records WHERE tenant = ?1 AND "
                           "operation = ?2 AND key = ?3 AND state <> 2",
     [ST_DELETE] = "DELETE FROM idem_records WHERE tenant = ?1 AND operation = "
@@ -134,8 +169,8 @@ static const char *const sql_text[ST_COUNT] = {
     [ST_TAKEOVER_DONE] =
         "UPDATE idem_records SET state = 2, owner = NULL, attempt = attempt + "
         "1, updated_ms = ?6, lease_expires_ms = 0, expires_ms = ?7, status = "
-        "?8, meta = ?9, body = ?10, checksum = ?11 WHERE tenant = ?1 AND "
-        "operation = ?2 AND key = ?3 AND fingerprint = ?4",
+        "?8, meta = ?9, body = ?10, checksum = ?11, recovered = 1 WHERE "
+        "tenant = ?1 AND operation = ?2 AND key = ?3 AND fingerprint = ?4",
     /* For an action that ended the transaction itself: whether its writes
      * were kept is unknown, and the key must say so (a holder's expired
      * row too; a completed one is left as it is). */
@@ -152,6 +187,14 @@ static const char *const sql_text[ST_COUNT] = {
     [ST_ROLLBACK_SP] = "ROLLBACK TO idem_op",
     [ST_VERSION] = "SELECT CAST(value AS INTEGER) FROM idem_meta WHERE name "
                    "= 'schema_version'",
+};
+
+/* The reads as they are on a store of schema 1, which a read-only handle
+ * reads without migrating it: no record of it is marked. */
+static const char *const sql_text_v1[ST_COUNT] = {
+    [ST_SELECT] = SELECT_SQL("0"),
+    [ST_GET] = GET_SQL(RECORD_COLUMNS("0")),
+    [ST_LIST] = LIST_SQL(RECORD_COLUMNS("0")),
 };
 
 static const char schema_v1[] =
@@ -175,8 +218,16 @@ static const char schema_v1[] =
     " PRIMARY KEY (tenant, operation, key)) WITHOUT ROWID;"
     "CREATE INDEX idem_records_expires ON idem_records (expires_ms);";
 
+/* Version 2: the recovered mark. Records of version 1 are not marked. */
+static const char schema_v2[] = "ALTER TABLE idem_records ADD COLUMN "
+                                "recovered INTEGER NOT NULL DEFAULT 0";
+
+struct sq_store;
+
 typedef struct conn {
   sqlite3 *db;
+  struct sq_store *store;
+  int v1; /* reads a store of schema 1: sql_text_v1 */
   unsigned commits; /* counted by a commit hook: see run_local() */
   sqlite3_stmt *st[ST_COUNT];
   struct conn *next;
@@ -186,6 +237,9 @@ typedef struct sq_store {
   char *path;
   idem_store_options o;
   char version[32];
+  /* The oldest schema version this handle's statements read right:
+   * SCHEMA_VERSION, or 1 for a read-only handle on a store of version 1. */
+  int schema_min;
 
   pthread_mutex_t pool_mu;
   pthread_cond_t pool_cv;
@@ -293,9 +347,10 @@ static void conn_close(conn *c) {
 
 static sqlite3_stmt *stmt(conn *c, int which) {
   if (!c->st[which]) {
-    if (sqlite3_prepare_v3(c->db, sql_text[which], -1,
-                           SQLITE_PREPARE_PERSISTENT, &c->st[which],
-                           NULL) != SQLITE_OK)
+    const char *sql =
+        c->v1 && sql_text_v1[which] ? sql_text_v1[which] : sql_text[which];
+    if (sqlite3_prepare_v3(c->db, sql, -1, SQLITE_PREPARE_PERSISTENT,
+                           &c->st[which], NULL) != SQLITE_OK)
       return NULL;
   } else {
     sqlite3_reset(c->st[which]);
@@ -375,6 +430,8 @@ static int conn_open(sq_store *s, conn **out) {
   *out = NULL;
   if (!c)
     return idem__fail(IDEM_ENOMEM, "sqlite: out of memory");
+  c->store = s;
+  c->v1 = s->schema_min == 1;
   rc = sqlite3_open_v2(s->path, &c->db,
                        (s->o.read_only ? SQLITE_OPEN_READONLY
                                        : SQLITE_OPEN_READWRITE) |
@@ -495,9 +552,17 @@ static int ensure_schema(sq_store *s, conn *c) {
   int version = 0, rc;
   /* The common case reads only: many processes opening one store at once
    * do not queue for the write lock just to find the schema in place. */
+  s->schema_min = SCHEMA_VERSION;
   version = read_version(c);
   if (version == SCHEMA_VERSION)
     return IDEM_OK;
+  /* A reader may not migrate: a store of version 1 (idem 0.2) is read as
+   * it is, without recovered marks. */
+  if (s->o.read_only && version == 1) {
+    s->schema_min = 1;
+    c->v1 = 1;
+    return IDEM_OK;
+  }
   if (s->o.read_only)
     return version > SCHEMA_VERSION
                ? idem__fail(IDEM_ESCHEMA,
@@ -536,10 +601,19 @@ static int ensure_schema(sq_store *s, conn *c) {
     if (exec(c, schema_v1) != SQLITE_OK)
       goto fail;
   }
-  if (version < SCHEMA_VERSION &&
-      exec(c, "INSERT OR REPLACE INTO idem_meta VALUES ('schema_version', "
-              "'1')") != SQLITE_OK)
-    goto fail;
+  if (version < 2) {
+    if (exec(c, schema_v2) != SQLITE_OK)
+      goto fail;
+  }
+  if (version < SCHEMA_VERSION) {
+    char sql[96];
+    snprintf(sql, sizeof sql,
+             "INSERT OR REPLACE INTO idem_meta VALUES ('schema_version', "
+             "'%d')",
+             SCHEMA_VERSION);
+    if (exec(c, sql) != SQLITE_OK)
+      goto fail;
+  }
   if (exec(c, "COMMIT") != SQLITE_OK)
     goto fail;
   return IDEM_OK;
@@ -549,6 +623,84 @@ fail:
   sqlite3_finalize(q);
   exec(c, "ROLLBACK");
   return rc;
+}
+
+/* ---- the schema version ------------------------------------------------- */
+
+/*
+ * A newer idem may migrate the store while this handle has it open. From
+ * then on this handle neither reads records (their layout may have
+ * changed) nor writes any (the newer version would misread them): every
+ * call fails with IDEM_ESCHEMA and says why. Writes read the version inside
+ * their transaction; reads of records read it in the statement that reads
+ * them.
+ */
+
+/* Whether this handle's statements are right for schema version v. */
+static int schema_known(const sq_store *s, int v) {
+  return v >= s->schema_min && v <= SCHEMA_VERSION;
+}
+
+static void schema_problem(const sq_store *s, int v, char *why, size_t size) {
+  snprintf(why, size,
+           "store '%s': its schema is now version %d (this idem knows up "
+           "to %d): another version of idem changed it while this handle "
+           "had it open; nothing more is read or written through this "
+           "handle; open the store with that version",
+           s->path, v, SCHEMA_VERSION);
+}
+
+/* Reads the version: IDEM_OK, IDEM_ESCHEMA, or the store's error; the
+ * detail in why. */
+static int schema_check(sq_store *s, conn *c, char *why, size_t size) {
+  sqlite3_stmt *q = stmt(c, ST_VERSION);
+  char buf[384];
+  int version = 0, step;
+  if (!q) {
+    snprintf(why, size, "sqlite: prepare: %s", errtext(c->db, buf, sizeof buf));
+    return map_rc(sqlite3_extended_errcode(c->db));
+  }
+  step = sqlite3_step(q);
+  if (step == SQLITE_ROW)
+    version = sqlite3_column_int(q, 0);
+  if (step != SQLITE_ROW && step != SQLITE_DONE) {
+    int rc = map_rc(sqlite3_extended_errcode(c->db));
+    snprintf(why, size, "sqlite: read the schema version: %s",
+             errtext(c->db, buf, sizeof buf));
+    sqlite3_reset(q);
+    return rc;
+  }
+  sqlite3_reset(q);
+  if (schema_known(s, version))
+    return IDEM_OK;
+  schema_problem(s, version, why, size);
+  return IDEM_ESCHEMA;
+}
+
+/* IDEM_ESCHEMA for a store found at version v. */
+static int schema_refused(const sq_store *s, int v) {
+  char why[512];
+  schema_problem(s, v, why, sizeof why);
+  return idem__fail(IDEM_ESCHEMA, "%s", why);
+}
+
+/* A read that failed: IDEM_ESCHEMA when the schema changed under it (a
+ * newer layout may not even have the columns read), else the error. */
+static int read_failed(sq_store *s, conn *c, const char *what) {
+  char why[512];
+  int rc = sqlite_fail(c, what);
+  if (schema_check(s, c, why, sizeof why) == IDEM_ESCHEMA)
+    rc = idem__fail(IDEM_ESCHEMA, "%s", why);
+  return rc;
+}
+
+/* The same for a claim's read. Returns op->rc. */
+static int op_read_failed(conn *c, idem__op *op, const char *what) {
+  char why[sizeof op->errmsg];
+  op_sqlite_fail(op, c, what);
+  if (schema_check(c->store, c, why, sizeof why) == IDEM_ESCHEMA)
+    idem__op_fail(op, IDEM_ESCHEMA, "%s", why);
+  return op->rc;
 }
 
 /* ---- reading rows -------------------------------------------------------- */
@@ -568,10 +720,10 @@ static void bind_id(sqlite3_stmt *q, const idem_id *id, int first) {
 static int load_and_decide(conn *c, idem__op *op, int64_t now, idem__row *row,
                            idem__action *action) {
   sqlite3_stmt *q = stmt(c, ST_SELECT);
-  int step;
+  int step, version;
   memset(row, 0, sizeof *row);
   if (!q)
-    return op_sqlite_fail(op, c, "prepare");
+    return op_read_failed(c, op, "prepare");
   bind_id(q, op->id, 1);
   step = sqlite3_step(q);
   if (step == SQLITE_ROW) {
@@ -586,10 +738,16 @@ static int load_and_decide(conn *c, idem__op *op, int64_t now, idem__row *row,
     row->attempt = sqlite3_column_int(q, 2);
     row->lease_expires_ms = sqlite3_column_int64(q, 3);
     row->expires_ms = sqlite3_column_int64(q, 4);
+    row->recovered = sqlite3_column_int(q, SELECT_RECOVERED);
+    version = sqlite3_column_int(q, SELECT_VERSION);
+    if (!schema_known(c->store, version)) {
+      sqlite3_reset(q);
+      schema_problem(c->store, version, op->errmsg, sizeof op->errmsg);
+      return op->rc = IDEM_ESCHEMA;
+    }
   } else if (step != SQLITE_DONE) {
-    op_sqlite_fail(op, c, "read record");
     sqlite3_reset(q);
-    return op->rc;
+    return op_read_failed(c, op, "read record");
   }
   *action = idem__decide_op(op, row, now);
   if (op->claim->outcome == IDEM_REPLAY) {
@@ -962,31 +1120,14 @@ static void batch_lost(conn *c, idem__op **ops, int n, int lost) {
 }
 
 /*
- * Whether the schema is still the one this idem writes. A newer idem may
- * migrate the store while this handle has it open: from then on this
- * handle writes nothing (records in the old layout would be misread), and
- * says why. Read inside the write transaction, or just before an
- * operator's single statement. IDEM_OK, or IDEM_ESCHEMA with a detail.
+ * Whether the schema is still one this handle knows (see schema_check()),
+ * read inside the write transaction. IDEM_OK, or IDEM_ESCHEMA (or the
+ * store's error) with a detail.
  */
 static int schema_unchanged(sq_store *s, conn *c) {
-  sqlite3_stmt *q = stmt(c, ST_VERSION);
-  int version = -1, step;
-  if (!q)
-    return sqlite_fail(c, "prepare");
-  step = sqlite3_step(q);
-  if (step == SQLITE_ROW)
-    version = sqlite3_column_int(q, 0);
-  sqlite3_reset(q);
-  if (step != SQLITE_ROW && step != SQLITE_DONE)
-    return sqlite_fail(c, "read the schema version");
-  if (version == SCHEMA_VERSION)
-    return IDEM_OK;
-  return idem__fail(IDEM_ESCHEMA,
-                    "store '%s': its schema is now version %d (this idem "
-                    "knows up to %d): another version of idem changed it "
-                    "while this handle had it open; nothing more is written "
-                    "through this handle; open the store with that version",
-                    s->path, version, SCHEMA_VERSION);
+  char why[512];
+  int rc = schema_check(s, c, why, sizeof why);
+  return rc == IDEM_OK ? IDEM_OK : idem__fail(rc, "%s", why);
 }
 
 /*
@@ -1550,6 +1691,7 @@ static int row_to_record(sqlite3_stmt *q, idem_record **out) {
   p.status = sqlite3_column_int(q, 11);
   p.meta = col_bytes(q, 12, &p.meta_len);
   p.body = col_bytes(q, 13, &p.body_len);
+  p.recovered = sqlite3_column_int(q, RECORD_RECOVERED);
   return idem__record_new(&p, out);
 }
 
@@ -1562,19 +1704,24 @@ static int sq_get(void *state, const idem_id *id, idem_record **out) {
     return rc;
   q = stmt(c, ST_GET);
   if (!q) {
-    rc = sqlite_fail(c, "prepare");
+    rc = read_failed(s, c, "prepare");
     goto out;
   }
   sqlite3_bind_int64(q, 1, idem__now_ms());
   bind_id(q, id, 2);
   step = sqlite3_step(q);
-  if (step == SQLITE_ROW)
-    rc = row_to_record(q, out);
-  else if (step == SQLITE_DONE)
-    rc = idem__fail(IDEM_ENOTFOUND, "no record (%s, %s, %s)",
-                    id->tenant ? id->tenant : "", id->operation, id->key);
-  else
-    rc = sqlite_fail(c, "get");
+  if (step == SQLITE_ROW) {
+    int version = sqlite3_column_int(q, RECORD_VERSION);
+    rc = schema_known(s, version) ? row_to_record(q, out)
+                                  : schema_refused(s, version);
+  } else if (step == SQLITE_DONE) {
+    /* No row read the version: read it on its own. */
+    if ((rc = schema_unchanged(s, c)) == IDEM_OK)
+      rc = idem__fail(IDEM_ENOTFOUND, "no record (%s, %s, %s)",
+                      id->tenant ? id->tenant : "", id->operation, id->key);
+  } else {
+    rc = read_failed(s, c, "get");
+  }
   sqlite3_reset(q);
 out:
   pool_put(s, c);
@@ -1606,7 +1753,7 @@ static int sq_list(void *state, const idem_filter *f, idem_record_fn fn,
       break;
     q = stmt(c, ST_LIST);
     if (!q) {
-      rc = sqlite_fail(c, "prepare");
+      rc = read_failed(s, c, "prepare");
       pool_put(s, c);
       break;
     }
@@ -1624,13 +1771,21 @@ static int sq_list(void *state, const idem_filter *f, idem_record_fn fn,
     sqlite3_bind_text(q, 10, after[1] ? after[1] : "", -1, SQLITE_STATIC);
     sqlite3_bind_text(q, 11, after[2] ? after[2] : "", -1, SQLITE_STATIC);
     while (n < want && (step = sqlite3_step(q)) == SQLITE_ROW) {
+      int version = sqlite3_column_int(q, RECORD_VERSION);
+      if (!schema_known(s, version)) {
+        rc = schema_refused(s, version);
+        break;
+      }
       if ((rc = row_to_record(q, &page[n])) != IDEM_OK)
         break;
       n++;
     }
     if (rc == IDEM_OK && n < want && step != SQLITE_DONE)
-      rc = sqlite_fail(c, "list");
+      rc = read_failed(s, c, "list");
     sqlite3_reset(q);
+    /* An empty page read no version: read it on its own. */
+    if (rc == IDEM_OK && n == 0)
+      rc = schema_unchanged(s, c);
     pool_put(s, c);
     more = n == want;
     if (n > 0) {
@@ -1667,14 +1822,40 @@ static int operator_may_write(sq_store *s, conn *c) {
   return schema_unchanged(s, c);
 }
 
+/*
+ * Begins an operator's write transaction and checks, inside it, that the
+ * handle may write (the version read under the write lock, so that no
+ * migration can come between the check and the write). IDEM_OK with the
+ * transaction open, or the error with none.
+ */
+static int operator_begin(sq_store *s, conn *c) {
+  int rc;
+  if (exec(c, "BEGIN IMMEDIATE") != SQLITE_OK)
+    return sqlite_fail(c, "begin");
+  if ((rc = operator_may_write(s, c)) != IDEM_OK)
+    exec(c, "ROLLBACK");
+  return rc;
+}
+
+/* Commits what operator_begin() began when rc is IDEM_OK, else rolls it
+ * back. Returns the result. */
+static int operator_end(conn *c, int rc) {
+  if (rc == IDEM_OK && exec(c, "COMMIT") != SQLITE_OK)
+    rc = sqlite_fail(c, "commit");
+  if (!sqlite3_get_autocommit(c->db))
+    exec(c, "ROLLBACK");
+  return rc;
+}
+
 static int sq_prune(void *state, int64_t *removed) {
   sq_store *s = state;
   conn *c;
   sqlite3_stmt *q;
+  int64_t n = 0;
   int rc = pool_get(s, &c);
   if (rc != IDEM_OK)
     return rc;
-  if ((rc = operator_may_write(s, c)) != IDEM_OK) {
+  if ((rc = operator_begin(s, c)) != IDEM_OK) {
     pool_put(s, c);
     return rc;
   }
@@ -1686,9 +1867,11 @@ static int sq_prune(void *state, int64_t *removed) {
     if (sqlite3_step(q) != SQLITE_DONE)
       rc = sqlite_fail(c, "prune");
     else
-      *removed = sqlite3_changes(c->db);
+      n = sqlite3_changes(c->db);
     sqlite3_reset(q);
   }
+  if ((rc = operator_end(c, rc)) == IDEM_OK)
+    *removed = n;
   pool_put(s, c);
   return rc;
 }
@@ -1799,7 +1982,7 @@ static int sq_remove(void *state, const idem_id *id) {
   int rc = pool_get(s, &c), changed = 0;
   if (rc != IDEM_OK)
     return rc;
-  if ((rc = operator_may_write(s, c)) != IDEM_OK) {
+  if ((rc = operator_begin(s, c)) != IDEM_OK) {
     pool_put(s, c);
     return rc;
   }
@@ -1814,6 +1997,7 @@ static int sq_remove(void *state, const idem_id *id) {
       changed = sqlite3_changes(c->db);
     sqlite3_reset(q);
   }
+  rc = operator_end(c, rc);
   pool_put(s, c);
   /* This handle must not replay what it just deleted. */
   if (rc == IDEM_OK)

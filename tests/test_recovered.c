@@ -9,8 +9,8 @@
  */
 #include "engine_harness.c"
 
-static const idem_response done_resp = {201, TICKET_META, sizeof TICKET_META - 1,
-                                        "{\"ticket_id\":7}", 15};
+static const idem_response done_resp = {
+    201, TICKET_META, sizeof TICKET_META - 1, "{\"ticket_id\":7}", 15};
 
 /* Removes a record behind the library's back (a side connection), so that
  * only a replay cache can still answer for it. */
@@ -131,8 +131,8 @@ static void test_recover_holder_completion_marked(void **state) {
   EXPECT_RC(IDEM_OK, idem_complete(f->store, second, &done_resp));
   assert_int_equal(idem_call_recovered(second), 1);
   idem_call_free(second);
-  EXPECT_RC(IDEM_ESTALE, idem_complete(f->store, first,
-                                      &(idem_response){.status = 500}));
+  EXPECT_RC(IDEM_ESTALE,
+            idem_complete(f->store, first, &(idem_response){.status = 500}));
   idem_call_free(first);
 
   assert_int_equal(REPLAY_MARK(uncached, &id, fp), 1);
@@ -192,7 +192,8 @@ static void test_local_action_after_recover_marked(void **state) {
   idem_id fresh = {"tenant-a", OPERATION, "local-first"};
   idem_call_options brief = {.lease_ms = SHORT_MS};
   ticket_action act = {.payload = PAYLOAD}, again = {.payload = PAYLOAD},
-                first = {.payload = PAYLOAD}, first_again = {.payload = PAYLOAD};
+                first = {.payload = PAYLOAD},
+                first_again = {.payload = PAYLOAD};
   idem_store *uncached = open_uncached(f->url);
   idem_call *dead, *c;
   idem_record *r;
@@ -380,6 +381,6 @@ int main(void) {
       STORE_TEST(test_resolve_marks_by_attempts),
       STORE_TEST(test_replaced_record_not_recovered),
   };
-  return run_engine_tests("recovered", both, sizeof both / sizeof both[0],
-                          NULL, 0, NULL, 0);
+  return run_engine_tests("recovered", both, sizeof both / sizeof both[0], NULL,
+                          0, NULL, 0);
 }

@@ -10,8 +10,8 @@
  */
 #include "engine_harness.c"
 
-static const idem_response done_resp = {201, TICKET_META, sizeof TICKET_META - 1,
-                                        "{\"ticket_id\":7}", 15};
+static const idem_response done_resp = {
+    201, TICKET_META, sizeof TICKET_META - 1, "{\"ticket_id\":7}", 15};
 
 #define DAY_MS 86400000LL
 
@@ -109,8 +109,8 @@ static void checksum_0_2(const char *fp, const idem_response *r,
   assert_true(n > 0 && (size_t)n + r->meta_len + r->body_len < sizeof buf);
   memcpy(buf + n, r->meta, r->meta_len);
   memcpy(buf + n + r->meta_len, r->body, r->body_len);
-  EXPECT_RC(IDEM_OK, idem_sha256_hex(buf, (size_t)n + r->meta_len +
-                                              r->body_len, hex));
+  EXPECT_RC(IDEM_OK,
+            idem_sha256_hex(buf, (size_t)n + r->meta_len + r->body_len, hex));
 }
 
 /*
@@ -291,8 +291,7 @@ static void test_pg_non_owner_keeps_version_2(void **state) {
   snprintf(url, sizeof url, "%s&user=%s", f->url, role);
 
   EXPECT_RC(IDEM_OK, idem_store_open(url, NULL, &app));
-  assert_int_equal(side_sql(f->url, sql_of_backend()->schema_version, NULL),
-                   2);
+  assert_int_equal(side_sql(f->url, sql_of_backend()->schema_version, NULL), 2);
   c = CLAIM(app, &first, fp, NULL, IDEM_REPLAY);
   assert_int_equal(idem_call_recovered(c), 0);
   assert_response_equal(idem_call_response(c), &done_resp);
@@ -310,8 +309,7 @@ static void test_pg_non_owner_keeps_version_2(void **state) {
 
   /* The owner migrates it while the app's handle is open, which works on. */
   EXPECT_RC(IDEM_OK, idem_store_open(f->url, NULL, &f->store));
-  assert_int_equal(side_sql(f->url, sql_of_backend()->schema_version, NULL),
-                   3);
+  assert_int_equal(side_sql(f->url, sql_of_backend()->schema_version, NULL), 3);
   c = CLAIM(app, &held, fp, NULL, IDEM_REPLAY);
   assert_response_equal(idem_call_response(c), &done_resp);
   idem_call_free(c);
@@ -332,8 +330,8 @@ static void expect_newer(int rc, const char *what, int line) {
     fail_msg("line %d: %s returned %s (%s), expected IDEM_ESCHEMA", line, what,
              idem_rc_name(rc), idem_errmsg());
   if (!strstr(idem_errmsg(), "99"))
-    fail_msg("line %d: %s: the detail does not name version 99: %s", line,
-             what, idem_errmsg());
+    fail_msg("line %d: %s: the detail does not name version 99: %s", line, what,
+             idem_errmsg());
 }
 #define EXPECT_NEWER(expr) expect_newer((expr), #expr, __LINE__)
 
@@ -437,8 +435,9 @@ static void *migrator_main(void *arg) {
     PGconn *conn = NULL;
     char target[URL_MAX], schema[64], sql[256];
     PGresult *res = pg_side_exec(m->url, "BEGIN", NULL, &conn);
-    if (!res || pg_split_url(m->url, target, sizeof target, schema,
-                             sizeof schema) != 0 ||
+    if (!res ||
+        pg_split_url(m->url, target, sizeof target, schema, sizeof schema) !=
+            0 ||
         pg_expand(pg_sql.newer_schema, schema, sql, sizeof sql) != 0) {
       PQclear(res);
       PQfinish(conn);
@@ -473,8 +472,8 @@ static void *migrator_main(void *arg) {
     return NULL;
   }
   sqlite3 *db = NULL;
-  if (sqlite3_open_v2(sqlite_path(m->url), &db, SQLITE_OPEN_READWRITE,
-                      NULL) != SQLITE_OK ||
+  if (sqlite3_open_v2(sqlite_path(m->url), &db, SQLITE_OPEN_READWRITE, NULL) !=
+          SQLITE_OK ||
       sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK ||
       sqlite3_exec(db, sqlite_sql.newer_schema, NULL, NULL, NULL) !=
           SQLITE_OK) {
@@ -562,7 +561,8 @@ static void test_operators_check_inside_their_transaction(void **state) {
 
 #define STORE_TEST(fn)                                                         \
   cmocka_unit_test_setup_teardown(fn, setup_store, teardown_store)
-#define URL_TEST(fn) cmocka_unit_test_setup_teardown(fn, setup_url, teardown_store)
+#define URL_TEST(fn)                                                           \
+  cmocka_unit_test_setup_teardown(fn, setup_url, teardown_store)
 
 int main(void) {
   const struct CMUnitTest both[] = {
@@ -573,6 +573,6 @@ int main(void) {
   const struct CMUnitTest pg_only[] = {
       URL_TEST(test_pg_non_owner_keeps_version_2),
   };
-  return run_engine_tests("schema", both, sizeof both / sizeof both[0], NULL,
-                          0, pg_only, sizeof pg_only / sizeof pg_only[0]);
+  return run_engine_tests("schema", both, sizeof both / sizeof both[0], NULL, 0,
+                          pg_only, sizeof pg_only / sizeof pg_only[0]);
 }

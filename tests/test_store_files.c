@@ -277,7 +277,7 @@ static void test_newer_version_while_open(void **state) {
   idem_call_free(c);
 
   assert_int_equal(sqlite_side_sql(path,
-                                   "UPDATE idem_meta SET value = '2' WHERE "
+                                   "UPDATE idem_meta SET value = '99' WHERE "
                                    "name = 'schema_version'",
                                    NULL),
                    1);
@@ -289,7 +289,7 @@ static void test_newer_version_while_open(void **state) {
     EXPECT_RC(IDEM_ESCHEMA, idem_claim(old, &fresh, fp, NULL, &c));
     assert_null(c);
     assert_non_null(strstr(idem_errmsg(), path));
-    assert_non_null(strstr(idem_errmsg(), "2"));
+    assert_non_null(strstr(idem_errmsg(), "99"));
     c = (idem_call *)&c;
     EXPECT_RC(IDEM_ESCHEMA, idem_execute_local(old, &fresh, fp, NULL, add_row,
                                                "{\"row\":1}", &c));
@@ -301,7 +301,8 @@ static void test_newer_version_while_open(void **state) {
   EXPECT_RC(IDEM_ESCHEMA, idem_store_open(path, NULL, &again));
   assert_null(again);
   idem_store_close(old);
-  assert_int_equal(sqlite_side_sql(path, sqlite_sql.schema_version, NULL), 2);
+  assert_int_equal(sqlite_side_sql(path, sqlite_sql.schema_version, NULL),
+                   99);
 }
 
 int main(void) {
