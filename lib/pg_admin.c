@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SCHEMA_VERSION 2
+#define SCHEMA_VERSION 3
 #define LIST_PAGE 256
 /* Advisory lock class for schema creation: "idem" in ASCII. */
 #define SCHEMA_LOCK_CLASS "1768187245"
@@ -81,15 +81,25 @@ static const char schema_v2[] =
     " ALTER COLUMN operation TYPE text COLLATE \"C\","
     " ALTER COLUMN key TYPE text COLLATE \"C\"";
 
+/*
+ * Version 3: the recovered mark (idem_record.recovered). Records of
+ * earlier versions are not marked. Since PostgreSQL 11 a column with a
+ * constant default is added without rewriting the table.
+ */
+static const char schema_v3[] = "ALTER TABLE {S}.idem_records ADD COLUMN IF "
+                                "NOT EXISTS recovered boolean NOT NULL "
+                                "DEFAULT false";
+
 /* Builds s's schema statements; IDEM_ENOMEM when out of memory. */
 int idem__pg_schema_sql(pg_store *s) {
   s->sql_meta = idem__pg_build_sql(schema_meta, s->schema);
   s->sql_v1 = idem__pg_build_sql(schema_v1, s->schema);
   s->sql_v2 = idem__pg_build_sql(schema_v2, s->schema);
+  s->sql_v3 = idem__pg_build_sql(schema_v3, s->schema);
   s->sql_version = idem__pg_build_sql("SELECT value FROM {S}.idem_meta WHERE "
                                       "name = 'schema_version'",
                                       s->schema);
-  if (!s->sql_meta || !s->sql_v1 || !s->sql_v2 || !s->sql_version)
+  if (!s->sql_meta || !s->sql_v1 || !s->sql_v2 || !s->sql_v3 || !s->sql_version)
     return IDEM_ENOMEM;
   return IDEM_OK;
 }
@@ -138,18 +148,20 @@ static int newer_schema(pg_store *s, int version, char *err) {
  * Otherwise the work runs in one transaction under an advisory lock: many
  * processes opening a fresh database at once would else race on the
  * catalogs (CREATE ... IF NOT EXISTS is not safe against concurrent
- * creation), and a half-created schema is never visible.
+ * creation), and a half-created schema is never visible. s->schema_min is
+ * set to the version the store is left at.
  */
 int idem__pg_ensure_schema(pg_store *s, conn *c, char *err) {
   const char *v[1] = {s->schema};
   char what[SCHEMA_MAX + 48];
   PGresult *res;
-  int version, rc;
+  int version, rc, reached;
 
   if ((rc = read_version(s, c, &version, err)) != IDEM_OK)
     return rc;
   if (version > SCHEMA_VERSION)
     return newer_schema(s, version, err);
+  s->schema_min = version;
   if (version == SCHEMA_VERSION)
     return IDEM_OK;
 
@@ -182,43 +194,129 @@ int idem__pg_ensure_schema(pg_store *s, conn *c, char *err) {
   if (version < 1 &&
       (rc = idem__pg_run_simple(c, s->sql_v1, what, err)) != IDEM_OK)
     goto fail;
-  if (version == 1) {
-    /*
-     * The table exists and may be busy: its exclusive lock is waited for
-     * one second at most, since every call on it queues behind the wait.
-     * A role that may not alter it (not its owner), or a table too busy,
-     * leaves the store at version 1 for now, which this idem uses as it
-     * is (version 2 changes no statement); an open by the owner at a
-     * quieter moment migrates it.
-     */
-    snprintf(what, sizeof what, "migrating schema \"%s\" to version 2",
-             s->schema);
-    if ((rc = idem__pg_run_simple(c, "SET LOCAL lock_timeout = 1000", what,
-                                  err)) != IDEM_OK)
-      goto fail;
-    if ((rc = idem__pg_run_simple(c, s->sql_v2, what, err)) != IDEM_OK) {
-      if (strcmp(c->sqlstate, "42501") != 0 &&
-          strcmp(c->sqlstate, "55P03") != 0)
-        goto fail;
-      idem__pg_rollback(c);
-      return IDEM_OK;
-    }
-  } else if (version < 2 &&
-             (rc = idem__pg_run_simple(c, s->sql_v2, what, err)) != IDEM_OK) {
+  /*
+   * On an existing table, which may be busy, each step waits one second at
+   * most for the table's exclusive lock, since every call on it queues
+   * behind the wait. A role that may not alter it (not its owner), or a
+   * table too busy, leaves the store at the version before that step for
+   * now, which this idem uses as it is (version 2 changes no statement;
+   * without version 3 no response is kept marked recovered); an open by
+   * the owner at a quieter moment migrates it.
+   */
+  if (version >= 1 &&
+      (rc = idem__pg_run_simple(c, "SET LOCAL lock_timeout = 1000", "schema",
+                                err)) != IDEM_OK)
     goto fail;
+  reached = version < 1 ? 1 : version;
+  for (int to = reached + 1; to <= SCHEMA_VERSION; to++) {
+    const char *sql = to == 2 ? s->sql_v2 : s->sql_v3;
+    snprintf(what, sizeof what, "migrating schema \"%s\" to version %d",
+             s->schema, to);
+    if (version >= 1 && (rc = idem__pg_run_simple(c, "SAVEPOINT idem_migrate",
+                                                  what, err)) != IDEM_OK)
+      goto fail;
+    if ((rc = idem__pg_run_simple(c, sql, what, err)) != IDEM_OK) {
+      if (version < 1 || (strcmp(c->sqlstate, "42501") != 0 &&
+                          strcmp(c->sqlstate, "55P03") != 0))
+        goto fail;
+      if ((rc = idem__pg_run_simple(c, "ROLLBACK TO SAVEPOINT idem_migrate",
+                                    what, err)) != IDEM_OK)
+        goto fail;
+      break;
+    }
+    reached = to;
   }
-  if (version < SCHEMA_VERSION) {
+  if (reached > version) {
     char sql[SCHEMA_MAX + 200];
     snprintf(sql, sizeof sql,
              "INSERT INTO \"%s\".idem_meta VALUES ('schema_version', '%d') "
              "ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value",
-             s->schema, SCHEMA_VERSION);
+             s->schema, reached);
     if ((rc = idem__pg_run_simple(c, sql, "schema", err)) != IDEM_OK)
       goto fail;
   }
-  return idem__pg_commit(c, err);
+  if ((rc = idem__pg_commit(c, err)) != IDEM_OK)
+    return rc;
+  s->schema_min = reached;
+  return IDEM_OK;
 fail:
   idem__pg_rollback(c);
+  return rc;
+}
+
+/* ---- the schema version, after open -------------------------------------- */
+
+/*
+ * A newer idem may migrate the store while this handle has it open. From
+ * then on this handle neither reads records (their layout may have
+ * changed) nor writes what an operator asks: those calls fail with
+ * IDEM_ESCHEMA. Reads of records read the version in the statement that
+ * reads them (store_pg.c); an operator's write reads it inside its
+ * transaction, after taking the schema's advisory lock in shared mode, so
+ * that no migration (which holds it exclusively) can come between the
+ * check and the write.
+ */
+int idem__pg_schema_check(const pg_store *s, int version, char *err) {
+  if (version >= s->schema_min && version <= SCHEMA_VERSION)
+    return IDEM_OK;
+  return idem__pg_failf(
+      err, IDEM_ESCHEMA,
+      "store: schema \"%s\" is now version %d (this idem knows up to %d): "
+      "another version of idem changed it while this handle had it open; "
+      "nothing more is read through this handle, nor written by an "
+      "operator; open the store with that version",
+      s->schema, version, SCHEMA_VERSION);
+}
+
+/* Reads the version on c: IDEM_OK, IDEM_ESCHEMA or the store's error. */
+static int schema_read(pg_store *s, conn *c, char *err) {
+  PGresult *res = PQexec(c->pg, s->sql_version);
+  int rc, version = 0;
+  if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+    rc = idem__pg_fail(c, res, "read the schema version", err);
+    PQclear(res);
+    return rc;
+  }
+  if (PQntuples(res) > 0)
+    version = atoi(PQgetvalue(res, 0, 0));
+  PQclear(res);
+  return idem__pg_schema_check(s, version, err);
+}
+
+int idem__pg_read_failed(pg_store *s, conn *c, int rc, char *err) {
+  char why[ERR_SIZE];
+  if (rc != IDEM_ESTORE || PQstatus(c->pg) != CONNECTION_OK)
+    return rc;
+  idem__pg_rollback(c);
+  if (schema_read(s, c, why) != IDEM_ESCHEMA)
+    return rc;
+  memcpy(err, why, ERR_SIZE);
+  return IDEM_ESCHEMA;
+}
+
+/* Begins an operator's write transaction on c: the schema's advisory lock
+ * in shared mode, then the version. IDEM_OK with the transaction open, or
+ * the error with none. */
+static int operator_begin(pg_store *s, conn *c, char *err) {
+  const char *v[1] = {s->schema};
+  PGresult *res;
+  int rc = idem__pg_begin(c, err);
+  /* A connection found dead before anything was sent is made again. */
+  if (idem__pg_revived(s, c, &rc, err))
+    rc = idem__pg_begin(c, err);
+  if (rc != IDEM_OK)
+    return rc;
+  res = PQexecParams(c->pg,
+                     "SELECT pg_advisory_xact_lock_shared(" SCHEMA_LOCK_CLASS
+                     ", hashtext($1))",
+                     1, NULL, v, NULL, NULL, 0);
+  if (PQresultStatus(res) != PGRES_TUPLES_OK)
+    rc = idem__pg_fail(c, res, "schema lock", err);
+  PQclear(res);
+  if (rc == IDEM_OK)
+    rc = schema_read(s, c, err);
+  if (rc != IDEM_OK)
+    idem__pg_rollback(c);
   return rc;
 }
 
@@ -266,8 +364,12 @@ static int row_to_record(const PGresult *q, int i, idem_record **out) {
   p.status = (int)idem__pg_col_int(q, i, 11);
   p.meta = idem__pg_col_ptr(q, i, 12, &p.meta_len);
   p.body = idem__pg_col_ptr(q, i, 13, &p.body_len);
+  p.recovered = (int)idem__pg_col_int(q, i, 15);
   return idem__record_new(&p, out);
 }
+
+/* The schema version that a row of RECORD_COLUMNS read with it. */
+#define RECORD_VERSION 16
 
 int idem__pg_get(void *state, const idem_id *id, idem_record **out) {
   pg_store *s = state;
@@ -280,9 +382,18 @@ int idem__pg_get(void *state, const idem_id *id, idem_record **out) {
     return fail_out(s, rc, err);
   idem__pg_p_id(&p, id);
   rc = idem__pg_run_stmt_retry(s, c, ST_GET, &p, "get", &res, err);
-  idem__pg_pool_put(s, c);
   if (rc != IDEM_OK)
+    rc = idem__pg_read_failed(s, c, rc, err);
+  else if (PQntuples(res) > 0)
+    rc = idem__pg_schema_check(s, (int)idem__pg_col_int(res, 0, RECORD_VERSION),
+                               err);
+  else
+    rc = schema_read(s, c, err); /* no row read the version */
+  idem__pg_pool_put(s, c);
+  if (rc != IDEM_OK) {
+    PQclear(res);
     return fail_out(s, rc, err);
+  }
   if (PQntuples(res) > 0)
     rc = row_to_record(res, 0, out);
   else
@@ -323,8 +434,16 @@ int idem__pg_list(void *state, const idem_filter *f, idem_record_fn fn,
       break;
     }
     rc = idem__pg_run_stmt_retry(s, c, ST_LIST, &p, "list", &res, err);
+    if (rc != IDEM_OK)
+      rc = idem__pg_read_failed(s, c, rc, err);
+    else if (PQntuples(res) == 0)
+      rc = schema_read(s, c, err); /* no row read the version */
+    for (int i = 0; rc == IDEM_OK && i < PQntuples(res); i++)
+      rc = idem__pg_schema_check(
+          s, (int)idem__pg_col_int(res, i, RECORD_VERSION), err);
     idem__pg_pool_put(s, c);
     if (rc != IDEM_OK) {
+      PQclear(res);
       rc = fail_out(s, rc, err);
       break;
     }
@@ -368,15 +487,21 @@ int idem__pg_prune(void *state, int64_t *removed) {
   PGresult *res = NULL;
   params p = {0};
   char err[ERR_SIZE];
+  int64_t n = 0;
   int rc = idem__pg_pool_get(s, &c, err);
   if (rc != IDEM_OK)
     return fail_out(s, rc, err);
-  rc = idem__pg_run_stmt_retry(s, c, ST_PRUNE, &p, "prune", &res, err);
+  if ((rc = operator_begin(s, c, err)) == IDEM_OK &&
+      (rc = idem__pg_run_stmt(s, c, ST_PRUNE, &p, "prune", &res, err)) ==
+          IDEM_OK) {
+    n = strtoll(PQcmdTuples(res), NULL, 10);
+    PQclear(res);
+    rc = idem__pg_commit(c, err);
+  }
   idem__pg_pool_put(s, c);
   if (rc != IDEM_OK)
     return fail_out(s, rc, err);
-  *removed = strtoll(PQcmdTuples(res), NULL, 10);
-  PQclear(res);
+  *removed = n;
   return IDEM_OK;
 }
 
@@ -392,7 +517,7 @@ int idem__pg_resolve(void *state, const idem_id *id, const idem_response *r,
   int64_t lease = 0, now = 0;
   if (rc != IDEM_OK)
     return fail_out(s, rc, err);
-  if ((rc = idem__pg_begin(c, err)) != IDEM_OK)
+  if ((rc = operator_begin(s, c, err)) != IDEM_OK)
     goto out;
   /* Lock the row so that a claimer cannot take it over meanwhile. The
    * fingerprint parameter is empty: the response columns are not needed. */
@@ -467,15 +592,23 @@ int idem__pg_remove(void *state, const idem_id *id) {
   PGresult *res = NULL;
   params p = {0};
   char err[ERR_SIZE];
+  int changed = 0;
   int rc = idem__pg_pool_get(s, &c, err);
   if (rc != IDEM_OK)
     return fail_out(s, rc, err);
   idem__pg_p_id(&p, id);
-  rc = idem__pg_run_stmt(s, c, ST_DELETE, &p, "delete", &res, err);
+  if ((rc = operator_begin(s, c, err)) == IDEM_OK &&
+      (rc = idem__pg_run_stmt(s, c, ST_DELETE, &p, "delete", &res, err)) ==
+          IDEM_OK) {
+    changed = atoi(PQcmdTuples(res));
+    rc = idem__pg_commit(c, err);
+  }
   idem__pg_pool_put(s, c);
-  if (rc != IDEM_OK)
+  if (rc != IDEM_OK) {
+    PQclear(res);
     return fail_out(s, rc, err);
-  rc = atoi(PQcmdTuples(res)) == 0
+  }
+  rc = changed == 0
            ? idem__fail(IDEM_ENOTFOUND, "no record (%s, %s, %s)",
                         id->tenant ? id->tenant : "", id->operation, id->key)
            : IDEM_OK;

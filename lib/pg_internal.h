@@ -80,7 +80,11 @@ typedef struct pg_store {
   char *conninfo; /* the target without idem_schema, as libpq gets it */
   char schema[SCHEMA_MAX + 1];
   char *sql[ST_COUNT];
-  char *sql_meta, *sql_v1, *sql_v2, *sql_version;
+  char *sql_meta, *sql_v1, *sql_v2, *sql_v3, *sql_version;
+  /* The oldest schema version this handle's statements are right for: the
+   * version found on open, which a role that may not alter the tables (or
+   * a table too busy) leaves below the newest (pg_admin.c). */
+  int schema_min;
   idem_store_options o;
   char version[64];
 
@@ -170,10 +174,18 @@ int idem__pg_is_word_char(char ch);
 
 /* Replaces every "{S}" in tmpl with the quoted schema name. */
 char *idem__pg_build_sql(const char *tmpl, const char *schema);
-/* Builds s's schema statements (sql_meta, sql_v1, sql_v2, sql_version). */
+/* Builds s's schema statements (sql_meta, sql_v1 to sql_v3, sql_version). */
 int idem__pg_schema_sql(pg_store *s);
 int idem__pg_server_version(pg_store *s, conn *c, char *err);
 int idem__pg_ensure_schema(pg_store *s, conn *c, char *err);
+/* The schema version at which the recovered mark exists. */
+#define IDEM__PG_SCHEMA_RECOVERED 3
+/* IDEM_OK when s's statements are right for a store at schema version v,
+ * else IDEM_ESCHEMA with the detail in err (a newer idem migrated it). */
+int idem__pg_schema_check(const pg_store *s, int version, char *err);
+/* After a read on c that failed with rc: IDEM_ESCHEMA (detail in err) when
+ * the schema changed under it, else rc. May roll back c's transaction. */
+int idem__pg_read_failed(pg_store *s, conn *c, int rc, char *err);
 int idem__pg_get(void *state, const idem_id *id, idem_record **out);
 int idem__pg_list(void *state, const idem_filter *filter, idem_record_fn fn,
                   void *ctx);

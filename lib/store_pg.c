@@ -78,10 +78,22 @@
 /* The server's clock in Unix milliseconds. */
 #define NOW_MS "(floor(extract(epoch FROM clock_timestamp()) * 1000))::bigint"
 
-#define RECORD_COLUMNS                                                         \
+/*
+ * Every read that answers from rows also reads the schema version, in the
+ * same statement: a store that a newer idem migrated is refused
+ * (IDEM_ESCHEMA) instead of having its rows read in a layout this idem
+ * does not know. No round trip more.
+ */
+#define VERSION_SQL                                                            \
+  "(SELECT value::integer FROM {S}.idem_meta WHERE name = 'schema_version')"
+
+/* The columns of a record: rec is the recovered mark, or "0" on a store
+ * that has none yet (see sql_text_v2); then the schema version. */
+#define RECORD_COLUMNS_OF(rec)                                                 \
   "r.tenant, r.operation, r.key, r.fingerprint, r.state, r.attempt, "          \
   "r.created_ms, r.updated_ms, r.lease_expires_ms, r.expires_ms, r.request, "  \
-  "r.status, r.meta, r.body, r.checksum"
+  "r.status, r.meta, r.body, r.checksum, " rec ", " VERSION_SQL
+#define RECORD_COLUMNS RECORD_COLUMNS_OF("r.recovered::integer")
 
 #define PK "tenant = $1::text AND operation = $2::text AND key = $3::text"
 
@@ -92,14 +104,68 @@
 #define OVERDUE_SQL "(r.state <> 2 AND r.expires_ms <= n.now_ms)"
 
 /* The response columns are read only when the fingerprint matches: a
- * conflicting claim has no use for a stored body of up to 16 MiB. */
-#define SELECT_ROW                                                             \
+ * conflicting claim has no use for a stored body of up to 16 MiB. Then
+ * the server's time (9), the recovered mark rec (10), the version (11). */
+#define SELECT_ROW_OF(rec)                                                     \
   "SELECT fingerprint, state, attempt, lease_expires_ms, expires_ms, "         \
   "status, CASE WHEN fingerprint = $4::text THEN meta END, CASE WHEN "         \
-  "fingerprint = $4::text THEN body END, checksum, " NOW_MS " FROM "           \
-  "{S}.idem_records WHERE " PK
+  "fingerprint = $4::text THEN body END, checksum, " NOW_MS ", " rec           \
+  ", " VERSION_SQL " FROM {S}.idem_records WHERE " PK
+#define SELECT_ROW SELECT_ROW_OF("recovered::integer")
 
 #define NOW_ROW "(SELECT " NOW_MS " AS now_ms) n"
+
+/*
+ * The statements that name the recovered mark, with set the assignment
+ * that keeps it (or "" on a store that has none yet). A completion is
+ * marked when its holder took the key over: its attempt is then above 1
+ * (attempts grow by takeovers only; a new record, and one that replaces an
+ * expired record, start at 1). An operator's resolution is marked by the
+ * same rule: a record of more than one attempt may have acted more than
+ * once.
+ */
+#define REPLACE_OF(set)                                                        \
+  "UPDATE {S}.idem_records SET fingerprint = $4::text, request = "             \
+  "$5::bytea, state = 1, owner = $6::text, attempt = 1, created_ms = "         \
+  "n.now_ms, updated_ms = n.now_ms, lease_expires_ms = n.now_ms + "            \
+  "$7::bigint, expires_ms = n.now_ms + $8::bigint, status = NULL, meta "       \
+  "= NULL, body = NULL, " set "checksum = NULL FROM " NOW_ROW " WHERE " PK     \
+  " RETURNING lease_expires_ms"
+#define COMPLETE_OF(set)                                                       \
+  "UPDATE {S}.idem_records SET state = 2, owner = NULL, "                      \
+  "lease_expires_ms = 0, updated_ms = n.now_ms, expires_ms = n.now_ms + "      \
+  "$5::bigint, status = $6::integer, meta = $7::bytea, body = "                \
+  "$8::bytea, " set "checksum = $9::text FROM " NOW_ROW " WHERE " PK           \
+  " AND owner = $4::text AND state = 1"
+#define COMPLETE_LOCAL_OF(set)                                                 \
+  "WITH u AS (UPDATE {S}.idem_records SET state = 2, owner = NULL, "           \
+  "lease_expires_ms = 0, status = $5::integer, meta = $6::bytea, body "        \
+  "= $7::bytea, " set "checksum = $8::text WHERE " PK                          \
+  " AND owner = $4::text AND state = 1 RETURNING 1) SELECT 1 / (SELECT "       \
+  "count(*)::integer FROM u)"
+#define RESOLVE_DONE_OF(set)                                                   \
+  "UPDATE {S}.idem_records SET state = 2, owner = NULL, "                      \
+  "lease_expires_ms = 0, updated_ms = n.now_ms, expires_ms = "                 \
+  "GREATEST(expires_ms, n.now_ms + $4::bigint), status = $5::integer, "        \
+  "meta = $6::bytea, body = $7::bytea, " set                                   \
+  "checksum = $8::text FROM " NOW_ROW " WHERE " PK " AND state <> 2"
+#define GET_OF(cols)                                                           \
+  "SELECT " cols " FROM {S}.idem_records r CROSS JOIN " NOW_ROW " WHERE r." PK \
+  " AND NOT " EXPIRED_SQL
+/* Keyset pagination, so that no connection is held while the caller's
+ * function runs (it may call back into the store) and memory stays
+ * bounded. Text is ordered by bytes (COLLATE "C"), as SQLite does. */
+#define LIST_OF(cols)                                                          \
+  "SELECT " cols " FROM {S}.idem_records r CROSS JOIN " NOW_ROW                \
+  " WHERE ($1::text IS NULL OR r.tenant = $1::text) AND ($2::text "            \
+  "IS NULL OR r.operation = $2::text) AND ($3::integer = 0 OR r.state = "      \
+  "$3::integer) AND ($4::boolean OR NOT " EXPIRED_SQL ") AND "                 \
+  "(NOT $11::boolean OR " OVERDUE_SQL ") AND ($5::boolean OR "                 \
+  "(r.created_ms, r.tenant COLLATE \"C\", r.operation COLLATE \"C\", "         \
+  "r.key COLLATE \"C\") > ($6::bigint, $7::text, $8::text, $9::text)) "        \
+  "ORDER BY r.created_ms, r.tenant COLLATE \"C\", r.operation COLLATE "        \
+  "\"C\", r.key COLLATE \"C\" LIMIT $10::bigint"
+#define RECOVERED_AFTER_TAKEOVER "recovered = attempt > 1, "
 
 /* ---- SQL text ------------------------------------------------------------ */
 
@@ -150,24 +216,13 @@ static const char *const sql_text[ST_COUNT] = {
         " ON CONFLICT (tenant, operation, key) DO UPDATE SET state = 3, "
         "owner = NULL, lease_expires_ms = 0, updated_ms = EXCLUDED.updated_ms "
         "WHERE idem_records.state = 1",
-    [ST_REPLACE] =
-        "UPDATE {S}.idem_records SET fingerprint = $4::text, request = "
-        "$5::bytea, state = 1, owner = $6::text, attempt = 1, created_ms = "
-        "n.now_ms, updated_ms = n.now_ms, lease_expires_ms = n.now_ms + "
-        "$7::bigint, expires_ms = n.now_ms + $8::bigint, status = NULL, meta "
-        "= NULL, body = NULL, checksum = NULL FROM " NOW_ROW " WHERE " PK
-        " RETURNING lease_expires_ms",
+    [ST_REPLACE] = REPLACE_OF("recovered = false, "),
     [ST_TAKEOVER] = "UPDATE {S}.idem_records SET state = 1, owner = $4::text, "
                     "attempt = attempt + 1, updated_ms = n.now_ms, "
                     "lease_expires_ms = n.now_ms + $5::bigint, expires_ms = "
                     "GREATEST(expires_ms, n.now_ms + $6::bigint) FROM " NOW_ROW
                     " WHERE " PK " RETURNING attempt, lease_expires_ms",
-    [ST_COMPLETE] =
-        "UPDATE {S}.idem_records SET state = 2, owner = NULL, "
-        "lease_expires_ms = 0, updated_ms = n.now_ms, expires_ms = n.now_ms + "
-        "$5::bigint, status = $6::integer, meta = $7::bytea, body = "
-        "$8::bytea, checksum = $9::text FROM " NOW_ROW " WHERE " PK
-        " AND owner = $4::text AND state = 1",
+    [ST_COMPLETE] = COMPLETE_OF(RECOVERED_AFTER_TAKEOVER),
     /* The same inside a local action's transaction, sent together with its
      * COMMIT: a row that is not there (it cannot be, under the row lock)
      * must fail the statement, so that the COMMIT becomes a rollback and
@@ -176,12 +231,7 @@ static const char *const sql_text[ST_COUNT] = {
      * same transaction, so nobody saw the moment between), so that no
      * indexed column changes and PostgreSQL can update the row in place
      * (HOT) without new index entries. */
-    [ST_COMPLETE_LOCAL] =
-        "WITH u AS (UPDATE {S}.idem_records SET state = 2, owner = NULL, "
-        "lease_expires_ms = 0, status = $5::integer, meta = $6::bytea, body "
-        "= $7::bytea, checksum = $8::text WHERE " PK
-        " AND owner = $4::text AND state = 1 RETURNING 1) SELECT 1 / (SELECT "
-        "count(*)::integer FROM u)",
+    [ST_COMPLETE_LOCAL] = COMPLETE_LOCAL_OF(RECOVERED_AFTER_TAKEOVER),
     [ST_RELEASE] = "DELETE FROM {S}.idem_records WHERE " PK
                    " AND owner = $4::text AND state = 1",
     [ST_UNKNOWN] = "UPDATE {S}.idem_records SET state = 3, owner = NULL, "
@@ -191,29 +241,14 @@ static const char *const sql_text[ST_COUNT] = {
                  "$5::bigint, updated_ms = n.now_ms FROM " NOW_ROW " WHERE " PK
                  " AND owner = $4::text AND state = 1 RETURNING "
                  "lease_expires_ms",
-    [ST_GET] =
-        "SELECT " RECORD_COLUMNS " FROM {S}.idem_records r CROSS JOIN " NOW_ROW
-        " WHERE r." PK " AND NOT " EXPIRED_SQL,
+    [ST_GET] = GET_OF(RECORD_COLUMNS),
     /* After a fenced write that changed nothing: what the row says now, to
      * tell whether an earlier send of that write (whose answer was lost)
      * had committed. FOR SHARE waits for a transaction of the old session
      * that may still hold the row. */
     [ST_HOLDER] = "SELECT state, checksum, fingerprint, attempt FROM "
                   "{S}.idem_records WHERE " PK " FOR SHARE",
-    /* Keyset pagination, so that no connection is held while the caller's
-     * function runs (it may call back into the store) and memory stays
-     * bounded. Text is ordered by bytes (COLLATE "C"), as SQLite does. */
-    [ST_LIST] =
-        "SELECT " RECORD_COLUMNS " FROM {S}.idem_records r CROSS JOIN " NOW_ROW
-        " WHERE ($1::text IS NULL OR r.tenant = $1::text) AND ($2::text IS "
-        "NULL OR r.operation = $2::text) AND ($3::integer = 0 OR r.state = "
-        "$3::integer) AND ($4::boolean OR NOT " EXPIRED_SQL ") AND "
-        "(NOT $11::boolean OR " OVERDUE_SQL
-        ") AND ($5::boolean OR (r.created_ms, r.tenant COLLATE \"C\", "
-        "r.operation "
-        "COLLATE \"C\", r.key COLLATE \"C\") > ($6::bigint, $7::text, "
-        "$8::text, $9::text)) ORDER BY r.created_ms, r.tenant COLLATE \"C\", "
-        "r.operation COLLATE \"C\", r.key COLLATE \"C\" LIMIT $10::bigint",
+    [ST_LIST] = LIST_OF(RECORD_COLUMNS),
     [ST_PRUNE] =
         "DELETE FROM {S}.idem_records r USING " NOW_ROW " WHERE " EXPIRED_SQL,
     /* Rows a claimer holds are skipped rather than waited for. */
@@ -223,15 +258,27 @@ static const char *const sql_text[ST_COUNT] = {
         " WHERE " EXPIRED_SQL " LIMIT 256 FOR UPDATE OF r SKIP LOCKED) d "
         "WHERE t.tenant = d.tenant AND t.operation = d.operation AND t.key = "
         "d.key",
-    [ST_RESOLVE_DONE] =
-        "UPDATE {S}.idem_records SET state = 2, owner = NULL, "
-        "lease_expires_ms = 0, updated_ms = n.now_ms, expires_ms = "
-        "GREATEST(expires_ms, n.now_ms + $4::bigint), status = $5::integer, "
-        "meta = $6::bytea, body = $7::bytea, checksum = $8::text FROM " NOW_ROW
-        " WHERE " PK " AND state <> 2",
+    [ST_RESOLVE_DONE] = RESOLVE_DONE_OF(RECOVERED_AFTER_TAKEOVER),
     [ST_RESOLVE_DELETE] =
         "DELETE FROM {S}.idem_records WHERE " PK " AND state <> 2",
     [ST_DELETE] = "DELETE FROM {S}.idem_records WHERE " PK,
+};
+
+/*
+ * The same statements on a store of schema version 1 or 2, which has no
+ * recovered mark yet: a role that may not alter the table (or a table too
+ * busy to) left it there on open (pg_admin.c). Its completions are kept
+ * unmarked; the holder is still told RECOVER.
+ */
+static const char *const sql_text_v2[ST_COUNT] = {
+    [ST_PEEK] = SELECT_ROW_OF("0"),
+    [ST_LOCK] = SELECT_ROW_OF("0") " FOR UPDATE",
+    [ST_REPLACE] = REPLACE_OF(""),
+    [ST_COMPLETE] = COMPLETE_OF(""),
+    [ST_COMPLETE_LOCAL] = COMPLETE_LOCAL_OF(""),
+    [ST_GET] = GET_OF(RECORD_COLUMNS_OF("0")),
+    [ST_LIST] = LIST_OF(RECORD_COLUMNS_OF("0")),
+    [ST_RESOLVE_DONE] = RESOLVE_DONE_OF(""),
 };
 
 /* ---- parameters ---------------------------------------------------------- */
@@ -310,7 +357,13 @@ static int load_and_decide(pg_store *s, conn *c, idem__op *op, int which,
       break;
   }
   if (rc != IDEM_OK)
-    return op->rc = rc;
+    return op->rc = idem__pg_read_failed(s, c, rc, op->errmsg);
+  if (PQntuples(res) > 0 &&
+      idem__pg_schema_check(s, (int)idem__pg_col_int(res, 0, 11), op->errmsg) !=
+          IDEM_OK) {
+    PQclear(res);
+    return op->rc = IDEM_ESCHEMA;
+  }
   if (PQntuples(res) > 0) {
     size_t n;
     const void *fp = idem__pg_col_ptr(res, 0, 0, &n);
@@ -324,6 +377,7 @@ static int load_and_decide(pg_store *s, conn *c, idem__op *op, int which,
     row->lease_expires_ms = idem__pg_col_int(res, 0, 3);
     row->expires_ms = idem__pg_col_int(res, 0, 4);
     now = idem__pg_col_int(res, 0, 9);
+    row->recovered = (int)idem__pg_col_int(res, 0, 10);
   }
   *action = idem__decide_op(op, row, now);
   if (cl->outcome == IDEM_REPLAY) {
@@ -759,6 +813,7 @@ static int run_local_first(pg_store *s, conn *c, idem__op *op) {
   cl->outcome = IDEM_PROCEED;
   cl->attempt = 1;
   cl->retry_after_ms = 0;
+  cl->recovered = 0;
   if (call_action(c, op, &r) != IDEM_OK) {
     if (op->rc == IDEM_EUNAVAILABLE)
       return 1;
@@ -907,6 +962,7 @@ static void run_claim(pg_store *s, conn *c, idem__op *op) {
     cl->outcome = IDEM_PROCEED;
     cl->attempt = 1;
     cl->retry_after_ms = 0;
+    cl->recovered = 0;
   } else if (action == IDEM__ACT_NONE) {
     /* Decided on the locked row: nothing to write. */
     idem__pg_rollback(c);
@@ -941,6 +997,7 @@ claimed:
   cl->outcome = IDEM_PROCEED;
   cl->attempt = 1;
   cl->retry_after_ms = 0;
+  cl->recovered = 0;
   cl->held = 1;
 done:
   if (op->rc == IDEM_OK) {
@@ -1011,6 +1068,7 @@ static void pg_close(void *state) {
   free(s->sql_meta);
   free(s->sql_v1);
   free(s->sql_v2);
+  free(s->sql_v3);
   free(s->sql_version);
   pthread_mutex_destroy(&s->mu);
   pthread_cond_destroy(&s->cv);
@@ -1057,6 +1115,15 @@ static int pg_open(const char *target, const idem_store_options *opts,
       (rc = idem__pg_server_version(s, c, err)) != IDEM_OK ||
       (rc = idem__pg_ensure_schema(s, c, err)) != IDEM_OK)
     goto fail;
+  /* A store left below the version that has the recovered mark: the
+   * statements that name it are replaced (none is prepared yet). */
+  if (s->schema_min < IDEM__PG_SCHEMA_RECOVERED)
+    for (int i = 0; i < ST_COUNT; i++)
+      if (sql_text_v2[i]) {
+        free(s->sql[i]);
+        if (!(s->sql[i] = idem__pg_build_sql(sql_text_v2[i], s->schema)))
+          goto nomem;
+      }
   s->nconn = 1;
   c->next = NULL;
   s->idle = c;
