@@ -24,7 +24,9 @@ static const char usage[] =
     "           retention; --overdue lists only records in progress or\n"
     "           unknown that have waited longer than their retention (they\n"
     "           never expire: they wait for a holder or for you)\n"
-    "  show     one record, with its stored request and response\n"
+    "  show     one record, with its stored request and response; a\n"
+    "           response marked recovered was stored by a run that took\n"
+    "           the key over: an earlier run may also have acted\n"
     "  prune    delete completed records past their retention, print how\n"
     "           many; records in progress or unknown are never pruned\n"
     "  resolve  settle a record whose outcome is unknown, or in progress\n"
@@ -105,6 +107,9 @@ static json_t *record_json(const idem_record *r) {
                         (json_int_t)r->expires_ms);
   if (!o)
     return NULL;
+  /* Completed by a holder that took the key over: an earlier attempt may
+   * also have acted. */
+  json_object_set_new(o, "recovered", json_boolean(r->recovered));
   json_object_set_new(o, "request", bytes_json(r->request, r->request_len));
   if (r->has_response)
     json_object_set_new(
@@ -310,6 +315,7 @@ static int do_show(idem_store *s, opts *o) {
     if (r->has_response) {
       printf("status:      %d\n", r->response.status);
       printf("body bytes:  %zu\n", r->response.body_len);
+      printf("recovered:   %s\n", r->recovered ? "yes" : "no");
     }
   }
   json_decref(j);
