@@ -28,6 +28,13 @@
  *  - The SONAME is now per 0.x release: libidem.so.0.3 (0.2 had
  *    libidem.so.0). A program built against another 0.x release is refused
  *    by the loader instead of running on structs laid out differently.
+ *  - idem_call_recovered() and idem_record.recovered (the struct's last
+ *    member): a response stored by a holder that took its key over
+ *    (IDEM_RECOVER) is kept marked, and every replay of it says so. The
+ *    stores' schemas gain the mark (SQLite version 2, PostgreSQL version
+ *    3), migrated on open; idem 0.2 refuses a migrated store.
+ *  - A handle whose store a newer idem migrates meanwhile also stops
+ *    reading records (IDEM_ESCHEMA), not only writing them.
  *
  * Changes in 0.2.0 (source-compatible where noted; rebuild against this
  * header, the ABI of 0.1 is not kept):
@@ -203,7 +210,8 @@ typedef struct idem_store_options {
    * Non-zero: open for reading only (idem_get(), idem_list()); every call
    * that writes fails with IDEM_ESTORE. An SQLite store is then opened
    * read-only, so a user who may only read the file can list it; a missing
-   * file is an error instead of a new store.
+   * file is an error instead of a new store. A store of idem 0.2, which a
+   * reader may not migrate, is read as it is (no record marked recovered).
    */
   int read_only;
   /*
@@ -225,7 +233,10 @@ typedef struct idem_store_options {
  * directory, a file the user may not read, or (read-write) one whose
  * folder is not writable fails with IDEM_ESTORE, naming the file, and is
  * not overwritten. A handle whose store a newer idem migrates meanwhile
- * writes nothing more: its writes fail with IDEM_ESCHEMA. opts may be
+ * reads and writes nothing more: idem_get(), idem_list(), claims answered
+ * from a stored record, the operators' writes and (SQLite) every write
+ * fail with IDEM_ESCHEMA. (A replay this handle answers from its replay
+ * cache, a copy of a record it read before, still succeeds.) opts may be
  * NULL. On failure *out is NULL.
  */
 IDEM_API int idem_store_open(const char *url, const idem_store_options *opts,
@@ -535,7 +546,9 @@ typedef struct idem_resolve_options {
  * an expired lease: with a response it becomes completed (later claims
  * replay it); with response NULL it is deleted (failed: a retry acts
  * again). IDEM_ENOTFOUND when absent, IDEM_ESTATE when already completed
- * or when its holder's lease is still running (unless opts->force).
+ * or when its holder's lease is still running (unless opts->force). A
+ * response is kept marked recovered (idem_record.recovered) when the
+ * record had more than one attempt: more than one may have acted.
  * idem_resolve() is idem_resolve_with() with opts NULL.
  */
 IDEM_API int idem_resolve_with(idem_store *store, const idem_id *id,
