@@ -47,6 +47,7 @@ ifneq ($(BASE),)
 	BASE='$(BASE)' sh bench/run.sh $(BUILD)/idem
 else
 	sh bench/run.sh $(BUILD)/idem
+	sh bench/engine.sh $(BUILD)
 	sh bench/gateway.sh $(BUILD)/idem
 	sh bench/mcp.sh $(BUILD)/idem
 endif
