@@ -13,7 +13,10 @@
  *    IDEM_E* codes below otherwise. Outcomes of a claim (PROCEED, REPLAY, ...)
  *    are not errors; they come back through output parameters.
  *  - On failure every output parameter is still defined: pointers are set to
- *    NULL and sizes to 0, so a caller may free them unconditionally.
+ *    NULL and sizes to 0, so a caller may free them unconditionally. One
+ *    exception, said again where it applies: idem_execute() whose action
+ *    ran but whose ending could not be written returns the error and
+ *    still sets *out, since the caller must learn what the action did.
  *  - idem_errmsg() returns the detail of the calling thread's last failure
  *    (for example the SQLite or libpq text), so it is safe with many threads
  *    sharing one store.
@@ -35,6 +38,20 @@
  *    3), migrated on open; idem 0.2 refuses a migrated store.
  *  - A handle whose store a newer idem migrates meanwhile also stops
  *    reading records (IDEM_ESCHEMA), not only writing them.
+ *  - idem_execute() holds its leases on one scheduler thread per store,
+ *    which renews them in batches; a lost lease is reported at its
+ *    deadline (idem_exec_lost(), idem_exec_lost_fd()) even while a renewal
+ *    hangs. idem_exec_lost_fd() takes a non-const idem_exec.
+ *  - idem_call_options.wait_ms: a claim that finds its key in flight can
+ *    wait for the holder's result.
+ *  - idem_call_state(): the record's state as the call last saw or left it.
+ *  - IDEM_EXEC_ABANDON is now IDEM_EXEC_LEAVE_IN_PROGRESS (the old name
+ *    stays as a macro).
+ *  - idem_execute() refuses call options whose request fields are set.
+ *  - idem_store_open(NULL) with IDEM_STORE unset fails with IDEM_EINVAL
+ *    instead of creating ./idem.db.
+ *  - The library's threads block every signal and end when the store that
+ *    needs them closes.
  *
  * Changes in 0.2.0 (source-compatible where noted; rebuild against this
  * header, the ABI of 0.1 is not kept):
@@ -226,8 +243,9 @@ typedef struct idem_store_options {
  * Opens the store named by url:
  *   "sqlite:PATH" or a bare PATH        an SQLite database file
  *   "postgresql://..." / "postgres://..." a PostgreSQL server (libpq conninfo)
- * NULL or "" means the environment variable IDEM_STORE, and when that is
- * unset too, "./idem.db". The schema is created or migrated on open; a store
+ * NULL or "" means the environment variable IDEM_STORE; when that is unset
+ * too, the open fails with IDEM_EINVAL (a store is never created in the
+ * current folder unasked). The schema is created or migrated on open; a store
  * written by a newer idem fails with IDEM_ESCHEMA and is left untouched. A
  * file that is not an SQLite database, a damaged or truncated one, a
  * directory, a file the user may not read, or (read-write) one whose
@@ -340,6 +358,19 @@ typedef struct idem_call_options {
    * nothing is written: the key then waits for an operator.
    */
   int max_attempts;
+  /*
+   * How long a claim that finds its key in flight waits for the holder to
+   * end it, at most IDEM_MAX_LEASE_MS; 0 = not at all. While it waits the
+   * claim is asked again whenever the record may have changed: at once
+   * when the holder is in this process, through LISTEN/NOTIFY on
+   * PostgreSQL, by polling (at most 50 ms apart) for another process on
+   * SQLite, and when the holder's lease ends. It then answers what a claim
+   * answers at that moment: REPLAY of the holder's result; PROCEED when
+   * the holder released the key; UNKNOWN, or RECOVER (the caller now holds
+   * the key) when the holder marked it unknown or died; IN_FLIGHT again
+   * when wait_ms ran out.
+   */
+  int64_t wait_ms;
 } idem_call_options;
 
 /* The largest response (meta plus body) a record keeps: 16 MiB. */
@@ -371,6 +402,16 @@ IDEM_API idem_outcome idem_call_outcome(const idem_call *call);
 /* The stored response on REPLAY (and after execute_local's PROCEED or
  * RECOVER, the new one); NULL otherwise. Owned by the call. */
 IDEM_API const idem_response *idem_call_response(const idem_call *call);
+/*
+ * The state of the record as this call last saw or left it: COMPLETED on
+ * REPLAY and after a completion (idem_complete(), idem_execute()'s DONE,
+ * idem_execute_local()), UNKNOWN on UNKNOWN and after idem_mark_unknown(),
+ * IN_PROGRESS on IN_FLIGHT and while the caller holds the record (and after
+ * IDEM_EXEC_LEAVE_IN_PROGRESS); 0 after a release deleted it, and on
+ * CONFLICT (the record is another request's). idem_call_outcome() is the
+ * claim's outcome and does not change when the record ends.
+ */
+IDEM_API int idem_call_state(const idem_call *call);
 /* On IN_FLIGHT: milliseconds until the holder's lease ends (at least 1). */
 IDEM_API int64_t idem_call_retry_after_ms(const idem_call *call);
 /* The attempt number: 1 for the first holder, +1 for each takeover. */
@@ -578,13 +619,18 @@ typedef enum idem_exec_result {
   IDEM_EXEC_UNKNOWN = 2,  /* it may have acted: mark the key unknown */
   /*
    * It may have acted and may still be acting (a request that timed out
-   * after it was sent): the record stays in progress, its lease renewed one
-   * last time to end lease_ms after the action returned. Until then a retry
-   * is told IDEM_IN_FLIGHT; after it, a claim sees an expired lease
-   * (IDEM_RECOVER, or IDEM_UNKNOWN with IDEM_EXPIRED_REPORT).
+   * after it was sent): the record is left in progress, still held, its
+   * lease renewed one last time to end lease_ms after the action returned.
+   * Until then a retry is told IDEM_IN_FLIGHT (or waits, with wait_ms);
+   * after it, a claim sees an expired lease (IDEM_RECOVER, or IDEM_UNKNOWN
+   * with IDEM_EXPIRED_REPORT).
    */
-  IDEM_EXEC_ABANDON = 3
+  IDEM_EXEC_LEAVE_IN_PROGRESS = 3
 } idem_exec_result;
+
+/* The name of IDEM_EXEC_LEAVE_IN_PROGRESS in 0.2, kept for source
+ * compatibility: the record is not abandoned, it stays in progress. */
+#define IDEM_EXEC_ABANDON IDEM_EXEC_LEAVE_IN_PROGRESS
 
 /* What an action sees of its own run; valid while the action runs. */
 typedef struct idem_exec idem_exec;
@@ -592,11 +638,16 @@ typedef struct idem_exec idem_exec;
 /*
  * A file descriptor that becomes readable once the lease is lost: another
  * holder took the key over, or the lease could not be renewed before it
- * ended. The action should then stop acting and return IDEM_EXEC_UNKNOWN
- * (or NOT_DONE when it had not acted). Owned by the library.
+ * ended. It turns readable at the deadline the last written renewal set,
+ * whatever a renewal in progress is doing, and asking for it never waits
+ * for a renewal. The action should then stop acting and return
+ * IDEM_EXEC_UNKNOWN (or NOT_DONE when it had not acted). Owned by the
+ * library (a timerfd: poll it, do not read or close it); -1 when none
+ * could be made (idem_exec_lost() still tells).
  */
 IDEM_API int idem_exec_lost_fd(idem_exec *exec);
-/* Non-zero once the lease is lost. */
+/* Non-zero once the lease is lost (as the descriptor above); it never
+ * turns back to 0. */
 IDEM_API int idem_exec_lost(const idem_exec *exec);
 /* IDEM_PROCEED, or IDEM_RECOVER when an earlier attempt may have acted. */
 IDEM_API idem_outcome idem_exec_outcome(const idem_exec *exec);
@@ -613,9 +664,10 @@ typedef idem_exec_result (*idem_exec_fn)(idem_exec *exec, void *ctx,
 
 /* Options for idem_execute(); NULL or zero fields take the defaults. */
 typedef struct idem_execute_options {
-  idem_call_options call; /* lease, retention, takeover, max_attempts; its
-                             request fields are ignored (the request is
-                             kept when it fits) */
+  idem_call_options call; /* lease, retention, takeover, max_attempts,
+                             wait_ms. Its request fields must stay NULL
+                             and 0 (IDEM_EINVAL otherwise): idem_execute()
+                             keeps the canonical request itself. */
   /*
    * NULL-terminated RFC 6901 JSON Pointers: only these parts of the request
    * make the fingerprint (a pointer that finds nothing counts as absent).
@@ -633,8 +685,9 @@ typedef struct idem_execute_options {
  * never disagree with the stored request. Then:
  *  - REPLAY, CONFLICT, IN_FLIGHT, UNKNOWN: fn does not run; IDEM_OK, and
  *    *out tells the outcome (and the stored response on REPLAY).
- *  - PROCEED, RECOVER: fn runs while a library thread renews the lease
- *    (every third of it). Its result ends the record: DONE completes it with
+ *  - PROCEED, RECOVER: fn runs while the store's scheduler renews the
+ *    lease (every third of it; one thread per store renews every lease in
+ *    batches). Its result ends the record: DONE completes it with
  *    the response, NOT_DONE releases it, UNKNOWN marks it unknown, ABANDON
  *    leaves it in progress until a last lease runs out. A
  *    completion that fails with IDEM_EBUSY or IDEM_EUNAVAILABLE is retried

@@ -2,7 +2,7 @@
  * engine.c -- the record state machine: argument checks, defaults, the
  * decision table, and dispatch to a store backend.
  */
-#include "store.h"
+#include "lease.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -16,10 +16,6 @@
 
 #define MAX_ID_PART 255
 
-struct idem_store {
-  const idem__store_methods *methods;
-  void *state;
-};
 
 /* ---- helpers for backends ------------------------------------------- */
 
@@ -439,6 +435,9 @@ static int fill_options(const idem_call_options *in, idem_call_options *out) {
                                    "IDEM_EXPIRED_TAKE_OVER or "
                                    "IDEM_EXPIRED_REPORT",
                       out->on_expired_lease);
+  if ((rc = check_period("wait_ms", out->wait_ms, IDEM_MAX_LEASE_MS,
+                         "IDEM_MAX_LEASE_MS (30 days)")))
+    return rc;
   if (out->max_attempts < 0)
     return idem__fail(IDEM_EINVAL, "options: max_attempts is negative");
   if (out->lease_ms == 0)
@@ -580,7 +579,9 @@ int idem_store_open(const char *url, const idem_store_options *opts,
   if (!url || !*url)
     url = getenv("IDEM_STORE");
   if (!url || !*url)
-    url = "./idem.db";
+    return idem__fail(IDEM_EINVAL,
+                      "store: no store named: pass a URL (\"sqlite:PATH\" "
+                      "or \"postgresql://...\") or set IDEM_STORE");
   if ((rc = pick_backend(url, &m, &target, &owned)) != IDEM_OK) {
     free(owned);
     return rc;
@@ -591,9 +592,11 @@ int idem_store_open(const char *url, const idem_store_options *opts,
     return idem__fail(IDEM_ENOMEM, "store: out of memory");
   }
   s->methods = m;
+  pthread_mutex_init(&s->sched_mu, NULL);
   rc = m->open(target, &o, &s->state);
   free(owned);
   if (rc != IDEM_OK) {
+    pthread_mutex_destroy(&s->sched_mu);
     free(s);
     return rc;
   }
@@ -604,7 +607,10 @@ int idem_store_open(const char *url, const idem_store_options *opts,
 void idem_store_close(idem_store *store) {
   if (!store)
     return;
+  /* The scheduler first: it uses the backend. */
+  idem__sched_free(store->sched);
   store->methods->close(store->state);
+  pthread_mutex_destroy(&store->sched_mu);
   free(store);
 }
 
@@ -634,6 +640,29 @@ idem_outcome idem_call_outcome(const idem_call *c) {
 
 const idem_response *idem_call_response(const idem_call *c) {
   return c && c->has_response ? &c->response : NULL;
+}
+
+int idem_call_state(const idem_call *c) {
+  if (!c)
+    return 0;
+  switch (c->outcome) {
+  case IDEM_REPLAY:
+    return IDEM_STATE_COMPLETED;
+  case IDEM_IN_FLIGHT:
+    return IDEM_STATE_IN_PROGRESS;
+  case IDEM_UNKNOWN:
+    return IDEM_STATE_UNKNOWN;
+  case IDEM_PROCEED:
+  case IDEM_RECOVER:
+    if (c->held)
+      return IDEM_STATE_IN_PROGRESS;
+    /* idem_execute_local() completes the record in the claim itself. */
+    if (!c->ended_state && c->has_response)
+      return IDEM_STATE_COMPLETED;
+    return c->ended_state;
+  default:
+    return 0;
+  }
 }
 
 int64_t idem_call_retry_after_ms(const idem_call *c) {
@@ -677,6 +706,55 @@ static int run_op(idem_store *store, idem__op *op) {
   return IDEM_OK;
 }
 
+/* How often a waiter asks again when nothing will tell it of an ending:
+ * soon at first, then every POLL_MAX_MS. */
+#define POLL_FIRST_MS 2
+#define POLL_MAX_MS 50
+
+/*
+ * op's claim found its key in flight: waits up to op.opts.wait_ms for the
+ * holder to end the record, asking again whenever it may have: woken by an
+ * ending in this process or one the backend reports, by polling when the
+ * backend reports none, and when the holder's lease ends. op->claim is
+ * the last answer.
+ */
+static int wait_in_flight(idem_store *store, idem__op *op) {
+  int64_t until = idem__mono_ms() + op->opts.wait_ms, poll = POLL_FIRST_MS;
+  idem__waiter w;
+  int told, rc = IDEM_OK;
+  idem__wait_enter(op->id, &w);
+  for (;;) {
+    /* Asked again after the mark: an ending from now on moves it. The
+     * backend is asked to tell of the ending each time round: a takeover
+     * woke us, or its listener lost its connection meanwhile. */
+    idem__wait_mark(&w);
+    told = store->methods->version >= 3 && store->methods->watch &&
+           store->methods->watch(store->state, op->id) == IDEM_OK;
+    idem_call *fresh = new_claim(op->id, op->fingerprint, op->opts.retention_ms);
+    if (!fresh) {
+      rc = idem__fail(IDEM_ENOMEM, "claim: out of memory");
+      break;
+    }
+    idem_call_free(op->claim);
+    op->claim = fresh;
+    if ((rc = run_op(store, op)) != IDEM_OK ||
+        op->claim->outcome != IDEM_IN_FLIGHT)
+      break;
+    int64_t now = idem__mono_ms(), wake = until;
+    if (now >= until)
+      break;
+    /* The holder's lease ends: a claim then sees it expired. */
+    if (now + op->claim->retry_after_ms < wake)
+      wake = now + op->claim->retry_after_ms;
+    if (!told && now + poll < wake)
+      wake = now + poll;
+    if (!idem__wait_sleep(&w, wake) && !told)
+      poll = poll * 2 > POLL_MAX_MS ? POLL_MAX_MS : poll * 2;
+  }
+  idem__wait_leave(&w);
+  return rc;
+}
+
 static int start(idem_store *store, idem__op_kind kind, const idem_id *id,
                  const char *fp, const idem_call_options *opts,
                  idem_local_fn fn, void *ctx, idem_call **out) {
@@ -702,6 +780,8 @@ static int start(idem_store *store, idem__op_kind kind, const idem_id *id,
   if (!op.claim)
     return idem__fail(IDEM_ENOMEM, "claim: out of memory");
   rc = run_op(store, &op);
+  if (rc == IDEM_OK && op.claim->outcome == IDEM_IN_FLIGHT && op.opts.wait_ms)
+    rc = wait_in_flight(store, &op);
   if (rc != IDEM_OK) {
     idem_call_free(op.claim);
     return rc;
@@ -782,6 +862,12 @@ static int finish(idem_store *store, idem_call *claim, idem__op_kind kind,
   if (rc == IDEM_OK && (kind != IDEM__OP_RENEW || ends)) {
     claim->held = 0;
     claim->lease_expires_ms = 0;
+    /* A takeover's release leaves the record as the takeover found it. */
+    claim->ended_state = kind == IDEM__OP_COMPLETE       ? IDEM_STATE_COMPLETED
+                         : kind == IDEM__OP_MARK_UNKNOWN ? IDEM_STATE_UNKNOWN
+                         : ends                          ? IDEM_STATE_IN_PROGRESS
+                                                         : 0;
+    idem__wait_wake(&id);
   }
   if (rc == IDEM_ESTALE)
     claim->held = 0;
@@ -885,7 +971,10 @@ int idem_resolve_with(idem_store *store, const idem_id *id,
     return rc;
   if (o.retention_ms == 0)
     o.retention_ms = IDEM__DEFAULT_RETENTION_MS;
-  return store->methods->resolve(store->state, id, response, &o);
+  rc = store->methods->resolve(store->state, id, response, &o);
+  if (rc == IDEM_OK)
+    idem__wait_wake(id);
+  return rc;
 }
 
 int idem_resolve(idem_store *store, const idem_id *id,
@@ -903,5 +992,8 @@ int idem_delete(idem_store *store, const idem_id *id) {
   if (store->methods->version < 2 || !store->methods->remove)
     return idem__fail(IDEM_ESTATE, "delete: the %s store cannot delete",
                       store->methods->name);
-  return store->methods->remove(store->state, id);
+  rc = store->methods->remove(store->state, id);
+  if (rc == IDEM_OK)
+    idem__wait_wake(id);
+  return rc;
 }

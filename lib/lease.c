@@ -440,3 +440,19 @@ void idem__wait_wake_bucket(unsigned i) {
 void idem__wait_wake(const idem_id *id) {
   idem__wait_wake_bucket(id_bucket(id));
 }
+
+int idem__wait_count(const idem_id *id) {
+  pthread_once(&room_once, room_init);
+  return __atomic_load_n(&room[id_bucket(id)].waiters, __ATOMIC_SEQ_CST);
+}
+
+static unsigned long reports;
+
+void idem__wait_reported(unsigned b) {
+  __atomic_add_fetch(&reports, 1, __ATOMIC_RELAXED);
+  idem__wait_wake_bucket(b);
+}
+
+unsigned long idem__wait_reports(void) {
+  return __atomic_load_n(&reports, __ATOMIC_RELAXED);
+}

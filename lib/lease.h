@@ -88,6 +88,13 @@ int idem__wait_sleep(idem__waiter *w, int64_t until_mono);
 /* Wakes the waiters of id; cheap when there are none. */
 void idem__wait_wake(const idem_id *id);
 void idem__wait_wake_bucket(unsigned bucket);
+/* A backend heard of an ending from another process (a notification):
+ * wakes the bucket and counts it. */
+void idem__wait_reported(unsigned bucket);
+/* How many such reports this process heard (for tests). */
+unsigned long idem__wait_reports(void);
+/* How many callers wait in id's bucket (for tests). */
+int idem__wait_count(const idem_id *id);
 
 /* A monotonic clock in milliseconds. */
 int64_t idem__mono_ms(void);

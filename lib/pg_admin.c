@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SCHEMA_VERSION 3
+#define SCHEMA_VERSION 4
 #define LIST_PAGE 256
 /* Advisory lock class for schema creation: "idem" in ASCII. */
 #define SCHEMA_LOCK_CLASS "1768187245"
@@ -90,16 +90,43 @@ static const char schema_v3[] = "ALTER TABLE {S}.idem_records ADD COLUMN IF "
                                 "NOT EXISTS recovered boolean NOT NULL "
                                 "DEFAULT false";
 
+/*
+ * Version 4: waiting on a key in flight (pg_lease.c). A waiter marks the
+ * record watched; a watched record in progress that ends (its state
+ * changes), is taken over (its owner changes), has its lease cut short (a
+ * takeover's release) or is deleted notifies idem_ended with its name
+ * (tenant, 0x1f, operation, 0x1f, key). Records nobody watches never
+ * notify: a notifying transaction holds the server's notification lock
+ * through its commit, which would serialize every completion.
+ */
+static const char schema_v4[] =
+    "ALTER TABLE {S}.idem_records ADD COLUMN IF NOT EXISTS watched boolean "
+    "NOT NULL DEFAULT false;"
+    "CREATE OR REPLACE FUNCTION {S}.idem_notify_ended() RETURNS trigger "
+    "LANGUAGE plpgsql AS $f$ BEGIN PERFORM pg_notify('idem_ended', "
+    "OLD.tenant || chr(31) || OLD.operation || chr(31) || OLD.key); RETURN "
+    "NULL; END $f$;"
+    "DROP TRIGGER IF EXISTS idem_ended_update ON {S}.idem_records;"
+    "CREATE TRIGGER idem_ended_update AFTER UPDATE ON {S}.idem_records FOR "
+    "EACH ROW WHEN (OLD.watched AND OLD.state = 1 AND (NEW.state <> 1 OR "
+    "NEW.owner IS DISTINCT FROM OLD.owner OR NEW.lease_expires_ms < "
+    "OLD.lease_expires_ms)) EXECUTE FUNCTION {S}.idem_notify_ended();"
+    "DROP TRIGGER IF EXISTS idem_ended_delete ON {S}.idem_records;"
+    "CREATE TRIGGER idem_ended_delete AFTER DELETE ON {S}.idem_records FOR "
+    "EACH ROW WHEN (OLD.watched) EXECUTE FUNCTION {S}.idem_notify_ended()";
+
 /* Builds s's schema statements; IDEM_ENOMEM when out of memory. */
 int idem__pg_schema_sql(pg_store *s) {
   s->sql_meta = idem__pg_build_sql(schema_meta, s->schema);
   s->sql_v1 = idem__pg_build_sql(schema_v1, s->schema);
   s->sql_v2 = idem__pg_build_sql(schema_v2, s->schema);
   s->sql_v3 = idem__pg_build_sql(schema_v3, s->schema);
+  s->sql_v4 = idem__pg_build_sql(schema_v4, s->schema);
   s->sql_version = idem__pg_build_sql("SELECT value FROM {S}.idem_meta WHERE "
                                       "name = 'schema_version'",
                                       s->schema);
-  if (!s->sql_meta || !s->sql_v1 || !s->sql_v2 || !s->sql_v3 || !s->sql_version)
+  if (!s->sql_meta || !s->sql_v1 || !s->sql_v2 || !s->sql_v3 || !s->sql_v4 ||
+      !s->sql_version)
     return IDEM_ENOMEM;
   return IDEM_OK;
 }
@@ -209,7 +236,9 @@ int idem__pg_ensure_schema(pg_store *s, conn *c, char *err) {
     goto fail;
   reached = version < 1 ? 1 : version;
   for (int to = reached + 1; to <= SCHEMA_VERSION; to++) {
-    const char *sql = to == 2 ? s->sql_v2 : s->sql_v3;
+    const char *sql = to == 2   ? s->sql_v2
+                      : to == 3 ? s->sql_v3
+                                : s->sql_v4;
     snprintf(what, sizeof what, "migrating schema \"%s\" to version %d",
              s->schema, to);
     if (version >= 1 && (rc = idem__pg_run_simple(c, "SAVEPOINT idem_migrate",

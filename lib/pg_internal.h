@@ -30,6 +30,8 @@
 
 #define SCHEMA_MAX 63 /* PostgreSQL's NAMEDATALEN - 1 */
 #define ERR_SIZE 512
+/* The statement timeout of the store's sessions, unless one was set. */
+#define IDEM__PG_STATEMENT_TIMEOUT "60s"
 #define MAX_PARAMS 12
 /* The most statements idem__pg_run_steps() sends in one round trip. */
 #define MAX_STEPS 4
@@ -76,11 +78,13 @@ typedef struct conn {
   struct conn *next;
 } conn;
 
+typedef struct idem__pg_listener idem__pg_listener;
+
 typedef struct pg_store {
   char *conninfo; /* the target without idem_schema, as libpq gets it */
   char schema[SCHEMA_MAX + 1];
   char *sql[ST_COUNT];
-  char *sql_meta, *sql_v1, *sql_v2, *sql_v3, *sql_version;
+  char *sql_meta, *sql_v1, *sql_v2, *sql_v3, *sql_v4, *sql_version;
   /* The oldest schema version this handle's statements are right for: the
    * version found on open, which a role that may not alter the tables (or
    * a table too busy) leaves below the newest (pg_admin.c). */
@@ -98,6 +102,8 @@ typedef struct pg_store {
   char **secret;
   int nsecret, secret_cap;
   int secret_nomem; /* one could not be kept: the open fails */
+  idem__pg_listener *listener; /* LISTENs for waiters; made when first
+                                  needed (pg_lease.c) */
 } pg_store;
 
 /* Text parameters go in text format, bytea in binary (no escaping). */
@@ -174,7 +180,7 @@ int idem__pg_is_word_char(char ch);
 
 /* Replaces every "{S}" in tmpl with the quoted schema name. */
 char *idem__pg_build_sql(const char *tmpl, const char *schema);
-/* Builds s's schema statements (sql_meta, sql_v1 to sql_v3, sql_version). */
+/* Builds s's schema statements (sql_meta, sql_v1 to sql_v4, sql_version). */
 int idem__pg_schema_sql(pg_store *s);
 int idem__pg_server_version(pg_store *s, conn *c, char *err);
 int idem__pg_ensure_schema(pg_store *s, conn *c, char *err);
@@ -194,5 +200,11 @@ int idem__pg_resolve(void *state, const idem_id *id,
                      const idem_response *response,
                      const idem_resolve_options *opts);
 int idem__pg_remove(void *state, const idem_id *id);
+
+/* ---- pg_lease.c: renewals in batches, watching keys in flight ---------- */
+
+void idem__pg_run_many(void *state, idem__op **ops, int n);
+int idem__pg_watch(void *state, const idem_id *id);
+void idem__pg_listener_free(idem__pg_listener *l);
 
 #endif

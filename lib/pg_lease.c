@@ -6,10 +6,12 @@
 #include "pg_internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* One statement for a batch: the arrays name each lease's row and owner. */
 static const char renew_many_sql[] =
@@ -203,4 +205,185 @@ out:
   free(k.p);
   free(w.p);
   free(l.p);
+}
+
+/* ---- watching keys in flight ---------------------------------------------- */
+
+/*
+ * One connection per store LISTENs on the channel that the records table's
+ * triggers notify when a watched record in progress ends (pg_admin.c,
+ * schema version 4): its thread wakes the waiting room's bucket of the
+ * record's name. Only records a waiter marked watched notify, so that
+ * endings nobody waits for never take the server's notification lock.
+ */
+#define CHANNEL "idem_ended"
+
+struct idem__pg_listener {
+  pg_store *s;
+  conn *c;
+  pthread_t thread;
+  int wake[2]; /* a byte here stops the thread */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int ready;  /* LISTEN is in force */
+  int state;  /* 0 starting, 1 running, -1 failed to start */
+};
+
+static pthread_mutex_t listener_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void listener_set(idem__pg_listener *l, int ready, int state) {
+  pthread_mutex_lock(&l->mu);
+  l->ready = ready;
+  if (state)
+    l->state = state;
+  pthread_cond_broadcast(&l->cv);
+  pthread_mutex_unlock(&l->mu);
+}
+
+/* Every waiter asks again: notifications may have been lost with the
+ * connection. */
+static void wake_everyone(void) {
+  for (unsigned i = 0; i < 256; i++)
+    idem__wait_wake_bucket(i);
+}
+
+static int listen_on(idem__pg_listener *l, char *err) {
+  if (!l->c && idem__pg_conn_open(l->s, &l->c, err) != IDEM_OK)
+    return -1;
+  if (idem__pg_run_simple(l->c, "LISTEN " CHANNEL, "listen", err) != IDEM_OK) {
+    idem__pg_conn_close(l->c);
+    l->c = NULL;
+    return -1;
+  }
+  return 0;
+}
+
+static void *listener_thread(void *arg) {
+  idem__pg_listener *l = arg;
+  char err[ERR_SIZE];
+  int64_t backoff = 50;
+  int first = 1;
+  for (;;) {
+    if (!l->c || PQstatus(l->c->pg) != CONNECTION_OK) {
+      if (l->c) {
+        idem__pg_conn_close(l->c);
+        l->c = NULL;
+        listener_set(l, 0, 0);
+        wake_everyone();
+      }
+      if (listen_on(l, err) != 0) {
+        if (first) {
+          listener_set(l, 0, -1);
+          return NULL;
+        }
+        struct pollfd p = {l->wake[0], POLLIN, 0};
+        if (poll(&p, 1, (int)backoff) > 0)
+          break;
+        backoff = backoff * 2 > 2000 ? 2000 : backoff * 2;
+        continue;
+      }
+      backoff = 50;
+      listener_set(l, 1, 1);
+      if (!first)
+        wake_everyone();
+      first = 0;
+    }
+    struct pollfd p[2] = {{PQsocket(l->c->pg), POLLIN, 0},
+                          {l->wake[0], POLLIN, 0}};
+    if (poll(p, 2, -1) < 0 && errno != EINTR)
+      break;
+    if (p[1].revents)
+      break;
+    if (p[0].revents) {
+      PGnotify *n;
+      if (!PQconsumeInput(l->c->pg))
+        continue; /* the connection is gone: reconnect above */
+      while ((n = PQnotifies(l->c->pg))) {
+        idem__wait_reported(idem__wait_bucket(n->extra, strlen(n->extra)));
+        PQfreemem(n);
+      }
+    }
+  }
+  listener_set(l, 0, 0);
+  return NULL;
+}
+
+/* The store's listener, started and listening; NULL when it cannot be. */
+static idem__pg_listener *listener_get(pg_store *s) {
+  idem__pg_listener *l;
+  pthread_mutex_lock(&listener_mu);
+  if (!(l = s->listener) && (l = calloc(1, sizeof *l))) {
+    l->s = s;
+    pthread_mutex_init(&l->mu, NULL);
+    pthread_cond_init(&l->cv, NULL);
+    if (pipe2(l->wake, O_CLOEXEC) != 0) {
+      free(l);
+      l = NULL;
+    } else if (idem__thread_start(&l->thread, listener_thread, l) != 0) {
+      close(l->wake[0]);
+      close(l->wake[1]);
+      free(l);
+      l = NULL;
+    } else {
+      s->listener = l;
+    }
+  }
+  pthread_mutex_unlock(&listener_mu);
+  if (!l)
+    return NULL;
+  pthread_mutex_lock(&l->mu);
+  while (l->state == 0)
+    pthread_cond_wait(&l->cv, &l->mu);
+  int ready = l->ready;
+  pthread_mutex_unlock(&l->mu);
+  return ready ? l : NULL;
+}
+
+void idem__pg_listener_free(idem__pg_listener *l) {
+  char byte = 1;
+  if (!l)
+    return;
+  if (write(l->wake[1], &byte, 1) != 1) {
+    /* An empty pipe of ours takes one byte. */
+  }
+  pthread_join(l->thread, NULL);
+  if (l->c)
+    idem__pg_conn_close(l->c);
+  close(l->wake[0]);
+  close(l->wake[1]);
+  pthread_mutex_destroy(&l->mu);
+  pthread_cond_destroy(&l->cv);
+  free(l);
+}
+
+static const char watch_sql[] =
+    "UPDATE {S}.idem_records SET watched = true WHERE tenant = $1::text AND "
+    "operation = $2::text AND key = $3::text AND state = 1 AND NOT watched";
+
+int idem__pg_watch(void *state, const idem_id *id) {
+  pg_store *s = state;
+  char err[ERR_SIZE], *sql;
+  conn *c = NULL;
+  PGresult *res;
+  int rc;
+  if (s->schema_min < 4)
+    return IDEM_ESCHEMA; /* no triggers: the waiter polls */
+  if (!listener_get(s))
+    return IDEM_EUNAVAILABLE;
+  if (!(sql = idem__pg_build_sql(watch_sql, s->schema)))
+    return IDEM_ENOMEM;
+  if ((rc = idem__pg_pool_get(s, &c, err)) != IDEM_OK) {
+    free(sql);
+    return rc;
+  }
+  {
+    const char *v[3] = {id->tenant ? id->tenant : "", id->operation,
+                        id->key};
+    res = PQexecParams(c->pg, sql, 3, NULL, v, NULL, NULL, 0);
+    rc = PQresultStatus(res) == PGRES_COMMAND_OK ? IDEM_OK : IDEM_ESTORE;
+    PQclear(res);
+  }
+  idem__pg_pool_put(s, c);
+  free(sql);
+  return rc;
 }

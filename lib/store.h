@@ -17,7 +17,9 @@
 
 #include "internal.h"
 
-#define IDEM__STORE_METHODS_VERSION 2
+#include <pthread.h>
+
+#define IDEM__STORE_METHODS_VERSION 3
 
 /* Defaults and rates every backend shares. */
 #define IDEM__DEFAULT_LEASE_MS 30000
@@ -44,6 +46,8 @@ struct idem_call {
   void *resp_buf;
   int held; /* PROCEED/RECOVER not yet completed, released or marked */
   int took_over_unknown; /* RECOVER of a record that was marked unknown */
+  int ended_state; /* idem_state the holder's ending left, 0 when released
+                      (see idem_call_state()) */
   int recovered; /* RECOVER, or REPLAY of a record marked recovered */
 };
 
@@ -118,7 +122,29 @@ typedef struct idem__store_methods {
                  const idem_resolve_options *opts);
   /* Version 2. */
   int (*remove)(void *state, const idem_id *id);
+  /*
+   * Version 3. Runs n renewals (IDEM__OP_RENEW) in one transaction where
+   * the backend can; each op carries its own result. NULL: the engine runs
+   * them one by one.
+   */
+  void (*run_many)(void *state, idem__op **ops, int n);
+  /*
+   * Version 3. Asks to be told when the record of id, in progress, ends
+   * (completed, released, marked unknown, taken over or removed), from any
+   * process: the backend then wakes idem__wait_wake_bucket() of its name.
+   * IDEM_OK when it will; anything else (or NULL) and the waiter polls.
+   */
+  int (*watch)(void *state, const idem_id *id);
 } idem__store_methods;
+
+/* A store handle. */
+struct idem_store {
+  const idem__store_methods *methods;
+  void *state;
+  pthread_mutex_t sched_mu; /* guards sched's creation */
+  struct idem__sched *sched; /* renews idem_execute()'s leases; made when
+                                first needed */
+};
 
 extern const idem__store_methods idem__sqlite_methods;
 extern const idem__store_methods idem__pg_methods;

@@ -1059,6 +1059,7 @@ static void pg_close(void *state) {
   conn *c;
   if (!s)
     return;
+  idem__pg_listener_free(s->listener);
   while ((c = s->idle)) {
     s->idle = c->next;
     idem__pg_conn_close(c);
@@ -1069,6 +1070,7 @@ static void pg_close(void *state) {
   free(s->sql_v1);
   free(s->sql_v2);
   free(s->sql_v3);
+  free(s->sql_v4);
   free(s->sql_version);
   pthread_mutex_destroy(&s->mu);
   pthread_cond_destroy(&s->cv);
@@ -1154,4 +1156,6 @@ const idem__store_methods idem__pg_methods = {
     idem__pg_prune,
     idem__pg_resolve,
     idem__pg_remove,
+    idem__pg_run_many,
+    idem__pg_watch,
 };

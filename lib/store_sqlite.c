@@ -21,7 +21,7 @@
  * since those outcomes write nothing.
  */
 #include "cache.h"
-#include "store.h"
+#include "lease.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -1374,23 +1374,35 @@ static void *checkpointer(void *arg) {
  */
 #define GATHER_MAX_US 400
 
-/* Queues op for the next group commit and returns once it has run. */
-static void submit(sq_store *s, idem__op *op) {
+/* Whether every op of ops[0..n) has run. Under gc_mu. */
+static int all_done(idem__op **ops, int n) {
+  for (int i = 0; i < n; i++)
+    if (!ops[i]->done)
+      return 0;
+  return 1;
+}
+
+/* Queues ops[0..n) for the next group commits and returns once they have
+ * run. */
+static void submit_many(sq_store *s, idem__op **ops, int n_ops) {
   idem__op *batch[BATCH_MAX];
-  op->next = NULL;
-  op->done = 0;
   pthread_mutex_lock(&s->gc_mu);
-  if (s->tail)
-    s->tail->next = op;
-  else
-    s->head = op;
-  s->tail = op;
-  s->queued++;
+  for (int i = 0; i < n_ops; i++) {
+    idem__op *op = ops[i];
+    op->next = NULL;
+    op->done = 0;
+    if (s->tail)
+      s->tail->next = op;
+    else
+      s->head = op;
+    s->tail = op;
+    s->queued++;
+  }
   s->inside++;
   if (s->inside > s->peak)
     s->peak = s->inside;
   pthread_cond_signal(&s->gather_cv);
-  while (!op->done) {
+  while (!all_done(ops, n_ops)) {
     if (s->leading) {
       pthread_cond_wait(&s->gc_cv, &s->gc_mu);
       continue;
@@ -1444,6 +1456,32 @@ static void submit(sq_store *s, idem__op *op) {
   }
   s->inside--;
   pthread_mutex_unlock(&s->gc_mu);
+}
+
+static void submit(sq_store *s, idem__op *op) { submit_many(s, &op, 1); }
+
+/* Renewals of many leases: one group commit (or one transaction per
+ * BATCH_MAX of them without group commit). */
+static void sq_run_many(void *state, idem__op **ops, int n) {
+  sq_store *s = state;
+  conn *c = NULL;
+  int rc;
+  for (int i = 0; i < n; i++) {
+    ops[i]->rc = IDEM_OK;
+    ops[i]->errmsg[0] = '\0';
+  }
+  if (s->writer) {
+    submit_many(s, ops, n);
+    return;
+  }
+  if ((rc = pool_get(s, &c)) != IDEM_OK) {
+    for (int i = 0; i < n; i++)
+      idem__op_fail(ops[i], rc, "%s", idem_errmsg());
+    return;
+  }
+  for (int i = 0; i < n; i += BATCH_MAX)
+    run_batch(s, c, ops + i, n - i < BATCH_MAX ? n - i : BATCH_MAX);
+  pool_put(s, c);
 }
 
 static void sq_run(void *state, idem__op *op) {
@@ -1642,7 +1680,7 @@ static int sq_open(const char *target, const idem_store_options *opts,
      * that could not work never replaces the writer's own checkpoints.
      * Without it the writer keeps SQLite's automatic checkpoint. */
     if (conn_open(s, &s->ckpt_conn) == IDEM_OK &&
-        pthread_create(&s->ckpt_thread, NULL, checkpointer, s) == 0) {
+        idem__thread_start(&s->ckpt_thread, checkpointer, s) == 0) {
       s->ckpt_running = 1;
       sqlite3_wal_hook(s->writer->db, wal_hook, s);
     } else {
@@ -2020,4 +2058,6 @@ const idem__store_methods idem__sqlite_methods = {
     sq_prune,
     sq_resolve,
     sq_remove,
+    sq_run_many,
+    NULL, /* watch: waiters of other processes poll */
 };

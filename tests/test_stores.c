@@ -932,8 +932,9 @@ static void pg_back_to_version_1(const char *url) {
 
 /*
  * A store of schema version 1 (identifying columns in the database's
- * default collation) is migrated on open: version 3 (2: the columns
- * COLLATE "C"; 3: the recovered mark), every record kept and replayed,
+ * default collation) is migrated on open: version 4 (2: the columns
+ * COLLATE "C"; 3: the recovered mark; 4: waiters' notifications), every
+ * record kept and replayed,
  * and no action run again.
  */
 static void test_pg_migrates_version_1(void **state) {
@@ -945,7 +946,7 @@ static void test_pg_migrates_version_1(void **state) {
   long long first_id;
   fp_of(PAYLOAD, fp);
   assert_int_equal(side_sql(f->url, sql_of_backend()->schema_version, NULL),
-                   3);
+                   4);
   assert_int_equal(side_sql(f->url, pg_c_columns, pg_schema), 3);
   c = LOCAL(f->store, &id, fp, NULL, &act, IDEM_PROCEED);
   first_id = ticket_id_of(idem_call_response(c));
@@ -957,7 +958,7 @@ static void test_pg_migrates_version_1(void **state) {
 
   EXPECT_RC(IDEM_OK, idem_store_open(f->url, NULL, &f->store));
   assert_int_equal(side_sql(f->url, sql_of_backend()->schema_version, NULL),
-                   3);
+                   4);
   assert_int_equal(side_sql(f->url, pg_c_columns, pg_schema), 3);
   c = LOCAL(f->store, &id, fp, NULL, &retry, IDEM_REPLAY);
   assert_int_equal(ticket_id_of(idem_call_response(c)), first_id);
@@ -1036,7 +1037,7 @@ static void test_pg_non_owner_keeps_version_1(void **state) {
 
   EXPECT_RC(IDEM_OK, idem_store_open(f->url, NULL, &f->store));
   assert_int_equal(side_sql(f->url, sql_of_backend()->schema_version, NULL),
-                   3);
+                   4);
   assert_int_equal(side_sql(f->url, pg_c_columns, pg_schema), 3);
   c = LOCAL(f->store, &fresh, fp, NULL, &again, IDEM_REPLAY);
   assert_int_equal(ticket_id_of(idem_call_response(c)), second_id);

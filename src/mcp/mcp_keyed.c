@@ -203,7 +203,7 @@ static idem_exec_result keyed_action(idem_exec *x, void *ctx,
    * acting), or the server gone (it may have acted): held in progress for
    * a lease, then taken over. */
   k->why = state == PENDING_WAITING ? WHY_CANCELLED : WHY_GONE;
-  return IDEM_EXEC_ABANDON;
+  return IDEM_EXEC_LEAVE_IN_PROGRESS;
 }
 
 static json_t *error_data(const keyed *k, const char *what) {

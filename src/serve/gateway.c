@@ -465,7 +465,7 @@ static idem_exec_result forward_action(idem_exec *x, void *ctx,
   case UP_TIMEOUT:
   case UP_LOST:
     /* It may have acted, and may still be acting. */
-    return f->answer = IDEM_EXEC_ABANDON;
+    return f->answer = IDEM_EXEC_LEAVE_IN_PROGRESS;
   case UP_TOO_LARGE:
   case UP_ABORTED:
     return f->answer = IDEM_EXEC_UNKNOWN;
@@ -679,7 +679,7 @@ static enum MHD_Result finish(struct MHD_Connection *c, req *r,
                    "with the same key.",
                    f.rs.error);
     break;
-  case IDEM_EXEC_ABANDON:
+  case IDEM_EXEC_LEAVE_IN_PROGRESS:
     ok = problem(
         c, r, method, OUT_ERROR, f.result == UP_TIMEOUT ? 504 : 502,
         f.result == UP_TIMEOUT ? "upstream-timeout" : "upstream-failed",
