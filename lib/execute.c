@@ -191,7 +191,7 @@ int idem_execute(idem_store *store, const idem_id *id, const char *request,
   idem_response resp;
   idem_exec_result result;
   int rc, how;
-  int64_t budget, asked;
+  int64_t budget, asked, lease_ms;
 
   idem__clear_error();
   if (!out)
@@ -236,10 +236,33 @@ int idem_execute(idem_store *store, const idem_id *id, const char *request,
     goto out;
   }
 
-  if ((rc = exec_start(&x, store, call,
-                       o.call.lease_ms ? o.call.lease_ms
-                                       : IDEM__DEFAULT_LEASE_MS,
-                       asked)) != IDEM_OK) {
+  lease_ms = o.call.lease_ms ? o.call.lease_ms : IDEM__DEFAULT_LEASE_MS;
+  /*
+   * A claim that came back with most of its lease gone (a long queue
+   * before the store's write) is renewed before the action starts: run
+   * on an ended lease, the action could act beside a takeover's.
+   */
+  if (idem__lease_deadline(store, call->lease_expires_ms, asked, lease_ms) -
+          idem__mono_ms() < lease_ms / 3) {
+    int64_t again = idem__mono_ms();
+    if ((rc = idem_renew(store, call, lease_ms)) != IDEM_OK) {
+      char why[512];
+      snprintf(why, sizeof why, "%s", idem_errmsg());
+      if (rc != IDEM_ESTALE)
+        idem_release(store, call);
+      idem_call_free(call);
+      rc = idem__fail(rc,
+                      "execute: key '%s': the claim came back with its lease "
+                      "nearly over, and renewing it failed (%s); the action "
+                      "did not run%s",
+                      id->key, why,
+                      rc == IDEM_ESTALE ? " (another holder took the key over)"
+                                        : "");
+      goto out;
+    }
+    asked = again;
+  }
+  if ((rc = exec_start(&x, store, call, lease_ms, asked)) != IDEM_OK) {
     /* Nothing ran: free the key for a retry. */
     char why[512];
     snprintf(why, sizeof why, "%s", idem_errmsg());

@@ -36,6 +36,25 @@ static void to_timespec(int64_t mono_ms, struct timespec *ts) {
   ts->tv_nsec = (long)(mono_ms % 1000) * 1000000L;
 }
 
+/* ---- deadlines ----------------------------------------------------------- */
+
+/*
+ * When a lease written as lease_expires_ms ends, on the monotonic clock.
+ * The SQLite store writes leases by this process's own clock, read under
+ * the write lock: the deadline is exact, however long the call waited in
+ * a queue before the write. Any other store's clock (PostgreSQL's server)
+ * may differ from ours, so its lease counts from asked_mono, a moment
+ * before the write was asked: never later than the store's deadline.
+ */
+int64_t idem__lease_deadline(const idem_store *store, int64_t lease_expires_ms,
+                             int64_t asked_mono, int64_t lease_ms) {
+  if (store->methods == &idem__sqlite_methods && lease_expires_ms > 0) {
+    int64_t mono = idem__mono_ms(), real = idem__now_ms();
+    return mono + (lease_expires_ms - real);
+  }
+  return asked_mono + lease_ms;
+}
+
 /* ---- the scheduler ----------------------------------------------------- */
 
 struct idem__sched {
@@ -45,6 +64,7 @@ struct idem__sched {
   pthread_cond_t idle_cv; /* holders: a renewal of theirs ended */
   idem__lease *head;
   int stop;
+  int64_t wake_at; /* when the thread wakes by itself next; 0 while busy */
   pthread_t thread;
 };
 
@@ -184,6 +204,7 @@ static void *sched_thread(void *arg) {
     if (n == 0) {
       if (!ops) /* out of memory: try again in a while */
         next = now + 100;
+      s->wake_at = next;
       if (next == INT64_MAX) {
         pthread_cond_wait(&s->cv, &s->mu);
       } else {
@@ -191,6 +212,7 @@ static void *sched_thread(void *arg) {
         to_timespec(next > now ? next : now + 1, &until);
         pthread_cond_timedwait(&s->cv, &s->mu, &until);
       }
+      s->wake_at = 0;
       if (!ops)
         ops = calloc(RENEW_BATCH, sizeof *ops);
       continue;
@@ -204,7 +226,9 @@ static void *sched_thread(void *arg) {
       idem__lease *l = batch[i];
       l->busy = 0;
       if (ops[i].rc == IDEM_OK) {
-        set_deadline(l, asked + l->lease_ms);
+        set_deadline(l, idem__lease_deadline(s->store,
+                                             l->shadow.lease_expires_ms,
+                                             asked, l->lease_ms));
         __atomic_store_n(&l->call->lease_expires_ms,
                          l->shadow.lease_expires_ms, __ATOMIC_RELAXED);
         l->due_mono = after + l->period_ms;
@@ -276,10 +300,11 @@ int idem__lease_start(idem_store *store, idem__lease *l) {
   l->id.operation = l->call->operation;
   l->id.key = l->call->key;
   l->period_ms = l->lease_ms / 3 > 0 ? l->lease_ms / 3 : 1;
-  /* From the claim, not from now: a claim that came back late (a slow
-   * commit, a long group commit) is due for renewal at once. */
-  l->due_mono = l->claimed_mono + l->period_ms;
-  l->deadline_mono = l->claimed_mono + l->lease_ms;
+  /* From the claim's write, not from now: a claim that came back late (a
+   * slow commit, a long group commit) is due for renewal at once. */
+  l->deadline_mono = idem__lease_deadline(store, l->call->lease_expires_ms,
+                                          l->claimed_mono, l->lease_ms);
+  l->due_mono = l->deadline_mono - l->lease_ms + l->period_ms;
   l->lost = l->stale = l->busy = l->ending = l->done = 0;
   l->tfd = -1;
   l->why[0] = '\0';
@@ -291,7 +316,10 @@ int idem__lease_start(idem_store *store, idem__lease *l) {
   if (s->head)
     s->head->prev = l;
   s->head = l;
-  pthread_cond_signal(&s->cv);
+  /* The thread is woken only when this lease is due before it would wake
+   * by itself (or it is renewing: it looks again after). */
+  if (s->wake_at && l->due_mono - l->period_ms / 8 < s->wake_at)
+    pthread_cond_signal(&s->cv);
   pthread_mutex_unlock(&s->mu);
   return IDEM_OK;
 }
@@ -316,7 +344,8 @@ void idem__lease_unhold(idem__lease *l, int final) {
   l->ending = 0;
   if (final)
     l->done = 1;
-  pthread_cond_signal(&s->cv);
+  else if (s->wake_at && l->due_mono - l->period_ms / 8 < s->wake_at)
+    pthread_cond_signal(&s->cv);
   pthread_mutex_unlock(&s->mu);
 }
 

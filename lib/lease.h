@@ -45,6 +45,11 @@ typedef struct idem__lease {
   idem__sched *sched;
 } idem__lease;
 
+/* When a lease written as lease_expires_ms (by the store's clock) ends,
+ * on the monotonic clock; asked_mono is a moment before the write was
+ * asked. */
+int64_t idem__lease_deadline(const idem_store *store, int64_t lease_expires_ms,
+                             int64_t asked_mono, int64_t lease_ms);
 /* Starts renewing l's lease on its store's scheduler. */
 int idem__lease_start(idem_store *store, idem__lease *l);
 /*

@@ -104,6 +104,8 @@ typedef struct pg_store {
   int secret_nomem; /* one could not be kept: the open fails */
   idem__pg_listener *listener; /* LISTENs for waiters; made when first
                                   needed (pg_lease.c) */
+  conn *renewer; /* the lease scheduler's own connection, so that its
+                    renewals never wait behind claims for the pool's */
 } pg_store;
 
 /* Text parameters go in text format, bytea in binary (no escaping). */

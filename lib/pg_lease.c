@@ -146,8 +146,14 @@ void idem__pg_run_many(void *state, idem__op **ops, int n) {
     rc = idem__pg_failf(err, IDEM_ENOMEM, "postgresql: out of memory");
     goto out;
   }
-  if ((rc = idem__pg_pool_get(s, &c, err)) != IDEM_OK)
+  /* Only the scheduler's thread renews: the connection is its own. */
+  if (s->renewer && PQstatus(s->renewer->pg) != CONNECTION_OK) {
+    idem__pg_conn_close(s->renewer);
+    s->renewer = NULL;
+  }
+  if (!s->renewer && (rc = idem__pg_conn_open(s, &s->renewer, err)) != IDEM_OK)
     goto out;
+  c = s->renewer;
   {
     const char *v[5] = {t.p, o.p, k.p, w.p, l.p};
     if (!PQsendQueryParams(c->pg, sql, 5, NULL, v, NULL, NULL, 0)) {
@@ -198,7 +204,7 @@ out:
   }
   PQclear(res);
   if (c)
-    idem__pg_pool_put(s, c);
+    idem__pg_rollback(c);
   free(sql);
   free(t.p);
   free(o.p);

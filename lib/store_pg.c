@@ -1060,6 +1060,7 @@ static void pg_close(void *state) {
   if (!s)
     return;
   idem__pg_listener_free(s->listener);
+  idem__pg_conn_close(s->renewer);
   while ((c = s->idle)) {
     s->idle = c->next;
     idem__pg_conn_close(c);

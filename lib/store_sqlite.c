@@ -1387,16 +1387,29 @@ static int all_done(idem__op **ops, int n) {
 static void submit_many(sq_store *s, idem__op **ops, int n_ops) {
   idem__op *batch[BATCH_MAX];
   pthread_mutex_lock(&s->gc_mu);
-  for (int i = 0; i < n_ops; i++) {
-    idem__op *op = ops[i];
-    op->next = NULL;
-    op->done = 0;
-    if (s->tail)
-      s->tail->next = op;
-    else
-      s->head = op;
-    s->tail = op;
-    s->queued++;
+  if (n_ops > 0 && ops[0]->kind == IDEM__OP_RENEW) {
+    /* Renewals go first: behind thousands of claims they would come too
+     * late, and the leases they keep are of calls already acting. */
+    for (int i = n_ops - 1; i >= 0; i--) {
+      ops[i]->done = 0;
+      ops[i]->next = s->head;
+      s->head = ops[i];
+      if (!s->tail)
+        s->tail = ops[i];
+      s->queued++;
+    }
+  } else {
+    for (int i = 0; i < n_ops; i++) {
+      idem__op *op = ops[i];
+      op->next = NULL;
+      op->done = 0;
+      if (s->tail)
+        s->tail->next = op;
+      else
+        s->head = op;
+      s->tail = op;
+      s->queued++;
+    }
   }
   s->inside++;
   if (s->inside > s->peak)
