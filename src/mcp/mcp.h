@@ -108,8 +108,8 @@ typedef struct mcp_proxy {
  * or out of memory. free() it. */
 char *mcp_id_text(json_t *id);
 
-/* Parses one line; NULL when it is not JSON (or uses duplicate names and
- * *dup is set). */
+/* Parses one line; NULL when it is not JSON (a NUL byte anywhere included;
+ * or it uses duplicate names and *dup is set). */
 json_t *mcp_parse(const char *line, size_t len, int *dup);
 
 /* Answers request id with a JSON-RPC error; data may be NULL (stolen). */

@@ -29,7 +29,11 @@ json_t *mcp_parse(const char *line, size_t len, int *dup) {
   json_error_t e;
   json_t *v;
   *dup = 0;
-  if (len == 0)
+  /* A NUL byte is never JSON, though jansson reads past one that follows a
+   * number: a server could read such a line otherwise (a C string ends
+   * there), and a keyed call's request text, copied from the line, would
+   * not be JSON. */
+  if (len == 0 || memchr(line, 0, len) != NULL)
     return NULL;
   /* U+0000 is a character like any other (\u0000): a message holding one
    * is read, never passed on unseen. */

@@ -3,7 +3,8 @@
 // another account (12345678901234567, then 12345678901234568, one double)
 // is a conflict that never reaches the server, also when another number in
 // the line is past 64 bits and when the key is a tool argument; the same
-// value written otherwise (1, 1.0) is a replay.
+// value written otherwise (1, 1.0) is a replay; a NUL byte after a number
+// is refused.
 import { join } from "node:path";
 import { TMP, eq, finish, startRaw, rawAnswer as answer } from "./lib.mjs";
 
@@ -69,6 +70,15 @@ const outcome = (a) => a?.error ? a.error.code
   eq("1, then 1.0 and 10E-1: replays", ["3", "replayed", "replayed"],
     one.map(outcome));
   eq("1, then 1.0: the server saw one call", 1, calls(s, "one-1"));
+
+  // 5. A NUL byte after a number is no JSON, though jansson reads past it:
+  //    refused, not keyed by what a server might read otherwise.
+  const before = s.got.length;
+  s.send(line(12, '{"a":1,"b":2,"account":12345678901234567\u0000}', "nul-1"));
+  await s.until(() => s.got.length > before, "the refusal");
+  eq("NUL byte after a number: refused as a parse error", [-32700, null],
+    [JSON.parse(s.got[before])?.error?.code, JSON.parse(s.got[before])?.id]);
+  eq("NUL byte after a number: nothing reached the server", 0, calls(s, "nul-1"));
   s.p.stdin.end();
   await s.exited;
 }
