@@ -1484,7 +1484,20 @@ static void sq_run_many(void *state, idem__op **ops, int n) {
     ops[i]->errmsg[0] = '\0';
   }
   if (s->writer) {
-    submit_many(s, ops, n);
+    /* The scheduler leads a transaction of its own on the writer, ahead
+     * of the callers queued: one commit for every renewal due, however
+     * many, where group commit would take them BATCH_MAX at a time
+     * behind the claims. */
+    pthread_mutex_lock(&s->gc_mu);
+    while (s->leading)
+      pthread_cond_wait(&s->gc_cv, &s->gc_mu);
+    s->leading = 1;
+    pthread_mutex_unlock(&s->gc_mu);
+    run_batch(s, s->writer, ops, n);
+    pthread_mutex_lock(&s->gc_mu);
+    s->leading = 0;
+    pthread_cond_broadcast(&s->gc_cv);
+    pthread_mutex_unlock(&s->gc_mu);
     return;
   }
   if ((rc = pool_get(s, &c)) != IDEM_OK) {
