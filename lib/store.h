@@ -78,6 +78,7 @@ typedef struct idem__op {
   int rc;
   char errmsg[512];
   struct idem__op *next; /* the backend's queue */
+  void *waiter; /* the backend's: who waits for this op (a condition) */
   int done;
 } idem__op;
 

@@ -1384,32 +1384,31 @@ static int all_done(idem__op **ops, int n) {
 
 /* Queues ops[0..n) for the next group commits and returns once they have
  * run. */
+/* No one leads: wakes the first caller queued to lead the next batch, and
+ * the scheduler if it waits for the writer. Under gc_mu. */
+static void hand_on_lead(sq_store *s) {
+  if (s->head)
+    pthread_cond_signal(s->head->waiter);
+  pthread_cond_broadcast(&s->gc_cv);
+}
+
 static void submit_many(sq_store *s, idem__op **ops, int n_ops) {
   idem__op *batch[BATCH_MAX];
+  pthread_cond_t me; /* this caller's own: woken when its ops ran, or when
+                        it is first in the queue and no one leads */
+  pthread_cond_init(&me, NULL);
   pthread_mutex_lock(&s->gc_mu);
-  if (n_ops > 0 && ops[0]->kind == IDEM__OP_RENEW) {
-    /* Renewals go first: behind thousands of claims they would come too
-     * late, and the leases they keep are of calls already acting. */
-    for (int i = n_ops - 1; i >= 0; i--) {
-      ops[i]->done = 0;
-      ops[i]->next = s->head;
-      s->head = ops[i];
-      if (!s->tail)
-        s->tail = ops[i];
-      s->queued++;
-    }
-  } else {
-    for (int i = 0; i < n_ops; i++) {
-      idem__op *op = ops[i];
-      op->next = NULL;
-      op->done = 0;
-      if (s->tail)
-        s->tail->next = op;
-      else
-        s->head = op;
-      s->tail = op;
-      s->queued++;
-    }
+  for (int i = 0; i < n_ops; i++) {
+    idem__op *op = ops[i];
+    op->next = NULL;
+    op->done = 0;
+    op->waiter = &me;
+    if (s->tail)
+      s->tail->next = op;
+    else
+      s->head = op;
+    s->tail = op;
+    s->queued++;
   }
   s->inside++;
   if (s->inside > s->peak)
@@ -1417,7 +1416,10 @@ static void submit_many(sq_store *s, idem__op **ops, int n_ops) {
   pthread_cond_signal(&s->gather_cv);
   while (!all_done(ops, n_ops)) {
     if (s->leading) {
-      pthread_cond_wait(&s->gc_cv, &s->gc_mu);
+      /* Woken by the leader that runs one of our ops, or handing the lead
+       * on: never by every batch, which with thousands queued would wake
+       * them all each time. */
+      pthread_cond_wait(&me, &s->gc_mu);
       continue;
     }
     s->leading = 1;
@@ -1462,13 +1464,21 @@ static void submit_many(sq_store *s, idem__op **ops, int n_ops) {
     pthread_mutex_unlock(&s->gc_mu);
     run_batch(s, s->writer, batch, n);
     pthread_mutex_lock(&s->gc_mu);
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
       batch[i]->done = 1;
+      if (batch[i]->waiter != &me)
+        pthread_cond_signal(batch[i]->waiter);
+    }
     s->leading = 0;
-    pthread_cond_broadcast(&s->gc_cv);
+    hand_on_lead(s);
   }
+  /* Our ops ran in another's batch: the lead may be free with callers
+   * queued whom no one woke. */
+  if (!s->leading)
+    hand_on_lead(s);
   s->inside--;
   pthread_mutex_unlock(&s->gc_mu);
+  pthread_cond_destroy(&me);
 }
 
 static void submit(sq_store *s, idem__op *op) { submit_many(s, &op, 1); }
@@ -1496,7 +1506,7 @@ static void sq_run_many(void *state, idem__op **ops, int n) {
     run_batch(s, s->writer, ops, n);
     pthread_mutex_lock(&s->gc_mu);
     s->leading = 0;
-    pthread_cond_broadcast(&s->gc_cv);
+    hand_on_lead(s);
     pthread_mutex_unlock(&s->gc_mu);
     return;
   }
