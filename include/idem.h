@@ -45,6 +45,8 @@
  *  - idem_call_options.wait_ms: a claim that finds its key in flight can
  *    wait for the holder's result.
  *  - idem_call_state(): the record's state as the call last saw or left it.
+ *  - Fingerprints keep numbers exact where a double cannot hold them
+ *    (idem_fingerprint(), idem_execute()); others are as in 0.2.
  *  - IDEM_EXEC_ABANDON is now IDEM_EXEC_LEAVE_IN_PROGRESS (the old name
  *    stays as a macro).
  *  - idem_execute() refuses call options whose request fields are set.
@@ -192,7 +194,13 @@ IDEM_API int idem_sha256_hex(const void *data, size_t len,
 /*
  * Fingerprint of a request: the SHA-256 of its canonical JSON when is_json is
  * non-zero (failing like idem_canonicalize() when the text is not valid
- * JSON), of its raw bytes otherwise.
+ * JSON), of its raw bytes otherwise. The canonical JSON is RFC 8785's, but
+ * for numbers a double cannot hold exactly (12345678901234567, or
+ * 0.10000000000000001): those are written with their exact decimal value,
+ * so that two requests whose numbers differ in value never share a
+ * fingerprint, while equal values (1, 1.0, 1e0, 10E-1) still do. For a
+ * request without such numbers it is the SHA-256 of idem_canonicalize()'s
+ * output, as in 0.2 (docs/design.md, "Fingerprints").
  */
 IDEM_API int idem_fingerprint(const void *data, size_t len, int is_json,
                               char hex[IDEM_FINGERPRINT_SIZE]);
@@ -681,8 +689,9 @@ typedef struct idem_execute_options {
 
 /*
  * Runs a remote action at most once per id. The request is JSON: it is
- * canonicalised (RFC 8785) and fingerprinted here, so the fingerprint can
- * never disagree with the stored request. Then:
+ * fingerprinted here as idem_fingerprint() does (numbers exact) and kept
+ * for operators in its RFC 8785 canonical form, so the fingerprint can
+ * never disagree with the request. Then:
  *  - REPLAY, CONFLICT, IN_FLIGHT, UNKNOWN: fn does not run; IDEM_OK, and
  *    *out tells the outcome (and the stored response on REPLAY).
  *  - PROCEED, RECOVER: fn runs while the store's scheduler renews the

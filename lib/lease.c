@@ -39,20 +39,34 @@ static void to_timespec(int64_t mono_ms, struct timespec *ts) {
 /* ---- deadlines ----------------------------------------------------------- */
 
 /*
- * When a lease written as lease_expires_ms ends, on the monotonic clock.
- * The SQLite store writes leases by this process's own clock, read under
- * the write lock: the deadline is exact, however long the call waited in
- * a queue before the write. Any other store's clock (PostgreSQL's server)
- * may differ from ours, so its lease counts from asked_mono, a moment
- * before the write was asked: never later than the store's deadline.
+ * When a lease written as lease_expires_ms ends, on the monotonic clock:
+ * never later than the store ends it. The SQLite store writes leases by
+ * this process's own clock, read under the write lock: the deadline is
+ * exact, however long the call waited in a queue before the write. The
+ * PostgreSQL server's clock may differ from ours: the store bounds how far
+ * it may be ahead (every statement that reads it, sent at a known time of
+ * ours, bounds that), and the lease ends no earlier than its deadline less
+ * that bound. The lease also ends no earlier than lease_ms after
+ * asked_mono, a moment before its write was asked: the later of the two
+ * bounds is used, and without a bound of the clock, the second alone. (A
+ * step of the wall clock between the write and this reading moves the
+ * first; the second never moves.)
  */
 int64_t idem__lease_deadline(const idem_store *store, int64_t lease_expires_ms,
                              int64_t asked_mono, int64_t lease_ms) {
-  if (store->methods == &idem__sqlite_methods && lease_expires_ms > 0) {
-    int64_t mono = idem__mono_ms(), real = idem__now_ms();
-    return mono + (lease_expires_ms - real);
+  int64_t from_ask = asked_mono + lease_ms;
+  if (lease_expires_ms > 0 && store->methods->version >= 3 &&
+      store->methods->clock_ahead) {
+    int64_t ahead = store->methods->clock_ahead(store->state);
+    if (ahead != INT64_MAX) {
+      int64_t mono = idem__mono_ms(), real = idem__now_ms();
+      int64_t d = mono + (lease_expires_ms - ahead - real);
+      /* A bound loose enough to say less than counting from the ask
+       * (a slow first reading) is of no use. */
+      return d > from_ask ? d : from_ask;
+    }
   }
-  return asked_mono + lease_ms;
+  return from_ask;
 }
 
 /* ---- the scheduler ----------------------------------------------------- */

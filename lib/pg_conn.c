@@ -446,6 +446,7 @@ static int session_setup(pg_store *s, conn *c, char *err) {
   const char *v[1] = {ms};
   PGresult *res;
   int rc = IDEM_OK;
+  int64_t asked = idem__now_ms();
   snprintf(ms, sizeof ms, "%d", s->o.busy_timeout_ms);
   res = PQexecParams(
       c->pg,
@@ -455,10 +456,13 @@ static int session_setup(pg_store *s, conn *c, char *err) {
       "set_config('statement_timeout', '" IDEM__PG_STATEMENT_TIMEOUT
       "', false) END, CASE WHEN "
       "current_setting('synchronous_commit') IN ('off', 'local', "
-      "'remote_write') THEN set_config('synchronous_commit', 'on', false) END",
+      "'remote_write') THEN set_config('synchronous_commit', 'on', false) "
+      "END, (floor(extract(epoch FROM clock_timestamp()) * 1000))::bigint",
       1, NULL, v, NULL, NULL, 0);
   if (PQresultStatus(res) != PGRES_TUPLES_OK)
     rc = idem__pg_fail(c, res, "session setup", err);
+  else
+    idem__pg_clock_reading(s, asked, idem__pg_col_int(res, 0, 3));
   PQclear(res);
   memset(c->prepared, 0, sizeof c->prepared);
   return rc;

@@ -106,6 +106,10 @@ typedef struct pg_store {
                                   needed (pg_lease.c) */
   conn *renewer; /* the lease scheduler's own connection, so that its
                     renewals never wait behind claims for the pool's */
+  /* How far the server's clock may be ahead of ours, at most (ms; may be
+   * negative): the least of (server time - our time before asking) over
+   * every reading. INT64_MAX until the first. __atomic. */
+  int64_t clock_ahead;
 } pg_store;
 
 /* Text parameters go in text format, bytea in binary (no escaping). */
@@ -207,6 +211,10 @@ int idem__pg_remove(void *state, const idem_id *id);
 
 void idem__pg_run_many(void *state, idem__op **ops, int n);
 int idem__pg_watch(void *state, const idem_id *id);
+/* A reading of the server's clock: server_ms, read by a statement sent at
+ * our asked_ms (CLOCK_REALTIME). */
+void idem__pg_clock_reading(pg_store *s, int64_t asked_ms, int64_t server_ms);
+int64_t idem__pg_clock_ahead(void *state);
 void idem__pg_listener_free(idem__pg_listener *l);
 
 #endif

@@ -63,6 +63,20 @@ static void put_elem(buf *b, const char *s, int first) {
   put(b, "\"", 1);
 }
 
+void idem__pg_clock_reading(pg_store *s, int64_t asked_ms, int64_t server_ms) {
+  int64_t ahead = server_ms - asked_ms,
+          cur = __atomic_load_n(&s->clock_ahead, __ATOMIC_RELAXED);
+  while (ahead < cur &&
+         !__atomic_compare_exchange_n(&s->clock_ahead, &cur, ahead, 0,
+                                      __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+    ;
+}
+
+int64_t idem__pg_clock_ahead(void *state) {
+  pg_store *s = state;
+  return __atomic_load_n(&s->clock_ahead, __ATOMIC_RELAXED);
+}
+
 /* Waits for the statement's result for at most ms; past that it is
  * cancelled. Returns the result, or NULL when it timed out or failed. */
 static PGresult *result_within(PGconn *pg, int64_t ms, int *timed_out) {
@@ -114,7 +128,7 @@ void idem__pg_run_many(void *state, idem__op **ops, int n) {
   char err[ERR_SIZE] = "", *sql = NULL;
   conn *c = NULL;
   PGresult *res = NULL;
-  int64_t shortest = INT64_MAX;
+  int64_t shortest = INT64_MAX, asked = 0;
   int rc, timed_out = 0;
 
   for (int i = 0; i < n; i++) {
@@ -154,6 +168,7 @@ void idem__pg_run_many(void *state, idem__op **ops, int n) {
   if (!s->renewer && (rc = idem__pg_conn_open(s, &s->renewer, err)) != IDEM_OK)
     goto out;
   c = s->renewer;
+  asked = idem__now_ms();
   {
     const char *v[5] = {t.p, o.p, k.p, w.p, l.p};
     if (!PQsendQueryParams(c->pg, sql, 5, NULL, v, NULL, NULL, 0)) {
@@ -185,6 +200,10 @@ void idem__pg_run_many(void *state, idem__op **ops, int n) {
           strcmp(rt, id->tenant ? id->tenant : "") == 0) {
         ops[i]->rc = IDEM_OK;
         ops[i]->claim->lease_expires_ms = idem__pg_col_int(res, r, 3);
+        /* The server wrote now + lease by its clock: a reading of it. */
+        idem__pg_clock_reading(s, asked,
+                               ops[i]->claim->lease_expires_ms -
+                                   idem__pg_period(ops[i]->lease_ms));
         break;
       }
     }

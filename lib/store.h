@@ -136,6 +136,13 @@ typedef struct idem__store_methods {
    * IDEM_OK when it will; anything else (or NULL) and the waiter polls.
    */
   int (*watch)(void *state, const idem_id *id);
+  /*
+   * Version 3. How far the clock that writes leases (the store's) may be
+   * ahead of this process's CLOCK_REALTIME, at most, in ms; INT64_MAX when
+   * not known yet (or NULL). A lease written as lease_expires_ms then ends
+   * no earlier than lease_expires_ms - that bound by our clock.
+   */
+  int64_t (*clock_ahead)(void *state);
 } idem__store_methods;
 
 /* A store handle. */

@@ -1090,6 +1090,8 @@ static int pg_open(const char *target, const idem_store_options *opts,
   char err[ERR_SIZE] = "";
   int rc;
   *state = NULL;
+  if (s)
+    s->clock_ahead = INT64_MAX;
   if (!s)
     return idem__fail(IDEM_ENOMEM, "postgresql: out of memory");
   pthread_mutex_init(&s->mu, NULL);
@@ -1159,4 +1161,5 @@ const idem__store_methods idem__pg_methods = {
     idem__pg_remove,
     idem__pg_run_many,
     idem__pg_watch,
+    idem__pg_clock_ahead,
 };
