@@ -106,7 +106,9 @@ stop_gateway "$GW_PID"
 #    --on-unknown forward, one more with the same key; with fail, none.
 for mode in forward fail; do
   start_gateway "kill-$mode" --upstream "$UP" --store "$DB" --lease 5s --on-unknown $mode || { finish; exit 1; }
-  post "k-$mode" "kill-$mode" '{"title":"K"}' /tickets?delay_first_ms=1500 &
+  # The upstream holds its answer far longer than a loaded machine can take
+  # between the effect and the kill: the kill always comes first.
+  post "k-$mode" "kill-$mode" '{"title":"K"}' /tickets?delay_first_ms=60000 &
   cpid=$!
   wait_eq 1 effects "kill-$mode" || fail "SIGKILL ($mode): the request never reached the upstream"
   kill -KILL "$GW_PID"
@@ -114,11 +116,11 @@ for mode in forward fail; do
   wait $cpid
   expect_eq "SIGKILL ($mode): the client got no answer" 000 "$(code "k-$mode")"
   start_gateway "kill-$mode-2" --upstream "$UP" --store "$DB" --lease 5s --on-unknown $mode || { finish; exit 1; }
-  post "k2-$mode" "kill-$mode" '{"title":"K"}' /tickets?delay_first_ms=1500
+  post "k2-$mode" "kill-$mode" '{"title":"K"}' /tickets?delay_first_ms=60000
   expect_eq "SIGKILL ($mode): in flight inside the lease" "409 1" "$(code "k2-$mode") $(effects "kill-$mode")"
   sleep "$(header "k2-$mode" Retry-After)"
   sleep 0.3
-  post "k3-$mode" "kill-$mode" '{"title":"K"}' /tickets?delay_first_ms=1500
+  post "k3-$mode" "kill-$mode" '{"title":"K"}' /tickets?delay_first_ms=60000
   if [ $mode = forward ]; then
     expect_eq "SIGKILL (forward): after the lease, forwarded once more" "201 2 kill-forward" \
       "$(code "k3-$mode") $(effects "kill-$mode") $(last_key)"
