@@ -462,7 +462,8 @@ static int session_setup(pg_store *s, conn *c, char *err) {
   if (PQresultStatus(res) != PGRES_TUPLES_OK)
     rc = idem__pg_fail(c, res, "session setup", err);
   else
-    idem__pg_clock_reading(s, asked, idem__pg_col_int(res, 0, 3));
+    idem__pg_clock_reading(s, asked,
+                           strtoll(PQgetvalue(res, 0, 3), NULL, 10));
   PQclear(res);
   memset(c->prepared, 0, sizeof c->prepared);
   return rc;

@@ -199,7 +199,10 @@ void idem__pg_run_many(void *state, idem__op **ops, int n) {
           strcmp(ro, id->operation) == 0 &&
           strcmp(rt, id->tenant ? id->tenant : "") == 0) {
         ops[i]->rc = IDEM_OK;
-        ops[i]->claim->lease_expires_ms = idem__pg_col_int(res, r, 3);
+        /* Text results (the statement is not prepared): the deadline
+         * is read as a number, not as idem__pg_col_int()'s binary. */
+        ops[i]->claim->lease_expires_ms =
+            strtoll(PQgetvalue(res, r, 3), NULL, 10);
         /* The server wrote now + lease by its clock: a reading of it. */
         idem__pg_clock_reading(s, asked,
                                ops[i]->claim->lease_expires_ms -

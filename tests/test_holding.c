@@ -131,6 +131,32 @@ static void test_renewals_of_odd_ids(void **state) {
   }
 }
 
+/* How far the store's clock may be ahead of ours: on SQLite none (it is
+ * ours); on PostgreSQL, on this machine, a bound near 0 read from the
+ * session's setup and from every renewal batch. Leases end by it. */
+static void test_store_clock_bound(void **state) {
+  fixture *f = *state;
+  idem_id id = {"tenant-a", OPERATION, "clock"};
+  idem_execute_options o = {.call = {.lease_ms = 300}};
+  idem_call *c = NULL;
+  int lost = -1;
+  int64_t ahead;
+  EXPECT_RC(IDEM_OK, idem_execute(f->store, &id, REQ, strlen(REQ),
+                                  outlive_leases, &lost, &o, &c));
+  assert_int_equal(lost, 0);
+  idem_call_free(c);
+  assert_true(f->store->methods->version >= 3);
+  ahead = f->store->methods->clock_ahead(f->store->state);
+  if (is_pg_url(f->url)) {
+    if (ahead < -10000 || ahead > 10000)
+      fail_msg("the server's clock is bounded %lld ms ahead of ours, on "
+               "this very machine",
+               (long long)ahead);
+  } else {
+    assert_int_equal(ahead, 0);
+  }
+}
+
 /* ------------------------------------------------------------------ */
 /* Threads                                                              */
 /* ------------------------------------------------------------------ */
@@ -683,6 +709,7 @@ int main(void) {
   const struct CMUnitTest both[] = {
       STORE_TEST(test_lost_at_deadline_while_renewal_hangs),
       STORE_TEST(test_renewals_of_odd_ids),
+      STORE_TEST(test_store_clock_bound),
       STORE_TEST(test_library_threads_block_signals_and_end_at_close),
       STORE_TEST(test_many_calls_in_flight_keep_their_leases),
       STORE_TEST(test_wait_gets_the_holders_result),
