@@ -25,7 +25,8 @@
 # (before each run, wait up to this many seconds while a compiler, cc1, runs
 # or the CPUs are more than BENCH_BUSY percent busy over a second, default
 # 50: on a shared machine, others' builds and tests are the noise; default
-# 600, 0 never waits), TMPDIR.
+# 600, 0 never waits), BENCH_OUT (a folder that receives every run's JSON,
+# p<pair>.<base|cur>.w<workers>.json), TMPDIR.
 set -eu
 
 if [ $# -ne 1 ]; then
@@ -161,6 +162,9 @@ while [ "$p" -le "$ROUNDS" ]; do
   cut -d' ' -f1 /proc/loadavg >"$WORK/out/p$p.load" 2>/dev/null || true
   p=$((p + 1))
 done
+if [ -n "${BENCH_OUT:-}" ]; then
+  mkdir -p "$BENCH_OUT" && cp "$WORK"/out/*.json "$BENCH_OUT"/ || failed=1
+fi
 
 python3 - "$WORK/out" "$ROUNDS" "$WORKERS" "$BASE" "$CUR" "$SECS" "$TYPE" "$noisy" <<'EOF'
 import json, os, statistics, sys
