@@ -131,15 +131,17 @@ void idem__pg_run_many(void *state, idem__op **ops, int n) {
   int64_t shortest = INT64_MAX, asked = 0;
   int rc, timed_out = 0;
 
+  put(&t, "{", 1);
+  put(&o, "{", 1);
+  put(&k, "{", 1);
+  put(&w, "{", 1);
+  put(&l, "{", 1);
   for (int i = 0; i < n; i++) {
     char num[24];
     ops[i]->rc = IDEM_OK;
     ops[i]->errmsg[0] = '\0';
-    put(&t, i ? "" : "{", i ? 0 : 1);
-    put(&o, i ? "" : "{", i ? 0 : 1);
-    put(&k, i ? "" : "{", i ? 0 : 1);
-    put(&w, i ? "" : "{", i ? 0 : 1);
-    put(&l, i ? "," : "{", 1);
+    if (i)
+      put(&l, ",", 1);
     put_elem(&t, ops[i]->id->tenant ? ops[i]->id->tenant : "", i == 0);
     put_elem(&o, ops[i]->id->operation, i == 0);
     put_elem(&k, ops[i]->id->key, i == 0);

@@ -1374,16 +1374,6 @@ static void *checkpointer(void *arg) {
  */
 #define GATHER_MAX_US 400
 
-/* Whether every op of ops[0..n) has run. Under gc_mu. */
-static int all_done(idem__op **ops, int n) {
-  for (int i = 0; i < n; i++)
-    if (!ops[i]->done)
-      return 0;
-  return 1;
-}
-
-/* Queues ops[0..n) for the next group commits and returns once they have
- * run. */
 /* No one leads: wakes the first caller queued to lead the next batch, and
  * the scheduler if it waits for the writer. Under gc_mu. */
 static void hand_on_lead(sq_store *s) {
@@ -1392,29 +1382,27 @@ static void hand_on_lead(sq_store *s) {
   pthread_cond_broadcast(&s->gc_cv);
 }
 
-static void submit_many(sq_store *s, idem__op **ops, int n_ops) {
+/* Queues op for the next group commit and returns once it has run. */
+static void submit(sq_store *s, idem__op *op) {
   idem__op *batch[BATCH_MAX];
-  pthread_cond_t me; /* this caller's own: woken when its ops ran, or when
+  pthread_cond_t me; /* this caller's own: woken when its op ran, or when
                         it is first in the queue and no one leads */
   pthread_cond_init(&me, NULL);
   pthread_mutex_lock(&s->gc_mu);
-  for (int i = 0; i < n_ops; i++) {
-    idem__op *op = ops[i];
-    op->next = NULL;
-    op->done = 0;
-    op->waiter = &me;
-    if (s->tail)
-      s->tail->next = op;
-    else
-      s->head = op;
-    s->tail = op;
-    s->queued++;
-  }
+  op->next = NULL;
+  op->done = 0;
+  op->waiter = &me;
+  if (s->tail)
+    s->tail->next = op;
+  else
+    s->head = op;
+  s->tail = op;
+  s->queued++;
   s->inside++;
   if (s->inside > s->peak)
     s->peak = s->inside;
   pthread_cond_signal(&s->gather_cv);
-  while (!all_done(ops, n_ops)) {
+  while (!op->done) {
     if (s->leading) {
       /* Woken by the leader that runs one of our ops, or handing the lead
        * on: never by every batch, which with thousands queued would wake
@@ -1472,7 +1460,7 @@ static void submit_many(sq_store *s, idem__op **ops, int n_ops) {
     s->leading = 0;
     hand_on_lead(s);
   }
-  /* Our ops ran in another's batch: the lead may be free with callers
+  /* Our op ran in another's batch: the lead may be free with callers
    * queued whom no one woke. */
   if (!s->leading)
     hand_on_lead(s);
@@ -1480,8 +1468,6 @@ static void submit_many(sq_store *s, idem__op **ops, int n_ops) {
   pthread_mutex_unlock(&s->gc_mu);
   pthread_cond_destroy(&me);
 }
-
-static void submit(sq_store *s, idem__op *op) { submit_many(s, &op, 1); }
 
 /* Renewals of many leases: one group commit (or one transaction per
  * BATCH_MAX of them without group commit). */
