@@ -54,6 +54,8 @@
  *    instead of creating ./idem.db.
  *  - The library's threads block every signal and end when the store that
  *    needs them closes.
+ *  - idem_execute_begin() and idem_execute_end(): idem_execute() in two
+ *    halves, for actions that do not run on one thread.
  *
  * Changes in 0.2.0 (source-compatible where noted; rebuild against this
  * header, the ABI of 0.1 is not kept):
@@ -716,6 +718,31 @@ IDEM_API int idem_execute(idem_store *store, const idem_id *id,
                           const char *request, size_t request_len,
                           idem_exec_fn fn, void *ctx,
                           const idem_execute_options *opts, idem_call **out);
+
+/*
+ * idem_execute() in two halves, for a program whose action does not run on
+ * one thread from start to end (an event loop, a proxy that forwards a
+ * request and reads its answer elsewhere). idem_execute_begin() claims as
+ * idem_execute() does and always sets *out on IDEM_OK. On PROCEED and
+ * RECOVER it also sets *exec: the caller now holds the key, the store's
+ * scheduler renews its lease (no thread of the caller's is needed), and
+ * the caller must end it with exactly one idem_execute_end(), from any
+ * thread, before it frees *out. On the other outcomes *exec is NULL and
+ * nothing else is to be done. idem_exec_lost_fd() and the other idem_exec
+ * accessors may be used on *exec until it is ended.
+ *
+ * idem_execute_end() ends the record by what the action reported, exactly
+ * as idem_execute() does with fn's answer (retrying a busy store for
+ * finish_retry_ms), updates the call (idem_call_state(), and
+ * idem_call_response() on DONE), and frees exec. It returns what
+ * idem_execute() would have returned after its action ran.
+ */
+IDEM_API int idem_execute_begin(idem_store *store, const idem_id *id,
+                                const char *request, size_t request_len,
+                                const idem_execute_options *opts,
+                                idem_exec **exec, idem_call **out);
+IDEM_API int idem_execute_end(idem_exec *exec, idem_exec_result result,
+                              const idem_response *response);
 
 #ifdef __cplusplus
 }

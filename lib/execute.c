@@ -30,6 +30,7 @@ struct idem_exec {
   idem_call *call;
   idem__lease lease;
   int running;
+  int64_t budget; /* how long an ending is retried */
 };
 
 static void sleep_ms(int64_t ms) {
@@ -61,7 +62,9 @@ int idem_exec_attempt(const idem_exec *x) {
 static int exec_start(idem_exec *x, idem_store *store, idem_call *call,
                       int64_t lease_ms, int64_t claimed_mono) {
   int rc;
+  int64_t budget = x->budget;
   memset(x, 0, sizeof *x);
+  x->budget = budget;
   x->store = store;
   x->call = call;
   x->lease.call = call;
@@ -180,25 +183,27 @@ static const char *ending_name(int how) {
                               : "marked unknown";
 }
 
-int idem_execute(idem_store *store, const idem_id *id, const char *request,
-                 size_t request_len, idem_exec_fn fn, void *ctx,
-                 const idem_execute_options *opts, idem_call **out) {
+/*
+ * The claim and the start of renewals: idem_execute()'s first half. On
+ * PROCEED and RECOVER x runs (its renewals started) and *out is the held
+ * call; on the other outcomes x does not run and *out tells the outcome.
+ * On failure *out is NULL.
+ */
+static int exec_begin(idem_store *store, const idem_id *id,
+                      const char *request, size_t request_len,
+                      const idem_execute_options *opts, idem_exec *x,
+                      idem_call **out) {
   idem_execute_options o;
   char fp[IDEM_FINGERPRINT_SIZE], *canon = NULL;
   size_t canon_len = 0;
   idem_call *call = NULL;
-  idem_exec x;
-  idem_response resp;
-  idem_exec_result result;
-  int rc, how;
-  int64_t budget, asked, lease_ms;
+  int rc;
+  int64_t asked, lease_ms;
 
-  idem__clear_error();
-  if (!out)
-    return idem__fail(IDEM_EINVAL, "execute: NULL output");
+  memset(x, 0, sizeof *x);
   *out = NULL;
-  if (!store || !fn || (!request && request_len))
-    return idem__fail(IDEM_EINVAL, "execute: NULL store, action or request");
+  if (!store || (!request && request_len))
+    return idem__fail(IDEM_EINVAL, "execute: NULL store or request");
   memset(&o, 0, sizeof o);
   if (opts)
     o = *opts;
@@ -214,7 +219,7 @@ int idem_execute(idem_store *store, const idem_id *id, const char *request,
                       "execute: fingerprint_pointers is empty: every request "
                       "would share one fingerprint; pass NULL for the whole "
                       "request");
-  budget = o.finish_retry_ms ? o.finish_retry_ms : DEFAULT_FINISH_RETRY_MS;
+  x->budget = o.finish_retry_ms ? o.finish_retry_ms : DEFAULT_FINISH_RETRY_MS;
 
   if ((rc = idem_canonicalize(request ? request : "", request_len, NULL,
                               &canon, &canon_len, NULL)) != IDEM_OK)
@@ -262,7 +267,7 @@ int idem_execute(idem_store *store, const idem_id *id, const char *request,
     }
     asked = again;
   }
-  if ((rc = exec_start(&x, store, call, lease_ms, asked)) != IDEM_OK) {
+  if ((rc = exec_start(x, store, call, lease_ms, asked)) != IDEM_OK) {
     /* Nothing ran: free the key for a retry. */
     char why[512];
     snprintf(why, sizeof why, "%s", idem_errmsg());
@@ -271,8 +276,25 @@ int idem_execute(idem_store *store, const idem_id *id, const char *request,
     rc = idem__fail(rc, "%s", why);
     goto out;
   }
+  *out = call;
+out:
+  idem_free(canon);
+  return rc;
+}
+
+/* Ends the record by what the action reported and stops x's renewals:
+ * idem_execute()'s second half. */
+static int exec_end(idem_exec *x, idem_exec_result result,
+                    const idem_response *response) {
+  idem_call *call = x->call;
+  const char *key = call->key;
+  int64_t budget = x->budget;
+  idem_response resp;
+  int rc, how;
+
   memset(&resp, 0, sizeof resp);
-  result = fn(&x, ctx, &resp);
+  if (response && result == IDEM_EXEC_DONE)
+    resp = *response;
   how = result == IDEM_EXEC_DONE       ? END_COMPLETE
         : result == IDEM_EXEC_NOT_DONE ? END_RELEASE
         : result == IDEM_EXEC_LEAVE_IN_PROGRESS ? END_ABANDON
@@ -283,32 +305,28 @@ int idem_execute(idem_store *store, const idem_id *id, const char *request,
     if (bad != IDEM_OK) {
       /* The action ran, but this response cannot be kept: the key must not
        * look free, nor stay in progress for a takeover to act again. */
-      int marked = end_record(&x, END_UNKNOWN, NULL, budget);
-      exec_stop(&x);
-      rc = idem__fail(bad,
-                      "execute: key '%s': the action ran, but %s; the key %s",
-                      id->key, why,
-                      marked == IDEM_OK
-                          ? "is marked unknown (resolve it as an operator)"
-                          : "could not be marked unknown either");
-      *out = call;
-      goto out;
+      int marked = end_record(x, END_UNKNOWN, NULL, budget);
+      exec_stop(x);
+      return idem__fail(bad,
+                        "execute: key '%s': the action ran, but %s; the key %s",
+                        key, why,
+                        marked == IDEM_OK
+                            ? "is marked unknown (resolve it as an operator)"
+                            : "could not be marked unknown either");
     }
     if (idem__claim_set_response(call, resp.status, resp.meta, resp.meta_len,
                                  resp.body, resp.body_len) != IDEM_OK) {
-      int marked = end_record(&x, END_UNKNOWN, NULL, budget);
-      exec_stop(&x);
-      rc = idem__fail(IDEM_ENOMEM,
-                      "execute: key '%s': out of memory after the action "
-                      "ran; the key %s",
-                      id->key,
-                      marked == IDEM_OK ? "is marked unknown"
-                                        : "could not be marked unknown");
-      *out = call;
-      goto out;
+      int marked = end_record(x, END_UNKNOWN, NULL, budget);
+      exec_stop(x);
+      return idem__fail(IDEM_ENOMEM,
+                        "execute: key '%s': out of memory after the action "
+                        "ran; the key %s",
+                        key,
+                        marked == IDEM_OK ? "is marked unknown"
+                                          : "could not be marked unknown");
     }
   }
-  rc = end_record(&x, how, &resp, budget);
+  rc = end_record(x, how, &resp, budget);
   if (rc != IDEM_OK) {
     char why[512];
     int marked = -1;
@@ -317,25 +335,88 @@ int idem_execute(idem_store *store, const idem_id *id, const char *request,
      * must not be touched. Otherwise a completion that failed for good
      * leaves the key unknown rather than free or in progress. */
     if (rc != IDEM_ESTALE && how == END_COMPLETE)
-      marked = end_record(&x, END_UNKNOWN, NULL, budget / 4);
-    exec_stop(&x);
-    rc = idem__fail(
+      marked = end_record(x, END_UNKNOWN, NULL, budget / 4);
+    exec_stop(x);
+    return idem__fail(
         rc, "execute: key '%s': the action %s, but it could not be %s: %s%s",
-        id->key, how == END_RELEASE ? "did not act" : "ran",
-        ending_name(how), why,
+        key, how == END_RELEASE ? "did not act" : "ran", ending_name(how),
+        why,
         rc == IDEM_ESTALE ? " (another holder took the key over)"
         : marked == IDEM_OK
             ? "; the key is marked unknown"
         : how == END_COMPLETE
             ? "; marking the key unknown failed too: it stays in progress"
             : "");
-    *out = call;
-    goto out;
   }
-  exec_stop(&x);
-  *out = call;
-out:
-  idem_free(canon);
+  exec_stop(x);
+  return IDEM_OK;
+}
+
+int idem_execute(idem_store *store, const idem_id *id, const char *request,
+                 size_t request_len, idem_exec_fn fn, void *ctx,
+                 const idem_execute_options *opts, idem_call **out) {
+  idem_exec x;
+  idem_response resp;
+  idem_exec_result result;
+  int rc;
+
+  idem__clear_error();
+  if (!out)
+    return idem__fail(IDEM_EINVAL, "execute: NULL output");
+  *out = NULL;
+  if (!fn)
+    return idem__fail(IDEM_EINVAL, "execute: NULL action");
+  rc = exec_begin(store, id, request, request_len, opts, &x, out);
+  if (rc != IDEM_OK || !x.running) {
+    if (rc == IDEM_OK)
+      idem__clear_error();
+    return rc;
+  }
+  memset(&resp, 0, sizeof resp);
+  result = fn(&x, ctx, &resp);
+  rc = exec_end(&x, result, &resp);
+  if (rc == IDEM_OK)
+    idem__clear_error();
+  return rc;
+}
+
+int idem_execute_begin(idem_store *store, const idem_id *id,
+                       const char *request, size_t request_len,
+                       const idem_execute_options *opts, idem_exec **exec,
+                       idem_call **out) {
+  idem_exec *x;
+  int rc;
+
+  idem__clear_error();
+  if (!out || !exec)
+    return idem__fail(IDEM_EINVAL, "execute_begin: NULL output");
+  *out = NULL;
+  *exec = NULL;
+  if (!(x = malloc(sizeof *x)))
+    return idem__fail(IDEM_ENOMEM, "execute_begin: out of memory");
+  rc = exec_begin(store, id, request, request_len, opts, x, out);
+  if (rc == IDEM_OK && x->running) {
+    *exec = x;
+    idem__clear_error();
+    return IDEM_OK;
+  }
+  free(x);
+  if (rc == IDEM_OK)
+    idem__clear_error();
+  return rc;
+}
+
+int idem_execute_end(idem_exec *exec, idem_exec_result result,
+                     const idem_response *response) {
+  int rc;
+  idem__clear_error();
+  if (!exec)
+    return idem__fail(IDEM_EINVAL, "execute_end: NULL action");
+  if (result != IDEM_EXEC_DONE && result != IDEM_EXEC_NOT_DONE &&
+      result != IDEM_EXEC_UNKNOWN && result != IDEM_EXEC_LEAVE_IN_PROGRESS)
+    result = IDEM_EXEC_UNKNOWN;
+  rc = exec_end(exec, result, response);
+  free(exec);
   if (rc == IDEM_OK)
     idem__clear_error();
   return rc;

@@ -729,6 +729,113 @@ static void test_execute_ending_already_stored(void **state) {
   idem_record_free(rec);
 }
 
+/* idem_execute_begin()/idem_execute_end(): 200 keys held at once by one
+ * thread, their leases renewed past their length with no thread of the
+ * caller's, then ended from another thread in each of the four ways. */
+typedef struct ender {
+  idem_exec **x;
+  int n;
+  int rc[200];
+  char body[200][32];
+} ender;
+
+static void *end_main(void *arg) {
+  ender *e = arg;
+  for (int i = 0; i < e->n; i++) {
+    idem_response r = {201, NULL, 0, e->body[i], 0};
+    idem_exec_result how = i % 4 == 0   ? IDEM_EXEC_DONE
+                           : i % 4 == 1 ? IDEM_EXEC_NOT_DONE
+                           : i % 4 == 2 ? IDEM_EXEC_UNKNOWN
+                                        : IDEM_EXEC_LEAVE_IN_PROGRESS;
+    snprintf(e->body[i], sizeof e->body[i], "{\"ticket_id\":%d}", i + 1);
+    r.body_len = strlen(e->body[i]);
+    e->rc[i] = idem_execute_end(e->x[i], how, &r);
+  }
+  return NULL;
+}
+
+static void test_execute_in_two_halves(void **state) {
+  fixture *f = *state;
+  enum { N = 200 };
+  idem_execute_options o = {.call = {.lease_ms = 400}};
+  idem_exec *x[N];
+  idem_call *c[N];
+  char keys[N][16];
+  ender e;
+  pthread_t t;
+  remote a = {0};
+
+  for (int i = 0; i < N; i++) {
+    idem_id id = {"tenant-a", OPERATION, keys[i]};
+    snprintf(keys[i], sizeof keys[i], "half-%d", i);
+    EXPECT_RC(IDEM_OK, idem_execute_begin(f->store, &id, REQ, strlen(REQ), &o,
+                                          &x[i], &c[i]));
+    assert_non_null(x[i]);
+    assert_int_equal(idem_call_outcome(c[i]), IDEM_PROCEED);
+    assert_int_equal(idem_exec_outcome(x[i]), IDEM_PROCEED);
+    assert_true(idem_exec_lost_fd(x[i]) >= 0);
+  }
+  /* Three lease lengths later every key is still held. */
+  sleep_ms(1200);
+  for (int i = 0; i < N; i++) {
+    idem_id id = {"tenant-a", OPERATION, keys[i]};
+    idem_call *r = NULL;
+    char fp[IDEM_FINGERPRINT_SIZE];
+    assert_false(idem_exec_lost(x[i]));
+    EXPECT_RC(IDEM_OK, idem_fingerprint(REQ, strlen(REQ), 1, fp));
+    EXPECT_RC(IDEM_OK, idem_claim(f->store, &id, fp, NULL, &r));
+    assert_int_equal(idem_call_outcome(r), IDEM_IN_FLIGHT);
+    idem_call_free(r);
+  }
+  /* A second begin on a held key is told, and holds nothing. */
+  {
+    idem_id id = {"tenant-a", OPERATION, keys[0]};
+    idem_exec *none = (idem_exec *)1;
+    idem_call *r = NULL;
+    EXPECT_RC(IDEM_OK,
+              idem_execute_begin(f->store, &id, REQ, strlen(REQ), &o, &none,
+                                 &r));
+    assert_null(none);
+    assert_int_equal(idem_call_outcome(r), IDEM_IN_FLIGHT);
+    idem_call_free(r);
+  }
+  memset(&e, 0, sizeof e);
+  e.x = x;
+  e.n = N;
+  assert_int_equal(pthread_create(&t, NULL, end_main, &e), 0);
+  pthread_join(t, NULL);
+  for (int i = 0; i < N; i++) {
+    idem_id id = {"tenant-a", OPERATION, keys[i]};
+    idem_call *r;
+    assert_int_equal(e.rc[i], IDEM_OK);
+    switch (i % 4) {
+    case 0:
+      assert_int_equal(idem_call_state(c[i]), IDEM_STATE_COMPLETED);
+      assert_int_equal(ticket_id_of(idem_call_response(c[i])), i + 1);
+      r = EXECUTE(f->store, &id, REQ, &a, &o, IDEM_OK, IDEM_REPLAY);
+      assert_int_equal(ticket_id_of(idem_call_response(r)), i + 1);
+      break;
+    case 1:
+      assert_int_equal(idem_call_state(c[i]), 0);
+      r = EXECUTE(f->store, &id, REQ, &a, &o, IDEM_OK, IDEM_PROCEED);
+      break;
+    case 2:
+      assert_int_equal(idem_call_state(c[i]), IDEM_STATE_UNKNOWN);
+      r = EXECUTE(f->store, &id, REQ, &a, &o, IDEM_OK, IDEM_UNKNOWN);
+      break;
+    default:
+      assert_int_equal(idem_call_state(c[i]), IDEM_STATE_IN_PROGRESS);
+      r = EXECUTE(f->store, &id, REQ, &a, &o, IDEM_OK, IDEM_IN_FLIGHT);
+      break;
+    }
+    idem_call_free(r);
+    idem_call_free(c[i]);
+  }
+  /* Only the released keys ran again, once each. */
+  assert_int_equal(a.runs, N / 4);
+  EXPECT_RC(IDEM_EINVAL, idem_execute_end(NULL, IDEM_EXEC_DONE, NULL));
+}
+
 #define STORE_TEST(fn)                                                         \
   cmocka_unit_test_setup_teardown(fn, setup_store, teardown_store)
 
@@ -746,6 +853,7 @@ int main(void) {
       STORE_TEST(test_execute_largest_retry_budget),
       STORE_TEST(test_execute_abandon),
       STORE_TEST(test_execute_ending_already_stored),
+      STORE_TEST(test_execute_in_two_halves),
   };
   const struct CMUnitTest sqlite_only[] = {
       STORE_TEST(test_execute_renews_from_the_write),
