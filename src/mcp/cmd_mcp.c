@@ -18,26 +18,32 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static const char usage[] =
     "usage: idem mcp [--store URL] [--tenant T] [--require-key]\n"
     "                [--key-argument NAME] [--lease DUR] [--retention DUR]\n"
-    "                [--on-unknown forward|fail] [--max-result SIZE]\n"
-    "                [--shutdown-wait DUR] -- SERVER_CMD [ARG...]\n"
+    "                [--on-unknown forward|fail] [--attach-wait DUR]\n"
+    "                [--store-tool-errors yes|no] [--max-result SIZE]\n"
+    "                [--shutdown-wait DUR] [--] SERVER_CMD [ARG...]\n"
     "\n"
     "Runs the MCP server SERVER_CMD and relays newline-delimited JSON-RPC\n"
-    "between it and the MCP client on standard input and output, unchanged\n"
-    "and in order, except for tools/call requests that carry an idempotency\n"
-    "key. Such a call is run at most once per key: the first is sent to the\n"
-    "server and its result stored; a retry with the same key gets the stored\n"
-    "result (with _meta[\"idem/replayed\"] = true) and nothing reaches the\n"
-    "server. The key is read from params._meta.idempotencyKey, else\n"
-    "params.idempotencyKey, else (with --key-argument) a tool argument; it\n"
-    "is forwarded as the client sent it. The operation is the tool name;\n"
-    "the fingerprint is the canonical JSON of {name, arguments} without the\n"
-    "key. The server's initialize result gets\n"
-    "capabilities.experimental[\"idem/idempotency\"].\n"
+    "between it and the MCP client on standard input and output, unchanged,\n"
+    "except for tools/call requests that carry an idempotency key. Such a\n"
+    "call is run at most once per key: the first is sent to the server and\n"
+    "its result stored; a retry with the same key gets the stored result\n"
+    "(with _meta[\"idem/replayed\"] = true) and nothing reaches the server.\n"
+    "A retry sent while the call is still running waits for its result. A\n"
+    "client that cancels a keyed call (or times out) does not stop it: the\n"
+    "server's answer is still recorded for the retry. The key is read from\n"
+    "params._meta.idempotencyKey, else params.idempotencyKey, else (with\n"
+    "--key-argument) a tool argument; it is forwarded as the client sent\n"
+    "it. The operation is the tool name; the fingerprint is the canonical\n"
+    "JSON of {name, arguments} without the key. The server's initialize\n"
+    "result gets capabilities.experimental[\"idem/idempotency\"].\n"
+    "SERVER_CMD starts at the first argument that is not an option; `--`\n"
+    "before it is optional.\n"
     "\n"
     "  --store URL          default: IDEM_STORE, else ./idem.db\n"
     "  --tenant T           scope of the keys (default \"\")\n"
@@ -51,11 +57,21 @@ static const char usage[] =
     "                       and how long a key whose call ended without a\n"
     "                       result is held before a retry may act again\n"
     "  --retention DUR      how long results are kept (default 24h)\n"
-    "  --on-unknown forward (default) a call cancelled, or left unanswered\n"
-    "                       by a server that exited, is sent again with the\n"
-    "                       same key by a retry once its lease has ended\n"
+    "  --attach-wait DUR    how long a retry of a call still running waits\n"
+    "                       for its result (default 25s, below the SDKs'\n"
+    "                       60s request timeout; 0: answer in_flight at once)\n"
+    "  --on-unknown forward (default) a call left unanswered by a server\n"
+    "                       that exited (or by a proxy that died) is sent\n"
+    "                       again with the same key by a retry once its\n"
+    "                       lease has ended; its result is marked\n"
+    "                       _meta[\"idem/recovered\"]\n"
     "  --on-unknown fail    such a key is refused until an operator settles\n"
     "                       it with `idem keys resolve`\n"
+    "  --store-tool-errors yes  (default) a result with isError: true is\n"
+    "                       stored and replayed like any result: the tool\n"
+    "                       may have acted before it failed\n"
+    "  --store-tool-errors no   such a result is passed on and the key\n"
+    "                       freed: a retry acts again\n"
     "  --max-result SIZE    the largest result stored (default 16M less\n"
     "                       4k, also the most); a larger one is passed on,\n"
     "                       not stored, and its key marked unknown\n"
@@ -65,16 +81,16 @@ static const char usage[] =
     "DUR is 250ms, 30s, 5m, 24h or 7d. SIZE is bytes, or with k or M.\n"
     "\n"
     "JSON-RPC errors the proxy answers with (error.data.idem names them):\n"
-    "  -32001 conflict       the key was used with other arguments\n"
-    "  -32002 in_flight      the same call is still running (retryAfterMs)\n"
-    "  -32003 unknown        an earlier attempt ended without a result\n"
+    "  -31901 conflict       the key was used with other arguments\n"
+    "  -31902 in_flight      the same call is still running (retryAfterMs)\n"
+    "  -31903 unknown        an earlier attempt ended without a result\n"
     "                        (retryAfterMs with --on-unknown forward)\n"
-    "  -32004 store_unavailable  nothing was sent; retry in a few seconds\n"
-    "  -32005 key_required   --require-key: this tool needs a key\n"
-    "  -32006 bad_key        the key is not 1-255 printable ASCII bytes\n"
-    "  -32007 server_exited  the server is gone; nothing was sent\n"
-    "  -32008 internal       the proxy failed; nothing was sent\n"
-    "  -32009 batch          a keyed tools/call must not be in a batch\n"
+    "  -31904 store_unavailable  nothing was sent; retry in a few seconds\n"
+    "  -31905 key_required   --require-key: this tool needs a key\n"
+    "  -31906 bad_key        the key is not 1-255 printable ASCII bytes\n"
+    "  -31907 server_exited  the server is gone; nothing was sent\n"
+    "  -31908 internal       the proxy failed; nothing was sent\n"
+    "  -31909 batch          a keyed tools/call must not be in a batch\n"
     "See docs/mcp.md.\n"
     "\n"
     "Signals SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are\n"
@@ -87,6 +103,8 @@ static int parse(int argc, char **argv, mcp_opts *o) {
   o->tenant = "";
   o->lease_ms = 30000;
   o->shutdown_wait_ms = 5000;
+  o->attach_wait_ms = 25000;
+  o->store_tool_errors = 1;
   o->max_result = IDEM_MAX_RESPONSE - 4096;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -100,13 +118,18 @@ static int parse(int argc, char **argv, mcp_opts *o) {
     }
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0)
       return 1;
+    if (a[0] != '-') {
+      /* The server's command line: launchers such as the MCP Inspector
+       * drop the first `--` of the arguments they are given. */
+      o->cmd = argv + i;
+      return 0;
+    }
     if (strcmp(a, "--require-key") == 0) {
       o->require_key = 1;
       continue;
     }
     if (i + 1 >= argc) {
-      cli_error("mcp", "%s: needs a value, or SERVER_CMD is missing after --",
-                a);
+      cli_error("mcp", "%s: needs a value", a);
       return -1;
     }
     const char *v = argv[++i];
@@ -135,6 +158,19 @@ static int parse(int argc, char **argv, mcp_opts *o) {
       if (cli_duration_option("mcp", a, v, 0, 3600000, &o->shutdown_wait_ms) !=
           0)
         return -1;
+    } else if (strcmp(a, "--attach-wait") == 0) {
+      if (cli_duration_option("mcp", a, v, 0, IDEM_MAX_LEASE_MS,
+                              &o->attach_wait_ms) != 0)
+        return -1;
+    } else if (strcmp(a, "--store-tool-errors") == 0) {
+      if (strcmp(v, "yes") == 0)
+        o->store_tool_errors = 1;
+      else if (strcmp(v, "no") == 0)
+        o->store_tool_errors = 0;
+      else {
+        cli_error("mcp", "--store-tool-errors: yes or no, not '%s'", v);
+        return -1;
+      }
     } else if (strcmp(a, "--on-unknown") == 0) {
       if (strcmp(v, "fail") == 0)
         o->on_unknown_fail = 1;
@@ -155,7 +191,7 @@ static int parse(int argc, char **argv, mcp_opts *o) {
       return -1;
     }
   }
-  cli_error("mcp", "missing -- SERVER_CMD");
+  cli_error("mcp", "missing SERVER_CMD");
   return -1;
 }
 
@@ -204,8 +240,11 @@ static int wait_server(mcp_proxy *p, int sig_fd) {
       stage = 3;
     }
     int timeout = -1;
+    int64_t tick = mcp_keyed_tick(p);
     if (stage == 1 || stage == 2)
       timeout = deadline - now < 1 ? 1 : (int)(deadline - now) + 1;
+    if (tick >= 0 && (timeout < 0 || tick + 1 < timeout))
+      timeout = tick > 1000000 ? 1000000 : (int)tick + 1;
     struct pollfd f = {sig_fd, POLLIN, 0};
     if (poll(&f, 1, timeout) > 0) {
       unsigned char b[64];
@@ -273,7 +312,8 @@ static int run(int argc, char **argv) {
   }
   p->to_server.fd = to_child;
   p->from_server = from_child;
-  if (pthread_create(&t, NULL, mcp_server_reader, p) != 0 ||
+  if (mcp_keyed_start(p) != 0 ||
+      pthread_create(&t, NULL, mcp_server_reader, p) != 0 ||
       pthread_detach(t) != 0 ||
       pthread_create(&t, NULL, mcp_client_reader, p) != 0 ||
       pthread_detach(t) != 0) {
@@ -294,18 +334,23 @@ static int run(int argc, char **argv) {
     usleep(10000);
     pthread_mutex_lock(&p->lock);
   }
-  p->server_gone = 1;
+  pthread_mutex_unlock(&p->lock);
+  mcp_keyed_server_gone(p);
+  pthread_mutex_lock(&p->lock);
   p->closing = 1;
-  for (mcp_pending *q = p->pending; q; q = q->next)
-    if (q->state == PENDING_WAITING) {
-      uint64_t one = 1;
-      q->state = PENDING_GONE;
-      if (write(q->wake_fd, &one, sizeof one) < 0) {
-        /* The call sees the state on its next wake-up. */
-      }
+  while (p->ncalls > 0) {
+    pthread_mutex_unlock(&p->lock);
+    mcp_keyed_tick(p);
+    pthread_mutex_lock(&p->lock);
+    struct timespec until_ts;
+    clock_gettime(CLOCK_REALTIME, &until_ts);
+    until_ts.tv_nsec += 50000000;
+    if (until_ts.tv_nsec >= 1000000000) {
+      until_ts.tv_sec++;
+      until_ts.tv_nsec -= 1000000000;
     }
-  while (p->nkeyed > 0)
-    pthread_cond_wait(&p->cond, &p->lock);
+    pthread_cond_timedwait(&p->cond, &p->lock, &until_ts);
+  }
   pthread_mutex_unlock(&p->lock);
   close_server_input(p);
   idem_store_close(p->store);

@@ -1,18 +1,23 @@
 /*
  * mcp.h -- what the files of `idem mcp` share.
  *
- * The proxy has three kinds of threads. The client reader reads the MCP
- * client's lines from standard input and passes them to the server in
- * order; the server reader reads the server's lines and passes them to the
- * client. A keyed `tools/call` gets a thread of its own that holds its key
- * through idem_execute() while the call is out at the server: the client
- * reader hands the call over and waits only until it has been forwarded
- * (or answered by the proxy), so everything the client sends later still
- * reaches the server after it, and the server reader hands the matching
- * response to that thread through the table of pending keyed calls.
+ * The proxy has a fixed set of threads, however many keyed calls are in
+ * flight. The client reader reads the MCP client's lines from standard
+ * input and passes them on; the server reader reads the server's lines and
+ * passes them to the client; neither ever waits on the store. A keyed
+ * `tools/call` is a struct mcp_call: the client reader answers it from
+ * memory when its result is kept there, attaches it to the same call in
+ * flight here, or queues it for the store workers, a few threads that
+ * claim keys (idem_execute_begin()), forward the claimed calls to the
+ * server under ids the proxy owns, and end the records once the server
+ * has answered (idem_execute_end()). While a call is at the server the
+ * store's scheduler renews its lease: no thread waits for it. The main
+ * thread waits for the server, passes signals on, and answers attached
+ * retries whose --attach-wait has run out.
  *
  *   mcp_relay.c   lines, the two writers, and what each direction does
  *   mcp_keyed.c   keyed calls: the key, the fingerprint, claim to answer
+ *   mcp_request.c what of a line makes a call's record; raw JSON spans
  *   mcp_cache.c   stored results kept in memory for replays
  *   mcp_child.c   the server process: start, signals, end
  *   cmd_mcp.c     options, start-up and shut-down
@@ -26,24 +31,29 @@
 #include <pthread.h>
 #include <sys/types.h>
 
-/* The JSON-RPC error codes the proxy answers with; never renumbered. */
+/*
+ * The JSON-RPC error codes the proxy answers with. Outside JSON-RPC's
+ * reserved range (-32768..-32000), where the SDKs have their own (-32001 is
+ * their request timeout): from idem 0.3 on, never renumbered.
+ */
 enum {
-  MCP_E_CONFLICT = -32001,      /* key used with other arguments */
-  MCP_E_IN_FLIGHT = -32002,     /* the same call is still running */
-  MCP_E_UNKNOWN = -32003,       /* an earlier attempt's outcome is unknown */
-  MCP_E_STORE = -32004,         /* the store is unavailable or busy */
-  MCP_E_KEY_REQUIRED = -32005,  /* --require-key: this tool needs a key */
-  MCP_E_BAD_KEY = -32006,       /* the key is not a valid key */
-  MCP_E_SERVER_EXITED = -32007, /* the server exited; nothing was sent */
-  MCP_E_INTERNAL = -32008,      /* the proxy failed; nothing was sent */
-  MCP_E_BATCH = -32009          /* a keyed tools/call inside a batch */
+  MCP_E_CONFLICT = -31901,      /* key used with other arguments */
+  MCP_E_IN_FLIGHT = -31902,     /* the same call is still running */
+  MCP_E_UNKNOWN = -31903,       /* an earlier attempt's outcome is unknown */
+  MCP_E_STORE = -31904,         /* the store is unavailable or busy */
+  MCP_E_KEY_REQUIRED = -31905,  /* --require-key: this tool needs a key */
+  MCP_E_BAD_KEY = -31906,       /* the key is not a valid key */
+  MCP_E_SERVER_EXITED = -31907, /* the server exited; nothing was sent */
+  MCP_E_INTERNAL = -31908,      /* the proxy failed; nothing was sent */
+  MCP_E_BATCH = -31909          /* a keyed tools/call inside a batch */
 };
 
 typedef struct mcp_opts {
   const char *store, *tenant, *key_argument;
   int require_key;
   int on_unknown_fail;
-  int64_t lease_ms, retention_ms, shutdown_wait_ms;
+  int store_tool_errors; /* --store-tool-errors yes (the default) */
+  int64_t lease_ms, retention_ms, shutdown_wait_ms, attach_wait_ms;
   size_t max_result;
   char **cmd;
 } mcp_opts;
@@ -61,19 +71,39 @@ int mcp_out_line(mcp_out *out, const char *line, size_t len);
 /* Writes a JSON value as one compact line. */
 int mcp_out_json(mcp_out *out, json_t *msg);
 
-enum { PENDING_WAITING = 0, PENDING_ANSWERED, PENDING_GONE };
+/* A request that waits for a keyed call's answer: the call's first
+ * request, or a retry attached to it. */
+typedef struct mcp_waiter {
+  struct mcp_waiter *next;
+  char *id;         /* its id as the client wrote it (JSON text) */
+  char *match;      /* and as mcp_id_text() writes it */
+  int attached;     /* a retry: answered as a replay */
+  int64_t deadline; /* attached: when --attach-wait runs out (mono ms) */
+} mcp_waiter;
 
-/* A keyed call forwarded to the server and waiting for its response. */
-typedef struct mcp_pending {
-  struct mcp_pending *next;
-  char *id;         /* the request id as compact JSON */
-  int wake_fd;      /* an eventfd, written when state changes */
-  int state;        /* PENDING_* */
-  int cancelled;    /* the client cancelled it; its answer may still come */
-  json_t *response; /* the server's message, on ANSWERED */
-  char *line;       /* and its line, as the server wrote it */
-  size_t len;
-} mcp_pending;
+enum { CALL_CLAIM = 0, CALL_SERVER, CALL_END };
+
+/* A keyed call this proxy is handling. */
+typedef struct mcp_call {
+  struct mcp_call *next;  /* p->calls */
+  struct mcp_call *qnext; /* the store workers' queue */
+  char *tool, *key;
+  char fp[IDEM_FINGERPRINT_SIZE];
+  char *request; /* {name, arguments} without the key */
+  size_t request_len;
+  char *line; /* the first request, as the client wrote it */
+  size_t len, id_from, id_to; /* and where its id is in it */
+  char sid[64];       /* the id it travels under to the server (JSON) */
+  int state;          /* CALL_* */
+  int rounds;         /* claims asked */
+  int64_t wait_until; /* claims answered IN_FLIGHT are asked again until */
+  idem_exec *exec;    /* while the key is held */
+  idem_call *call;
+  mcp_waiter *waiters;
+  char *answer; /* the server's answer (CALL_END) */
+  size_t answer_len;
+  int gone; /* the server exited without answering */
+} mcp_call;
 
 /* A request whose response the proxy reads on its way: initialize (its
  * capabilities are extended) and tools/list (annotations are learned). */
@@ -93,14 +123,18 @@ typedef struct mcp_proxy {
   int event_fd;    /* the main loop's wake-up pipe (write end) */
 
   pthread_mutex_t lock; /* everything below */
-  pthread_cond_t cond;  /* keyed calls handed over or ended */
-  mcp_pending *pending;
+  pthread_cond_t cond;  /* keyed calls ended */
+  pthread_cond_t work;  /* the store workers' queue */
+  mcp_call *calls;      /* keyed calls being handled */
+  mcp_call *qhead, *qtail;
+  int ncalls;
+  unsigned long long next_sid;
+  char nonce[24]; /* makes the ids the proxy owns unguessable */
   mcp_watch *watches;
   json_t *tools;   /* tool name -> true when readOnlyHint or idempotentHint */
   int server_gone; /* the server's output ended */
   int client_eof;  /* the client's input ended */
   int closing;     /* no new keyed call may start */
-  int nkeyed;      /* keyed-call threads running */
 } mcp_proxy;
 
 /* The request id as compact JSON (an integral real as an integer), for
@@ -115,6 +149,9 @@ json_t *mcp_parse(const char *line, size_t len, int *dup);
 /* Answers request id with a JSON-RPC error; data may be NULL (stolen). */
 void mcp_answer_error(mcp_proxy *p, json_t *id, int code, const char *msg,
                       json_t *data);
+/* The same for an id given as JSON text ("null" when NULL). */
+void mcp_answer_error_text(mcp_proxy *p, const char *id, int code,
+                           const char *msg, json_t *data);
 
 /* The threads of the two directions. */
 void *mcp_client_reader(void *arg);
@@ -132,6 +169,21 @@ void mcp_notify(mcp_proxy *p);
  */
 void mcp_keyed_call(mcp_proxy *p, json_t *msg, const char *line, size_t len,
                     const char *key, const char *tool, int key_in_argument);
+
+/* Starts the store workers; 0 or -1. */
+int mcp_keyed_start(mcp_proxy *p);
+/* A notifications/cancelled from the client: 1 when it names a keyed
+ * call's request (it is then not passed on: the call goes on at the
+ * server, and its answer is recorded), 0 when it passes on. */
+int mcp_keyed_cancel(mcp_proxy *p, json_t *msg);
+/* An answer from the server: 1 when it was a keyed call's (taken). msg is
+ * NULL when the line is not JSON the proxy can read. */
+int mcp_keyed_answer(mcp_proxy *p, json_t *msg, const char *line, size_t len);
+/* The server's output ended: every call at the server is unanswered. */
+void mcp_keyed_server_gone(mcp_proxy *p);
+/* Answers attached retries whose --attach-wait ran out; the milliseconds
+ * until the next one does (-1: none). */
+int64_t mcp_keyed_tick(mcp_proxy *p);
 
 /*
  * Where the key of a tools/call is: *key the key (borrowed; NULL without
@@ -154,11 +206,35 @@ char *mcp_request_text(const char *line, size_t line_len, const char *tool,
 
 /* Results kept in memory for replays (mcp_cache.c): put copies the body;
  * get returns 1 with a copy (free() it) when tool, key and fingerprint
- * match an entry whose retention has not ended at now_ms. */
+ * match an entry whose retention has not ended at now_ms. recovered: the
+ * result was stored after a takeover (an earlier attempt may have acted). */
 void mcp_cache_put(const char *tool, const char *key, const char *fp,
-                   const void *body, size_t len, int64_t expires_ms);
+                   const void *body, size_t len, int recovered,
+                   int64_t expires_ms);
 int mcp_cache_get(const char *tool, const char *key, const char *fp,
-                  int64_t now_ms, char **body, size_t *len);
+                  int64_t now_ms, char **body, size_t *len, int *recovered);
+
+/* ---- raw JSON text (mcp_request.c) ---------------------------------- */
+
+/* The value of the member called name of the object whose text starts at
+ * s[at] (after blanks): 1 with [*from, *to), or 0 when there is none. The
+ * text is stepped over, not checked: strings may hold anything. */
+int mcp_member(const char *s, size_t n, size_t at, const char *name,
+               size_t *from, size_t *to);
+/* s with [from, to) replaced by ins; NULL when out of memory. */
+char *mcp_splice(const char *s, size_t n, size_t from, size_t to,
+                 const char *ins, size_t ins_len, size_t *out_len);
+/* A result object's text with "idem/replayed": true and/or
+ * "idem/recovered": true added to its _meta (made when absent); a result
+ * that is no object is copied unchanged. NULL when out of memory. */
+char *mcp_mark_result(const char *body, size_t len, int replayed,
+                      int recovered, size_t *out_len);
+/* What the proxy can tell of a tools/call line it cannot parse: *keyed set
+ * when a key is present in one of its places, *id_from and *id_to the span of
+ * its id (0, 0 when none), *tool the tool name (malloc'd, NULL when it
+ * cannot be read). 1 when the line is a tools/call request, 0 otherwise. */
+int mcp_scan_call(const char *line, size_t len, const char *key_argument,
+                  int *keyed, size_t *id_from, size_t *id_to, char **tool);
 
 /* The server process. */
 int mcp_child_start(char **cmd, int *to_child, int *from_child, pid_t *pid);

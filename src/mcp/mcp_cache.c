@@ -22,6 +22,7 @@ typedef struct entry {
   char fp[IDEM_FINGERPRINT_SIZE];
   char *body;
   size_t len;
+  int recovered;
   int64_t expires_ms;
 } entry;
 
@@ -39,8 +40,9 @@ static unsigned slot_of(const char *tool, const char *key) {
 }
 
 void mcp_cache_put(const char *tool, const char *key, const char *fp,
-                   const void *body, size_t len, int64_t expires_ms) {
-  entry e = {NULL, NULL, {0}, NULL, len, expires_ms};
+                   const void *body, size_t len, int recovered,
+                   int64_t expires_ms) {
+  entry e = {NULL, NULL, {0}, NULL, len, recovered, expires_ms};
   if (len > MCP_CACHE_BODY)
     return;
   e.tool = strdup(tool);
@@ -66,7 +68,7 @@ void mcp_cache_put(const char *tool, const char *key, const char *fp,
 }
 
 int mcp_cache_get(const char *tool, const char *key, const char *fp,
-                  int64_t now_ms, char **body, size_t *len) {
+                  int64_t now_ms, char **body, size_t *len, int *recovered) {
   int hit = 0;
   *body = NULL;
   *len = 0;
@@ -78,6 +80,7 @@ int mcp_cache_get(const char *tool, const char *key, const char *fp,
     if (*body) {
       memcpy(*body, s->body, s->len + 1);
       *len = s->len;
+      *recovered = s->recovered;
       hit = 1;
     }
   }

@@ -1,72 +1,58 @@
 /*
- * mcp_keyed.c -- one keyed `tools/call`, from the claim to the answer.
+ * mcp_keyed.c -- keyed `tools/call`s, from the claim to the answer.
  *
- * The call runs on a thread of its own, inside idem_execute(): the library
- * claims (tenant, tool name, key) for the fingerprint of {name, arguments}
- * (without the key), renews the lease while the call is out at the server,
- * and ends the record by what the action reports:
+ * A keyed call is claimed for (tenant, tool name, key) and the fingerprint
+ * of {name, arguments} without the key. The client reader never waits on
+ * the store: it answers a retry whose result is kept in memory, attaches a
+ * retry of a call in flight here to that call, and queues everything else
+ * for the store workers. A worker claims (idem_execute_begin()); on
+ * PROCEED or RECOVER it sends the call to the server under an id the proxy
+ * owns, so that no other message's answer can be taken for it, and leaves
+ * it there: the store's scheduler renews the lease for as long as the
+ * server works, and no thread waits. The server's answer is queued for a
+ * worker, which ends the record (idem_execute_end()) and only then
+ * answers:
  *
- *   the server answered with a result     DONE: stored, then passed on
- *   (isError too: the tool ran)
- *   the server answered a JSON-RPC error  NOT_DONE: released (the tool
- *                                         never ran), the error passed on
- *   the server exited first, or the       ABANDON: the record stays in
- *   client cancelled the call             progress for one more lease
- *   the lease was lost, or the result is  UNKNOWN: marked unknown
- *   larger than --max-result
+ *   a result (isError too, unless       DONE: stored, then passed on
+ *   --store-tool-errors no)
+ *   a JSON-RPC error, or isError with   NOT_DONE: released (the key is free
+ *   --store-tool-errors no              for a corrected call), passed on
+ *   a result larger than --max-result,  UNKNOWN: the tool ran, its result
+ *   or an answer that is not JSON       cannot be kept; passed on
+ *   the server exited first             LEAVE_IN_PROGRESS: held one more
+ *                                       lease, then a retry takes it over
+ *                                       (forward) or waits for an operator
  *
- * The client reader waits until the call has been written to the server
- * (or answered by the proxy) before it reads on, so the order of the
- * client's messages is kept.
+ * A client that cancels a keyed call (the SDKs do at their request
+ * timeout) does not cancel it at the server: the cancellation is not
+ * passed on, the call goes on, and its answer is recorded, so a retry gets
+ * it instead of acting again. Only the server's death, or an operator,
+ * leaves an outcome unknown.
  *
- * A call left in progress is held for one lease from when it was left, the
- * time the tool could still be acting: a retry is told it is in flight.
- * Then, with --on-unknown forward, a retry takes it over (RECOVER) and is
- * sent to the server again with the same key; with --on-unknown fail it
- * waits for an operator (`idem keys resolve`). A key marked unknown (the
- * tool ran, but its result could not be kept) always waits for an
- * operator.
+ * A retry that finds its key in flight waits up to --attach-wait for the
+ * result: at once when the holder is this proxy (it is answered with the
+ * holder's answer), by asking the store again otherwise (idem_claim()'s
+ * wait, in slices, so that a few workers serve any number of waiting
+ * retries). A result stored after a takeover (RECOVER: an earlier attempt
+ * may have acted) is marked _meta["idem/recovered"], in its first answer
+ * and in every replay.
  */
 #include "mcp.h"
 
 #include <errno.h>
-#include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
-/* How the action ended. */
-enum {
-  WHY_NONE = 0,
-  WHY_NOT_SENT,     /* the server was gone before the call was written */
-  WHY_RESULT,       /* a result (stored) */
-  WHY_SERVER_ERROR, /* a JSON-RPC error: released */
-  WHY_TOO_BIG,      /* a result larger than --max-result */
-  WHY_UNREADABLE,   /* an answer the proxy cannot read as JSON */
-  WHY_GONE,         /* the server exited before answering */
-  WHY_CANCELLED,    /* the client cancelled the call */
-  WHY_LEASE_LOST    /* the key was taken over or not renewed in time */
-};
-
-typedef struct keyed {
-  mcp_proxy *p;
-  json_t *msg; /* the request (owned) */
-  json_t *id;  /* its id (borrowed from msg) */
-  char *line;  /* as the client wrote it */
-  size_t len;
-  char *key, *tool;
-  char *request; /* {name, arguments} without the key */
-  size_t request_len;
-  int *handed; /* the client reader's flag; NULL once set */
-  int ran;
-  int why;
-  mcp_pending pend;
-  char *body; /* the stored result */
-  size_t body_len;
-  char fp[IDEM_FINGERPRINT_SIZE]; /* the request's fingerprint */
-} keyed;
+/* Store workers: claims and endings are a few durable commits each; more
+ * workers than this only queue on the store's writer. */
+#define MCP_WORKERS 4
+/* A retry waiting on another holder asks the store again at least this
+ * often, so that a few workers serve every waiting retry in turn. */
+#define WAIT_SLICE_MS 200
 
 static int64_t wall_ms(void) {
   struct timespec ts;
@@ -74,428 +60,729 @@ static int64_t wall_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* Lets the client reader read on. */
-static void hand_over(keyed *k) {
-  mcp_proxy *p = k->p;
-  pthread_mutex_lock(&p->lock);
-  if (k->handed) {
-    *k->handed = 1;
-    k->handed = NULL;
-    pthread_cond_broadcast(&p->cond);
-  }
-  pthread_mutex_unlock(&p->lock);
-}
-
-static void pending_remove(mcp_proxy *p, mcp_pending *pend) {
-  for (mcp_pending **q = &p->pending; *q; q = &(*q)->next)
-    if (*q == pend) {
-      *q = pend->next;
-      break;
-    }
+static int64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 static int64_t lease_ms(const mcp_proxy *p) {
   return p->o->lease_ms > 0 ? p->o->lease_ms : 30000;
 }
 
-/* The action: forward the call and wait for what ends it. */
-static idem_exec_result keyed_action(idem_exec *x, void *ctx,
-                                     idem_response *response) {
-  keyed *k = ctx;
-  mcp_proxy *p = k->p;
-  int lost = 0, state;
-  int64_t cancelled_at = 0;
-  k->ran = 1;
-  if (idem_exec_outcome(x) == IDEM_RECOVER)
-    cli_error("mcp",
-              "key '%s' (tool %s): an earlier attempt ended without a "
-              "result and may have acted; sending the call again "
-              "(--on-unknown forward)",
-              k->key, k->tool);
-  k->pend.wake_fd = eventfd(0, EFD_CLOEXEC);
-  pthread_mutex_lock(&p->lock);
-  if (p->server_gone || p->closing || k->pend.wake_fd < 0) {
-    pthread_mutex_unlock(&p->lock);
-    k->why = WHY_NOT_SENT;
-    return IDEM_EXEC_NOT_DONE;
+static int64_t retention_ms(const mcp_proxy *p) {
+  return p->o->retention_ms > 0 ? p->o->retention_ms : 86400000;
+}
+
+/* ---- answers ------------------------------------------------------------ */
+
+static json_t *error_data(const mcp_call *c, const char *what,
+                          const char *type) {
+  json_t *d = json_pack("{s:s,s:s,s:s}", "idem", what, "key", c->key, "tool",
+                        c->tool);
+  if (d && type)
+    json_object_set_new(d, "type", json_string(type));
+  return d;
+}
+
+static void out_text(mcp_proxy *p, const char *text, size_t len) {
+  if (text)
+    mcp_out_line(&p->to_client, text, len);
+}
+
+/* The stored result body answered as a replay under id. */
+static void answer_replay(mcp_proxy *p, const char *id, const char *body,
+                          size_t len, int recovered) {
+  size_t mlen;
+  char *marked = mcp_mark_result(body, len, 1, recovered, &mlen);
+  char *line = NULL;
+  if (marked) {
+    size_t n = mlen + strlen(id) + 48;
+    line = malloc(n);
+    if (line)
+      snprintf(line, n, "{\"jsonrpc\":\"2.0\",\"id\":%s,\"result\":%s}", id,
+               marked);
   }
-  k->pend.next = p->pending;
-  p->pending = &k->pend;
-  pthread_mutex_unlock(&p->lock);
-  if (mcp_out_line(&p->to_server, k->line, k->len) != 0) {
-    /* Nothing, or a part without its newline, reached the server: it
-     * cannot have acted on it. */
-    pthread_mutex_lock(&p->lock);
-    pending_remove(p, &k->pend);
-    pthread_mutex_unlock(&p->lock);
-    k->why = WHY_NOT_SENT;
-    return IDEM_EXEC_NOT_DONE;
+  if (line)
+    out_text(p, line, strlen(line));
+  else
+    mcp_answer_error_text(p, id, MCP_E_INTERNAL,
+                          "idem mcp: out of memory replaying the stored "
+                          "result; nothing was sent to the server. Retry "
+                          "with the same key.",
+                          json_pack("{s:s}", "idem", "internal"));
+  free(line);
+  free(marked);
+}
+
+/* The server's answer line, passed on under id (and with its result marked
+ * recovered when it was obtained after a takeover). */
+static void answer_as_server(mcp_proxy *p, const mcp_call *c, const char *id,
+                             int recovered) {
+  size_t idf, idt, rf, rt, len;
+  char *a = NULL, *b = NULL;
+  const char *line = c->answer;
+  size_t n = c->answer_len;
+  if (!mcp_member(line, n, 0, "id", &idf, &idt)) {
+    out_text(p, line, n);
+    return;
   }
-  hand_over(k);
-  for (;;) {
-    struct pollfd f[2] = {{k->pend.wake_fd, POLLIN, 0},
-                          {idem_exec_lost_fd(x), POLLIN, 0}};
-    int wait = -1, n;
-    pthread_mutex_lock(&p->lock);
-    if (k->pend.cancelled && !cancelled_at)
-      cancelled_at = wall_ms();
-    pthread_mutex_unlock(&p->lock);
-    if (cancelled_at) {
-      /* Cancelled: the server may still finish the call; its answer is
-       * awaited for one lease, and recorded if it comes. */
-      int64_t left = cancelled_at + lease_ms(p) - wall_ms();
-      if (left <= 0)
-        break;
-      wait = left > 1000000 ? 1000000 : (int)left;
-    }
-    n = poll(f, f[1].fd >= 0 ? 2 : 1, wait);
-    if (n < 0 && errno != EINTR)
-      break;
-    if (n > 0 && f[0].revents) {
-      uint64_t v;
-      if (read(k->pend.wake_fd, &v, sizeof v) < 0) {
-        /* A counter: read again on the next wake-up. */
+  if (recovered && mcp_member(line, n, 0, "result", &rf, &rt)) {
+    size_t mlen;
+    char *marked = mcp_mark_result(line + rf, rt - rf, 0, 1, &mlen);
+    if (marked) {
+      /* The result follows the id or precedes it: splice the later span
+       * first so that the earlier one's offsets hold. */
+      if (rf > idf) {
+        a = mcp_splice(line, n, rf, rt, marked, mlen, &len);
+        b = a ? mcp_splice(a, len, idf, idt, id, strlen(id), &len) : NULL;
+      } else {
+        a = mcp_splice(line, n, idf, idt, id, strlen(id), &len);
+        b = a ? mcp_splice(a, len, rf, rt, marked, mlen, &len) : NULL;
+      }
+      free(marked);
+      free(a);
+      if (b) {
+        out_text(p, b, len);
+        free(b);
+        return;
       }
     }
-    pthread_mutex_lock(&p->lock);
-    state = k->pend.state;
-    pthread_mutex_unlock(&p->lock);
-    if (state != PENDING_WAITING)
-      break;
-    if (idem_exec_lost(x) || (n > 0 && f[1].revents)) {
-      lost = 1;
-      break;
-    }
   }
-  pthread_mutex_lock(&p->lock);
-  pending_remove(p, &k->pend);
-  state = k->pend.state;
-  pthread_mutex_unlock(&p->lock);
-  if (state == PENDING_ANSWERED && !k->pend.response) {
-    /* The tool answered, so it may have acted; what it answered cannot be
-     * kept. */
-    k->why = WHY_UNREADABLE;
-    return IDEM_EXEC_UNKNOWN;
-  }
-  if (state == PENDING_ANSWERED) {
-    json_t *result = json_object_get(k->pend.response, "result");
-    if (!result) {
-      k->why = WHY_SERVER_ERROR;
-      return IDEM_EXEC_NOT_DONE;
-    }
-    k->body = json_dumps(result, JSON_COMPACT | JSON_ENCODE_ANY);
-    k->body_len = k->body ? strlen(k->body) : 0;
-    if (!k->body || k->body_len > p->o->max_result) {
-      k->why = WHY_TOO_BIG;
-      return IDEM_EXEC_UNKNOWN;
-    }
-    k->why = WHY_RESULT;
-    response->status = json_is_true(json_object_get(result, "isError")) ? 1 : 0;
-    response->body = k->body;
-    response->body_len = k->body_len;
-    return IDEM_EXEC_DONE;
-  }
-  if (lost) {
-    k->why = WHY_LEASE_LOST;
-    return IDEM_EXEC_UNKNOWN;
-  }
-  /* Cancelled and not answered within a lease (the tool may still be
-   * acting), or the server gone (it may have acted): held in progress for
-   * a lease, then taken over. */
-  k->why = state == PENDING_WAITING ? WHY_CANCELLED : WHY_GONE;
-  return IDEM_EXEC_LEAVE_IN_PROGRESS;
+  b = mcp_splice(line, n, idf, idt, id, strlen(id), &len);
+  if (b)
+    out_text(p, b, len);
+  free(b);
 }
 
-static json_t *error_data(const keyed *k, const char *what) {
-  return json_pack("{s:s,s:s,s:s}", "idem", what, "key", k->key, "tool",
-                   k->tool);
-}
-
-/* Answers with the stored result under this request's id, marked
- * _meta["idem/replayed"]. */
-static void answer_replay(keyed *k, const idem_response *r) {
-  json_error_t e;
-  json_t *result =
-      json_loadb(r->body, r->body_len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &e);
-  json_t *m = NULL;
-  if (json_is_object(result)) {
-    json_t *meta = json_object_get(result, "_meta");
-    if (!json_is_object(meta)) {
-      meta = json_object();
-      json_object_set_new(result, "_meta", meta);
-    }
-    json_object_set_new(meta, "idem/replayed", json_true());
-  }
-  if (result)
-    m = json_pack("{s:s,s:O,s:O}", "jsonrpc", "2.0", "id", k->id, "result",
-                  result);
-  if (m)
-    mcp_out_json(&k->p->to_client, m);
-  else
-    mcp_answer_error(k->p, k->id, MCP_E_INTERNAL,
-                     "idem mcp: the stored result of this key cannot be "
-                     "read back; nothing was sent to the server",
-                     error_data(k, "internal"));
-  json_decref(m);
-  json_decref(result);
-}
-
-/* An unknown outcome. wait_ms > 0: the key is held that long, then a
- * retry is sent again (--on-unknown forward); otherwise it waits for an
- * operator. */
-static void answer_unknown(keyed *k, int64_t wait_ms, const char *why) {
+/* Where the call's outcome is unknown. wait_ms > 0: the key is held that
+ * long, then a retry is sent again (--on-unknown forward); otherwise it
+ * waits for an operator. sent: the call reached the server. */
+static void answer_unknown(mcp_proxy *p, const mcp_call *c, const char *id,
+                           int64_t wait_ms, const char *why, int sent) {
   char msg[2048];
-  const mcp_opts *o = k->p->o;
-  json_t *data = error_data(k, "unknown");
+  const mcp_opts *o = p->o;
+  json_t *data = error_data(c, "unknown", "idempotency_outcome_unknown");
   if (wait_ms > 0) {
     snprintf(msg, sizeof msg,
              "idem mcp: %s (key \"%s\", tool %s), so the tool may or may "
              "not have acted. Check whether it acted if you can; a retry "
              "with the same key in %.1f s sends the call to the server "
-             "again.",
-             why, k->key, k->tool, (double)wait_ms / 1000);
+             "again, and its result is marked _meta[\"idem/recovered\"].",
+             why, c->key, c->tool, (double)wait_ms / 1000);
     json_object_set_new(data, "retryAfterMs", json_integer(wait_ms));
   } else {
     snprintf(msg, sizeof msg,
              "idem mcp: %s (key \"%s\", tool %s), so the tool may or may "
-             "not have acted. Nothing was sent to the server. This key is "
-             "refused until an operator settles it: `idem keys resolve %s "
-             "--operation %s%s%s --failed` if it did not act (a retry then "
-             "acts), or --completed if it did.",
-             why, k->key, k->tool, k->key, k->tool,
-             *o->tenant ? " --tenant " : "", o->tenant);
+             "not have acted.%s This key is refused until an operator "
+             "settles it: `idem keys resolve %s --operation %s%s%s "
+             "--failed` if it did not act (a retry then acts), or "
+             "--completed if it did.",
+             why, c->key, c->tool,
+             sent ? "" : " Nothing was sent to the server for this request.",
+             c->key, c->tool, *o->tenant ? " --tenant " : "", o->tenant);
   }
-  mcp_answer_error(k->p, k->id, MCP_E_UNKNOWN, msg, data);
+  mcp_answer_error_text(p, id, MCP_E_UNKNOWN, msg, data);
 }
 
-/* What the answer is once the action ran; rc is idem_execute()'s. */
-static void finish_ran(keyed *k, int rc) {
-  mcp_proxy *p = k->p;
+/* A retry of a call this proxy has at the server, past --attach-wait. */
+static void answer_in_flight_here(mcp_proxy *p, const mcp_call *c,
+                                  const char *id) {
+  char msg[1024];
+  json_t *data = error_data(c, "in_flight", "idempotency_key_in_progress");
+  snprintf(msg, sizeof msg,
+           "idem mcp: the same call (key \"%s\", tool %s) is still running "
+           "at the server; this retry waited %.1f s and nothing more was "
+           "sent. Retry with the same key to get its result when it "
+           "finishes.",
+           c->key, c->tool, (double)p->o->attach_wait_ms / 1000);
+  json_object_set_new(data, "retryAfterMs", json_integer(1000));
+  mcp_answer_error_text(p, id, MCP_E_IN_FLIGHT, msg, data);
+}
+
+/* A retry of a call whose key another holder has (another proxy on the
+ * store, or one that died with the call at the server). */
+static void answer_in_flight_elsewhere(mcp_proxy *p, const mcp_call *c,
+                                       const char *id, int64_t ms) {
+  char msg[1600];
+  json_t *data = error_data(c, "in_flight", "idempotency_key_in_progress");
+  if (ms < 1)
+    ms = 1;
+  snprintf(msg, sizeof msg,
+           "idem mcp: another attempt of this call (key \"%s\", tool %s) "
+           "holds the key: another proxy or process on the same store, or "
+           "one that stopped while the call was at the server. Nothing was "
+           "sent to the server. Its lease ends in %.1f s: retry with the "
+           "same key then. If that attempt finished, the retry gets its "
+           "result; if its holder is gone, %s",
+           c->key, c->tool, (double)ms / 1000,
+           p->o->on_unknown_fail
+               ? "the tool may have acted, and the key waits for an "
+                 "operator (`idem keys resolve`)."
+               : "the retry sends the call to the server again, and its "
+                 "result is marked _meta[\"idem/recovered\"] (the tool may "
+                 "have acted twice).");
+  json_object_set_new(data, "retryAfterMs", json_integer(ms));
+  mcp_answer_error_text(p, id, MCP_E_IN_FLIGHT, msg, data);
+}
+
+static void answer_server_exited(mcp_proxy *p, const mcp_call *c,
+                                 const char *id) {
+  mcp_answer_error_text(p, id, MCP_E_SERVER_EXITED,
+                        "idem mcp: the server has exited; this call was not "
+                        "sent to it and did not act",
+                        error_data(c, "server_exited", NULL));
+}
+
+/* ---- calls and their waiters ------------------------------------------- */
+
+static void waiter_free(mcp_waiter *w) {
+  if (w) {
+    free(w->id);
+    free(w->match);
+    free(w);
+  }
+}
+
+static mcp_waiter *waiter_new(const char *line, size_t from, size_t to,
+                              json_t *id, int attached, int64_t deadline) {
+  mcp_waiter *w = calloc(1, sizeof *w);
+  if (!w)
+    return NULL;
+  w->id = malloc(to - from + 1);
+  w->match = mcp_id_text(id);
+  if (!w->id || !w->match) {
+    waiter_free(w);
+    return NULL;
+  }
+  memcpy(w->id, line + from, to - from);
+  w->id[to - from] = '\0';
+  w->attached = attached;
+  w->deadline = deadline;
+  return w;
+}
+
+static void call_free(mcp_call *c) {
+  mcp_waiter *w, *next;
+  if (!c)
+    return;
+  for (w = c->waiters; w; w = next) {
+    next = w->next;
+    waiter_free(w);
+  }
+  idem_call_free(c->call);
+  free(c->tool);
+  free(c->key);
+  free(c->request);
+  free(c->line);
+  free(c->answer);
+  free(c);
+}
+
+/* Called with p->lock held. */
+static void enqueue(mcp_proxy *p, mcp_call *c) {
+  c->qnext = NULL;
+  if (p->qtail)
+    p->qtail->qnext = c;
+  else
+    p->qhead = c;
+  p->qtail = c;
+  pthread_cond_signal(&p->work);
+}
+
+/* Removes c from the calls being handled and returns its waiters; c is
+ * the caller's to free. */
+static mcp_waiter *call_finish(mcp_proxy *p, mcp_call *c) {
+  mcp_waiter *ws;
+  pthread_mutex_lock(&p->lock);
+  for (mcp_call **q = &p->calls; *q; q = &(*q)->next)
+    if (*q == c) {
+      *q = c->next;
+      break;
+    }
+  ws = c->waiters;
+  c->waiters = NULL;
+  p->ncalls--;
+  pthread_cond_broadcast(&p->cond);
+  pthread_mutex_unlock(&p->lock);
+  return ws;
+}
+
+static void waiters_free(mcp_waiter *ws) {
+  while (ws) {
+    mcp_waiter *next = ws->next;
+    waiter_free(ws);
+    ws = next;
+  }
+}
+
+/* ---- the workers --------------------------------------------------------- */
+
+static void claim_failed(mcp_proxy *p, mcp_call *c, int rc) {
+  char msg[1024];
+  int busy = rc == IDEM_EBUSY || rc == IDEM_EUNAVAILABLE;
+  mcp_waiter *ws;
+  snprintf(msg, sizeof msg,
+           busy ? "idem mcp: the idempotency store is unavailable (%s); "
+                  "nothing was sent to the server. Retry with the same "
+                  "key in a few seconds."
+                : "idem mcp: this call cannot be given its key (%s); "
+                  "nothing was sent to the server.",
+           idem_errmsg());
+  cli_error("mcp", "key '%s' (tool %s): %s", c->key, c->tool, idem_errmsg());
+  ws = call_finish(p, c);
+  for (mcp_waiter *w = ws; w; w = w->next)
+    mcp_answer_error_text(
+        p, w->id, busy ? MCP_E_STORE : MCP_E_INTERNAL, msg,
+        error_data(c, busy ? "store_unavailable" : "internal", NULL));
+  waiters_free(ws);
+  call_free(c);
+}
+
+/* The call to the server: the client's line under the proxy's own id. */
+static int send_call(mcp_proxy *p, mcp_call *c) {
+  size_t len;
+  char *line = mcp_splice(c->line, c->len, c->id_from, c->id_to, c->sid,
+                          strlen(c->sid), &len);
+  int rc = line ? mcp_out_line(&p->to_server, line, len) : -1;
+  free(line);
+  return rc;
+}
+
+/* The claim answered PROCEED or RECOVER: off to the server. */
+static void forward(mcp_proxy *p, mcp_call *c) {
+  mcp_waiter *ws;
+  if (idem_call_outcome(c->call) == IDEM_RECOVER)
+    cli_error("mcp",
+              "key '%s' (tool %s): an earlier attempt ended without a "
+              "result and may have acted; sending the call again "
+              "(--on-unknown forward); its result will be marked "
+              "recovered",
+              c->key, c->tool);
+  pthread_mutex_lock(&p->lock);
+  if (!p->server_gone && !p->closing) {
+    snprintf(c->sid, sizeof c->sid, "\"idem-%s-%llu\"", p->nonce,
+             ++p->next_sid);
+    c->state = CALL_SERVER;
+    pthread_mutex_unlock(&p->lock);
+    if (send_call(p, c) == 0)
+      return;
+    pthread_mutex_lock(&p->lock);
+    if (c->state != CALL_SERVER) {
+      /* The server's end already took it (it exited meanwhile); a worker
+       * ends it. */
+      pthread_mutex_unlock(&p->lock);
+      return;
+    }
+  }
+  /* Nothing, or a part without its newline, reached the server: it cannot
+   * have acted on it. */
+  c->state = CALL_END;
+  pthread_mutex_unlock(&p->lock);
+  if (idem_execute_end(c->exec, IDEM_EXEC_NOT_DONE, NULL) != IDEM_OK)
+    cli_error("mcp", "key '%s' could not be freed: %s", c->key,
+              idem_errmsg());
+  c->exec = NULL;
+  ws = call_finish(p, c);
+  for (mcp_waiter *w = ws; w; w = w->next)
+    answer_server_exited(p, c, w->id);
+  waiters_free(ws);
+  call_free(c);
+}
+
+static void do_claim(mcp_proxy *p, mcp_call *c) {
+  const mcp_opts *o = p->o;
+  idem_id id = {o->tenant, c->tool, c->key};
+  idem_execute_options eo;
+  idem_call *call = NULL;
+  idem_exec *x = NULL;
+  mcp_waiter *ws;
+  int rc;
+  int64_t now = mono_ms();
+  memset(&eo, 0, sizeof eo);
+  eo.call.lease_ms = o->lease_ms;
+  eo.call.retention_ms = o->retention_ms;
+  eo.call.on_expired_lease =
+      o->on_unknown_fail ? IDEM_EXPIRED_REPORT : IDEM_EXPIRED_TAKE_OVER;
+  if (c->rounds++ > 0 && c->wait_until > now)
+    eo.call.wait_ms = c->wait_until - now < WAIT_SLICE_MS
+                          ? c->wait_until - now
+                          : WAIT_SLICE_MS;
+  rc = idem_execute_begin(p->store, &id, c->request, c->request_len, &eo, &x,
+                          &call);
+  if (rc != IDEM_OK || !call) {
+    claim_failed(p, c, rc);
+    return;
+  }
+  idem_call_free(c->call);
+  c->call = call;
+  c->exec = x;
+  if (x) {
+    forward(p, c);
+    return;
+  }
+  switch (idem_call_outcome(call)) {
+  case IDEM_IN_FLIGHT:
+    pthread_mutex_lock(&p->lock);
+    if (c->waiters && mono_ms() < c->wait_until && !p->closing) {
+      /* Asked again in turn with the other waiting retries. */
+      enqueue(p, c);
+      pthread_mutex_unlock(&p->lock);
+      return;
+    }
+    pthread_mutex_unlock(&p->lock);
+    ws = call_finish(p, c);
+    for (mcp_waiter *w = ws; w; w = w->next)
+      answer_in_flight_elsewhere(p, c, w->id, idem_call_retry_after_ms(call));
+    break;
+  case IDEM_REPLAY: {
+    const idem_response *r = idem_call_response(call);
+    int recovered = idem_call_recovered(call);
+    mcp_cache_put(c->tool, c->key, c->fp, r->body, r->body_len, recovered,
+                  wall_ms() + retention_ms(p));
+    ws = call_finish(p, c);
+    for (mcp_waiter *w = ws; w; w = w->next)
+      answer_replay(p, w->id, r->body, r->body_len, recovered);
+    break;
+  }
+  case IDEM_CONFLICT: {
+    char msg[1024];
+    snprintf(msg, sizeof msg,
+             "idem mcp: key \"%s\" was already used with different "
+             "arguments for tool %s; nothing was sent to the server. Use "
+             "a new key for a new action; to retry the earlier action, "
+             "send its arguments unchanged.",
+             c->key, c->tool);
+    ws = call_finish(p, c);
+    for (mcp_waiter *w = ws; w; w = w->next)
+      mcp_answer_error_text(
+          p, w->id, MCP_E_CONFLICT, msg,
+          error_data(c, "conflict", "idempotency_key_conflict"));
+    break;
+  }
+  case IDEM_UNKNOWN:
+  default:
+    ws = call_finish(p, c);
+    for (mcp_waiter *w = ws; w; w = w->next)
+      answer_unknown(p, c, w->id, 0,
+                     "an earlier attempt of this call ended without a "
+                     "result that could be kept (the server exited or its "
+                     "holder stopped, with --on-unknown fail; or a result "
+                     "too large to store, or a lost lease)",
+                     1);
+    break;
+  }
+  waiters_free(ws);
+  call_free(c);
+}
+
+/* How the server's answer ends the record. */
+enum {
+  WHY_RESULT,
+  WHY_TOOL_ERROR, /* isError with --store-tool-errors no: released */
+  WHY_SERVER_ERROR,
+  WHY_TOO_BIG,
+  WHY_UNREADABLE,
+  WHY_GONE
+};
+
+static void do_end(mcp_proxy *p, mcp_call *c) {
+  idem_response resp;
+  idem_exec_result how;
+  int why, rc, recovered = idem_call_outcome(c->call) == IDEM_RECOVER;
+  size_t rf = 0, rt = 0;
   char detail[600];
+  mcp_waiter *ws;
+  memset(&resp, 0, sizeof resp);
+  if (c->gone) {
+    why = WHY_GONE;
+    how = IDEM_EXEC_LEAVE_IN_PROGRESS;
+  } else {
+    int dup;
+    json_t *msg = mcp_parse(c->answer, c->answer_len, &dup);
+    json_t *result = json_object_get(msg, "result");
+    if (!msg) {
+      why = WHY_UNREADABLE;
+      how = IDEM_EXEC_UNKNOWN;
+    } else if (!result ||
+               !mcp_member(c->answer, c->answer_len, 0, "result", &rf, &rt)) {
+      why = WHY_SERVER_ERROR;
+      how = IDEM_EXEC_NOT_DONE;
+    } else if (json_is_true(json_object_get(result, "isError")) &&
+               !p->o->store_tool_errors) {
+      why = WHY_TOOL_ERROR;
+      how = IDEM_EXEC_NOT_DONE;
+    } else if (rt - rf > p->o->max_result) {
+      why = WHY_TOO_BIG;
+      how = IDEM_EXEC_UNKNOWN;
+    } else {
+      why = WHY_RESULT;
+      how = IDEM_EXEC_DONE;
+      resp.status = json_is_true(json_object_get(result, "isError")) ? 1 : 0;
+      resp.body = c->answer + rf;
+      resp.body_len = rt - rf;
+    }
+    json_decref(msg);
+  }
+  rc = idem_execute_end(c->exec, how, &resp);
+  c->exec = NULL;
   snprintf(detail, sizeof detail, "%s (%s)", idem_errmsg(), idem_rc_name(rc));
-  switch (k->why) {
-  case WHY_NOT_SENT:
-    if (rc != IDEM_OK)
-      cli_error("mcp", "key '%s' could not be freed: %s", k->key, detail);
-    mcp_answer_error(p, k->id, MCP_E_SERVER_EXITED,
-                     "idem mcp: the server has exited; this call was not "
-                     "sent to it and did not act",
-                     error_data(k, "server_exited"));
-    break;
-  case WHY_SERVER_ERROR:
-    if (rc != IDEM_OK)
-      cli_error("mcp",
-                "key '%s' could not be freed after the server's "
-                "error: %s",
-                k->key, detail);
-    mcp_out_line(&p->to_client, k->pend.line, k->pend.len);
-    break;
+  switch (why) {
   case WHY_RESULT:
     if (rc != IDEM_OK)
       cli_error("mcp",
                 "key '%s' (tool %s): the result was passed on but not "
                 "recorded: %s",
-                k->key, k->tool, detail);
-    else if (k->fp[0])
-      mcp_cache_put(
-          k->tool, k->key, k->fp, k->body, k->body_len,
-          wall_ms() + (p->o->retention_ms > 0 ? p->o->retention_ms : 86400000));
-    mcp_out_line(&p->to_client, k->pend.line, k->pend.len);
+                c->key, c->tool, detail);
+    else
+      mcp_cache_put(c->tool, c->key, c->fp, resp.body, resp.body_len,
+                    recovered, wall_ms() + retention_ms(p));
+    break;
+  case WHY_TOOL_ERROR:
+  case WHY_SERVER_ERROR:
+    if (rc != IDEM_OK)
+      cli_error("mcp", "key '%s' could not be freed after the %s: %s",
+                c->key,
+                why == WHY_TOOL_ERROR ? "tool's error" : "server's error",
+                detail);
     break;
   case WHY_UNREADABLE:
     cli_error("mcp",
               "key '%s' (tool %s): the server's answer is not JSON the "
               "proxy can read (a lone surrogate, or a number past the "
               "double range): passed on, not stored; the key is %s",
-              k->key, k->tool, rc == IDEM_OK ? "marked unknown" : detail);
-    mcp_out_line(&p->to_client, k->pend.line, k->pend.len);
+              c->key, c->tool, rc == IDEM_OK ? "marked unknown" : detail);
     break;
   case WHY_TOO_BIG:
     cli_error("mcp",
               "key '%s' (tool %s): the result of %zu bytes is larger than "
               "--max-result (%zu): passed on, not stored; the key is %s",
-              k->key, k->tool, k->body_len, p->o->max_result,
+              c->key, c->tool, rt - rf, p->o->max_result,
               rc == IDEM_OK ? "marked unknown" : detail);
-    mcp_out_line(&p->to_client, k->pend.line, k->pend.len);
     break;
-  case WHY_GONE:
+  default:
     cli_error("mcp",
               "key '%s' (tool %s): the server exited before answering; the "
               "key is %s",
-              k->key, k->tool,
+              c->key, c->tool,
               rc == IDEM_OK ? "held in progress for one lease" : detail);
-    if (p->o->on_unknown_fail)
-      answer_unknown(k, 0, "the server exited before answering this call");
+    break;
+  }
+  ws = call_finish(p, c);
+  for (mcp_waiter *w = ws; w; w = w->next) {
+    if (why == WHY_GONE)
+      answer_unknown(p, c, w->id, p->o->on_unknown_fail ? 0 : lease_ms(p),
+                     "the server exited before answering this call", 1);
+    else if (why == WHY_RESULT && w->attached)
+      answer_replay(p, w->id, resp.body, resp.body_len, recovered);
     else
-      answer_unknown(k, lease_ms(p),
-                     "the server exited before answering this call");
-    break;
-  case WHY_CANCELLED:
-    cli_error("mcp",
-              "key '%s' (tool %s): cancelled by the client before the "
-              "server answered; the key is %s",
-              k->key, k->tool,
-              rc == IDEM_OK ? "held in progress for one lease" : detail);
-    break;
-  case WHY_LEASE_LOST:
-  default:
-    cli_error("mcp",
-              "key '%s' (tool %s): the lease was lost while the server "
-              "worked (taken over, or the store unreachable); its answer "
-              "passes on unrecorded; the key is %s",
-              k->key, k->tool, rc == IDEM_OK ? "marked unknown" : detail);
-    break;
+      answer_as_server(p, c, w->id, recovered && why == WHY_RESULT);
   }
+  waiters_free(ws);
+  call_free(c);
 }
 
-static void keyed_run(keyed *k) {
-  mcp_proxy *p = k->p;
-  const mcp_opts *o = p->o;
-  idem_id id = {o->tenant, k->tool, k->key};
-  idem_execute_options eo;
-  idem_call *call = NULL;
-  int rc;
-  memset(&eo, 0, sizeof eo);
-  eo.call.lease_ms = o->lease_ms;
-  eo.call.retention_ms = o->retention_ms;
-  eo.call.on_expired_lease =
-      o->on_unknown_fail ? IDEM_EXPIRED_REPORT : IDEM_EXPIRED_TAKE_OVER;
-  rc = idem_execute(p->store, &id, k->request, k->request_len, keyed_action,
-                    k, &eo, &call);
-  if (!call) {
-    char msg[1024];
-    int busy = rc == IDEM_EBUSY || rc == IDEM_EUNAVAILABLE;
-    snprintf(msg, sizeof msg,
-             busy ? "idem mcp: the idempotency store is unavailable (%s); "
-                    "nothing was sent to the server. Retry with the same "
-                    "key in a few seconds."
-                  : "idem mcp: this call cannot be given its key (%s); "
-                    "nothing was sent to the server.",
-             idem_errmsg());
-    cli_error("mcp", "key '%s' (tool %s): %s", k->key, k->tool, idem_errmsg());
-    mcp_answer_error(p, k->id, busy ? MCP_E_STORE : MCP_E_INTERNAL, msg,
-                     error_data(k, busy ? "store_unavailable" : "internal"));
-  } else if (k->ran) {
-    finish_ran(k, rc);
-  } else {
-    char msg[1024];
-    json_t *data;
-    int64_t ms;
-    switch (idem_call_outcome(call)) {
-    case IDEM_REPLAY:
-      answer_replay(k, idem_call_response(call));
-      break;
-    case IDEM_CONFLICT:
-      snprintf(msg, sizeof msg,
-               "idem mcp: key \"%s\" was already used with different "
-               "arguments for tool %s; nothing was sent to the server. Use "
-               "a new key for a new action; to retry the earlier action, "
-               "send its arguments unchanged.",
-               k->key, k->tool);
-      mcp_answer_error(p, k->id, MCP_E_CONFLICT, msg,
-                       error_data(k, "conflict"));
-      break;
-    case IDEM_IN_FLIGHT:
-      ms = idem_call_retry_after_ms(call);
-      snprintf(msg, sizeof msg,
-               "idem mcp: the same call (key \"%s\", tool %s) is still "
-               "running; nothing was sent to the server. Retry with the "
-               "same key in %.1f s to get its result.",
-               k->key, k->tool, (double)(ms < 100 ? 100 : ms) / 1000);
-      data = error_data(k, "in_flight");
-      json_object_set_new(data, "retryAfterMs", json_integer(ms));
-      mcp_answer_error(p, k->id, MCP_E_IN_FLIGHT, msg, data);
-      break;
-    case IDEM_UNKNOWN:
-    default:
-      answer_unknown(k, 0,
-                     "an earlier attempt of this call ended without a "
-                     "result that could be kept (cancelled or the server "
-                     "exited, with --on-unknown fail; or a result too "
-                     "large to store, or a lost lease)");
-      break;
-    }
+static void *worker_main(void *arg) {
+  mcp_proxy *p = arg;
+  for (;;) {
+    mcp_call *c;
+    pthread_mutex_lock(&p->lock);
+    while (!p->qhead)
+      pthread_cond_wait(&p->work, &p->lock);
+    c = p->qhead;
+    p->qhead = c->qnext;
+    if (!p->qhead)
+      p->qtail = NULL;
+    pthread_mutex_unlock(&p->lock);
+    if (c->state == CALL_CLAIM)
+      do_claim(p, c);
+    else
+      do_end(p, c);
   }
-  idem_call_free(call);
-}
-
-static void keyed_free(keyed *k) {
-  if (k->pend.wake_fd >= 0)
-    close(k->pend.wake_fd);
-  json_decref(k->pend.response);
-  free(k->pend.line);
-  free(k->pend.id);
-  free(k->body);
-  free(k->request);
-  free(k->key);
-  free(k->tool);
-  free(k->line);
-  json_decref(k->msg);
-  free(k);
-}
-
-static void *keyed_thread(void *arg) {
-  keyed *k = arg;
-  mcp_proxy *p = k->p;
-  keyed_run(k);
-  hand_over(k);
-  keyed_free(k);
-  pthread_mutex_lock(&p->lock);
-  p->nkeyed--;
-  pthread_cond_broadcast(&p->cond);
-  pthread_mutex_unlock(&p->lock);
   return NULL;
 }
 
-/*
- * A retry of a call whose result is stored is answered here, on the client
- * reader's thread, without a claim or a thread: from the proxy's cache of
- * results it stored or read (mcp_cache.c), else from a read of the record.
- * A completed record with the same fingerprint is what a claim would
- * replay; anything else (no record, another fingerprint, a record in
- * progress or unknown, a failed read) goes through idem_execute(). Returns
- * 1 when answered.
- */
-static int answer_completed(keyed *k) {
-  const mcp_opts *o = k->p->o;
-  idem_id id = {o->tenant, k->tool, k->key};
-  idem_record *rec = NULL;
-  idem_response r;
-  char *body;
-  size_t len;
-  int done = 0;
-  if (idem_fingerprint(k->request, k->request_len, 1, k->fp) != IDEM_OK) {
-    k->fp[0] = '\0';
-    return 0;
+int mcp_keyed_start(mcp_proxy *p) {
+  unsigned char r[8];
+  pthread_cond_init(&p->work, NULL);
+  if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r) {
+    uint64_t v = (uint64_t)wall_ms() ^ ((uint64_t)getpid() << 32);
+    memcpy(r, &v, sizeof r);
   }
-  if (mcp_cache_get(k->tool, k->key, k->fp, wall_ms(), &body, &len)) {
-    memset(&r, 0, sizeof r);
-    r.body = body;
-    r.body_len = len;
-    answer_replay(k, &r);
-    free(body);
-    return 1;
+  for (int i = 0; i < 8; i++)
+    snprintf(p->nonce + 2 * i, 3, "%02x", r[i]);
+  for (int i = 0; i < MCP_WORKERS; i++) {
+    pthread_t t;
+    if (pthread_create(&t, NULL, worker_main, p) != 0 ||
+        pthread_detach(t) != 0)
+      return -1;
   }
-  if (idem_get(k->p->store, &id, &rec) != IDEM_OK)
-    return 0;
-  if (rec->state == IDEM_STATE_COMPLETED && rec->has_response &&
-      strcmp(rec->fingerprint, k->fp) == 0) {
-    answer_replay(k, &rec->response);
-    mcp_cache_put(k->tool, k->key, k->fp, rec->response.body,
-                  rec->response.body_len, rec->expires_ms);
-    done = 1;
-  }
-  idem_record_free(rec);
-  return done;
+  return 0;
 }
+
+/* ---- what the readers and the main thread hand over ---------------------- */
+
+int mcp_keyed_cancel(mcp_proxy *p, json_t *msg) {
+  char *id =
+      mcp_id_text(json_object_get(json_object_get(msg, "params"), "requestId"));
+  int found = 0;
+  if (!id)
+    return 0;
+  pthread_mutex_lock(&p->lock);
+  for (mcp_call *c = p->calls; c && !found; c = c->next)
+    for (mcp_waiter **w = &c->waiters; *w; w = &(*w)->next)
+      if (strcmp((*w)->match, id) == 0) {
+        /* The request gets no answer now (MCP's rule for a cancelled
+         * request); the call goes on, and its answer is recorded. */
+        mcp_waiter *d = *w;
+        *w = d->next;
+        waiter_free(d);
+        found = 1;
+        break;
+      }
+  pthread_mutex_unlock(&p->lock);
+  free(id);
+  return found;
+}
+
+int mcp_keyed_answer(mcp_proxy *p, json_t *msg, const char *line, size_t len) {
+  char *id = NULL;
+  size_t f, t;
+  mcp_call *found = NULL;
+  if (msg)
+    id = mcp_id_text(json_object_get(msg, "id"));
+  else if (mcp_member(line, len, 0, "id", &f, &t)) {
+    id = malloc(t - f + 1);
+    if (id) {
+      memcpy(id, line + f, t - f);
+      id[t - f] = '\0';
+    }
+  }
+  if (!id || strncmp(id, "\"idem-", 6) != 0) {
+    free(id);
+    return 0;
+  }
+  pthread_mutex_lock(&p->lock);
+  for (mcp_call *c = p->calls; c; c = c->next)
+    if (c->state == CALL_SERVER && strcmp(c->sid, id) == 0) {
+      found = c;
+      break;
+    }
+  if (found) {
+    char *copy = malloc(len + 1);
+    if (copy) {
+      memcpy(copy, line, len);
+      copy[len] = '\0';
+    }
+    found->answer = copy;
+    found->answer_len = copy ? len : 0;
+    /* Out of memory for the copy: the answer cannot be kept, as if the
+     * server had not answered. */
+    found->gone = copy == NULL;
+    found->state = CALL_END;
+    enqueue(p, found);
+  }
+  pthread_mutex_unlock(&p->lock);
+  free(id);
+  return found != NULL;
+}
+
+void mcp_keyed_server_gone(mcp_proxy *p) {
+  pthread_mutex_lock(&p->lock);
+  p->server_gone = 1;
+  for (mcp_call *c = p->calls; c; c = c->next)
+    if (c->state == CALL_SERVER) {
+      c->gone = 1;
+      c->state = CALL_END;
+      enqueue(p, c);
+    }
+  pthread_mutex_unlock(&p->lock);
+}
+
+int64_t mcp_keyed_tick(mcp_proxy *p) {
+  typedef struct expired {
+    struct expired *next;
+    mcp_waiter *w;
+    char *key, *tool;
+  } expired;
+  expired *list = NULL;
+  int64_t now = mono_ms(), next = -1;
+  pthread_mutex_lock(&p->lock);
+  for (mcp_call *c = p->calls; c; c = c->next) {
+    if (c->state == CALL_CLAIM)
+      continue; /* its worker answers when the store says */
+    for (mcp_waiter **w = &c->waiters; *w;) {
+      mcp_waiter *d = *w;
+      expired *e;
+      if (!d->attached || d->deadline > now) {
+        if (d->attached && (next < 0 || d->deadline - now < next))
+          next = d->deadline - now;
+        w = &d->next;
+        continue;
+      }
+      e = calloc(1, sizeof *e);
+      if (e) {
+        e->key = strdup(c->key);
+        e->tool = strdup(c->tool);
+      }
+      if (!e || !e->key || !e->tool) {
+        if (e) {
+          free(e->key);
+          free(e->tool);
+          free(e);
+        }
+        next = 10; /* try again soon */
+        w = &d->next;
+        continue;
+      }
+      *w = d->next;
+      e->w = d;
+      e->next = list;
+      list = e;
+    }
+  }
+  pthread_mutex_unlock(&p->lock);
+  while (list) {
+    expired *e = list;
+    mcp_call shown;
+    memset(&shown, 0, sizeof shown);
+    shown.key = e->key;
+    shown.tool = e->tool;
+    answer_in_flight_here(p, &shown, e->w->id);
+    list = e->next;
+    waiter_free(e->w);
+    free(e->key);
+    free(e->tool);
+    free(e);
+  }
+  return next;
+}
+
+/* ---- the client reader's part -------------------------------------------- */
 
 void mcp_keyed_call(mcp_proxy *p, json_t *msg, const char *line, size_t len,
                     const char *key, const char *tool, int key_in_argument) {
   json_t *id = json_object_get(msg, "id");
-  keyed *k;
-  int handed = 0, dup = 0;
-  pthread_attr_t attr;
-  pthread_t t;
+  size_t idf, idt;
+  mcp_call *c, *same = NULL;
+  mcp_waiter *w;
+  char *body;
+  size_t blen;
+  int recovered;
+  char *idtext = mcp_id_text(id);
+  int readable = idtext != NULL;
+  free(idtext);
+  if (!readable || !mcp_member(line, len, 0, "id", &idf, &idt)) {
+    mcp_answer_error(p, id, -32600,
+                     "idem mcp: a request id must be a string or a number",
+                     NULL);
+    return;
+  }
+  idtext = malloc(idt - idf + 1);
+  if (!idtext)
+    goto oom;
+  memcpy(idtext, line + idf, idt - idf);
+  idtext[idt - idf] = '\0';
   if (idem_key_check(key) != IDEM_OK) {
     char m[600];
     snprintf(m, sizeof m,
@@ -503,89 +790,119 @@ void mcp_keyed_call(mcp_proxy *p, json_t *msg, const char *line, size_t len,
              "printable ASCII characters (0x21-0x7e). Nothing was sent to "
              "the server.",
              idem_errmsg());
-    mcp_answer_error(p, id, MCP_E_BAD_KEY, m,
-                     json_pack("{s:s}", "idem", "bad_key"));
+    mcp_answer_error_text(p, idtext, MCP_E_BAD_KEY, m,
+                          json_pack("{s:s}", "idem", "bad_key"));
+    free(idtext);
     return;
   }
-  k = calloc(1, sizeof *k);
-  if (!k)
-    goto oom;
-  k->p = p;
-  k->msg = json_incref(msg);
-  k->id = id;
-  k->pend.wake_fd = -1;
-  k->line = malloc(len + 1);
-  k->key = strdup(key);
-  k->tool = strdup(tool);
-  k->pend.id = mcp_id_text(id);
-  k->request = mcp_request_text(line, len, tool,
-                               key_in_argument ? p->o->key_argument : NULL,
-                               &k->request_len);
-  if (!k->line || !k->key || !k->tool || !k->request) {
-    keyed_free(k);
+  c = calloc(1, sizeof *c);
+  if (!c) {
+    free(idtext);
     goto oom;
   }
-  if (!k->pend.id) {
-    keyed_free(k);
-    mcp_answer_error(p, id, -32600,
-                     "idem mcp: a request id must be a string or a number",
-                     NULL);
+  c->line = malloc(len + 1);
+  c->key = strdup(key);
+  c->tool = strdup(tool);
+  c->request = mcp_request_text(line, len, tool,
+                                key_in_argument ? p->o->key_argument : NULL,
+                                &c->request_len);
+  if (!c->line || !c->key || !c->tool || !c->request) {
+    call_free(c);
+    free(idtext);
+    goto oom;
+  }
+  memcpy(c->line, line, len);
+  c->line[len] = '\0';
+  c->len = len;
+  c->id_from = idf;
+  c->id_to = idt;
+  if (idem_fingerprint(c->request, c->request_len, 1, c->fp) != IDEM_OK) {
+    char m[800];
+    snprintf(m, sizeof m,
+             "idem mcp: the arguments of this call cannot be fingerprinted "
+             "(%s); nothing was sent to the server.",
+             idem_errmsg());
+    mcp_answer_error_text(p, idtext, MCP_E_INTERNAL, m,
+                          error_data(c, "internal", NULL));
+    call_free(c);
+    free(idtext);
     return;
   }
-  memcpy(k->line, line, len);
-  k->line[len] = '\0';
-  k->len = len;
-  pthread_mutex_lock(&p->lock);
-  for (mcp_pending *q = p->pending; q; q = q->next)
-    if (strcmp(q->id, k->pend.id) == 0)
-      dup = 1;
-  if (p->closing || p->server_gone || dup) {
-    pthread_mutex_unlock(&p->lock);
-    if (dup)
-      mcp_answer_error(p, id, -32600,
-                       "idem mcp: this request id is already used by a call "
-                       "in progress; use a new id",
-                       NULL);
-    else
-      mcp_answer_error(p, id, MCP_E_SERVER_EXITED,
-                       "idem mcp: the server has exited; this call was not "
-                       "sent to it and did not act",
-                       error_data(k, "server_exited"));
-    keyed_free(k);
-    return;
-  }
-  p->nkeyed++; /* the store stays open until this call is settled */
-  pthread_mutex_unlock(&p->lock);
-  if (answer_completed(k)) {
-    keyed_free(k);
-    pthread_mutex_lock(&p->lock);
-    p->nkeyed--;
-    pthread_cond_broadcast(&p->cond);
-    pthread_mutex_unlock(&p->lock);
+  /* A retry whose result is kept in memory: answered here. */
+  if (mcp_cache_get(c->tool, c->key, c->fp, wall_ms(), &body, &blen,
+                    &recovered)) {
+    answer_replay(p, idtext, body, blen, recovered);
+    free(body);
+    call_free(c);
+    free(idtext);
     return;
   }
   pthread_mutex_lock(&p->lock);
-  k->handed = &handed;
-  pthread_mutex_unlock(&p->lock);
-  pthread_attr_init(&attr);
-  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  if (pthread_create(&t, &attr, keyed_thread, k) != 0) {
-    pthread_attr_destroy(&attr);
-    pthread_mutex_lock(&p->lock);
-    p->nkeyed--;
+  for (mcp_call *q = p->calls; q; q = q->next)
+    if (strcmp(q->tool, c->tool) == 0 && strcmp(q->key, c->key) == 0) {
+      same = q;
+      break;
+    }
+  if (same && strcmp(same->fp, c->fp) != 0) {
+    char m[1024];
     pthread_mutex_unlock(&p->lock);
-    keyed_free(k);
+    snprintf(m, sizeof m,
+             "idem mcp: key \"%s\" is in use by a call of tool %s with "
+             "different arguments, still running; nothing was sent to the "
+             "server. Use a new key for a new action; to retry the earlier "
+             "action, send its arguments unchanged.",
+             c->key, c->tool);
+    mcp_answer_error_text(
+        p, idtext, MCP_E_CONFLICT, m,
+        error_data(c, "conflict", "idempotency_key_conflict"));
+    call_free(c);
+    free(idtext);
+    return;
+  }
+  if (same) {
+    /* A retry of a call in flight here: it waits for that call's answer. */
+    w = waiter_new(line, idf, idt, id, 1,
+                   mono_ms() + p->o->attach_wait_ms);
+    if (w) {
+      w->next = same->waiters;
+      same->waiters = w;
+    }
+    pthread_mutex_unlock(&p->lock);
+    if (!w) {
+      call_free(c);
+      free(idtext);
+      goto oom;
+    }
+    mcp_notify(p); /* the main thread times its wait */
+    call_free(c);
+    free(idtext);
+    return;
+  }
+  if (p->closing || p->server_gone) {
+    pthread_mutex_unlock(&p->lock);
+    answer_server_exited(p, c, idtext);
+    call_free(c);
+    free(idtext);
+    return;
+  }
+  c->waiters = waiter_new(line, idf, idt, id, 0, 0);
+  if (!c->waiters) {
+    pthread_mutex_unlock(&p->lock);
+    call_free(c);
+    free(idtext);
     goto oom;
   }
-  pthread_attr_destroy(&attr);
-  pthread_mutex_lock(&p->lock);
-  while (!handed)
-    pthread_cond_wait(&p->cond, &p->lock);
+  c->wait_until = mono_ms() + p->o->attach_wait_ms;
+  c->next = p->calls;
+  p->calls = c;
+  p->ncalls++;
+  enqueue(p, c);
   pthread_mutex_unlock(&p->lock);
+  free(idtext);
   return;
 oom:
   mcp_answer_error(p, id, MCP_E_INTERNAL,
-                   "idem mcp: out of memory or threads; nothing was sent to "
-                   "the server. Retry with the same key.",
+                   "idem mcp: out of memory; nothing was sent to the server. "
+                   "Retry with the same key.",
                    NULL);
 }

@@ -97,6 +97,32 @@ void mcp_answer_error(mcp_proxy *p, json_t *id, int code, const char *msg,
   json_decref(m);
 }
 
+void mcp_answer_error_text(mcp_proxy *p, const char *id, int code,
+                           const char *msg, json_t *data) {
+  json_t *err = json_pack("{s:i,s:s}", "code", code, "message", msg);
+  char *etext = NULL, *line = NULL;
+  if (err && data)
+    json_object_set_new(err, "data", data);
+  else
+    json_decref(data);
+  if (err)
+    etext = json_dumps(err, JSON_COMPACT);
+  json_decref(err);
+  if (!id)
+    id = "null";
+  if (etext) {
+    size_t n = strlen(etext) + strlen(id) + 48;
+    line = malloc(n);
+    if (line)
+      snprintf(line, n, "{\"jsonrpc\":\"2.0\",\"id\":%s,\"error\":%s}", id,
+               etext);
+  }
+  if (line)
+    mcp_out_line(&p->to_client, line, strlen(line));
+  free(line);
+  free(etext);
+}
+
 /* ------------------------------------------------------------------ */
 /* Reading lines                                                        */
 /* ------------------------------------------------------------------ */
@@ -246,10 +272,12 @@ static int extend_initialize(mcp_proxy *p, json_t *msg) {
       free(a);
     }
   }
-  info = json_pack("{s:o,s:b,s:s,s:s}", "keyLocations", locs, "requireKey",
-                   p->o->require_key, "onUnknown",
+  info = json_pack("{s:o,s:b,s:s,s:s,s:s,s:I,s:b}", "keyLocations", locs,
+                   "requireKey", p->o->require_key, "onUnknown",
                    p->o->on_unknown_fail ? "fail" : "forward", "replayedMeta",
-                   "idem/replayed");
+                   "idem/replayed", "recoveredMeta", "idem/recovered",
+                   "attachWaitMs", (json_int_t)p->o->attach_wait_ms,
+                   "storeToolErrors", p->o->store_tool_errors);
   if (!info)
     return -1;
   json_object_set_new(exp, "idem/idempotency", info);
@@ -395,41 +423,83 @@ static void client_batch(mcp_proxy *p, json_t *batch, const char *line,
   json_t *answers = json_array();
   json_array_foreach(batch, i, m) {
     json_t *id = json_object_get(m, "id");
-    if (!id || !json_object_get(m, "method"))
+    if (!id || !json_object_get(m, "method")) {
+      /* A notification, or the client's answer to a server's request:
+       * nothing to refuse, and nobody would learn it was dropped. */
+      const char *method = json_string_value(json_object_get(m, "method"));
+      if (method && strcmp(method, "notifications/cancelled") == 0 &&
+          mcp_keyed_cancel(p, m))
+        continue;
+      mcp_out_json(&p->to_server, m);
       continue;
+    }
     json_array_append_new(
         answers,
         json_pack("{s:s,s:O,s:{s:i,s:s}}", "jsonrpc", "2.0", "id", id, "error",
                   "code", MCP_E_BATCH, "message",
                   "idem mcp: a tools/call with an idempotency key (or one "
                   "that --require-key refuses) must be sent on its own, not "
-                  "in a batch. Nothing in this batch was sent to the "
-                  "server."));
+                  "in a batch. No request of this batch was sent to the "
+                  "server (its notifications were)."));
   }
   if (json_array_size(answers) > 0)
     mcp_out_json(&p->to_client, answers);
   json_decref(answers);
 }
 
-static void cancel_pending(mcp_proxy *p, json_t *msg) {
-  char *id =
-      mcp_id_text(json_object_get(json_object_get(msg, "params"), "requestId"));
-  uint64_t one = 1;
-  if (!id)
-    return;
-  pthread_mutex_lock(&p->lock);
-  for (mcp_pending *q = p->pending; q; q = q->next)
-    if (strcmp(q->id, id) == 0 && q->state == PENDING_WAITING &&
-        !q->cancelled) {
-      /* Still waiting: a server that finishes the call anyway answers it,
-       * and that answer is recorded. */
-      q->cancelled = 1;
-      if (write(q->wake_fd, &one, sizeof one) < 0) {
-        /* The counter cannot overflow with one write per change. */
+/*
+ * A client line jansson cannot read. Unkeyed traffic passes on byte for
+ * byte whatever it holds (a lone surrogate in an argument is legal to
+ * JavaScript, and the server may accept it). A tools/call that carries a
+ * key, or that --require-key would refuse, is answered here under its own
+ * id: a more lenient server could act on it with its key unseen. Names
+ * given twice make the proxy and the server read different members, so
+ * such a tools/call is refused too. Returns 1 when answered.
+ */
+static int client_unreadable(mcp_proxy *p, const char *line, size_t len,
+                             int dup) {
+  size_t f, t;
+  char *tool, *id = NULL;
+  int keyed, refuse;
+  if (!mcp_scan_call(line, len, p->o->key_argument, &keyed, &f, &t, &tool)) {
+    if (!dup || !memmem(line, len, "tools/call", 10))
+      return 0;
+    keyed = 1; /* which method it names depends on who reads it */
+  }
+  refuse = keyed || dup ||
+           (p->o->require_key && (!tool || tool_needs_key(p, tool)));
+  if (refuse && t > f) {
+    json_t *v = json_loadb(line + f, t - f, JSON_DECODE_ANY, NULL);
+    if (json_is_string(v) || json_is_number(v)) {
+      id = malloc(t - f + 1);
+      if (id) {
+        memcpy(id, line + f, t - f);
+        id[t - f] = '\0';
       }
     }
-  pthread_mutex_unlock(&p->lock);
+    json_decref(v);
+  }
+  if (refuse && dup)
+    mcp_answer_error_text(p, id, -32600,
+                          "idem mcp: a tools/call naming a member twice is "
+                          "not passed on; send each member once",
+                          NULL);
+  else if (refuse && keyed)
+    mcp_answer_error_text(
+        p, id, -32700,
+        "idem mcp: this keyed tools/call is not JSON the proxy can read "
+        "(UTF-8 without lone surrogates, numbers within the double range), "
+        "so its key cannot be honoured; nothing was sent to the server",
+        NULL);
+  else if (refuse)
+    mcp_answer_error_text(
+        p, id, MCP_E_KEY_REQUIRED,
+        "idem mcp: --require-key: this tools/call has no idempotency key and "
+        "its tool cannot be read; nothing was sent to the server",
+        json_pack("{s:s}", "idem", "key_required"));
+  free(tool);
   free(id);
+  return refuse;
 }
 
 static void client_line(mcp_proxy *p, const char *line, size_t len, int open) {
@@ -438,26 +508,8 @@ static void client_line(mcp_proxy *p, const char *line, size_t len, int open) {
   const char *method;
   json_t *id;
   if (!msg) {
-    if (dup && memmem(line, len, "tools/call", 10)) {
-      /* The server could read another name or key than the proxy did. */
-      mcp_answer_error(p, NULL, -32600,
-                       "idem mcp: a message naming a member twice is not "
-                       "passed on; send each member once",
-                       NULL);
+    if (!open && client_unreadable(p, line, len, dup))
       return;
-    }
-    if (memmem(line, len, "tools/call", 10)) {
-      /* A server's parser may take what this one cannot (a number past
-       * the double range, a lone surrogate, bytes that are not UTF-8):
-       * the call would reach it with its key unseen. */
-      mcp_answer_error(p, NULL, -32700,
-                       "idem mcp: a tools/call that is not valid JSON (UTF-8 "
-                       "without lone surrogates, numbers within the double "
-                       "range) is not passed on; nothing was sent to the "
-                       "server",
-                       NULL);
-      return;
-    }
     to_server(p, line, len, open);
     return;
   }
@@ -478,9 +530,14 @@ static void client_line(mcp_proxy *p, const char *line, size_t len, int open) {
   } else if (method && id && strcmp(method, "tools/list") == 0) {
     watch_add(p, id, WATCH_TOOLS_LIST);
   }
+  if (method && !id && strcmp(method, "notifications/cancelled") == 0 &&
+      mcp_keyed_cancel(p, msg)) {
+    /* A keyed call is not cancelled at the server: its answer is awaited
+     * and recorded, so that a retry gets it instead of acting again. */
+    json_decref(msg);
+    return;
+  }
   to_server(p, line, len, open);
-  if (method && strcmp(method, "notifications/cancelled") == 0)
-    cancel_pending(p, msg);
   json_decref(msg);
 }
 
@@ -498,91 +555,23 @@ void *mcp_client_reader(void *arg) {
 /* Server to client                                                     */
 /* ------------------------------------------------------------------ */
 
-/* Hands a response to the keyed call waiting for it; 1 when there was one
- * (the message and the line are then the call's). */
-static int give_to_pending(mcp_proxy *p, const char *id, json_t *msg,
-                           const char *line, size_t len) {
-  uint64_t one = 1;
-  int found = 0;
-  pthread_mutex_lock(&p->lock);
-  for (mcp_pending *q = p->pending; q; q = q->next)
-    if (q->state == PENDING_WAITING && strcmp(q->id, id) == 0) {
-      char *copy = malloc(len + 1);
-      if (!copy)
-        break;
-      memcpy(copy, line, len);
-      copy[len] = '\0';
-      q->line = copy;
-      q->len = len;
-      q->response = msg ? json_incref(msg) : NULL;
-      q->state = PENDING_ANSWERED;
-      if (write(q->wake_fd, &one, sizeof one) < 0) {
-        /* See cancel_pending(). */
-      }
-      found = 1;
-      break;
-    }
-  pthread_mutex_unlock(&p->lock);
-  return found;
-}
-
-/* Whether line holds "id":ID (compact, or with one space) followed by the
- * end of the value. */
-static int has_id(const char *line, size_t len, const char *id) {
-  static const char *const forms[] = {"\"id\":", "\"id\": "};
-  for (int f = 0; f < 2; f++) {
-    size_t fl = strlen(forms[f]), il = strlen(id);
-    const char *at = line, *end = line + len;
-    while ((at = memmem(at, (size_t)(end - at), forms[f], fl)) != NULL) {
-      const char *v = at + fl;
-      if ((size_t)(end - v) >= il && memcmp(v, id, il) == 0 &&
-          (v + il == end || strchr(",} \t\r", v[il])))
-        return 1;
-      at += fl;
-    }
-  }
-  return 0;
-}
-
-/*
- * A server line the proxy cannot read (jansson refuses it: a lone
- * surrogate, a number past the double range) that looks like the answer
- * to a keyed call waiting for one: that call is ended with it, unreadable,
- * instead of waiting for an answer that has already gone by. Returns 1
- * when a call took the line.
- */
-static int unreadable_answer(mcp_proxy *p, const char *line, size_t len) {
-  char *id = NULL;
-  if (!memmem(line, len, "\"result\"", 8) && !memmem(line, len, "\"error\"", 7))
-    return 0;
-  if (memmem(line, len, "\"method\"", 8))
-    return 0;
-  pthread_mutex_lock(&p->lock);
-  for (mcp_pending *q = p->pending; q && !id; q = q->next)
-    if (q->state == PENDING_WAITING && has_id(line, len, q->id))
-      id = strdup(q->id);
-  pthread_mutex_unlock(&p->lock);
-  if (!id)
-    return 0;
-  int taken = give_to_pending(p, id, NULL, line, len);
-  free(id);
-  return taken;
-}
-
 static void server_line(mcp_proxy *p, const char *line, size_t len, int open) {
   int dup;
   json_t *msg = mcp_parse(line, len, &dup);
-  if (!msg && !open && unreadable_answer(p, line, len))
+  if (!msg && !open &&
+      (memmem(line, len, "\"result\"", 8) || memmem(line, len, "\"error\"", 7)) &&
+      !memmem(line, len, "\"method\"", 8) &&
+      mcp_keyed_answer(p, NULL, line, len))
     return;
   if (msg && json_is_object(msg) && !json_object_get(msg, "method") &&
       (json_object_get(msg, "result") || json_object_get(msg, "error"))) {
-    char *id = mcp_id_text(json_object_get(msg, "id"));
+    char *id;
     int kind = 0;
-    if (id && give_to_pending(p, id, msg, line, len)) {
-      free(id);
+    if (mcp_keyed_answer(p, msg, line, len)) {
       json_decref(msg);
       return;
     }
+    id = mcp_id_text(json_object_get(msg, "id"));
     if (id) {
       pthread_mutex_lock(&p->lock);
       kind = watch_take(p, id);
@@ -609,19 +598,9 @@ static void server_line(mcp_proxy *p, const char *line, size_t len, int open) {
 
 void *mcp_server_reader(void *arg) {
   mcp_proxy *p = arg;
-  uint64_t one = 1;
   read_lines(p, p->from_server, server_line, &p->to_client);
-  /* Every keyed call still waiting will get no answer now. */
-  pthread_mutex_lock(&p->lock);
-  p->server_gone = 1;
-  for (mcp_pending *q = p->pending; q; q = q->next)
-    if (q->state == PENDING_WAITING) {
-      q->state = PENDING_GONE;
-      if (write(q->wake_fd, &one, sizeof one) < 0) {
-        /* See cancel_pending(). */
-      }
-    }
-  pthread_mutex_unlock(&p->lock);
+  /* Every keyed call still at the server will get no answer now. */
+  mcp_keyed_server_gone(p);
   mcp_notify(p);
   return NULL;
 }

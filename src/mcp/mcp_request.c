@@ -99,7 +99,7 @@ static size_t skip_string(const char *s, size_t n, size_t i) {
   for (i++; i < n && s[i] != '"'; i++)
     if (s[i] == '\\')
       i++;
-  return i + 1;
+  return i + 1 > n ? n : i + 1;
 }
 
 /* Just past the value that starts at s[i]. */
@@ -229,4 +229,121 @@ char *mcp_request_text(const char *line, size_t line_len, const char *tool,
   }
   free(name_text);
   return text;
+}
+
+/* ---- raw spans: ids, results and lines the proxy cannot parse ----------
+ *
+ * The proxy answers under the client's own id bytes, sends keyed calls
+ * under ids of its own, and replays a result as the server wrote it: all
+ * by splicing text, never by rewriting a message from its parsed tree
+ * (which would turn 1234567890123456789 into 1.2345678901234568e18). The
+ * same stepping reads what it must of a tools/call line that jansson
+ * refuses (a lone surrogate in an argument): strings are stepped over
+ * whatever they hold.
+ */
+
+int mcp_member(const char *s, size_t n, size_t at, const char *name,
+               size_t *from, size_t *to) {
+  member_span m;
+  if (!find_member(s, n, skip_ws(s, n, at), name, &m) || m.value >= n ||
+      m.end > n || m.end <= m.value)
+    return 0;
+  *from = m.value;
+  *to = m.end;
+  return 1;
+}
+
+char *mcp_splice(const char *s, size_t n, size_t from, size_t to,
+                 const char *ins, size_t ins_len, size_t *out_len) {
+  size_t len = n - (to - from) + ins_len;
+  char *out = malloc(len + 1);
+  if (!out)
+    return NULL;
+  memcpy(out, s, from);
+  memcpy(out + from, ins, ins_len);
+  memcpy(out + from + ins_len, s + to, n - to);
+  out[len] = '\0';
+  *out_len = len;
+  return out;
+}
+
+/* Whether the object whose '{' is at s[at] has no members. */
+static int empty_object(const char *s, size_t n, size_t at) {
+  size_t i = skip_ws(s, n, at + 1);
+  return i < n && s[i] == '}';
+}
+
+char *mcp_mark_result(const char *body, size_t len, int replayed,
+                      int recovered, size_t *out_len) {
+  char marks[80];
+  size_t at = skip_ws(body, len, 0), from, to;
+  snprintf(marks, sizeof marks, "%s%s%s",
+           replayed ? "\"idem/replayed\":true" : "",
+           replayed && recovered ? "," : "",
+           recovered ? "\"idem/recovered\":true" : "");
+  if (at >= len || body[at] != '{' || !marks[0])
+    return mcp_splice(body, len, 0, 0, "", 0, out_len);
+  if (mcp_member(body, len, at, "_meta", &from, &to) && body[from] == '{') {
+    char ins[96];
+    snprintf(ins, sizeof ins, "%s%s", marks,
+             empty_object(body, len, from) ? "" : ",");
+    return mcp_splice(body, len, from + 1, from + 1, ins, strlen(ins),
+                      out_len);
+  }
+  {
+    char ins[128];
+    snprintf(ins, sizeof ins, "\"_meta\":{%s}%s", marks,
+             empty_object(body, len, at) ? "" : ",");
+    return mcp_splice(body, len, at + 1, at + 1, ins, strlen(ins), out_len);
+  }
+}
+
+/* The string at s[from, to) decoded, when it is one jansson can read. */
+static char *string_at(const char *s, size_t from, size_t to) {
+  json_t *v = json_loadb(s + from, to - from, JSON_DECODE_ANY, NULL);
+  char *out = NULL;
+  if (json_is_string(v) &&
+      strlen(json_string_value(v)) == json_string_length(v))
+    out = strdup(json_string_value(v));
+  json_decref(v);
+  return out;
+}
+
+static int present(const char *s, size_t from, size_t to) {
+  return !(to - from == 4 && memcmp(s + from, "null", 4) == 0);
+}
+
+int mcp_scan_call(const char *line, size_t len, const char *key_argument,
+                  int *keyed, size_t *id_from, size_t *id_to, char **tool) {
+  size_t f, t, pf, pt, mf, mt;
+  char *method;
+  int is_call;
+  *keyed = 0;
+  *id_from = *id_to = 0;
+  *tool = NULL;
+  if (!mcp_member(line, len, 0, "method", &f, &t))
+    return 0;
+  method = string_at(line, f, t);
+  is_call = method && strcmp(method, "tools/call") == 0;
+  free(method);
+  if (!is_call)
+    return 0;
+  if (mcp_member(line, len, 0, "id", &f, &t)) {
+    *id_from = f;
+    *id_to = t;
+  }
+  if (!mcp_member(line, len, 0, "params", &pf, &pt))
+    return 1;
+  if (mcp_member(line, pf + (pt - pf), pf, "name", &f, &t))
+    *tool = string_at(line, f, t);
+  if ((mcp_member(line, pt, pf, "_meta", &mf, &mt) &&
+       mcp_member(line, mt, mf, "idempotencyKey", &f, &t) &&
+       present(line, f, t)) ||
+      (mcp_member(line, pt, pf, "idempotencyKey", &f, &t) &&
+       present(line, f, t)) ||
+      (key_argument && mcp_member(line, pt, pf, "arguments", &mf, &mt) &&
+       mcp_member(line, mt, mf, key_argument, &f, &t) &&
+       present(line, f, t)))
+    *keyed = 1;
+  return 1;
 }

@@ -61,7 +61,7 @@ const test = (proxy) => connect({ server: SERVERS.test,
     arguments: { file: f, text: "a" } },
   JSON.parse(rec("append", "ka-1").request));
   const r3 = await call(client, "append", { ...args, text: "b" });
-  eq("key-argument: other arguments refused", -32001, r3.error?.code);
+  eq("key-argument: other arguments refused", -31901, r3.error?.code);
   const r4 = await call(client, "append", { file: f, text: "c" });
   eq("key-argument: no key, acts", ["a", "c"], lines(f));
   check("key-argument: no key, not replayed", !replayed(r4.result));
@@ -80,7 +80,7 @@ const test = (proxy) => connect({ server: SERVERS.test,
   eq("max-result: nothing stored", undefined, big?.response ?? undefined);
   check("max-result: logged", /larger than --max-result/.test(stderr()), stderr());
   const r2 = await call(client, "big", { bytes: 5000 }, { key: "big-1" });
-  eq("max-result: a retry is told the outcome is unknown", -32003, r2.error?.code);
+  eq("max-result: a retry is told the outcome is unknown", -31903, r2.error?.code);
   // Not even after a lease: the tool ran; only an operator may free it.
   const { client: c2 } = await test(["--store", store, "--max-result", "1k",
     "--lease", "1s"]);
@@ -88,7 +88,7 @@ const test = (proxy) => connect({ server: SERVERS.test,
   eq("max-result, short lease: passed on", 5000, text(b1.result)?.length);
   await sleep(1300);
   const b2 = await call(c2, "big", { bytes: 5000 }, { key: "big-3" });
-  eq("max-result: after the lease still unknown, not sent again", -32003,
+  eq("max-result: after the lease still unknown, not sent again", -31903,
     b2.error?.code);
   check("max-result: the message names idem keys resolve",
     /idem keys resolve/.test(b2.error?.message ?? ""), b2.error?.message);
@@ -113,7 +113,7 @@ async function crash(mode, key) {
   const pid = Number(readFileSync(f + ".pid", "utf8"));
   process.kill(pid, "SIGKILL");
   const r1 = await pending;
-  eq(`${mode}: the killed call's answer`, -32003, r1.error?.code);
+  eq(`${mode}: the killed call's answer`, -31903, r1.error?.code);
   check(`${mode}: it says the server exited`, /exited before answering/.test(
     r1.error?.message ?? ""), r1.error?.message);
   await waitFor(() => a.proc.exitCode !== null || a.proc.signalCode !== null,
@@ -123,19 +123,26 @@ async function crash(mode, key) {
   eq(`${mode}: acted once`, ["one"], lines(f));
   eq(`${mode}: key held in progress`, "in_progress", rec("append", key)?.state);
 
-  const b = await test(opts);
+  // --attach-wait 0: a retry is told at once, not made to wait out the
+  // lease (the proxy-killed case below waits).
+  const b = await test([...opts, "--attach-wait", "0"]);
   const r2 = await call(b.client, "append", args, { key });
-  eq(`${mode}: retry at once: in flight`, -32002, r2.error?.code);
+  eq(`${mode}: retry at once: in flight`, -31902, r2.error?.code);
+  check(`${mode}: the in-flight message promises no result`,
+    /another attempt/.test(r2.error?.message ?? "") &&
+    !/still running at the server/.test(r2.error?.message ?? ""), r2.error?.message);
   eq(`${mode}: nothing acted`, ["one"], lines(f));
   if (mode === "forward") {
     const wait = r2.error?.data?.retryAfterMs;
     check("forward: retryAfterMs within the lease", wait > 0 && wait <= 4000, wait);
     await sleep(wait + 100);
     const r3 = await call(b.client, "append", { ...args, text: "two" }, { key });
-    eq("forward: other arguments still conflict", -32001, r3.error?.code);
+    eq("forward: other arguments still conflict", -31901, r3.error?.code);
     const r4 = await call(b.client, "append", args, { key });
     check("forward: after the lease the retry is sent again",
       r4.result && !replayed(r4.result), JSON.stringify(r4));
+    eq("forward: its result says an earlier attempt may have acted", true,
+      r4.result?._meta?.["idem/recovered"]);
     eq("forward: acted again after RECOVER", ["one", "one"], lines(f));
     check("forward: RECOVER logged", /sending the call again/.test(b.stderr()),
       b.stderr());
@@ -145,7 +152,7 @@ async function crash(mode, key) {
   } else {
     await sleep((r2.error?.data?.retryAfterMs ?? 4000) + 200);
     const r3 = await call(b.client, "append", args, { key });
-    eq("fail: still refused after the lease", -32003, r3.error?.code);
+    eq("fail: still refused after the lease", -31903, r3.error?.code);
     check("fail: the message names idem keys resolve",
       /idem keys resolve/.test(r3.error?.message ?? ""), r3.error?.message);
     eq("fail: nothing acted", ["one"], lines(f));
@@ -176,17 +183,20 @@ async function crash(mode, key) {
   const gone = () => { try { process.kill(pid, 0); return false; } catch { return true; } };
   await waitFor(gone, "proxy killed: the server to be stopped with it");
   eq("proxy killed: in progress", "in_progress", rec("append", "pk-1")?.state);
+  // The retry waits (--attach-wait, 25 s by default) for the dead
+  // holder's lease to end, takes the key over and sends the call again:
+  // its result says that an earlier attempt may have acted, and so do its
+  // replays.
   const b = await test(opts);
   const r2 = await call(b.client, "append", args, { key: "pk-1" });
-  eq("proxy killed: retry during the lease: in flight", -32002, r2.error?.code);
-  eq("proxy killed: acted once", ["one"], lines(f));
-  check("proxy killed: retryAfterMs within the lease",
-    r2.error?.data?.retryAfterMs > 0 && r2.error?.data?.retryAfterMs <= 6000);
-  await sleep((r2.error?.data?.retryAfterMs ?? 6000) + 100);
-  const r3 = await call(b.client, "append", args, { key: "pk-1" });
-  check("proxy killed: after the lease the retry is sent again",
-    r3.result && !replayed(r3.result), JSON.stringify(r3));
+  check("proxy killed: the retry waited out the lease and was sent again",
+    r2.result && !replayed(r2.result), JSON.stringify(r2));
+  eq("proxy killed: the result is marked recovered", true,
+    r2.result?._meta?.["idem/recovered"]);
   eq("proxy killed: acted again", ["one", "one"], lines(f));
+  const r3 = await call(b.client, "append", args, { key: "pk-1" });
+  eq("proxy killed: the replay is marked replayed and recovered", [true, true],
+    [r3.result?._meta?.["idem/replayed"], r3.result?._meta?.["idem/recovered"]]);
   await b.client.close();
 }
 

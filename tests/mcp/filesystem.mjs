@@ -62,7 +62,7 @@ const { client, stderr } = await connect(proxied);
 
   // Same key, other arguments: refused, the file is unchanged.
   const r3 = await call(client, "edit_file", edit(b, "x", "xy"), { key: "edit-b-1" });
-  eq("conflict: code", -32001, r3.error?.code);
+  eq("conflict: code", -31901, r3.error?.code);
   eq("conflict: data", "conflict", r3.error?.data?.idem);
   check("conflict: message says to use a new key",
     /new key/.test(r3.error?.message ?? ""), r3.error?.message);
@@ -122,7 +122,7 @@ const { client, stderr } = await connect(proxied);
   eq("concurrent: edited once", "xx", read(g));
   const live = rs.filter((r) => r.result && !replayed(r.result));
   const rep = rs.filter((r) => r.result && replayed(r.result));
-  const inflight = rs.filter((r) => r.error?.code === -32002);
+  const inflight = rs.filter((r) => r.error?.code === -31902);
   eq("concurrent: one live result", 1, live.length);
   eq("concurrent: the others replayed or in flight", 7, rep.length + inflight.length);
   check("concurrent: replays equal the live result",
@@ -142,11 +142,11 @@ stderr());
     "--require-key"] });
   const h = file("required.txt", "x");
   const r0 = await call(c2, "edit_file", edit(h, "x", "xx"));
-  eq("require-key before tools/list: refused", -32005, r0.error?.code);
+  eq("require-key before tools/list: refused", -31905, r0.error?.code);
   const tools = await c2.listTools();
   check("require-key: tools listed", tools.tools.length > 5);
   const r1 = await call(c2, "edit_file", edit(h, "x", "xx"));
-  eq("require-key: unannotated edit_file refused", -32005, r1.error?.code);
+  eq("require-key: unannotated edit_file refused", -31905, r1.error?.code);
   check("require-key: message names where to put a key",
     /params\._meta\.idempotencyKey/.test(r1.error?.message ?? ""), r1.error?.message);
   eq("require-key: file unchanged", "x", read(h));

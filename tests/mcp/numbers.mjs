@@ -39,7 +39,7 @@ const outcome = (a) => a?.error ? a.error.code
     [3, line(3, '{"account":1.2345678901234567e16,"b":2,"a":1}', "acct-1")],
   ]);
   eq("another account: conflict, then the first account replayed",
-    ["3", -32001, "replayed"], acct.map(outcome));
+    ["3", -31901, "replayed"], acct.map(outcome));
   eq("another account: the server saw one call", 1, calls(s, "acct-1"));
 
   // 2. The same with an integer past 64 bits elsewhere in the line, which
@@ -49,7 +49,7 @@ const outcome = (a) => a?.error ? a.error.code
     [5, line(5, '{"a":1,"b":2,"big":123456789012345678901234567890,"account":12345678901234568}', "acct-2")],
     [6, line(6, '{"a":1,"b":2,"big":123456789012345678901234567891,"account":12345678901234567}', "acct-2")],
   ]);
-  eq("past 64 bits elsewhere: both changes are conflicts", ["3", -32001, -32001],
+  eq("past 64 bits elsewhere: both changes are conflicts", ["3", -31901, -31901],
     big.map(outcome));
   eq("past 64 bits elsewhere: the server saw one call", 1, calls(s, "acct-2"));
 
@@ -58,7 +58,7 @@ const outcome = (a) => a?.error ? a.error.code
     [7, line(7, '{"a":1,"b":2,"amount":0.1}', "tenth-1")],
     [8, line(8, '{"a":1,"b":2,"amount":0.10000000000000001}', "tenth-1")],
   ]);
-  eq("0.1, then 0.10000000000000001: a conflict", ["3", -32001],
+  eq("0.1, then 0.10000000000000001: a conflict", ["3", -31901],
     tenth.map(outcome));
 
   // 4. One value written otherwise: replays.
@@ -76,7 +76,7 @@ const outcome = (a) => a?.error ? a.error.code
   const before = s.got.length;
   s.send(line(12, '{"a":1,"b":2,"account":12345678901234567\u0000}', "nul-1"));
   await s.until(() => s.got.length > before, "the refusal");
-  eq("NUL byte after a number: refused as a parse error", [-32700, null],
+  eq("NUL byte after a number: refused as a parse error, under its id", [-32700, 12],
     [JSON.parse(s.got[before])?.error?.code, JSON.parse(s.got[before])?.id]);
   eq("NUL byte after a number: nothing reached the server", 0, calls(s, "nul-1"));
   s.p.stdin.end();
@@ -93,7 +93,7 @@ const outcome = (a) => a?.error ? a.error.code
     [3, line(3, '{"idempotency_key":"arg-1" , "a":1.0,"b":2,"amount":0.10}')],
   ]);
   eq("key argument: another amount a conflict, the same one a replay",
-    ["3", -32001, "replayed"], arg.map(outcome));
+    ["3", -31901, "replayed"], arg.map(outcome));
   eq("key argument: the server saw one call", 1, calls(s, "arg-1"));
   s.p.stdin.end();
   await s.exited;

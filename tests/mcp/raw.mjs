@@ -42,18 +42,26 @@ const J = JSON.stringify;
   eq("initialize: capabilities kept and extended", { tools: {}, experimental: {
     "idem/idempotency": { keyLocations: ["params._meta.idempotencyKey",
       "params.idempotencyKey"], requireKey: false, onUnknown: "forward",
-    replayedMeta: "idem/replayed" } } }, init?.result?.capabilities);
+    replayedMeta: "idem/replayed", recoveredMeta: "idem/recovered",
+    attachWaitMs: 25000, storeToolErrors: true } } }, init?.result?.capabilities);
   eq("initialize: server info kept", { name: "raw", version: "1" },
     init?.result?.serverInfo);
 
-  // A keyed call, then a notification: they reach the server in that order.
+  // A keyed call, then a notification: the call reaches the server as the
+  // client wrote it but under an id the proxy owns, and the notification
+  // is not held back while the key is claimed.
   const before = s.log().length;
   const c1 = call(5, "add", { a: 2, b: 3 }, "raw-1");
   s.send(c1);
   s.send('{"jsonrpc":"2.0","method":"notifications/after"}');
   await s.until(() => answer(s.got, 5), "the keyed call");
-  eq("keyed: order kept", [c1, '{"jsonrpc":"2.0","method":"notifications/after"}'],
-    s.log().slice(before, before + 2));
+  const sent = s.log().slice(before, before + 2);
+  const atServer = sent.find((l) => l.includes('"raw-1"'));
+  eq("keyed: both reached the server", true,
+    sent.includes('{"jsonrpc":"2.0","method":"notifications/after"}') &&
+    atServer !== undefined);
+  eq("keyed: the call byte for byte but its id", c1,
+    atServer?.replace(/"id":"idem-[0-9a-f]+-[0-9]+"/, '"id":5'));
   const live = answer(s.got, 5);
   eq("keyed: live result", { content: [{ type: "text", text: "5" }],
     structuredContent: { sum: 5, half: 0.1 } }, live?.result);
@@ -66,14 +74,17 @@ const J = JSON.stringify;
   eq("replay: the server saw one call", 1,
     s.log().filter((l) => l.includes('"raw-1"')).length);
 
-  // A keyed call whose server asks the client with the call's own id: the
-  // two id spaces are kept apart.
+  // A keyed call whose server asks the client with the call's own id (as
+  // the server saw it: keyed calls reach the server under ids the proxy
+  // owns): the two id spaces are kept apart.
   s.got.length = 0;
   s.send(call(1, "ask", {}, "raw-ask"));
   await s.until(() => parsed(s.got).some((m) => m.method === "sampling/createMessage"),
     "the server's request");
-  eq("server request passes with its id", 1, parsed(s.got)[0]?.id);
-  const reply = '{"jsonrpc":"2.0","id":1,"result":{"model":"m"}}';
+  const asked = parsed(s.got)[0]?.id;
+  check("server request passes with the server's id",
+    typeof asked === "string" && asked.startsWith("idem-"), asked);
+  const reply = `{"jsonrpc":"2.0","id":${JSON.stringify(asked)},"result":{"model":"m"}}`;
   s.send(reply);
   await s.until(() => answer(s.got, 1), "the call's answer");
   check("the client's reply reached the server unchanged", s.log().includes(reply));
@@ -96,12 +107,15 @@ const J = JSON.stringify;
   const m = parsed(s.got);
   eq("duplicate names refused", -32600, m.find((x) => !Array.isArray(x) &&
     x.error && /twice/.test(x.error.message))?.error?.code);
-  eq("keyed call in a batch refused", [{ jsonrpc: "2.0", id: 8, error: { code: -32009,
+  eq("keyed call in a batch refused", [{ jsonrpc: "2.0", id: 8, error: { code: -31909,
     message: m.find(Array.isArray)?.[0]?.error?.message } }], m.find(Array.isArray));
-  eq("key with a space refused", -32006, answer(s.got, 10)?.error?.code);
-  eq("key not a string refused", -32006, answer(s.got, 11)?.error?.code);
-  eq("key too long refused", -32006, answer(s.got, 12)?.error?.code);
-  eq("none of them reached the server", logged, s.log().length);
+  eq("key with a space refused", -31906, answer(s.got, 10)?.error?.code);
+  eq("key not a string refused", -31906, answer(s.got, 11)?.error?.code);
+  eq("key too long refused", -31906, answer(s.got, 12)?.error?.code);
+  // Only the batch's notification reached the server: nobody would learn
+  // that it was dropped.
+  eq("none of the requests reached the server, the notification did",
+    ['{"jsonrpc":"2.0","method":"n"}'], s.log().slice(logged));
 
   // The server's exit status ends the proxy, the client's input still open.
   s.send(J({ jsonrpc: "2.0", method: "exit", params: { code: 7 } }));
@@ -137,17 +151,17 @@ const J = JSON.stringify;
     const a = answer(s.got, id);
     return a?.error ? a.error.code : a?.result?.content?.[0]?.text;
   };
-  eq("require-key: nothing listed yet: refused", -32005, await ask(1, "t_ro"));
+  eq("require-key: nothing listed yet: refused", -31905, await ask(1, "t_ro"));
   s.send(J({ jsonrpc: "2.0", id: "l1", method: "tools/list", params: {} }));
   await s.until(() => answer(s.got, "l1"), "page 1");
   eq("require-key: readOnlyHint on page 1", "t_ro", await ask(2, "t_ro"));
-  eq("require-key: unannotated on page 1", -32005, await ask(3, "t_plain"));
-  eq("require-key: page 2 not listed yet", -32005, await ask(4, "t_idem"));
+  eq("require-key: unannotated on page 1", -31905, await ask(3, "t_plain"));
+  eq("require-key: page 2 not listed yet", -31905, await ask(4, "t_idem"));
   s.send(J({ jsonrpc: "2.0", id: "l2", method: "tools/list",
     params: { cursor: "page-2" } }));
   await s.until(() => answer(s.got, "l2"), "page 2");
   eq("require-key: idempotentHint on page 2", "t_idem", await ask(5, "t_idem"));
-  eq("require-key: hints false on page 2", -32005, await ask(6, "t_no"));
+  eq("require-key: hints false on page 2", -31905, await ask(6, "t_no"));
   eq("require-key: with a key it runs", "t_plain", await ask(7, "t_plain", "rk-1"));
   eq("require-key: refused calls never reached the server",
     ["t_ro", "t_idem", "t_plain"], s.log().map((l) => {
@@ -199,6 +213,6 @@ const nf = run("--store", store, "--", "/no/such/server");
 eq("missing server: 127", 127, nf.status);
 check("missing server: said so", /cannot start \/no\/such\/server/.test(nf.stderr), nf.stderr);
 const help = run("--help");
-check("--help lists the error codes", [-32001, -32002, -32003, -32004, -32005,
-  -32006, -32007, -32008, -32009].every((c) => help.stdout.includes(String(c))));
+check("--help lists the error codes", [-31901, -31902, -31903, -31904, -31905,
+  -31906, -31907, -31908, -31909].every((c) => help.stdout.includes(String(c))));
 finish();
