@@ -25,7 +25,8 @@ static const char usage[] =
     "usage: idem mcp [--store URL] [--tenant T] [--require-key]\n"
     "                [--key-argument NAME] [--lease DUR] [--retention DUR]\n"
     "                [--on-unknown forward|fail] [--attach-wait DUR]\n"
-    "                [--store-tool-errors yes|no] [--max-result SIZE]\n"
+    "                [--store-tool-errors yes|no] [--input-wait DUR]\n"
+    "                [--max-result SIZE]\n"
     "                [--shutdown-wait DUR] [--] SERVER_CMD [ARG...]\n"
     "\n"
     "Runs the MCP server SERVER_CMD and relays newline-delimited JSON-RPC\n"
@@ -67,6 +68,11 @@ static const char usage[] =
     "                       _meta[\"idem/recovered\"]\n"
     "  --on-unknown fail    such a key is refused until an operator settles\n"
     "                       it with `idem keys resolve`\n"
+    "  --input-wait DUR     a keyed call whose tool asked for input\n"
+    "                       (resultType input_required) keeps its key for\n"
+    "                       the client's next round this long (default\n"
+    "                       10m); then the key is freed: the tool has not\n"
+    "                       acted\n"
     "  --store-tool-errors yes  (default) a result with isError: true is\n"
     "                       stored and replayed like any result: the tool\n"
     "                       may have acted before it failed\n"
@@ -104,6 +110,7 @@ static int parse(int argc, char **argv, mcp_opts *o) {
   o->lease_ms = 30000;
   o->shutdown_wait_ms = 5000;
   o->attach_wait_ms = 25000;
+  o->input_wait_ms = 600000;
   o->store_tool_errors = 1;
   o->max_result = IDEM_MAX_RESPONSE - 4096;
   for (int i = 1; i < argc; i++) {
@@ -161,6 +168,10 @@ static int parse(int argc, char **argv, mcp_opts *o) {
     } else if (strcmp(a, "--attach-wait") == 0) {
       if (cli_duration_option("mcp", a, v, 0, IDEM_MAX_LEASE_MS,
                               &o->attach_wait_ms) != 0)
+        return -1;
+    } else if (strcmp(a, "--input-wait") == 0) {
+      if (cli_duration_option("mcp", a, v, 1, IDEM_MAX_LEASE_MS,
+                              &o->input_wait_ms) != 0)
         return -1;
     } else if (strcmp(a, "--store-tool-errors") == 0) {
       if (strcmp(v, "yes") == 0)

@@ -54,6 +54,7 @@ typedef struct mcp_opts {
   int on_unknown_fail;
   int store_tool_errors; /* --store-tool-errors yes (the default) */
   int64_t lease_ms, retention_ms, shutdown_wait_ms, attach_wait_ms;
+  int64_t input_wait_ms; /* how long a call that asked for input is held */
   size_t max_result;
   char **cmd;
 } mcp_opts;
@@ -81,7 +82,9 @@ typedef struct mcp_waiter {
   int64_t deadline; /* attached: when --attach-wait runs out (mono ms) */
 } mcp_waiter;
 
-enum { CALL_CLAIM = 0, CALL_SERVER, CALL_END };
+/* CALL_INPUT: the server answered resultType "input_required"; the key
+ * stays held for the client's next round of the same call. */
+enum { CALL_CLAIM = 0, CALL_SERVER, CALL_INPUT, CALL_END };
 
 /* A keyed call this proxy is handling. */
 typedef struct mcp_call {
@@ -103,11 +106,16 @@ typedef struct mcp_call {
   char *answer; /* the server's answer (CALL_END) */
   size_t answer_len;
   int gone; /* the server exited without answering */
+  int input_expired;  /* CALL_INPUT and no next round came: release */
+  int sending;  /* a thread is writing it to the server: not freed meanwhile */
+  int deferred; /* ended while sending: queued once the write is done */
+  int not_sent; /* the write failed: the server cannot have acted on it */
+  int64_t input_until; /* CALL_INPUT: when the next round is waited for */
 } mcp_call;
 
 /* A request whose response the proxy reads on its way: initialize (its
  * capabilities are extended) and tools/list (annotations are learned). */
-enum { WATCH_INITIALIZE = 1, WATCH_TOOLS_LIST = 2 };
+enum { WATCH_INITIALIZE = 1, WATCH_TOOLS_LIST = 2, WATCH_DISCOVER = 3 };
 typedef struct mcp_watch {
   struct mcp_watch *next;
   char *id;

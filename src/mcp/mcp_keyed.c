@@ -349,6 +349,43 @@ static int send_call(mcp_proxy *p, mcp_call *c) {
   return rc;
 }
 
+/*
+ * Writes c to the server; the caller set c->state to CALL_SERVER and
+ * c->sending under the lock and released it (a server blocked on its own
+ * output waits for the server reader, which needs the lock). An answer, or
+ * the server's end, that comes meanwhile leaves c to this thread, which
+ * queues it once the write is done.
+ */
+static void send_and_settle(mcp_proxy *p, mcp_call *c) {
+  int rc = send_call(p, c);
+  pthread_mutex_lock(&p->lock);
+  c->sending = 0;
+  if (rc != 0) {
+    /* Nothing, or a part without its newline, reached the server: it
+     * cannot have acted on it. */
+    c->not_sent = 1;
+    if (c->state == CALL_SERVER) {
+      c->state = CALL_END;
+      enqueue(p, c);
+    }
+  }
+  if (c->deferred) {
+    c->deferred = 0;
+    enqueue(p, c);
+  }
+  pthread_mutex_unlock(&p->lock);
+}
+
+/* Queues an ended call for a worker, or leaves it to the thread that is
+ * still writing it. Called with p->lock held. */
+static void end_queue(mcp_proxy *p, mcp_call *c) {
+  c->state = CALL_END;
+  if (c->sending)
+    c->deferred = 1;
+  else
+    enqueue(p, c);
+}
+
 /* The claim answered PROCEED or RECOVER: off to the server. */
 static void forward(mcp_proxy *p, mcp_call *c) {
   mcp_waiter *ws;
@@ -364,19 +401,11 @@ static void forward(mcp_proxy *p, mcp_call *c) {
     snprintf(c->sid, sizeof c->sid, "\"idem-%s-%llu\"", p->nonce,
              ++p->next_sid);
     c->state = CALL_SERVER;
+    c->sending = 1;
     pthread_mutex_unlock(&p->lock);
-    if (send_call(p, c) == 0)
-      return;
-    pthread_mutex_lock(&p->lock);
-    if (c->state != CALL_SERVER) {
-      /* The server's end already took it (it exited meanwhile); a worker
-       * ends it. */
-      pthread_mutex_unlock(&p->lock);
-      return;
-    }
+    send_and_settle(p, c);
+    return;
   }
-  /* Nothing, or a part without its newline, reached the server: it cannot
-   * have acted on it. */
   c->state = CALL_END;
   pthread_mutex_unlock(&p->lock);
   if (idem_execute_end(c->exec, IDEM_EXEC_NOT_DONE, NULL) != IDEM_OK)
@@ -494,6 +523,32 @@ static void do_end(mcp_proxy *p, mcp_call *c) {
   char detail[600];
   mcp_waiter *ws;
   memset(&resp, 0, sizeof resp);
+  if (c->not_sent) {
+    rc = idem_execute_end(c->exec, IDEM_EXEC_NOT_DONE, NULL);
+    c->exec = NULL;
+    if (rc != IDEM_OK)
+      cli_error("mcp", "key '%s' could not be freed: %s", c->key,
+                idem_errmsg());
+    ws = call_finish(p, c);
+    for (mcp_waiter *w = ws; w; w = w->next)
+      answer_server_exited(p, c, w->id);
+    waiters_free(ws);
+    call_free(c);
+    return;
+  }
+  if (c->input_expired) {
+    /* The tool asked for input and no next round came: it has not acted,
+     * so the key is free again. */
+    rc = idem_execute_end(c->exec, IDEM_EXEC_NOT_DONE, NULL);
+    c->exec = NULL;
+    cli_error("mcp",
+              "key '%s' (tool %s): the tool asked for input and no next "
+              "round of the call came within --input-wait; the key is %s",
+              c->key, c->tool, rc == IDEM_OK ? "released" : idem_errmsg());
+    waiters_free(call_finish(p, c));
+    call_free(c);
+    return;
+  }
   if (c->gone) {
     why = WHY_GONE;
     how = IDEM_EXEC_LEAVE_IN_PROGRESS;
@@ -501,6 +556,27 @@ static void do_end(mcp_proxy *p, mcp_call *c) {
     int dup;
     json_t *msg = mcp_parse(c->answer, c->answer_len, &dup);
     json_t *result = json_object_get(msg, "result");
+    const char *rtype =
+        json_string_value(json_object_get(result, "resultType"));
+    if (msg && rtype && strcmp(rtype, "input_required") == 0) {
+      /* Not an outcome (MCP 2026-07-28): the tool needs the client's
+       * input before it acts, and the client sends the same call again
+       * with it. The key stays held, its lease renewed, for that round;
+       * the answer passes on to every request waiting. */
+      mcp_waiter *ws2;
+      json_decref(msg);
+      pthread_mutex_lock(&p->lock);
+      ws2 = c->waiters;
+      c->waiters = NULL;
+      c->state = CALL_INPUT;
+      c->input_until = mono_ms() + p->o->input_wait_ms;
+      pthread_mutex_unlock(&p->lock);
+      mcp_notify(p); /* the main thread times the wait */
+      for (mcp_waiter *w = ws2; w; w = w->next)
+        answer_as_server(p, c, w->id, 0);
+      waiters_free(ws2);
+      return;
+    }
     if (!msg) {
       why = WHY_UNREADABLE;
       how = IDEM_EXEC_UNKNOWN;
@@ -679,8 +755,7 @@ int mcp_keyed_answer(mcp_proxy *p, json_t *msg, const char *line, size_t len) {
     /* Out of memory for the copy: the answer cannot be kept, as if the
      * server had not answered. */
     found->gone = copy == NULL;
-    found->state = CALL_END;
-    enqueue(p, found);
+    end_queue(p, found);
   }
   pthread_mutex_unlock(&p->lock);
   free(id);
@@ -693,8 +768,10 @@ void mcp_keyed_server_gone(mcp_proxy *p) {
   for (mcp_call *c = p->calls; c; c = c->next)
     if (c->state == CALL_SERVER) {
       c->gone = 1;
-      c->state = CALL_END;
-      enqueue(p, c);
+      end_queue(p, c);
+    } else if (c->state == CALL_INPUT) {
+      c->input_expired = 1;
+      end_queue(p, c);
     }
   pthread_mutex_unlock(&p->lock);
 }
@@ -709,6 +786,16 @@ int64_t mcp_keyed_tick(mcp_proxy *p) {
   int64_t now = mono_ms(), next = -1;
   pthread_mutex_lock(&p->lock);
   for (mcp_call *c = p->calls; c; c = c->next) {
+    if (c->state == CALL_INPUT) {
+      if (c->input_until <= now) {
+        c->input_expired = 1;
+        c->state = CALL_END;
+        enqueue(p, c);
+      } else if (next < 0 || c->input_until - now < next) {
+        next = c->input_until - now;
+      }
+      continue;
+    }
     if (c->state == CALL_CLAIM)
       continue; /* its worker answers when the store says */
     for (mcp_waiter **w = &c->waiters; *w;) {
@@ -855,6 +942,33 @@ void mcp_keyed_call(mcp_proxy *p, json_t *msg, const char *line, size_t len,
     mcp_answer_error_text(
         p, idtext, MCP_E_CONFLICT, m,
         error_data(c, "conflict", "idempotency_key_conflict"));
+    call_free(c);
+    free(idtext);
+    return;
+  }
+  if (same && same->state == CALL_INPUT) {
+    /* The next round of a call that asked for input: it goes to the server
+     * under the key still held, as the request the client sent now. */
+    w = waiter_new(line, idf, idt, id, 0, 0);
+    if (!w) {
+      pthread_mutex_unlock(&p->lock);
+      call_free(c);
+      free(idtext);
+      goto oom;
+    }
+    free(same->line);
+    same->line = c->line;
+    same->len = c->len;
+    same->id_from = idf;
+    same->id_to = idt;
+    c->line = NULL;
+    same->waiters = w;
+    snprintf(same->sid, sizeof same->sid, "\"idem-%s-%llu\"", p->nonce,
+             ++p->next_sid);
+    same->state = CALL_SERVER;
+    same->sending = 1;
+    pthread_mutex_unlock(&p->lock);
+    send_and_settle(p, same);
     call_free(c);
     free(idtext);
     return;

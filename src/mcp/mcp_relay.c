@@ -529,6 +529,10 @@ static void client_line(mcp_proxy *p, const char *line, size_t len, int open) {
     watch_add(p, id, WATCH_INITIALIZE);
   } else if (method && id && strcmp(method, "tools/list") == 0) {
     watch_add(p, id, WATCH_TOOLS_LIST);
+  } else if (method && id && strcmp(method, "server/discover") == 0) {
+    /* MCP 2026-07-28 has no initialize: a client reads the capabilities
+     * from server/discover. */
+    watch_add(p, id, WATCH_DISCOVER);
   }
   if (method && !id && strcmp(method, "notifications/cancelled") == 0 &&
       mcp_keyed_cancel(p, msg)) {
@@ -578,7 +582,8 @@ static void server_line(mcp_proxy *p, const char *line, size_t len, int open) {
       pthread_mutex_unlock(&p->lock);
     }
     free(id);
-    if (kind == WATCH_INITIALIZE && extend_initialize(p, msg) == 0) {
+    if ((kind == WATCH_INITIALIZE || kind == WATCH_DISCOVER) &&
+        extend_initialize(p, msg) == 0) {
       mcp_out_json(&p->to_client, msg);
       json_decref(msg);
       return;
