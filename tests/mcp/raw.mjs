@@ -5,6 +5,7 @@
 // refused messages never reach the server; exit status, signals, and the
 // end of the client's input.
 import { spawnSync } from "node:child_process";
+import { readdirSync } from "node:fs";
 import { join } from "node:path";
 import { IDEM, TMP, check, eq, finish, sleep, startRaw, rawCall as call,
   rawParsed as parsed, rawAnswer as answer } from "./lib.mjs";
@@ -203,6 +204,46 @@ const J = JSON.stringify;
 }
 
 // Usage errors and a server that cannot start.
+{
+  // 1,000 keyed calls in flight at once: a fixed number of threads (the
+  // store's workers and scheduler, never one per call), and each call
+  // answered with its own result, byte for byte (an integer past 2^63
+  // stays an integer, 3 stays 3), then replayed the same.
+  const s = start([]);
+  const N = 1000;
+  const waitFor = async (cond, what) => {
+    for (let i = 0; i < 2400 && !cond(); i++) await sleep(25);
+    check(`waited for ${what}`, cond());
+  };
+  for (let i = 0; i < N; i++) s.send(call(`m${i}`, "silent", { i }, `many-${i}`));
+  const atServer = () => s.log().filter((l) => l.includes('"many-'));
+  await waitFor(() => atServer().length === N, "1,000 calls at the server");
+  const tasks = readdirSync(`/proc/${s.p.pid}/task`).length;
+  console.log(`1,000 keyed calls in flight: ${tasks} threads`);
+  check("1,000 calls in flight: at most 16 threads", tasks <= 16, tasks);
+  const answers = atServer().map((l) => {
+    const m = JSON.parse(l);
+    return `{"jsonrpc":"2.0","id":${J(m.id)},"result":{"content":[{"type":"text","text":"done ${m.params.arguments.i}"}],"structuredContent":{"big":12345678901234567890,"small":3,"f":1.50}}}`;
+  });
+  for (let i = 0; i < N; i += 100)
+    s.send(J({ jsonrpc: "2.0", method: "emit", params: { lines: answers.slice(i, i + 100) } }));
+  await waitFor(() => s.got.length >= N, "1,000 answers");
+  const ok = [...Array(N).keys()].filter((i) => {
+    const line = s.got.find((l) => l.startsWith(`{"jsonrpc":"2.0","id":"m${i}",`));
+    return line === `{"jsonrpc":"2.0","id":"m${i}","result":{"content":[{"type":"text","text":"done ${i}"}],"structuredContent":{"big":12345678901234567890,"small":3,"f":1.50}}}`;
+  }).length;
+  eq("1,000 calls: each answered with its own result, byte for byte", N, ok);
+  s.got.length = 0;
+  s.send(call("r7", "silent", { i: 7 }, "many-7"));
+  await waitFor(() => s.got.length >= 1, "the replay");
+  eq("the replay: byte for byte but the id and the marker",
+    `{"jsonrpc":"2.0","id":"r7","result":{"_meta":{"idem/replayed":true},"content":[{"type":"text","text":"done 7"}],"structuredContent":{"big":12345678901234567890,"small":3,"f":1.50}}}`,
+    s.got[0]);
+  eq("1,000 calls: the server saw each once", N, atServer().length);
+  s.p.stdin.end();
+  eq("1,000 calls: ends", { code: 0, signal: null }, await s.exited);
+}
+
 const run = (...args) => spawnSync(IDEM, ["mcp", ...args], { encoding: "utf8" });
 eq("no server: usage", 2, run("--store", store).status);
 eq("--lease 0: usage", 2, run("--lease", "0", "--", "true").status);
