@@ -2,6 +2,7 @@
 // strings holding U+0000, numbers past the double range, keys and ids of
 // odd shapes. A keyed call must never reach the server unseen by the
 // proxy, and a result must be recorded whatever characters it holds.
+import { spawn } from "node:child_process";
 import { join } from "node:path";
 import { TMP, check, eq, finish, sleep, startRaw, rawCall as call,
   rawParsed as parsed, rawAnswer as answer } from "./lib.mjs";
@@ -111,6 +112,44 @@ const calls = (s, key) => s.log().filter((l) => l.includes(`"${key}"`)).length;
   eq("cancelled: the cancellation did not reach the server", false,
     s.log().some((l) => l.includes("notifications/cancelled")));
   eq("cancelled: the cancelled request got no answer", undefined, answer(s.got, 10));
+  s.p.stdin.end();
+  eq("ends", { code: 0, signal: null }, await s.exited);
+}
+{
+  // 7. The relay never waits on the store for others: while another
+  //    process holds the SQLite store's write lock, a keyed call waits for
+  //    the store, and an unkeyed call sent after it is relayed and answered
+  //    at once.
+  const db = join(TMP, "locked.db");
+  const s = startRaw(db);
+  s.send(call(30, "add", { a: 1, b: 1 }, "lock-warm"));
+  await s.until(() => answer(s.got, 30), "the store to be made");
+  const holder = spawn("python3", ["-c", `
+import sqlite3, sys
+c = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=30)
+c.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+sys.stdin.read()
+c.execute("COMMIT")
+`, db], { stdio: ["pipe", "pipe", "inherit"] });
+  let locked = false;
+  holder.stdout.on("data", (d) => { if (/locked/.test(String(d))) locked = true; });
+  await s.until(() => locked, "the write lock to be held");
+  s.send(call(31, "add", { a: 2, b: 2 }, "lock-1"));
+  s.send(call(32, "add", { a: 3, b: 3 }));
+  await s.until(() => answer(s.got, 32), "the unkeyed call");
+  eq("store locked: the unkeyed call answered", "6",
+    answer(s.got, 32)?.result?.content?.[0]?.text);
+  eq("store locked: the keyed call still waits for the store", undefined,
+    answer(s.got, 31));
+  holder.stdin.end();
+  await s.until(() => answer(s.got, 31), "the keyed call");
+  const k = answer(s.got, 31);
+  check("store unlocked: the keyed call answered (its result, or the store " +
+    "was busy and nothing was sent)",
+    k?.result?.content?.[0]?.text === "4" || k?.error?.code === -31904, JSON.stringify(k));
+  eq("store locked: the keyed call acted at most once",
+    k?.result ? 1 : 0, calls(s, "lock-1"));
   s.p.stdin.end();
   eq("ends", { code: 0, signal: null }, await s.exited);
 }
