@@ -62,6 +62,15 @@ const calls = (s, key) => s.log().filter((l) => l.includes(`"${key}"`)).length;
     parsed(s.got).map((m) => m?.error?.code));
   eq("unreadable keyed calls: nothing reached the server", logged, s.log().length);
 
+  // An unkeyed call holding what the proxy cannot read (what
+  // "ok \u{1F600}".slice(0, 4) makes in JavaScript) passes byte for byte,
+  // as it would without the proxy, and is answered.
+  const lone = '{"jsonrpc":"2.0","id":13,"method":"tools/call","params":{"name":"add","arguments":{"a":1,"b":2,"s":"ok \\ud83d"}}}';
+  s.send(lone);
+  await s.until(() => answer(s.got, 13), "the unkeyed call with a lone surrogate");
+  eq("lone surrogate, unkeyed: answered", "3", answer(s.got, 13)?.result?.content?.[0]?.text);
+  check("lone surrogate, unkeyed: reached the server byte for byte", s.log().includes(lone));
+
   s.p.stdin.end();
   eq("ends", { code: 0, signal: null }, await s.exited);
 }
