@@ -543,8 +543,10 @@ static void do_end(mcp_proxy *p, mcp_call *c) {
     c->exec = NULL;
     cli_error("mcp",
               "key '%s' (tool %s): the tool asked for input and no next "
-              "round of the call came within --input-wait; the key is %s",
-              c->key, c->tool, rc == IDEM_OK ? "released" : idem_errmsg());
+              "round of the call came %s; the key is %s",
+              c->key, c->tool,
+              c->gone ? "before the proxy closed" : "within --input-wait",
+              rc == IDEM_OK ? "released" : idem_errmsg());
     waiters_free(call_finish(p, c));
     call_free(c);
     return;
@@ -771,6 +773,7 @@ void mcp_keyed_server_gone(mcp_proxy *p) {
       end_queue(p, c);
     } else if (c->state == CALL_INPUT) {
       c->input_expired = 1;
+      c->gone = 1; /* (for the log: the wait did not run out) */
       end_queue(p, c);
     }
   pthread_mutex_unlock(&p->lock);
