@@ -117,12 +117,10 @@ static void answer_replay(mcp_proxy *p, const char *id, const char *body,
 
 /* The server's answer line, passed on under id (and with its result marked
  * recovered when it was obtained after a takeover). */
-static void answer_as_server(mcp_proxy *p, const mcp_call *c, const char *id,
-                             int recovered) {
+static void answer_line_as(mcp_proxy *p, const char *line, size_t n,
+                           const char *id, int recovered) {
   size_t idf, idt, rf, rt, len;
   char *a = NULL, *b = NULL;
-  const char *line = c->answer;
-  size_t n = c->answer_len;
   if (!mcp_member(line, n, 0, "id", &idf, &idt)) {
     out_text(p, line, n);
     return;
@@ -153,6 +151,11 @@ static void answer_as_server(mcp_proxy *p, const mcp_call *c, const char *id,
   if (b)
     out_text(p, b, len);
   free(b);
+}
+
+static void answer_as_server(mcp_proxy *p, const mcp_call *c, const char *id,
+                             int recovered) {
+  answer_line_as(p, c->answer, c->answer_len, id, recovered);
 }
 
 /* Where the call's outcome is unknown. wait_ms > 0: the key is held that
@@ -566,17 +569,24 @@ static void do_end(mcp_proxy *p, mcp_call *c) {
        * with it. The key stays held, its lease renewed, for that round;
        * the answer passes on to every request waiting. */
       mcp_waiter *ws2;
+      char *ans;
+      size_t alen;
       json_decref(msg);
       pthread_mutex_lock(&p->lock);
       ws2 = c->waiters;
       c->waiters = NULL;
+      ans = c->answer; /* the next round brings its own */
+      alen = c->answer_len;
+      c->answer = NULL;
+      c->answer_len = 0;
       c->state = CALL_INPUT;
       c->input_until = mono_ms() + p->o->input_wait_ms;
       pthread_mutex_unlock(&p->lock);
       mcp_notify(p); /* the main thread times the wait */
       for (mcp_waiter *w = ws2; w; w = w->next)
-        answer_as_server(p, c, w->id, 0);
+        answer_line_as(p, ans, alen, w->id, 0);
       waiters_free(ws2);
+      free(ans);
       return;
     }
     if (!msg) {
@@ -752,6 +762,7 @@ int mcp_keyed_answer(mcp_proxy *p, json_t *msg, const char *line, size_t len) {
       memcpy(copy, line, len);
       copy[len] = '\0';
     }
+    free(found->answer);
     found->answer = copy;
     found->answer_len = copy ? len : 0;
     /* Out of memory for the copy: the answer cannot be kept, as if the
