@@ -265,14 +265,18 @@ static mcp_waiter *waiter_new(const char *line, size_t from, size_t to,
   return w;
 }
 
+static void waiters_free(mcp_waiter *ws) {
+  while (ws) {
+    mcp_waiter *next = ws->next;
+    waiter_free(ws);
+    ws = next;
+  }
+}
+
 static void call_free(mcp_call *c) {
-  mcp_waiter *w, *next;
   if (!c)
     return;
-  for (w = c->waiters; w; w = next) {
-    next = w->next;
-    waiter_free(w);
-  }
+  waiters_free(c->waiters);
   idem_call_free(c->call);
   free(c->tool);
   free(c->key);
@@ -309,14 +313,6 @@ static mcp_waiter *call_finish(mcp_proxy *p, mcp_call *c) {
   pthread_cond_broadcast(&p->cond);
   pthread_mutex_unlock(&p->lock);
   return ws;
-}
-
-static void waiters_free(mcp_waiter *ws) {
-  while (ws) {
-    mcp_waiter *next = ws->next;
-    waiter_free(ws);
-    ws = next;
-  }
 }
 
 /* ---- the workers --------------------------------------------------------- */
@@ -379,6 +375,15 @@ static void send_and_settle(mcp_proxy *p, mcp_call *c) {
   pthread_mutex_unlock(&p->lock);
 }
 
+/* c goes to the server now under a new id of the proxy's; the caller
+ * holds p->lock and calls send_and_settle() once it has released it. */
+static void to_server_state(mcp_proxy *p, mcp_call *c) {
+  snprintf(c->sid, sizeof c->sid, "\"idem-%s-%llu\"", p->nonce,
+           ++p->next_sid);
+  c->state = CALL_SERVER;
+  c->sending = 1;
+}
+
 /* Queues an ended call for a worker, or leaves it to the thread that is
  * still writing it. Called with p->lock held. */
 static void end_queue(mcp_proxy *p, mcp_call *c) {
@@ -389,9 +394,10 @@ static void end_queue(mcp_proxy *p, mcp_call *c) {
     enqueue(p, c);
 }
 
+static void do_end(mcp_proxy *p, mcp_call *c);
+
 /* The claim answered PROCEED or RECOVER: off to the server. */
 static void forward(mcp_proxy *p, mcp_call *c) {
-  mcp_waiter *ws;
   if (idem_call_outcome(c->call) == IDEM_RECOVER)
     cli_error("mcp",
               "key '%s' (tool %s): an earlier attempt ended without a "
@@ -401,25 +407,15 @@ static void forward(mcp_proxy *p, mcp_call *c) {
               c->key, c->tool);
   pthread_mutex_lock(&p->lock);
   if (!p->server_gone && !p->closing) {
-    snprintf(c->sid, sizeof c->sid, "\"idem-%s-%llu\"", p->nonce,
-             ++p->next_sid);
-    c->state = CALL_SERVER;
-    c->sending = 1;
+    to_server_state(p, c);
     pthread_mutex_unlock(&p->lock);
     send_and_settle(p, c);
     return;
   }
   c->state = CALL_END;
+  c->not_sent = 1;
   pthread_mutex_unlock(&p->lock);
-  if (idem_execute_end(c->exec, IDEM_EXEC_NOT_DONE, NULL) != IDEM_OK)
-    cli_error("mcp", "key '%s' could not be freed: %s", c->key,
-              idem_errmsg());
-  c->exec = NULL;
-  ws = call_finish(p, c);
-  for (mcp_waiter *w = ws; w; w = w->next)
-    answer_server_exited(p, c, w->id);
-  waiters_free(ws);
-  call_free(c);
+  do_end(p, c);
 }
 
 static void do_claim(mcp_proxy *p, mcp_call *c) {
@@ -508,109 +504,110 @@ static void do_claim(mcp_proxy *p, mcp_call *c) {
   call_free(c);
 }
 
-/* How the server's answer ends the record. */
+/* How a call at the server ends. */
 enum {
   WHY_RESULT,
   WHY_TOOL_ERROR, /* isError with --store-tool-errors no: released */
   WHY_SERVER_ERROR,
   WHY_TOO_BIG,
   WHY_UNREADABLE,
-  WHY_GONE
+  WHY_GONE,       /* the server exited without answering */
+  WHY_NOT_SENT,   /* the call never reached the server whole */
+  WHY_INPUT_LEFT, /* it asked for input and no next round came */
+  WHY_INPUT       /* it asked for input: not an ending */
 };
+
+/* What c's ending is, and for a result, where it is in c->answer and
+ * whether it is a tool error. */
+static int ending_of(const mcp_proxy *p, const mcp_call *c, size_t *rf,
+                     size_t *rt, int *is_error) {
+  int dup, why;
+  json_t *msg, *result;
+  const char *rtype;
+  if (c->not_sent)
+    return WHY_NOT_SENT;
+  if (c->input_expired)
+    return WHY_INPUT_LEFT;
+  if (c->gone)
+    return WHY_GONE;
+  msg = mcp_parse(c->answer, c->answer_len, &dup);
+  result = json_object_get(msg, "result");
+  rtype = json_string_value(json_object_get(result, "resultType"));
+  *is_error = json_is_true(json_object_get(result, "isError"));
+  if (!msg)
+    why = WHY_UNREADABLE;
+  else if (rtype && strcmp(rtype, "input_required") == 0)
+    why = WHY_INPUT;
+  else if (!result ||
+           !mcp_member(c->answer, c->answer_len, 0, "result", rf, rt))
+    why = WHY_SERVER_ERROR;
+  else if (*is_error && !p->o->store_tool_errors)
+    why = WHY_TOOL_ERROR;
+  else if (*rt - *rf > p->o->max_result)
+    why = WHY_TOO_BIG;
+  else
+    why = WHY_RESULT;
+  json_decref(msg);
+  return why;
+}
+
+/*
+ * The tool answered resultType "input_required": no outcome (MCP
+ * 2026-07-28). It needs the client's input before it acts, and the client
+ * sends the same call again with it. The key stays held, its lease
+ * renewed, for that round; the answer passes on to every request waiting.
+ */
+static void ask_for_input(mcp_proxy *p, mcp_call *c) {
+  mcp_waiter *ws;
+  char *ans;
+  size_t alen;
+  pthread_mutex_lock(&p->lock);
+  ws = c->waiters;
+  c->waiters = NULL;
+  ans = c->answer; /* the next round brings its own */
+  alen = c->answer_len;
+  c->answer = NULL;
+  c->answer_len = 0;
+  c->state = CALL_INPUT;
+  c->input_until = mono_ms() + p->o->input_wait_ms;
+  pthread_mutex_unlock(&p->lock);
+  mcp_notify(p); /* the main thread times the wait */
+  for (mcp_waiter *w = ws; w; w = w->next)
+    answer_line_as(p, ans, alen, w->id, 0);
+  waiters_free(ws);
+  free(ans);
+}
 
 static void do_end(mcp_proxy *p, mcp_call *c) {
   idem_response resp;
   idem_exec_result how;
-  int why, rc, recovered = idem_call_outcome(c->call) == IDEM_RECOVER;
+  int why, rc, is_error = 0;
+  int recovered = idem_call_outcome(c->call) == IDEM_RECOVER;
   size_t rf = 0, rt = 0;
   char detail[600];
   mcp_waiter *ws;
   memset(&resp, 0, sizeof resp);
-  if (c->not_sent) {
-    rc = idem_execute_end(c->exec, IDEM_EXEC_NOT_DONE, NULL);
-    c->exec = NULL;
-    if (rc != IDEM_OK)
-      cli_error("mcp", "key '%s' could not be freed: %s", c->key,
-                idem_errmsg());
-    ws = call_finish(p, c);
-    for (mcp_waiter *w = ws; w; w = w->next)
-      answer_server_exited(p, c, w->id);
-    waiters_free(ws);
-    call_free(c);
+  why = ending_of(p, c, &rf, &rt, &is_error);
+  switch (why) {
+  case WHY_INPUT:
+    ask_for_input(p, c);
     return;
-  }
-  if (c->input_expired) {
-    /* The tool asked for input and no next round came: it has not acted,
-     * so the key is free again. */
-    rc = idem_execute_end(c->exec, IDEM_EXEC_NOT_DONE, NULL);
-    c->exec = NULL;
-    cli_error("mcp",
-              "key '%s' (tool %s): the tool asked for input and no next "
-              "round of the call came %s; the key is %s",
-              c->key, c->tool,
-              c->gone ? "before the proxy closed" : "within --input-wait",
-              rc == IDEM_OK ? "released" : idem_errmsg());
-    waiters_free(call_finish(p, c));
-    call_free(c);
-    return;
-  }
-  if (c->gone) {
-    why = WHY_GONE;
+  case WHY_RESULT:
+    how = IDEM_EXEC_DONE;
+    resp.status = is_error;
+    resp.body = c->answer + rf;
+    resp.body_len = rt - rf;
+    break;
+  case WHY_GONE:
     how = IDEM_EXEC_LEAVE_IN_PROGRESS;
-  } else {
-    int dup;
-    json_t *msg = mcp_parse(c->answer, c->answer_len, &dup);
-    json_t *result = json_object_get(msg, "result");
-    const char *rtype =
-        json_string_value(json_object_get(result, "resultType"));
-    if (msg && rtype && strcmp(rtype, "input_required") == 0) {
-      /* Not an outcome (MCP 2026-07-28): the tool needs the client's
-       * input before it acts, and the client sends the same call again
-       * with it. The key stays held, its lease renewed, for that round;
-       * the answer passes on to every request waiting. */
-      mcp_waiter *ws2;
-      char *ans;
-      size_t alen;
-      json_decref(msg);
-      pthread_mutex_lock(&p->lock);
-      ws2 = c->waiters;
-      c->waiters = NULL;
-      ans = c->answer; /* the next round brings its own */
-      alen = c->answer_len;
-      c->answer = NULL;
-      c->answer_len = 0;
-      c->state = CALL_INPUT;
-      c->input_until = mono_ms() + p->o->input_wait_ms;
-      pthread_mutex_unlock(&p->lock);
-      mcp_notify(p); /* the main thread times the wait */
-      for (mcp_waiter *w = ws2; w; w = w->next)
-        answer_line_as(p, ans, alen, w->id, 0);
-      waiters_free(ws2);
-      free(ans);
-      return;
-    }
-    if (!msg) {
-      why = WHY_UNREADABLE;
-      how = IDEM_EXEC_UNKNOWN;
-    } else if (!result ||
-               !mcp_member(c->answer, c->answer_len, 0, "result", &rf, &rt)) {
-      why = WHY_SERVER_ERROR;
-      how = IDEM_EXEC_NOT_DONE;
-    } else if (json_is_true(json_object_get(result, "isError")) &&
-               !p->o->store_tool_errors) {
-      why = WHY_TOOL_ERROR;
-      how = IDEM_EXEC_NOT_DONE;
-    } else if (rt - rf > p->o->max_result) {
-      why = WHY_TOO_BIG;
-      how = IDEM_EXEC_UNKNOWN;
-    } else {
-      why = WHY_RESULT;
-      how = IDEM_EXEC_DONE;
-      resp.status = json_is_true(json_object_get(result, "isError")) ? 1 : 0;
-      resp.body = c->answer + rf;
-      resp.body_len = rt - rf;
-    }
-    json_decref(msg);
+    break;
+  case WHY_TOO_BIG:
+  case WHY_UNREADABLE:
+    how = IDEM_EXEC_UNKNOWN;
+    break;
+  default: /* the tool has not acted */
+    how = IDEM_EXEC_NOT_DONE;
+    break;
   }
   rc = idem_execute_end(c->exec, how, &resp);
   c->exec = NULL;
@@ -628,11 +625,17 @@ static void do_end(mcp_proxy *p, mcp_call *c) {
     break;
   case WHY_TOOL_ERROR:
   case WHY_SERVER_ERROR:
+  case WHY_NOT_SENT:
     if (rc != IDEM_OK)
-      cli_error("mcp", "key '%s' could not be freed after the %s: %s",
-                c->key,
-                why == WHY_TOOL_ERROR ? "tool's error" : "server's error",
-                detail);
+      cli_error("mcp", "key '%s' could not be freed: %s", c->key, detail);
+    break;
+  case WHY_INPUT_LEFT:
+    cli_error("mcp",
+              "key '%s' (tool %s): the tool asked for input and no next "
+              "round of the call came %s; the key is %s",
+              c->key, c->tool,
+              c->gone ? "before the proxy closed" : "within --input-wait",
+              rc == IDEM_OK ? "released" : detail);
     break;
   case WHY_UNREADABLE:
     cli_error("mcp",
@@ -658,7 +661,9 @@ static void do_end(mcp_proxy *p, mcp_call *c) {
   }
   ws = call_finish(p, c);
   for (mcp_waiter *w = ws; w; w = w->next) {
-    if (why == WHY_GONE)
+    if (why == WHY_NOT_SENT)
+      answer_server_exited(p, c, w->id);
+    else if (why == WHY_GONE)
       answer_unknown(p, c, w->id, p->o->on_unknown_fail ? 0 : lease_ms(p),
                      "the server exited before answering this call", 1);
     else if (why == WHY_RESULT && w->attached)
@@ -977,10 +982,7 @@ void mcp_keyed_call(mcp_proxy *p, json_t *msg, const char *line, size_t len,
     same->id_to = idt;
     c->line = NULL;
     same->waiters = w;
-    snprintf(same->sid, sizeof same->sid, "\"idem-%s-%llu\"", p->nonce,
-             ++p->next_sid);
-    same->state = CALL_SERVER;
-    same->sending = 1;
+    to_server_state(p, same);
     pthread_mutex_unlock(&p->lock);
     send_and_settle(p, same);
     call_free(c);
