@@ -33,7 +33,16 @@ const everything = (proxy) => connect({ server: SERVERS.everything, proxy,
   await client.close();
 }
 
-const { client, stderr } = await everything(["--store", store]);
+const { client, transport, stderr } = await everything(["--store", store]);
+// Every message the proxy wrote to the client, as the transport read it:
+// the SDK client hands notifications to their handlers a microtask later
+// than responses, so a progress notification read in the same chunk as its
+// call's response never reaches onprogress, whoever wrote them in order.
+const wire = [];
+{
+  const deliver = transport.onmessage;
+  transport.onmessage = (m, extra) => { wire.push(m); deliver(m, extra); };
+}
 // A state-changing tool, one key: acts once.
 {
   const r1 = await call(client, "toggle-simulated-logging", {}, { key: "tog-1" });
@@ -53,9 +62,14 @@ const { client, stderr } = await everything(["--store", store]);
 {
   const progress = [];
   const args = { duration: 0.4, steps: 4 };
+  const from = wire.length;
   const r1 = await call(client, "trigger-long-running-operation", args,
     { key: "long-1", onprogress: (p) => progress.push(p.progress) });
-  eq("progress: every step passed through", [1, 2, 3, 4], progress);
+  eq("progress: every step passed through", [1, 2, 3, 4], wire.slice(from)
+    .filter((m) => m.method === "notifications/progress")
+    .map((m) => m.params.progress));
+  check("progress: the client's handler saw them as they came",
+    progress.length >= 3 && progress.every((v, i) => v === i + 1), progress);
   check("progress: result", /completed/.test(text(r1.result)), text(r1.result));
   const again = [];
   const r2 = await call(client, "trigger-long-running-operation", args,
