@@ -303,12 +303,13 @@ static int run(int argc, char **argv) {
   }
   p->o = o;
   p->tools = json_object();
+  p->tasks = json_object();
   pthread_mutex_init(&p->lock, NULL);
   pthread_cond_init(&p->cond, NULL);
   pthread_mutex_init(&p->to_server.lock, NULL);
   pthread_mutex_init(&p->to_client.lock, NULL);
   p->to_client.fd = STDOUT_FILENO;
-  if (!p->tools || pipe2(sig, O_CLOEXEC | O_NONBLOCK) != 0 ||
+  if (!p->tools || !p->tasks || pipe2(sig, O_CLOEXEC | O_NONBLOCK) != 0 ||
       mcp_signals_install(sig[1]) != 0) {
     cli_error("mcp", "cannot set up: %s", strerror(errno));
     idem_store_close(p->store);

@@ -110,6 +110,10 @@ typedef struct mcp_call {
   int sending;  /* a thread is writing it to the server: not freed meanwhile */
   int deferred; /* ended while sending: queued once the write is done */
   int not_sent; /* the write failed: the server cannot have acted on it */
+  int asks_task;   /* the request asks for a task (params.task, or the
+                      tasks extension declared) */
+  int stale_retry; /* sent again after a stale task handle: its result is
+                      marked recovered */
   int64_t input_until; /* CALL_INPUT: when the next round is waited for */
 } mcp_call;
 
@@ -140,6 +144,8 @@ typedef struct mcp_proxy {
   char nonce[24]; /* makes the ids the proxy owns unguessable */
   mcp_watch *watches;
   json_t *tools;   /* tool name -> true when readOnlyHint or idempotentHint */
+  json_t *tasks;   /* task id -> when it ends (mono ms; 0: no ttl): the
+                      tasks keyed calls made this server process create */
   int server_gone; /* the server's output ended */
   int client_eof;  /* the client's input ended */
   int closing;     /* no new keyed call may start */
@@ -237,6 +243,14 @@ char *mcp_splice(const char *s, size_t n, size_t from, size_t to,
  * that is no object is copied unchanged. NULL when out of memory. */
 char *mcp_mark_result(const char *body, size_t len, int replayed,
                       int recovered, size_t *out_len);
+/* Whether a result body is a task handle: a CreateTaskResult of MCP
+ * 2025-11-25 ({"task": {"taskId": ...}}) or a task of the 2026-07-28 tasks
+ * extension ({"resultType": "task", "taskId": ...}). 1 with *task_id (free
+ * it) and *ttl_ms (0 when none), else 0. */
+int mcp_task_handle(const char *body, size_t len, char **task_id,
+                    int64_t *ttl_ms);
+/* Whether a tools/call's params ask for a task. */
+int mcp_asks_task(json_t *params);
 /* What the proxy can tell of a tools/call line it cannot parse: *keyed set
  * when a key is present in one of its places, *id_from and *id_to the span of
  * its id (0, 0 when none), *tool the tool name (malloc'd, NULL when it

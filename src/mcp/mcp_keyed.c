@@ -315,6 +315,114 @@ static mcp_waiter *call_finish(mcp_proxy *p, mcp_call *c) {
   return ws;
 }
 
+/* ---- task handles ---------------------------------------------------------
+ *
+ * A keyed call that asks for a task (MCP 2025-11-25's params.task, or the
+ * tasks extension of 2026-07-28) acts by creating the task: its result is
+ * the task's handle, kept and replayed like any result, so that a retry
+ * gets the same task and no second one is made. Over stdio a task lives in
+ * the server process that made it, for its ttl. A handle that names a task
+ * this proxy's server did not make (the proxy and its server were
+ * restarted) or whose ttl has passed is stale: the task may have acted,
+ * partly or wholly, and nobody can ask it now. Such a replay is settled as
+ * an unknown outcome: with --on-unknown forward the call is sent again and
+ * its result marked recovered; with fail the key waits for an operator.
+ */
+
+enum { REPLAY_OK, REPLAY_NO_TASK, REPLAY_STALE };
+
+/* Whether the stored result body can be replayed to c. */
+static int replay_verdict(mcp_proxy *p, const mcp_call *c, const char *body,
+                          size_t len) {
+  char *task;
+  int64_t ttl;
+  int v = REPLAY_OK;
+  /* Most results are no task: told without parsing them. */
+  if (!memmem(body, len, "\"taskId\"", 8) ||
+      !mcp_task_handle(body, len, &task, &ttl))
+    return REPLAY_OK;
+  if (!c->asks_task) {
+    v = REPLAY_NO_TASK;
+  } else {
+    json_t *e;
+    pthread_mutex_lock(&p->lock);
+    e = json_object_get(p->tasks, task);
+    if (!e || (json_integer_value(e) && json_integer_value(e) <= mono_ms()))
+      v = REPLAY_STALE;
+    pthread_mutex_unlock(&p->lock);
+  }
+  free(task);
+  return v;
+}
+
+/* A task handle a keyed call's result names: made by this server. */
+static void task_made(mcp_proxy *p, const char *body, size_t len) {
+  char *task;
+  int64_t ttl;
+  if (!memmem(body, len, "\"taskId\"", 8) ||
+      !mcp_task_handle(body, len, &task, &ttl))
+    return;
+  pthread_mutex_lock(&p->lock);
+  json_object_set_new(p->tasks, task, json_integer(ttl ? mono_ms() + ttl : 0));
+  pthread_mutex_unlock(&p->lock);
+  free(task);
+}
+
+static void answer_no_task(mcp_proxy *p, const mcp_call *c, const char *id) {
+  char msg[1024];
+  snprintf(msg, sizeof msg,
+           "idem mcp: key \"%s\" (tool %s) started a task; its result is "
+           "the task's handle. Send the call again as a task (params.task, "
+           "or with the tasks extension) to get it. Nothing was sent to the "
+           "server.",
+           c->key, c->tool);
+  mcp_answer_error_text(p, id, -32602, msg,
+                        error_data(c, "task_expected", NULL));
+}
+
+static void answer_stale_task(mcp_proxy *p, const mcp_call *c,
+                              const char *id) {
+  char msg[1600];
+  const mcp_opts *o = p->o;
+  snprintf(msg, sizeof msg,
+           "idem mcp: key \"%s\" (tool %s) started a task that the server "
+           "running now does not hold (it was restarted, or the task's ttl "
+           "has passed), so the task may or may not have acted. Nothing was "
+           "sent to the server. This key is refused until an operator has "
+           "checked: `idem keys delete %s --operation %s%s%s` lets a retry "
+           "start the call again.",
+           c->key, c->tool, c->key, c->tool, *o->tenant ? " --tenant " : "",
+           o->tenant);
+  mcp_answer_error_text(
+      p, id, MCP_E_UNKNOWN, msg,
+      error_data(c, "unknown", "idempotency_outcome_unknown"));
+}
+
+/* --on-unknown forward, a stale handle replayed: the record that holds it
+ * goes (if it still is that record) and the claim is asked again. */
+static void retry_stale(mcp_proxy *p, mcp_call *c, const idem_response *r) {
+  const mcp_opts *o = p->o;
+  idem_id id = {o->tenant, c->tool, c->key};
+  idem_record *rec = NULL;
+  if (idem_get(p->store, &id, &rec) == IDEM_OK &&
+      rec->state == IDEM_STATE_COMPLETED && rec->has_response &&
+      strcmp(rec->fingerprint, c->fp) == 0 &&
+      rec->response.body_len == r->body_len &&
+      memcmp(rec->response.body, r->body, r->body_len) == 0 &&
+      idem_delete(p->store, &id) == IDEM_OK)
+    cli_error("mcp",
+              "key '%s' (tool %s): its task is not held by the server "
+              "running now and may have acted; sending the call again "
+              "(--on-unknown forward); its result will be marked recovered",
+              c->key, c->tool);
+  idem_record_free(rec);
+  c->stale_retry = 1;
+  c->rounds = 0;
+  pthread_mutex_lock(&p->lock);
+  enqueue(p, c);
+  pthread_mutex_unlock(&p->lock);
+}
+
 /* ---- the workers --------------------------------------------------------- */
 
 static void claim_failed(mcp_proxy *p, mcp_call *c, int rc) {
@@ -466,11 +574,22 @@ static void do_claim(mcp_proxy *p, mcp_call *c) {
   case IDEM_REPLAY: {
     const idem_response *r = idem_call_response(call);
     int recovered = idem_call_recovered(call);
-    mcp_cache_put(c->tool, c->key, c->fp, r->body, r->body_len, recovered,
-                  wall_ms() + retention_ms(p));
+    int v = replay_verdict(p, c, r->body, r->body_len);
+    if (v == REPLAY_STALE && !o->on_unknown_fail && !c->stale_retry) {
+      retry_stale(p, c, r);
+      return;
+    }
+    if (v == REPLAY_OK)
+      mcp_cache_put(c->tool, c->key, c->fp, r->body, r->body_len, recovered,
+                    wall_ms() + retention_ms(p));
     ws = call_finish(p, c);
     for (mcp_waiter *w = ws; w; w = w->next)
-      answer_replay(p, w->id, r->body, r->body_len, recovered);
+      if (v == REPLAY_NO_TASK)
+        answer_no_task(p, c, w->id);
+      else if (v == REPLAY_STALE)
+        answer_stale_task(p, c, w->id);
+      else
+        answer_replay(p, w->id, r->body, r->body_len, recovered);
     break;
   }
   case IDEM_CONFLICT: {
@@ -583,6 +702,8 @@ static void do_end(mcp_proxy *p, mcp_call *c) {
   idem_exec_result how;
   int why, rc, is_error = 0;
   int recovered = idem_call_outcome(c->call) == IDEM_RECOVER;
+  char *marked = NULL;
+  size_t marked_len = 0;
   size_t rf = 0, rt = 0;
   char detail[600];
   mcp_waiter *ws;
@@ -597,6 +718,15 @@ static void do_end(mcp_proxy *p, mcp_call *c) {
     resp.status = is_error;
     resp.body = c->answer + rf;
     resp.body_len = rt - rf;
+    if (c->stale_retry) {
+      /* Sent again after a stale task handle: no takeover the store knows
+       * of, so the mark is kept in the result itself. */
+      marked = mcp_mark_result(resp.body, resp.body_len, 0, 1, &marked_len);
+      if (marked) {
+        resp.body = marked;
+        resp.body_len = marked_len;
+      }
+    }
     break;
   case WHY_GONE:
     how = IDEM_EXEC_LEAVE_IN_PROGRESS;
@@ -622,6 +752,7 @@ static void do_end(mcp_proxy *p, mcp_call *c) {
     else
       mcp_cache_put(c->tool, c->key, c->fp, resp.body, resp.body_len,
                     recovered, wall_ms() + retention_ms(p));
+    task_made(p, resp.body, resp.body_len);
     break;
   case WHY_TOOL_ERROR:
   case WHY_SERVER_ERROR:
@@ -669,9 +800,11 @@ static void do_end(mcp_proxy *p, mcp_call *c) {
     else if (why == WHY_RESULT && w->attached)
       answer_replay(p, w->id, resp.body, resp.body_len, recovered);
     else
-      answer_as_server(p, c, w->id, recovered && why == WHY_RESULT);
+      answer_as_server(p, c, w->id,
+                       (recovered || c->stale_retry) && why == WHY_RESULT);
   }
   waiters_free(ws);
+  free(marked);
   call_free(c);
 }
 
@@ -934,14 +1067,22 @@ void mcp_keyed_call(mcp_proxy *p, json_t *msg, const char *line, size_t len,
     free(idtext);
     return;
   }
-  /* A retry whose result is kept in memory: answered here. */
+  c->asks_task = mcp_asks_task(json_object_get(msg, "params"));
+  /* A retry whose result is kept in memory: answered here (a stale task
+   * handle goes to the workers, who settle it). */
   if (mcp_cache_get(c->tool, c->key, c->fp, wall_ms(), &body, &blen,
                     &recovered)) {
-    answer_replay(p, idtext, body, blen, recovered);
+    int v = replay_verdict(p, c, body, blen);
+    if (v == REPLAY_OK)
+      answer_replay(p, idtext, body, blen, recovered);
+    else if (v == REPLAY_NO_TASK)
+      answer_no_task(p, c, idtext);
     free(body);
-    call_free(c);
-    free(idtext);
-    return;
+    if (v != REPLAY_STALE) {
+      call_free(c);
+      free(idtext);
+      return;
+    }
   }
   pthread_mutex_lock(&p->lock);
   for (mcp_call *q = p->calls; q; q = q->next)

@@ -347,3 +347,40 @@ int mcp_scan_call(const char *line, size_t len, const char *key_argument,
     *keyed = 1;
   return 1;
 }
+
+/* ---- tasks ---------------------------------------------------------------- */
+
+int mcp_task_handle(const char *body, size_t len, char **task_id,
+                    int64_t *ttl_ms) {
+  json_t *r = json_loadb(body, len, JSON_DECODE_INT_AS_REAL, NULL);
+  json_t *task = json_object_get(r, "task"), *id, *ttl;
+  const char *rtype = json_string_value(json_object_get(r, "resultType"));
+  int is = 0;
+  *task_id = NULL;
+  *ttl_ms = 0;
+  if (json_is_object(task)) { /* 2025-11-25 */
+    id = json_object_get(task, "taskId");
+    ttl = json_object_get(task, "ttl");
+  } else if (rtype && strcmp(rtype, "task") == 0) { /* 2026-07-28 */
+    id = json_object_get(r, "taskId");
+    ttl = json_object_get(r, "ttlMs");
+  } else {
+    id = ttl = NULL;
+  }
+  if (json_is_string(id) && (*task_id = strdup(json_string_value(id)))) {
+    is = 1;
+    if (json_is_number(ttl) && json_number_value(ttl) > 0 &&
+        json_number_value(ttl) < 9e15)
+      *ttl_ms = (int64_t)json_number_value(ttl);
+  }
+  json_decref(r);
+  return is;
+}
+
+int mcp_asks_task(json_t *params) {
+  json_t *caps = json_object_get(json_object_get(params, "_meta"),
+                                 "io.modelcontextprotocol/clientCapabilities");
+  return json_is_object(json_object_get(params, "task")) ||
+         json_object_get(json_object_get(caps, "extensions"),
+                         "io.modelcontextprotocol/tasks") != NULL;
+}
