@@ -244,6 +244,34 @@ const J = JSON.stringify;
   eq("1,000 calls: ends", { code: 0, signal: null }, await s.exited);
 }
 
+{
+  // An unkeyed request that reuses the id of a keyed call in flight: its
+  // answer is its own, never recorded as the keyed call's (the keyed call
+  // travels under an id the proxy owns), and the keyed call's own answer
+  // is still recorded and replayed.
+  const s = start([]);
+  s.send(call(40, "silent", {}, "reuse-1"));
+  await s.until(() => s.log().some((l) => l.includes('"reuse-1"')), "the keyed call at the server");
+  s.send(call(40, "add", { a: 20, b: 22 }));
+  await s.until(() => answer(s.got, 40), "the unkeyed call's answer");
+  eq("id reused: the unkeyed call got its own answer", "42",
+    answer(s.got, 40)?.result?.content?.[0]?.text);
+  s.got.length = 0;
+  s.send(call(41, "silent", {}, "reuse-1"));
+  const sid = JSON.parse(s.log().find((l) => l.includes('"reuse-1"'))).id;
+  s.send(J({ jsonrpc: "2.0", method: "emit", params: { lines: [
+    J({ jsonrpc: "2.0", id: sid, result: { content: [{ type: "text", text: "mine" }] } })] } }));
+  await s.until(() => answer(s.got, 40) && answer(s.got, 41), "the keyed call's answers");
+  eq("id reused: the keyed call and its retry got the keyed answer",
+    ["mine", "mine", true], [answer(s.got, 40)?.result?.content?.[0]?.text,
+      answer(s.got, 41)?.result?.content?.[0]?.text,
+      answer(s.got, 41)?.result?._meta?.["idem/replayed"]]);
+  eq("id reused: the server saw the keyed call once", 1,
+    s.log().filter((l) => l.includes('"reuse-1"')).length);
+  s.p.stdin.end();
+  await s.exited;
+}
+
 const run = (...args) => spawnSync(IDEM, ["mcp", ...args], { encoding: "utf8" });
 eq("no server: usage", 2, run("--store", store).status);
 eq("--lease 0: usage", 2, run("--lease", "0", "--", "true").status);
