@@ -180,7 +180,15 @@ async function crash(mode, key) {
   a.proc.kill("SIGKILL");
   const r1 = await pending;
   check("proxy killed: the client lost the connection", r1.error !== undefined);
-  const gone = () => { try { process.kill(pid, 0); return false; } catch { return true; } };
+  // Stopped: no such process, or a zombie that its new parent (whatever
+  // reaps orphans on this machine) has not reaped yet.
+  const gone = () => {
+    try { process.kill(pid, 0); } catch { return true; }
+    try {
+      const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+      return stat.slice(stat.lastIndexOf(")") + 2)[0] === "Z";
+    } catch { return true; }
+  };
   await waitFor(gone, "proxy killed: the server to be stopped with it");
   eq("proxy killed: in progress", "in_progress", rec("append", "pk-1")?.state);
   // The retry waits (--attach-wait, 25 s by default) for the dead
