@@ -12,10 +12,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
 #define MAX_PASS_FLOOR ((size_t)64 * 1024 * 1024)
+
+/* Store workers (pool.c): enough callers for the store's group commit to
+ * gather a batch, few enough to stay a fixed handful of threads. */
+#define STORE_WORKERS 8
 
 static const char usage[] =
     "usage: idem serve --listen HOST:PORT --upstream URL [--store URL]\n"
@@ -76,8 +81,9 @@ static const char usage[] =
     "  --admin-listen H:P     serve /healthz, /readyz and /metrics there\n"
     "  --log FILE             append one JSON line per request to FILE (-:\n"
     "                         standard output); SIGHUP reopens it\n"
-    "  --threads N            worker threads (default 32); each forward\n"
-    "                         holds one for its whole upstream round trip\n"
+    "  --threads N            HTTP threads (default 2 per core); a request\n"
+    "                         waiting for the store or the upstream holds\n"
+    "                         none\n"
     "\n"
     "Requests with a protected method and an Idempotency-Key header (a token,\n"
     "or a quoted string: \"...\"; 1-255 printable ASCII characters) are\n"
@@ -141,7 +147,10 @@ static int parse(int argc, char **argv, serve_config *c) {
   long n;
   memset(c, 0, sizeof *c);
   strcpy(c->methods, ",POST,PATCH,");
-  c->threads = 32;
+  {
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    c->threads = cores < 1 ? 2 : cores > 64 ? 128 : (int)(2 * cores);
+  }
   c->max_body = 1024 * 1024;
   c->max_response = 1024 * 1024;
   c->lease_ms = 30000;
@@ -271,6 +280,17 @@ static void drain(struct MHD_Daemon *d, int64_t bound_ms) {
   }
 }
 
+/* Raises the soft limit on descriptors to the hard one, as servers do:
+ * each forward holds two (the client's connection and the upstream's), and
+ * the default soft limit (1024) would cap the gateway near 500 forwards. */
+static void raise_nofile(void) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
+}
+
 static int run(int argc, char **argv) {
   serve_config c;
   idem_store *store = NULL;
@@ -296,6 +316,7 @@ static int run(int argc, char **argv) {
   pthread_sigmask(SIG_BLOCK, &sigs, NULL);
   signal(SIGPIPE, SIG_IGN);
 
+  raise_nofile();
   if (!(upstream = strdup(c.upstream)))
     return EXIT_FAIL;
   for (size_t n = strlen(upstream); n > 8 && upstream[n - 1] == '/'; n--)
@@ -306,13 +327,17 @@ static int run(int argc, char **argv) {
     goto out;
   }
   memset(&so, 0, sizeof so);
-  so.max_connections = c.threads < 4 ? 4 : c.threads;
+  so.max_connections = STORE_WORKERS;
   if ((rc = idem_store_open(c.store_url, &so, &store)) != IDEM_OK) {
     cli_idem_error("serve", "cannot open the store", rc);
     goto out;
   }
   if (upstream_init(&c) != 0) {
     cli_error("serve", "cannot initialise libcurl");
+    goto out;
+  }
+  if (pool_start(STORE_WORKERS) != 0) {
+    cli_error("serve", "cannot start the store workers");
     goto out;
   }
   if (c.admin_listen &&
@@ -345,11 +370,15 @@ static int run(int argc, char **argv) {
   drain(gw, c.upstream_timeout_ms + 2000);
   status = EXIT_OK;
 out:
+  /* The forwards still in flight end (each bounded by
+   * --upstream-timeout), then the store workers record them, and only
+   * then does the daemon go: their connections are resumed into it. */
+  upstream_cleanup();
+  pool_stop();
   if (gw)
     MHD_stop_daemon(gw);
   if (admin)
     MHD_stop_daemon(admin);
-  upstream_cleanup();
   idem_store_close(store);
   accesslog_close();
   free(upstream);

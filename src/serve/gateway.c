@@ -48,6 +48,8 @@ typedef struct req {
   char tenant[300];
   char *path;         /* printable ASCII: the path, percent-encoded where not */
   char operation[256];
+  struct job *job; /* the decision and forward, while the connection is
+                      suspended; its answer once resumed */
 } req;
 
 static double now_ms(void) {
@@ -58,16 +60,14 @@ static double now_ms(void) {
 
 /* ---- answers -------------------------------------------------------------- */
 
-static void log_answer(struct MHD_Connection *c, req *r, const char *method,
-                       serve_outcome o, int status, double upstream_ms,
-                       const char *note) {
+static void log_answer(req *r, const char *method, serve_outcome o,
+                       int status, double upstream_ms, const char *note) {
   access_entry e = {method,      r->path ? r->path : "",
                     o,           status,
                     upstream_ms, now_ms() - r->t0,
                     r->protect ? r->key : NULL,
                     r->protect ? r->tenant : NULL,
                     note};
-  (void)c;
   metrics_request(o);
   accesslog_write(&e);
 }
@@ -87,9 +87,46 @@ static enum MHD_Result queue(struct MHD_Connection *c,
 }
 
 /*
- * An answer of the gateway's own: RFC 9457 problem details. detail tells
- * the caller what to do next. retry_after > 0 adds Retry-After (seconds).
+ * An answer of the gateway's own: RFC 9457 problem details, logged. detail
+ * tells the caller what to do next. retry_after > 0 adds Retry-After
+ * (seconds). NULL when out of memory.
  */
+static struct MHD_Response *problem_response(req *r, const char *method,
+                                             serve_outcome o, int status,
+                                             const char *type,
+                                             const char *title,
+                                             int retry_after,
+                                             double upstream_ms,
+                                             const char *detail) {
+  char t[128], ra[24];
+  json_t *j;
+  char *text;
+  struct MHD_Response *resp;
+
+  snprintf(t, sizeof t, PROBLEM_TYPE "%s", type);
+  j = json_pack("{s:s, s:s, s:i, s:s}", "type", t, "title", title, "status",
+                status, "detail", detail);
+  text = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+  json_decref(j);
+  if (!text)
+    return NULL;
+  resp = MHD_create_response_from_buffer_with_free_callback(strlen(text), text,
+                                                            free);
+  if (!resp) {
+    free(text);
+    return NULL;
+  }
+  MHD_add_response_header(resp, "Content-Type", "application/problem+json");
+  if (retry_after > 0) {
+    snprintf(ra, sizeof ra, "%d", retry_after);
+    MHD_add_response_header(resp, "Retry-After", ra);
+  }
+  log_answer(r, method, o, status, upstream_ms, type);
+  return resp;
+}
+
+/* problem_response(), queued at once: for answers made on libmicrohttpd's
+ * thread, inside the handler. */
 static enum MHD_Result problem(struct MHD_Connection *c, req *r,
                                const char *method, serve_outcome o,
                                int status, const char *type,
@@ -102,35 +139,15 @@ static enum MHD_Result problem(struct MHD_Connection *c, req *r,
                                int status, const char *type,
                                const char *title, int retry_after,
                                double upstream_ms, const char *fmt, ...) {
-  char detail[1024], t[128], ra[24];
+  char detail[1024];
   va_list ap;
-  json_t *j;
-  char *text;
-  struct MHD_Response *resp;
-
   va_start(ap, fmt);
   vsnprintf(detail, sizeof detail, fmt, ap);
   va_end(ap);
-  snprintf(t, sizeof t, PROBLEM_TYPE "%s", type);
-  j = json_pack("{s:s, s:s, s:i, s:s}", "type", t, "title", title, "status",
-                status, "detail", detail);
-  text = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
-  json_decref(j);
-  if (!text)
-    return MHD_NO;
-  resp = MHD_create_response_from_buffer_with_free_callback(strlen(text), text,
-                                                            free);
-  if (!resp) {
-    free(text);
-    return MHD_NO;
-  }
-  MHD_add_response_header(resp, "Content-Type", "application/problem+json");
-  if (retry_after > 0) {
-    snprintf(ra, sizeof ra, "%d", retry_after);
-    MHD_add_response_header(resp, "Retry-After", ra);
-  }
-  log_answer(c, r, method, o, status, upstream_ms, type);
-  return queue(c, resp, status);
+  return queue(c,
+               problem_response(r, method, o, status, type, title,
+                                retry_after, upstream_ms, detail),
+               status);
 }
 
 /* Adds the upstream's end-to-end headers; Date is the gateway's own. */
@@ -141,20 +158,30 @@ static void add_headers(struct MHD_Response *resp, const up_header *h,
       MHD_add_response_header(resp, h[i].name, h[i].value);
 }
 
-/* The upstream's answer, passed on; takes rs->body. */
-static enum MHD_Result pass_on(struct MHD_Connection *c, req *r,
-                               const char *method, serve_outcome o,
-                               up_response *rs, const char *record_note) {
+/*
+ * The upstream's answer, passed on and logged; takes rs->body. note, when
+ * not NULL, goes in Idem-Record. NULL when out of memory.
+ */
+static struct MHD_Response *pass_on(req *r, const char *method,
+                                    serve_outcome o, up_response *rs,
+                                    const char *note) {
   struct MHD_Response *resp = MHD_create_response_from_buffer_with_free_callback(
       rs->body_len, rs->body ? rs->body : (char *)"", rs->body ? free : NULL);
   if (!resp)
-    return MHD_NO;
+    return NULL;
   rs->body = NULL;
   add_headers(resp, rs->headers, rs->nheaders);
-  if (record_note)
-    MHD_add_response_header(resp, "Idem-Record", record_note);
-  log_answer(c, r, method, o, rs->status, rs->ms, record_note);
-  return queue(c, resp, rs->status);
+  if (rs->content_length &&
+      (strcmp(method, "HEAD") == 0 || rs->status == 304) &&
+      MHD_set_response_options(resp, MHD_RF_INSANITY_HEADER_CONTENT_LENGTH,
+                               MHD_RO_END) == MHD_YES)
+    /* No body here, but the length the body would have: libmicrohttpd
+     * would say 0. */
+    MHD_add_response_header(resp, "Content-Length", rs->content_length);
+  if (note)
+    MHD_add_response_header(resp, "Idem-Record", note);
+  log_answer(r, method, o, rs->status, rs->ms, note);
+  return resp;
 }
 
 /*
@@ -195,16 +222,18 @@ static char *utf8_to_latin1(const char *v) {
   return out;
 }
 
-/* A stored response: its status, headers and body. */
-static enum MHD_Result replay(struct MHD_Connection *c, req *r,
-                              const char *method, const idem_response *st) {
+/* A stored response, logged: its status, headers and body. recovered: the
+ * record was finished after a RECOVER (an earlier attempt may have acted
+ * too). NULL when out of memory. */
+static struct MHD_Response *replay(req *r, const char *method,
+                                   const idem_response *st, int recovered) {
   struct MHD_Response *resp = MHD_create_response_from_buffer(
       st->body_len, (void *)(st->body ? st->body : ""),
       MHD_RESPMEM_MUST_COPY);
   json_t *meta = NULL, *h;
   size_t i;
   if (!resp)
-    return MHD_NO;
+    return NULL;
   if (st->meta_len &&
       (meta = json_loadb(st->meta, st->meta_len, 0, NULL)) != NULL &&
       json_is_array(meta)) {
@@ -222,8 +251,11 @@ static enum MHD_Result replay(struct MHD_Connection *c, req *r,
   }
   json_decref(meta);
   MHD_add_response_header(resp, "Idempotent-Replayed", "true");
-  log_answer(c, r, method, OUT_REPLAY, st->status, 0, NULL);
-  return queue(c, resp, st->status);
+  if (recovered)
+    MHD_add_response_header(resp, "Idem-Record", "recovered");
+  log_answer(r, method, OUT_REPLAY, st->status, 0,
+             recovered ? "recovered" : NULL);
+  return resp;
 }
 
 /* ---- the request ------------------------------------------------------------ */
@@ -401,22 +433,91 @@ static enum MHD_Result begin(struct MHD_Connection *c, req *r,
   return MHD_YES;
 }
 
-/* ---- the forward, run by idem_execute() -------------------------------------- */
+/* ---- the decision and the forward, off libmicrohttpd's threads ------------- */
 
-typedef struct forward {
+/*
+ * A request whose body is in is decided and forwarded while its connection
+ * is suspended (MHD_suspend_connection()), so that no thread waits for the
+ * store or the upstream on its behalf:
+ *
+ *   finish()  (libmicrohttpd's thread)  the job is made, the connection
+ *             suspended; a keyed request goes to a store worker, an unkeyed
+ *             one straight to the upstream loop
+ *   claim()   (a store worker)          idem_execute_begin(): a replay or a
+ *             refusal is answered; PROCEED and RECOVER go upstream
+ *   forwarded()  (the upstream loop)    the answer is in: back to a worker
+ *   end()     (a store worker)          idem_execute_end() records it
+ *   answer()  (any)                     the response is kept in the job and
+ *             the connection resumed; libmicrohttpd calls handle() again,
+ *             which queues it
+ *
+ * While the forward runs, the store's scheduler renews the key's lease.
+ */
+typedef struct job {
+  struct MHD_Connection *c;
+  req *r;
+  char method[40];
+  headers hs;
+  char addr[INET6_ADDRSTRLEN];
+  int json_type;
   up_request rq;
   up_response rs;
   up_result result;
   idem_exec *exec;
-  idem_exec_result answer;
-  int ran;
-  int not_stored; /* the response was too large to keep */
+  idem_call *call;
+  idem_exec_result verdict; /* what the forward told the store */
   char *meta;
-} forward;
+  double s0, store_ms;
+  struct MHD_Response *resp; /* the answer, until handle() queues it */
+  int status;
+  int ready; /* resp and status are final (resp NULL: out of memory) */
+} job;
+
+static void job_free(job *j) {
+  if (!j)
+    return;
+  if (j->resp)
+    MHD_destroy_response(j->resp);
+  headers_free(&j->hs);
+  upstream_response_free(&j->rs);
+  idem_call_free(j->call);
+  free(j->meta);
+  free(j);
+}
+
+/* The job's answer is made: hand the connection back to libmicrohttpd. */
+static void answer(job *j, struct MHD_Response *resp, int status) {
+  j->resp = resp;
+  j->status = status;
+  j->ready = 1;
+  metrics_waiting(-1);
+  MHD_resume_connection(j->c);
+}
+
+static void answer_problem(job *j, serve_outcome o, int status,
+                           const char *type, const char *title,
+                           int retry_after, double upstream_ms,
+                           const char *fmt, ...)
+    __attribute__((format(printf, 8, 9)));
+
+static void answer_problem(job *j, serve_outcome o, int status,
+                           const char *type, const char *title,
+                           int retry_after, double upstream_ms,
+                           const char *fmt, ...) {
+  char detail[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(detail, sizeof detail, fmt, ap);
+  va_end(ap);
+  answer(j,
+         problem_response(j->r, j->method, o, status, type, title,
+                          retry_after, upstream_ms, detail),
+         status);
+}
 
 static int lease_lost(void *ctx) {
-  forward *f = ctx;
-  return f->exec && idem_exec_lost(f->exec);
+  job *j = ctx;
+  return j->exec && idem_exec_lost(j->exec);
 }
 
 /* The headers kept with a stored response: all end-to-end ones but Date
@@ -449,43 +550,6 @@ static char *stored_meta(const up_response *rs, size_t *len) {
   return s;
 }
 
-static idem_exec_result forward_action(idem_exec *x, void *ctx,
-                                       idem_response *out) {
-  forward *f = ctx;
-  size_t meta_len = 0;
-  f->exec = x;
-  f->ran = 1;
-  f->result = upstream_forward(&f->rq, &f->rs);
-  metrics_upstream_ms(f->rs.ms);
-  switch (f->result) {
-  case UP_OK:
-    break;
-  case UP_NOT_SENT:
-    return f->answer = IDEM_EXEC_NOT_DONE;
-  case UP_TIMEOUT:
-  case UP_LOST:
-    /* It may have acted, and may still be acting. */
-    return f->answer = IDEM_EXEC_LEAVE_IN_PROGRESS;
-  case UP_TOO_LARGE:
-  case UP_ABORTED:
-    return f->answer = IDEM_EXEC_UNKNOWN;
-  }
-  if (f->rs.status >= 500 && cfg->no_store_5xx)
-    return f->answer = IDEM_EXEC_NOT_DONE;
-  if (!(f->meta = stored_meta(&f->rs, &meta_len)) ||
-      meta_len + f->rs.body_len > cfg->max_response) {
-    f->not_stored = 1;
-    return f->answer = IDEM_EXEC_UNKNOWN;
-  }
-  out->status = f->rs.status;
-  out->meta = f->meta;
-  out->meta_len = meta_len;
-  out->body = f->rs.body;
-  out->body_len = f->rs.body_len;
-  metrics_stored_bytes(meta_len + f->rs.body_len);
-  return f->answer = IDEM_EXEC_DONE;
-}
-
 static int client_address(struct MHD_Connection *c, char *a, size_t size) {
   const union MHD_ConnectionInfo *ci =
       MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
@@ -516,17 +580,308 @@ static int store_trouble(int rc) {
          rc == IDEM_ESCHEMA;
 }
 
-/* Once the body is in: decide, forward, answer. */
+/* Out of descriptors: said at most once a second, however often it
+ * happens (a flood of such lines is how a full disk follows). */
+static void log_no_fds(void) {
+  static int64_t last_s;
+  static unsigned long suppressed;
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  int64_t prev = __atomic_load_n(&last_s, __ATOMIC_RELAXED);
+  if (prev == (int64_t)ts.tv_sec ||
+      !__atomic_compare_exchange_n(&last_s, &prev, (int64_t)ts.tv_sec, 0,
+                                   __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    __atomic_fetch_add(&suppressed, 1, __ATOMIC_RELAXED);
+    return;
+  }
+  unsigned long n = __atomic_exchange_n(&suppressed, 0, __ATOMIC_RELAXED);
+  fprintf(stderr,
+          "idem serve: out of file descriptors: answering 503 "
+          "(%lu more since the last message; raise the limit: ulimit -n)\n",
+          n);
+}
+
+static void answer_no_fds(job *j, const char *what) {
+  log_no_fds();
+  answer_problem(j, OUT_ERROR, 503, "overloaded", "Gateway overloaded", 1,
+                 j->rs.ms,
+                 "The gateway has no file descriptor left to reach the "
+                 "upstream; nothing was sent%s. Retry the same request "
+                 "with the same key.",
+                 what);
+}
+
+/* An unkeyed request's forward ended (the upstream loop's thread). */
+static void passed_through(void *ctx, up_result result) {
+  job *j = ctx;
+  metrics_upstream_ms(j->rs.ms);
+  if (result == UP_OK)
+    answer(j, pass_on(j->r, j->method, OUT_PASSTHROUGH, &j->rs, NULL),
+           j->rs.status);
+  else if (result == UP_NO_FDS)
+    answer_no_fds(j, "");
+  else
+    answer_problem(j, OUT_ERROR, 502, "upstream-failed", "Upstream failed",
+                   0, j->rs.ms,
+                   "The upstream did not answer: %s. This request had no "
+                   "Idempotency-Key, so the gateway cannot tell whether it "
+                   "acted.",
+                   j->rs.error);
+}
+
+/* What the store is told of a forward that ended with result. */
+static idem_exec_result verdict_of(job *j, up_result result,
+                                   idem_response *out) {
+  size_t meta_len = 0;
+  switch (result) {
+  case UP_OK:
+    break;
+  case UP_NOT_SENT:
+  case UP_NO_FDS:
+    return IDEM_EXEC_NOT_DONE;
+  case UP_TIMEOUT:
+  case UP_LOST:
+    /* It may have acted, and may still be acting. */
+    return IDEM_EXEC_LEAVE_IN_PROGRESS;
+  case UP_TOO_LARGE:
+  case UP_ABORTED:
+  case UP_INVALID:
+  default:
+    return IDEM_EXEC_UNKNOWN;
+  }
+  if (j->rs.status >= 500 && cfg->no_store_5xx)
+    return IDEM_EXEC_NOT_DONE;
+  /* --max-response bounds the body; the headers have their own bound
+   * (upstream.c). */
+  if (!(j->meta = stored_meta(&j->rs, &meta_len)) ||
+      j->rs.body_len > cfg->max_response)
+    return IDEM_EXEC_UNKNOWN;
+  out->status = j->rs.status;
+  out->meta = j->meta;
+  out->meta_len = meta_len;
+  out->body = j->rs.body;
+  out->body_len = j->rs.body_len;
+  metrics_stored_bytes(meta_len + j->rs.body_len);
+  return IDEM_EXEC_DONE;
+}
+
+/* "recovered; " before a note when the claim was a RECOVER. */
+static const char *note(job *j, const char *plain, const char *recovered) {
+  return idem_call_outcome(j->call) == IDEM_RECOVER ? recovered : plain;
+}
+
+/* A keyed forward's answer is in: recorded (a store worker's thread). */
+static void end(void *ctx) {
+  job *j = ctx;
+  idem_response out;
+  int rc;
+  double s0 = now_ms();
+  serve_outcome so =
+      idem_call_outcome(j->call) == IDEM_RECOVER ? OUT_RECOVER : OUT_PROCEED;
+
+  memset(&out, 0, sizeof out);
+  j->verdict = verdict_of(j, j->result, &out);
+  rc = idem_execute_end(j->exec, j->verdict, &out);
+  j->exec = NULL;
+  metrics_store_ms(j->store_ms + now_ms() - s0);
+  if (rc != IDEM_OK) {
+    /* It ran, but its result is not recorded (the lease was taken over,
+     * or the store failed past the retries). The caller still gets what
+     * the upstream answered. */
+    if (j->result == UP_OK)
+      answer(j,
+             pass_on(j->r, j->method, so, &j->rs,
+                     rc == IDEM_ESTALE
+                         ? note(j, "not-stored; lease-lost",
+                                "recovered; not-stored; lease-lost")
+                         : note(j, "not-stored; store-failed",
+                                "recovered; not-stored; store-failed")),
+             j->rs.status);
+    else
+      answer_problem(j, OUT_ERROR, 502, "upstream-failed", "Upstream failed",
+                     0, j->rs.ms,
+                     "The upstream was asked but did not answer (%s), and "
+                     "the store could not record it (%s). It may have "
+                     "acted: do not retry blindly.",
+                     j->rs.error, idem_rc_name(rc));
+    return;
+  }
+  switch (j->verdict) {
+  case IDEM_EXEC_DONE:
+    answer(j, pass_on(j->r, j->method, so, &j->rs, note(j, NULL, "recovered")),
+           j->rs.status);
+    break;
+  case IDEM_EXEC_NOT_DONE:
+    if (j->result == UP_OK) /* a 5xx with --no-store-5xx: released */
+      answer(j,
+             pass_on(j->r, j->method, so, &j->rs,
+                     note(j, "not-stored; released",
+                          "recovered; not-stored; released")),
+             j->rs.status);
+    else if (j->result == UP_NO_FDS)
+      answer_no_fds(j, " and the key was released");
+    else
+      answer_problem(j, OUT_ERROR, 502, "upstream-unreachable",
+                     "Upstream unreachable", 0, j->rs.ms,
+                     "The upstream could not be reached (%s); nothing was "
+                     "sent and the key was released. Retry the same request "
+                     "with the same key.",
+                     j->rs.error);
+    break;
+  case IDEM_EXEC_LEAVE_IN_PROGRESS:
+    answer_problem(
+        j, OUT_ERROR, j->result == UP_TIMEOUT ? 504 : 502,
+        j->result == UP_TIMEOUT ? "upstream-timeout" : "upstream-failed",
+        j->result == UP_TIMEOUT ? "Upstream timeout" : "Upstream failed",
+        retry_after_s(cfg->lease_ms), j->rs.ms,
+        "The request was sent upstream, which may have acted: %s. The key "
+        "stays in progress for %d s; a retry with the same key after that "
+        "is %s.",
+        j->rs.error, retry_after_s(cfg->lease_ms),
+        cfg->on_unknown_fail
+            ? "refused until an operator resolves it (idem keys resolve)"
+            : "forwarded again with the same Idempotency-Key, and its "
+              "answer marked Idem-Record: recovered");
+    break;
+  case IDEM_EXEC_UNKNOWN:
+  default:
+    if (j->result == UP_OK)
+      answer(j,
+             pass_on(j->r, j->method, so, &j->rs,
+                     note(j, "unknown; response-too-large-to-store",
+                          "recovered; unknown; "
+                          "response-too-large-to-store")),
+             j->rs.status);
+    else
+      answer_problem(j, OUT_ERROR, 502, "upstream-failed", "Upstream failed",
+                     0, j->rs.ms,
+                     "The upstream may have acted, but its answer cannot be "
+                     "passed on (%s). The key is marked unknown: an operator "
+                     "must resolve it (idem keys resolve).",
+                     j->rs.error);
+    break;
+  }
+}
+
+/* A keyed forward ended (the upstream loop's thread, which must not wait
+ * for the store). */
+static void forwarded(void *ctx, up_result result) {
+  job *j = ctx;
+  j->result = result;
+  metrics_upstream_ms(j->rs.ms);
+  if (pool_submit(end, j) != 0)
+    end(j); /* out of memory: late, but recorded */
+}
+
+/* The claim (a store worker's thread). */
+static void claim(void *ctx) {
+  job *j = ctx;
+  req *r = j->r;
+  idem_id id = {r->tenant, r->operation, r->key};
+  idem_execute_options o;
+  char *rj;
+  int rc;
+
+  memset(&o, 0, sizeof o);
+  o.call.lease_ms = cfg->lease_ms;
+  o.call.retention_ms = cfg->retention_ms;
+  o.call.on_expired_lease =
+      cfg->on_unknown_fail ? IDEM_EXPIRED_REPORT : IDEM_EXPIRED_TAKE_OVER;
+  if (!(rj = serve_request_json(j->method, r->uri, r->body, r->len,
+                                j->json_type))) {
+    answer(j, NULL, 0);
+    return;
+  }
+  j->s0 = now_ms();
+  rc = idem_execute_begin(store, &id, rj, strlen(rj), &o, &j->exec, &j->call);
+  free(rj);
+  j->store_ms = now_ms() - j->s0;
+
+  if (rc != IDEM_OK) {
+    metrics_store_ms(j->store_ms);
+    if (store_trouble(rc))
+      answer_problem(j, OUT_ERROR, 503, "store-unavailable",
+                     "Idempotency store unavailable", 1, 0,
+                     "The idempotency store could not record this request "
+                     "(%s), so it was not forwarded. Retry the same request "
+                     "with the same key.",
+                     idem_rc_name(rc));
+    else
+      answer_problem(j, OUT_ERROR, 500, "internal", "Gateway error", 0, 0,
+                     "%s: %s", idem_rc_name(rc), idem_errmsg());
+    return;
+  }
+
+  switch (idem_call_outcome(j->call)) {
+  case IDEM_REPLAY:
+    metrics_store_ms(j->store_ms);
+    if (idem_call_response(j->call)->status < 100 ||
+        idem_call_response(j->call)->status > 599) {
+      /* An operator's `idem keys resolve --completed` without --status. */
+      answer_problem(j, OUT_ERROR, 500, "stored-status-invalid",
+                     "Stored answer is not HTTP", 0, 0,
+                     "The stored answer for this key has status %d, which "
+                     "is not an HTTP status; an operator must resolve the "
+                     "key again with --status.",
+                     idem_call_response(j->call)->status);
+      return;
+    }
+    answer(j,
+           replay(r, j->method, idem_call_response(j->call),
+                  idem_call_recovered(j->call)),
+           idem_call_response(j->call)->status);
+    return;
+  case IDEM_CONFLICT:
+    metrics_store_ms(j->store_ms);
+    answer_problem(j, OUT_CONFLICT, 422, "key-reused",
+                   "Idempotency-Key reused", 0, 0,
+                   "This Idempotency-Key was already used with a different "
+                   "request (method, path, query, content type or body). "
+                   "Use a new key for a new request, or resend the original "
+                   "request unchanged to get its response again.");
+    return;
+  case IDEM_IN_FLIGHT: {
+    int ra = retry_after_s(idem_call_retry_after_ms(j->call));
+    metrics_store_ms(j->store_ms);
+    answer_problem(j, OUT_IN_FLIGHT, 409, "in-flight", "Request in progress",
+                   ra, 0,
+                   "A request with this Idempotency-Key is still being "
+                   "processed. Retry the same request after %d s; once it "
+                   "is done, its response is replayed.",
+                   ra);
+    return;
+  }
+  case IDEM_UNKNOWN:
+    metrics_store_ms(j->store_ms);
+    answer_problem(j, OUT_CONFLICT, 409, "outcome-unknown", "Outcome unknown",
+                   0, 0,
+                   "An earlier attempt with this Idempotency-Key may or may "
+                   "not have acted, and this gateway does not forward it "
+                   "again. An operator must resolve it (idem keys resolve); "
+                   "use a new key only if a second action is safe.");
+    return;
+  default:
+    break;
+  }
+  /* PROCEED or RECOVER: the key is ours; ask the upstream. */
+  j->rq.abort_check = lease_lost;
+  j->rq.abort_ctx = j;
+  if (upstream_start(&j->rq, &j->rs, forwarded, j) != 0) {
+    idem_execute_end(j->exec, IDEM_EXEC_NOT_DONE, NULL);
+    j->exec = NULL;
+    answer_problem(j, OUT_ERROR, 503, "overloaded", "Gateway overloaded", 1,
+                   0,
+                   "The gateway is out of memory; nothing was sent and the "
+                   "key was released. Retry the same request with the same "
+                   "key.");
+  }
+}
+
+/* Once the body is in (libmicrohttpd's thread): hand the request over and
+ * suspend its connection. */
 static enum MHD_Result finish(struct MHD_Connection *c, req *r,
                               const char *method) {
-  forward f;
-  headers hs = {0};
-  char addr[INET6_ADDRSTRLEN];
-  idem_call *call = NULL;
-  enum MHD_Result ok;
-  int rc;
-  char *rj = NULL;
-  double s0;
+  job *j;
 
   if (r->too_big)
     return problem(c, r, method, OUT_REJECTED, 413, "body-too-large",
@@ -535,185 +890,40 @@ static enum MHD_Result finish(struct MHD_Connection *c, req *r,
                    "gateway takes. Nothing was claimed or forwarded: send a "
                    "smaller request.",
                    cfg->max_body);
-  memset(&f, 0, sizeof f);
-  MHD_get_connection_values_n(c, MHD_HEADER_KIND, collect, &hs);
-  if (hs.failed) {
-    headers_free(&hs);
+  if (!(j = calloc(1, sizeof *j)))
+    return MHD_NO;
+  j->c = c;
+  j->r = r;
+  snprintf(j->method, sizeof j->method, "%s", method);
+  MHD_get_connection_values_n(c, MHD_HEADER_KIND, collect, &j->hs);
+  if (j->hs.failed) {
+    job_free(j);
     return MHD_NO;
   }
-  f.rq.method = method;
-  f.rq.uri = r->uri;
-  f.rq.headers = hs.h;
-  f.rq.nheaders = hs.n;
-  f.rq.body = r->body;
-  f.rq.body_len = r->len;
-  f.rq.client_addr = client_address(c, addr, sizeof addr) == 0 ? addr : NULL;
-  f.rq.abort_check = lease_lost;
-  f.rq.abort_ctx = &f;
+  j->rq.method = j->method;
+  j->rq.uri = r->uri;
+  j->rq.headers = j->hs.h;
+  j->rq.nheaders = j->hs.n;
+  j->rq.body = r->body;
+  j->rq.body_len = r->len;
+  j->rq.client_addr =
+      client_address(c, j->addr, sizeof j->addr) == 0 ? j->addr : NULL;
+  j->json_type = serve_is_json_type(
+      MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type"));
+  r->job = j;
 
-  if (!r->protect) {
-    f.result = upstream_forward(&f.rq, &f.rs);
-    metrics_upstream_ms(f.rs.ms);
-    if (f.result == UP_OK)
-      ok = pass_on(c, r, method, OUT_PASSTHROUGH, &f.rs, NULL);
-    else
-      ok = problem(c, r, method, OUT_ERROR, 502, "upstream-failed",
-                   "Upstream failed", 0, f.rs.ms,
-                   "The upstream did not answer: %s. This request had no "
-                   "Idempotency-Key, so the gateway cannot tell whether it "
-                   "acted.",
-                   f.rs.error);
-    goto out;
+  /* Suspended first: the job may end on another thread before this
+   * handler returns. */
+  MHD_suspend_connection(c);
+  metrics_waiting(1);
+  if (r->protect) {
+    if (pool_submit(claim, j) == 0)
+      return MHD_YES;
+  } else if (upstream_start(&j->rq, &j->rs, passed_through, j) == 0) {
+    return MHD_YES;
   }
-
-  idem_id id = {r->tenant, r->operation, r->key};
-  idem_execute_options o;
-  memset(&o, 0, sizeof o);
-  o.call.lease_ms = cfg->lease_ms;
-  o.call.retention_ms = cfg->retention_ms;
-  o.call.on_expired_lease =
-      cfg->on_unknown_fail ? IDEM_EXPIRED_REPORT : IDEM_EXPIRED_TAKE_OVER;
-
-  rj = serve_request_json(method, r->uri, r->body, r->len,
-                          serve_is_json_type(MHD_lookup_connection_value(
-                              c, MHD_HEADER_KIND, "Content-Type")));
-  if (!rj) {
-    ok = MHD_NO;
-    goto out;
-  }
-  s0 = now_ms();
-  rc = idem_execute(store, &id, rj, strlen(rj), forward_action, &f, &o, &call);
-  metrics_store_ms(now_ms() - s0 - (f.ran ? f.rs.ms : 0));
-
-  if (rc != IDEM_OK && !call) {
-    if (store_trouble(rc))
-      ok = problem(c, r, method, OUT_ERROR, 503, "store-unavailable",
-                   "Idempotency store unavailable", 1, 0,
-                   "The idempotency store could not record this request "
-                   "(%s), so it was not forwarded. Retry the same request "
-                   "with the same key.",
-                   idem_rc_name(rc));
-    else
-      ok = problem(c, r, method, OUT_ERROR, 500, "internal",
-                   "Gateway error", 0, 0, "%s: %s", idem_rc_name(rc),
-                   idem_errmsg());
-    goto out;
-  }
-
-  switch (idem_call_outcome(call)) {
-  case IDEM_REPLAY:
-    if (idem_call_response(call)->status < 100 ||
-        idem_call_response(call)->status > 599) {
-      /* An operator's `idem keys resolve --completed` without --status. */
-      ok = problem(c, r, method, OUT_ERROR, 500, "stored-status-invalid",
-                   "Stored answer is not HTTP", 0, 0,
-                   "The stored answer for this key has status %d, which is "
-                   "not an HTTP status; an operator must resolve the key "
-                   "again with --status.",
-                   idem_call_response(call)->status);
-      goto out;
-    }
-    ok = replay(c, r, method, idem_call_response(call));
-    goto out;
-  case IDEM_CONFLICT:
-    ok = problem(c, r, method, OUT_CONFLICT, 422, "key-reused",
-                 "Idempotency-Key reused", 0, 0,
-                 "This Idempotency-Key was already used with a different "
-                 "request (method, path, query or body). Use a new key for a "
-                 "new request, or resend the original request unchanged to "
-                 "get its response again.");
-    goto out;
-  case IDEM_IN_FLIGHT:
-    ok = problem(c, r, method, OUT_IN_FLIGHT, 409, "in-flight",
-                 "Request in progress", retry_after_s(idem_call_retry_after_ms(call)),
-                 0,
-                 "A request with this Idempotency-Key is still being "
-                 "processed. Retry the same request after %d s; once it is "
-                 "done, its response is replayed.",
-                 retry_after_s(idem_call_retry_after_ms(call)));
-    goto out;
-  case IDEM_UNKNOWN:
-    ok = problem(c, r, method, OUT_CONFLICT, 409, "outcome-unknown",
-                 "Outcome unknown", 0, 0,
-                 "An earlier attempt with this Idempotency-Key may or may "
-                 "not have acted, and this gateway does not forward it "
-                 "again. An operator must resolve it (idem keys resolve); "
-                 "use a new key only if a second action is safe.");
-    goto out;
-  default:
-    break;
-  }
-
-  /* PROCEED or RECOVER: the upstream was asked. */
-  serve_outcome so =
-      idem_call_outcome(call) == IDEM_RECOVER ? OUT_RECOVER : OUT_PROCEED;
-  if (rc != IDEM_OK) {
-    /* It ran, but its result is not recorded (the lease was taken over,
-     * or the store failed past the retries). The caller still gets what
-     * the upstream answered. */
-    if (f.result == UP_OK)
-      ok = pass_on(c, r, method, so, &f.rs,
-                   rc == IDEM_ESTALE ? "not-stored; lease-lost"
-                                     : "not-stored; store-failed");
-    else
-      ok = problem(c, r, method, OUT_ERROR, 502, "upstream-failed",
-                   "Upstream failed", 0, f.rs.ms,
-                   "The upstream was asked but did not answer (%s), and "
-                   "the store could not record it (%s). It may have "
-                   "acted: do not retry blindly.",
-                   f.rs.error, idem_rc_name(rc));
-    goto out;
-  }
-  switch (f.answer) {
-  case IDEM_EXEC_DONE:
-    ok = pass_on(c, r, method, so, &f.rs, NULL);
-    break;
-  case IDEM_EXEC_NOT_DONE:
-    if (f.result == UP_OK) /* a 5xx with --no-store-5xx: released */
-      ok = pass_on(c, r, method, so, &f.rs, "not-stored; released");
-    else
-      ok = problem(c, r, method, OUT_ERROR, 502, "upstream-unreachable",
-                   "Upstream unreachable", 0, f.rs.ms,
-                   "The upstream could not be reached (%s); nothing was "
-                   "sent and the key was released. Retry the same request "
-                   "with the same key.",
-                   f.rs.error);
-    break;
-  case IDEM_EXEC_LEAVE_IN_PROGRESS:
-    ok = problem(
-        c, r, method, OUT_ERROR, f.result == UP_TIMEOUT ? 504 : 502,
-        f.result == UP_TIMEOUT ? "upstream-timeout" : "upstream-failed",
-        f.result == UP_TIMEOUT ? "Upstream timeout" : "Upstream failed",
-        retry_after_s(cfg->lease_ms), f.rs.ms,
-        "The request was sent upstream, which may have acted: %s. The key "
-        "stays in progress for %d s; a retry with the same key after that "
-        "is %s.",
-        f.rs.error, retry_after_s(cfg->lease_ms),
-        cfg->on_unknown_fail
-            ? "refused until an operator resolves it (idem keys resolve)"
-            : "forwarded again with the same Idempotency-Key");
-    break;
-  case IDEM_EXEC_UNKNOWN:
-  default:
-    if (f.result == UP_OK)
-      ok = pass_on(c, r, method, so, &f.rs,
-                   "unknown; response-too-large-to-store");
-    else
-      ok = problem(c, r, method, OUT_ERROR, 502, "upstream-failed",
-                   "Upstream failed", 0, f.rs.ms,
-                   "The upstream may have acted, but its answer cannot be "
-                   "passed on (%s). The key is marked unknown: an operator "
-                   "must resolve it (idem keys resolve).",
-                   f.rs.error);
-    break;
-  }
-out:
-  free(rj);
-  free(f.meta);
-  upstream_response_free(&f.rs);
-  idem_call_free(call);
-  headers_free(&hs);
-  return ok;
+  answer(j, NULL, 0); /* out of memory: the connection is closed */
+  return MHD_YES;
 }
 
 /* ---- libmicrohttpd's callbacks ---------------------------------------------- */
@@ -729,6 +939,14 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
   if (!r->started) {
     metrics_in_flight(1);
     return begin(c, r, method);
+  }
+  if (r->job && r->job->ready) {
+    /* Resumed: the job's answer is made. */
+    struct MHD_Response *resp = r->job->resp;
+    r->job->resp = NULL;
+    if (!resp)
+      return MHD_NO;
+    return queue(c, resp, r->job->status);
   }
   if (r->answered)
     return MHD_YES;
@@ -782,6 +1000,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
     return;
   if (r->started)
     metrics_in_flight(-1);
+  job_free(r->job);
   free(r->uri);
   free(r->body);
   free(r->key);
@@ -802,7 +1021,7 @@ struct MHD_Daemon *gateway_start(const serve_config *c, idem_store *s,
   cfg = c;
   store = s;
   return listen_on("--listen", c->listen,
-                   MHD_USE_EPOLL_INTERNAL_THREAD | MHD_USE_ITC |
+                   MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME |
                        MHD_USE_ERROR_LOG,
                    handle, NULL, opts, bound, bound_size);
 }

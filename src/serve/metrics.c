@@ -61,6 +61,9 @@ void metrics_stored_bytes(size_t n) { ADD(&stored_bytes, n); }
 void metrics_in_flight(int delta) { ADD(&in_flight, delta); }
 int metrics_in_flight_now(void) { return GET(&in_flight); }
 
+static int waiting;
+void metrics_waiting(int delta) { ADD(&waiting, delta); }
+
 typedef struct out {
   char *p;
   size_t len, cap;
@@ -133,6 +136,20 @@ char *metrics_render(size_t *len) {
       "# TYPE idem_gateway_in_flight gauge\n"
       "idem_gateway_in_flight %d\n",
       GET(&in_flight));
+  put(&o,
+      "# HELP idem_gateway_waiting Requests whose connection is suspended "
+      "while the store or the upstream decides them (no thread held).\n"
+      "# TYPE idem_gateway_waiting gauge\n"
+      "idem_gateway_waiting %d\n"
+      "# HELP idem_gateway_forwards_in_flight Requests at the upstream "
+      "now.\n"
+      "# TYPE idem_gateway_forwards_in_flight gauge\n"
+      "idem_gateway_forwards_in_flight %d\n"
+      "# HELP idem_gateway_store_queue Requests waiting for a store "
+      "worker.\n"
+      "# TYPE idem_gateway_store_queue gauge\n"
+      "idem_gateway_store_queue %d\n",
+      GET(&waiting), upstream_active(), pool_queued());
   put(&o,
       "# HELP idem_gateway_stored_bytes_total Response bytes (headers and "
       "body) stored for replay.\n"

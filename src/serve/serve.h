@@ -52,6 +52,9 @@ void metrics_store_ms(double ms);
 void metrics_stored_bytes(size_t n);
 void metrics_in_flight(int delta);
 int metrics_in_flight_now(void);
+/* Requests whose connections are suspended, waiting for the store or the
+ * upstream. */
+void metrics_waiting(int delta);
 /* The Prometheus text exposition; free() it. NULL when out of memory. */
 char *metrics_render(size_t *len);
 
@@ -100,8 +103,12 @@ typedef enum up_result {
   UP_NOT_SENT,     /* nothing reached the upstream: connect failed */
   UP_TIMEOUT,      /* no whole answer within the timeout, after sending */
   UP_LOST,         /* the connection failed after the request was sent */
-  UP_TOO_LARGE,    /* the response is larger than max_pass */
-  UP_ABORTED       /* abort_check asked to stop, after sending */
+  UP_TOO_LARGE,    /* the response's body is larger than max_pass, or its
+                      headers larger than the gateway can send */
+  UP_ABORTED,      /* abort_check asked to stop, after sending */
+  UP_NO_FDS,       /* nothing sent: the gateway is out of descriptors */
+  UP_INVALID       /* sent; the answer is not one HTTP can pass on (a
+                      status outside 100-599, an unasked 101) */
 } up_result;
 
 typedef struct up_response {
@@ -110,16 +117,28 @@ typedef struct up_response {
   size_t nheaders;
   char *body;
   size_t body_len;
+  char *content_length; /* the upstream's Content-Length, for HEAD and 304
+                           answers, whose bodies are empty; may be NULL */
   double ms;          /* time spent */
   char error[256];    /* what went wrong, for UP_* other than UP_OK */
 } up_response;
 
-/* Sets the base URL and limits; once, before the first forward. */
+/* Sets the base URL and limits and starts the loop thread; once, before
+ * the first forward. 0, or -1. */
 int upstream_init(const serve_config *cfg);
-/* Forwards on the calling thread's own connection to the upstream. */
-up_result upstream_forward(const up_request *rq, up_response *rs);
+/* Called once per forward, on the upstream loop's thread: must not block. */
+typedef void (*up_done_fn)(void *ctx, up_result r);
+/*
+ * Starts forwarding rq on the upstream loop; rq (and what it points to) and
+ * rs must stay valid until done(ctx, result) is called, which fills rs.
+ * 0, or -1 when out of memory (done is then never called).
+ */
+int upstream_start(const up_request *rq, up_response *rs, up_done_fn done,
+                   void *ctx);
+/* Forwards on the loop now. */
+int upstream_active(void);
 void upstream_response_free(up_response *rs);
-/* Frees every thread's connection; after the last forward. */
+/* Waits for the forwards in flight to end, stops the loop, frees it. */
 void upstream_cleanup(void);
 
 /* Non-zero for headers that a proxy does not pass on (RFC 9110 7.6.1), and
@@ -128,6 +147,18 @@ int header_is_hop_by_hop(const char *name);
 /* Non-zero when the value of a Connection header names this header, which
  * is then hop-by-hop too. */
 int header_named_by(const char *connection, const char *name);
+
+/* ---- pool.c: the store workers ------------------------------------------ */
+
+/* Starts n workers. 0, or -1. */
+int pool_start(int n);
+/* Runs fn(arg) on a worker, in the order handed over. 0, or -1 when out of
+ * memory (fn is then not run). */
+int pool_submit(void (*fn)(void *arg), void *arg);
+/* Tasks handed over and not yet started. */
+int pool_queued(void);
+/* Runs what is queued, then ends the workers. */
+void pool_stop(void);
 
 /* ---- request.c: what of a request makes its record ----------------------- */
 

@@ -1,10 +1,14 @@
 /*
- * upstream.c -- forwarding one request to the upstream with libcurl.
+ * upstream.c -- forwarding requests to the upstream with libcurl's multi
+ * interface, on one event loop thread.
  *
- * Each gateway thread keeps its own easy handle, so that its connection to
- * the upstream stays open from one request to the next (HTTP/1.1
- * keep-alive). The handles are listed so that upstream_cleanup() can free
- * them once the threads are gone.
+ * A forward holds no thread while it waits: the gateway's threads hand a
+ * request to upstream_start() and go back to other connections, and this
+ * file's one thread drives every transfer in flight through epoll and
+ * curl_multi_socket_action(). When a transfer ends, its done callback runs
+ * on the loop's thread; it must not block (the gateway hands the rest to its
+ * store workers). The multi handle keeps the connections to the upstream
+ * open from one request to the next (HTTP/1.1 keep-alive).
  *
  * What matters most here is telling "nothing was sent" from "sent, no
  * answer": the first lets the gateway release the key, the second means the
@@ -13,60 +17,28 @@
 #include "serve.h"
 
 #include <curl/curl.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 static const serve_config *cfg;
 
-typedef struct handle {
-  CURL *curl;
-  struct handle *next;
-} handle;
+/* Headers of an upstream answer larger than this are refused (502): the
+ * gateway could not send them on (libmicrohttpd builds a response's head in
+ * the connection's memory pool, see gateway.c) and must not store what it
+ * cannot send. */
+#define UP_MAX_HEADER_BYTES (16 * 1024)
 
-static pthread_mutex_t handles_mu = PTHREAD_MUTEX_INITIALIZER;
-static handle *handles;
-static _Thread_local handle *mine;
-
-int upstream_init(const serve_config *c) {
-  cfg = c;
-  return curl_global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK ? 0 : -1;
-}
-
-void upstream_cleanup(void) {
-  pthread_mutex_lock(&handles_mu);
-  while (handles) {
-    handle *h = handles;
-    handles = h->next;
-    curl_easy_cleanup(h->curl);
-    free(h);
-  }
-  pthread_mutex_unlock(&handles_mu);
-  curl_global_cleanup();
-}
-
-static CURL *thread_handle(void) {
-  if (mine) {
-    curl_easy_reset(mine->curl); /* keeps the open connection */
-    return mine->curl;
-  }
-  handle *h = calloc(1, sizeof *h);
-  if (!h)
-    return NULL;
-  if (!(h->curl = curl_easy_init())) {
-    free(h);
-    return NULL;
-  }
-  pthread_mutex_lock(&handles_mu);
-  h->next = handles;
-  handles = h;
-  pthread_mutex_unlock(&handles_mu);
-  mine = h;
-  return h->curl;
-}
+/* Idle connections to the upstream kept open for reuse. */
+#define UP_KEEP_CONNECTIONS 256
 
 int header_is_hop_by_hop(const char *n) {
   static const char *const hop[] = {
@@ -99,12 +71,17 @@ int header_named_by(const char *connection, const char *name) {
 typedef struct sink {
   up_response *rs;
   size_t cap, hcap;
+  size_t header_bytes;
   int too_large;
-  int saw_status; /* headers of the final response (not 100 Continue) */
+  int headers_too_large;
+  int interim;      /* inside a 1xx response's header block */
+  int upgrade;      /* 101 Switching Protocols: refused */
+  int in_body;      /* past the final header block: lines now are trailers */
+  int bad_status;   /* a status line whose code is not 1xx-5xx */
   char *connection; /* the response's Connection header: more hop-by-hop */
 } sink;
 
-static void free_headers(up_response *rs) {
+static void free_headers(up_response *rs, sink *s) {
   for (size_t i = 0; i < rs->nheaders; i++) {
     free(rs->headers[i].name);
     free(rs->headers[i].value);
@@ -112,30 +89,102 @@ static void free_headers(up_response *rs) {
   free(rs->headers);
   rs->headers = NULL;
   rs->nheaders = 0;
+  if (s)
+    s->hcap = 0;
 }
 
+/* "HTTP/1.1 201 Created": the code, or -1 when it is not three digits. */
+static int status_code(const char *p, size_t len) {
+  const char *sp = memchr(p, ' ', len), *end = p + len;
+  if (!sp || end - sp < 4)
+    return -1;
+  sp++;
+  for (int i = 0; i < 3; i++)
+    if (sp[i] < '0' || sp[i] > '9')
+      return -1;
+  if (sp + 3 < end && sp[3] != ' ' && sp[3] != '\r' && sp[3] != '\n')
+    return -1;
+  return (sp[0] - '0') * 100 + (sp[1] - '0') * 10 + (sp[2] - '0');
+}
+
+/*
+ * Header lines, one per call, as libcurl reads them: a status line, then the
+ * fields, then an empty line; again for every response, interim (1xx) ones
+ * first. Only the final response's fields are kept; a 1xx's are dropped
+ * (they are hints for the hop they came over), a folded line (obs-fold)
+ * continues the field before it, and fields after the body (trailers) are
+ * dropped: they are not headers and a replay must not make them so.
+ */
 static size_t on_header(char *p, size_t size, size_t n, void *arg) {
   sink *s = arg;
   up_response *rs = s->rs;
   size_t len = size * n, nl, vl;
   char *colon;
+
+  s->header_bytes += len;
+  if (s->header_bytes > UP_MAX_HEADER_BYTES) {
+    s->headers_too_large = 1;
+    return 0; /* aborts the transfer */
+  }
   if (len >= 5 && strncmp(p, "HTTP/", 5) == 0) {
-    /* A new status line: interim (1xx) responses come first and their
-     * headers are dropped. */
-    free_headers(rs);
+    int code = status_code(p, len);
+    free_headers(rs, s);
     free(s->connection);
     s->connection = NULL;
+    if (code < 100 || code > 599) {
+      s->bad_status = 1;
+      return 0;
+    }
+    if (code == 101) {
+      /* The gateway never asks for an upgrade (Upgrade is hop-by-hop and
+       * not forwarded); an upstream that switches anyway is not speaking
+       * HTTP to us any more. */
+      s->upgrade = 1;
+      return 0;
+    }
+    s->interim = code < 200;
+    s->in_body = 0;
     return len;
   }
   while (len && (p[len - 1] == '\n' || p[len - 1] == '\r'))
     len--;
-  if (!len || !(colon = memchr(p, ':', len)))
+  if (!len) {
+    /* The end of a header block: after the final one, anything more is a
+     * trailer section. */
+    if (!s->interim)
+      s->in_body = 1;
+    return size * n;
+  }
+  if (s->interim || s->in_body)
+    return size * n;
+  if (*p == ' ' || *p == '\t') {
+    /* obs-fold: RFC 9112 5.2 lets a proxy replace it with a space. */
+    up_header *h;
+    char *v;
+    size_t old;
+    if (!rs->nheaders)
+      return size * n;
+    h = &rs->headers[rs->nheaders - 1];
+    while (len && (*p == ' ' || *p == '\t'))
+      p++, len--;
+    old = strlen(h->value);
+    if (!(v = realloc(h->value, old + 1 + len + 1)))
+      return 0;
+    v[old] = ' ';
+    memcpy(v + old + 1, p, len);
+    v[old + 1 + len] = 0;
+    h->value = v;
+    return size * n;
+  }
+  if (!(colon = memchr(p, ':', len)))
     return size * n;
   nl = (size_t)(colon - p);
   colon++;
   while (colon < p + len && (*colon == ' ' || *colon == '\t'))
     colon++;
   vl = (size_t)(p + len - colon);
+  while (vl && (colon[vl - 1] == ' ' || colon[vl - 1] == '\t'))
+    vl--;
   if (rs->nheaders == s->hcap) {
     size_t cap = s->hcap ? s->hcap * 2 : 16;
     up_header *h = realloc(rs->headers, cap * sizeof *h);
@@ -145,6 +194,7 @@ static size_t on_header(char *p, size_t size, size_t n, void *arg) {
     s->hcap = cap;
   }
   up_header *h = &rs->headers[rs->nheaders];
+  h->value = NULL;
   if (!(h->name = strndup(p, nl)) || !(h->value = strndup(colon, vl))) {
     free(h->name);
     return 0;
@@ -152,6 +202,8 @@ static size_t on_header(char *p, size_t size, size_t n, void *arg) {
   if (header_is_hop_by_hop(h->name)) {
     if (strcasecmp(h->name, "Connection") == 0 && !s->connection)
       s->connection = strdup(h->value);
+    if (strcasecmp(h->name, "Content-Length") == 0 && !rs->content_length)
+      rs->content_length = strdup(h->value);
     free(h->name);
     free(h->value);
     return size * n;
@@ -181,13 +233,6 @@ static size_t on_body(char *p, size_t size, size_t n, void *arg) {
   memcpy(rs->body + rs->body_len, p, len);
   rs->body_len += len;
   return len;
-}
-
-static int on_progress(void *arg, curl_off_t dt, curl_off_t dn, curl_off_t ut,
-                       curl_off_t un) {
-  const up_request *rq = arg;
-  (void)dt, (void)dn, (void)ut, (void)un;
-  return rq->abort_check(rq->abort_ctx) ? 1 : 0;
 }
 
 /*
@@ -223,99 +268,147 @@ static double now_ms(void) {
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-/* ---- the forward ---------------------------------------------------------- */
+/* ---- the request as the upstream gets it -------------------------------- */
+
+static int has_header(const up_request *rq, const char *name) {
+  for (size_t i = 0; i < rq->nheaders; i++)
+    if (strcasecmp(rq->headers[i].name, name) == 0)
+      return 1;
+  return 0;
+}
+
+static struct curl_slist *append(struct curl_slist *l, const char *line,
+                                 int *failed) {
+  struct curl_slist *n = curl_slist_append(l, line);
+  if (!n)
+    *failed = 1;
+  return n ? n : l;
+}
 
 static struct curl_slist *request_headers(const up_request *rq) {
-  struct curl_slist *l = NULL, *n;
+  struct curl_slist *l = NULL;
   char *line;
   const char *connection = NULL;
-  int had_xff = 0;
+  int had_xff = 0, failed = 0;
   for (size_t i = 0; i < rq->nheaders; i++)
     if (strcasecmp(rq->headers[i].name, "Connection") == 0)
       connection = rq->headers[i].value;
-  for (size_t i = 0; i < rq->nheaders; i++) {
+  for (size_t i = 0; i < rq->nheaders && !failed; i++) {
     const up_header *h = &rq->headers[i];
+    int rc;
     if (header_is_hop_by_hop(h->name) ||
         header_named_by(connection, h->name))
       continue;
     if (strcasecmp(h->name, "X-Forwarded-For") == 0 && rq->client_addr) {
       had_xff = 1;
-      if (asprintf(&line, "%s: %s, %s", h->name, h->value, rq->client_addr) <
-          0)
-        goto fail;
+      rc = asprintf(&line, "%s: %s, %s", h->name, h->value, rq->client_addr);
     } else if (!*h->value) {
       /* "Name;" is curl's way to send a header with an empty value. */
-      if (asprintf(&line, "%s;", h->name) < 0)
-        goto fail;
-    } else if (asprintf(&line, "%s: %s", h->name, h->value) < 0) {
-      goto fail;
+      rc = asprintf(&line, "%s;", h->name);
+    } else {
+      rc = asprintf(&line, "%s: %s", h->name, h->value);
     }
-    n = curl_slist_append(l, line);
-    free(line);
-    if (!n)
+    if (rc < 0)
       goto fail;
-    l = n;
+    l = append(l, line, &failed);
+    free(line);
   }
   if (!had_xff && rq->client_addr) {
     if (asprintf(&line, "X-Forwarded-For: %s", rq->client_addr) < 0)
       goto fail;
-    n = curl_slist_append(l, line);
+    l = append(l, line, &failed);
     free(line);
-    if (!n)
-      goto fail;
-    l = n;
   }
-  /* The gateway has the whole body already: no 100-continue round trip. A
-   * client's own Accept header stands; curl adds none when the list names
-   * it as empty. */
-  if (!(n = curl_slist_append(l, "Expect:")))
+  /* The upstream gets the client's request, no more: libcurl would add
+   * Accept: * / * and, to a POST, Content-Type:
+   * application/x-www-form-urlencoded; "Name:" tells it not to. The gateway
+   * has the whole body already: no 100-continue round trip either. */
+  if (!has_header(rq, "Accept"))
+    l = append(l, "Accept:", &failed);
+  if (!has_header(rq, "Content-Type"))
+    l = append(l, "Content-Type:", &failed);
+  l = append(l, "Expect:", &failed);
+  if (failed)
     goto fail;
-  l = n;
   return l;
 fail:
   curl_slist_free_all(l);
   return NULL;
 }
 
-up_result upstream_forward(const up_request *rq, up_response *rs) {
-  CURL *c;
-  struct curl_slist *hdrs = NULL;
-  char *url = NULL;
-  sink s = {rs, 0, 0, 0, 0, NULL};
-  body_reader body = {rq->body, rq->body_len, 0};
-  CURLcode cc;
-  long status = 0;
-  long sent = 0; /* CURLINFO_REQUEST_SIZE is a long */
-  double t0 = now_ms();
-  up_result r;
+/* ---- one transfer ---------------------------------------------------------- */
 
-  memset(rs, 0, sizeof *rs);
-  if (!(c = thread_handle()) || !(hdrs = request_headers(rq)) ||
-      asprintf(&url, "%s%s", cfg->upstream, rq->uri) < 0) {
-    url = NULL;
-    snprintf(rs->error, sizeof rs->error, "out of memory");
-    r = UP_NOT_SENT;
-    goto out;
+typedef struct xfer {
+  CURL *curl;
+  struct curl_slist *hdrs;
+  char *url;
+  sink s;
+  body_reader body;
+  const up_request *rq;
+  up_response *rs;
+  up_done_fn done;
+  void *ctx;
+  double t0;
+  int no_fds; /* socket() failed for want of descriptors */
+  struct xfer *next;
+} xfer;
+
+/* An upstream socket of the transfer's own, so that running out of
+ * descriptors is told apart from an upstream that refuses connections. */
+static curl_socket_t open_socket(void *arg, curlsocktype purpose,
+                                 struct curl_sockaddr *a) {
+  xfer *x = arg;
+  int fd;
+  (void)purpose;
+  fd = socket(a->family, a->socktype | SOCK_CLOEXEC, a->protocol);
+  if (fd < 0 && (errno == EMFILE || errno == ENFILE))
+    x->no_fds = 1;
+  return fd < 0 ? CURL_SOCKET_BAD : fd;
+}
+
+static int on_progress(void *arg, curl_off_t dt, curl_off_t dn, curl_off_t ut,
+                       curl_off_t un) {
+  const xfer *x = arg;
+  (void)dt, (void)dn, (void)ut, (void)un;
+  return x->rq->abort_check(x->rq->abort_ctx) ? 1 : 0;
+}
+
+static int setup(xfer *x) {
+  CURL *c = x->curl;
+  const up_request *rq = x->rq;
+  if (!(x->hdrs = request_headers(rq)) ||
+      asprintf(&x->url, "%s%s", cfg->upstream, rq->uri) < 0) {
+    x->url = NULL;
+    return -1;
   }
-  curl_easy_setopt(c, CURLOPT_URL, url);
+  curl_easy_setopt(c, CURLOPT_URL, x->url);
+  curl_easy_setopt(c, CURLOPT_PRIVATE, x);
   curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(c, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
+  /* The path goes as the client sent it (gateway.c has refused dot
+   * segments and normalised it); libcurl must not resolve "..". */
+  curl_easy_setopt(c, CURLOPT_PATH_AS_IS, 1L);
+  /* The environment's http_proxy and friends are not the gateway's
+   * configuration: a forward goes straight to --upstream. */
+  curl_easy_setopt(c, CURLOPT_PROXY, "");
   curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)cfg->upstream_timeout_ms);
   curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS,
                    (long)(cfg->upstream_timeout_ms < 10000
                               ? cfg->upstream_timeout_ms
                               : 10000));
-  curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdrs);
+  curl_easy_setopt(c, CURLOPT_HTTPHEADER, x->hdrs);
   curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
-  curl_easy_setopt(c, CURLOPT_HEADERDATA, &s);
+  curl_easy_setopt(c, CURLOPT_HEADERDATA, &x->s);
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-  curl_easy_setopt(c, CURLOPT_WRITEDATA, &s);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, &x->s);
+  curl_easy_setopt(c, CURLOPT_OPENSOCKETFUNCTION, open_socket);
+  curl_easy_setopt(c, CURLOPT_OPENSOCKETDATA, x);
   curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
   if (cfg->upstream_cacert)
     curl_easy_setopt(c, CURLOPT_CAINFO, cfg->upstream_cacert);
   if (rq->abort_check) {
     curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, on_progress);
-    curl_easy_setopt(c, CURLOPT_XFERINFODATA, (void *)rq);
+    curl_easy_setopt(c, CURLOPT_XFERINFODATA, x);
     curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
   }
   if (strcmp(rq->method, "HEAD") == 0) {
@@ -327,7 +420,7 @@ up_result upstream_forward(const up_request *rq, up_response *rs) {
     curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE,
                      (curl_off_t)rq->body_len);
     curl_easy_setopt(c, CURLOPT_READFUNCTION, read_body);
-    curl_easy_setopt(c, CURLOPT_READDATA, &body);
+    curl_easy_setopt(c, CURLOPT_READDATA, &x->body);
     curl_easy_setopt(c, CURLOPT_SEEKFUNCTION, seek_body);
     if (!rq->body_len)
       /* Nothing to read means nothing to rewind, and libcurl would resend
@@ -339,17 +432,42 @@ up_result upstream_forward(const up_request *rq, up_response *rs) {
   } else if (strcmp(rq->method, "GET") != 0) {
     curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, rq->method);
   }
+  return 0;
+}
 
-  cc = curl_easy_perform(c);
-  curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
-  curl_easy_getinfo(c, CURLINFO_REQUEST_SIZE, &sent);
+/* How the transfer ended, from libcurl's code and what the sink saw. */
+static up_result classify(xfer *x, CURLcode cc) {
+  up_response *rs = x->rs;
+  sink *s = &x->s;
+  long status = 0, sent = 0; /* CURLINFO_REQUEST_SIZE is a long */
+  up_result r;
+
+  curl_easy_getinfo(x->curl, CURLINFO_RESPONSE_CODE, &status);
+  curl_easy_getinfo(x->curl, CURLINFO_REQUEST_SIZE, &sent);
   rs->status = (int)status;
   if (cc == CURLE_OK) {
     r = UP_OK;
-  } else if (s.too_large) {
+  } else if (x->no_fds && sent == 0) {
     snprintf(rs->error, sizeof rs->error,
-             "the response is larger than %zu bytes", cfg->max_pass);
+             "the gateway ran out of file descriptors");
+    r = UP_NO_FDS;
+  } else if (s->too_large) {
+    snprintf(rs->error, sizeof rs->error,
+             "the response body is larger than %zu bytes", cfg->max_pass);
     r = UP_TOO_LARGE;
+  } else if (s->headers_too_large) {
+    snprintf(rs->error, sizeof rs->error,
+             "the response's headers are larger than %d bytes",
+             UP_MAX_HEADER_BYTES);
+    r = UP_TOO_LARGE;
+  } else if (s->bad_status) {
+    snprintf(rs->error, sizeof rs->error,
+             "the response's status is not an HTTP status (100-599)");
+    r = UP_INVALID;
+  } else if (s->upgrade) {
+    snprintf(rs->error, sizeof rs->error,
+             "the upstream switched protocols (101) unasked");
+    r = UP_INVALID;
   } else if (sent == 0 &&
              (cc == CURLE_COULDNT_CONNECT || cc == CURLE_COULDNT_RESOLVE_HOST ||
               cc == CURLE_OPERATION_TIMEDOUT || cc == CURLE_SSL_CONNECT_ERROR ||
@@ -370,11 +488,11 @@ up_result upstream_forward(const up_request *rq, up_response *rs) {
     snprintf(rs->error, sizeof rs->error, "%s", curl_easy_strerror(cc));
     r = UP_LOST;
   }
-  if (r == UP_OK && s.connection) {
+  if (r == UP_OK && s->connection) {
     /* Headers the Connection header names are hop-by-hop too. */
     size_t k = 0;
     for (size_t i = 0; i < rs->nheaders; i++) {
-      if (header_named_by(s.connection, rs->headers[i].name)) {
+      if (header_named_by(s->connection, rs->headers[i].name)) {
         free(rs->headers[i].name);
         free(rs->headers[i].value);
       } else {
@@ -383,24 +501,239 @@ up_result upstream_forward(const up_request *rq, up_response *rs) {
     }
     rs->nheaders = k;
   }
-  free(s.connection);
   if (r != UP_OK) {
-    free_headers(rs);
+    free_headers(rs, s);
     free(rs->body);
     rs->body = NULL;
     rs->body_len = 0;
   }
-out:
-  rs->ms = now_ms() - t0;
-  curl_slist_free_all(hdrs);
-  free(url);
   return r;
+}
+
+/* ---- the event loop ---------------------------------------------------------- */
+
+static struct {
+  pthread_t thread;
+  int started;
+  int epfd, wakefd;
+  CURLM *multi;
+  pthread_mutex_t mu;
+  xfer *pending;  /* handed over, not yet added to the multi handle */
+  int stopping;   /* upstream_cleanup(): abort what is left and end */
+  long timeout_ms; /* libcurl's timer: -1 none */
+  double deadline;
+  int active;
+} L = {.mu = PTHREAD_MUTEX_INITIALIZER, .epfd = -1, .wakefd = -1,
+       .timeout_ms = -1};
+
+static int on_socket(CURL *e, curl_socket_t fd, int what, void *userp,
+                     void *socketp) {
+  struct epoll_event ev;
+  (void)e, (void)userp;
+  if (what == CURL_POLL_REMOVE) {
+    epoll_ctl(L.epfd, EPOLL_CTL_DEL, fd, NULL);
+    return 0;
+  }
+  memset(&ev, 0, sizeof ev);
+  ev.data.fd = fd;
+  ev.events = ((what & CURL_POLL_IN) ? EPOLLIN : 0u) |
+              ((what & CURL_POLL_OUT) ? EPOLLOUT : 0u);
+  if (socketp) {
+    epoll_ctl(L.epfd, EPOLL_CTL_MOD, fd, &ev);
+  } else {
+    if (epoll_ctl(L.epfd, EPOLL_CTL_ADD, fd, &ev) != 0 && errno == EEXIST)
+      epoll_ctl(L.epfd, EPOLL_CTL_MOD, fd, &ev);
+    curl_multi_assign(L.multi, fd, &L);
+  }
+  return 0;
+}
+
+static int on_timer(CURLM *m, long timeout_ms, void *userp) {
+  (void)m, (void)userp;
+  L.timeout_ms = timeout_ms;
+  L.deadline = timeout_ms >= 0 ? now_ms() + (double)timeout_ms : 0;
+  return 0;
+}
+
+static void finish(xfer *x, CURLcode cc) {
+  up_result r = classify(x, cc);
+  x->rs->ms = now_ms() - x->t0;
+  free(x->s.connection);
+  curl_multi_remove_handle(L.multi, x->curl);
+  curl_easy_cleanup(x->curl);
+  curl_slist_free_all(x->hdrs);
+  free(x->url);
+  L.active--;
+  x->done(x->ctx, r);
+  free(x);
+}
+
+static void reap(void) {
+  CURLMsg *m;
+  int left;
+  while ((m = curl_multi_info_read(L.multi, &left)) != NULL) {
+    xfer *x = NULL;
+    if (m->msg != CURLMSG_DONE)
+      continue;
+    curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&x);
+    finish(x, m->data.result);
+  }
+}
+
+static void take_pending(void) {
+  xfer *list, *next;
+  int running;
+  pthread_mutex_lock(&L.mu);
+  list = L.pending;
+  L.pending = NULL;
+  pthread_mutex_unlock(&L.mu);
+  /* The list is newest first; start them oldest first. */
+  xfer *rev = NULL;
+  for (; list; list = next) {
+    next = list->next;
+    list->next = rev;
+    rev = list;
+  }
+  for (xfer *x = rev; x; x = next) {
+    next = x->next;
+    L.active++;
+    if (curl_multi_add_handle(L.multi, x->curl) != CURLM_OK)
+      finish(x, CURLE_OUT_OF_MEMORY);
+  }
+  curl_multi_socket_action(L.multi, CURL_SOCKET_TIMEOUT, 0, &running);
+}
+
+static void *loop(void *arg) {
+  struct epoll_event ev[256];
+  int running;
+  (void)arg;
+  for (;;) {
+    int wait = -1, n;
+    if (L.timeout_ms >= 0) {
+      double left = L.deadline - now_ms();
+      wait = left <= 0 ? 0 : (int)left + 1;
+    }
+    n = epoll_wait(L.epfd, ev, 256, wait);
+    if (n < 0 && errno != EINTR)
+      break;
+    for (int i = 0; i < n; i++) {
+      if (ev[i].data.fd == L.wakefd) {
+        uint64_t v;
+        if (read(L.wakefd, &v, sizeof v) < 0) {
+          /* spurious: nothing to read */
+        }
+        take_pending();
+        continue;
+      }
+      int flags = ((ev[i].events & EPOLLIN) ? CURL_CSELECT_IN : 0) |
+                  ((ev[i].events & EPOLLOUT) ? CURL_CSELECT_OUT : 0) |
+                  ((ev[i].events & (EPOLLERR | EPOLLHUP)) ? CURL_CSELECT_ERR
+                                                          : 0);
+      curl_multi_socket_action(L.multi, ev[i].data.fd, flags, &running);
+    }
+    if (L.timeout_ms >= 0 && now_ms() >= L.deadline) {
+      L.timeout_ms = -1;
+      curl_multi_socket_action(L.multi, CURL_SOCKET_TIMEOUT, 0, &running);
+    }
+    reap();
+    if (__atomic_load_n(&L.stopping, __ATOMIC_ACQUIRE) && L.active == 0) {
+      pthread_mutex_lock(&L.mu);
+      int more = L.pending != NULL;
+      pthread_mutex_unlock(&L.mu);
+      if (!more)
+        break;
+    }
+  }
+  return NULL;
+}
+
+int upstream_init(const serve_config *c) {
+  struct epoll_event ev;
+  cfg = c;
+  if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
+    return -1;
+  if ((L.epfd = epoll_create1(EPOLL_CLOEXEC)) < 0 ||
+      (L.wakefd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0 ||
+      !(L.multi = curl_multi_init()))
+    return -1;
+  memset(&ev, 0, sizeof ev);
+  ev.events = EPOLLIN;
+  ev.data.fd = L.wakefd;
+  if (epoll_ctl(L.epfd, EPOLL_CTL_ADD, L.wakefd, &ev) != 0)
+    return -1;
+  curl_multi_setopt(L.multi, CURLMOPT_SOCKETFUNCTION, on_socket);
+  curl_multi_setopt(L.multi, CURLMOPT_TIMERFUNCTION, on_timer);
+  curl_multi_setopt(L.multi, CURLMOPT_MAXCONNECTS, (long)UP_KEEP_CONNECTIONS);
+  if (pthread_create(&L.thread, NULL, loop, NULL) != 0)
+    return -1;
+  L.started = 1;
+  return 0;
+}
+
+int upstream_start(const up_request *rq, up_response *rs, up_done_fn done,
+                   void *ctx) {
+  xfer *x = calloc(1, sizeof *x);
+  uint64_t one = 1;
+  memset(rs, 0, sizeof *rs);
+  if (!x)
+    return -1;
+  x->rq = rq;
+  x->rs = rs;
+  x->done = done;
+  x->ctx = ctx;
+  x->s.rs = rs;
+  x->body.p = rq->body;
+  x->body.len = rq->body_len;
+  x->t0 = now_ms();
+  if (!(x->curl = curl_easy_init()) || setup(x) != 0) {
+    curl_easy_cleanup(x->curl);
+    curl_slist_free_all(x->hdrs);
+    free(x->url);
+    free(x);
+    return -1;
+  }
+  pthread_mutex_lock(&L.mu);
+  x->next = L.pending;
+  L.pending = x;
+  pthread_mutex_unlock(&L.mu);
+  if (write(L.wakefd, &one, sizeof one) < 0) {
+    /* The counter is full only with 2^64 - 1 wakeups pending: the loop
+     * will run anyway. */
+  }
+  return 0;
+}
+
+int upstream_active(void) {
+  return __atomic_load_n(&L.active, __ATOMIC_RELAXED);
+}
+
+void upstream_cleanup(void) {
+  uint64_t one = 1;
+  if (L.started) {
+    __atomic_store_n(&L.stopping, 1, __ATOMIC_RELEASE);
+    if (write(L.wakefd, &one, sizeof one) < 0) {
+      /* see upstream_start() */
+    }
+    pthread_join(L.thread, NULL);
+    L.started = 0;
+  }
+  if (L.multi)
+    curl_multi_cleanup(L.multi);
+  L.multi = NULL;
+  if (L.epfd >= 0)
+    close(L.epfd);
+  if (L.wakefd >= 0)
+    close(L.wakefd);
+  L.epfd = L.wakefd = -1;
+  curl_global_cleanup();
 }
 
 void upstream_response_free(up_response *rs) {
   if (!rs)
     return;
-  free_headers(rs);
+  free_headers(rs, NULL);
   free(rs->body);
   rs->body = NULL;
+  free(rs->content_length);
+  rs->content_length = NULL;
 }
