@@ -24,8 +24,32 @@
 # (b) and (c) >= 0.5x (b). A missed target is reported, not a failure; the
 # script fails only when a run fails (an answer that is not 2xx).
 #
+# Then the "slow upstream" scenario: tool APIs take seconds, and a gateway
+# in front of them must hold thousands of calls in flight as nginx does.
+# bench/slow_upstream.py answers each POST after 1 s (GETs at once);
+# bench/slow_client.py sends N concurrent POSTs, a connection and a distinct
+# key each, and waits for every answer. For each N (1,000 and 8,000), the
+# medians of the rounds' wall times: the upstream alone, nginx as a reverse
+# proxy to it, and `idem serve --upstream` it (default options, SQLite in
+# a temporary folder, a fresh gateway per run); answers that are not 2xx or
+# never came, per target. While idem holds the N calls, its peak Threads
+# and VmRSS (from /proc/PID/status) and its VmHWM at the end. Last, with
+# 1,000 slow calls in flight through each proxy, the latency of quick
+# requests on other connections: GETs (passed through to the upstream's
+# immediate GET) and, through idem, replays of a key completed before the
+# burst. Targets: idem within 1.5x nginx's wall time at N=1,000; no errors;
+# threads at most a fixed few plus 2 per core; at most 200 MB RSS at
+# N=8,000; probe p99 at most 50 ms. A missed target is reported; the script
+# fails, after its tables, when a slow run had errors or ran out of time
+# (BENCH_SLOW_TIMEOUT: a stuck gateway fails the run instead of hanging it).
+#
 # Environment: BENCH_SECONDS (per run, default 5), BENCH_ROUNDS (default 3),
-# BENCH_CONNECTIONS (default 32), BENCH_PG (default 1).
+# BENCH_CONNECTIONS (default 32), BENCH_PG (default 1); BENCH_ONLY (fast:
+# the wrk scenarios only, slow: the slow upstream only; default both),
+# BENCH_SLOW_N (default "1000 8000"), BENCH_SLOW_DELAY (seconds per POST,
+# default 1), BENCH_SLOW_TIMEOUT (seconds per slow run, default 120),
+# BENCH_SLOW_PROBE_N (slow calls in flight during the probe, default 1000;
+# 0 skips it), BENCH_SLOW_PROBES (requests of each kind, default 200).
 set -eu
 if [ $# -ne 1 ]; then
   echo "usage: sh bench/gateway.sh PATH_TO_IDEM" >&2
@@ -40,6 +64,26 @@ SECS=${BENCH_SECONDS:-5}
 ROUNDS=${BENCH_ROUNDS:-3}
 CONNS=${BENCH_CONNECTIONS:-32}
 BENCH_PG=${BENCH_PG:-1}
+BENCH_ONLY=${BENCH_ONLY:-}
+SLOW_N=${BENCH_SLOW_N:-1000 8000}
+SLOW_DELAY=${BENCH_SLOW_DELAY:-1}
+SLOW_TIMEOUT=${BENCH_SLOW_TIMEOUT:-120}
+PROBE_N=${BENCH_SLOW_PROBE_N:-1000}
+PROBES=${BENCH_SLOW_PROBES:-200}
+case $BENCH_ONLY in
+  "") FAST=1 SLOW=1 ;;
+  fast) FAST=1 SLOW=0 ;;
+  slow) FAST=0 SLOW=1 ;;
+  *) echo "bench: BENCH_ONLY is fast or slow, not $BENCH_ONLY" >&2; exit 2 ;;
+esac
+[ "$FAST" = 1 ] || BENCH_PG=0
+# Every process started here inherits the limit: 8,000 calls in flight are
+# 8,000 descriptors at the client and the upstream and twice that in a
+# proxy. As servers do, the soft limit goes up to the hard one (about
+# 20,000 on these machines).
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+NOFILE=$(ulimit -n)
+[ "$NOFILE" = unlimited ] && NOFILE=1048576
 for t in nginx wrk; do
   command -v $t >/dev/null 2>&1 || [ -x /usr/sbin/$t ] || {
     echo "bench: $t is missing (make bench installs it)" >&2; exit 2; }
@@ -55,16 +99,51 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
+# wait_file FILE PID WHAT: waits until FILE exists, as long as PID lives.
+wait_file() {
+  while [ ! -e "$1" ]; do
+    kill -0 "$2" 2>/dev/null || { echo "bench: $3 ended before it was ready" >&2; exit 1; }
+    sleep 0.01
+  done
+}
+
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 UP_PORT=$(port)
 PX_PORT=$(port)
+SLOW_NGINX=""
+if [ "$SLOW" = 1 ]; then
+  python3 "$HERE/slow_upstream.py" "$W/slow.port" "$SLOW_DELAY" 2>"$W/slow_upstream.err" &
+  SLOW_PID=$!
+  PIDS="$PIDS $SLOW_PID"
+  wait_file "$W/slow.port" $SLOW_PID "the slow upstream"
+  SLOW_PORT=$(cat "$W/slow.port")
+  SX_PORT=$(port)
+  # nginx's own listen backlog is 511: as deep as the kernel allows instead
+  # (net.core.somaxconn), or 8,000 connects at once would meet SYNs dropped
+  # and retried a second later, a cost of the configuration, not of nginx.
+  SOMAXCONN=$(cat /proc/sys/net/core/somaxconn 2>/dev/null || echo 4096)
+  SLOW_NGINX="
+  upstream slow { server 127.0.0.1:$SLOW_PORT; keepalive 64; }
+  server {
+    listen 127.0.0.1:$SX_PORT backlog=$SOMAXCONN;
+    location / {
+      proxy_pass http://slow;
+      proxy_http_version 1.1;
+      proxy_set_header Connection \"\";
+    }
+  }"
+fi
+# A worker may get most of 8,000 clients and holds an upstream connection
+# for each: as many connections as its descriptors allow.
+NGX_CONNS=$((NOFILE > 4196 ? NOFILE - 100 : 4096))
 mkdir -p "$W/nginx"
 cat > "$W/nginx.conf" <<EOF
 worker_processes 2;
+worker_rlimit_nofile $NOFILE;
 pid $W/nginx.pid;
 error_log $W/nginx/error.log warn;
 daemon off;
-events { worker_connections 4096; }
+events { worker_connections $NGX_CONNS; }
 http {
   access_log off;
   client_body_temp_path $W/nginx/body;
@@ -88,7 +167,7 @@ http {
       proxy_http_version 1.1;
       proxy_set_header Connection "";
     }
-  }
+  }$SLOW_NGINX
 }
 EOF
 "$NGINX" -c "$W/nginx.conf" -p "$W/nginx" 2>"$W/nginx.err" &
@@ -129,9 +208,10 @@ function request()
 end
 EOF
 
-# gateway NAME STORE: starts idem serve; sets GW_URL and GW_PID.
+# gateway NAME STORE [UPSTREAM_PORT]: starts idem serve; sets GW_URL and
+# GW_PID.
 gateway() {
-  "$IDEM" serve --listen 127.0.0.1:0 --upstream "http://127.0.0.1:$UP_PORT" \
+  "$IDEM" serve --listen 127.0.0.1:0 --upstream "http://127.0.0.1:${3:-$UP_PORT}" \
     --store "$2" 2>"$W/$1.err" &
   GW_PID=$!
   n=0
@@ -184,31 +264,33 @@ if [ "$BENCH_PG" = 1 ]; then
   PG_STORE=$IDEM_TEST_PG_URL
 fi
 
-r=1
-while [ $r -le "$ROUNDS" ]; do
-  echo "round $r of $ROUNDS ($SECS s per run, $CONNS connections, wrk -t2)"
-  run a_upstream "http://127.0.0.1:$UP_PORT/tickets" "$W/post.lua"
-  run b_nginx_proxy "http://127.0.0.1:$PX_PORT/tickets" "$W/post.lua"
-  gateway sqlite "sqlite:$W/gw-$r.db"
-  run c_idem_fresh_sqlite "$GW_URL/tickets" "$W/fresh.lua"
-  curl -s -o /dev/null -X POST -H 'Content-Type: application/json' \
-    -H 'Idempotency-Key: bench-replayed-key' \
-    --data '{"title":"bench","priority":"normal"}' "$GW_URL/tickets"
-  run d_idem_replay "$GW_URL/tickets" "$W/replay.lua"
-  kill -TERM $GW_PID; wait $GW_PID || true
-  TMPDIR=$W floor f_floor_sqlite
-  if [ "$BENCH_PG" = 1 ]; then
-    gateway pg "$PG_STORE"
-    run e_idem_fresh_postgresql "$GW_URL/tickets" "$W/fresh.lua"
+# The wrk scenarios, (a) to (f).
+fast_scenario() {
+  r=1
+  while [ $r -le "$ROUNDS" ]; do
+    echo "round $r of $ROUNDS ($SECS s per run, $CONNS connections, wrk -t2)"
+    run a_upstream "http://127.0.0.1:$UP_PORT/tickets" "$W/post.lua"
+    run b_nginx_proxy "http://127.0.0.1:$PX_PORT/tickets" "$W/post.lua"
+    gateway sqlite "sqlite:$W/gw-$r.db"
+    run c_idem_fresh_sqlite "$GW_URL/tickets" "$W/fresh.lua"
+    curl -s -o /dev/null -X POST -H 'Content-Type: application/json' \
+      -H 'Idempotency-Key: bench-replayed-key' \
+      --data '{"title":"bench","priority":"normal"}' "$GW_URL/tickets"
+    run d_idem_replay "$GW_URL/tickets" "$W/replay.lua"
     kill -TERM $GW_PID; wait $GW_PID || true
-    floor f_floor_postgresql --store "$PG_STORE"
-  fi
-  r=$((r + 1))
-done
+    TMPDIR=$W floor f_floor_sqlite
+    if [ "$BENCH_PG" = 1 ]; then
+      gateway pg "$PG_STORE"
+      run e_idem_fresh_postgresql "$GW_URL/tickets" "$W/fresh.lua"
+      kill -TERM $GW_PID; wait $GW_PID || true
+      floor f_floor_postgresql --store "$PG_STORE"
+    fi
+    r=$((r + 1))
+  done
 
-echo
-echo "medians of $ROUNDS rounds:"
-python3 - "$W/results" <<'EOF'
+  echo
+  echo "medians of $ROUNDS rounds:"
+  python3 - "$W/results" <<'EOF'
 import statistics, sys
 rows = {}
 for line in open(sys.argv[1]):
@@ -243,3 +325,222 @@ for gw, fl in (("c_idem_fresh_sqlite", "f_floor_sqlite"),
 if "fsync_per_s" in med:
     print(f"  fsync rate of the SQLite store's disk: {med['fsync_per_s'][0]:.0f}/s")
 EOF
+}
+
+# slow_run TARGET N URL [CLIENT_OPTION...]: one burst of N slow calls
+# through URL; appends "TARGET N JSON" to $W/slow and prints a line. With
+# --watch-pid, the gateway's stderr lines are counted too (a gateway out of
+# descriptors may flood it).
+slow_run() {
+  sr_target=$1 sr_n=$2 sr_url=$3
+  shift 3
+  # The client gives up at SLOW_TIMEOUT by itself; timeout(1) is for a
+  # client that would not.
+  timeout $((SLOW_TIMEOUT + 30)) python3 "$HERE/slow_client.py" burst "$sr_url" "$sr_n" \
+    --timeout "$SLOW_TIMEOUT" --stats-url "$STATS_URL" "$@" >"$W/burst.json" || {
+    echo "bench: the slow client failed ($sr_target, N=$sr_n)" >&2; exit 1; }
+  errlines=0
+  [ "$sr_target" = idem ] && errlines=$(wc -l <"$W/slow.err")
+  python3 - "$W/burst.json" "$sr_target" "$errlines" "$W/slow" <<'EOF'
+import json, sys
+j = json.load(open(sys.argv[1]))
+j["target"], j["stderr_lines"] = sys.argv[2], int(sys.argv[3])
+with open(sys.argv[4], "a") as f:
+    f.write(json.dumps(j) + "\n")
+line = (f"  {j['target']:8s} N={j['n']:<5d} wall {j['wall_s']:7.2f} s"
+        f"{' (ran out of time)' if j['timed_out'] else ''}   errors {j['errors']}"
+        f"   at the upstream at once: {j.get('upstream_peak')}")
+w = j.get("watch")
+if w:
+    line += (f"   threads {w['threads']}  VmRSS {w['rss_mb']} MB  VmHWM {w['hwm_mb']} MB"
+             f"  fds {w['fds']}  stderr {j['stderr_lines']} lines")
+    if w["exited"]:
+        line += "  EXITED during the run"
+print(line)
+if j["failures"] or set(j["statuses"]) - {"200", "201"}:
+    print(f"           answers {j['statuses']}  failures {j['failures']}")
+EOF
+  # The next run starts with no call left at the upstream.
+  python3 "$HERE/slow_client.py" idle "$STATS_URL" --timeout 60
+}
+
+# slow_gateway_stop: ends the slow scenario's gateway, at once after a run
+# that ran out of time (a drain would wait for its queue). A gateway that
+# had died is reported.
+slow_gateway_stop() {
+  if grep -q '"timed_out": true' "$W/burst.json"; then
+    kill -KILL $GW_PID 2>/dev/null || true
+  else
+    kill -TERM $GW_PID 2>/dev/null || true
+  fi
+  st=0
+  wait $GW_PID || st=$?
+  case $st in
+    0 | 137 | 143) ;;
+    *) echo "  idem exited with status $st; its stderr ends:" >&2
+       tail -5 "$W/slow.err" >&2
+       echo "idem exited with status $st" >>"$W/slow-failed" ;;
+  esac
+}
+
+# slow_probe TARGET BASE_URL REPLAYS: PROBE_N slow calls in flight through
+# BASE_URL, then on other connections PROBES GETs and REPLAYS replays of
+# slow-probe-key (two keep-alive connections per kind, a request at a time
+# each), until the burst is over; appends "TARGET JSON" to $W/probes.
+slow_probe() {
+  rm -f "$W/sent" "$W/done"
+  timeout $((SLOW_TIMEOUT + 30)) python3 "$HERE/slow_client.py" burst "$2/tickets" "$PROBE_N" \
+    --timeout "$SLOW_TIMEOUT" --sent-file "$W/sent" --done-file "$W/done" >"$W/burst.json" &
+  bp=$!
+  wait_file "$W/sent" $bp "the probe's burst"
+  python3 "$HERE/slow_client.py" probe "$2/tickets" --gets "$PROBES" --replays "$3" \
+    --replay-key slow-probe-key --parallel 2 --stop-file "$W/done" \
+    --stats-url "$STATS_URL" >"$W/probe.json" || {
+    echo "bench: the probe failed ($1)" >&2; exit 1; }
+  wait $bp || { echo "bench: the slow client failed ($1, probe)" >&2; exit 1; }
+  python3 - "$W/probe.json" "$W/burst.json" "$1" "$W/probes" <<'EOF'
+import json, sys
+p, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+p["target"], p["burst"] = sys.argv[3], b
+with open(sys.argv[4], "a") as f:
+    f.write(json.dumps(p) + "\n")
+for kind in ("get", "replay"):
+    k = p[kind]
+    if k["n"] or k["timeouts"]:
+        print(f"  {p['target']:6s} {kind:7s} {k['n']:4d} answered  p50 {k['p50_ms']} ms"
+              f"  p99 {k['p99_ms']} ms  max {k['max_ms']} ms  timeouts {k['timeouts']}"
+              f"  errors {k['errors'] or 0}")
+print(f"         in flight at the upstream {p['inflight_start']} -> {p['inflight_end']},"
+      f" probe {p['seconds']} s, burst {b['wall_s']} s, errors {b['errors']}")
+EOF
+  python3 "$HERE/slow_client.py" idle "$STATS_URL" --timeout 60
+}
+
+# The slow upstream scenario.
+slow_scenario() {
+  STATS_URL=http://127.0.0.1:$SLOW_PORT/__stats
+  : >"$W/slow"
+  : >"$W/probes"
+  echo "slow upstream: $SLOW_DELAY s per POST; descriptors per process: $NOFILE"
+  r=1
+  while [ $r -le "$ROUNDS" ]; do
+    # (gateway() counts with $n: another name here.)
+    for sn in $SLOW_N; do
+      echo "slow upstream, round $r of $ROUNDS, N=$sn"
+      slow_run upstream "$sn" "http://127.0.0.1:$SLOW_PORT/tickets"
+      slow_run nginx "$sn" "http://127.0.0.1:$SX_PORT/tickets"
+      # A gateway that ran out of time once would again: its later rounds
+      # are skipped, not waited for.
+      if [ -e "$W/slow-skip-$sn" ]; then
+        echo "  idem     N=$sn skipped: an earlier round ran out of time"
+        continue
+      fi
+      gateway slow "sqlite:$W/slow-$r-$sn.db" "$SLOW_PORT"
+      slow_run idem "$sn" "$GW_URL/tickets" --watch-pid "$GW_PID"
+      grep -q '"timed_out": true' "$W/burst.json" && : >"$W/slow-skip-$sn"
+      slow_gateway_stop
+    done
+    r=$((r + 1))
+  done
+  if [ "$PROBE_N" -gt 0 ]; then
+    echo "latency probe: $PROBES requests of each kind while $PROBE_N slow calls are in flight"
+    slow_probe nginx "http://127.0.0.1:$SX_PORT" 0
+    gateway slow "sqlite:$W/slow-probe.db" "$SLOW_PORT"
+    # The key replayed during the burst, completed before it.
+    python3 "$HERE/slow_client.py" seed "$GW_URL/tickets" slow-probe-key
+    slow_probe idem "$GW_URL" "$PROBES"
+    slow_gateway_stop
+  fi
+
+  echo
+  echo "slow upstream ($SLOW_DELAY s per POST), medians of $ROUNDS rounds:"
+  python3 - "$W/slow" "$W/probes" "$(nproc)" "$W/slow-failed" <<'EOF'
+import json, os, statistics, sys
+runs = [json.loads(l) for l in open(sys.argv[1])]
+probes = [json.loads(l) for l in open(sys.argv[2])]
+cores = int(sys.argv[3])
+failed = []
+def med(target, n, key="wall_s"):
+    v = [r[key] for r in runs if r["target"] == target and r["n"] == n]
+    return statistics.median(v) if v else None
+def errs(target, n):
+    v = [r for r in runs if r["target"] == target and r["n"] == n]
+    return sum(r["errors"] for r in v), any(r["timed_out"] for r in v)
+def fmt(x, out):
+    return "-" if x is None else f"{'>' if out else ''}{x:.2f}"
+print("  |     N | upstream s | nginx s | idem s | idem/nginx | nginx errors | idem errors |"
+      " idem at the upstream at once |")
+print("  | ----: | ---------: | ------: | -----: | ---------: | -----------: | ----------: |"
+      " ---------------------------: |")
+ns = sorted({r["n"] for r in runs})
+for n in ns:
+    up, ng, gw = med("upstream", n), med("nginx", n), med("idem", n)
+    ne, nt = errs("nginx", n)
+    ie, it = errs("idem", n)
+    peak = max((r.get("upstream_peak") or 0 for r in runs
+                if r["target"] == "idem" and r["n"] == n), default=None)
+    ratio = f"{'>' if it else ''}{gw / ng:.2f}x" if gw and ng else "-"
+    print(f"  | {n:5d} | {fmt(up, False):>10s} | {fmt(ng, nt):>7s} | {fmt(gw, it):>6s} |"
+          f" {ratio:>10s} | {ne:12d} | {ie:11d} | {peak:28d} |")
+    for t, e, out in (("nginx", ne, nt), ("idem", ie, it), ("upstream", *errs("upstream", n))):
+        if e or out:
+            failed.append(f"{t} at N={n}: {e} errors{' (ran out of time)' if out else ''}")
+    if n == 1000 and gw and ng:
+        print(f"  target at N=1000: idem/nginx <= 1.5x: "
+              f"{'meets' if gw / ng <= 1.5 and not it else 'MISSES'}")
+few = 8
+print(f"idem while the N calls were in flight (the most over the rounds; a fixed few"
+      f" taken as {few}, {cores} cores: threads target <= {few + 2 * cores}):")
+for n in ns:
+    ws = [r["watch"] for r in runs if r["target"] == "idem" and r["n"] == n and "watch" in r]
+    if not ws:
+        continue
+    th = max(w["threads"] for w in ws)
+    rss = max(w["rss_mb"] for w in ws)
+    hwm = max(w["hwm_mb"] for w in ws)
+    fds = max(w["fds"] for w in ws)
+    line = (f"  N={n:<5d} threads {th} ({'meets' if th <= few + 2 * cores else 'MISSES'})"
+            f"   VmRSS {rss} MB   VmHWM {hwm} MB")
+    if n >= 8000:
+        line += f" (target <= 200 MB: {'meets' if max(rss, hwm) <= 200 else 'MISSES'})"
+    line += f"   descriptors {fds}"
+    if any(w["exited"] for w in ws):
+        line += "   the gateway EXITED during a run"
+        failed.append(f"idem exited during a run at N={n}")
+    print(line)
+if probes:
+    print(f"latency probe, on other connections while {probes[0]['burst']['n']} slow calls"
+          f" are in flight (target p99 <= 50 ms):")
+    print("  | through | request | answered | p50 ms | p99 ms | max ms | timeouts | errors |"
+          " in flight at the upstream, start -> end |")
+    print("  | ------- | ------- | -------: | -----: | -----: | -----: | -------: | -----: |"
+          " --------------------------------------: |")
+    for p in probes:
+        for kind in ("get", "replay"):
+            k = p[kind]
+            if not (k["n"] or k["timeouts"]):
+                continue
+            e = sum(k["errors"].values())
+            print(f"  | {p['target']:7s} | {kind:7s} | {k['n']:8d} | {k['p50_ms']!s:>6s} |"
+                  f" {k['p99_ms']!s:>6s} | {k['max_ms']!s:>6s} | {k['timeouts']:8d} | {e:6d} |"
+                  f" {str(p['inflight_start']) + ' -> ' + str(p['inflight_end']):>39s} |")
+            if p["target"] == "idem":
+                ok = k["p99_ms"] is not None and k["p99_ms"] <= 50 and not k["timeouts"]
+                print(f"  target: idem {kind} p99 <= 50 ms: {'meets' if ok else 'MISSES'}")
+            if e or k["timeouts"]:
+                failed.append(f"probe {p['target']} {kind}: {e} errors, {k['timeouts']} timeouts")
+        if p["burst"]["errors"]:
+            failed.append(f"probe burst through {p['target']}: {p['burst']['errors']} errors")
+if os.path.exists(sys.argv[4]):
+    failed += open(sys.argv[4]).read().split("\n")[:-1]
+if failed:
+    print("bench: slow upstream runs that failed: " + "; ".join(failed), file=sys.stderr)
+    sys.exit(1)
+EOF
+}
+
+[ "$FAST" = 1 ] && fast_scenario
+if [ "$SLOW" = 1 ]; then
+  [ "$FAST" = 1 ] && echo
+  slow_scenario
+fi
