@@ -49,7 +49,9 @@
 # BENCH_SLOW_N (default "1000 8000"), BENCH_SLOW_DELAY (seconds per POST,
 # default 1), BENCH_SLOW_TIMEOUT (seconds per slow run, default 120),
 # BENCH_SLOW_PROBE_N (slow calls in flight during the probe, default 1000;
-# 0 skips it), BENCH_SLOW_PROBES (requests of each kind, default 200).
+# 0 skips it), BENCH_SLOW_PROBES (requests of each kind, default 200),
+# BENCH_SLOW_FIXED_THREADS (the "fixed few" of the threads target: at most
+# that many plus 2 per core; default 8).
 set -eu
 if [ $# -ne 1 ]; then
   echo "usage: sh bench/gateway.sh PATH_TO_IDEM" >&2
@@ -70,6 +72,7 @@ SLOW_DELAY=${BENCH_SLOW_DELAY:-1}
 SLOW_TIMEOUT=${BENCH_SLOW_TIMEOUT:-120}
 PROBE_N=${BENCH_SLOW_PROBE_N:-1000}
 PROBES=${BENCH_SLOW_PROBES:-200}
+FEW_THREADS=${BENCH_SLOW_FIXED_THREADS:-8}
 case $BENCH_ONLY in
   "") FAST=1 SLOW=1 ;;
   fast) FAST=1 SLOW=0 ;;
@@ -97,7 +100,10 @@ cleanup() {
   if [ -n "${PG_DIR:-}" ]; then pg_stop || true; fi
   rm -rf "$W"
 }
-trap cleanup EXIT INT TERM
+trap cleanup EXIT
+# A signal says so: a run that stops without a word cannot be told from one
+# that failed.
+trap 'echo "bench: stopped by a signal" >&2; exit 1' INT TERM HUP
 
 # wait_file FILE PID WHAT: waits until FILE exists, as long as PID lives.
 wait_file() {
@@ -215,9 +221,16 @@ gateway() {
     --store "$2" 2>"$W/$1.err" &
   GW_PID=$!
   n=0
-  while ! grep -q 'listening on' "$W/$1.err" && [ $n -lt 200 ]; do sleep 0.05; n=$((n + 1)); done
+  while ! grep -q 'listening on' "$W/$1.err" && [ $n -lt 200 ]; do
+    kill -0 $GW_PID 2>/dev/null || break
+    sleep 0.05; n=$((n + 1))
+  done
   GW_URL=$(sed -n 's/.*listening on \(http:[^,]*\),.*/\1/p' "$W/$1.err")
-  [ -n "$GW_URL" ] || { cat "$W/$1.err" >&2; exit 1; }
+  [ -n "$GW_URL" ] || {
+    cat "$W/$1.err" >&2
+    st=0; kill -0 $GW_PID 2>/dev/null || wait $GW_PID || st=$?
+    echo "bench: idem serve did not start ($1; exit status $st, 0 if still running)" >&2
+    exit 1; }
 }
 
 # run NAME URL SCRIPT: one wrk run; appends "rps p50_ms p99_ms" to $W/NAME.
@@ -454,7 +467,7 @@ slow_scenario() {
 
   echo
   echo "slow upstream ($SLOW_DELAY s per POST), medians of $ROUNDS rounds:"
-  python3 - "$W/slow" "$W/probes" "$(nproc)" "$W/slow-failed" <<'EOF'
+  python3 - "$W/slow" "$W/probes" "$(nproc)" "$W/slow-failed" "$FEW_THREADS" <<'EOF'
 import json, os, statistics, sys
 runs = [json.loads(l) for l in open(sys.argv[1])]
 probes = [json.loads(l) for l in open(sys.argv[2])]
@@ -488,7 +501,7 @@ for n in ns:
     if n == 1000 and gw and ng:
         print(f"  target at N=1000: idem/nginx <= 1.5x: "
               f"{'meets' if gw / ng <= 1.5 and not it else 'MISSES'}")
-few = 8
+few = int(sys.argv[5])
 print(f"idem while the N calls were in flight (the most over the rounds; a fixed few"
       f" taken as {few}, {cores} cores: threads target <= {few + 2 * cores}):")
 for n in ns:
@@ -496,6 +509,7 @@ for n in ns:
     if not ws:
         continue
     th = max(w["threads"] for w in ws)
+    names = max(ws, key=lambda w: w["threads"]).get("thread_names", {})
     rss = max(w["rss_mb"] for w in ws)
     hwm = max(w["hwm_mb"] for w in ws)
     fds = max(w["fds"] for w in ws)
@@ -504,6 +518,8 @@ for n in ns:
     if n >= 8000:
         line += f" (target <= 200 MB: {'meets' if max(rss, hwm) <= 200 else 'MISSES'})"
     line += f"   descriptors {fds}"
+    line += "\n         threads at the peak: " + ", ".join(
+        f"{v} {k}" for k, v in sorted(names.items(), key=lambda kv: -kv[1]))
     if any(w["exited"] for w in ws):
         line += "   the gateway EXITED during a run"
         failed.append(f"idem exited during a run at N={n}")

@@ -16,7 +16,8 @@ upstream" scenario. Standard library only.
                           connect): the calls are in flight from then on
         --done-file F     create F once every call is answered or failed
         --watch-pid PID   sample /proc/PID/status while the calls are in
-                          flight: peak Threads, peak VmRSS, peak open
+                          flight: peak Threads (and their names at the
+                          peak), peak VmRSS, peak open
                           descriptors, VmHWM at the end
         --stats-url U     the upstream's /__stats: reset before, read
                           after (the most calls it had waiting at once)
@@ -138,6 +139,7 @@ class Watch:
     def __init__(self, pid):
         self.pid = pid
         self.threads = 0
+        self.names = {}
         self.rss_kb = 0
         self.fds = 0
         self.hwm_kb = 0
@@ -156,7 +158,18 @@ class Watch:
         st = self.status()
         if st is None:
             return
-        self.threads = max(self.threads, int(st["Threads"]))
+        threads = int(st["Threads"])
+        if threads > self.threads:
+            # Which threads they are, at the peak (named by their makers).
+            self.threads = threads
+            self.names = {}
+            try:
+                for t in os.listdir("/proc/%d/task" % self.pid):
+                    with open("/proc/%d/task/%s/comm" % (self.pid, t)) as f:
+                        name = f.read().strip()
+                    self.names[name] = self.names.get(name, 0) + 1
+            except OSError:
+                pass
         self.rss_kb = max(self.rss_kb, int(st["VmRSS"].split()[0]))
         # Counting descriptors lists a directory of thousands: less often.
         if now >= self.next_fd:
@@ -171,7 +184,7 @@ class Watch:
         if st is not None:
             self.hwm_kb = int(st["VmHWM"].split()[0])
             self.sample(float("inf"))
-        return {"threads": self.threads, "rss_mb": round(self.rss_kb / 1024, 1),
+        return {"threads": self.threads, "thread_names": self.names, "rss_mb": round(self.rss_kb / 1024, 1),
                 "hwm_mb": round(self.hwm_kb / 1024, 1), "fds": self.fds,
                 "exited": self.gone}
 
