@@ -56,6 +56,9 @@
  *    needs them closes.
  *  - idem_execute_begin() and idem_execute_end(): idem_execute() in two
  *    halves, for actions that do not run on one thread.
+ *  - idem_store_check(): whether the store can take a write now. An SQLite
+ *    handle whose database file is deleted, moved or replaced while it is
+ *    open now writes nothing more (IDEM_ESTORE), as one whose -wal file is.
  *
  * Changes in 0.2.0 (source-compatible where noted; rebuild against this
  * header, the ABI of 0.1 is not kept):
@@ -285,6 +288,32 @@ IDEM_API const char *idem_store_backend(const idem_store *store);
 
 /* The version of the store's engine, e.g. "3.40.1" (SQLite) or "15.18". */
 IDEM_API const char *idem_store_engine_version(const idem_store *store);
+
+/*
+ * Whether the store can take a write now: for a server's readiness check
+ * (`idem serve`'s /readyz). IDEM_OK, or the error a claim would meet, with
+ * idem_errmsg() saying why:
+ *  - SQLite: the database file and its -wal file at the store's path are
+ *    still the files this handle opened (not deleted, moved or replaced:
+ *    IDEM_ESTORE, and from then on every write through this handle fails
+ *    the same way, since it would be lost when the store closes); the
+ *    folder is writable (IDEM_ESTORE: the store could not be opened again
+ *    for writing); its filesystem has 1 MiB left (IDEM_EIO: a commit
+ *    that reuses log space already on the disk still fits on a full disk,
+ *    a claim with a larger request does not); and a write transaction
+ *    commits (IDEM_EIO on a failing disk, IDEM_EBUSY while another process
+ *    holds the write lock longer than the busy timeout). The commit is a
+ *    row written into the store's metadata and deleted again: synced as a
+ *    claim is, nothing left. A handle opened read-only fails with
+ *    IDEM_ESTORE.
+ *  - PostgreSQL: a query answers on a connection of the pool
+ *    (IDEM_EUNAVAILABLE when the server cannot be reached), the schema is
+ *    one this handle knows (IDEM_ESCHEMA), and the server accepts writes
+ *    (IDEM_EUNAVAILABLE on a standby).
+ * It takes a connection of the pool for one short transaction; cheap
+ * enough for a probe every second or so, not for every request.
+ */
+IDEM_API int idem_store_check(idem_store *store);
 
 /* ------------------------------------------------------------------ */
 /* Records and claims                                                   */

@@ -622,6 +622,26 @@ const char *idem_store_engine_version(const idem_store *store) {
   return store ? store->methods->engine_version(store->state) : "";
 }
 
+int idem_store_check(idem_store *store) {
+  idem_record *rec = NULL;
+  idem_id probe = {"", "idem store check", "probe"};
+  int rc;
+  idem__clear_error();
+  if (!store)
+    return idem__fail(IDEM_EINVAL, "store: NULL store");
+  if (store->methods->version >= 4 && store->methods->check)
+    return store->methods->check(store->state);
+  /* A backend without the method: a read that finds nothing is the most
+   * that can be said without writing. */
+  rc = store->methods->get(store->state, &probe, &rec);
+  idem_record_free(rec);
+  if (rc == IDEM_ENOTFOUND) {
+    idem__clear_error();
+    return IDEM_OK;
+  }
+  return rc;
+}
+
 /* ---- claims ----------------------------------------------------------- */
 
 void idem_call_free(idem_call *claim) {

@@ -432,6 +432,46 @@ int idem__pg_get(void *state, const idem_id *id, idem_record **out) {
   return rc;
 }
 
+/*
+ * Whether the store can take a write now: a query answers on a pooled
+ * connection (sent once more on one found dead and re-established, as reads
+ * are, so that the first check after an outage does not fail for the
+ * outage's dead connection), the schema is still one this handle knows,
+ * and the session takes writes: a standby, or a server set to
+ * default_transaction_read_only, would refuse every claim.
+ */
+int idem__pg_check(void *state) {
+  pg_store *s = state;
+  conn *c = NULL;
+  PGresult *res;
+  char err[ERR_SIZE];
+  int rc = idem__pg_pool_get(s, &c, err);
+  if (rc != IDEM_OK)
+    return fail_out(s, rc, err);
+  rc = schema_read(s, c, err);
+  if (idem__pg_revived(s, c, &rc, err))
+    rc = schema_read(s, c, err);
+  if (rc == IDEM_OK) {
+    res = PQexec(c->pg, "SHOW transaction_read_only");
+    if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+      rc = idem__pg_fail(c, res, "check", err);
+    } else if (PQntuples(res) > 0 &&
+               strcmp(PQgetvalue(res, 0, 0), "on") == 0) {
+      /* Reconnected before its next use, as after a refused write, so
+       * that a URL with several hosts finds the primary again. */
+      c->read_only = 1;
+      rc = idem__pg_failf(err, IDEM_EUNAVAILABLE,
+                          "postgresql: the server accepts no writes (a "
+                          "standby, or default_transaction_read_only); "
+                          "point idem at the primary, e.g. with several "
+                          "hosts and target_session_attrs=read-write");
+    }
+    PQclear(res);
+  }
+  idem__pg_pool_put(s, c);
+  return rc == IDEM_OK ? IDEM_OK : fail_out(s, rc, err);
+}
+
 int idem__pg_list(void *state, const idem_filter *f, idem_record_fn fn,
                   void *ctx) {
   pg_store *s = state;

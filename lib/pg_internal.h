@@ -198,6 +198,8 @@ int idem__pg_schema_check(const pg_store *s, int version, char *err);
 /* After a read on c that failed with rc: IDEM_ESCHEMA (detail in err) when
  * the schema changed under it, else rc. May roll back c's transaction. */
 int idem__pg_read_failed(pg_store *s, conn *c, int rc, char *err);
+/* idem_store_check(): whether the server answers and takes writes. */
+int idem__pg_check(void *state);
 int idem__pg_get(void *state, const idem_id *id, idem_record **out);
 int idem__pg_list(void *state, const idem_filter *filter, idem_record_fn fn,
                   void *ctx);

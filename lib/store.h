@@ -19,7 +19,7 @@
 
 #include <pthread.h>
 
-#define IDEM__STORE_METHODS_VERSION 3
+#define IDEM__STORE_METHODS_VERSION 4
 
 /* Defaults and rates every backend shares. */
 #define IDEM__DEFAULT_LEASE_MS 30000
@@ -143,6 +143,12 @@ typedef struct idem__store_methods {
    * no earlier than lease_expires_ms - that bound by our clock.
    */
   int64_t (*clock_ahead)(void *state);
+  /*
+   * Version 4. Whether the store can take a write now (idem_store_check()):
+   * IDEM_OK, or the error a claim would meet, with its detail set. NULL:
+   * the engine answers IDEM_OK when a read works.
+   */
+  int (*check)(void *state);
 } idem__store_methods;
 
 /* A store handle. */

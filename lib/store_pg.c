@@ -1162,4 +1162,5 @@ const idem__store_methods idem__pg_methods = {
     idem__pg_run_many,
     idem__pg_watch,
     idem__pg_clock_ahead,
+    idem__pg_check,
 };

@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
@@ -275,6 +276,12 @@ typedef struct sq_store {
   dev_t wal_dev;
   ino_t wal_ino;
   int wal_known;
+  /* The database file as it was when the store opened: one deleted, moved
+   * or replaced under an open store keeps taking this handle's writes (into
+   * a file nobody will open again), and they vanish when the store closes. */
+  dev_t db_dev;
+  ino_t db_ino;
+  int db_known;
 } sq_store;
 
 /* ---- errors ------------------------------------------------------------ */
@@ -420,6 +427,15 @@ static int count_commit(void *arg) {
   return 0;
 }
 
+/* The folder of the store's file: where SQLite makes its -wal and -shm
+ * files. */
+static void folder_of(const char *path, char *buf, size_t size) {
+  const char *slash = strrchr(path, '/');
+  snprintf(buf, size, "%.*s",
+           slash ? (int)(slash == path ? 1 : slash - path) : 1,
+           slash ? path : ".");
+}
+
 static int conn_open(sq_store *s, conn **out) {
   char buf[384];
   conn *c = calloc(1, sizeof *c);
@@ -465,12 +481,9 @@ static int conn_open(sq_store *s, conn **out) {
   if (rc != SQLITE_OK || exec(c, sync) != SQLITE_OK) {
     int src = sqlite3_extended_errcode(c->db);
     char folder[4096];
-    const char *slash = strrchr(s->path, '/');
     /* The usual reason a writable file cannot be written: WAL makes its
      * -wal and -shm files beside it, in a folder that is read-only. */
-    snprintf(folder, sizeof folder, "%.*s",
-             slash ? (int)(slash == s->path ? 1 : slash - s->path) : 1,
-             slash ? s->path : ".");
+    folder_of(s->path, folder, sizeof folder);
     if (!s->o.read_only &&
         ((src & 0xff) == SQLITE_READONLY || (src & 0xff) == SQLITE_CANTOPEN) &&
         faccessat(AT_FDCWD, folder, W_OK, AT_EACCESS) != 0)
@@ -1131,56 +1144,76 @@ static int schema_unchanged(sq_store *s, conn *c) {
 }
 
 /*
- * The device and inode of the -wal file; 0 if it cannot be read. statx()
- * asked for STATX_INO alone reads no timestamp. stat() reads them all, and
- * since Linux 6.13 (multigrain timestamps) a file whose times were read gets
- * fine-grained ones at its next write: the log's inode is dirtied by every
- * commit and fdatasync writes it too (bench/stat_fsync.c). It syncs as
+ * The device and inode of a file (the -wal file, the database); 0 if it
+ * cannot be read. statx() asked for STATX_INO alone reads no timestamp.
+ * stat() reads them all, and since Linux 6.13 (multigrain timestamps) a
+ * file whose times were read gets fine-grained ones at its next write: the
+ * log's inode is dirtied by every commit and fdatasync writes it too
+ * (bench/stat_fsync.c). It syncs as
  * stat() does (not AT_STATX_DONT_SYNC): a network filesystem's cached
  * answer could hide the very deletion looked for. stat() where statx() is
  * missing (C library before glibc 2.28) or fails (ENOSYS, a seccomp EPERM).
  */
-static int wal_id(const char *wal, dev_t *dev, ino_t *ino) {
+static int file_id(const char *path, dev_t *dev, ino_t *ino) {
   struct stat st;
 #ifdef STATX_INO
   struct statx stx;
-  if (statx(AT_FDCWD, wal, AT_STATX_SYNC_AS_STAT, STATX_INO, &stx) == 0 &&
+  if (statx(AT_FDCWD, path, AT_STATX_SYNC_AS_STAT, STATX_INO, &stx) == 0 &&
       (stx.stx_mask & STATX_INO)) {
     *dev = makedev(stx.stx_dev_major, stx.stx_dev_minor);
     *ino = (ino_t)stx.stx_ino;
     return 1;
   }
 #endif
-  if (stat(wal, &st) != 0)
+  if (stat(path, &st) != 0)
     return 0;
   *dev = st.st_dev;
   *ino = st.st_ino;
   return 1;
 }
 
-/* Notes the log file that the store's connections have open. */
-static void note_wal(sq_store *s) {
+/* Notes the database and log files that the store's connections have
+ * open. */
+static void note_files(sq_store *s) {
   char wal[4096];
   if (snprintf(wal, sizeof wal, "%s-wal", s->path) < (int)sizeof wal &&
-      wal_id(wal, &s->wal_dev, &s->wal_ino))
+      file_id(wal, &s->wal_dev, &s->wal_ino))
     s->wal_known = 1;
+  if (file_id(s->path, &s->db_dev, &s->db_ino))
+    s->db_known = 1;
 }
 
 /*
- * Whether the log is still the one the store opened. SQLite never deletes
- * the log while a connection has it open, so a log that is gone or another
- * file means someone deleted it: the commits it held are lost to every
- * process that opens the store from now on, and the keys they completed
- * would act again. Nothing more is written through this handle.
+ * Whether the database file and its log are still the ones the store
+ * opened. SQLite never deletes the log while a connection has it open, so a
+ * log that is gone or another file means someone deleted it: the commits it
+ * held are lost to every process that opens the store from now on, and the
+ * keys they completed would act again. A database file deleted, moved or
+ * replaced takes every record with it in the same way. Nothing more is
+ * written through this handle.
  */
-static int wal_intact(sq_store *s, char *why, size_t size) {
+static int files_intact(sq_store *s, char *why, size_t size) {
   char wal[4096];
   dev_t dev;
   ino_t ino;
+  /* The database file first: with it gone, every write is lost, and a
+   * store opened at the path afterwards (a restart) starts empty. */
+  if (s->db_known &&
+      !(file_id(s->path, &dev, &ino) && dev == s->db_dev && ino == s->db_ino)) {
+    snprintf(why, size,
+             "store '%.160s': the database file was deleted, moved or "
+             "replaced while the store was open; what this handle wrote "
+             "would be lost when it closes and keys it completed could act "
+             "again, so it writes nothing more. Check what ran, then "
+             "reopen the store (restoring the file first if it was "
+             "deleted by mistake)",
+             s->path);
+    return 0;
+  }
   if (!s->wal_known)
     return 1;
   snprintf(wal, sizeof wal, "%s-wal", s->path);
-  if (wal_id(wal, &dev, &ino) && dev == s->wal_dev && ino == s->wal_ino)
+  if (file_id(wal, &dev, &ino) && dev == s->wal_dev && ino == s->wal_ino)
     return 1;
   snprintf(why, size,
            "store '%.160s': its write-ahead log (the -wal file) was deleted "
@@ -1234,7 +1267,7 @@ static void run_batch(sq_store *s, conn *c, idem__op **ops, int n) {
   }
   {
     char why[sizeof ops[0]->errmsg];
-    if (!wal_intact(s, why, sizeof why)) {
+    if (!files_intact(s, why, sizeof why)) {
       exec(c, "ROLLBACK");
       for (i = 0; i < n; i++) {
         idem__op_fail(ops[i], IDEM_ESTORE, "%s", why);
@@ -1697,7 +1730,7 @@ static int sq_open(const char *target, const idem_store_options *opts,
   c->next = NULL;
   s->idle = c;
   if (!s->o.read_only)
-    note_wal(s);
+    note_files(s);
   if (s->o.group_commit >= 0 && !s->o.read_only) {
     rc = conn_open(s, &s->writer);
     if (rc != IDEM_OK) {
@@ -1883,7 +1916,7 @@ static int sq_list(void *state, const idem_filter *f, idem_record_fn fn,
  * into the lost log and vanish when the store closes: IDEM_ESTORE. */
 static int operator_may_write(sq_store *s, conn *c) {
   char why[512];
-  if (!wal_intact(s, why, sizeof why))
+  if (!files_intact(s, why, sizeof why))
     return idem__fail(IDEM_ESTORE, "%s", why);
   return schema_unchanged(s, c);
 }
@@ -2074,6 +2107,68 @@ static int sq_remove(void *state, const idem_id *id) {
   return rc;
 }
 
+/* Less room than this on the store's filesystem counts as a full disk. */
+#define CHECK_MIN_FREE (1024 * 1024)
+
+/*
+ * Whether a claim could be written now. The files must still be the ones
+ * opened, and the folder writable: the store works on while it is open,
+ * but SQLite makes its -wal and -shm files there whenever the store is
+ * opened again (by a restart, or by `idem keys`), so a store in a folder
+ * turned read-only is a store that will not open. The filesystem must have
+ * CHECK_MIN_FREE bytes left: a commit that overwrites log frames already
+ * on the disk needs no new room, so a small write can still succeed on a
+ * full disk while a claim with a larger request fails, and a checkpoint
+ * that cannot grow the database keeps the log growing until every commit
+ * fails. Then a write transaction must commit: a row written into
+ * idem_meta and deleted again, so that the commit writes the log and syncs
+ * it as a claim's does (a failing disk fails it, as it would fail a claim)
+ * and leaves nothing behind.
+ */
+static int sq_check(void *state) {
+  sq_store *s = state;
+  char folder[4096];
+  conn *c;
+  int rc;
+  if (s->o.read_only)
+    return idem__fail(IDEM_ESTORE,
+                      "store '%s': opened read-only, it takes no writes",
+                      s->path);
+  folder_of(s->path, folder, sizeof folder);
+  if (faccessat(AT_FDCWD, folder, W_OK, AT_EACCESS) != 0)
+    return idem__fail(IDEM_ESTORE,
+                      "store '%s': its folder '%s' is not writable (%s); "
+                      "the store cannot be opened again for writing (it "
+                      "makes its -wal and -shm files there)",
+                      s->path, folder, strerror(errno));
+  {
+    struct statvfs fs;
+    /* A filesystem that reports no size at all (some FUSE ones) says
+     * nothing about its room. */
+    if (statvfs(folder, &fs) == 0 && fs.f_blocks > 0 &&
+        (unsigned long long)fs.f_bavail * fs.f_frsize < CHECK_MIN_FREE)
+      return idem__fail(IDEM_EIO,
+                        "store '%s': its disk is full (%llu bytes left, "
+                        "less than %d); claims fail once the log must "
+                        "grow",
+                        s->path,
+                        (unsigned long long)fs.f_bavail * fs.f_frsize,
+                        CHECK_MIN_FREE);
+  }
+  if ((rc = pool_get(s, &c)) != IDEM_OK)
+    return rc;
+  if ((rc = operator_begin(s, c)) == IDEM_OK) {
+    if (exec(c, "INSERT OR REPLACE INTO idem_meta VALUES ('store_check', "
+                "'1')") != SQLITE_OK ||
+        exec(c, "DELETE FROM idem_meta WHERE name = 'store_check'") !=
+            SQLITE_OK)
+      rc = sqlite_fail(c, "check: write");
+    rc = operator_end(c, rc);
+  }
+  pool_put(s, c);
+  return rc;
+}
+
 const idem__store_methods idem__sqlite_methods = {
     IDEM__STORE_METHODS_VERSION,
     "sqlite",
@@ -2089,4 +2184,5 @@ const idem__store_methods idem__sqlite_methods = {
     sq_run_many,
     NULL, /* watch: waiters of other processes poll */
     sq_clock_ahead,
+    sq_check,
 };

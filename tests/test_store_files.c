@@ -1,8 +1,9 @@
 /*
  * test_store_files.c -- SQLite store files that cannot be used as they
  * are: truncated, garbage behind an SQLite header, a folder, a folder
- * nobody may write, an unreadable file, and a store whose schema a newer
- * idem changed while this one had it open.
+ * nobody may write, an unreadable file, a store whose schema a newer idem
+ * changed while this one had it open, and a store file deleted, moved or
+ * replaced while it was open; and what idem_store_check() says of each.
  *
  * For each: a clear error naming the file, never a crash, and never a new
  * store silently made in place of the old one (the file's bytes are left
@@ -248,6 +249,143 @@ static void test_unreadable_file(void **state) {
   free(after);
 }
 
+/* ---- idem_store_check(), and the file changed under an open store -------- */
+
+/*
+ * The store file deleted, moved away, or replaced by another store while a
+ * handle has it open: the handle's writes would go into a file nobody
+ * opens again (lost when it closes, and a restart would start from an empty
+ * or other store). idem_store_check() says so, and every write through the
+ * handle is refused, as with a deleted log; what was completed is still
+ * replayed and read.
+ */
+static void changed_under_open_store(const char *dir, const char *how) {
+  char path[URL_MAX + 32], other[URL_MAX + 32], fp[IDEM_FINGERPRINT_SIZE];
+  idem_id done = {"t", FOP, "key-0"}, fresh = {"t", FOP, "fresh"};
+  idem_response resp = {201, NULL, 0, "x", 1};
+  idem_store *s = NULL;
+  idem_record *rec = NULL;
+  idem_call *c;
+  snprintf(path, sizeof path, "%s/store.db", dir);
+  snprintf(other, sizeof other, "%s/other.db", dir);
+  make_store(path, 1);
+  EXPECT_RC(IDEM_OK, idem_store_open(path, NULL, &s));
+  EXPECT_RC(IDEM_OK, idem_store_check(s));
+  assert_string_equal(idem_errmsg(), "");
+  if (strcmp(how, "deleted") == 0) {
+    assert_int_equal(unlink(path), 0);
+  } else if (strcmp(how, "moved") == 0) {
+    assert_int_equal(rename(path, other), 0);
+  } else { /* replaced by another store (a copy of a backup, say) */
+    make_store(other, 2);
+    assert_int_equal(rename(other, path), 0);
+  }
+  EXPECT_RC(IDEM_ESTORE, idem_store_check(s));
+  if (!strstr(idem_errmsg(), "deleted, moved or replaced") ||
+      !strstr(idem_errmsg(), path))
+    fail_msg("%s: the detail does not say so: %s", how, idem_errmsg());
+  key_fp("fresh", fp);
+  c = (idem_call *)&c;
+  EXPECT_RC(IDEM_ESTORE, idem_claim(s, &fresh, fp, NULL, &c));
+  assert_null(c);
+  assert_non_null(strstr(idem_errmsg(), "deleted, moved or replaced"));
+  EXPECT_RC(IDEM_ESTORE, idem_resolve(s, &done, &resp));
+  EXPECT_RC(IDEM_ESTORE, idem_delete(s, &done));
+  /* What was completed before is still answered. */
+  key_fp("key-0", fp);
+  c = CLAIM(s, &done, fp, NULL, IDEM_REPLAY);
+  idem_call_free(c);
+  EXPECT_RC(IDEM_OK, idem_get(s, &done, &rec));
+  idem_record_free(rec);
+  idem_store_close(s);
+}
+
+static void test_check_store_deleted(void **state) {
+  changed_under_open_store(*state, "deleted");
+}
+
+static void test_check_store_moved(void **state) {
+  changed_under_open_store(*state, "moved");
+}
+
+static void test_check_store_replaced(void **state) {
+  changed_under_open_store(*state, "replaced");
+}
+
+/* A handle opened read-only takes no writes: not ready. */
+static void test_check_read_only_handle(void **state) {
+  char path[URL_MAX + 32];
+  idem_store_options ro = {.read_only = 1};
+  idem_store *s = NULL;
+  snprintf(path, sizeof path, "%s/store.db", (const char *)*state);
+  make_store(path, 1);
+  EXPECT_RC(IDEM_OK, idem_store_open(path, &ro, &s));
+  EXPECT_RC(IDEM_ESTORE, idem_store_check(s));
+  assert_non_null(strstr(idem_errmsg(), "read-only"));
+  idem_store_close(s);
+  EXPECT_RC(IDEM_EINVAL, idem_store_check(NULL));
+}
+
+/*
+ * The store's folder made read-only while the store is open (by its own
+ * user, nobody when the test runs as root, for whom permissions do not
+ * count): the open store still writes, but could not be opened again for
+ * writing, so idem_store_check() says it is not ready; writable again, it
+ * is.
+ */
+static void test_check_folder_not_writable(void **state) {
+  const char *dir = *state;
+  char sub[URL_MAX + 32], path[URL_MAX + 64];
+  int pfd[2], status = 0;
+  nobody_report m[3];
+  pid_t pid;
+  snprintf(sub, sizeof sub, "%s/own", dir);
+  snprintf(path, sizeof path, "%s/store.db", sub);
+  assert_int_equal(chmod(dir, 0755), 0);
+  assert_int_equal(mkdir(sub, 0755), 0);
+  if (geteuid() == 0)
+    assert_int_equal(chown(sub, 65534, 65534), 0);
+  assert_int_equal(pipe(pfd), 0);
+  pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    idem_store *s = NULL;
+    close(pfd[0]);
+    memset(m, 0, sizeof m);
+    if (geteuid() == 0 &&
+        (setgroups(0, NULL) != 0 || setgid(65534) != 0 || setuid(65534) != 0))
+      _exit(4);
+    if (idem_store_open(path, NULL, &s) != IDEM_OK)
+      _exit(5);
+    m[0].rc = idem_store_check(s);
+    snprintf(m[0].err, sizeof m[0].err, "%s", idem_errmsg());
+    if (chmod(sub, 0555) != 0)
+      _exit(6);
+    m[1].rc = idem_store_check(s);
+    snprintf(m[1].err, sizeof m[1].err, "%s", idem_errmsg());
+    if (chmod(sub, 0755) != 0)
+      _exit(7);
+    m[2].rc = idem_store_check(s);
+    snprintf(m[2].err, sizeof m[2].err, "%s", idem_errmsg());
+    idem_store_close(s);
+    _exit(write_all(pfd[1], m, sizeof m) == 0 ? 0 : 3);
+  }
+  close(pfd[1]);
+  memset(m, 0, sizeof m);
+  assert_int_equal(read_all(pfd[0], m, sizeof m), 1);
+  close(pfd[0]);
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  if (m[0].rc != IDEM_OK)
+    fail_msg("writable folder: %s (%s)", idem_rc_name(m[0].rc), m[0].err);
+  if (m[1].rc != IDEM_ESTORE || !strstr(m[1].err, "not writable"))
+    fail_msg("read-only folder: %s (%s), expected IDEM_ESTORE saying so",
+             idem_rc_name(m[1].rc), m[1].err);
+  if (m[2].rc != IDEM_OK)
+    fail_msg("writable again: %s (%s)", idem_rc_name(m[2].rc), m[2].err);
+}
+
 /* ---- two versions -------------------------------------------------------- */
 
 static int add_row(void *conn, void *ctx, idem_response *r) {
@@ -318,6 +456,16 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_unreadable_file, setup_tmpdir,
                                       teardown_tmpdir),
       cmocka_unit_test_setup_teardown(test_newer_version_while_open,
+                                      setup_tmpdir, teardown_tmpdir),
+      cmocka_unit_test_setup_teardown(test_check_store_deleted, setup_tmpdir,
+                                      teardown_tmpdir),
+      cmocka_unit_test_setup_teardown(test_check_store_moved, setup_tmpdir,
+                                      teardown_tmpdir),
+      cmocka_unit_test_setup_teardown(test_check_store_replaced, setup_tmpdir,
+                                      teardown_tmpdir),
+      cmocka_unit_test_setup_teardown(test_check_read_only_handle,
+                                      setup_tmpdir, teardown_tmpdir),
+      cmocka_unit_test_setup_teardown(test_check_folder_not_writable,
                                       setup_tmpdir, teardown_tmpdir),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

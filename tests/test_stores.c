@@ -1096,8 +1096,31 @@ static void test_sqlite_rejected_action_never_commits(void **state) {
 #define STORE_TEST(fn)                                                         \
   cmocka_unit_test_setup_teardown(fn, setup_store, teardown_store)
 
+/*
+ * idem_store_check() on a store that works: IDEM_OK, again and again, the
+ * error detail cleared, and the store works on as before; a NULL store is an argument error. (What it says of a
+ * store that cannot take writes is in test_store_files.c, test_iofaults.c
+ * and tests/serve/cli_serve_health.sh.)
+ */
+static void test_store_check(void **state) {
+  fixture *f = *state;
+  idem_id id = {"tenant-a", OPERATION, "after-check"};
+  char fp[IDEM_FINGERPRINT_SIZE];
+  idem_call *c;
+  fp_of(PAYLOAD, fp);
+  EXPECT_RC(IDEM_EINVAL, idem_store_check(NULL));
+  for (int i = 0; i < 3; i++) {
+    EXPECT_RC(IDEM_OK, idem_store_check(f->store));
+    assert_string_equal(idem_errmsg(), "");
+  }
+  c = CLAIM(f->store, &id, fp, NULL, IDEM_PROCEED);
+  idem_call_free(c);
+  assert_int_equal(side_sql(f->url, sql_of_backend()->count_records, NULL), 1);
+}
+
 int main(void) {
   const struct CMUnitTest both[] = {
+      STORE_TEST(test_store_check),
       STORE_TEST(test_cached_replay_expires),
       STORE_TEST(test_action_commits_itself),
       STORE_TEST(test_action_commits_itself_then_fails),
