@@ -26,8 +26,8 @@ start_gateway() {
   "$IDEM" serve --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 "$@" 2>"$TMP/$name.err" &
   GW_PID=$!
   PIDS="$PIDS $GW_PID"
-  n=0
-  while ! grep -q 'listening on' "$TMP/$name.err" && [ $n -lt 200 ]; do
+  n=0 # 20 s at most: a loaded machine starts it later, not never
+  while ! grep -q 'listening on' "$TMP/$name.err" && [ $n -lt 400 ]; do
     kill -0 $GW_PID 2>/dev/null || break
     sleep 0.05; n=$((n + 1))
   done
@@ -88,4 +88,26 @@ stop_gateway() {
   kill -TERM "$1"
   wait "$1"
   STOPPED=$?
+}
+
+# The test upstream's held answers (upstream.py ?hold=NAME), so that a test
+# waits for events instead of times.
+# wait_held NAME: waits until a request has acted and holds under NAME.
+wait_held() {
+  [ "$(curl -s -o /dev/null -w '%{http_code}' "$UP/_held?wait=$1")" = 200 ]
+}
+# release NAME: the requests held under NAME answer, and later ones do not
+# hold.
+release() { curl -s -o /dev/null -X POST "$UP/_release?name=$1"; }
+
+# post_past_lease NAME KEY BODY [PATH] [CURL ARGS...]: post(), again while
+# the answer is 409 in-flight, so that a test waits for the key's lease to
+# end, not for a time (30 s at most: the status is then still 409).
+post_past_lease() {
+  m=0
+  while post "$@" && [ "$(code "$1")" = 409 ] &&
+    [ "$(json "$1" type)" = urn:idem:problem:in-flight ] && [ $m -lt 600 ]; do
+    sleep 0.05
+    m=$((m + 1))
+  done
 }

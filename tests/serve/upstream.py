@@ -9,6 +9,10 @@ it accepts. HTTP/1.1 with keep-alive, one thread per connection.
   POST|PATCH|PUT /tickets[...]   an effect: a new ticket number; the answer is
                                  201 {"ticket_id": N, "key": K, "title": T}
                                  where T is the JSON body's "title"
+      ?hold=NAME                 acts, then holds its answer until the test
+                                 releases NAME (below): a test waits for
+                                 the upstream to have acted, and decides
+                                 when it answers, instead of guessing times
       ?delay_ms=N                acts, then waits N ms before answering
       ?delay_first_ms=N          the same, for the key's first effect only
       ?drop_first=1              acts, then closes the connection without
@@ -21,9 +25,17 @@ it accepts. HTTP/1.1 with keep-alive, one thread per connection.
                                  not UTF-8 (ISO-8859-1 "caf\xe9")
   GET  /_counts                  {"effects": {key: count}, "total": N,
                                   "requests": N, "last_headers": {...}}
+  GET  /_held                    {"held": {NAME: requests holding now},
+                                  "released": [NAME, ...]}
+      ?wait=NAME[&timeout=S]     first waits until a request has held
+                                 under NAME (at most S s, default 30; 504
+                                 when it never did)
+  POST /_release?name=NAME       lets every request held under NAME
+                                 answer, and any later one with
+                                 hold=NAME answers at once
   GET  /anything-else            200 {"get": true, "n": requests so far}
 Every POST/PATCH/PUT counts as an effect for its Idempotency-Key header
-("" without one).
+("" without one). The /_ paths count as nothing.
 """
 import json
 import socket
@@ -38,6 +50,31 @@ from urllib.parse import parse_qs, urlsplit
 lock = threading.Lock()
 effects = {}
 state = {"total": 0, "requests": 0, "last_headers": {}}
+
+# Held answers: NAME -> requests holding now; every NAME that ever held;
+# NAMEs released for good.
+held_cv = threading.Condition()
+holding = {}
+held_ever = set()
+released = set()
+
+
+def hold(name):
+    """Blocks until NAME is released; counted as holding meanwhile."""
+    with held_cv:
+        held_ever.add(name)
+        holding[name] = holding.get(name, 0) + 1
+        held_cv.notify_all()
+        while name not in released:
+            held_cv.wait()
+        holding[name] -= 1
+        if not holding[name]:
+            del holding[name]
+
+
+def held_report():
+    with held_cv:
+        return {"held": dict(holding), "released": sorted(released)}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -75,6 +112,8 @@ class Handler(BaseHTTPRequestHandler):
             effects[key] = effects.get(key, 0) + 1
             first = effects[key] == 1
             state["last_headers"] = {k: v for k, v in self.headers.items()}
+        if "hold" in q:
+            hold(q["hold"])
         if "delay_ms" in q:
             time.sleep(int(q["delay_ms"]) / 1000)
         if "delay_first_ms" in q and first:
@@ -102,9 +141,41 @@ class Handler(BaseHTTPRequestHandler):
                                "title": title}).encode()
         self.answer(status, body, headers)
 
-    do_POST = do_PATCH = do_PUT = effect
+    def do_POST(self):
+        url = urlsplit(self.path)
+        if url.path != "/_release":
+            return self.effect()
+        self.body()
+        name = parse_qs(url.query).get("name", [""])[0]
+        with held_cv:
+            were = holding.get(name, 0)
+            released.add(name)
+            held_cv.notify_all()
+        self.answer(200, json.dumps({"released": name,
+                                     "were_held": were}).encode(),
+                    [("Content-Type", "application/json")])
+
+    do_PATCH = do_PUT = effect
+
+    def held(self, query):
+        q = {k: v[0] for k, v in parse_qs(query).items()}
+        status = 200
+        if "wait" in q:
+            deadline = time.monotonic() + float(q.get("timeout", 30))
+            with held_cv:
+                while q["wait"] not in held_ever:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        status = 504
+                        break
+                    held_cv.wait(left)
+        self.answer(status, json.dumps(held_report()).encode(),
+                    [("Content-Type", "application/json")])
 
     def do_GET(self):
+        url = urlsplit(self.path)
+        if url.path == "/_held":
+            return self.held(url.query)
         with lock:
             if self.path == "/_counts":
                 body = json.dumps({"effects": effects, **state}).encode()
