@@ -26,24 +26,32 @@ static const char usage[] =
     "           never expire: they wait for a holder or for you)\n"
     "  show     one record, with its stored request and response; a\n"
     "           response marked recovered was stored by a run that took\n"
-    "           the key over: an earlier run may also have acted\n"
+    "           the key over: an earlier run may also have acted. Without\n"
+    "           --operation, every record with the KEY (of any tenant\n"
+    "           unless --tenant), one after another: this reads the whole\n"
+    "           store (or tenant) to find them\n"
     "  prune    delete completed records past their retention, print how\n"
     "           many; records in progress or unknown are never pruned\n"
     "  resolve  settle a record whose outcome is unknown, or in progress\n"
     "           with its lease over: --completed stores a response (status,\n"
     "           default 0, and the body from FILE or '-' for stdin) that\n"
-    "           later calls replay, kept for --retention (default 24h);\n"
+    "           later calls replay, kept for --retention (default 24h); a\n"
+    "           record of `idem serve` (operation \"METHOD /path\") needs\n"
+    "           --status, the HTTP status (100-599) its replays answer;\n"
     "           --failed deletes the record so that a retry acts again.\n"
     "           A record whose holder's lease still runs may be in the\n"
     "           middle of acting: it is refused unless --force\n"
     "  delete   remove one record whatever its state (one that fails its\n"
     "           checksum, say); a retry then acts again\n"
     "\n"
-    "--operation defaults to \"run\", the operation of `idem run`; the\n"
-    "tenant defaults to \"\". A tenant is at most 255 bytes of UTF-8 without\n"
+    "Without --operation, show, resolve and delete find the KEY's records\n"
+    "in every operation (and, without --tenant, every tenant); resolve and\n"
+    "delete then act only when exactly one record has the KEY, and name\n"
+    "them all otherwise. A tenant is at most 255 bytes of UTF-8 without\n"
     "control characters or invisible ones that reorder or hide text (such\n"
-    "as U+202E). --status is 0-255 for `idem run` (an exit status) and\n"
-    "0-999 for other operations (an HTTP status for `idem serve`). Stored\n"
+    "as U+202E). --status is 0-255 for `idem run` (an exit status),\n"
+    "100-599 for `idem serve` (an HTTP status) and 0-999 for other\n"
+    "operations. Stored\n"
     "text that could mislead on a terminal is shown escaped (\\n, \\x1b, \\u202e; a backslash as \\\\).\n"
     "\n"
     "Exit status: 0 ok, 1 store error or no such record, 2 usage.\n";
@@ -280,15 +288,9 @@ static int put_field(const char *label, const void *p, size_t n) {
   return 0;
 }
 
-static int do_show(idem_store *s, opts *o) {
-  idem_record *r = NULL;
-  idem_id id = {o->tenant ? o->tenant : "",
-                o->operation ? o->operation : "run", o->key};
-  int rc = idem_get(s, &id, &r), bad = 0;
-  if (rc != IDEM_OK) {
-    cli_idem_error("keys", "show", rc);
-    return EXIT_FAIL;
-  }
+/* Prints one record as `keys show` does; non-zero when out of memory. */
+static int put_record(const idem_record *r, const opts *o) {
+  int bad = 0;
   json_t *j = record_json(r);
   if (o->json) {
     bad = put_json(j, JSON_INDENT(2) | JSON_SORT_KEYS);
@@ -319,6 +321,145 @@ static int do_show(idem_store *s, opts *o) {
     }
   }
   json_decref(j);
+  return bad;
+}
+
+/*
+ * The records of one KEY in every operation (and every tenant, unless
+ * --tenant), for show, resolve and delete without --operation: the store
+ * has no index by key alone, so the listing reads them all. show prints
+ * each as it comes; the others keep the first's id and name up to
+ * FOUND_NAMED of them for a message.
+ */
+#define FOUND_NAMED 20
+
+typedef struct found {
+  opts *o;
+  int print; /* show: print each */
+  int n;
+  char *tenant, *operation; /* the first's */
+  char named[FOUND_NAMED][600];
+  int oom;
+} found;
+
+static int found_one(const idem_record *r, void *ctx) {
+  found *f = ctx;
+  if (strcmp(r->key, f->o->key) != 0)
+    return 0;
+  if (f->print) {
+    if (f->n && !f->o->json)
+      putchar('\n');
+    if (put_record(r, f->o) != 0) {
+      f->oom = 1;
+      return -1;
+    }
+  } else if (f->n == 0) {
+    f->tenant = strdup(r->tenant);
+    f->operation = strdup(r->operation);
+    if (!f->tenant || !f->operation) {
+      f->oom = 1;
+      return -1;
+    }
+  }
+  if (f->n < FOUND_NAMED) {
+    char *t = cli_escape(r->tenant, strlen(r->tenant));
+    char *op = cli_escape(r->operation, strlen(r->operation));
+    snprintf(f->named[f->n], sizeof f->named[0], "  tenant '%.250s', "
+             "operation '%.300s'", t ? t : "?", op ? op : "?");
+    free(t);
+    free(op);
+  }
+  f->n++;
+  return 0;
+}
+
+/* Lists the records of o->key (see found); IDEM_OK or the listing's
+ * error, said. */
+static int find_key(idem_store *s, opts *o, found *f, const char *what) {
+  idem_filter filter = {0};
+  int rc;
+  filter.tenant = o->tenant;
+  rc = idem_list(s, &filter, found_one, f);
+  if (f->oom) {
+    cli_error("keys", "%s: out of memory", what);
+    return IDEM_ENOMEM;
+  }
+  if (rc != IDEM_OK)
+    cli_idem_error("keys", what, rc);
+  return rc;
+}
+
+static void found_free(found *f) {
+  free(f->tenant);
+  free(f->operation);
+}
+
+/*
+ * The one record that resolve or delete acts on: the one named, or, without
+ * --operation, the only record with the KEY. EXIT_OK with *id set (its
+ * strings in f), or the exit status after saying why.
+ */
+static int pick_record(idem_store *s, opts *o, const char *what, found *f,
+                       idem_id *id) {
+  id->tenant = o->tenant ? o->tenant : "";
+  id->operation = o->operation;
+  id->key = o->key;
+  if (o->operation)
+    return EXIT_OK;
+  if (find_key(s, o, f, what) != IDEM_OK)
+    return EXIT_FAIL;
+  if (f->n == 0) {
+    cli_error("keys", "%s: no record has the key '%s'%s", what, o->key,
+              o->tenant ? " in this tenant" : "");
+    return EXIT_FAIL;
+  }
+  if (f->n > 1) {
+    cli_error("keys", "%s: %d records have the key '%s'; name one with "
+                      "--operation (and --tenant):",
+              what, f->n, o->key);
+    for (int i = 0; i < f->n && i < FOUND_NAMED; i++)
+      fprintf(stderr, "%s\n", f->named[i]);
+    if (f->n > FOUND_NAMED)
+      fprintf(stderr, "  ... and %d more\n", f->n - FOUND_NAMED);
+    return EXIT_FAIL;
+  }
+  id->tenant = f->tenant;
+  id->operation = f->operation;
+  return EXIT_OK;
+}
+
+/* Whether op is the operation of an `idem serve` record, "METHOD /path"
+ * (the gateway protects upper-case methods only). */
+static int http_operation(const char *op) {
+  size_t n = strspn(op, "ABCDEFGHIJKLMNOPQRSTUVWXYZ");
+  return n > 0 && op[n] == ' ' && op[n + 1] == '/';
+}
+
+static int do_show(idem_store *s, opts *o) {
+  idem_record *r = NULL;
+  int rc, bad;
+  if (!o->operation) {
+    found f;
+    memset(&f, 0, sizeof f);
+    f.o = o;
+    f.print = 1;
+    rc = find_key(s, o, &f, "show");
+    found_free(&f);
+    if (rc != IDEM_OK)
+      return EXIT_FAIL;
+    if (f.n == 0) {
+      cli_error("keys", "show: no record has the key '%s'%s", o->key,
+                o->tenant ? " in this tenant" : "");
+      return EXIT_FAIL;
+    }
+    return EXIT_OK;
+  }
+  idem_id id = {o->tenant ? o->tenant : "", o->operation, o->key};
+  if ((rc = idem_get(s, &id, &r)) != IDEM_OK) {
+    cli_idem_error("keys", "show", rc);
+    return EXIT_FAIL;
+  }
+  bad = put_record(r, o);
   idem_record_free(r);
   if (bad) {
     cli_error("keys", "show: out of memory");
@@ -339,19 +480,47 @@ static int do_prune(idem_store *s) {
 }
 
 static int do_resolve(idem_store *s, opts *o) {
-  idem_id id = {o->tenant ? o->tenant : "",
-                o->operation ? o->operation : "run", o->key};
+  idem_id id;
   idem_response r = {0};
   char *body = NULL;
   size_t len = 0;
-  int rc;
+  int rc, status;
+  found f;
+  memset(&f, 0, sizeof f);
+  f.o = o;
+  if ((status = pick_record(s, o, "resolve", &f, &id)) != EXIT_OK)
+    goto out;
+  status = EXIT_USAGE;
+  /* The status is what later calls replay: an HTTP status for the
+   * gateway, whose replay of anything else is an error (a status 0, the
+   * default for `idem run`, would answer 500 to every retry). */
+  if (o->completed && http_operation(id.operation) &&
+      (!o->has_status || o->status < 100 || o->status > 599)) {
+    if (!o->has_status)
+      cli_error("keys", "resolve: '%s' is a record of idem serve (operation "
+                        "'%s'): --completed needs --status, the HTTP status "
+                        "(100-599) that its retries will be answered",
+                o->key, id.operation);
+    else
+      cli_error("keys", "--status: %ld is not an HTTP status (100-599), "
+                        "which the records of idem serve keep",
+                o->status);
+    goto out;
+  }
+  if (o->has_status && o->status > 255 && strcmp(id.operation, "run") == 0) {
+    cli_error("keys", "--status: %ld is not an exit status (0-255), which "
+                      "the records of `idem run` keep",
+              o->status);
+    goto out;
+  }
+  status = EXIT_FAIL;
   if (o->completed) {
     if (o->body_file &&
         cli_read_file(o->body_file, IDEM_MAX_RESPONSE, &body, &len) != 0) {
       cli_error("keys", "%s: %s", o->body_file,
                 errno == EFBIG ? "larger than the 16 MiB a record keeps"
                                : strerror(errno));
-      return EXIT_FAIL;
+      goto out;
     }
     r.status = (int)o->status;
     r.body = body;
@@ -359,27 +528,36 @@ static int do_resolve(idem_store *s, opts *o) {
   }
   idem_resolve_options ro = {o->retention_ms, o->force};
   rc = idem_resolve_with(s, &id, o->completed ? &r : NULL, &ro);
-  free(body);
   if (rc != IDEM_OK) {
     cli_idem_error("keys", "resolve", rc);
-    return EXIT_FAIL;
+    goto out;
   }
   printf("resolved %s: %s\n", o->key,
          o->completed ? "completed (later calls replay the response)"
                       : "failed (the record is deleted; a retry acts again)");
-  return EXIT_OK;
+  status = EXIT_OK;
+out:
+  free(body);
+  found_free(&f);
+  return status;
 }
 
 static int do_delete(idem_store *s, opts *o) {
-  idem_id id = {o->tenant ? o->tenant : "",
-                o->operation ? o->operation : "run", o->key};
-  int rc = idem_delete(s, &id);
-  if (rc != IDEM_OK) {
-    cli_idem_error("keys", "delete", rc);
-    return EXIT_FAIL;
+  idem_id id;
+  int rc, status;
+  found f;
+  memset(&f, 0, sizeof f);
+  f.o = o;
+  if ((status = pick_record(s, o, "delete", &f, &id)) == EXIT_OK) {
+    if ((rc = idem_delete(s, &id)) != IDEM_OK) {
+      cli_idem_error("keys", "delete", rc);
+      status = EXIT_FAIL;
+    } else {
+      printf("deleted %s (a retry acts again)\n", o->key);
+    }
   }
-  printf("deleted %s (a retry acts again)\n", o->key);
-  return EXIT_OK;
+  found_free(&f);
+  return status;
 }
 
 /* The actions, as bits, so that each option can say where it belongs. */
@@ -529,8 +707,10 @@ static int run(int argc, char **argv) {
     cli_error("keys", "resolve needs exactly one of --completed or --failed");
     return EXIT_USAGE;
   }
-  if (o.has_status && o.status > 255 &&
-      (!o.operation || strcmp(o.operation, "run") == 0)) {
+  /* Without --operation the record's operation is known once it is found
+   * (do_resolve() checks the status then). */
+  if (o.has_status && o.status > 255 && o.operation &&
+      strcmp(o.operation, "run") == 0) {
     cli_error("keys", "--status: %ld is not an exit status (0-255), which "
                       "the records of `idem run` keep",
               o.status);

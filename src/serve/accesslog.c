@@ -1,5 +1,6 @@
 /*
- * accesslog.c -- one JSON object per line per request.
+ * accesslog.c -- one JSON object per line per request; and the store's
+ * errors on standard error, at most a line a second.
  *
  * The key and the tenant are written as the first 16 hex digits of their
  * SHA-256, never as they came: a key may be guessable enough to replay
@@ -70,6 +71,11 @@ void accesslog_close(void) {
   log_path = NULL;
 }
 
+/* ms (never negative) rounded to tenths of a millisecond. */
+static double tenths(double ms) {
+  return ms > 0 ? (double)(long long)(ms * 10 + 0.5) / 10 : 0;
+}
+
 static void short_hash(const char *s, char out[17]) {
   char hex[IDEM_FINGERPRINT_SIZE];
   idem_sha256_hex(s, strlen(s), hex);
@@ -99,10 +105,8 @@ void accesslog_write(const access_entry *e) {
   json_object_set_new(o, "path", json_string(e->path ? e->path : ""));
   json_object_set_new(o, "outcome", json_string(serve_outcome_name(e->outcome)));
   json_object_set_new(o, "status", json_integer(e->status));
-  json_object_set_new(o, "upstream_ms",
-                      json_real((double)(long long)(e->upstream_ms * 10) / 10));
-  json_object_set_new(o, "total_ms",
-                      json_real((double)(long long)(e->total_ms * 10) / 10));
+  json_object_set_new(o, "upstream_ms", json_real(tenths(e->upstream_ms)));
+  json_object_set_new(o, "total_ms", json_real(tenths(e->total_ms)));
   if (e->key) {
     short_hash(e->key, kh);
     json_object_set_new(o, "key_hash", json_string(kh));
@@ -113,7 +117,10 @@ void accesslog_write(const access_entry *e) {
   }
   if (e->note)
     json_object_set_new(o, "note", json_string(e->note));
-  line = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+  /* Fifteen digits print a number rounded to tenths as it was written
+   * (1.4, not the 1.3999999999999999 that the default seventeen show). */
+  line = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER |
+                           JSON_REAL_PRECISION(15));
   json_decref(o);
   if (!line)
     return;
@@ -123,4 +130,49 @@ void accesslog_write(const access_entry *e) {
     /* A full disk must not stop the gateway; the request was answered. */
   }
   free(line);
+}
+
+/* ---- store errors ---------------------------------------------------------- */
+
+static pthread_mutex_t store_log_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct timespec store_log_last;
+static int store_log_any;
+static unsigned long store_log_left_out;
+
+void serve_log_store_error(const char *what, int rc, const char *detail) {
+  struct timespec now;
+  unsigned long left_out;
+  char line[1400], more[96] = "";
+  int n;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  pthread_mutex_lock(&store_log_mu);
+  /* A failing store fails every request: one line each would flood the
+   * log (and the disk, which may be the very trouble). */
+  if (store_log_any &&
+      (now.tv_sec - store_log_last.tv_sec) * 1000000000L +
+              (now.tv_nsec - store_log_last.tv_nsec) <
+          1000000000L) {
+    store_log_left_out++;
+    pthread_mutex_unlock(&store_log_mu);
+    return;
+  }
+  left_out = store_log_left_out;
+  store_log_left_out = 0;
+  store_log_last = now;
+  store_log_any = 1;
+  pthread_mutex_unlock(&store_log_mu);
+  if (left_out)
+    snprintf(more, sizeof more,
+             " (%lu more store errors since the last line, not logged)",
+             left_out);
+  /* libidem's details are at most 511 bytes: the line always fits. */
+  n = snprintf(line, sizeof line,
+               "idem serve: store error (%.40s): %s: %.1024s%s\n", what,
+               idem_rc_name(rc), detail && *detail ? detail : "-", more);
+  if (n < 0 || (size_t)n >= sizeof line)
+    return;
+  /* One write, so that lines of other threads never interleave with it. */
+  if (write(STDERR_FILENO, line, (size_t)n) < 0) {
+    /* Nowhere left to say it. */
+  }
 }

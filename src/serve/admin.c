@@ -4,32 +4,38 @@
  * It runs on a listener of its own (--admin-listen), so that a load
  * balancer's health checks and Prometheus's scrapes never queue behind the
  * gateway's requests, and so that it can be bound to an address the
- * gateway's clients do not reach.
+ * gateway's clients do not reach. Each connection has a thread of its own:
+ * a readiness check waits for the store, and a store that hangs must not
+ * keep /healthz from answering.
+ *
+ * /healthz is liveness: 200 while the process serves. A store that fails
+ * is not a reason to restart the gateway (a restart mends no disk and no
+ * database server, and a supervisor restarting every gateway at once while
+ * PostgreSQL is down only adds load); it is a reason to send no traffic,
+ * which is what /readyz says: 503 while the store cannot take a claim
+ * (idem_store_check()) or while the gateway drains.
  */
 #include "serve.h"
 
+#include <jansson.h>
 #include <microhttpd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#define PROBLEM_TYPE "urn:idem:problem:"
+
+/* The most records of each state /metrics counts: the count is made at
+ * each scrape, and must stay cheap however many records wait. */
+#define RECORDS_COUNTED 10000
 
 static idem_store *store;
 static int draining;
+static int not_ready; /* what the last readiness check found */
 
 void admin_set_draining(void) {
   __atomic_store_n(&draining, 1, __ATOMIC_RELEASE);
-}
-
-/* Whether the store answers: a read of a record that is never written. */
-static int store_answers(char *why, size_t size) {
-  idem_id probe = {"", "idem health", "probe"};
-  idem_record *rec = NULL;
-  int rc = idem_get(store, &probe, &rec);
-  idem_record_free(rec);
-  if (rc == IDEM_OK || rc == IDEM_ENOTFOUND)
-    return 1;
-  snprintf(why, size, "%s: %s", idem_rc_name(rc), idem_errmsg());
-  return 0;
 }
 
 static enum MHD_Result text(struct MHD_Connection *c, int status,
@@ -49,18 +55,113 @@ static enum MHD_Result text(struct MHD_Connection *c, int status,
 }
 
 static enum MHD_Result say(struct MHD_Connection *c, int status,
-                           const char *fmt, const char *arg) {
-  char *s = NULL;
-  if (asprintf(&s, fmt, arg) < 0)
+                           const char *s) {
+  char *copy = strdup(s);
+  if (!copy)
     return MHD_NO;
-  return text(c, status, "text/plain; charset=utf-8", s, strlen(s));
+  return text(c, status, "text/plain; charset=utf-8", copy, strlen(copy));
+}
+
+/* An RFC 9457 problem, as the gateway's own answers are. */
+static enum MHD_Result problem(struct MHD_Connection *c, int status,
+                               const char *type, const char *title,
+                               const char *detail) {
+  char t[128];
+  json_t *j;
+  char *s;
+  snprintf(t, sizeof t, PROBLEM_TYPE "%s", type);
+  j = json_pack("{s:s, s:s, s:i, s:s}", "type", t, "title", title, "status",
+                status, "detail", detail);
+  s = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+  json_decref(j);
+  if (!s)
+    return MHD_NO;
+  return text(c, status, "application/problem+json", s, strlen(s));
+}
+
+/* Says on standard error when readiness changes, so that an operator
+ * reading the log sees when and why the gateway stopped being ready,
+ * without a line per probe. */
+static void note_readiness(int ready, const char *why) {
+  char line[1200];
+  int n;
+  if (__atomic_exchange_n(&not_ready, !ready, __ATOMIC_ACQ_REL) == !ready)
+    return;
+  n = ready ? snprintf(line, sizeof line, "idem serve: ready again\n")
+            : snprintf(line, sizeof line, "idem serve: not ready: %s\n", why);
+  if (n > 0 && (size_t)n < sizeof line &&
+      write(STDERR_FILENO, line, (size_t)n) < 0) {
+    /* Nowhere left to say it. */
+  }
+}
+
+static enum MHD_Result readyz(struct MHD_Connection *c) {
+  char why[1024];
+  int rc;
+  if (__atomic_load_n(&draining, __ATOMIC_ACQUIRE))
+    return problem(c, 503, "draining", "Draining",
+                   "The gateway is stopping: it finishes the requests in "
+                   "flight and takes no new ones.");
+  if ((rc = idem_store_check(store)) != IDEM_OK) {
+    snprintf(why, sizeof why, "%s: %s", idem_rc_name(rc), idem_errmsg());
+    note_readiness(0, why);
+    return problem(c, 503, "store-unavailable", "Store cannot take writes",
+                   why);
+  }
+  note_readiness(1, NULL);
+  return say(c, 200, "ready\n");
+}
+
+static int count_record(const idem_record *r, void *ctx) {
+  (void)r;
+  ++*(int *)ctx;
+  return 0;
+}
+
+/* /metrics: the counters, and the records waiting in the store, counted
+ * now (up to RECORDS_COUNTED each). A store that cannot be read leaves the
+ * samples out, as Prometheus expects of a value not known. */
+static enum MHD_Result metrics(struct MHD_Connection *c) {
+  static const struct {
+    int state;
+    const char *name;
+  } states[] = {{IDEM_STATE_IN_PROGRESS, "in_progress"},
+                {IDEM_STATE_UNKNOWN, "unknown"}};
+  char more[512];
+  size_t len, n = 0;
+  char *m = metrics_render(&len), *p;
+  if (!m)
+    return MHD_NO;
+  n = (size_t)snprintf(
+      more, sizeof more,
+      "# HELP idem_gateway_store_records Records in the store waiting for "
+      "a holder (in_progress) or for an operator (unknown), counted at each "
+      "scrape up to %d.\n"
+      "# TYPE idem_gateway_store_records gauge\n",
+      RECORDS_COUNTED);
+  for (size_t i = 0; i < sizeof states / sizeof states[0]; i++) {
+    idem_filter f = {0};
+    int count = 0;
+    f.state = states[i].state;
+    f.limit = RECORDS_COUNTED;
+    if (idem_list(store, &f, count_record, &count) == IDEM_OK)
+      n += (size_t)snprintf(more + n, sizeof more - n,
+                            "idem_gateway_store_records{state=\"%s\"} %d\n",
+                            states[i].name, count);
+  }
+  if (!(p = realloc(m, len + n + 1))) {
+    free(m);
+    return MHD_NO;
+  }
+  memcpy(p + len, more, n + 1);
+  return text(c, 200, "text/plain; version=0.0.4; charset=utf-8", p, len + n);
 }
 
 static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
                               const char *url, const char *method,
                               const char *version, const char *upload,
                               size_t *upload_size, void **con_cls) {
-  char why[512];
+  char detail[512];
   (void)cls, (void)version, (void)upload;
   if (!*con_cls) { /* first call: headers only */
     *con_cls = c;
@@ -70,40 +171,37 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
     *upload_size = 0;
     return MHD_YES;
   }
-  if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
-    return say(c, 405, "%s: only GET\n", method);
-  if (strcmp(url, "/healthz") == 0) {
-    if (store_answers(why, sizeof why))
-      return say(c, 200, "ok%s\n", "");
-    return say(c, 503, "store unavailable: %s\n", why);
+  if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
+    snprintf(detail, sizeof detail, "%.64s: the admin listener answers GET "
+             "and HEAD only.", method);
+    return problem(c, 405, "method-not-allowed", "Method not allowed",
+                   detail);
   }
-  if (strcmp(url, "/readyz") == 0) {
-    if (__atomic_load_n(&draining, __ATOMIC_ACQUIRE))
-      return say(c, 503, "draining%s\n", "");
-    if (!store_answers(why, sizeof why))
-      return say(c, 503, "store unavailable: %s\n", why);
-    return say(c, 200, "ready%s\n", "");
-  }
-  if (strcmp(url, "/metrics") == 0) {
-    size_t len;
-    char *m = metrics_render(&len);
-    if (!m)
-      return MHD_NO;
-    return text(c, 200, "text/plain; version=0.0.4; charset=utf-8", m, len);
-  }
-  return say(c, 404, "%s: not found (try /healthz, /readyz, /metrics)\n",
-             url);
+  if (strcmp(url, "/healthz") == 0)
+    return say(c, 200, "ok\n");
+  if (strcmp(url, "/readyz") == 0)
+    return readyz(c);
+  if (strcmp(url, "/metrics") == 0)
+    return metrics(c);
+  snprintf(detail, sizeof detail,
+           "%.200s: not found (try /healthz, /readyz, /metrics).", url);
+  return problem(c, 404, "not-found", "Not found", detail);
 }
 
 struct MHD_Daemon *admin_start(idem_store *s, const char *listen, char *bound,
                                size_t bound_size) {
   struct MHD_OptionItem opts[] = {
       {MHD_OPTION_CONNECTION_TIMEOUT, 30, NULL},
+      /* A thread each: bounded, since probes and scrapes are few. */
+      {MHD_OPTION_CONNECTION_LIMIT, 64, NULL},
       {MHD_OPTION_END, 0, NULL},
   };
   store = s;
   return listen_on("--admin-listen", listen,
-                   MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC |
-                       MHD_USE_ERROR_LOG,
+                   /* MHD_USE_POLL: with select(), a connection whose
+                    * descriptor is above FD_SETSIZE (1024), as under load,
+                    * is closed at once, /metrics and /healthz included. */
+                   MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
+                       MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG,
                    handle, NULL, opts, bound, bound_size);
 }
