@@ -16,21 +16,41 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli.h"
 
 /* libmicrohttpd's own messages (a client's malformed request, a header
- * too large), marked as the gateway's. */
+ * too large, an accept() that found no descriptor), marked as the
+ * gateway's. At most one line a second: out of descriptors, libmicrohttpd
+ * says so on every attempt to accept, which once grew the log by megabytes
+ * a second; the line after a quiet spell says how many were left out. */
 static void mhd_log(void *cls, const char *fmt, va_list ap) {
+  static int64_t last_s = -1;
+  static unsigned long suppressed;
   char line[1024];
   size_t n;
+  struct timespec ts;
   (void)cls;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  int64_t prev = __atomic_load_n(&last_s, __ATOMIC_RELAXED);
+  if (prev == (int64_t)ts.tv_sec ||
+      !__atomic_compare_exchange_n(&last_s, &prev, (int64_t)ts.tv_sec, 0,
+                                   __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    __atomic_fetch_add(&suppressed, 1, __ATOMIC_RELAXED);
+    return;
+  }
   vsnprintf(line, sizeof line, fmt, ap);
   n = strlen(line);
   while (n && line[n - 1] == '\n')
     line[--n] = 0;
-  fprintf(stderr, "idem serve: http: %s\n", line);
+  unsigned long left = __atomic_exchange_n(&suppressed, 0, __ATOMIC_RELAXED);
+  if (left)
+    fprintf(stderr, "idem serve: http: %s (and %lu more messages)\n", line,
+            left);
+  else
+    fprintf(stderr, "idem serve: http: %s\n", line);
 }
 
 /* Splits HOST:PORT; host "" means every address. 0, or -1. */

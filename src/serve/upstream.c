@@ -397,6 +397,10 @@ static int setup(xfer *x) {
                               ? cfg->upstream_timeout_ms
                               : 10000));
   curl_easy_setopt(c, CURLOPT_HTTPHEADER, x->hdrs);
+  /* Buffers of each transfer, held while it waits: libcurl's defaults
+   * (16 KB in, 64 KB out) would cost 80 KB per forward in flight. */
+  curl_easy_setopt(c, CURLOPT_BUFFERSIZE, 8192L);
+  curl_easy_setopt(c, CURLOPT_UPLOAD_BUFFERSIZE, 16384L);
   curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
   curl_easy_setopt(c, CURLOPT_HEADERDATA, &x->s);
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
@@ -477,6 +481,15 @@ static up_result classify(xfer *x, CURLcode cc) {
     /* Nothing of the request left: the upstream cannot have acted. */
     snprintf(rs->error, sizeof rs->error, "%s", curl_easy_strerror(cc));
     r = UP_NOT_SENT;
+  } else if (cc == CURLE_WEIRD_SERVER_REPLY || cc == CURLE_OUT_OF_MEMORY ||
+             cc == CURLE_UNSUPPORTED_PROTOCOL) {
+    /* The upstream answered, with something that is not HTTP libcurl can
+     * read (a status line such as "2x", a header line over its 100 KB
+     * bound): it is done acting, whatever it did. */
+    snprintf(rs->error, sizeof rs->error, "the upstream's answer is not "
+                                          "valid HTTP (%s)",
+             curl_easy_strerror(cc));
+    r = UP_INVALID;
   } else if (cc == CURLE_ABORTED_BY_CALLBACK) {
     snprintf(rs->error, sizeof rs->error, "the key's lease was lost");
     r = UP_ABORTED;

@@ -1,0 +1,256 @@
+#!/bin/sh
+# idem serve and the answers it gets from upstream: interim (1xx) answers,
+# statuses HTTP has no place for, headers too large to send, folded lines,
+# trailers, exact limits; what the upstream receives (captured raw); a
+# retry after a crash told that an earlier attempt may have acted; the
+# drain at SIGTERM counted right; running out of descriptors. The upstream
+# (raw_upstream.py) answers with raw bytes and numbers its effects, so that
+# every case checks the effects and the ticket each answer carries.
+IDEM=$1
+. "$(dirname "$0")/../lib.sh"
+. "$(dirname "$0")/serve_lib.sh"
+
+# start_raw NAME: a raw upstream in $TMP/NAME/; sets RAW and RAW_DIR.
+start_raw() {
+  RAW_DIR=$TMP/$1
+  mkdir -p "$RAW_DIR"
+  python3 "$HERE_SERVE/raw_upstream.py" "$RAW_DIR" &
+  PIDS="$PIDS $!"
+  wait_for "$RAW_DIR/port" || { fail "raw upstream $1 did not start"; return 1; }
+  RAW="http://127.0.0.1:$(cat "$RAW_DIR/port")"
+}
+raw_effects() { # raw_effects URL KEY
+  curl -s "$1/_counts" | python3 -c 'import json,sys; print(json.load(sys.stdin)["effects"].get(sys.argv[1], 0))' "$2"
+}
+# send NAME KEY PATH [CURL ARGS...]: a keyed POST through the gateway.
+send() {
+  name=$1 key=$2 path=$3; shift 3
+  curl -s -o "$TMP/$name.b" -D "$TMP/$name.h" -w '%{http_code}' -X POST \
+    -H "Idempotency-Key: $key" -H 'Content-Type: application/json' \
+    --data-binary '{"title":"T"}' "$@" "$GW$path" >"$TMP/$name.code"
+}
+held() { cat "$1/held" 2>/dev/null || echo 0; }
+alive() { kill -0 "$GW_PID" 2>/dev/null && echo yes || echo no; }
+
+start_raw a || { finish; exit 1; }
+A=$RAW
+start_gateway gw --upstream "$A" --store "$TMP/gw.db" --upstream-timeout 20s || { finish; exit 1; }
+
+# 1. Interim answers (RFC 9110 15.2) come before the final one and are
+#    skipped; 103 Early Hints with a Link header crashed the gateway.
+for c in early103 c100 p102; do
+  send "$c-1" "k-$c" "/x/$c"
+  send "$c-2" "k-$c" "/x/$c"
+  expect_eq "$c: answered, then replayed" "201 201 true" \
+    "$(code "$c-1") $(code "$c-2") $(header "$c-2" Idempotent-Replayed)"
+  expect_eq "$c: one effect, one ticket" "1 $(json "$c-1" ticket_id)" \
+    "$(raw_effects "$A" "k-$c") $(json "$c-2" ticket_id)"
+  expect_eq "$c: the interim answer's headers are not passed on" "" \
+    "$(header "$c-1" Link)$(header "$c-1" X-Progress)"
+done
+curl -s -o "$TMP/g103.b" -w '%{http_code}' "$GW/x/early103" >"$TMP/g103.code"
+expect_eq "103 on an unkeyed GET: passed on, the gateway alive" "201 yes" \
+  "$(code g103) $(alive)"
+
+# 2. Answers HTTP cannot pass on: refused at once (502), never stored as a
+#    success; the upstream may have acted, so the key is unknown.
+for c in s101 s999 s2x; do
+  send "$c-1" "k-$c" "/x/$c"
+  send "$c-2" "k-$c" "/x/$c"
+  expect_eq "$c: refused, then the key is unknown" \
+    "502 urn:idem:problem:upstream-failed 409 urn:idem:problem:outcome-unknown" \
+    "$(code "$c-1") $(json "$c-1" type) $(code "$c-2") $(json "$c-2" type)"
+  expect_eq "$c: one effect" 1 "$(raw_effects "$A" "k-$c")"
+done
+
+# 3. Response headers: what the gateway can send is passed on and replayed
+#    whole; more than it can send (20 KB, 200 KB) is refused, not stored as
+#    a success, and the key is unknown rather than stuck in progress.
+send big-1 k-big8 "/x/bighdr?bytes=8000"
+send big-2 k-big8 "/x/bighdr?bytes=8000"
+expect_eq "8 KB header: passed on and replayed whole" "201 8000 201 8000 $(json big-1 ticket_id)" \
+  "$(code big-1) $(header big-1 X-Big | tr -d '\n' | wc -c) $(code big-2) $(header big-2 X-Big | tr -d '\n' | wc -c) $(json big-2 ticket_id)"
+for n in 20000 200000; do
+  send "h$n-1" "k-big$n" "/x/bighdr?bytes=$n"
+  send "h$n-2" "k-big$n" "/x/bighdr?bytes=$n"
+  expect_eq "$n-byte header: refused, the key unknown, one effect" \
+    "502 409 urn:idem:problem:outcome-unknown 1" \
+    "$(code "h$n-1") $(code "h$n-2") $(json "h$n-2" type) $(raw_effects "$A" "k-big$n")"
+done
+
+# 4. --max-response bounds the body: exactly 1 MiB under the default 1M is
+#    stored and replayed; one byte more is passed on, not stored.
+send m1 k-mib "/x/body?bytes=1048576"
+send m2 k-mib "/x/body?bytes=1048576"
+expect_eq "1 MiB body: stored and replayed" "201 1048576 201 1048576 true" \
+  "$(code m1) $(wc -c <"$TMP/m1.b") $(code m2) $(wc -c <"$TMP/m2.b") $(header m2 Idempotent-Replayed)"
+expect_eq "1 MiB body: one effect, the same ticket" "1 $(header m1 X-Ticket)" \
+  "$(raw_effects "$A" k-mib) $(header m2 X-Ticket)"
+send m3 k-mib1 "/x/body?bytes=1048577"
+expect_eq "1 MiB + 1: passed on, marked not stored" "201 1048577 unknown; response-too-large-to-store" \
+  "$(code m3) $(wc -c <"$TMP/m3.b") $(header m3 Idem-Record)"
+
+# 5. A folded header line keeps its continuation; trailers do not become
+#    headers, in the answer or its replays.
+send f1 k-fold /x/fold
+send f2 k-fold /x/fold
+expect_eq "folded header: continued, and replayed so" "a b a b" \
+  "$(header f1 X-Folded) $(header f2 X-Folded)"
+send t1 k-trail /x/trailers
+send t2 k-trail /x/trailers
+expect_eq "trailers: the body passed on, no trailer as a header" \
+  "201 $(json t1 ticket_id) " \
+  "$(code t1) $(json t2 ticket_id) $(header t1 X-Trailer)$(header t2 X-Trailer)"
+
+# 6. The upstream gets the client's request, no more: no Accept, no form
+#    Content-Type that the client did not send.
+curl -s -o /dev/null -X POST -H 'Idempotency-Key: k-bare' -H 'Accept:' \
+  -H 'Content-Type:' -H 'User-Agent:' --data-binary 'x=1' "$GW/x/plain"
+curl -s "$A/_last" >"$TMP/last.txt"
+expect_eq "captured: no Accept, no Content-Type added" "" \
+  "$(grep -i -E '^(accept|content-type):' "$TMP/last.txt")"
+expect_eq "captured: the body's length and the key" "1 1" \
+  "$(grep -ci '^content-length: 3' "$TMP/last.txt") $(grep -ci '^idempotency-key: k-bare' "$TMP/last.txt")"
+curl -s -o /dev/null -X POST -H 'Idempotency-Key: k-typed' -H 'Accept: text/plain' \
+  -H 'Content-Type: application/json' --data-binary '{}' "$GW/x/plain"
+curl -s "$A/_last" >"$TMP/last2.txt"
+expect_eq "captured: the client's own Accept and Content-Type pass" "2" \
+  "$(grep -c -i -E '^(accept: text/plain|content-type: application/json)' "$TMP/last2.txt")"
+
+# 7. HEAD and 304 carry the upstream's Content-Length, not 0.
+curl -s -I "$GW/x/len" >"$TMP/head.h"
+expect_eq "HEAD: the upstream's Content-Length" "1234" "$(header head Content-Length)"
+curl -s -o /dev/null -D "$TMP/nm.h" "$GW/x/nm"
+expect_eq "304: the upstream's Content-Length" "304 1234" \
+  "$(head -1 "$TMP/nm.h" | cut -d' ' -f2) $(header nm Content-Length)"
+
+# 8. The environment's proxy settings are not the gateway's: with a dead
+#    proxy in http_proxy the forward still goes straight upstream.
+GW_SAVE=$GW PID_SAVE=$GW_PID
+http_proxy=http://127.0.0.1:9 HTTP_PROXY=http://127.0.0.1:9 \
+  start_gateway px --upstream "$A" --store "$TMP/px.db" || { finish; exit 1; }
+send px1 k-proxy /x/plain
+expect_eq "http_proxy ignored: forwarded directly" "201 1" "$(code px1) $(raw_effects "$A" k-proxy)"
+kill -TERM "$GW_PID"; wait "$GW_PID" 2>/dev/null
+GW=$GW_SAVE GW_PID=$PID_SAVE
+
+# 9. A retry after a crash is told that an earlier attempt may have acted:
+#    kill -9 while the upstream holds the forward, restart, retry after
+#    the lease. --on-unknown forward (the default) sends it again and marks
+#    the answer and its replays Idem-Record: recovered.
+start_raw b || { finish; exit 1; }
+B=$RAW BDIR=$RAW_DIR
+start_gateway crash --upstream "$B" --store "$TMP/crash.db" --lease 1s || { finish; exit 1; }
+send c0 k-crash "/x/hold?first=1" &
+wait_for "$BDIR/held" || fail "the held forward never reached the upstream"
+kill -KILL "$GW_PID"
+start_gateway crash2 --upstream "$B" --store "$TMP/crash.db" --lease 1s || { finish; exit 1; }
+retry_until_not_in_flight() { # NAME KEY PATH: retries while 409 in-flight
+  n=0
+  while :; do
+    send "$1" "$2" "$3"
+    [ "$(code "$1")" = 409 ] && [ "$(json "$1" type)" = urn:idem:problem:in-flight ] && [ $n -lt 400 ] || break
+    sleep 0.05; n=$((n + 1))
+  done
+}
+retry_until_not_in_flight c1 k-crash "/x/hold?first=1"
+send c2 k-crash "/x/hold?first=1"
+expect_eq "recovered: forwarded again, marked" "201 recovered" "$(code c1) $(header c1 Idem-Record)"
+expect_eq "recovered: the replay marked too, same ticket" \
+  "201 true recovered $(json c1 ticket_id)" \
+  "$(code c2) $(header c2 Idempotent-Replayed) $(header c2 Idem-Record) $(json c2 ticket_id)"
+expect_eq "recovered: two effects (the first attempt acted)" 2 "$(raw_effects "$B" k-crash)"
+curl -s "$ADMIN/metrics" | grep -v '^#' | grep -F 'outcome="recover"' | awk '{print $NF}' >"$TMP/rec.n"
+expect_eq "recovered: counted in /metrics" 1 "$(cat "$TMP/rec.n")"
+# --on-unknown fail: no second action, the retry is refused.
+start_gateway crash3 --upstream "$B" --store "$TMP/crash3.db" --lease 1s --on-unknown fail || { finish; exit 1; }
+send d0 k-crash3 "/x/hold?first=1" &
+wait_eq 2 held "$BDIR" || fail "the second held forward never reached the upstream"
+kill -KILL "$GW_PID"
+start_gateway crash4 --upstream "$B" --store "$TMP/crash3.db" --lease 1s --on-unknown fail || { finish; exit 1; }
+retry_until_not_in_flight d1 k-crash3 "/x/hold?first=1"
+expect_eq "on-unknown fail: refused, one effect" "409 urn:idem:problem:outcome-unknown 1" \
+  "$(code d1) $(json d1 type) $(raw_effects "$B" k-crash3)"
+touch "$BDIR/release"
+
+# 10. SIGTERM with 100 forwards in flight: all 100 counted, all answered.
+start_raw c || { finish; exit 1; }
+C=$RAW CDIR=$RAW_DIR
+start_gateway drain --upstream "$C" --store "$TMP/drain.db" || { finish; exit 1; }
+i=0 SENDS=
+while [ $i -lt 100 ]; do
+  send "dr$i" "k-drain-$i" /x/hold &
+  SENDS="$SENDS $!"
+  i=$((i + 1))
+done
+wait_eq 100 held "$CDIR" || fail "100 forwards were not held: $(held "$CDIR")"
+kill -TERM "$GW_PID"
+wait_eq 1 grep -c 'draining' "$TMP/drain.err" || fail "no draining line"
+expect_eq "drain: every request in flight counted" 1 \
+  "$(grep -c 'draining 100 request(s)' "$TMP/drain.err")"
+touch "$CDIR/release"
+wait "$GW_PID"; st=$?
+wait $SENDS
+n201=0; i=0
+while [ $i -lt 100 ]; do [ "$(code "dr$i")" = 201 ] && n201=$((n201 + 1)); i=$((i + 1)); done
+expect_eq "drain: all 100 answered 201, exit 0" "100 0" "$n201 $st"
+expect_eq "drain: one effect each" 100 \
+  "$(curl -s "$C/_counts" | python3 -c 'import json,sys; e=json.load(sys.stdin)["effects"]; print(sum(1 for k,v in e.items() if k.startswith("k-drain-") and v == 1))')"
+
+# 11. Out of descriptors: a forward that cannot open its upstream socket
+#    is answered 503 with Retry-After and its key released; the log says
+#    so at most once a second, never a flood.
+start_raw d || { finish; exit 1; }
+D=$RAW DDIR=$RAW_DIR
+: >"$TMP/fd.err"
+"$IDEM" serve --listen 127.0.0.1:0 --upstream "$D" --store "$TMP/fd.db" 2>"$TMP/fd.err" &
+FD_PID=$!
+PIDS="$PIDS $FD_PID"
+wait_eq 1 grep -c 'listening on' "$TMP/fd.err" || fail "fd gateway did not start"
+FDGW=$(sed -n 's/.*listening on \(http:[^,]*\),.*/\1/p' "$TMP/fd.err")
+# 20 descriptors to spare, whatever the gateway holds at rest.
+curl -s -o /dev/null "$FDGW/x/plain"
+spare=$(($(ls /proc/$FD_PID/fd | wc -l) + 20))
+prlimit --pid "$FD_PID" --nofile=$spare:$spare || fail "prlimit failed"
+i=0 SENDS=
+while [ $i -lt 60 ]; do
+  curl -s -o "$TMP/fd$i.b" -D "$TMP/fd$i.h" -w '%{http_code}' -X POST -H "Idempotency-Key: k-fd-$i" \
+    -H 'Content-Type: application/json' --data-binary '{}' "$FDGW/x/hold" >"$TMP/fd$i.code" &
+  SENDS="$SENDS $!"
+  i=$((i + 1))
+done
+# The held calls keep their descriptors; the rest find none. Once the
+# gateway says so, the held ones are let go.
+wait_eq 1 grep -c -m1 'out of file descriptors' "$TMP/fd.err" ||
+  fail "no descriptors: never ran out: $(head -c 600 "$TMP/fd.err")"
+touch "$DDIR/release"
+wait $SENDS
+n503=0; nra=0; n201=0; other=0; i=0
+while [ $i -lt 60 ]; do
+  case $(cat "$TMP/fd$i.code") in
+    503) n503=$((n503 + 1))
+         [ -n "$(header "fd$i" Retry-After)" ] && nra=$((nra + 1))
+         [ "$(json "fd$i" type)" = urn:idem:problem:overloaded ] || other=$((other + 1)) ;;
+    201) n201=$((n201 + 1)) ;;
+    *) other=$((other + 1)) ;;
+  esac
+  i=$((i + 1))
+done
+expect_eq "no descriptors: every call answered 201 or 503 overloaded" "60 0" "$((n503 + n201)) $other"
+if [ $n503 -ge 1 ]; then ok; else fail "no descriptors: no 503 (201: $n201)"; fi
+expect_eq "no descriptors: every 503 has Retry-After" "$n503" "$nra"
+lines=$(grep -c 'out of file descriptors' "$TMP/fd.err")
+if [ "$lines" -ge 1 ] && [ "$(wc -c <"$TMP/fd.err")" -lt 20000 ]; then ok; else
+  fail "no descriptors: log lines $lines, $(wc -c <"$TMP/fd.err") bytes: $(head -c 600 "$TMP/fd.err")"; fi
+# A 503'd key was released: sent again (with descriptors to spare), it acts once.
+i=0; first503=
+while [ $i -lt 60 ]; do [ "$(code "fd$i")" = 503 ] && { first503=$i; break; }; i=$((i + 1)); done
+if [ -n "$first503" ]; then
+  curl -s -o "$TMP/fdr.b" -w '%{http_code}' -X POST -H "Idempotency-Key: k-fd-$first503" \
+    -H 'Content-Type: application/json' --data-binary '{}' "$FDGW/x/hold" >"$TMP/fdr.code"
+  expect_eq "no descriptors: the released key acts once when retried" "201 1" \
+    "$(code fdr) $(raw_effects "$D" "k-fd-$first503")"
+fi
+kill -TERM "$FD_PID"
+
+finish

@@ -1,0 +1,204 @@
+#!/usr/bin/env python3
+"""An upstream for the gateway's tests that answers with raw bytes, so that
+answers no well-behaved server library would send can be tried, and that
+captures the raw request it receives.
+
+Usage: raw_upstream.py DIR
+
+Listens on 127.0.0.1, port chosen by the kernel, written to DIR/port once it
+accepts. One thread per connection, HTTP/1.1 keep-alive.
+
+Any method on /x/CASE is an effect, counted for its Idempotency-Key header
+("" without one) and numbered (the ticket); the raw head of the request is
+kept. CASE says how to answer:
+
+  plain      201 {"ticket_id": N}
+  early103   103 Early Hints with a Link header, then the 201
+  c100       100 Continue, then the 201
+  p102       102 Processing twice (the second with a header), then the 201
+  s101       101 Switching Protocols, then silence until the gateway closes
+  s999       a status line "HTTP/1.1 999 Odd", then a body
+  s2x        a status line "HTTP/1.1 2x Bad"
+  bighdr     201 with one header of ?bytes=N bytes (default 20000)
+  fold       201 with "X-Folded: a" continued on a folded line " b"
+  trailers   201, chunked, with a trailer field X-Trailer after the body
+  body       201 whose body is ?bytes=N bytes of "x"
+  hold       acts, writes DIR/held (the number of calls held now), then
+             waits until DIR/release exists before answering 201; with
+             ?first=1 only the key's first call waits
+  len        200 to HEAD with Content-Length: 1234 and no body
+  nm         304 Not Modified with Content-Length: 1234
+
+Control (never counted, never captured):
+  GET /_counts     {"effects": {key: n}, "requests": n}
+  GET /_last       the last captured request head, as text
+"""
+import json
+import os
+import socket
+import sys
+import threading
+
+DIR = sys.argv[1]
+lock = threading.Lock()
+effects = {}
+state = {"requests": 0, "tickets": 0, "held": 0, "last": b""}
+
+
+def read_head(f):
+    lines = []
+    while True:
+        line = f.readline(65536)
+        if not line:
+            return None
+        lines.append(line)
+        if line in (b"\r\n", b"\n"):
+            return b"".join(lines)
+
+
+def header(head, name):
+    for line in head.split(b"\r\n")[1:]:
+        k, _, v = line.partition(b":")
+        if k.strip().lower() == name.lower():
+            return v.strip().decode("latin-1")
+    return None
+
+
+def read_body(f, head):
+    te = header(head, b"transfer-encoding")
+    if te and "chunked" in te.lower():
+        out = b""
+        while True:
+            size = int(f.readline().split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                while f.readline() not in (b"\r\n", b"\n", b""):
+                    pass
+                return out
+            out += f.read(size)
+            f.readline()
+    n = int(header(head, b"content-length") or 0)
+    return f.read(n) if n else b""
+
+
+def final(ticket, extra=b""):
+    body = json.dumps({"ticket_id": ticket}).encode()
+    return (b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\n"
+            + extra + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+
+
+def answer(case, query, key, ticket, conn, method):
+    if case == "plain":
+        return final(ticket)
+    if case == "early103":
+        return (b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload"
+                b"\r\n\r\n" + final(ticket))
+    if case == "c100":
+        return b"HTTP/1.1 100 Continue\r\n\r\n" + final(ticket)
+    if case == "p102":
+        return (b"HTTP/1.1 102 Processing\r\n\r\nHTTP/1.1 102 Processing\r\n"
+                b"X-Progress: half\r\n\r\n" + final(ticket))
+    if case == "s101":
+        conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: "
+                     b"websocket\r\nConnection: Upgrade\r\n\r\n")
+        while conn.recv(4096):
+            pass
+        return None
+    if case == "s999":
+        return b"HTTP/1.1 999 Odd\r\nContent-Length: 2\r\n\r\n{}"
+    if case == "s2x":
+        return b"HTTP/1.1 2x Bad\r\nContent-Length: 2\r\n\r\n{}"
+    if case == "bighdr":
+        n = int(query.get("bytes", "20000"))
+        return final(ticket, b"X-Big: " + b"b" * n + b"\r\n")
+    if case == "fold":
+        return final(ticket, b"X-Folded: a\r\n b\r\n")
+    if case == "trailers":
+        body = json.dumps({"ticket_id": ticket}).encode()
+        return (b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\n"
+                b"Transfer-Encoding: chunked\r\nTrailer: X-Trailer\r\n\r\n"
+                + b"%x\r\n" % len(body) + body + b"\r\n0\r\nX-Trailer: t\r\n\r\n")
+    if case == "body":
+        n = int(query.get("bytes", "10"))
+        return (b"HTTP/1.1 201 Created\r\nX-Ticket: %d\r\nContent-Length: %d"
+                b"\r\n\r\n" % (ticket, n) + b"x" * n)
+    if case == "hold":
+        with lock:
+            first = effects.get(key, 0) == 1
+        if query.get("first") != "1" or first:
+            with lock:
+                state["held"] += 1
+                write(os.path.join(DIR, "held"), str(state["held"]))
+            while not os.path.exists(os.path.join(DIR, "release")):
+                threading.Event().wait(0.02)
+        return final(ticket)
+    if case == "len":
+        if method == "HEAD":
+            return b"HTTP/1.1 200 OK\r\nContent-Length: 1234\r\n\r\n"
+        return b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
+    if case == "nm":
+        return (b"HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\n"
+                b"Content-Length: 1234\r\n\r\n")
+    return b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"
+
+
+def write(path, text):
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
+def serve(conn):
+    f = conn.makefile("rb")
+    try:
+        while True:
+            head = read_head(f)
+            if head is None:
+                return
+            read_body(f, head)
+            line = head.split(b"\r\n", 1)[0].decode("latin-1")
+            method, target = line.split(" ")[0], line.split(" ")[1]
+            path, _, qs = target.partition("?")
+            query = dict(p.partition("=")[::2] for p in qs.split("&") if p)
+            if path == "/_counts":
+                with lock:
+                    body = json.dumps({"effects": effects,
+                                       "requests": state["requests"]}).encode()
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n"
+                             % len(body) + body)
+                continue
+            if path == "/_last":
+                with lock:
+                    body = state["last"]
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n"
+                             % len(body) + body)
+                continue
+            key = header(head, b"idempotency-key") or ""
+            with lock:
+                state["requests"] += 1
+                state["last"] = head
+                effects[key] = effects.get(key, 0) + 1
+                state["tickets"] += 1
+                ticket = state["tickets"]
+            case = path.rsplit("/", 1)[-1]
+            out = answer(case, query, key, ticket, conn, method)
+            if out is None:
+                return
+            conn.sendall(out)
+    except (ConnectionError, ValueError, IndexError):
+        return
+    finally:
+        conn.close()
+
+
+def main():
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    s.listen(512)
+    write(os.path.join(DIR, "port"), str(s.getsockname()[1]))
+    while True:
+        c, _ = s.accept()
+        threading.Thread(target=serve, args=(c,), daemon=True).start()
+
+
+main()
