@@ -209,6 +209,14 @@ expect_eq "store deleted: the gateway stops cleanly" 0 "$STOPPED"
 "$IDEM" serve --listen 127.0.0.1:0 --upstream "$UP" --store "$DB" 2>"$TMP/again.err" &
 again=$!
 PIDS="$PIDS $again"
+# It exits, or (wrongly) starts listening: whichever comes first.
+n=0
+while kill -0 $again 2>/dev/null && ! grep -q 'listening on' "$TMP/again.err" &&
+  [ $n -lt 400 ]; do
+  sleep 0.05
+  n=$((n + 1))
+done
+grep -q 'listening on' "$TMP/again.err" && kill -KILL $again
 wait $again
 expect_eq "restart without the store: refused" 1 "$?"
 expect_match "restart without the store: says why and what to do" "missing.*--create-store" \
