@@ -24,12 +24,15 @@
 
 static const char usage[] =
     "usage: idem serve --listen HOST:PORT --upstream URL [--store URL]\n"
+    "                  [--create-store]\n"
     "                  [--tenant-header NAME] [--require-key]\n"
     "                  [--methods LIST] [--lease DUR] [--retention DUR]\n"
     "                  [--no-store-5xx] [--on-unknown forward|fail]\n"
     "                  [--max-body SIZE] [--max-response SIZE]\n"
     "                  [--upstream-timeout DUR] [--upstream-cacert FILE]\n"
     "                  [--admin-listen HOST:PORT] [--log FILE] [--threads N]\n"
+    "                  [--header-timeout DUR] [--max-connections N]\n"
+    "                  [--max-connections-per-client N]\n"
     "\n"
     "An HTTP reverse proxy that gives the upstream Idempotency-Key semantics\n"
     "(draft-ietf-httpapi-idempotency-key-header): a request retried with the\n"
@@ -47,6 +50,11 @@ static const char usage[] =
     "                         postgresql://... (several gateways share one\n"
     "                         PostgreSQL store and act as one); default\n"
     "                         IDEM_STORE, else ./idem.db\n"
+    "  --create-store         make a new, empty SQLite store even where one\n"
+    "                         is missing that a marker beside it says existed\n"
+    "                         (.NAME.idem-serve; without this option the\n"
+    "                         start is refused, since every key the old store\n"
+    "                         held would act again)\n"
     "  --tenant-header NAME   the tenant is this header's value (at most 255\n"
     "                         bytes); default: derived from the SHA-256 of\n"
     "                         the Authorization header, so that two\n"
@@ -84,6 +92,18 @@ static const char usage[] =
     "  --threads N            HTTP threads (default 2 per core); a request\n"
     "                         waiting for the store or the upstream holds\n"
     "                         none\n"
+    "  --header-timeout DUR   close a connection whose request head is not\n"
+    "                         whole this long after it opened, or after the\n"
+    "                         first byte of its next request (default 10s);\n"
+    "                         an idle keep-alive connection closes after 75s\n"
+    "  --max-connections N    client connections at once (default: half the\n"
+    "                         descriptor limit, less a reserve, at most\n"
+    "                         16384); more wait in the listen queue\n"
+    "  --max-connections-per-client N\n"
+    "                         connections at once from one client address\n"
+    "                         (default: nine tenths of --max-connections,\n"
+    "                         at least 100; 0: no limit); one more is\n"
+    "                         closed at once, unanswered\n"
     "\n"
     "Requests with a protected method and an Idempotency-Key header (a token,\n"
     "or a quoted string: \"...\"; 1-255 printable ASCII characters) are\n"
@@ -156,6 +176,8 @@ static int parse(int argc, char **argv, serve_config *c) {
   c->lease_ms = 30000;
   c->retention_ms = 24LL * 3600 * 1000;
   c->upstream_timeout_ms = 30000;
+  c->header_timeout_ms = 10000;
+  c->max_connections_per_client = -1; /* derived, see guard.c */
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v;
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0)
@@ -166,6 +188,10 @@ static int parse(int argc, char **argv, serve_config *c) {
     }
     if (strcmp(a, "--no-store-5xx") == 0) {
       c->no_store_5xx = 1;
+      continue;
+    }
+    if (strcmp(a, "--create-store") == 0) { /* part 9: see store.c */
+      c->create_store = 1;
       continue;
     }
     if (i + 1 >= argc) {
@@ -241,6 +267,23 @@ static int parse(int argc, char **argv, serve_config *c) {
         return -1;
       }
       c->threads = (int)n;
+    } else if (strcmp(a, "--header-timeout") == 0) {
+      if (cli_duration_option("serve", a, v, 100, 3600 * 1000,
+                              &c->header_timeout_ms) != 0)
+        return -1;
+    } else if (strcmp(a, "--max-connections") == 0) {
+      if (cli_parse_uint(v, 1000000, &n) != 0 || n < 1) {
+        cli_error("serve", "--max-connections: a number from 1 to 1000000");
+        return -1;
+      }
+      c->max_connections = (unsigned)n;
+    } else if (strcmp(a, "--max-connections-per-client") == 0) {
+      if (cli_parse_uint(v, 1000000, &n) != 0) {
+        cli_error("serve", "--max-connections-per-client: a number from 0 "
+                           "(no limit) to 1000000");
+        return -1;
+      }
+      c->max_connections_per_client = n;
     } else {
       cli_error("serve", "unknown option '%s'", a);
       return -1;
@@ -297,6 +340,7 @@ static int run(int argc, char **argv) {
   idem_store_options so;
   struct MHD_Daemon *gw = NULL, *admin = NULL;
   char *upstream = NULL, bound[128] = "", admin_bound[128] = "";
+  char store_name[4200] = ""; /* part 9: the store, named at start */
   sigset_t sigs;
   int rc, sig, status = EXIT_FAIL;
 
@@ -328,10 +372,9 @@ static int run(int argc, char **argv) {
   }
   memset(&so, 0, sizeof so);
   so.max_connections = STORE_WORKERS;
-  if ((rc = idem_store_open(c.store_url, &so, &store)) != IDEM_OK) {
-    cli_idem_error("serve", "cannot open the store", rc);
+  /* part 9: never an empty store in place of a deleted one (store.c). */
+  if (serve_store_open(&c, &so, &store, store_name, sizeof store_name) != 0)
     goto out;
-  }
   if (upstream_init(&c) != 0) {
     cli_error("serve", "cannot initialise libcurl");
     goto out;
@@ -348,7 +391,7 @@ static int run(int argc, char **argv) {
     goto out;
   fprintf(stderr, "idem serve: listening on http://%s, forwarding to %s, "
                   "store %s\n",
-          bound, c.upstream, idem_store_backend(store));
+          bound, c.upstream, store_name);
   if (admin)
     fprintf(stderr, "idem serve: admin on http://%s\n", admin_bound);
 
@@ -377,6 +420,7 @@ out:
   pool_stop();
   if (gw)
     MHD_stop_daemon(gw);
+  guard_stop(); /* after the daemon: its connections are gone */
   if (admin)
     MHD_stop_daemon(admin);
   idem_store_close(store);

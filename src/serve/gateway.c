@@ -69,6 +69,7 @@ static void log_answer(req *r, const char *method, serve_outcome o,
                     r->protect ? r->tenant : NULL,
                     note};
   metrics_request(o);
+  metrics_status(status); /* health (part 9): answers by status */
   accesslog_write(&e);
 }
 
@@ -350,6 +351,29 @@ static int derive_tenant(struct MHD_Connection *c, req *r) {
 /* The checks made once the headers are in. MHD_YES to read the body. */
 static enum MHD_Result begin(struct MHD_Connection *c, req *r,
                              const char *method) {
+  /* framing.c: a request the gateway cannot frame without doubt, or whose
+   * target leaves the upstream's base, is refused and its connection
+   * closed (whatever follows on it cannot be told from a smuggled
+   * request). Otherwise the target is normalised here, so that the
+   * operation, the fingerprint and the forward all use one spelling. */
+  serve_refusal refusal;
+  char *target = NULL;
+  if (serve_check_head(c, method, r->uri, &refusal) != 0 ||
+      !(target = serve_target(r->uri, &refusal))) {
+    struct MHD_Response *resp;
+    r->started = r->answered = 1;
+    if (!(r->path = serve_printable(r->uri, strcspn(r->uri, "?"))))
+      return MHD_NO;
+    resp = problem_response(r, method, OUT_REJECTED, refusal.status,
+                            refusal.type, refusal.title, 0, 0,
+                            refusal.detail);
+    if (!resp)
+      return MHD_NO;
+    MHD_add_response_header(resp, "Connection", "close");
+    return queue(c, resp, refusal.status);
+  }
+  free(r->uri);
+  r->uri = target;
   const char *v, *q = strchr(r->uri, '?');
   char why[300];
   headers hs = {0};
@@ -685,6 +709,8 @@ static void end(void *ctx) {
   j->exec = NULL;
   metrics_store_ms(j->store_ms + now_ms() - s0);
   if (rc != IDEM_OK) {
+    /* health (part 9): the reason, on standard error. */
+    serve_log_store_error("record", rc, idem_errmsg());
     /* It ran, but its result is not recorded (the lease was taken over,
      * or the store failed past the retries). The caller still gets what
      * the upstream answered. */
@@ -799,6 +825,8 @@ static void claim(void *ctx) {
 
   if (rc != IDEM_OK) {
     metrics_store_ms(j->store_ms);
+    /* health (part 9): the reason, on standard error. */
+    serve_log_store_error("claim", rc, idem_errmsg());
     if (store_trouble(rc))
       answer_problem(j, OUT_ERROR, 503, "store-unavailable",
                      "Idempotency store unavailable", 1, 0,
@@ -853,7 +881,7 @@ static void claim(void *ctx) {
   }
   case IDEM_UNKNOWN:
     metrics_store_ms(j->store_ms);
-    answer_problem(j, OUT_CONFLICT, 409, "outcome-unknown", "Outcome unknown",
+    answer_problem(j, OUT_UNKNOWN, 409, "outcome-unknown", "Outcome unknown",
                    0, 0,
                    "An earlier attempt with this Idempotency-Key may or may "
                    "not have acted, and this gateway does not forward it "
@@ -937,6 +965,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
   if (!r)
     return MHD_NO;
   if (!r->started) {
+    guard_head_done(c); /* the head is whole: its deadline is met */
     metrics_in_flight(1);
     return begin(c, r, method);
   }
@@ -996,6 +1025,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
                       enum MHD_RequestTerminationCode toe) {
   req *r = *con_cls;
   (void)cls, (void)c, (void)toe;
+  guard_request_done(c); /* a keep-alive connection's next head may come */
   if (!r)
     return;
   if (r->started)
@@ -1016,10 +1046,17 @@ struct MHD_Daemon *gateway_start(const serve_config *c, idem_store *s,
       {MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)completed, NULL},
       {MHD_OPTION_THREAD_POOL_SIZE, c->threads, NULL},
       {MHD_OPTION_CONNECTION_TIMEOUT, 75, NULL},
+      /* guard.c: request heads within --header-timeout; the limits. */
+      {MHD_OPTION_NOTIFY_CONNECTION, (intptr_t)guard_notify, NULL},
+      {MHD_OPTION_CONNECTION_LIMIT, (intptr_t)guard_max_connections(c), NULL},
+      {MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+       (intptr_t)guard_max_connections_per_client(c), NULL},
       {MHD_OPTION_END, 0, NULL},
   };
   cfg = c;
   store = s;
+  if (guard_start(c) != 0)
+    return NULL;
   return listen_on("--listen", c->listen,
                    MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME |
                        MHD_USE_ERROR_LOG,

@@ -14,6 +14,7 @@
 static const char *const outcome_names[OUT_COUNT] = {
     "proceed",     "replay",      "conflict", "in_flight",
     "recover",     "passthrough", "rejected", "error",
+    "unknown",
 };
 
 const char *serve_outcome_name(serve_outcome o) {
@@ -55,6 +56,13 @@ static void observe(histogram *h, double ms) {
   ADD(&h->sum_us, (unsigned long long)(ms * 1000));
 }
 
+/* Answers by HTTP status, 100-599 (the gateway sends no other). */
+static unsigned long long statuses[600];
+void metrics_status(int status) {
+  if (status >= 100 && status < 600)
+    ADD(&statuses[status], 1);
+}
+
 void metrics_upstream_ms(double ms) { observe(&upstream_h, ms); }
 void metrics_store_ms(double ms) { observe(&store_h, ms); }
 void metrics_stored_bytes(size_t n) { ADD(&stored_bytes, n); }
@@ -63,6 +71,13 @@ int metrics_in_flight_now(void) { return GET(&in_flight); }
 
 static int waiting;
 void metrics_waiting(int delta) { ADD(&waiting, delta); }
+
+/* guard.c's: client connections open, heads cut off, connections refused. */
+static int connections;
+static unsigned long long header_timeouts, connections_refused;
+void metrics_connections(int delta) { ADD(&connections, delta); }
+void metrics_header_timeout(void) { ADD(&header_timeouts, 1); }
+void metrics_connection_refused(void) { ADD(&connections_refused, 1); }
 
 typedef struct out {
   char *p;
@@ -124,6 +139,13 @@ char *metrics_render(size_t *len) {
   for (int i = 0; i < OUT_COUNT; i++)
     put(&o, "idem_gateway_requests_total{outcome=\"%s\"} %llu\n",
         outcome_names[i], GET(&requests[i]));
+  /* Only the statuses seen: the rest would be 500 lines of zeros. */
+  put(&o, "# HELP idem_gateway_responses_total Answers, by HTTP status.\n"
+          "# TYPE idem_gateway_responses_total counter\n");
+  for (int i = 100; i < 600; i++)
+    if (GET(&statuses[i]))
+      put(&o, "idem_gateway_responses_total{code=\"%d\"} %llu\n", i,
+          GET(&statuses[i]));
   put_histogram(&o, "idem_gateway_upstream_seconds",
                 "Time from sending a request upstream to its whole answer.",
                 &upstream_h);
@@ -156,6 +178,19 @@ char *metrics_render(size_t *len) {
       "# TYPE idem_gateway_stored_bytes_total counter\n"
       "idem_gateway_stored_bytes_total %llu\n",
       GET(&stored_bytes));
+  put(&o,
+      "# HELP idem_gateway_connections Client connections open now.\n"
+      "# TYPE idem_gateway_connections gauge\n"
+      "idem_gateway_connections %d\n"
+      "# HELP idem_gateway_header_timeouts_total Connections closed because "
+      "their request head was not whole within --header-timeout.\n"
+      "# TYPE idem_gateway_header_timeouts_total counter\n"
+      "idem_gateway_header_timeouts_total %llu\n"
+      "# HELP idem_gateway_connections_refused_total Connections closed "
+      "unanswered on arrival, over a connection limit.\n"
+      "# TYPE idem_gateway_connections_refused_total counter\n"
+      "idem_gateway_connections_refused_total %llu\n",
+      GET(&connections), GET(&header_timeouts), GET(&connections_refused));
   if (o.failed) {
     free(o.p);
     return NULL;

@@ -22,11 +22,16 @@ typedef struct serve_config {
   int require_key;
   int no_store_5xx;
   int on_unknown_fail;
+  int create_store;          /* --create-store: even where one was deleted */
   int threads;
   size_t max_body;
   size_t max_response;
   size_t max_pass;           /* largest response passed on unstored */
   int64_t lease_ms, retention_ms, upstream_timeout_ms;
+  /* guard.c: slow clients and connection limits. */
+  int64_t header_timeout_ms;       /* --header-timeout */
+  unsigned max_connections;        /* 0: from the descriptor limit */
+  long max_connections_per_client; /* -1: from max_connections; 0: none */
 } serve_config;
 
 /* Outcomes a request is counted under, in /metrics and the access log. */
@@ -39,6 +44,7 @@ typedef enum serve_outcome {
   OUT_PASSTHROUGH,
   OUT_REJECTED, /* refused by the gateway's own checks: key, size, tenant */
   OUT_ERROR,    /* the store or the upstream failed */
+  OUT_UNKNOWN,  /* refused: an earlier attempt's outcome is unknown */
   OUT_COUNT
 } serve_outcome;
 
@@ -47,6 +53,9 @@ const char *serve_outcome_name(serve_outcome o);
 /* ---- metrics.c ---------------------------------------------------------- */
 
 void metrics_request(serve_outcome o);
+/* An answer's HTTP status, counted by status (every answer the gateway
+ * logs). */
+void metrics_status(int status);
 void metrics_upstream_ms(double ms);
 void metrics_store_ms(double ms);
 void metrics_stored_bytes(size_t n);
@@ -76,6 +85,10 @@ int accesslog_open(const char *path);
 int accesslog_reopen(void);
 void accesslog_write(const access_entry *e);
 void accesslog_close(void);
+/* Logs a store error on standard error with its reason (detail: what
+ * idem_errmsg() said), at most a line a second; a line counts the errors
+ * left out since the one before. what: the step that failed ("claim"). */
+void serve_log_store_error(const char *what, int rc, const char *detail);
 
 /* ---- upstream.c --------------------------------------------------------- */
 
@@ -208,6 +221,19 @@ struct MHD_Daemon *admin_start(idem_store *store, const char *listen,
 /* From now on /readyz answers 503: the gateway is draining. */
 void admin_set_draining(void);
 
+/* ---- store.c: the gateway's store at start ------------------------------ */
+
+/*
+ * Opens cfg->store_url as idem_store_open() does, except that a missing
+ * SQLite store is made only where none was before: a marker file beside
+ * it (.NAME.idem-serve) says that one was, and then the start is refused
+ * unless cfg->create_store. Writes what was opened to name
+ * ("sqlite:/abs/path", or the PostgreSQL URL with its password as ***).
+ * 0, or -1 with why printed.
+ */
+int serve_store_open(const serve_config *cfg, const idem_store_options *opts,
+                     idem_store **out, char *name, size_t name_size);
+
 /*
  * Starts a libmicrohttpd daemon on HOST:PORT ("127.0.0.1:8080",
  * "[::1]:8080", ":8080" for every address; port 0 for any free port) with
@@ -219,5 +245,73 @@ struct MHD_Daemon *listen_on(const char *what, const char *listen,
                              MHD_AccessHandlerCallback handler, void *cls,
                              const struct MHD_OptionItem *options,
                              char *bound, size_t bound_size);
+
+/* ---- guard.c: slow clients and connection limits (issue 20, part 5) ----- */
+
+/* Starts the sweeper that closes connections whose request head is late;
+ * before the gateway's daemon starts. 0, or -1 with why printed. */
+int guard_start(const serve_config *cfg);
+/* Stops it; after the gateway's daemon has stopped. */
+void guard_stop(void);
+/* MHD_OPTION_CONNECTION_LIMIT and MHD_OPTION_PER_IP_CONNECTION_LIMIT:
+ * the options' values, or the defaults derived from them. */
+unsigned guard_max_connections(const serve_config *cfg);
+unsigned guard_max_connections_per_client(const serve_config *cfg);
+/* MHD_OPTION_NOTIFY_CONNECTION: the registry of client connections. */
+void guard_notify(void *cls, struct MHD_Connection *c, void **socket_context,
+                  enum MHD_ConnectionNotificationCode code);
+/* The first call of the access handler for a request: its head is in. */
+void guard_head_done(struct MHD_Connection *c);
+/* MHD_OPTION_NOTIFY_COMPLETED: a request ended; the next head's clock
+ * starts with its first byte. */
+void guard_request_done(struct MHD_Connection *c);
+/* A message of libmicrohttpd's (its format): counted when it tells of a
+ * connection closed over a limit. Non-zero to leave it out of the log: it
+ * tells of a connection guard.c cut off, which /metrics counts. */
+int guard_mhd_message(const char *fmt);
+/* Their counters, in metrics.c. */
+void metrics_connections(int delta);
+void metrics_header_timeout(void);
+void metrics_connection_refused(void);
+
+/* ---- framing.c: strict HTTP/1.1 (issue 20, parts 3, 4, 8) ---------------- */
+
+/* Why a request is refused: the answer's status (400 or 501), its problem
+ * type's slug (urn:idem:problem:<type>, a static string), title (static)
+ * and detail. The answer must close the connection. */
+typedef struct serve_refusal {
+  int status;
+  const char *type, *title;
+  char detail[512];
+} serve_refusal;
+
+/*
+ * The checks of RFC 9112 §3, §5 and §6 made once a request's head is in,
+ * on the access handler's first call: method a token; request line with
+ * single spaces and no NUL in the target; every header line "token: value"
+ * without control characters (HTAB aside), none folded; one Host (present
+ * in HTTP/1.1); not both Content-Length and Transfer-Encoding; one
+ * Content-Length, digits only; Transfer-Encoding exactly "chunked", once,
+ * and not in HTTP/1.0. method is the handler's own argument (it points
+ * into libmicrohttpd's read buffer, which is read too); uri is the target
+ * as the URI log callback copied it. 0 when the request may go on, else -1
+ * with *why filled.
+ */
+int serve_check_head(struct MHD_Connection *c, const char *method,
+                     const char *uri, serve_refusal *why);
+
+/*
+ * The request target made safe to append to the upstream's base URL and
+ * normalised (RFC 3986 §6.2.2), so that spellings of one resource share a
+ * record: unreserved characters percent-encoded are decoded ("%7E" is "~"),
+ * other percent-encodings get upper-case hex ("%2f" is "%2F"), characters
+ * that may not appear unencoded are encoded. Refused: a target that is not
+ * a path, a space, control character, '#' or malformed '%' in it, an
+ * encoded control character in the path, and any "." or ".." segment
+ * (also as "%2e", mixed, or split by '\' or an encoded '/' or '\').
+ * "/tickets" and "/tickets/" stay two resources. malloc()ed; NULL with
+ * *why filled when refused (or out of memory).
+ */
+char *serve_target(const char *uri, serve_refusal *why);
 
 #endif

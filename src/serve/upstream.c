@@ -200,8 +200,15 @@ static size_t on_header(char *p, size_t size, size_t n, void *arg) {
     return 0;
   }
   if (header_is_hop_by_hop(h->name)) {
-    if (strcasecmp(h->name, "Connection") == 0 && !s->connection)
-      s->connection = strdup(h->value);
+    if (strcasecmp(h->name, "Connection") == 0) {
+      /* Every Connection header's names, as one list. */
+      char *all = NULL;
+      if (asprintf(&all, "%s%s%s", s->connection ? s->connection : "",
+                   s->connection ? ", " : "", h->value) >= 0) {
+        free(s->connection);
+        s->connection = all;
+      }
+    }
     if (strcasecmp(h->name, "Content-Length") == 0 && !rs->content_length)
       rs->content_length = strdup(h->value);
     free(h->name);
@@ -288,16 +295,16 @@ static struct curl_slist *append(struct curl_slist *l, const char *line,
 static struct curl_slist *request_headers(const up_request *rq) {
   struct curl_slist *l = NULL;
   char *line;
-  const char *connection = NULL;
   int had_xff = 0, failed = 0;
-  for (size_t i = 0; i < rq->nheaders; i++)
-    if (strcasecmp(rq->headers[i].name, "Connection") == 0)
-      connection = rq->headers[i].value;
   for (size_t i = 0; i < rq->nheaders && !failed; i++) {
     const up_header *h = &rq->headers[i];
-    int rc;
-    if (header_is_hop_by_hop(h->name) ||
-        header_named_by(connection, h->name))
+    int rc, named = 0;
+    /* Every Connection header counts: a second one must not hide what
+     * the first names. */
+    for (size_t k = 0; k < rq->nheaders && !named; k++)
+      named = strcasecmp(rq->headers[k].name, "Connection") == 0 &&
+              header_named_by(rq->headers[k].value, h->name);
+    if (header_is_hop_by_hop(h->name) || named)
       continue;
     if (strcasecmp(h->name, "X-Forwarded-For") == 0 && rq->client_addr) {
       had_xff = 1;

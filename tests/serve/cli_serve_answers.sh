@@ -117,6 +117,12 @@ curl -s "$A/_last" >"$TMP/last2.txt"
 expect_eq "captured: the client's own Accept and Content-Type pass" "2" \
   "$(grep -c -i -E '^(accept: text/plain|content-type: application/json)' "$TMP/last2.txt")"
 
+curl -s -o /dev/null -X POST -H 'Idempotency-Key: k-conn' -H 'Connection: X-Secret' \
+  -H 'Connection: keep-alive' -H 'X-Secret: s' -H 'X-Public: p' --data-binary '{}' "$GW/x/plain"
+curl -s "$A/_last" >"$TMP/last3.txt"
+expect_eq "captured: a header named by the first of two Connection headers is dropped" "0 1" \
+  "$(grep -c -i '^x-secret:' "$TMP/last3.txt") $(grep -c -i '^x-public: p' "$TMP/last3.txt")"
+
 # 7. HEAD and 304 carry the upstream's Content-Length, not 0.
 curl -s -I "$GW/x/len" >"$TMP/head.h"
 expect_eq "HEAD: the upstream's Content-Length" "1234" "$(header head Content-Length)"
