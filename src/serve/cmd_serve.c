@@ -20,7 +20,7 @@
 
 /* Store workers (pool.c): enough callers for the store's group commit to
  * gather a batch, few enough to stay a fixed handful of threads. */
-#define STORE_WORKERS 8
+#define STORE_WORKERS 4
 
 static const char usage[] =
     "usage: idem serve --listen HOST:PORT --upstream URL [--store URL]\n"
@@ -371,7 +371,8 @@ static int run(int argc, char **argv) {
     goto out;
   }
   memset(&so, 0, sizeof so);
-  so.max_connections = STORE_WORKERS;
+  /* The store workers, and the HTTP threads for their reads (replays). */
+  so.max_connections = STORE_WORKERS + c.threads;
   /* part 9: never an empty store in place of a deleted one (store.c). */
   if (serve_store_open(&c, &so, &store, store_name, sizeof store_name) != 0)
     goto out;

@@ -266,6 +266,7 @@ typedef struct headers {
   size_t n, cap;
   int keys; /* how many Idempotency-Key headers */
   int tenants; /* how many tenant (or Authorization) headers */
+  int types;   /* how many Content-Type headers */
   int failed;
 } headers;
 
@@ -279,6 +280,8 @@ static enum MHD_Result collect(void *cls, enum MHD_ValueKind kind,
   if (strcasecmp(name, cfg->tenant_header ? cfg->tenant_header
                                           : "Authorization") == 0)
     hs->tenants++;
+  if (strcasecmp(name, "Content-Type") == 0)
+    hs->types++;
   if (hs->n == hs->cap) {
     size_t cap = hs->cap ? hs->cap * 2 : 32;
     up_header *h = realloc(hs->h, cap * sizeof *h);
@@ -405,6 +408,16 @@ static enum MHD_Result begin(struct MHD_Connection *c, req *r,
     return MHD_YES;
   MHD_get_connection_values_n(c, MHD_HEADER_KIND, collect, &hs);
   headers_free(&hs);
+  if (hs.types > 1) {
+    /* Which one the upstream reads is its parser's choice; the
+     * fingerprint must not rest on a guess. */
+    r->answered = 1;
+    return problem(c, r, method, OUT_REJECTED, 400, "bad-header",
+                   "Two Content-Type headers", 0, 0,
+                   "The request has %d Content-Type headers; send exactly "
+                   "one.",
+                   hs.types);
+  }
   if (hs.keys > 1) {
     r->answered = 1;
     return problem(c, r, method, OUT_REJECTED, 400, "bad-key",
@@ -484,6 +497,7 @@ typedef struct job {
   headers hs;
   char addr[INET6_ADDRSTRLEN];
   int json_type;
+  char *rj; /* the request as fingerprinted (serve_request_json()) */
   up_request rq;
   up_response rs;
   up_result result;
@@ -506,6 +520,7 @@ static void job_free(job *j) {
   upstream_response_free(&j->rs);
   idem_call_free(j->call);
   free(j->meta);
+  free(j->rj);
   free(j);
 }
 
@@ -799,13 +814,53 @@ static void forwarded(void *ctx, up_result result) {
     end(j); /* out of memory: late, but recorded */
 }
 
+/*
+ * What differs between the request a key was first used with and this one
+ * (both as serve_request_json() makes them): "the query", "the body", "the
+ * content type"... written into out. The operation is the method and the
+ * path, so within a record those never differ.
+ */
+static void what_differs(const void *stored, size_t stored_len,
+                         const char *now, char *out, size_t size) {
+  json_t *a = json_loadb(stored, stored_len, JSON_DECODE_INT_AS_REAL, NULL);
+  json_t *b = json_loads(now, JSON_DECODE_INT_AS_REAL, NULL);
+  const char *parts[4];
+  int n = 0;
+  snprintf(out, size, "the query or the body");
+  if (a && b) {
+    int a_json = json_object_get(a, "body") != NULL;
+    int b_json = json_object_get(b, "body") != NULL;
+    if (!json_equal(json_object_get(a, "method"), json_object_get(b, "method")))
+      parts[n++] = "the method";
+    if (!json_equal(json_object_get(a, "query"), json_object_get(b, "query")))
+      parts[n++] = "the query";
+    if (a_json != b_json)
+      /* One body was read as JSON, the other as bytes. */
+      parts[n++] = "the Content-Type (JSON or not)";
+    else if (!n)
+      /* The fingerprints differ, and nothing else does. (Comparing the
+       * bodies here would lose what a double cannot hold.) */
+      parts[n++] = "the body";
+    if (n) {
+      size_t o = 0;
+      out[0] = 0;
+      for (int i = 0; i < n && o < size; i++)
+        o += (size_t)snprintf(out + o, size - o, "%s%s",
+                              i == 0 ? "" : i == n - 1 ? " and " : ", ",
+                              parts[i]);
+    }
+  }
+  json_decref(a);
+  json_decref(b);
+}
+
 /* The claim (a store worker's thread). */
 static void claim(void *ctx) {
   job *j = ctx;
   req *r = j->r;
   idem_id id = {r->tenant, r->operation, r->key};
   idem_execute_options o;
-  char *rj;
+  char *rj = j->rj;
   int rc;
 
   memset(&o, 0, sizeof o);
@@ -813,15 +868,28 @@ static void claim(void *ctx) {
   o.call.retention_ms = cfg->retention_ms;
   o.call.on_expired_lease =
       cfg->on_unknown_fail ? IDEM_EXPIRED_REPORT : IDEM_EXPIRED_TAKE_OVER;
-  if (!(rj = serve_request_json(j->method, r->uri, r->body, r->len,
-                                j->json_type))) {
-    answer(j, NULL, 0);
-    return;
-  }
   j->s0 = now_ms();
   rc = idem_execute_begin(store, &id, rj, strlen(rj), &o, &j->exec, &j->call);
-  free(rj);
   j->store_ms = now_ms() - j->s0;
+  if (rc == IDEM_OK && idem_call_outcome(j->call) == IDEM_CONFLICT) {
+    /* Say what differed: the stored request is read back (conflicts are
+     * rare; the read costs nothing on the other paths). */
+    idem_record *rec = NULL;
+    char differs[160] = "the query or the body";
+    if (idem_get(store, &id, &rec) == IDEM_OK && rec->request)
+      what_differs(rec->request, rec->request_len, rj, differs,
+                   sizeof differs);
+    idem_record_free(rec);
+    metrics_store_ms(j->store_ms);
+    answer_problem(j, OUT_CONFLICT, 422, "key-reused",
+                   "Idempotency-Key reused", 0, 0,
+                   "This Idempotency-Key was already used with a different "
+                   "request to %s %s: %s differed. Use a new key for a new "
+                   "request, or resend the original request unchanged to "
+                   "get its response again.",
+                   j->method, r->path, differs);
+    return;
+  }
 
   if (rc != IDEM_OK) {
     metrics_store_ms(j->store_ms);
@@ -940,6 +1008,34 @@ static enum MHD_Result finish(struct MHD_Connection *c, req *r,
       MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type"));
   r->job = j;
 
+  if (r->protect) {
+    /*
+     * A retry of a completed request is answered here, from a read, with
+     * no hand-over: most retries are replays, and the suspend, the queue
+     * and the resume would cost them more than the read. Anything else
+     * (a fresh key, a conflict, a key in flight) goes to a store worker,
+     * whose claim decides it.
+     */
+    idem_id id = {r->tenant, r->operation, r->key};
+    idem_record *rec = NULL;
+    char fp[IDEM_FINGERPRINT_SIZE];
+    if (!(j->rj = serve_request_json(j->method, r->uri, r->body, r->len,
+                                     j->json_type)))
+      return MHD_NO;
+    if (idem_fingerprint(j->rj, strlen(j->rj), 1, fp) == IDEM_OK &&
+        idem_get(store, &id, &rec) == IDEM_OK &&
+        rec->state == IDEM_STATE_COMPLETED && rec->has_response &&
+        strcmp(rec->fingerprint, fp) == 0 && rec->response.status >= 100 &&
+        rec->response.status <= 599) {
+      struct MHD_Response *resp =
+          replay(r, j->method, &rec->response, rec->recovered);
+      int status = rec->response.status;
+      idem_record_free(rec);
+      return queue(c, resp, status);
+    }
+    idem_record_free(rec);
+  }
+
   /* Suspended first: the job may end on another thread before this
    * handler returns. */
   MHD_suspend_connection(c);
@@ -988,7 +1084,14 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
         r->len = r->cap = 0;
       } else {
         if (r->len + *upload_size > r->cap) {
-          size_t cap = r->cap ? r->cap : 4096;
+          /* The announced length at once (it is at most --max-body),
+           * else small steps: a body is held while its forward waits. */
+          const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND,
+                                                       "Content-Length");
+          size_t want = cl ? (size_t)strtoull(cl, NULL, 10) : 0;
+          size_t cap = r->cap              ? r->cap
+                       : want >= *upload_size ? want
+                                              : 1024;
           while (cap < r->len + *upload_size)
             cap *= 2;
           char *b = realloc(r->body, cap);
@@ -1046,6 +1149,13 @@ struct MHD_Daemon *gateway_start(const serve_config *c, idem_store *s,
       {MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)completed, NULL},
       {MHD_OPTION_THREAD_POOL_SIZE, c->threads, NULL},
       {MHD_OPTION_CONNECTION_TIMEOUT, 75, NULL},
+      /* Each connection's memory: its request head, and the head of its
+       * answer (upstream.c bounds that at 16 KB). It is held while a
+       * forward waits. Above 32 KB libmicrohttpd maps it from the kernel
+       * instead of malloc(), so only the pages written cost memory (about
+       * 12 KB of 40); 16 KB from malloc() cost all 16, and left no room
+       * for larger heads. */
+      {MHD_OPTION_CONNECTION_MEMORY_LIMIT, 40 * 1024, NULL},
       /* guard.c: request heads within --header-timeout; the limits. */
       {MHD_OPTION_NOTIFY_CONNECTION, (intptr_t)guard_notify, NULL},
       {MHD_OPTION_CONNECTION_LIMIT, (intptr_t)guard_max_connections(c), NULL},

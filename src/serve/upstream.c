@@ -242,33 +242,6 @@ static size_t on_body(char *p, size_t size, size_t n, void *arg) {
   return len;
 }
 
-/*
- * The request body, given to libcurl by a read callback that cannot be
- * rewound. When a reused keep-alive connection dies before any answer,
- * libcurl sends the request again on a new one; but the upstream may have
- * acted on the first and died answering. A body that cannot be rewound
- * makes that resend fail (CURLE_SEND_FAIL_REWIND) instead.
- */
-typedef struct body_reader {
-  const char *p;
-  size_t len, off;
-} body_reader;
-
-static size_t read_body(char *buf, size_t size, size_t n, void *arg) {
-  body_reader *b = arg;
-  size_t want = size * n, left = b->len - b->off;
-  if (want > left)
-    want = left;
-  memcpy(buf, b->p + b->off, want);
-  b->off += want;
-  return want;
-}
-
-static int seek_body(void *arg, curl_off_t offset, int origin) {
-  (void)arg, (void)offset, (void)origin;
-  return CURL_SEEKFUNC_CANTSEEK;
-}
-
 static double now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -350,13 +323,13 @@ typedef struct xfer {
   struct curl_slist *hdrs;
   char *url;
   sink s;
-  body_reader body;
   const up_request *rq;
   up_response *rs;
   up_done_fn done;
   void *ctx;
   double t0;
   int no_fds; /* socket() failed for want of descriptors */
+  int sends;  /* times libcurl was about to send the request */
   struct xfer *next;
 } xfer;
 
@@ -371,6 +344,22 @@ static curl_socket_t open_socket(void *arg, curlsocktype purpose,
   if (fd < 0 && (errno == EMFILE || errno == ENFILE))
     x->no_fds = 1;
   return fd < 0 ? CURL_SOCKET_BAD : fd;
+}
+
+/*
+ * Called by libcurl just before it sends the request, on a new or a reused
+ * connection. When a reused keep-alive connection dies before any answer,
+ * libcurl sends the request again on a new one; but the upstream may have
+ * acted on the first and died answering. The second call refuses that
+ * resend, and the forward ends as sent and unanswered.
+ */
+static int before_send(void *arg, char *conn_primary_ip,
+                       char *conn_local_ip, int conn_primary_port,
+                       int conn_local_port) {
+  xfer *x = arg;
+  (void)conn_primary_ip, (void)conn_local_ip, (void)conn_primary_port,
+      (void)conn_local_port;
+  return x->sends++ ? CURL_PREREQFUNC_ABORT : CURL_PREREQFUNC_OK;
 }
 
 static int on_progress(void *arg, curl_off_t dt, curl_off_t dn, curl_off_t ut,
@@ -404,14 +393,15 @@ static int setup(xfer *x) {
                               ? cfg->upstream_timeout_ms
                               : 10000));
   curl_easy_setopt(c, CURLOPT_HTTPHEADER, x->hdrs);
-  /* Buffers of each transfer, held while it waits: libcurl's defaults
-   * (16 KB in, 64 KB out) would cost 80 KB per forward in flight. */
-  curl_easy_setopt(c, CURLOPT_BUFFERSIZE, 8192L);
-  curl_easy_setopt(c, CURLOPT_UPLOAD_BUFFERSIZE, 16384L);
+  /* The receive buffer of each transfer, held while it waits: libcurl's
+   * default (16 KB) would be most of what a forward in flight costs. */
+  curl_easy_setopt(c, CURLOPT_BUFFERSIZE, 2048L);
   curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
   curl_easy_setopt(c, CURLOPT_HEADERDATA, &x->s);
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
   curl_easy_setopt(c, CURLOPT_WRITEDATA, &x->s);
+  curl_easy_setopt(c, CURLOPT_PREREQFUNCTION, before_send);
+  curl_easy_setopt(c, CURLOPT_PREREQDATA, x);
   curl_easy_setopt(c, CURLOPT_OPENSOCKETFUNCTION, open_socket);
   curl_easy_setopt(c, CURLOPT_OPENSOCKETDATA, x);
   curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
@@ -427,17 +417,11 @@ static int setup(xfer *x) {
   } else if (rq->body_len || strcmp(rq->method, "POST") == 0 ||
              strcmp(rq->method, "PUT") == 0 ||
              strcmp(rq->method, "PATCH") == 0) {
-    curl_easy_setopt(c, CURLOPT_POST, 1L);
+    /* The body is sent from the request's own memory: no upload buffer
+     * (16 KB a forward) for the small bodies of tool calls. */
     curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE,
                      (curl_off_t)rq->body_len);
-    curl_easy_setopt(c, CURLOPT_READFUNCTION, read_body);
-    curl_easy_setopt(c, CURLOPT_READDATA, &x->body);
-    curl_easy_setopt(c, CURLOPT_SEEKFUNCTION, seek_body);
-    if (!rq->body_len)
-      /* Nothing to read means nothing to rewind, and libcurl would resend
-       * on a new connection: an empty body takes a new one from the
-       * start (rare enough to cost nothing that matters). */
-      curl_easy_setopt(c, CURLOPT_FRESH_CONNECT, 1L);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, rq->body ? rq->body : "");
     if (strcmp(rq->method, "POST") != 0)
       curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, rq->method);
   } else if (strcmp(rq->method, "GET") != 0) {
@@ -497,6 +481,11 @@ static up_result classify(xfer *x, CURLcode cc) {
                                           "valid HTTP (%s)",
              curl_easy_strerror(cc));
     r = UP_INVALID;
+  } else if (cc == CURLE_ABORTED_BY_CALLBACK && x->sends > 1) {
+    snprintf(rs->error, sizeof rs->error,
+             "the connection closed after the request was sent, before "
+             "any answer");
+    r = UP_LOST;
   } else if (cc == CURLE_ABORTED_BY_CALLBACK) {
     snprintf(rs->error, sizeof rs->error, "the key's lease was lost");
     r = UP_ABORTED;
@@ -702,8 +691,6 @@ int upstream_start(const up_request *rq, up_response *rs, up_done_fn done,
   x->done = done;
   x->ctx = ctx;
   x->s.rs = rs;
-  x->body.p = rq->body;
-  x->body.len = rq->body_len;
   x->t0 = now_ms();
   if (!(x->curl = curl_easy_init()) || setup(x) != 0) {
     curl_easy_cleanup(x->curl);

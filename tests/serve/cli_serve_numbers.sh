@@ -20,6 +20,21 @@ expect_eq "first account: forwarded" "201 " \
 expect_eq "another account, same key: 422 key-reused" \
   "422 urn:idem:problem:key-reused" "$(code a2) $(json a2 type)"
 expect_eq "another account: not a replay" "" "$(header a2 Idempotent-Replayed)"
+expect_match "another account: the detail says the body differed" \
+  "to POST /tickets: the body differed" "$(json a2 detail)"
+# The same bytes as another media type, and another query: each said.
+curl -s -o "$TMP/a4.b" -w '%{http_code}' -X POST -H 'Idempotency-Key: account-1' \
+  -H 'Content-Type: text/plain' --data-binary '{"title":"pay","account":12345678901234567}' \
+  "$GW/tickets" >"$TMP/a4.code"
+expect_match "same bytes, text/plain: the Content-Type differed" \
+  "422 .*the Content-Type \\(JSON or not\\) differed" "$(code a4) $(json a4 detail)"
+post a5 account-1 '{"title":"pay","account":12345678901234567}' '/tickets?x=1'
+expect_match "another query: the query differed" \
+  "422 .*: the query differed" "$(code a5) $(json a5 detail)"
+post a6 account-1 '{"title":"pay","account":12345678901234567}' -H 'Content-Type: text/plain'
+expect_eq "two Content-Type headers: refused" "400 urn:idem:problem:bad-header" \
+  "$(code a6) $(json a6 type)"
+expect_eq "none reached the upstream" "1" "$(effects account-1)"
 expect_eq "another account: the upstream saw exactly one request" "1 1" \
   "$(effects account-1) $(upstream_field total)"
 # The first account again, its digits written otherwise: the replay.

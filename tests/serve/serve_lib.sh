@@ -57,7 +57,7 @@ post() {
     *) set -- -H "Idempotency-Key: $key" "$@" ;;
   esac
   curl -s -o "$TMP/$name.b" -D "$TMP/$name.h" -w '%{http_code}' -X POST \
-    -H 'Content-Type: application/json' --data-binary "$body" "$@" \
+    -H "Content-Type: ${POST_TYPE:-application/json}" --data-binary "$body" "$@" \
     "$GW$path" >"$TMP/$name.code"
 }
 code() { cat "$TMP/$1.code"; }
