@@ -321,6 +321,15 @@ static void drain(struct MHD_Daemon *d, int64_t bound_ms) {
     nanosleep(&step, NULL);
     waited += 20;
   }
+  if (metrics_waiting_now() > 0) {
+    /* Past the bound: the forwards still out end as timed out (their keys
+     * stay in progress, as after any timeout), so that every suspended
+     * connection is answered before the daemon goes. */
+    upstream_abort();
+    for (waited = 0; metrics_waiting_now() > 0 && waited < 10000;
+         waited += 20)
+      nanosleep(&step, NULL);
+  }
 }
 
 /* Raises the soft limit on descriptors to the hard one, as servers do:
@@ -414,13 +423,15 @@ static int run(int argc, char **argv) {
   drain(gw, c.upstream_timeout_ms + 2000);
   status = EXIT_OK;
 out:
-  /* The forwards still in flight end (each bounded by
-   * --upstream-timeout), then the store workers record them, and only
-   * then does the daemon go: their connections are resumed into it. */
+  /* drain() has answered every request (finish() refuses new ones once
+   * draining), so no connection is suspended: libmicrohttpd aborts when
+   * stopped with one. A store that hangs past the drain leaves some; the
+   * daemon is then left to the process's exit. After the daemon, nothing
+   * hands work to the upstream loop or the store workers. */
+  if (gw && metrics_waiting_now() == 0)
+    MHD_stop_daemon(gw);
   upstream_cleanup();
   pool_stop();
-  if (gw)
-    MHD_stop_daemon(gw);
   guard_stop(); /* after the daemon: its connections are gone */
   if (admin)
     MHD_stop_daemon(admin);

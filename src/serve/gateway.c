@@ -650,10 +650,11 @@ static void answer_no_fds(job *j, const char *what) {
                  what);
 }
 
-/* An unkeyed request's forward ended (the upstream loop's thread). */
-static void passed_through(void *ctx, up_result result) {
+/* An unkeyed request's answer, made on a store worker (the access log
+ * writes; the upstream loop must not wait on it). */
+static void pass_through_answer(void *ctx) {
   job *j = ctx;
-  metrics_upstream_ms(j->rs.ms);
+  up_result result = j->result;
   if (result == UP_OK)
     answer(j, pass_on(j->r, j->method, OUT_PASSTHROUGH, &j->rs, NULL),
            j->rs.status);
@@ -666,6 +667,15 @@ static void passed_through(void *ctx, up_result result) {
                    "Idempotency-Key, so the gateway cannot tell whether it "
                    "acted.",
                    j->rs.error);
+}
+
+/* An unkeyed request's forward ended (the upstream loop's thread). */
+static void passed_through(void *ctx, up_result result) {
+  job *j = ctx;
+  j->result = result;
+  metrics_upstream_ms(j->rs.ms);
+  if (pool_submit(pass_through_answer, j) != 0)
+    pass_through_answer(j); /* the pool is gone or out of memory */
 }
 
 /* What the store is told of a forward that ended with result. */
@@ -871,6 +881,11 @@ static void claim(void *ctx) {
   j->s0 = now_ms();
   rc = idem_execute_begin(store, &id, rj, strlen(rj), &o, &j->exec, &j->call);
   j->store_ms = now_ms() - j->s0;
+  if (!(rc == IDEM_OK && idem_call_outcome(j->call) == IDEM_CONFLICT)) {
+    /* Held no longer than needed: a forward may wait for seconds. */
+    free(j->rj);
+    j->rj = rj = NULL;
+  }
   if (rc == IDEM_OK && idem_call_outcome(j->call) == IDEM_CONFLICT) {
     /* Say what differed: the stored request is read back (conflicts are
      * rare; the read costs nothing on the other paths). */
@@ -986,6 +1001,14 @@ static enum MHD_Result finish(struct MHD_Connection *c, req *r,
                    "gateway takes. Nothing was claimed or forwarded: send a "
                    "smaller request.",
                    cfg->max_body);
+  if (__atomic_load_n(&draining, __ATOMIC_ACQUIRE)) {
+    /* Stopping: nothing new is claimed or forwarded, and the client is
+     * sent to another gateway (the connection closes with the answer). */
+    return problem(c, r, method, OUT_REJECTED, 503, "shutting-down",
+                   "Gateway stopping", 1, 0,
+                   "This gateway is stopping; nothing was claimed or "
+                   "forwarded. Retry the same request with the same key.");
+  }
   if (!(j = calloc(1, sizeof *j)))
     return MHD_NO;
   j->c = c;

@@ -71,6 +71,7 @@ int metrics_in_flight_now(void) { return GET(&in_flight); }
 
 static int waiting;
 void metrics_waiting(int delta) { ADD(&waiting, delta); }
+int metrics_waiting_now(void) { return GET(&waiting); }
 
 /* guard.c's: client connections open, heads cut off, connections refused. */
 static int connections;

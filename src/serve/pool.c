@@ -65,6 +65,12 @@ int pool_submit(void (*fn)(void *arg), void *arg) {
   t->arg = arg;
   t->next = NULL;
   pthread_mutex_lock(&P.mu);
+  if (P.stopping) {
+    /* The workers are ending: the caller must do it itself. */
+    pthread_mutex_unlock(&P.mu);
+    free(t);
+    return -1;
+  }
   if (P.tail)
     P.tail->next = t;
   else

@@ -64,6 +64,7 @@ int metrics_in_flight_now(void);
 /* Requests whose connections are suspended, waiting for the store or the
  * upstream. */
 void metrics_waiting(int delta);
+int metrics_waiting_now(void);
 /* The Prometheus text exposition; free() it. NULL when out of memory. */
 char *metrics_render(size_t *len);
 
@@ -150,6 +151,9 @@ int upstream_start(const up_request *rq, up_response *rs, up_done_fn done,
                    void *ctx);
 /* Forwards on the loop now. */
 int upstream_active(void);
+/* Ends every forward now, as if each had timed out (at shutdown, once the
+ * drain's bound has passed): their done callbacks run. */
+void upstream_abort(void);
 void upstream_response_free(up_response *rs);
 /* Waits for the forwards in flight to end, stops the loop, frees it. */
 void upstream_cleanup(void);
@@ -166,7 +170,7 @@ int header_named_by(const char *connection, const char *name);
 /* Starts n workers. 0, or -1. */
 int pool_start(int n);
 /* Runs fn(arg) on a worker, in the order handed over. 0, or -1 when out of
- * memory (fn is then not run). */
+ * memory or once pool_stop() has begun (fn is then not run). */
 int pool_submit(void (*fn)(void *arg), void *arg);
 /* Tasks handed over and not yet started. */
 int pool_queued(void);

@@ -330,7 +330,8 @@ typedef struct xfer {
   double t0;
   int no_fds; /* socket() failed for want of descriptors */
   int sends;  /* times libcurl was about to send the request */
-  struct xfer *next;
+  struct xfer *next;        /* in the pending list */
+  struct xfer *prev_active, *next_active; /* on the loop: L.active_list */
 } xfer;
 
 /* An upstream socket of the transfer's own, so that running out of
@@ -394,8 +395,9 @@ static int setup(xfer *x) {
                               : 10000));
   curl_easy_setopt(c, CURLOPT_HTTPHEADER, x->hdrs);
   /* The receive buffer of each transfer, held while it waits: libcurl's
-   * default (16 KB) would be most of what a forward in flight costs. */
-  curl_easy_setopt(c, CURLOPT_BUFFERSIZE, 2048L);
+   * default (16 KB) would be most of what a forward in flight costs, and
+   * tool calls answer in a few hundred bytes. */
+  curl_easy_setopt(c, CURLOPT_BUFFERSIZE, 1024L);
   curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
   curl_easy_setopt(c, CURLOPT_HEADERDATA, &x->s);
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
@@ -446,6 +448,18 @@ static up_result classify(xfer *x, CURLcode cc) {
     snprintf(rs->error, sizeof rs->error,
              "the gateway ran out of file descriptors");
     r = UP_NO_FDS;
+  } else if (sent == 0 && x->sends <= 1 &&
+             (x->sends == 0 || cc == CURLE_ABORTED_BY_CALLBACK ||
+              cc == CURLE_OUT_OF_MEMORY)) {
+    /* libcurl never got to write a byte of the request (the lease was lost
+     * first, or the transfer could not start): nothing to act on. */
+    snprintf(rs->error, sizeof rs->error, "nothing was sent: %s",
+             curl_easy_strerror(cc));
+    r = UP_NOT_SENT;
+  } else if (x->no_fds && sent == 0) {
+    snprintf(rs->error, sizeof rs->error,
+             "the gateway ran out of file descriptors");
+    r = UP_NO_FDS;
   } else if (s->too_large) {
     snprintf(rs->error, sizeof rs->error,
              "the response body is larger than %zu bytes", cfg->max_pass);
@@ -480,6 +494,19 @@ static up_result classify(xfer *x, CURLcode cc) {
     snprintf(rs->error, sizeof rs->error, "the upstream's answer is not "
                                           "valid HTTP (%s)",
              curl_easy_strerror(cc));
+    r = UP_INVALID;
+  } else if (cc == CURLE_ABORTED_BY_CALLBACK && x->sends > 1 && sent == 0) {
+    /* The resend was refused before a byte of it left; the first send
+     * went out on the dead connection. */
+    snprintf(rs->error, sizeof rs->error,
+             "the connection closed after the request was sent, before "
+             "any answer");
+    r = UP_LOST;
+  } else if (status >= 200 && cc != CURLE_ABORTED_BY_CALLBACK) {
+    /* A final answer had begun: the upstream has acted, and no retry may
+     * send it again as if it might not have. */
+    snprintf(rs->error, sizeof rs->error, "the answer (%ld) broke off: %s",
+             status, curl_easy_strerror(cc));
     r = UP_INVALID;
   } else if (cc == CURLE_ABORTED_BY_CALLBACK && x->sends > 1) {
     snprintf(rs->error, sizeof rs->error,
@@ -528,7 +555,10 @@ static struct {
   CURLM *multi;
   pthread_mutex_t mu;
   xfer *pending;  /* handed over, not yet added to the multi handle */
-  int stopping;   /* upstream_cleanup(): abort what is left and end */
+  int stopping;   /* upstream_cleanup(): end once nothing is left */
+  int aborting;   /* upstream_abort(): end every forward now */
+  int closed;     /* the loop has ended: upstream_start() refuses */
+  xfer *active_list; /* the loop's own: every forward added to it */
   long timeout_ms; /* libcurl's timer: -1 none */
   double deadline;
   int active;
@@ -569,10 +599,16 @@ static void finish(xfer *x, CURLcode cc) {
   x->rs->ms = now_ms() - x->t0;
   free(x->s.connection);
   curl_multi_remove_handle(L.multi, x->curl);
+  if (x->prev_active)
+    x->prev_active->next_active = x->next_active;
+  else if (L.active_list == x)
+    L.active_list = x->next_active;
+  if (x->next_active)
+    x->next_active->prev_active = x->prev_active;
   curl_easy_cleanup(x->curl);
   curl_slist_free_all(x->hdrs);
   free(x->url);
-  L.active--;
+  __atomic_fetch_sub(&L.active, 1, __ATOMIC_RELAXED);
   x->done(x->ctx, r);
   free(x);
 }
@@ -587,6 +623,16 @@ static void reap(void) {
     curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&x);
     finish(x, m->data.result);
   }
+}
+
+/* Ends every forward in flight as lost (they were sent) and every one
+ * handed over as not sent: their done callbacks run now. */
+static void take_pending(void);
+
+static void abort_all(void) {
+  take_pending();
+  while (L.active_list)
+    finish(L.active_list, CURLE_OPERATION_TIMEDOUT);
 }
 
 static void take_pending(void) {
@@ -605,7 +651,12 @@ static void take_pending(void) {
   }
   for (xfer *x = rev; x; x = next) {
     next = x->next;
-    L.active++;
+    __atomic_fetch_add(&L.active, 1, __ATOMIC_RELAXED);
+    x->prev_active = NULL;
+    x->next_active = L.active_list;
+    if (L.active_list)
+      L.active_list->prev_active = x;
+    L.active_list = x;
     if (curl_multi_add_handle(L.multi, x->curl) != CURLM_OK)
       finish(x, CURLE_OUT_OF_MEMORY);
   }
@@ -623,8 +674,12 @@ static void *loop(void *arg) {
       wait = left <= 0 ? 0 : (int)left + 1;
     }
     n = epoll_wait(L.epfd, ev, 256, wait);
-    if (n < 0 && errno != EINTR)
-      break;
+    if (n < 0) {
+      if (errno != EINTR)
+        fprintf(stderr, "idem serve: upstream loop: epoll_wait: %s\n",
+                strerror(errno));
+      n = 0;
+    }
     for (int i = 0; i < n; i++) {
       if (ev[i].data.fd == L.wakefd) {
         uint64_t v;
@@ -645,13 +700,20 @@ static void *loop(void *arg) {
       curl_multi_socket_action(L.multi, CURL_SOCKET_TIMEOUT, 0, &running);
     }
     reap();
-    if (__atomic_load_n(&L.stopping, __ATOMIC_ACQUIRE) && L.active == 0) {
+    if (__atomic_load_n(&L.stopping, __ATOMIC_ACQUIRE) &&
+        __atomic_load_n(&L.active, __ATOMIC_RELAXED) == 0) {
+      /* Closed under the lock: upstream_start() refuses from now on, so
+       * nothing handed over afterwards waits for a loop that is gone. */
       pthread_mutex_lock(&L.mu);
       int more = L.pending != NULL;
+      if (!more)
+        L.closed = 1;
       pthread_mutex_unlock(&L.mu);
       if (!more)
         break;
     }
+    if (__atomic_load_n(&L.aborting, __ATOMIC_ACQUIRE))
+      abort_all();
   }
   return NULL;
 }
@@ -700,14 +762,34 @@ int upstream_start(const up_request *rq, up_response *rs, up_done_fn done,
     return -1;
   }
   pthread_mutex_lock(&L.mu);
+  if (L.closed) {
+    pthread_mutex_unlock(&L.mu);
+    curl_easy_cleanup(x->curl);
+    curl_slist_free_all(x->hdrs);
+    free(x->url);
+    free(x);
+    return -1;
+  }
   x->next = L.pending;
   L.pending = x;
-  pthread_mutex_unlock(&L.mu);
+  /* Under the lock: the loop closes (and upstream_cleanup() the
+   * descriptor) only after taking it. */
   if (write(L.wakefd, &one, sizeof one) < 0) {
     /* The counter is full only with 2^64 - 1 wakeups pending: the loop
      * will run anyway. */
   }
+  pthread_mutex_unlock(&L.mu);
   return 0;
+}
+
+void upstream_abort(void) {
+  uint64_t one = 1;
+  __atomic_store_n(&L.aborting, 1, __ATOMIC_RELEASE);
+  pthread_mutex_lock(&L.mu);
+  if (!L.closed && write(L.wakefd, &one, sizeof one) < 0) {
+    /* see upstream_start() */
+  }
+  pthread_mutex_unlock(&L.mu);
 }
 
 int upstream_active(void) {
@@ -718,9 +800,11 @@ void upstream_cleanup(void) {
   uint64_t one = 1;
   if (L.started) {
     __atomic_store_n(&L.stopping, 1, __ATOMIC_RELEASE);
+    pthread_mutex_lock(&L.mu);
     if (write(L.wakefd, &one, sizeof one) < 0) {
       /* see upstream_start() */
     }
+    pthread_mutex_unlock(&L.mu);
     pthread_join(L.thread, NULL);
     L.started = 0;
   }

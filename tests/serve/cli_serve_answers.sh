@@ -203,6 +203,46 @@ expect_eq "drain: all 100 answered 201, exit 0" "100 0" "$n201 $st"
 expect_eq "drain: one effect each" 100 \
   "$(curl -s "$C/_counts" | python3 -c 'import json,sys; e=json.load(sys.stdin)["effects"]; print(sum(1 for k,v in e.items() if k.startswith("k-drain-") and v == 1))')"
 
+# 10b. A request that arrives on a kept-alive connection while the gateway
+#     drains is refused (503, nothing claimed, the connection closed), the
+#     forward still out is answered, and the gateway exits 0.
+start_raw e || { finish; exit 1; }
+E=$RAW EDIR=$RAW_DIR
+start_gateway drain2 --upstream "$E" --store "$TMP/drain2.db" || { finish; exit 1; }
+send h0 k-held /x/hold &
+HELD_SEND=$!
+wait_eq 1 held "$EDIR" || fail "the held forward never reached the upstream"
+python3 - "${GW#http://}" "$GW_PID" "$TMP/drain2.err" >"$TMP/late.txt" <<'PY'
+import os, signal, socket, sys, time
+host, port = sys.argv[1].rsplit(":", 1)
+s = socket.create_connection((host, int(port)))
+s.sendall(b"GET /x/plain HTTP/1.1\r\nHost: t\r\n\r\n")
+first = s.recv(65536)
+os.kill(int(sys.argv[2]), signal.SIGTERM)
+for _ in range(400):  # the gateway says it drains: then send
+    if b"draining" in open(sys.argv[3], "rb").read():
+        break
+    time.sleep(0.05)
+body = b'{"title":"late"}'
+s.sendall(b"POST /x/plain HTTP/1.1\r\nHost: t\r\nIdempotency-Key: k-late\r\n"
+          b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+late = b""
+while True:
+    d = s.recv(65536)
+    if not d:
+        break
+    late += d
+print(first.split(b"\r\n")[0].decode(), "|", late.split(b"\r\n")[0].decode(),
+      "|", b"shutting-down" in late, b"onnection: close" in late)
+PY
+expect_eq "drain: a late request refused, its connection closed" \
+  "HTTP/1.1 201 Created | HTTP/1.1 503 Service Unavailable | True True" "$(cat "$TMP/late.txt")"
+touch "$EDIR/release"
+wait "$GW_PID"; st=$?
+wait "$HELD_SEND"
+expect_eq "drain: the held forward answered, exit 0, the late key never forwarded" \
+  "201 0 0" "$(code h0) $st $(raw_effects "$E" k-late)"
+
 # 11. Out of descriptors: a forward that cannot open its upstream socket
 #    is answered 503 with Retry-After and its key released; the log says
 #    so at most once a second, never a flood.
