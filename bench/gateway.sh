@@ -51,9 +51,7 @@
 # BENCH_SLOW_PROBE_N (slow calls in flight during the probe, default 1000;
 # 0 skips it), BENCH_SLOW_PROBES (requests of each kind, default 200),
 # BENCH_SLOW_FIXED_THREADS (the "fixed few" of the threads target: at most
-# that many plus 2 per core; default 10: idem serve's main thread, 4 store
-# workers, the upstream loop, the slow-client sweeper and the store's own
-# threads, none of which grows with load).
+# that many plus 2 per core; default 8).
 set -eu
 if [ $# -ne 1 ]; then
   echo "usage: sh bench/gateway.sh PATH_TO_IDEM" >&2
@@ -74,7 +72,7 @@ SLOW_DELAY=${BENCH_SLOW_DELAY:-1}
 SLOW_TIMEOUT=${BENCH_SLOW_TIMEOUT:-120}
 PROBE_N=${BENCH_SLOW_PROBE_N:-1000}
 PROBES=${BENCH_SLOW_PROBES:-200}
-FEW_THREADS=${BENCH_SLOW_FIXED_THREADS:-10}
+FEW_THREADS=${BENCH_SLOW_FIXED_THREADS:-8}
 case $BENCH_ONLY in
   "") FAST=1 SLOW=1 ;;
   fast) FAST=1 SLOW=0 ;;

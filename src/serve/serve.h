@@ -24,6 +24,7 @@ typedef struct serve_config {
   int on_unknown_fail;
   int create_store;          /* --create-store: even where one was deleted */
   int threads;
+  int store_workers;
   size_t max_body;
   size_t max_response;
   size_t max_pass;           /* largest response passed on unstored */
