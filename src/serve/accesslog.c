@@ -134,33 +134,35 @@ void accesslog_write(const access_entry *e) {
 
 /* ---- store errors ---------------------------------------------------------- */
 
-static pthread_mutex_t store_log_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct timespec store_log_last;
-static int store_log_any;
-static unsigned long store_log_left_out;
+int serve_rate_pass(serve_rate *r, unsigned long *left_out) {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  pthread_mutex_lock(&r->mu);
+  if (r->any && (now.tv_sec - r->last.tv_sec) * 1000000000L +
+                        (now.tv_nsec - r->last.tv_nsec) <
+                    1000000000L) {
+    r->left_out++;
+    pthread_mutex_unlock(&r->mu);
+    return 0;
+  }
+  *left_out = r->left_out;
+  r->left_out = 0;
+  r->last = now;
+  r->any = 1;
+  pthread_mutex_unlock(&r->mu);
+  return 1;
+}
+
+static serve_rate store_log = SERVE_RATE_INIT;
 
 void serve_log_store_error(const char *what, int rc, const char *detail) {
-  struct timespec now;
   unsigned long left_out;
   char line[1400], more[96] = "";
   int n;
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  pthread_mutex_lock(&store_log_mu);
   /* A failing store fails every request: one line each would flood the
    * log (and the disk, which may be the very trouble). */
-  if (store_log_any &&
-      (now.tv_sec - store_log_last.tv_sec) * 1000000000L +
-              (now.tv_nsec - store_log_last.tv_nsec) <
-          1000000000L) {
-    store_log_left_out++;
-    pthread_mutex_unlock(&store_log_mu);
+  if (!serve_rate_pass(&store_log, &left_out))
     return;
-  }
-  left_out = store_log_left_out;
-  store_log_left_out = 0;
-  store_log_last = now;
-  store_log_any = 1;
-  pthread_mutex_unlock(&store_log_mu);
   if (left_out)
     snprintf(more, sizeof more,
              " (%lu more store errors since the last line, not logged)",

@@ -619,21 +619,12 @@ static int store_trouble(int rc) {
          rc == IDEM_ESCHEMA;
 }
 
-/* Out of descriptors: said at most once a second, however often it
- * happens (a flood of such lines is how a full disk follows). */
+/* Out of descriptors: said at most once a second. */
 static void log_no_fds(void) {
-  static int64_t last_s;
-  static unsigned long suppressed;
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  int64_t prev = __atomic_load_n(&last_s, __ATOMIC_RELAXED);
-  if (prev == (int64_t)ts.tv_sec ||
-      !__atomic_compare_exchange_n(&last_s, &prev, (int64_t)ts.tv_sec, 0,
-                                   __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-    __atomic_fetch_add(&suppressed, 1, __ATOMIC_RELAXED);
+  static serve_rate rate = SERVE_RATE_INIT;
+  unsigned long n;
+  if (!serve_rate_pass(&rate, &n))
     return;
-  }
-  unsigned long n = __atomic_exchange_n(&suppressed, 0, __ATOMIC_RELAXED);
   fprintf(stderr,
           "idem serve: out of file descriptors: answering 503 "
           "(%lu more since the last message; raise the limit: ulimit -n)\n",

@@ -27,29 +27,21 @@
  * says so on every attempt to accept, which once grew the log by megabytes
  * a second; the line after a quiet spell says how many were left out. */
 static void mhd_log(void *cls, const char *fmt, va_list ap) {
-  static int64_t last_s = -1;
-  static unsigned long suppressed;
+  static serve_rate rate = SERVE_RATE_INIT;
+  unsigned long left;
   char line[1024];
   size_t n;
-  struct timespec ts;
   (void)cls;
   /* Counted before the limit below leaves the line out; a line about a
    * connection guard.c cut off is not written at all. */
   if (guard_mhd_message(fmt))
     return;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  int64_t prev = __atomic_load_n(&last_s, __ATOMIC_RELAXED);
-  if (prev == (int64_t)ts.tv_sec ||
-      !__atomic_compare_exchange_n(&last_s, &prev, (int64_t)ts.tv_sec, 0,
-                                   __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-    __atomic_fetch_add(&suppressed, 1, __ATOMIC_RELAXED);
+  if (!serve_rate_pass(&rate, &left))
     return;
-  }
   vsnprintf(line, sizeof line, fmt, ap);
   n = strlen(line);
   while (n && line[n - 1] == '\n')
     line[--n] = 0;
-  unsigned long left = __atomic_exchange_n(&suppressed, 0, __ATOMIC_RELAXED);
   if (left)
     fprintf(stderr, "idem serve: http: %s (and %lu more messages)\n", line,
             left);

@@ -2,8 +2,10 @@
 #ifndef IDEM_SERVE_H
 #define IDEM_SERVE_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include <microhttpd.h>
 
@@ -87,6 +89,22 @@ int accesslog_open(const char *path);
 int accesslog_reopen(void);
 void accesslog_write(const access_entry *e);
 void accesslog_close(void);
+
+/*
+ * A log line said at most once a second, however often its event happens
+ * (a flood of lines is how a full disk follows a failing store). Static,
+ * zeroed, one per kind of line; SERVE_RATE_INIT initialises it.
+ */
+typedef struct serve_rate {
+  pthread_mutex_t mu;
+  struct timespec last;
+  int any;
+  unsigned long left_out;
+} serve_rate;
+#define SERVE_RATE_INIT {PTHREAD_MUTEX_INITIALIZER, {0, 0}, 0, 0}
+/* Non-zero when the line may be written now; *left_out is then how many
+ * were left out since the last one. */
+int serve_rate_pass(serve_rate *r, unsigned long *left_out);
 /* Logs a store error on standard error with its reason (detail: what
  * idem_errmsg() said), at most a line a second; a line counts the errors
  * left out since the one before. what: the step that failed ("claim"). */
