@@ -1,0 +1,262 @@
+"""Builds the idem Python package: a PEP 517 backend, and `inplace` for the tree.
+
+The package is pure Python over one small extension, idem._native, which
+cffi generates in API mode from the declarations in idem_cdef.py and which
+is compiled here with the C compiler Python was built with. libidem is
+found in this order:
+
+  1. IDEM_BUILD_DIR, or the tree's own build/ folder: libidem.a is linked
+     in statically (the package then needs no libidem at run time);
+  2. an installed libidem, through `pkg-config idem` (linked as a shared
+     library), also when IDEM_LIBIDEM=pkg-config is set.
+
+The build needs cffi, a C compiler and Python's headers, nothing from a
+package index: pip's build isolation hides the interpreter's own
+site-packages, so cffi is looked for there too.
+
+    python3 idem_backend.py inplace [--build-dir DIR] --out DIR
+
+builds the package into DIR/idem, for tests run from the tree.
+"""
+import base64
+import hashlib
+import os
+import re
+import shlex
+import shutil
+import site
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import zipfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PKG_ROOT = os.path.dirname(HERE)
+TREE = os.path.dirname(os.path.dirname(PKG_ROOT))
+sys.path.insert(0, HERE)
+import idem_cdef  # noqa: E402  (next to this file)
+
+NAME = "idem"
+
+
+def _project():
+    """Version, summary and dependencies, read from pyproject.toml."""
+    text = open(os.path.join(PKG_ROOT, "pyproject.toml"), encoding="utf-8").read()
+
+    def field(name):
+        m = re.search(r'^%s\s*=\s*"([^"]*)"' % name, text, re.M)
+        return m.group(1) if m else ""
+
+    deps = re.search(r"^dependencies\s*=\s*\[([^\]]*)\]", text, re.M)
+    requires = re.findall(r'"([^"]+)"', deps.group(1)) if deps else []
+    return field("version"), field("description"), field("requires-python"), requires
+
+
+def _import_cffi():
+    try:
+        import cffi
+    except ImportError:
+        paths = list(site.getsitepackages()) if hasattr(site, "getsitepackages") else []
+        paths += [sysconfig.get_paths()[k] for k in ("platlib", "purelib")]
+        for p in paths:
+            if os.path.isdir(p) and p not in sys.path:
+                sys.path.append(p)
+        try:
+            import cffi
+        except ImportError:
+            raise SystemExit(
+                "idem: building the Python package needs cffi for %s "
+                "(Debian: apt-get install python3-cffi)" % sys.executable)
+    return cffi
+
+
+def _pkg_config(*args):
+    try:
+        out = subprocess.run(["pkg-config", *args], check=True,
+                             capture_output=True, text=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return shlex.split(out)
+
+
+def _libidem(build_dir=None):
+    """(cflags, libs, has_pg): how to compile and link against libidem."""
+    mode = os.environ.get("IDEM_LIBIDEM", "")
+    build = build_dir or os.environ.get("IDEM_BUILD_DIR") or os.path.join(TREE, "build")
+    has_pg = _pkg_config("--exists", "libpq") is not None
+    if mode != "pkg-config" and os.path.exists(os.path.join(build, "libidem.a")) \
+            and os.path.exists(os.path.join(TREE, "include", "idem.h")):
+        deps = ["jansson", "sqlite3", "libcrypto"] + (["libpq"] if has_pg else [])
+        libs = _pkg_config("--libs", *deps)
+        if libs is None:
+            raise SystemExit("idem: pkg-config does not find %s" % " ".join(deps))
+        cflags = ["-I" + os.path.join(TREE, "include")]
+        cflags += _pkg_config("--cflags", *deps) or []
+        # libidem.a goes in whole and stays private to the extension.
+        return (cflags, [os.path.join(build, "libidem.a"), *libs, "-lpthread",
+                         "-Wl,--exclude-libs,ALL"], has_pg)
+    flags = _pkg_config("--cflags", "--libs", "idem")
+    if flags is None:
+        raise SystemExit(
+            "idem: libidem not found: build the tree first (make build; or "
+            "set IDEM_BUILD_DIR to a build folder), or install libidem so "
+            "that `pkg-config idem` finds it")
+    libdir = (_pkg_config("--variable=libdir", "idem") or [""])[0]
+    extra = _pkg_config("--cflags", "--libs", "sqlite3") or ["-lsqlite3"]
+    if has_pg:
+        extra += _pkg_config("--cflags", "--libs", "libpq") or []
+    rpath = ["-Wl,-rpath," + libdir] if libdir and libdir not in (
+        "/usr/lib", "/usr/lib64", "/lib") else []
+    return flags + extra, rpath, has_pg
+
+
+def _compile(dest_pkg, build_dir=None):
+    """Generates and compiles idem._native into the folder dest_pkg."""
+    cffi = _import_cffi()
+    cflags, libs, has_pg = _libidem(build_dir)
+    ffi = cffi.FFI()
+    ffi.cdef(idem_cdef.cdef(has_pg))
+    ffi.set_source("idem._native", idem_cdef.source(has_pg))
+    ext = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    out = os.path.join(dest_pkg, "_native" + ext)
+    with tempfile.TemporaryDirectory(prefix="idem-py-") as tmp:
+        c_file = os.path.join(tmp, "_native.c")
+        ffi.emit_c_code(c_file)
+        cc = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
+        include = sysconfig.get_paths()["include"]
+        if not os.path.exists(os.path.join(include, "Python.h")):
+            raise SystemExit("idem: Python.h not found in %s (Debian: apt-get "
+                             "install python3-dev)" % include)
+        cmd = [*cc, "-shared", "-fPIC", "-O2", "-fvisibility=hidden",
+               "-I" + include, *cflags, c_file, "-o", out + ".tmp", *libs]
+        subprocess.run(cmd, check=True)
+        os.replace(out + ".tmp", out)
+    return out
+
+
+def _copy_sources(dest_pkg):
+    src = os.path.join(PKG_ROOT, NAME)
+    os.makedirs(dest_pkg, exist_ok=True)
+    for f in sorted(os.listdir(src)):
+        if f.endswith(".py") or f in ("py.typed",) or f.endswith(".pyi"):
+            shutil.copy2(os.path.join(src, f), os.path.join(dest_pkg, f))
+
+
+def _tag():
+    impl = "cp%d%d" % sys.version_info[:2]
+    soabi = sysconfig.get_config_var("SOABI") or ""
+    abi = impl + (sys.abiflags if soabi.startswith("cpython") else "")
+    plat = sysconfig.get_platform().replace("-", "_").replace(".", "_")
+    return "%s-%s-%s" % (impl, abi, plat)
+
+
+def _metadata():
+    version, summary, requires_python, requires = _project()
+    lines = ["Metadata-Version: 2.1", "Name: " + NAME, "Version: " + version,
+             "Summary: " + summary]
+    if requires_python:
+        lines.append("Requires-Python: " + requires_python)
+    lines += ["Requires-Dist: " + r for r in requires]
+    readme = os.path.join(PKG_ROOT, "README.md")
+    body = ""
+    if os.path.exists(readme):
+        lines.append("Description-Content-Type: text/markdown")
+        body = "\n" + open(readme, encoding="utf-8").read()
+    return "\n".join(lines) + "\n" + body
+
+
+def _dist_info(version):
+    return "%s-%s.dist-info" % (NAME, version)
+
+
+# ---------------------------------------------------------------- PEP 517
+
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+
+
+def get_requires_for_build_sdist(config_settings=None):
+    return []
+
+
+def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
+    version = _project()[0]
+    info = os.path.join(metadata_directory, _dist_info(version))
+    os.makedirs(info, exist_ok=True)
+    with open(os.path.join(info, "METADATA"), "w", encoding="utf-8") as f:
+        f.write(_metadata())
+    return os.path.basename(info)
+
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    version = _project()[0]
+    tag = _tag()
+    wheel_name = "%s-%s-%s.whl" % (NAME, version, tag)
+    with tempfile.TemporaryDirectory(prefix="idem-wheel-") as root:
+        pkg = os.path.join(root, NAME)
+        _copy_sources(pkg)
+        _compile(pkg)
+        info = os.path.join(root, _dist_info(version))
+        os.makedirs(info)
+        with open(os.path.join(info, "METADATA"), "w", encoding="utf-8") as f:
+            f.write(_metadata())
+        with open(os.path.join(info, "WHEEL"), "w", encoding="utf-8") as f:
+            f.write("Wheel-Version: 1.0\nGenerator: idem_backend\n"
+                    "Root-Is-Purelib: false\nTag: %s\n" % tag)
+        records = []
+        path = os.path.join(wheel_directory, wheel_name)
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+            for folder in (pkg, info):
+                for f in sorted(os.listdir(folder)):
+                    full = os.path.join(folder, f)
+                    arc = os.path.relpath(full, root)
+                    data = open(full, "rb").read()
+                    digest = base64.urlsafe_b64encode(
+                        hashlib.sha256(data).digest()).rstrip(b"=").decode()
+                    records.append("%s,sha256=%s,%d" % (arc, digest, len(data)))
+                    zf.write(full, arc)
+            record = _dist_info(version) + "/RECORD"
+            records.append(record + ",,")
+            zf.writestr(record, "\n".join(records) + "\n")
+    return wheel_name
+
+
+def build_sdist(sdist_directory, config_settings=None):
+    import tarfile
+    version = _project()[0]
+    base = "%s-%s" % (NAME, version)
+    path = os.path.join(sdist_directory, base + ".tar.gz")
+    with tarfile.open(path, "w:gz") as tf:
+        for entry in ("pyproject.toml", "README.md", "_backend", NAME):
+            full = os.path.join(PKG_ROOT, entry)
+            if os.path.exists(full):
+                tf.add(full, arcname=base + "/" + entry,
+                       filter=lambda t: None if "__pycache__" in t.name else t)
+        info = tarfile.TarInfo(base + "/PKG-INFO")
+        data = _metadata().encode()
+        info.size = len(data)
+        import io
+        tf.addfile(info, io.BytesIO(data))
+    return os.path.basename(path)
+
+
+# ---------------------------------------------------------------- the tree
+
+def main(argv):
+    import argparse
+    p = argparse.ArgumentParser(prog="idem_backend.py")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    q = sub.add_parser("inplace", help="build the package into OUT/idem")
+    q.add_argument("--build-dir", default=None,
+                   help="the CMake build folder holding libidem.a")
+    q.add_argument("--out", required=True)
+    a = p.parse_args(argv)
+    pkg = os.path.join(os.path.abspath(a.out), NAME)
+    _copy_sources(pkg)
+    print(_compile(pkg, a.build_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,161 @@
+"""The C declarations cffi compiles into idem._native (API mode).
+
+Only what the package uses: libidem's stores, claims in two halves
+(idem_execute_begin/end), local actions with a callback into Python, and
+the few SQLite and libpq calls that let that callback run the caller's
+statements on the store's own connection. Structs end in "...;" so the
+compiler, not this file, lays them out.
+"""
+
+_IDEM = r"""
+typedef struct idem_store idem_store;
+typedef struct idem_call idem_call;
+typedef struct idem_exec idem_exec;
+
+typedef struct idem_store_options {
+  int sqlite_synchronous;
+  int busy_timeout_ms;
+  int max_connections;
+  int group_commit;
+  int read_only;
+  int replay_cache_entries;
+  ...;
+} idem_store_options;
+
+typedef struct idem_id {
+  const char *tenant;
+  const char *operation;
+  const char *key;
+  ...;
+} idem_id;
+
+typedef struct idem_response {
+  int status;
+  const void *meta;
+  size_t meta_len;
+  const void *body;
+  size_t body_len;
+  ...;
+} idem_response;
+
+typedef struct idem_call_options {
+  int64_t lease_ms;
+  int64_t retention_ms;
+  const void *request;
+  size_t request_len;
+  int on_expired_lease;
+  int takeover_unknown;
+  int max_attempts;
+  int64_t wait_ms;
+  ...;
+} idem_call_options;
+
+typedef struct idem_execute_options {
+  idem_call_options call;
+  const char *const *fingerprint_pointers;
+  int64_t finish_retry_ms;
+  ...;
+} idem_execute_options;
+
+const char *idem_version(void);
+const char *idem_rc_name(int rc);
+const char *idem_errmsg(void);
+void idem_free(void *p);
+int idem_canonicalize(const char *json, size_t len, const void *limits,
+                      char **out, size_t *out_len, size_t *err_offset);
+int idem_fingerprint(const void *data, size_t len, int is_json, char *hex);
+
+int idem_store_open(const char *url, const idem_store_options *opts,
+                    idem_store **out);
+void idem_store_close(idem_store *store);
+const char *idem_store_backend(const idem_store *store);
+int idem_key_check(const char *key);
+int idem_delete(idem_store *store, const idem_id *id);
+
+int idem_call_outcome(const idem_call *call);
+const idem_response *idem_call_response(const idem_call *call);
+int64_t idem_call_retry_after_ms(const idem_call *call);
+int idem_call_recovered(const idem_call *call);
+int idem_call_attempt(const idem_call *call);
+void idem_call_free(idem_call *call);
+
+int idem_execute_begin(idem_store *store, const idem_id *id,
+                       const char *request, size_t request_len,
+                       const idem_execute_options *opts,
+                       idem_exec **exec, idem_call **out);
+int idem_execute_end(idem_exec *exec, int result,
+                     const idem_response *response);
+
+typedef int (*idem_local_fn)(void *conn, void *ctx, idem_response *response);
+int idem_execute_local(idem_store *store, const idem_id *id,
+                       const char *fingerprint,
+                       const idem_call_options *opts,
+                       idem_local_fn fn, void *ctx, idem_call **out);
+
+extern "Python" int idem_py_local(void *conn, void *ctx,
+                                  idem_response *response);
+
+typedef struct sqlite3 sqlite3;
+typedef struct sqlite3_stmt sqlite3_stmt;
+int sqlite3_prepare_v2(sqlite3 *db, const char *sql, int n,
+                       sqlite3_stmt **stmt, const char **tail);
+int sqlite3_bind_parameter_count(sqlite3_stmt *stmt);
+int sqlite3_bind_int64(sqlite3_stmt *stmt, int i, int64_t v);
+int sqlite3_bind_double(sqlite3_stmt *stmt, int i, double v);
+int sqlite3_bind_null(sqlite3_stmt *stmt, int i);
+int idem_py_bind_text(sqlite3_stmt *stmt, int i, const char *p, int n);
+int idem_py_bind_blob(sqlite3_stmt *stmt, int i, const void *p, int n);
+int sqlite3_step(sqlite3_stmt *stmt);
+int sqlite3_column_count(sqlite3_stmt *stmt);
+int sqlite3_column_type(sqlite3_stmt *stmt, int i);
+int64_t sqlite3_column_int64(sqlite3_stmt *stmt, int i);
+double sqlite3_column_double(sqlite3_stmt *stmt, int i);
+const unsigned char *sqlite3_column_text(sqlite3_stmt *stmt, int i);
+const void *sqlite3_column_blob(sqlite3_stmt *stmt, int i);
+int sqlite3_column_bytes(sqlite3_stmt *stmt, int i);
+int sqlite3_finalize(sqlite3_stmt *stmt);
+int sqlite3_changes(sqlite3 *db);
+int64_t sqlite3_last_insert_rowid(sqlite3 *db);
+const char *sqlite3_errmsg(sqlite3 *db);
+"""
+
+_PG = r"""
+typedef struct pg_conn PGconn;
+typedef struct pg_result PGresult;
+typedef unsigned int Oid;
+PGresult *PQexecParams(PGconn *conn, const char *command, int nParams,
+                       const Oid *paramTypes, const char *const *paramValues,
+                       const int *paramLengths, const int *paramFormats,
+                       int resultFormat);
+int PQresultStatus(const PGresult *res);
+char *PQresultErrorMessage(const PGresult *res);
+int PQntuples(const PGresult *res);
+int PQnfields(const PGresult *res);
+char *PQgetvalue(const PGresult *res, int row, int col);
+int PQgetlength(const PGresult *res, int row, int col);
+int PQgetisnull(const PGresult *res, int row, int col);
+Oid PQftype(const PGresult *res, int col);
+char *PQcmdTuples(PGresult *res);
+void PQclear(PGresult *res);
+"""
+
+
+def cdef(has_pg):
+    return _IDEM + (_PG if has_pg else "")
+
+
+def source(has_pg):
+    return r"""
+#include <idem.h>
+#include <sqlite3.h>
+%s
+/* SQLITE_TRANSIENT is a cast cffi cannot declare: SQLite copies the value. */
+static int idem_py_bind_text(sqlite3_stmt *stmt, int i, const char *p, int n)
+{
+  return sqlite3_bind_text(stmt, i, p, n, SQLITE_TRANSIENT);
+}
+static int idem_py_bind_blob(sqlite3_stmt *stmt, int i, const void *p, int n)
+{
+  return sqlite3_bind_blob(stmt, i, p, n, SQLITE_TRANSIENT);
+}
+""" % ("#include <libpq-fe.h>" if has_pg else "")

@@ -1,0 +1,590 @@
+"""Stores, the decorator and the two ways to run an action once."""
+import asyncio
+import functools
+import inspect
+import json
+import os
+import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import (Any, Awaitable, Callable, Dict, Iterable, Optional, Sequence,
+                    Tuple, Type, Union)
+
+from . import _errors
+from ._errors import Conflict, Error, InFlight, InvalidArgument, NotDone, OutcomeUnknown
+from ._native import ffi, lib
+from ._tx import Transaction
+
+Seconds = Union[int, float, str, None]
+KeySpec = Union[str, Callable[[Dict[str, Any]], str]]
+TenantSpec = Union[str, Callable[[Dict[str, Any]], str], None]
+
+# idem_outcome and idem_exec_result, as in idem.h.
+_PROCEED, _REPLAY, _CONFLICT, _IN_FLIGHT, _RECOVER, _UNKNOWN = 1, 2, 3, 4, 5, 6
+_DONE, _NOT_DONE, _MARK_UNKNOWN = 0, 1, 2
+_OK, _EREJECTED = 0, 18
+
+_UNITS = {"ms": 1, "s": 1000, "m": 60000, "h": 3600000, "d": 86400000}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+
+
+def _ms(value: Seconds, name: str) -> int:
+    """Milliseconds from a number of seconds or a string like "30s"; 0 for
+    None (libidem's default)."""
+    if value is None:
+        return 0
+    if isinstance(value, bool):
+        raise InvalidArgument("IDEM_EINVAL", "%s: %r is not a duration" % (name, value))
+    if isinstance(value, (int, float)):
+        ms = value * 1000
+    elif isinstance(value, str):
+        m = _DURATION.match(value)
+        if not m:
+            raise InvalidArgument("IDEM_EINVAL", "%s: %r is not a duration such as "
+                                  "30, \"500ms\", \"30s\", \"5m\", \"2h\" or \"1d\""
+                                  % (name, value))
+        ms = float(m.group(1)) * _UNITS[m.group(2)]
+    else:
+        raise InvalidArgument("IDEM_EINVAL", "%s: %r is not a duration" % (name, value))
+    if ms < 0 or ms != ms:
+        raise InvalidArgument("IDEM_EINVAL", "%s: %r is negative" % (name, value))
+    return max(1, int(ms)) if ms > 0 else 0
+
+
+def _text(value: Any, what: str, code: str = "IDEM_EINVAL") -> bytes:
+    if not isinstance(value, str):
+        raise TypeError("%s must be a str, not %s" % (what, type(value).__name__))
+    if "\x00" in value:
+        raise InvalidArgument(code, "%s contains a NUL character" % what)
+    return value.encode("utf-8")
+
+
+def _dump(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=False, allow_nan=False,
+                      separators=(",", ":")).encode("utf-8")
+
+
+def _fail(rc: int, value: Any = None) -> Error:
+    """The exception for a failed libidem call, read on the thread that made
+    it (idem_errmsg() is per thread)."""
+    name = ffi.string(lib.idem_rc_name(rc)).decode()
+    return _errors.from_code(name, ffi.string(lib.idem_errmsg()).decode("utf-8", "replace"),
+                             value)
+
+
+class Outcome:
+    """What a call returned: .value (JSON-decoded, the same on the first call
+    and on every replay), .replayed (True when the function did not run
+    because an earlier call's result was stored) and .recovered (True when
+    an earlier attempt may also have acted: its holder died or raised and
+    this call, or the one whose result is replayed, took the key over)."""
+
+    __slots__ = ("value", "replayed", "recovered")
+
+    def __init__(self, value: Any, replayed: bool, recovered: bool) -> None:
+        self.value = value
+        self.replayed = replayed
+        self.recovered = recovered
+
+    def __repr__(self) -> str:
+        return "Outcome(value=%r, replayed=%r, recovered=%r)" % (
+            self.value, self.replayed, self.recovered)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Outcome) and (self.value, self.replayed, self.recovered) \
+            == (other.value, other.replayed, other.recovered)
+
+
+class _Options:
+    """One idem_execute_options, kept alive as long as its owner."""
+
+    def __init__(self, lease: Seconds, retention: Seconds, wait: Seconds,
+                 payload: Optional[Sequence[str]]) -> None:
+        self.c = ffi.new("idem_execute_options *")
+        self.c.call.lease_ms = _ms(lease, "lease")
+        self.c.call.retention_ms = _ms(retention, "retention")
+        self.c.call.wait_ms = _ms(wait, "wait")
+        self._keep = []
+        if payload is not None:
+            if isinstance(payload, str) or not payload:
+                raise InvalidArgument("IDEM_EINVAL", "payload: a non-empty list of JSON "
+                                      "Pointers, such as [\"/project\", \"/title\"]")
+            self._keep = [ffi.new("char[]", _text(p, "payload pointer")) for p in payload]
+            arr = ffi.new("char *[]", self._keep + [ffi.NULL])
+            self._keep.append(arr)
+            self.c.fingerprint_pointers = arr
+
+
+class _Claim:
+    """A claim in progress: the call, and the exec while the key is held."""
+
+    __slots__ = ("call", "exec", "outcome")
+
+    def __init__(self, call: Any, exec_: Any, outcome: int) -> None:
+        self.call = call
+        self.exec = exec_
+        self.outcome = outcome
+
+
+def _begin(store: Any, tenant: bytes, operation: bytes, key: bytes, request: bytes,
+           opts: _Options) -> _Claim:
+    ident = ffi.new("idem_id *")
+    t, o, k = ffi.new("char[]", tenant), ffi.new("char[]", operation), ffi.new("char[]", key)
+    ident.tenant, ident.operation, ident.key = t, o, k
+    exec_p = ffi.new("idem_exec **")
+    call_p = ffi.new("idem_call **")
+    rc = lib.idem_execute_begin(store, ident, request, len(request), opts.c, exec_p, call_p)
+    if rc != _OK:
+        raise _fail(rc)
+    call = call_p[0]
+    return _Claim(call, exec_p[0] if exec_p[0] != ffi.NULL else None,
+                  lib.idem_call_outcome(call))
+
+
+def _finished(claim: _Claim, operation: bytes, key: bytes) -> Outcome:
+    """The answer to a claim whose function does not run."""
+    call = claim.call
+    what = "key %r of %r" % (key.decode("utf-8", "replace"), operation.decode(
+        "utf-8", "replace"))
+    if claim.outcome == _REPLAY:
+        r = lib.idem_call_response(call)
+        body = ffi.unpack(ffi.cast("char *", r.body), r.body_len) if r.body_len else b""
+        try:
+            value = json.loads(body) if body else None
+        except ValueError:
+            raise Error("IDEM_ECORRUPT", "%s: the stored result is not JSON (was it "
+                        "stored by another program?)" % what) from None
+        return Outcome(value, True, bool(lib.idem_call_recovered(call)))
+    if claim.outcome == _CONFLICT:
+        raise Conflict("IDEM_CONFLICT", "%s was used with other arguments; nothing ran"
+                       % what)
+    if claim.outcome == _IN_FLIGHT:
+        after = lib.idem_call_retry_after_ms(call) / 1000.0
+        raise InFlight("IDEM_IN_FLIGHT", "%s is held by a call still running; nothing "
+                       "ran (retry after %.3f s, or pass wait=)" % (what, after), after)
+    raise OutcomeUnknown("IDEM_UNKNOWN", "%s: an earlier call may or may not have acted; "
+                         "nothing ran. An operator settles it with `idem keys resolve`"
+                         % what)
+
+
+def _end(claim: _Claim, result: int, body: Optional[bytes]) -> Tuple[int, str]:
+    """Ends the held key; (rc, errmsg). Frees nothing."""
+    resp = ffi.NULL
+    if body is not None:
+        resp = ffi.new("idem_response *")
+        buf = ffi.from_buffer(body)
+        resp.body, resp.body_len = buf, len(body)
+    rc = lib.idem_execute_end(claim.exec, result, resp)
+    claim.exec = None
+    msg = ffi.string(lib.idem_errmsg()).decode("utf-8", "replace") if rc != _OK else ""
+    return rc, msg
+
+
+def _end_error(rc: int, msg: str, value: Any) -> Error:
+    name = ffi.string(lib.idem_rc_name(rc)).decode()
+    return _errors.from_code(name, msg, value)
+
+
+def _is_release(exc: BaseException, release_on: Tuple[Type[BaseException], ...]) -> bool:
+    return isinstance(exc, NotDone) or (bool(release_on) and isinstance(exc, release_on))
+
+
+def _encode_result(value: Any) -> Optional[bytes]:
+    try:
+        return _dump(value)
+    except (TypeError, ValueError):
+        return None
+
+
+class _LocalCall:
+    __slots__ = ("fn", "backend", "error", "body")
+
+    def __init__(self, fn: Callable[[Transaction], Any], backend: str) -> None:
+        self.fn = fn
+        self.backend = backend
+        self.error: Optional[BaseException] = None
+        self.body: Any = None
+
+
+@ffi.def_extern()
+def idem_py_local(conn, ctx, response):  # type: ignore[no-untyped-def]
+    """Runs the caller's function inside the store's transaction. It may run
+    on another thread of the process (the one committing the batch)."""
+    local = ffi.from_handle(ctx)
+    tx = Transaction(local.backend, conn)
+    try:
+        value = local.fn(tx)
+        try:
+            body = _dump(value)
+        except (TypeError, ValueError) as e:
+            raise TypeError("the function's result cannot be stored as JSON: %s" % e) \
+                from e
+    except BaseException as e:  # noqa: B902 - everything rolls back
+        local.error = e
+        return 1
+    finally:
+        tx._close()
+    local.error = None
+    local.body = ffi.new("char[]", body)
+    response.status = 0
+    response.meta = ffi.NULL
+    response.meta_len = 0
+    response.body = local.body
+    response.body_len = len(body)
+    return 0
+
+
+class Store:
+    """An open store: SQLite (one file) or PostgreSQL (many processes or
+    machines). Thread-safe; one handle per process (do not use it after
+    fork(); open another in the child)."""
+
+    def __init__(self, url: str, **options: Any) -> None:
+        opts = ffi.new("idem_store_options *")
+        sync = options.pop("synchronous", None)
+        if sync is not None:
+            if sync not in ("full", "normal"):
+                raise InvalidArgument("IDEM_EINVAL", "synchronous: \"full\" or \"normal\"")
+            opts.sqlite_synchronous = 0 if sync == "full" else 1
+        opts.busy_timeout_ms = _ms(options.pop("busy_timeout", None), "busy_timeout")
+        opts.max_connections = int(options.pop("max_connections", 0) or 0)
+        group = options.pop("group_commit", None)
+        opts.group_commit = 0 if group in (None, True) else -1
+        opts.read_only = 1 if options.pop("read_only", False) else 0
+        cache = options.pop("replay_cache", None)
+        opts.replay_cache_entries = 0 if cache is None else (int(cache) if cache > 0 else -1)
+        if options:
+            raise TypeError("idem.open(): unknown option(s) %s" % ", ".join(sorted(options)))
+        out = ffi.new("idem_store **")
+        rc = lib.idem_store_open(_text(url, "url", "IDEM_EURL"), opts, out)
+        if rc != _OK:
+            raise _fail(rc)
+        self._store = out[0]
+        self._pid = os.getpid()
+        self.url = url
+        self.backend: str = ffi.string(lib.idem_store_backend(self._store)).decode()
+        self._lock = threading.Lock()
+        self._pools: Optional[Tuple[ThreadPoolExecutor, ThreadPoolExecutor]] = None
+
+    # -------------------------------------------------------------- life
+
+    def close(self) -> None:
+        """Closes the store; no call may be running. Closing twice is harmless."""
+        with self._lock:
+            store, self._store = getattr(self, "_store", None), None
+            pools, self._pools = self._pools, None
+        if pools:
+            for p in pools:
+                p.shutdown(wait=True)
+        if store is not None and self._pid == os.getpid():
+            lib.idem_store_close(store)
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _handle(self) -> Any:
+        store = self._store
+        if store is None:
+            raise Error("IDEM_EINVAL", "the store is closed")
+        return store
+
+    def _executors(self) -> Tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
+        """Threads for async callers: claims (which may wait for a key in
+        flight) apart from endings, so that waiting claims never keep a
+        holder from ending its key."""
+        with self._lock:
+            if self._pools is None:
+                self._pools = (ThreadPoolExecutor(64, thread_name_prefix="idem-claim"),
+                               ThreadPoolExecutor(8, thread_name_prefix="idem-end"))
+            return self._pools
+
+    # -------------------------------------------------------------- calls
+
+    def idempotent(self, operation: str, *, key: KeySpec, tenant: TenantSpec = None,
+                   lease: Seconds = None, retention: Seconds = None,
+                   payload: Optional[Sequence[str]] = None, wait: Seconds = None,
+                   release_on: Iterable[Type[BaseException]] = ()) -> Callable[[Any], Any]:
+        """Decorates a function so that it runs at most once per key; see
+        docs/python.md."""
+        def decorate(fn: Callable[..., Any]) -> Any:
+            spec = _Spec(self, fn, operation, key, tenant, lease, retention, payload, wait,
+                         release_on)
+            if inspect.iscoroutinefunction(fn):
+                @functools.wraps(fn)
+                async def run_async(*args: Any, **kwargs: Any) -> Any:
+                    return (await spec.run_async(args, kwargs)).value
+
+                async def outcome_async(*args: Any, **kwargs: Any) -> Outcome:
+                    return await spec.run_async(args, kwargs)
+
+                run_async.outcome = outcome_async  # type: ignore[attr-defined]
+                return run_async
+
+            @functools.wraps(fn)
+            def run(*args: Any, **kwargs: Any) -> Any:
+                return spec.run(args, kwargs).value
+
+            def outcome(*args: Any, **kwargs: Any) -> Outcome:
+                return spec.run(args, kwargs)
+
+            run.outcome = outcome  # type: ignore[attr-defined]
+            return run
+        return decorate
+
+    def execute(self, operation: str, key: str, request: Any, action: Callable[[], Any], *,
+                tenant: Optional[str] = None, lease: Seconds = None,
+                retention: Seconds = None, wait: Seconds = None,
+                payload: Optional[Sequence[str]] = None,
+                release_on: Iterable[Type[BaseException]] = ()) -> Outcome:
+        """Runs action() at most once per key for this request (any JSON
+        value, whose canonical JSON is the fingerprint); an Outcome."""
+        opts = _Options(lease, retention, wait, payload)
+        op = _text(operation, "operation")
+        k = _text(key, "key", "IDEM_EKEY")
+        t = _text(tenant if tenant is not None else "", "tenant")
+        req = _request(request)
+        return _run(self._handle(), op, t, k, req, opts, lambda: action(),
+                    tuple(release_on))
+
+    def execute_local(self, operation: str, key: str, request: Any,
+                      fn: Callable[[Transaction], Any], *, tenant: Optional[str] = None,
+                      lease: Seconds = None, retention: Seconds = None,
+                      wait: Seconds = None) -> Outcome:
+        """Runs fn(tx) inside the store's transaction, on its own connection,
+        so that what fn writes through tx.execute() commits together with
+        the record; an Outcome. An exception in fn rolls both back, releases
+        the key and propagates."""
+        store = self._handle()
+        opts = _Options(lease, retention, wait, None)
+        op = _text(operation, "operation")
+        k = _text(key, "key", "IDEM_EKEY")
+        t = _text(tenant if tenant is not None else "", "tenant")
+        req = _request(request)
+        fp = ffi.new("char[65]")
+        rc = lib.idem_fingerprint(req, len(req), 1, fp)
+        if rc != _OK:
+            raise _fail(rc)
+        canon_p = ffi.new("char **")
+        canon_len = ffi.new("size_t *")
+        rc = lib.idem_canonicalize(req, len(req), ffi.NULL, canon_p, canon_len, ffi.NULL)
+        if rc != _OK:
+            raise _fail(rc)
+        canon = ffi.gc(canon_p[0], lib.idem_free)
+        opts.c.call.request = canon
+        opts.c.call.request_len = canon_len[0]
+        ident = ffi.new("idem_id *")
+        keep = (ffi.new("char[]", t), ffi.new("char[]", op), ffi.new("char[]", k))
+        ident.tenant, ident.operation, ident.key = keep
+        local = _LocalCall(fn, self.backend)
+        handle = ffi.new_handle(local)
+        call_p = ffi.new("idem_call **")
+        rc = lib.idem_execute_local(store, ident, fp, ffi.addressof(opts.c.call),
+                                    lib.idem_py_local, handle, call_p)
+        call = call_p[0]
+        try:
+            if rc == _EREJECTED and local.error is not None:
+                raise local.error
+            if rc != _OK:
+                raise _fail(rc)
+            outcome = lib.idem_call_outcome(call)
+            claim = _Claim(call, None, outcome)
+            if outcome in (_PROCEED, _RECOVER):
+                r = lib.idem_call_response(call)
+                body = ffi.unpack(ffi.cast("char *", r.body), r.body_len)
+                return Outcome(json.loads(body), False, outcome == _RECOVER)
+            return _finished(claim, op, k)
+        finally:
+            local.error = None
+            lib.idem_call_free(call)
+
+    def delete(self, operation: str, key: str, *, tenant: Optional[str] = None) -> None:
+        """Deletes one record whatever its state (an operator's act: a retry
+        then runs again)."""
+        ident = ffi.new("idem_id *")
+        keep = (ffi.new("char[]", _text(tenant if tenant is not None else "", "tenant")),
+                ffi.new("char[]", _text(operation, "operation")),
+                ffi.new("char[]", _text(key, "key", "IDEM_EKEY")))
+        ident.tenant, ident.operation, ident.key = keep
+        rc = lib.idem_delete(self._handle(), ident)
+        if rc != _OK:
+            raise _fail(rc)
+
+
+def _request(request: Any) -> bytes:
+    try:
+        return _dump(request)
+    except (TypeError, ValueError) as e:
+        raise TypeError("the request cannot be written as JSON: %s" % e) from None
+
+
+def _run(store: Any, op: bytes, tenant: bytes, key: bytes, request: bytes, opts: _Options,
+         action: Callable[[], Any], release_on: Tuple[Type[BaseException], ...]) -> Outcome:
+    """Claims, runs action() when the key is this call's, and ends the key by
+    what it did."""
+    claim = _begin(store, tenant, op, key, request, opts)
+    try:
+        if claim.exec is None:
+            return _finished(claim, op, key)
+        try:
+            value = action()
+        except BaseException as e:
+            _end(claim, _NOT_DONE if _is_release(e, release_on) else _MARK_UNKNOWN, None)
+            raise
+        return _settle(claim, value)
+    finally:
+        if claim.exec is not None:  # interrupted between the claim and the action
+            _end(claim, _NOT_DONE, None)
+        lib.idem_call_free(claim.call)
+
+
+def _settle(claim: _Claim, value: Any) -> Outcome:
+    """Stores what the action returned; the Outcome of the call that ran."""
+    recovered = claim.outcome == _RECOVER
+    body = _encode_result(value)
+    if body is None:
+        _end(claim, _MARK_UNKNOWN, None)
+        try:
+            _dump(value)
+        except (TypeError, ValueError) as e:
+            raise TypeError("the function acted, but its result cannot be stored as "
+                            "JSON (the key is marked unknown): %s" % e) from None
+    decoded = json.loads(body)
+    rc, msg = _end(claim, _DONE, body)
+    if rc != _OK:
+        raise _end_error(rc, msg, decoded)
+    return Outcome(decoded, False, recovered)
+
+
+class _Spec:
+    """What one decorated function's calls share."""
+
+    def __init__(self, store: Store, fn: Callable[..., Any], operation: str,
+                 key: KeySpec, tenant: TenantSpec, lease: Seconds, retention: Seconds,
+                 payload: Optional[Sequence[str]], wait: Seconds,
+                 release_on: Iterable[Type[BaseException]]) -> None:
+        self.store = store
+        self.fn = fn
+        self.sig = inspect.signature(fn)
+        self.operation = _text(operation, "operation")
+        if isinstance(key, str):
+            if key not in self.sig.parameters:
+                raise TypeError("key=%r: %s has no argument of that name"
+                                % (key, getattr(fn, "__qualname__", fn)))
+            self.key_name: Optional[str] = key
+            self.key_fn = None
+        elif callable(key):
+            self.key_name, self.key_fn = None, key
+        else:
+            raise TypeError("key must be an argument name or a callable")
+        if tenant is not None and not isinstance(tenant, str) and not callable(tenant):
+            raise TypeError("tenant must be a str or a callable")
+        self.tenant = tenant
+        self.tenant_fixed = _text(tenant, "tenant") if isinstance(tenant, str) else (
+            b"" if tenant is None else None)
+        self.opts = _Options(lease, retention, wait, payload)
+        self.release_on = tuple(release_on)
+        for cls in self.release_on:
+            if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+                raise TypeError("release_on: %r is not an exception class" % (cls,))
+
+    def prepare(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[bytes, bytes,
+                                                                               bytes]:
+        """(tenant, key, request) of one call."""
+        bound = self.sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        arguments = dict(bound.arguments)
+        if self.key_name is not None:
+            key = arguments.pop(self.key_name)
+        else:
+            key = self.key_fn(dict(arguments))  # type: ignore[misc]
+        if key is None:
+            raise InvalidArgument("IDEM_EKEY", "no key: %s is None" % (
+                self.key_name or "the key function's answer"))
+        tenant = self.tenant_fixed
+        if tenant is None:
+            tenant = _text(self.tenant(dict(bound.arguments)), "tenant")  # type: ignore
+        try:
+            request = _dump(arguments)
+        except (TypeError, ValueError) as e:
+            raise TypeError("the arguments cannot be written as JSON for the "
+                            "fingerprint: %s" % e) from None
+        return tenant, _text(key, "key", "IDEM_EKEY"), request
+
+    def run(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Outcome:
+        tenant, key, request = self.prepare(args, kwargs)
+        return _run(self.store._handle(), self.operation, tenant, key, request, self.opts,
+                    lambda: self.fn(*args, **kwargs), self.release_on)
+
+    async def run_async(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Outcome:
+        tenant, key, request = self.prepare(args, kwargs)
+        store = self.store._handle()
+        claims, ends = self.store._executors()
+        loop = asyncio.get_running_loop()
+        begun = loop.run_in_executor(claims, _begin, store, tenant, self.operation, key,
+                                     request, self.opts)
+        try:
+            claim = await asyncio.shield(begun)
+        except asyncio.CancelledError:
+            # The claim goes on in its thread: release what it gets.
+            begun.add_done_callback(lambda f: _drop(f, ends))
+            raise
+        if claim.exec is None:
+            try:
+                return _finished(claim, self.operation, key)
+            finally:
+                lib.idem_call_free(claim.call)
+        try:
+            value = await self.fn(*args, **kwargs)
+        except BaseException as e:
+            result = _NOT_DONE if _is_release(e, self.release_on) else _MARK_UNKNOWN
+            await _shielded(loop, ends, _end_and_free, claim, result)
+            raise
+        return await _shielded(loop, ends, _settle_and_free, claim, value)
+
+
+def _end_and_free(claim: _Claim, result: int) -> None:
+    try:
+        _end(claim, result, None)
+    finally:
+        lib.idem_call_free(claim.call)
+
+
+def _settle_and_free(claim: _Claim, value: Any) -> Outcome:
+    try:
+        return _settle(claim, value)
+    finally:
+        lib.idem_call_free(claim.call)
+
+
+async def _shielded(loop: asyncio.AbstractEventLoop, pool: ThreadPoolExecutor,
+                    fn: Callable[..., Any], *args: Any) -> Any:
+    """Runs fn in pool; a cancelled caller does not stop it (the key must be
+    ended whatever happens to the task)."""
+    return await asyncio.shield(loop.run_in_executor(pool, fn, *args))
+
+
+def _drop(fut: "asyncio.Future[_Claim]", ends: ThreadPoolExecutor) -> None:
+    if fut.cancelled() or fut.exception() is not None:
+        return
+    claim = fut.result()
+    if claim.exec is not None:
+        ends.submit(_end_and_free, claim, _NOT_DONE)
+    else:
+        lib.idem_call_free(claim.call)
+
+
+def open(url: str, **options: Any) -> Store:  # noqa: A001 - the contract's name
+    """Opens a store: "sqlite:PATH" (or a bare path) or "postgresql://...".
+    Options: synchronous ("full" or "normal", SQLite), busy_timeout,
+    max_connections, group_commit (False turns it off), read_only,
+    replay_cache (entries; 0 turns it off)."""
+    return Store(url, **options)

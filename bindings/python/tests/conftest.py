@@ -1,0 +1,67 @@
+"""Fixtures: every test runs on both stores.
+
+SQLite: a fresh file in the test's tmp_path. PostgreSQL: the server named by
+IDEM_TEST_PG_URL (scripts/pg.sh starts a throwaway one). Tests on it share
+one server, so each names its operations and tables uniquely
+(helpers.unique). Without IDEM_TEST_PG_URL the PostgreSQL cases fail,
+unless IDEM_TEST_PG_OPTIONAL=1 says that skipping them is fine.
+"""
+import os
+
+import pytest
+
+import idem
+from helpers import Database, Effects, unique
+
+BACKENDS = ["sqlite", "postgresql"]
+
+
+def pg_url():
+    """The PostgreSQL server's URL, or a failure (a skip when optional)."""
+    url = os.environ.get("IDEM_TEST_PG_URL")
+    if url:
+        return url
+    if os.environ.get("IDEM_TEST_PG_OPTIONAL") == "1":
+        pytest.skip("IDEM_TEST_PG_URL is unset and IDEM_TEST_PG_OPTIONAL=1")
+    pytest.fail("IDEM_TEST_PG_URL is unset: start a server with "
+                "`. scripts/pg.sh && pg_start`, or set IDEM_TEST_PG_OPTIONAL=1 "
+                "to skip the PostgreSQL cases", pytrace=False)
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    return request.param
+
+
+@pytest.fixture
+def store_url(backend, tmp_path):
+    if backend == "sqlite":
+        return "sqlite:%s/idem.db" % tmp_path
+    return pg_url()
+
+
+@pytest.fixture
+def store(store_url):
+    s = idem.open(store_url)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def db(backend, store_url, store):
+    """The user's tables beside the store (created after the store, so the
+    SQLite file is the store's)."""
+    d = Database(backend, store_url)
+    yield d
+    d.drop_tables()
+
+
+@pytest.fixture
+def operation():
+    """An operation name of this test alone."""
+    return unique("op")
+
+
+@pytest.fixture
+def effects(tmp_path):
+    return Effects(tmp_path / "effects")
