@@ -8,9 +8,13 @@ case "${1:-build}" in
   # zlib1g-dev, libc6-dev, binutils: the install tests link programs with
   # `pkg-config --static --libs idem` (SQLite's -lz; a fully static one
   # without PostgreSQL needs libc.a) and read them with readelf.
+  # python3-*: the Python binding (bindings/python) is built with cffi and
+  # tested with pytest, and installed into venvs by tests/python/install.sh.
   check) want="$want libcmocka-dev postgresql python3 sqlite3 curl openssl
-    zlib1g-dev libc6-dev binutils" ;;
-  bench) want="$want postgresql postgresql-contrib python3 curl nginx wrk" ;;
+    zlib1g-dev libc6-dev binutils python3-dev python3-cffi python3-pytest
+    python3-venv python3-pip" ;;
+  bench) want="$want postgresql postgresql-contrib python3 curl nginx wrk
+    python3-dev python3-cffi" ;;
   fuzz) want="$want clang libclang-rt-dev" ;;
 esac
 # The idem mcp tests and bench/mcp.sh run real MCP servers from npm:

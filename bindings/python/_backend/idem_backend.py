@@ -96,19 +96,19 @@ def _libidem(build_dir=None):
         # libidem.a goes in whole and stays private to the extension.
         return (cflags, [os.path.join(build, "libidem.a"), *libs, "-lpthread",
                          "-Wl,--exclude-libs,ALL"], has_pg)
-    flags = _pkg_config("--cflags", "--libs", "idem")
-    if flags is None:
+    cflags = _pkg_config("--cflags", "idem")
+    if cflags is None:
         raise SystemExit(
             "idem: libidem not found: build the tree first (make build; or "
             "set IDEM_BUILD_DIR to a build folder), or install libidem so "
             "that `pkg-config idem` finds it")
+    mods = ["idem", "sqlite3"] + (["libpq"] if has_pg else [])
+    cflags = _pkg_config("--cflags", *mods) or cflags
+    libs = _pkg_config("--libs", *mods) or ["-lidem", "-lsqlite3"]
     libdir = (_pkg_config("--variable=libdir", "idem") or [""])[0]
-    extra = _pkg_config("--cflags", "--libs", "sqlite3") or ["-lsqlite3"]
-    if has_pg:
-        extra += _pkg_config("--cflags", "--libs", "libpq") or []
-    rpath = ["-Wl,-rpath," + libdir] if libdir and libdir not in (
-        "/usr/lib", "/usr/lib64", "/lib") else []
-    return flags + extra, rpath, has_pg
+    if libdir and libdir not in ("/usr/lib", "/usr/lib64", "/lib"):
+        libs.append("-Wl,-rpath," + libdir)
+    return cflags, libs, has_pg
 
 
 def _compile(dest_pkg, build_dir=None):
