@@ -95,6 +95,26 @@ int idem_execute_local(idem_store *store, const idem_id *id,
 extern "Python" int idem_py_local(void *conn, void *ctx,
                                   idem_response *response);
 
+/* One claim, read whole in one call (see source() below). */
+typedef struct idem_py_claim {
+  int rc;
+  int outcome;
+  int recovered;
+  int64_t retry_after_ms;
+  const void *body;
+  size_t body_len;
+  idem_exec *exec;
+  idem_call *call;
+} idem_py_claim;
+int idem_py_begin(idem_store *store, const char *tenant, const char *operation,
+                  const char *key, const char *request, size_t request_len,
+                  const idem_execute_options *opts, idem_py_claim *claim);
+int idem_py_local_run(idem_store *store, const char *tenant,
+                      const char *operation, const char *key,
+                      const char *request, size_t request_len,
+                      const idem_call_options *opts, void *ctx,
+                      idem_py_claim *claim);
+
 typedef struct sqlite3 sqlite3;
 typedef struct sqlite3_stmt sqlite3_stmt;
 int sqlite3_prepare_v2(sqlite3 *db, const char *sql, int n,
@@ -148,7 +168,83 @@ def source(has_pg):
     return r"""
 #include <idem.h>
 #include <sqlite3.h>
+#include <string.h>
 %s
+
+/*
+ * A claim, and what Python reads of it, in one call: every crossing from
+ * Python into C costs about as much as a replay answered from the cache.
+ */
+typedef struct idem_py_claim {
+  int rc;
+  int outcome;
+  int recovered;
+  int64_t retry_after_ms;
+  const void *body; /* owned by call */
+  size_t body_len;
+  idem_exec *exec;
+  idem_call *call;
+} idem_py_claim;
+
+static void idem_py_read(idem_py_claim *claim)
+{
+  const idem_response *r = idem_call_response(claim->call);
+  claim->outcome = idem_call_outcome(claim->call);
+  claim->recovered = idem_call_recovered(claim->call);
+  claim->retry_after_ms = claim->outcome == IDEM_IN_FLIGHT
+                            ? idem_call_retry_after_ms(claim->call)
+                            : 0;
+  claim->body = r ? r->body : NULL;
+  claim->body_len = r ? r->body_len : 0;
+}
+
+static int idem_py_begin(idem_store *store, const char *tenant,
+                         const char *operation, const char *key,
+                         const char *request, size_t request_len,
+                         const idem_execute_options *opts,
+                         idem_py_claim *claim)
+{
+  idem_id id = {tenant, operation, key};
+  memset(claim, 0, sizeof *claim);
+  claim->rc = idem_execute_begin(store, &id, request, request_len, opts,
+                                 &claim->exec, &claim->call);
+  if (claim->rc == IDEM_OK)
+    idem_py_read(claim);
+  return claim->rc;
+}
+
+static int idem_py_local(void *conn, void *ctx, idem_response *response);
+
+/* idem_execute_local() for a JSON request: fingerprinted, and kept in its
+ * canonical form for operators, as idem_execute() does. */
+static int idem_py_local_run(idem_store *store, const char *tenant,
+                             const char *operation, const char *key,
+                             const char *request, size_t request_len,
+                             const idem_call_options *opts, void *ctx,
+                             idem_py_claim *claim)
+{
+  idem_id id = {tenant, operation, key};
+  idem_call_options o = *opts;
+  char fingerprint[IDEM_FINGERPRINT_SIZE];
+  char *canonical = NULL;
+  size_t canonical_len = 0;
+  memset(claim, 0, sizeof *claim);
+  claim->rc = idem_fingerprint(request, request_len, 1, fingerprint);
+  if (claim->rc != IDEM_OK)
+    return claim->rc;
+  claim->rc = idem_canonicalize(request, request_len, NULL, &canonical,
+                                &canonical_len, NULL);
+  if (claim->rc != IDEM_OK)
+    return claim->rc;
+  o.request = canonical;
+  o.request_len = canonical_len;
+  claim->rc = idem_execute_local(store, &id, fingerprint, &o, idem_py_local,
+                                 ctx, &claim->call);
+  idem_free(canonical);
+  if (claim->rc == IDEM_OK)
+    idem_py_read(claim);
+  return claim->rc;
+}
 /* SQLITE_TRANSIENT is a cast cffi cannot declare: SQLite copies the value. */
 static int idem_py_bind_text(sqlite3_stmt *stmt, int i, const char *p, int n)
 {

@@ -6,7 +6,7 @@ import json
 import os
 import re
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import (Any, Awaitable, Callable, Dict, Iterable, Optional, Sequence,
                     Tuple, Type, Union)
 
@@ -59,9 +59,12 @@ def _text(value: Any, what: str, code: str = "IDEM_EINVAL") -> bytes:
     return value.encode("utf-8")
 
 
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+_decode = json.loads
+
+
 def _dump(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False, allow_nan=False,
-                      separators=(",", ":")).encode("utf-8")
+    return _ENCODER.encode(value).encode("utf-8")
 
 
 def _fail(rc: int, value: Any = None) -> Error:
@@ -116,50 +119,50 @@ class _Options:
 
 
 class _Claim:
-    """A claim in progress: the call, and the exec while the key is held."""
+    """A claim in progress: an idem_py_claim (the call, and the exec while the
+    key is held)."""
 
-    __slots__ = ("call", "exec", "outcome")
+    __slots__ = ("c", "outcome")
 
-    def __init__(self, call: Any, exec_: Any, outcome: int) -> None:
-        self.call = call
-        self.exec = exec_
-        self.outcome = outcome
+    def __init__(self, c: Any) -> None:
+        self.c = c
+        self.outcome = c.outcome
+
+    @property
+    def held(self) -> bool:
+        return self.c.exec != ffi.NULL
+
+    def free(self) -> None:
+        lib.idem_call_free(self.c.call)
+        self.c.call = ffi.NULL
 
 
 def _begin(store: Any, tenant: bytes, operation: bytes, key: bytes, request: bytes,
            opts: _Options) -> _Claim:
-    ident = ffi.new("idem_id *")
-    t, o, k = ffi.new("char[]", tenant), ffi.new("char[]", operation), ffi.new("char[]", key)
-    ident.tenant, ident.operation, ident.key = t, o, k
-    exec_p = ffi.new("idem_exec **")
-    call_p = ffi.new("idem_call **")
-    rc = lib.idem_execute_begin(store, ident, request, len(request), opts.c, exec_p, call_p)
+    c = ffi.new("idem_py_claim *")
+    rc = lib.idem_py_begin(store, tenant, operation, key, request, len(request), opts.c, c)
     if rc != _OK:
         raise _fail(rc)
-    call = call_p[0]
-    return _Claim(call, exec_p[0] if exec_p[0] != ffi.NULL else None,
-                  lib.idem_call_outcome(call))
+    return _Claim(c)
 
 
 def _finished(claim: _Claim, operation: bytes, key: bytes) -> Outcome:
     """The answer to a claim whose function does not run."""
-    call = claim.call
+    c = claim.c
     what = "key %r of %r" % (key.decode("utf-8", "replace"), operation.decode(
         "utf-8", "replace"))
     if claim.outcome == _REPLAY:
-        r = lib.idem_call_response(call)
-        body = ffi.unpack(ffi.cast("char *", r.body), r.body_len) if r.body_len else b""
         try:
-            value = json.loads(body) if body else None
+            value = _decode(ffi.unpack(ffi.cast("char *", c.body), c.body_len))
         except ValueError:
             raise Error("IDEM_ECORRUPT", "%s: the stored result is not JSON (was it "
                         "stored by another program?)" % what) from None
-        return Outcome(value, True, bool(lib.idem_call_recovered(call)))
+        return Outcome(value, True, c.recovered != 0)
     if claim.outcome == _CONFLICT:
         raise Conflict("IDEM_CONFLICT", "%s was used with other arguments; nothing ran"
                        % what)
     if claim.outcome == _IN_FLIGHT:
-        after = lib.idem_call_retry_after_ms(call) / 1000.0
+        after = c.retry_after_ms / 1000.0
         raise InFlight("IDEM_IN_FLIGHT", "%s is held by a call still running; nothing "
                        "ran (retry after %.3f s, or pass wait=)" % (what, after), after)
     raise OutcomeUnknown("IDEM_UNKNOWN", "%s: an earlier call may or may not have acted; "
@@ -174,8 +177,8 @@ def _end(claim: _Claim, result: int, body: Optional[bytes]) -> Tuple[int, str]:
         resp = ffi.new("idem_response *")
         buf = ffi.from_buffer(body)
         resp.body, resp.body_len = buf, len(body)
-    rc = lib.idem_execute_end(claim.exec, result, resp)
-    claim.exec = None
+    rc = lib.idem_execute_end(claim.c.exec, result, resp)
+    claim.c.exec = ffi.NULL
     msg = ffi.string(lib.idem_errmsg()).decode("utf-8", "replace") if rc != _OK else ""
     return rc, msg
 
@@ -295,6 +298,9 @@ class Store:
         store = self._store
         if store is None:
             raise Error("IDEM_EINVAL", "the store is closed")
+        if self._pid != os.getpid():
+            raise Error("IDEM_EINVAL", "this store was opened by process %d: after "
+                        "fork() the child opens a store of its own" % self._pid)
         return store
 
     def _executors(self) -> Tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
@@ -369,42 +375,22 @@ class Store:
         k = _text(key, "key", "IDEM_EKEY")
         t = _text(tenant if tenant is not None else "", "tenant")
         req = _request(request)
-        fp = ffi.new("char[65]")
-        rc = lib.idem_fingerprint(req, len(req), 1, fp)
-        if rc != _OK:
-            raise _fail(rc)
-        canon_p = ffi.new("char **")
-        canon_len = ffi.new("size_t *")
-        rc = lib.idem_canonicalize(req, len(req), ffi.NULL, canon_p, canon_len, ffi.NULL)
-        if rc != _OK:
-            raise _fail(rc)
-        canon = ffi.gc(canon_p[0], lib.idem_free)
-        opts.c.call.request = canon
-        opts.c.call.request_len = canon_len[0]
-        ident = ffi.new("idem_id *")
-        keep = (ffi.new("char[]", t), ffi.new("char[]", op), ffi.new("char[]", k))
-        ident.tenant, ident.operation, ident.key = keep
         local = _LocalCall(fn, self.backend)
-        handle = ffi.new_handle(local)
-        call_p = ffi.new("idem_call **")
-        rc = lib.idem_execute_local(store, ident, fp, ffi.addressof(opts.c.call),
-                                    lib.idem_py_local, handle, call_p)
-        call = call_p[0]
+        c = ffi.new("idem_py_claim *")
+        rc = lib.idem_py_local_run(store, t, op, k, req, len(req), ffi.addressof(opts.c.call),
+                                   ffi.new_handle(local), c)
         try:
             if rc == _EREJECTED and local.error is not None:
                 raise local.error
             if rc != _OK:
                 raise _fail(rc)
-            outcome = lib.idem_call_outcome(call)
-            claim = _Claim(call, None, outcome)
-            if outcome in (_PROCEED, _RECOVER):
-                r = lib.idem_call_response(call)
-                body = ffi.unpack(ffi.cast("char *", r.body), r.body_len)
-                return Outcome(json.loads(body), False, outcome == _RECOVER)
-            return _finished(claim, op, k)
+            if c.outcome in (_PROCEED, _RECOVER):
+                body = ffi.unpack(ffi.cast("char *", c.body), c.body_len)
+                return Outcome(_decode(body), False, c.outcome == _RECOVER)
+            return _finished(_Claim(c), op, k)
         finally:
             local.error = None
-            lib.idem_call_free(call)
+            lib.idem_call_free(c.call)
 
     def delete(self, operation: str, key: str, *, tenant: Optional[str] = None) -> None:
         """Deletes one record whatever its state (an operator's act: a retry
@@ -432,7 +418,7 @@ def _run(store: Any, op: bytes, tenant: bytes, key: bytes, request: bytes, opts:
     what it did."""
     claim = _begin(store, tenant, op, key, request, opts)
     try:
-        if claim.exec is None:
+        if not claim.held:
             return _finished(claim, op, key)
         try:
             value = action()
@@ -441,9 +427,9 @@ def _run(store: Any, op: bytes, tenant: bytes, key: bytes, request: bytes, opts:
             raise
         return _settle(claim, value)
     finally:
-        if claim.exec is not None:  # interrupted between the claim and the action
+        if claim.held:  # interrupted between the claim and the action
             _end(claim, _NOT_DONE, None)
-        lib.idem_call_free(claim.call)
+        claim.free()
 
 
 def _settle(claim: _Claim, value: Any) -> Outcome:
@@ -457,7 +443,7 @@ def _settle(claim: _Claim, value: Any) -> Outcome:
         except (TypeError, ValueError) as e:
             raise TypeError("the function acted, but its result cannot be stored as "
                             "JSON (the key is marked unknown): %s" % e) from None
-    decoded = json.loads(body)
+    decoded = _decode(body)
     rc, msg = _end(claim, _DONE, body)
     if rc != _OK:
         raise _end_error(rc, msg, decoded)
@@ -474,6 +460,7 @@ class _Spec:
         self.store = store
         self.fn = fn
         self.sig = inspect.signature(fn)
+        self.bind = _binder(fn, self.sig)
         self.operation = _text(operation, "operation")
         if isinstance(key, str):
             if key not in self.sig.parameters:
@@ -499,9 +486,9 @@ class _Spec:
     def prepare(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[bytes, bytes,
                                                                                bytes]:
         """(tenant, key, request) of one call."""
-        bound = self.sig.bind(*args, **kwargs)
-        bound.apply_defaults()
-        arguments = dict(bound.arguments)
+        arguments = self.bind(*args, **kwargs)
+        everything = arguments if self.key_name is not None and self.tenant_fixed is not None \
+            else dict(arguments)
         if self.key_name is not None:
             key = arguments.pop(self.key_name)
         else:
@@ -511,7 +498,7 @@ class _Spec:
                 self.key_name or "the key function's answer"))
         tenant = self.tenant_fixed
         if tenant is None:
-            tenant = _text(self.tenant(dict(bound.arguments)), "tenant")  # type: ignore
+            tenant = _text(self.tenant(dict(everything)), "tenant")  # type: ignore
         try:
             request = _dump(arguments)
         except (TypeError, ValueError) as e:
@@ -529,19 +516,20 @@ class _Spec:
         store = self.store._handle()
         claims, ends = self.store._executors()
         loop = asyncio.get_running_loop()
-        begun = loop.run_in_executor(claims, _begin, store, tenant, self.operation, key,
-                                     request, self.opts)
+        # The claim runs in a thread of the store's; a task cancelled while
+        # it waits there leaves it running, so the thread's own future, not
+        # the event loop (which may be gone by then), releases what it gets.
+        begun = claims.submit(_begin, store, tenant, self.operation, key, request, self.opts)
         try:
-            claim = await asyncio.shield(begun)
+            claim = await asyncio.shield(asyncio.wrap_future(begun, loop=loop))
         except asyncio.CancelledError:
-            # The claim goes on in its thread: release what it gets.
             begun.add_done_callback(lambda f: _drop(f, ends))
             raise
-        if claim.exec is None:
+        if not claim.held:
             try:
                 return _finished(claim, self.operation, key)
             finally:
-                lib.idem_call_free(claim.call)
+                claim.free()
         try:
             value = await self.fn(*args, **kwargs)
         except BaseException as e:
@@ -551,18 +539,53 @@ class _Spec:
         return await _shielded(loop, ends, _settle_and_free, claim, value)
 
 
+def _binder(fn: Callable[..., Any], sig: inspect.Signature) -> Callable[..., Dict[str, Any]]:
+    """A function with fn's signature that returns its bound arguments, with
+    defaults applied, as a new dict: what inspect.Signature.bind() and
+    apply_defaults() give, at a tenth of the cost."""
+    P = inspect.Parameter
+    params, names, env = [], [], {}  # type: ignore[var-annotated]
+    seen_kw_only = False
+    for i, p in enumerate(sig.parameters.values()):
+        if p.kind == P.KEYWORD_ONLY and not seen_kw_only:
+            params.append("*")
+            seen_kw_only = True
+        if p.kind == P.VAR_POSITIONAL:
+            params.append("*" + p.name)
+            seen_kw_only = True
+        elif p.kind == P.VAR_KEYWORD:
+            params.append("**" + p.name)
+        elif p.default is not P.empty:
+            env["_d%d" % i] = p.default
+            params.append("%s=_d%d" % (p.name, i))
+        else:
+            params.append(p.name)
+        names.append(p.name)
+        if p.kind == P.POSITIONAL_ONLY and (
+                i + 1 == len(sig.parameters)
+                or list(sig.parameters.values())[i + 1].kind != P.POSITIONAL_ONLY):
+            params.append("/")
+    src = "def _bind(%s):\n    return {%s}\n" % (
+        ", ".join(params), ", ".join("%r: %s" % (n, n) for n in names))
+    exec(src, env)  # noqa: S102 - names come from fn's own signature
+    bind = env["_bind"]
+    bind.__name__ = getattr(fn, "__name__", "_bind")
+    bind.__qualname__ = getattr(fn, "__qualname__", bind.__name__)
+    return bind  # type: ignore[no-any-return]
+
+
 def _end_and_free(claim: _Claim, result: int) -> None:
     try:
         _end(claim, result, None)
     finally:
-        lib.idem_call_free(claim.call)
+        claim.free()
 
 
 def _settle_and_free(claim: _Claim, value: Any) -> Outcome:
     try:
         return _settle(claim, value)
     finally:
-        lib.idem_call_free(claim.call)
+        claim.free()
 
 
 async def _shielded(loop: asyncio.AbstractEventLoop, pool: ThreadPoolExecutor,
@@ -572,14 +595,14 @@ async def _shielded(loop: asyncio.AbstractEventLoop, pool: ThreadPoolExecutor,
     return await asyncio.shield(loop.run_in_executor(pool, fn, *args))
 
 
-def _drop(fut: "asyncio.Future[_Claim]", ends: ThreadPoolExecutor) -> None:
+def _drop(fut: "Future[_Claim]", ends: ThreadPoolExecutor) -> None:
     if fut.cancelled() or fut.exception() is not None:
         return
     claim = fut.result()
-    if claim.exec is not None:
+    if claim.held:
         ends.submit(_end_and_free, claim, _NOT_DONE)
     else:
-        lib.idem_call_free(claim.call)
+        claim.free()
 
 
 def open(url: str, **options: Any) -> Store:  # noqa: A001 - the contract's name

@@ -10,7 +10,14 @@ import os
 
 import pytest
 
-import idem
+try:
+    import idem
+except ImportError as e:
+    raise ImportError(
+        "cannot import the built idem package (%s): build it with `python3 "
+        "bindings/python/_backend/idem_backend.py inplace --out DIR`, run with "
+        "PYTHONPATH=DIR, and not from bindings/python itself, whose source "
+        "folder idem/ (without its compiled _native) would shadow DIR/idem" % e) from e
 from helpers import Database, Effects, unique
 
 BACKENDS = ["sqlite", "postgresql"]

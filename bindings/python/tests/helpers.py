@@ -38,12 +38,13 @@ def unique(prefix):
 
 
 def idem_cli():
-    """The idem program of the tree (IDEM_CLI overrides it)."""
-    path = os.environ.get("IDEM_CLI") or str(TREE / "build" / "idem")
+    """The idem program: IDEM_BIN (as tests/python/binding.sh sets it), else
+    the tree's build/idem."""
+    path = os.environ.get("IDEM_BIN") or str(TREE / "build" / "idem")
     if not os.access(path, os.X_OK):
         raise AssertionError(
             "the idem program is needed to read and delete records: %s is "
-            "not there (build the tree, or set IDEM_CLI)" % path)
+            "not there (build the tree, or set IDEM_BIN)" % path)
     return path
 
 

@@ -1,0 +1,134 @@
+"""The cursor that execute_local() hands to its function: statements on the
+store's own connection, in the store's parameter style, and the values
+that come back from each store.
+"""
+import pytest
+
+import idem
+from helpers import records
+
+
+def test_store_names_its_backend(store, backend):
+    assert store.backend == backend
+
+
+def test_store_is_a_context_manager(store_url, operation):
+    with idem.open(store_url) as s:
+        out = s.execute(operation, "k-1", {"n": 1}, lambda: {"done": True})
+    assert isinstance(out, idem.Outcome)
+    assert (out.value, out.replayed, out.recovered) == ({"done": True}, False, False)
+    assert [r["state"] for r in records(store_url, operation)] == ["completed"]
+
+
+def test_closed_store_refuses_calls(store_url, operation):
+    s = idem.open(store_url)
+    s.close()
+    s.close()  # harmless
+
+    with pytest.raises(idem.Error):
+        s.execute(operation, "k-1", {"n": 1}, lambda: {"done": True})
+    assert records(store_url, operation) == []
+
+
+def test_cursor_fetches_counts_and_numbers_rows(store, db, backend, operation):
+    table = db.create_table("items", db.id_column + ", name TEXT NOT NULL, n INTEGER NOT NULL")
+
+    def fill(tx):
+        first = tx.execute(db.sql("INSERT INTO %s (name, n) VALUES (?, ?)" % table), ("a", 1))
+        for name, n in [("b", 2), ("c", 3)]:
+            tx.execute(db.sql("INSERT INTO %s (name, n) VALUES (?, ?)" % table), (name, n))
+        bumped = tx.execute(db.sql("UPDATE %s SET n = n * 10 WHERE n >= ?" % table), (2,))
+        rows = tx.execute("SELECT name, n FROM %s ORDER BY id" % table).fetchall()
+        one = tx.execute("SELECT COUNT(*) FROM %s" % table).fetchone()
+        none = tx.execute("SELECT name FROM %s WHERE n < 0" % table).fetchone()
+        return {"lastrowid": first.lastrowid, "rowcount": bumped.rowcount,
+                "rows": [list(r) for r in rows], "count": one[0], "none": none}
+
+    out = store.execute_local(operation, "k-1", {"fill": table}, fill)
+
+    assert out.value == {"lastrowid": 1 if backend == "sqlite" else None, "rowcount": 2,
+                         "rows": [["a", 1], ["b", 20], ["c", 30]], "count": 3, "none": None}
+    assert db.rows("SELECT id, n FROM %s ORDER BY id" % table) == [(1, 1), (2, 20), (3, 30)]
+
+
+def test_parameters_and_values_round_trip(store, db, backend, operation):
+    blob = "BLOB" if backend == "sqlite" else "BYTEA"
+    table = db.create_table("vals", "i BIGINT, f DOUBLE PRECISION, s TEXT, b %s, z TEXT" % blob)
+    sent = (2 ** 40 + 1, 2.5, "h\u00e9llo \u2713", b"\x00\xff\x10", None)
+    got = {}
+
+    def round_trip(tx):
+        tx.execute(db.sql("INSERT INTO %s VALUES (?, ?, ?, ?, ?)" % table), sent)
+        got["row"] = tx.execute("SELECT i, f, s, b, z FROM %s" % table).fetchone()
+        return {"stored": True}
+
+    out = store.execute_local(operation, "k-1", {"vals": table}, round_trip)
+
+    assert out.value == {"stored": True}
+    assert tuple(got["row"]) == sent
+    assert [type(v) for v in got["row"]] == [int, float, str, bytes, type(None)]
+
+
+def test_postgresql_types_come_back_as_python_types(store, backend, operation):
+    if backend != "postgresql":
+        pytest.skip("PostgreSQL's own types")
+    got = {}
+
+    def select(tx):
+        got["row"] = tx.execute("SELECT 7::int4, 8::int8, 1.5::numeric, 2.25::float8, "
+                                "'x'::text, '\\x0102'::bytea, TRUE, FALSE, NULL").fetchone()
+        got["param"] = tx.execute("SELECT $1::int8 + 1, $2::text || '!'", (41, "hi")).fetchone()
+        return {}
+
+    store.execute_local(operation, "k-1", {}, select)
+
+    assert tuple(got["row"]) == (7, 8, 1.5, 2.25, "x", b"\x01\x02", True, False, None)
+    assert [type(v) for v in got["row"][:4]] == [int, int, float, float]
+    assert (type(got["row"][6]), type(got["row"][7])) == (bool, bool)
+    assert tuple(got["param"]) == (42, "hi!")
+
+
+def test_replay_runs_no_statement(store, db, operation):
+    table = db.tickets_table()
+    calls = []
+
+    def insert(tx):
+        calls.append(1)
+        tx.execute(db.sql("INSERT INTO %s (payload) VALUES (?)" % table), ("{}",))
+        return {"ticket_id": tx.execute("SELECT MAX(id) FROM %s" % table).fetchone()[0]}
+
+    first = store.execute_local(operation, "k-1", {"t": 1}, insert, tenant="alpha")
+    again = store.execute_local(operation, "k-1", {"t": 1}, insert, tenant="alpha")
+
+    assert (first.value, first.replayed) == ({"ticket_id": 1}, False)
+    assert (again.value, again.replayed) == ({"ticket_id": 1}, True)
+    assert calls == [1]
+    assert db.count(table) == 1
+
+
+def test_tx_is_valid_only_inside_its_function(store, operation):
+    kept = {}
+
+    def keep(tx):
+        kept["tx"] = tx
+        return {"kept": True}
+
+    store.execute_local(operation, "k-1", {}, keep)
+
+    with pytest.raises(idem.Error):
+        kept["tx"].execute("SELECT 1")
+
+
+def test_sql_error_rolls_back_and_releases(store, store_url, db, operation):
+    table = db.tickets_table()
+
+    def insert_then_fail(tx):
+        tx.execute(db.sql("INSERT INTO %s (payload) VALUES (?)" % table), ("{}",))
+        tx.execute("SELECT * FROM no_such_table_%s" % table)
+
+    with pytest.raises(idem.Error) as caught:
+        store.execute_local(operation, "k-1", {"t": 1}, insert_then_fail)
+
+    assert "no_such_table" in caught.value.message
+    assert db.count(table) == 0
+    assert records(store_url, operation) == []
