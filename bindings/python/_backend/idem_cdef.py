@@ -101,7 +101,7 @@ typedef struct idem_py_claim {
   int outcome;
   int recovered;
   int64_t retry_after_ms;
-  const void *body;
+  const char *body;
   size_t body_len;
   idem_exec *exec;
   idem_call *call;
@@ -180,7 +180,7 @@ typedef struct idem_py_claim {
   int outcome;
   int recovered;
   int64_t retry_after_ms;
-  const void *body; /* owned by call */
+  const char *body; /* owned by call */
   size_t body_len;
   idem_exec *exec;
   idem_call *call;
@@ -194,7 +194,7 @@ static void idem_py_read(idem_py_claim *claim)
   claim->retry_after_ms = claim->outcome == IDEM_IN_FLIGHT
                             ? idem_call_retry_after_ms(claim->call)
                             : 0;
-  claim->body = r ? r->body : NULL;
+  claim->body = r ? (const char *)r->body : NULL;
   claim->body_len = r ? r->body_len : 0;
 }
 

@@ -119,84 +119,123 @@ class _Options:
 
 
 class _Claim:
-    """A claim in progress: an idem_py_claim (the call, and the exec while the
-    key is held)."""
+    """A key this call holds: its call and exec (libidem's), until ended."""
 
-    __slots__ = ("c", "outcome")
+    __slots__ = ("call", "exec", "recovered")
 
-    def __init__(self, c: Any) -> None:
-        self.c = c
-        self.outcome = c.outcome
+    def __init__(self, call: Any, exec_: Any, recovered: bool) -> None:
+        self.call = call
+        self.exec = exec_
+        self.recovered = recovered
 
-    @property
-    def held(self) -> bool:
-        return self.c.exec != ffi.NULL
 
-    def free(self) -> None:
-        lib.idem_call_free(self.c.call)
-        self.c.call = ffi.NULL
+_tls = threading.local()
+
+
+def _scratch() -> Any:
+    """The thread's idem_py_claim: claims copy out what they keep, so one per
+    thread serves every call, nested ones included."""
+    try:
+        return _tls.claim
+    except AttributeError:
+        c = _tls.claim = ffi.new("idem_py_claim *")
+        return c
 
 
 def _begin(store: Any, tenant: bytes, operation: bytes, key: bytes, request: bytes,
-           opts: _Options) -> _Claim:
-    c = ffi.new("idem_py_claim *")
-    rc = lib.idem_py_begin(store, tenant, operation, key, request, len(request), opts.c, c)
-    if rc != _OK:
+           opts: Any) -> Union[Outcome, _Claim]:
+    """Claims the key: a _Claim when this call holds it (the action runs),
+    the Outcome of a replay, or the refusal raised."""
+    c = _scratch()
+    rc = lib.idem_py_begin(store, tenant, operation, key, request, len(request), opts, c)
+    if rc:
         raise _fail(rc)
-    return _Claim(c)
+    if c.exec:
+        return _Claim(c.call, c.exec, c.outcome == _RECOVER)
+    call = c.call
+    try:
+        if c.outcome == _REPLAY:
+            return Outcome(_stored(c, operation, key), True, c.recovered != 0)
+        raise _refusal(c, operation, key)
+    finally:
+        lib.idem_call_free(call)
 
 
-def _finished(claim: _Claim, operation: bytes, key: bytes) -> Outcome:
-    """The answer to a claim whose function does not run."""
-    c = claim.c
-    what = "key %r of %r" % (key.decode("utf-8", "replace"), operation.decode(
-        "utf-8", "replace"))
-    if claim.outcome == _REPLAY:
-        try:
-            value = _decode(ffi.unpack(ffi.cast("char *", c.body), c.body_len))
-        except ValueError:
-            raise Error("IDEM_ECORRUPT", "%s: the stored result is not JSON (was it "
-                        "stored by another program?)" % what) from None
-        return Outcome(value, True, c.recovered != 0)
-    if claim.outcome == _CONFLICT:
-        raise Conflict("IDEM_CONFLICT", "%s was used with other arguments; nothing ran"
-                       % what)
-    if claim.outcome == _IN_FLIGHT:
+def _stored(c: Any, operation: bytes, key: bytes) -> Any:
+    """The stored result of the claim in c, JSON-decoded."""
+    try:
+        return _decode(ffi.unpack(c.body, c.body_len).decode("utf-8"))
+    except ValueError:
+        raise Error("IDEM_ECORRUPT", "%s: the stored result is not JSON (was it stored "
+                    "by another program?)" % _what(operation, key)) from None
+
+
+def _what(operation: bytes, key: bytes) -> str:
+    return "key %r of %r" % (key.decode("utf-8", "replace"),
+                             operation.decode("utf-8", "replace"))
+
+
+def _refusal(c: Any, operation: bytes, key: bytes) -> Error:
+    """The exception for a claim that neither replays nor runs."""
+    what = _what(operation, key)
+    if c.outcome == _CONFLICT:
+        return Conflict("IDEM_CONFLICT", "%s was used with other arguments; nothing ran"
+                        % what)
+    if c.outcome == _IN_FLIGHT:
         after = c.retry_after_ms / 1000.0
-        raise InFlight("IDEM_IN_FLIGHT", "%s is held by a call still running; nothing "
-                       "ran (retry after %.3f s, or pass wait=)" % (what, after), after)
-    raise OutcomeUnknown("IDEM_UNKNOWN", "%s: an earlier call may or may not have acted; "
-                         "nothing ran. An operator settles it with `idem keys resolve`"
-                         % what)
+        return InFlight("IDEM_IN_FLIGHT", "%s is held by a call still running; nothing "
+                        "ran (retry after %.3f s, or pass wait=)" % (what, after), after)
+    return OutcomeUnknown("IDEM_UNKNOWN", "%s: an earlier call may or may not have acted; "
+                          "nothing ran. An operator settles it with `idem keys resolve`"
+                          % what)
 
 
-def _end(claim: _Claim, result: int, body: Optional[bytes]) -> Tuple[int, str]:
-    """Ends the held key; (rc, errmsg). Frees nothing."""
+def _end(claim: _Claim, result: int, body: Optional[bytes] = None) -> Tuple[int, str]:
+    """Ends the held key by what the action did and frees the call;
+    (rc, errmsg)."""
     resp = ffi.NULL
     if body is not None:
         resp = ffi.new("idem_response *")
         buf = ffi.from_buffer(body)
         resp.body, resp.body_len = buf, len(body)
-    rc = lib.idem_execute_end(claim.c.exec, result, resp)
-    claim.c.exec = ffi.NULL
-    msg = ffi.string(lib.idem_errmsg()).decode("utf-8", "replace") if rc != _OK else ""
+    try:
+        rc = lib.idem_execute_end(claim.exec, result, resp)
+        msg = ffi.string(lib.idem_errmsg()).decode("utf-8", "replace") if rc else ""
+    finally:
+        claim.exec = None
+        lib.idem_call_free(claim.call)
+        claim.call = None
     return rc, msg
 
 
-def _end_error(rc: int, msg: str, value: Any) -> Error:
-    name = ffi.string(lib.idem_rc_name(rc)).decode()
-    return _errors.from_code(name, msg, value)
+def _act(claim: _Claim, fn: Callable[..., Any], args: Tuple[Any, ...],
+         kwargs: Dict[str, Any], release_on: Tuple[Type[BaseException], ...]) -> Outcome:
+    """Runs the action of a held key and ends the key by what it did."""
+    try:
+        value = fn(*args, **kwargs)
+    except BaseException as e:
+        _end(claim, _NOT_DONE if _is_release(e, release_on) else _MARK_UNKNOWN)
+        raise
+    return _settle(claim, value)
+
+
+def _settle(claim: _Claim, value: Any) -> Outcome:
+    """Stores what the action returned; the Outcome of the call that ran."""
+    try:
+        body = _dump(value)
+    except (TypeError, ValueError) as e:
+        _end(claim, _MARK_UNKNOWN)
+        raise TypeError("the function acted, but its result cannot be stored as JSON "
+                        "(the key is marked unknown): %s" % e) from None
+    decoded = _decode(body.decode("utf-8"))
+    rc, msg = _end(claim, _DONE, body)
+    if rc:
+        raise _errors.from_code(ffi.string(lib.idem_rc_name(rc)).decode(), msg, decoded)
+    return Outcome(decoded, False, claim.recovered)
 
 
 def _is_release(exc: BaseException, release_on: Tuple[Type[BaseException], ...]) -> bool:
     return isinstance(exc, NotDone) or (bool(release_on) and isinstance(exc, release_on))
-
-
-def _encode_result(value: Any) -> Optional[bytes]:
-    try:
-        return _dump(value)
-    except (TypeError, ValueError):
-        return None
 
 
 class _LocalCall:
@@ -335,12 +374,14 @@ class Store:
                 run_async.outcome = outcome_async  # type: ignore[attr-defined]
                 return run_async
 
+            run_spec = spec.run
+
             @functools.wraps(fn)
             def run(*args: Any, **kwargs: Any) -> Any:
-                return spec.run(args, kwargs).value
+                return run_spec(args, kwargs).value
 
             def outcome(*args: Any, **kwargs: Any) -> Outcome:
-                return spec.run(args, kwargs)
+                return run_spec(args, kwargs)
 
             run.outcome = outcome  # type: ignore[attr-defined]
             return run
@@ -358,8 +399,10 @@ class Store:
         k = _text(key, "key", "IDEM_EKEY")
         t = _text(tenant if tenant is not None else "", "tenant")
         req = _request(request)
-        return _run(self._handle(), op, t, k, req, opts, lambda: action(),
-                    tuple(release_on))
+        got = _begin(self._handle(), t, op, k, req, opts.c)
+        if isinstance(got, Outcome):
+            return got
+        return _act(got, action, (), {}, tuple(release_on))
 
     def execute_local(self, operation: str, key: str, request: Any,
                       fn: Callable[[Transaction], Any], *, tenant: Optional[str] = None,
@@ -385,9 +428,10 @@ class Store:
             if rc != _OK:
                 raise _fail(rc)
             if c.outcome in (_PROCEED, _RECOVER):
-                body = ffi.unpack(ffi.cast("char *", c.body), c.body_len)
-                return Outcome(_decode(body), False, c.outcome == _RECOVER)
-            return _finished(_Claim(c), op, k)
+                return Outcome(_stored(c, op, k), False, c.outcome == _RECOVER)
+            if c.outcome == _REPLAY:
+                return Outcome(_stored(c, op, k), True, c.recovered != 0)
+            raise _refusal(c, op, k)
         finally:
             local.error = None
             lib.idem_call_free(c.call)
@@ -410,44 +454,6 @@ def _request(request: Any) -> bytes:
         return _dump(request)
     except (TypeError, ValueError) as e:
         raise TypeError("the request cannot be written as JSON: %s" % e) from None
-
-
-def _run(store: Any, op: bytes, tenant: bytes, key: bytes, request: bytes, opts: _Options,
-         action: Callable[[], Any], release_on: Tuple[Type[BaseException], ...]) -> Outcome:
-    """Claims, runs action() when the key is this call's, and ends the key by
-    what it did."""
-    claim = _begin(store, tenant, op, key, request, opts)
-    try:
-        if not claim.held:
-            return _finished(claim, op, key)
-        try:
-            value = action()
-        except BaseException as e:
-            _end(claim, _NOT_DONE if _is_release(e, release_on) else _MARK_UNKNOWN, None)
-            raise
-        return _settle(claim, value)
-    finally:
-        if claim.held:  # interrupted between the claim and the action
-            _end(claim, _NOT_DONE, None)
-        claim.free()
-
-
-def _settle(claim: _Claim, value: Any) -> Outcome:
-    """Stores what the action returned; the Outcome of the call that ran."""
-    recovered = claim.outcome == _RECOVER
-    body = _encode_result(value)
-    if body is None:
-        _end(claim, _MARK_UNKNOWN, None)
-        try:
-            _dump(value)
-        except (TypeError, ValueError) as e:
-            raise TypeError("the function acted, but its result cannot be stored as "
-                            "JSON (the key is marked unknown): %s" % e) from None
-    decoded = _decode(body)
-    rc, msg = _end(claim, _DONE, body)
-    if rc != _OK:
-        raise _end_error(rc, msg, decoded)
-    return Outcome(decoded, False, recovered)
 
 
 class _Spec:
@@ -487,29 +493,38 @@ class _Spec:
                                                                                bytes]:
         """(tenant, key, request) of one call."""
         arguments = self.bind(*args, **kwargs)
-        everything = arguments if self.key_name is not None and self.tenant_fixed is not None \
-            else dict(arguments)
-        if self.key_name is not None:
+        if self.key_name is not None and self.tenant_fixed is not None:
             key = arguments.pop(self.key_name)
+            tenant = self.tenant_fixed
         else:
-            key = self.key_fn(dict(arguments))  # type: ignore[misc]
-        if key is None:
-            raise InvalidArgument("IDEM_EKEY", "no key: %s is None" % (
-                self.key_name or "the key function's answer"))
-        tenant = self.tenant_fixed
-        if tenant is None:
-            tenant = _text(self.tenant(dict(everything)), "tenant")  # type: ignore
+            everything = dict(arguments)
+            if self.key_name is not None:
+                key = arguments.pop(self.key_name)
+            else:
+                key = self.key_fn(dict(everything))  # type: ignore[misc]
+            tenant = self.tenant_fixed
+            if tenant is None:
+                tenant = _text(self.tenant(everything), "tenant")  # type: ignore[misc]
+        if key.__class__ is not str:
+            if key is None:
+                raise InvalidArgument("IDEM_EKEY", "no key: %s is None" % (
+                    self.key_name or "the key function's answer"))
+            raise TypeError("the key must be a str, not %s" % type(key).__name__)
+        if "\x00" in key:
+            raise InvalidArgument("IDEM_EKEY", "the key contains a NUL character")
         try:
-            request = _dump(arguments)
+            request = _ENCODER.encode(arguments).encode("utf-8")
         except (TypeError, ValueError) as e:
             raise TypeError("the arguments cannot be written as JSON for the "
                             "fingerprint: %s" % e) from None
-        return tenant, _text(key, "key", "IDEM_EKEY"), request
+        return tenant, key.encode("utf-8"), request
 
     def run(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Outcome:
         tenant, key, request = self.prepare(args, kwargs)
-        return _run(self.store._handle(), self.operation, tenant, key, request, self.opts,
-                    lambda: self.fn(*args, **kwargs), self.release_on)
+        got = _begin(self.store._handle(), tenant, self.operation, key, request, self.opts.c)
+        if got.__class__ is Outcome:
+            return got  # type: ignore[return-value]
+        return _act(got, self.fn, args, kwargs, self.release_on)  # type: ignore[arg-type]
 
     async def run_async(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Outcome:
         tenant, key, request = self.prepare(args, kwargs)
@@ -519,24 +534,22 @@ class _Spec:
         # The claim runs in a thread of the store's; a task cancelled while
         # it waits there leaves it running, so the thread's own future, not
         # the event loop (which may be gone by then), releases what it gets.
-        begun = claims.submit(_begin, store, tenant, self.operation, key, request, self.opts)
+        begun = claims.submit(_begin, store, tenant, self.operation, key, request,
+                              self.opts.c)
         try:
-            claim = await asyncio.shield(asyncio.wrap_future(begun, loop=loop))
+            got = await asyncio.shield(asyncio.wrap_future(begun, loop=loop))
         except asyncio.CancelledError:
             begun.add_done_callback(lambda f: _drop(f, ends))
             raise
-        if not claim.held:
-            try:
-                return _finished(claim, self.operation, key)
-            finally:
-                claim.free()
+        if isinstance(got, Outcome):
+            return got
         try:
             value = await self.fn(*args, **kwargs)
         except BaseException as e:
             result = _NOT_DONE if _is_release(e, self.release_on) else _MARK_UNKNOWN
-            await _shielded(loop, ends, _end_and_free, claim, result)
+            await _shielded(loop, ends, _end, got, result)
             raise
-        return await _shielded(loop, ends, _settle_and_free, claim, value)
+        return await _shielded(loop, ends, _settle, got, value)
 
 
 def _binder(fn: Callable[..., Any], sig: inspect.Signature) -> Callable[..., Dict[str, Any]]:
@@ -574,20 +587,6 @@ def _binder(fn: Callable[..., Any], sig: inspect.Signature) -> Callable[..., Dic
     return bind  # type: ignore[no-any-return]
 
 
-def _end_and_free(claim: _Claim, result: int) -> None:
-    try:
-        _end(claim, result, None)
-    finally:
-        claim.free()
-
-
-def _settle_and_free(claim: _Claim, value: Any) -> Outcome:
-    try:
-        return _settle(claim, value)
-    finally:
-        claim.free()
-
-
 async def _shielded(loop: asyncio.AbstractEventLoop, pool: ThreadPoolExecutor,
                     fn: Callable[..., Any], *args: Any) -> Any:
     """Runs fn in pool; a cancelled caller does not stop it (the key must be
@@ -595,14 +594,12 @@ async def _shielded(loop: asyncio.AbstractEventLoop, pool: ThreadPoolExecutor,
     return await asyncio.shield(loop.run_in_executor(pool, fn, *args))
 
 
-def _drop(fut: "Future[_Claim]", ends: ThreadPoolExecutor) -> None:
+def _drop(fut: "Future[Union[Outcome, _Claim]]", ends: ThreadPoolExecutor) -> None:
     if fut.cancelled() or fut.exception() is not None:
         return
-    claim = fut.result()
-    if claim.held:
-        ends.submit(_end_and_free, claim, _NOT_DONE)
-    else:
-        claim.free()
+    got = fut.result()
+    if isinstance(got, _Claim):
+        ends.submit(_end, got, _NOT_DONE)
 
 
 def open(url: str, **options: Any) -> Store:  # noqa: A001 - the contract's name
