@@ -108,7 +108,8 @@ typedef struct idem_py_claim {
 } idem_py_claim;
 int idem_py_begin(idem_store *store, const char *tenant, const char *operation,
                   const char *key, const char *request, size_t request_len,
-                  const idem_execute_options *opts, idem_py_claim *claim);
+                  const idem_execute_options *opts, idem_py_claim *claim,
+                  char *buf, size_t cap);
 int idem_py_local_run(idem_store *store, const char *tenant,
                       const char *operation, const char *key,
                       const char *request, size_t request_len,
@@ -198,18 +199,29 @@ static void idem_py_read(idem_py_claim *claim)
   claim->body_len = r ? r->body_len : 0;
 }
 
+/* A claim that does not hold its key is done with here when its body fits
+ * in buf (cap bytes): the body is copied there and the call freed, so that
+ * call is NULL and body is buf. */
 static int idem_py_begin(idem_store *store, const char *tenant,
                          const char *operation, const char *key,
                          const char *request, size_t request_len,
                          const idem_execute_options *opts,
-                         idem_py_claim *claim)
+                         idem_py_claim *claim, char *buf, size_t cap)
 {
   idem_id id = {tenant, operation, key};
   memset(claim, 0, sizeof *claim);
   claim->rc = idem_execute_begin(store, &id, request, request_len, opts,
                                  &claim->exec, &claim->call);
-  if (claim->rc == IDEM_OK)
-    idem_py_read(claim);
+  if (claim->rc != IDEM_OK)
+    return claim->rc;
+  idem_py_read(claim);
+  if (!claim->exec && claim->body_len <= cap) {
+    if (claim->body_len)
+      memcpy(buf, claim->body, claim->body_len);
+    claim->body = buf;
+    idem_call_free(claim->call);
+    claim->call = NULL;
+  }
   return claim->rc;
 }
 

@@ -11,6 +11,10 @@ class Error(Exception):
         super().__init__("%s: %s" % (code, message))
         self.code = code
         self.message = message
+        # Set when the function ran but its result could not be stored
+        # (LeaseLost, a result too large, a store that failed): what it
+        # returned.
+        self.value: object = None
 
 
 class Conflict(Error):

@@ -59,12 +59,32 @@ def _text(value: Any, what: str, code: str = "IDEM_EINVAL") -> bytes:
     return value.encode("utf-8")
 
 
-_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-_decode = json.loads
+def _not_json(value: Any) -> Any:
+    raise TypeError("Object of type %s is not JSON serializable" % type(value).__name__)
+
+
+if json.encoder.c_make_encoder is not None:
+    # The C encoder json.dumps() builds per call, built once: half the cost.
+    _c_encode = json.encoder.c_make_encoder(
+        {}, _not_json, json.encoder.encode_basestring, None, ":", ",", False, False, False)
+
+    def _encode(value: Any) -> str:
+        return "".join(_c_encode(value, 0))
+else:  # pragma: no cover - CPython always has it
+    _encode = json.JSONEncoder(ensure_ascii=False, allow_nan=False,
+                               separators=(",", ":")).encode
+_raw_decode = json.JSONDecoder().raw_decode
+
+
+def _decode(text: str) -> Any:
+    value, end = _raw_decode(text)
+    if end != len(text) and text[end:].strip():
+        raise ValueError("extra data after the JSON value")
+    return value
 
 
 def _dump(value: Any) -> bytes:
-    return _ENCODER.encode(value).encode("utf-8")
+    return _encode(value).encode("utf-8")
 
 
 def _fail(rc: int, value: Any = None) -> Error:
@@ -130,35 +150,48 @@ class _Claim:
 
 
 _tls = threading.local()
+_BUF_SIZE = 64 * 1024
 
 
-def _scratch() -> Any:
-    """The thread's idem_py_claim: claims copy out what they keep, so one per
-    thread serves every call, nested ones included."""
+def _scratch() -> Tuple[Any, Any]:
+    """The thread's idem_py_claim and body buffer: claims copy out what they
+    keep, so one pair per thread serves every call, nested ones included."""
     try:
-        return _tls.claim
+        return _tls.scratch  # type: ignore[no-any-return]
     except AttributeError:
-        c = _tls.claim = ffi.new("idem_py_claim *")
-        return c
+        pair = _tls.scratch = (ffi.new("idem_py_claim *"), ffi.new("char[]", _BUF_SIZE))
+        return pair
 
 
 def _begin(store: Any, tenant: bytes, operation: bytes, key: bytes, request: bytes,
            opts: Any) -> Union[Outcome, _Claim]:
     """Claims the key: a _Claim when this call holds it (the action runs),
     the Outcome of a replay, or the refusal raised."""
-    c = _scratch()
-    rc = lib.idem_py_begin(store, tenant, operation, key, request, len(request), opts, c)
-    if rc:
-        raise _fail(rc)
-    if c.exec:
-        return _Claim(c.call, c.exec, c.outcome == _RECOVER)
-    call = c.call
+    c, buf = _scratch()
+    c.exec = c.call = ffi.NULL
     try:
+        rc = lib.idem_py_begin(store, tenant, operation, key, request, len(request), opts,
+                               c, buf, _BUF_SIZE)
+        call, exec_ = c.call, c.exec
+        if exec_:
+            return _Claim(call, exec_, c.outcome == _RECOVER)
+    except BaseException:
+        # Interrupted (Ctrl-C) as the claim returned: a key it got is let go,
+        # since nothing ran.
+        if c.exec:
+            lib.idem_execute_end(c.exec, _NOT_DONE, ffi.NULL)
+        if c.call:
+            lib.idem_call_free(c.call)
+        raise
+    try:
+        if rc:
+            raise _fail(rc)
         if c.outcome == _REPLAY:
             return Outcome(_stored(c, operation, key), True, c.recovered != 0)
         raise _refusal(c, operation, key)
     finally:
-        lib.idem_call_free(call)
+        if call:  # a body too large for the buffer is read from the call
+            lib.idem_call_free(call)
 
 
 def _stored(c: Any, operation: bytes, key: bytes) -> Any:
@@ -208,15 +241,24 @@ def _end(claim: _Claim, result: int, body: Optional[bytes] = None) -> Tuple[int,
     return rc, msg
 
 
-def _act(claim: _Claim, fn: Callable[..., Any], args: Tuple[Any, ...],
-         kwargs: Dict[str, Any], release_on: Tuple[Type[BaseException], ...]) -> Outcome:
-    """Runs the action of a held key and ends the key by what it did."""
+def _once(store: Any, tenant: bytes, operation: bytes, key: bytes, request: bytes,
+          opts: Any, fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any],
+          release_on: Tuple[Type[BaseException], ...]) -> Outcome:
+    """Claims the key, runs fn when the key is this call's, and ends the key
+    by what fn did."""
+    got: Any = None
     try:
+        got = _begin(store, tenant, operation, key, request, opts)
+        if got.__class__ is Outcome:
+            return got  # type: ignore[no-any-return]
         value = fn(*args, **kwargs)
     except BaseException as e:
-        _end(claim, _NOT_DONE if _is_release(e, release_on) else _MARK_UNKNOWN)
+        # Also when Ctrl-C lands between the claim and fn: unknown, the safe
+        # side, since fn may have started.
+        if got.__class__ is _Claim and got.exec is not None:
+            _end(got, _NOT_DONE if _is_release(e, release_on) else _MARK_UNKNOWN)
         raise
-    return _settle(claim, value)
+    return _settle(got, value)
 
 
 def _settle(claim: _Claim, value: Any) -> Outcome:
@@ -230,7 +272,9 @@ def _settle(claim: _Claim, value: Any) -> Outcome:
     decoded = _decode(body.decode("utf-8"))
     rc, msg = _end(claim, _DONE, body)
     if rc:
-        raise _errors.from_code(ffi.string(lib.idem_rc_name(rc)).decode(), msg, decoded)
+        err = _errors.from_code(ffi.string(lib.idem_rc_name(rc)).decode(), msg, decoded)
+        err.value = decoded  # the function ran: what it returned is not lost
+        raise err
     return Outcome(decoded, False, claim.recovered)
 
 
@@ -360,9 +404,10 @@ class Store:
                    release_on: Iterable[Type[BaseException]] = ()) -> Callable[[Any], Any]:
         """Decorates a function so that it runs at most once per key; see
         docs/python.md."""
+        opts = _Options(lease, retention, wait, payload)  # bad options fail here
+
         def decorate(fn: Callable[..., Any]) -> Any:
-            spec = _Spec(self, fn, operation, key, tenant, lease, retention, payload, wait,
-                         release_on)
+            spec = _Spec(self, fn, operation, key, tenant, opts, release_on)
             if inspect.iscoroutinefunction(fn):
                 @functools.wraps(fn)
                 async def run_async(*args: Any, **kwargs: Any) -> Any:
@@ -399,10 +444,7 @@ class Store:
         k = _text(key, "key", "IDEM_EKEY")
         t = _text(tenant if tenant is not None else "", "tenant")
         req = _request(request)
-        got = _begin(self._handle(), t, op, k, req, opts.c)
-        if isinstance(got, Outcome):
-            return got
-        return _act(got, action, (), {}, tuple(release_on))
+        return _once(self._handle(), t, op, k, req, opts.c, action, (), {}, tuple(release_on))
 
     def execute_local(self, operation: str, key: str, request: Any,
                       fn: Callable[[Transaction], Any], *, tenant: Optional[str] = None,
@@ -460,8 +502,7 @@ class _Spec:
     """What one decorated function's calls share."""
 
     def __init__(self, store: Store, fn: Callable[..., Any], operation: str,
-                 key: KeySpec, tenant: TenantSpec, lease: Seconds, retention: Seconds,
-                 payload: Optional[Sequence[str]], wait: Seconds,
+                 key: KeySpec, tenant: TenantSpec, opts: "_Options",
                  release_on: Iterable[Type[BaseException]]) -> None:
         self.store = store
         self.fn = fn
@@ -483,7 +524,7 @@ class _Spec:
         self.tenant = tenant
         self.tenant_fixed = _text(tenant, "tenant") if isinstance(tenant, str) else (
             b"" if tenant is None else None)
-        self.opts = _Options(lease, retention, wait, payload)
+        self.opts = opts
         self.release_on = tuple(release_on)
         for cls in self.release_on:
             if not (isinstance(cls, type) and issubclass(cls, BaseException)):
@@ -513,7 +554,7 @@ class _Spec:
         if "\x00" in key:
             raise InvalidArgument("IDEM_EKEY", "the key contains a NUL character")
         try:
-            request = _ENCODER.encode(arguments).encode("utf-8")
+            request = _encode(arguments).encode("utf-8")
         except (TypeError, ValueError) as e:
             raise TypeError("the arguments cannot be written as JSON for the "
                             "fingerprint: %s" % e) from None
@@ -521,10 +562,8 @@ class _Spec:
 
     def run(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Outcome:
         tenant, key, request = self.prepare(args, kwargs)
-        got = _begin(self.store._handle(), tenant, self.operation, key, request, self.opts.c)
-        if got.__class__ is Outcome:
-            return got  # type: ignore[return-value]
-        return _act(got, self.fn, args, kwargs, self.release_on)  # type: ignore[arg-type]
+        return _once(self.store._handle(), tenant, self.operation, key, request, self.opts.c,
+                     self.fn, args, kwargs, self.release_on)
 
     async def run_async(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Outcome:
         tenant, key, request = self.prepare(args, kwargs)

@@ -65,13 +65,20 @@ class Transaction:
 
 def _sqlite_execute(db: Any, sql: str, params: Sequence[Any]) -> Cursor:
     stmt_p = ffi.new("sqlite3_stmt **")
+    tail_p = ffi.new("const char **")
     encoded = sql.encode("utf-8")
-    if lib.sqlite3_prepare_v2(db, encoded, len(encoded), stmt_p, ffi.NULL) != 0:
+    buf = ffi.from_buffer(encoded)
+    if lib.sqlite3_prepare_v2(db, buf, len(encoded), stmt_p, tail_p) != 0:
         raise DatabaseError("IDEM_ESTORE", ffi.string(lib.sqlite3_errmsg(db)).decode(
             "utf-8", "replace"))
     stmt = stmt_p[0]
     if stmt == ffi.NULL:  # only a comment or white space
         return Cursor([], -1, None)
+    rest = encoded[ffi.cast("char *", tail_p[0]) - ffi.cast("char *", buf):]
+    if rest.strip() and _has_statement(db, rest):
+        lib.sqlite3_finalize(stmt)
+        raise DatabaseError("IDEM_EINVAL", "tx.execute() runs one statement; this text "
+                            "has more after the first: %r" % rest.decode("utf-8", "replace")[:80])
     try:
         want = lib.sqlite3_bind_parameter_count(stmt)
         if want != len(params):
@@ -94,6 +101,17 @@ def _sqlite_execute(db: Any, sql: str, params: Sequence[Any]) -> Cursor:
                       lib.sqlite3_last_insert_rowid(db))
     finally:
         lib.sqlite3_finalize(stmt)
+
+
+def _has_statement(db: Any, text: bytes) -> bool:
+    """Whether text holds a statement (not only comments, white space or
+    semicolons)."""
+    stmt_p = ffi.new("sqlite3_stmt **")
+    rc = lib.sqlite3_prepare_v2(db, text, len(text), stmt_p, ffi.NULL)
+    if stmt_p[0] != ffi.NULL:
+        lib.sqlite3_finalize(stmt_p[0])
+        return True
+    return rc != 0
 
 
 def _sqlite_bind(db: Any, stmt: Any, i: int, v: Any) -> None:

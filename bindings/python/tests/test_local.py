@@ -132,3 +132,30 @@ def test_sql_error_rolls_back_and_releases(store, store_url, db, operation):
     assert "no_such_table" in caught.value.message
     assert db.count(table) == 0
     assert records(store_url, operation) == []
+
+
+def test_one_statement_per_execute(store, db, backend, operation):
+    # A second statement after the first would be skipped without a word
+    # (SQLite prepares one at a time; PostgreSQL refuses several with
+    # parameters): refused, and the whole action rolled back.
+    table = db.create_table("items", db.id_column + ", n INTEGER NOT NULL")
+
+    def two(tx):
+        tx.execute("INSERT INTO %s (n) VALUES (1); DELETE FROM %s" % (table, table))
+        return "both ran"
+
+    with pytest.raises(idem.Error):
+        store.execute_local(operation, "k-two", {"n": 1}, two)
+    assert db.count(table) == 0
+    assert records(store.url, operation) == []
+
+    # A trailing semicolon or comment is not a second statement.
+    out = store.execute_local(operation, "k-one", {"n": 1}, lambda tx: tx.execute(
+        "INSERT INTO %s (n) VALUES (1); -- one row" % table).rowcount)
+    assert (out.value, out.replayed) == (1, False)
+    assert db.count(table) == 1
+
+
+def test_bad_options_fail_where_they_are_written(store, operation):
+    with pytest.raises(idem.InvalidArgument):
+        store.idempotent(operation, key="key", lease="3 weeks")
