@@ -138,6 +138,27 @@ class _Options:
             self.c.fingerprint_pointers = arr
 
 
+_DEFAULTS: Dict[Tuple[Any, ...], "_Options"] = {}
+
+
+def _options(lease: Seconds, retention: Seconds, wait: Seconds,
+             payload: Optional[Sequence[str]] = None) -> "_Options":
+    """The options of one call; those without pointers are made once."""
+    if payload is not None:
+        return _Options(lease, retention, wait, payload)
+    k = (lease, retention, wait)
+    try:
+        return _DEFAULTS[k]
+    except (KeyError, TypeError):
+        o = _Options(lease, retention, wait, None)
+        if len(_DEFAULTS) < 64:
+            try:
+                _DEFAULTS[k] = o
+            except TypeError:
+                pass
+        return o
+
+
 class _Claim:
     """A key this call holds: its call and exec (libidem's), until ended."""
 
@@ -439,7 +460,7 @@ class Store:
                 release_on: Iterable[Type[BaseException]] = ()) -> Outcome:
         """Runs action() at most once per key for this request (any JSON
         value, whose canonical JSON is the fingerprint); an Outcome."""
-        opts = _Options(lease, retention, wait, payload)
+        opts = _options(lease, retention, wait, payload)
         op = _text(operation, "operation")
         k = _text(key, "key", "IDEM_EKEY")
         t = _text(tenant if tenant is not None else "", "tenant")
@@ -455,7 +476,7 @@ class Store:
         the record; an Outcome. An exception in fn rolls both back, releases
         the key and propagates."""
         store = self._handle()
-        opts = _Options(lease, retention, wait, None)
+        opts = _options(lease, retention, wait)
         op = _text(operation, "operation")
         k = _text(key, "key", "IDEM_EKEY")
         t = _text(tenant if tenant is not None else "", "tenant")

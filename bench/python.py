@@ -1,0 +1,431 @@
+#!/usr/bin/env python3
+"""bench/python.py -- calls per second through the Python binding (import
+idem) beside `idem bench --workers 1` on the same kind of store, in one run.
+
+Usage: python3 bench/python.py BUILD_DIR [--store URL] [--rounds N]
+                               [--seconds S]
+       (make bench runs it with the python3 on PATH)
+
+It builds the package from BUILD_DIR's libidem.a into a temporary folder
+(bindings/python/_backend/idem_backend.py inplace), then runs ROUNDS rounds,
+each one `idem bench` and the same shapes through the binding, one thread,
+each in a process of its own, C first in odd rounds and Python first in even
+ones, so that both see the same machine:
+
+  C       idem bench --workers 1 --seconds S --json --store URL: its fresh
+          (execute_local, a one-row INSERT into bench_tickets per call),
+          claim_complete and replay (1000 completed keys, cycled) phases
+  Python  the same calls, one thread, S seconds each:
+    local fresh       store.execute_local("create_ticket", new_key, request,
+                      fn, tenant="bench"), fn inserting the canonical
+                      request into bench_tickets through tx.execute and
+                      returning {"ticket_id": N}, as idem bench's fresh does
+    decorator fresh   @store.idempotent("create_ticket", key="request_id",
+                      tenant="bench") on a new key per call: a claim and a
+                      completion, the two durable writes of idem bench's
+                      claim_complete phase (the function itself writes
+                      nothing)
+    local replay      execute_local on 1000 keys completed beforehand
+                      (through execute_local, 16 threads), cycled
+    decorator replay  the decorated function on the same 1000 keys (the
+                      decorator's fingerprint, its arguments but the key,
+                      is idem bench's request)
+  The request is idem bench's: {"project": "demo-agent", "title":
+  "Investigate a synthetic queue backlog", "priority": "normal"}; keys are
+  RUNID-f-w0-N for fresh calls and RUNID-r-K for the prepared ones, tenant
+  "bench", operation "create_ticket".
+
+The store is SQLite, a new file per run in a temporary folder, with its
+defaults (synchronous=FULL, group commit); with --store postgresql://... or
+IDEM_BENCH_PG_URL set, the same rounds also run on that PostgreSQL server
+(both sides write to its bench_tickets; records and rows are left there).
+Then it prints each round, the medians and the ratios Python / C against
+the targets (fresh >= 0.85x, replay >= 0.25x): PASS or MISS. A missed
+target is reported, never a failure; it exits non-zero only when a run
+failed.
+
+Environment: BENCH_SECONDS (per phase, default 2), BENCH_ROUNDS (default 3),
+IDEM_BENCH_PG_URL, TMPDIR.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TREE = os.path.dirname(HERE)
+BACKEND = os.path.join(TREE, "bindings", "python", "_backend", "idem_backend.py")
+
+# idem bench's request (src/cmd_bench.c, payload_json), tenant and operation.
+REQUEST = {"project": "demo-agent",
+           "title": "Investigate a synthetic queue backlog",
+           "priority": "normal"}
+TENANT = "bench"
+OPERATION = "create_ticket"
+PREPARED_KEYS = 1000
+PREP_THREADS = 16
+
+# (label, the Python phase, the C phase it is measured against, target)
+CHECKS = (
+    ("fresh: execute_local / C fresh", "local_fresh", "fresh", 0.85),
+    ("fresh: decorator / C claim+complete", "decorator_fresh", "claim_complete", 0.85),
+    ("fresh: decorator / C fresh", "decorator_fresh", "fresh", None),
+    ("replay: decorator / C replay", "decorator_replay", "replay", 0.25),
+    ("replay: execute_local / C replay", "local_replay", "replay", 0.25),
+    ("replay: Python's floor / C replay", "floor_replay", "replay", None),
+    ("replay: decorator / Python's floor", "decorator_replay", "floor_replay", None),
+)
+
+
+# ---------------------------------------------------------------- the child
+
+def child(url: str, seconds: float, warmup: float) -> int:
+    """Runs the Python side once against url and prints one JSON object."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import cffi
+    import idem
+
+    run_id = "py%d.%x" % (os.getpid(), time.time_ns() // 1000)
+    store = idem.open(url)
+    pg = store.backend == "postgresql"
+    # The canonical request: what idem bench's action inserts. The request
+    # is the same on every call, so it is written once here.
+    payload = json.dumps(REQUEST, sort_keys=True, separators=(",", ":"))
+    if pg:
+        create = ("CREATE TABLE IF NOT EXISTS bench_tickets (id bigserial "
+                  "PRIMARY KEY, payload text NOT NULL)")
+        insert = "INSERT INTO bench_tickets (payload) VALUES ($1::text) RETURNING id"
+
+        def insert_ticket(tx):
+            return {"ticket_id": tx.execute(insert, (payload,)).fetchone()[0]}
+    else:
+        create = ("CREATE TABLE IF NOT EXISTS bench_tickets (id INTEGER "
+                  "PRIMARY KEY, payload TEXT NOT NULL)")
+        insert = "INSERT INTO bench_tickets (payload) VALUES (?)"
+
+        def insert_ticket(tx):
+            return {"ticket_id": tx.execute(insert, (payload,)).lastrowid}
+
+    def create_table(tx):
+        tx.execute(create)
+
+    # The table, in a transaction of the store's like the caller's own.
+    store.execute_local("bench_setup", run_id, {}, create_table, tenant=TENANT)
+
+    @store.idempotent(OPERATION, key="request_id", tenant=TENANT)
+    def create_ticket(project, title, priority, request_id):
+        return {"ticket_id": 0}
+
+    def local(key):
+        return store.execute_local(OPERATION, key, REQUEST, insert_ticket, tenant=TENANT)
+
+    def decorated(key):
+        return create_ticket.outcome(REQUEST["project"], REQUEST["title"],
+                                     REQUEST["priority"], request_id=key)
+
+    def phase(call, keys, want_replayed, secs):
+        """Calls call(key) for secs seconds; ops/s and latencies."""
+        lat = []
+        errors = 0
+        now = time.perf_counter_ns
+        n = 0
+        start = now()
+        deadline = start + int(secs * 1e9)
+        while True:
+            t0 = now()
+            if t0 >= deadline:
+                break
+            key = keys(n)
+            n += 1
+            try:
+                out = call(key)
+                ok = out.replayed == want_replayed and isinstance(out.value, dict)
+            except idem.Error as e:
+                ok = False
+                if errors < 5:
+                    print("bench: key %s: %s" % (key, e), file=sys.stderr)
+            if ok:
+                lat.append(now() - t0)
+            else:
+                errors += 1
+        elapsed = (now() - start) / 1e9
+        lat.sort()
+
+        def pct(p):
+            if not lat:
+                return 0.0
+            rank = min(len(lat), max(1, int(p * len(lat) + 0.999999)))
+            return round(lat[rank - 1] / 1000.0, 1)
+
+        return {"ops": len(lat), "ops_per_s": round(len(lat) / elapsed, 1),
+                "p50_us": pct(0.50), "p99_us": pct(0.99), "errors": errors,
+                "elapsed_s": elapsed}
+
+    def fresh(tag):
+        return lambda n: "%s-%s-w0-%d" % (run_id, tag, n)
+
+    phases = {}
+    if warmup > 0:  # PostgreSQL: open the pool's connections, as idem bench does
+        phase(local, fresh("warm"), False, warmup)
+    phases["local_fresh"] = phase(local, fresh("f"), False, seconds)
+    phases["decorator_fresh"] = phase(decorated, fresh("d"), False, seconds)
+
+    prepared = ["%s-r-%d" % (run_id, k) for k in range(PREPARED_KEYS)]
+    with ThreadPoolExecutor(PREP_THREADS) as pool:
+        outs = list(pool.map(local, prepared))
+    if any(o.replayed for o in outs):
+        print("bench: a prepared key was not fresh", file=sys.stderr)
+        return 1
+    phases["local_replay"] = phase(local, lambda n: prepared[n % PREPARED_KEYS], True,
+                                   seconds)
+    phases["decorator_replay"] = phase(decorated, lambda n: prepared[n % PREPARED_KEYS],
+                                       True, seconds)
+    phases["floor_replay"] = floor(store, prepared, seconds)
+    store.close()
+    errors = sum(p["errors"] for p in phases.values())
+    doc = {"python": "%s %s" % (sys.implementation.name, sys.version.split()[0]),
+           "executable": sys.executable, "cffi": cffi.__version__,
+           "idem_version": idem.__version__, "libidem_version": idem.libidem_version(),
+           "store": "postgresql" if pg else "sqlite", "seconds": seconds,
+           "errors": errors, "phases": phases}
+    for name, p in phases.items():
+        doc[name + "_ops_per_s"] = p["ops_per_s"]
+    print(json.dumps(doc))
+    return 1 if errors else 0
+
+
+def floor(store, prepared, seconds):
+    """The least a replay through libidem costs from Python, with none of the
+    binding's own work: the arguments written as JSON (the fingerprint needs
+    them), one call into libidem's claim (idem_execute_begin, as the
+    decorator makes), the stored result read back from JSON. What the
+    binding adds to this is its own cost; what this costs beside C's replay
+    is Python's."""
+    from idem import _store
+    from idem._native import ffi, lib
+
+    encode, decode = _store._encode, _store._decode
+    handle = store._handle()
+    claim = ffi.new("idem_py_claim *")
+    cap = 64 * 1024
+    buf = ffi.new("char[]", cap)
+    opts = ffi.new("idem_execute_options *")
+    tenant, operation = TENANT.encode(), OPERATION.encode()
+    args = dict(REQUEST)
+    now = time.perf_counter_ns
+    lat = []
+    errors = 0
+    n = 0
+    start = now()
+    deadline = start + int(seconds * 1e9)
+    while True:
+        t0 = now()
+        if t0 >= deadline:
+            break
+        key = prepared[n % PREPARED_KEYS]
+        n += 1
+        request = encode(args).encode()
+        lib.idem_py_begin(handle, tenant, operation, key.encode(), request, len(request),
+                          opts, claim, buf, cap)
+        value = decode(ffi.unpack(claim.body, claim.body_len).decode())
+        if claim.outcome == 2 and claim.call == ffi.NULL and isinstance(value, dict):
+            lat.append(now() - t0)
+        else:
+            errors += 1
+    elapsed = (now() - start) / 1e9
+    lat.sort()
+    p50 = round(lat[len(lat) // 2] / 1000.0, 1) if lat else 0.0
+    p99 = round(lat[min(len(lat) - 1, int(0.99 * len(lat)))] / 1000.0, 1) if lat else 0.0
+    return {"ops": len(lat), "ops_per_s": round(len(lat) / elapsed, 1), "p50_us": p50,
+            "p99_us": p99, "errors": errors, "elapsed_s": elapsed}
+
+
+# ---------------------------------------------------------------- the driver
+
+def redact(url: str) -> str:
+    """url without its password."""
+    if "://" in url and "@" in url.split("://", 1)[1].split("/", 1)[0]:
+        scheme, rest = url.split("://", 1)
+        auth, host = rest.split("@", 1)
+        if ":" in auth:
+            auth = auth.split(":", 1)[0] + ":***"
+        return "%s://%s@%s" % (scheme, auth, host)
+    return url
+
+
+def step(name, cmd, env=None):
+    """Runs one measurement; its JSON, or None (reported) when it failed."""
+    sys.stderr.write("  %-22s" % name)
+    sys.stderr.flush()
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    doc = None
+    if p.returncode == 0:
+        try:
+            doc = json.loads(p.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            pass
+    if doc is None:
+        sys.stderr.write("FAILED (exit %d)\n" % p.returncode)
+        for line in (p.stderr + p.stdout).splitlines():
+            sys.stderr.write("    %s\n" % line)
+        return None
+    sys.stderr.write("ok\n")
+    return doc
+
+
+def med(xs):
+    xs = [x for x in xs if isinstance(x, (int, float))]
+    return statistics.median(xs) if xs else None
+
+
+def report(title, runs_c, runs_py, rounds):
+    """Prints one store's rounds, medians and ratios; the targets missed."""
+    cinfo = (runs_c or [{}])[0]
+    pinfo = (runs_py or [{}])[0]
+    print()
+    print("%s: idem %s; C: idem bench --workers 1; Python: %s, cffi %s, one thread"
+          % (title, cinfo.get("idem_version", "?"), pinfo.get("python", "?"),
+             pinfo.get("cffi", "?")))
+    print("medians of %d rounds (calls/s; p50 in us)" % rounds)
+    print()
+    rows = (("C fresh (execute_local)", runs_c, "fresh"),
+            ("C claim+complete", runs_c, "claim_complete"),
+            ("C replay", runs_c, "replay"),
+            ("py execute_local fresh", runs_py, "local_fresh"),
+            ("py decorator fresh", runs_py, "decorator_fresh"),
+            ("py execute_local replay", runs_py, "local_replay"),
+            ("py decorator replay", runs_py, "decorator_replay"),
+            ("py floor replay", runs_py, "floor_replay"))
+    print("%-26s %10s %8s   %s" % ("measurement", "calls/s", "p50 us", "rounds"))
+    fs = [r.get("fsync_per_s") for r in runs_c]
+    print("%-26s %10s %8s   %s" % ("fsync/s before C's run", "-" if med(fs) is None
+                                   else "%.0f" % med(fs), "",
+                                   ", ".join("%.0f" % v for v in fs if v is not None)))
+    medians = {}
+    for label, runs, ph in rows:
+        vals = [r.get(ph + "_ops_per_s") for r in runs]
+        p50 = [r["phases"][ph]["p50_us"] for r in runs if ph in r.get("phases", {})]
+        m = med(vals)
+        medians[ph] = m
+        print("%-26s %10s %8s   %s" % (
+            label, "-" if m is None else "%.0f" % m,
+            "-" if med(p50) is None else "%.1f" % med(p50),
+            ", ".join("%.0f" % v for v in vals if v is not None) or "-"))
+    print()
+    print("%-38s %8s %8s  %s" % ("ratio", "x", "target", "result"))
+    missed = 0
+    for label, py, c, target in CHECKS:
+        a, b = medians.get(py), medians.get(c)
+        x = None if a is None or not b else a / b
+        if target is None:
+            verdict = "reported"
+        elif x is None:
+            verdict = "NO DATA"
+            missed += 1
+        elif x >= target:
+            verdict = "PASS"
+        else:
+            verdict = "MISS"
+            missed += 1
+        print("%-38s %8s %8s  %s" % (label, "-" if x is None else "%.3f" % x,
+                                     "-" if target is None else ">= %g" % target,
+                                     verdict))
+    return missed
+
+
+def main(argv):
+    p = argparse.ArgumentParser(prog="bench/python.py",
+                                description="idem's Python binding beside idem bench")
+    p.add_argument("build", nargs="?", default=os.path.join(TREE, "build"),
+                   help="the CMake build folder (idem, libidem.a); default build/")
+    p.add_argument("--store", action="append", default=[],
+                   help="also run on this postgresql:// store (IDEM_BENCH_PG_URL too)")
+    p.add_argument("--rounds", type=int, default=int(os.environ.get("BENCH_ROUNDS", 3)))
+    p.add_argument("--seconds", type=float,
+                   default=float(os.environ.get("BENCH_SECONDS", 2)))
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--warmup", type=float, default=0, help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.child:
+        return child(a.child, a.seconds, a.warmup)
+
+    build = os.path.abspath(a.build)
+    idem_bin = os.path.join(build, "idem")
+    if not os.access(idem_bin, os.X_OK):
+        print("bench: %s is not an executable (build it first: make build)" % idem_bin,
+              file=sys.stderr)
+        return 2
+    pg_urls = list(a.store)
+    env_pg = os.environ.get("IDEM_BENCH_PG_URL")
+    if env_pg and env_pg not in pg_urls:
+        pg_urls.append(env_pg)
+    for u in pg_urls:
+        if not u.startswith(("postgresql://", "postgres://")):
+            print("bench: --store %s: a postgresql:// URL (SQLite always runs, in a "
+                  "temporary folder)" % redact(u), file=sys.stderr)
+            return 2
+
+    work = tempfile.mkdtemp(prefix="idem-bench-python.", dir=os.environ.get("TMPDIR"))
+    try:
+        pkg = os.path.join(work, "pkg")
+        b = subprocess.run([sys.executable, BACKEND, "inplace", "--build-dir", build,
+                            "--out", pkg], capture_output=True, text=True)
+        if b.returncode != 0:
+            sys.stderr.write(b.stdout + b.stderr)
+            print("bench: could not build the Python package (python3-dev, "
+                  "python3-cffi and a C compiler are needed)", file=sys.stderr)
+            return 1
+        env = dict(os.environ, PYTHONPATH=pkg + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        me = os.path.abspath(__file__)
+        secs = "%g" % a.seconds
+        failed = False
+        stores = [("sqlite", None)] + [("pg", u) for u in pg_urls]
+        results = {}
+        print("idem python: %d rounds of %ss per phase" % (a.rounds, secs), file=sys.stderr)
+        sys.stdout.flush()
+        for label, url in stores:
+            runs_c, runs_py = [], []
+            for r in range(1, a.rounds + 1):
+                print("round %d (%s)" % (r, "SQLite" if url is None else
+                                         "PostgreSQL " + redact(url)), file=sys.stderr)
+                c_url = url or "sqlite:" + os.path.join(work, "r%d.c.db" % r)
+                py_url = url or "sqlite:" + os.path.join(work, "r%d.py.db" % r)
+                c_cmd = [idem_bin, "bench", "--workers", "1", "--seconds", secs,
+                         "--json", "--store", c_url]
+                py_cmd = [sys.executable, me, "--child", py_url, "--seconds", secs,
+                          "--warmup", "0.5" if url else "0"]
+                order = [("c", c_cmd), ("python", py_cmd)]
+                if r % 2 == 0:
+                    order.reverse()
+                for side, cmd in order:
+                    doc = step("r%d.%s_%s" % (r, label, side), cmd, env)
+                    if doc is None:
+                        failed = True
+                    else:
+                        (runs_c if side == "c" else runs_py).append(doc)
+                for f in os.listdir(work):  # the round's SQLite files
+                    if f.startswith("r%d." % r):
+                        os.unlink(os.path.join(work, f))
+            results[label] = (url, runs_c, runs_py)
+
+        missed = 0
+        for label, (url, runs_c, runs_py) in results.items():
+            title = ("SQLite (a new file per run in TMPDIR, synchronous=FULL, group commit)"
+                     if url is None else "PostgreSQL %s" % redact(url))
+            missed += report(title, runs_c, runs_py, a.rounds)
+        print()
+        print("%d target%s missed" % (missed, "" if missed == 1 else "s"))
+        sys.stdout.flush()
+        return 1 if failed else 0
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
