@@ -114,7 +114,7 @@ int idem_py_local_run(idem_store *store, const char *tenant,
                       const char *operation, const char *key,
                       const char *request, size_t request_len,
                       const idem_call_options *opts, void *ctx,
-                      idem_py_claim *claim);
+                      idem_py_claim *claim, char *buf, size_t cap);
 
 typedef struct sqlite3 sqlite3;
 typedef struct sqlite3_stmt sqlite3_stmt;
@@ -125,6 +125,21 @@ int sqlite3_bind_int64(sqlite3_stmt *stmt, int i, int64_t v);
 int sqlite3_bind_double(sqlite3_stmt *stmt, int i, double v);
 int sqlite3_bind_null(sqlite3_stmt *stmt, int i);
 int idem_py_bind_text(sqlite3_stmt *stmt, int i, const char *p, int n);
+
+/* One statement: prepared, bound and stepped once in one call. */
+typedef struct idem_py_sql {
+  int rc;
+  int columns;
+  int more;
+  int64_t changes;
+  int64_t last_rowid;
+  sqlite3_stmt *stmt;
+} idem_py_sql;
+int idem_py_sqlite_run(sqlite3 *db, sqlite3_stmt *cached, const char *sql,
+                       int sql_len, int n, const char *kinds,
+                       const int64_t *ints, const double *doubles,
+                       char **ptrs, const int *lens, idem_py_sql *out);
+int sqlite3_reset(sqlite3_stmt *stmt);
 int idem_py_bind_blob(sqlite3_stmt *stmt, int i, const void *p, int n);
 int sqlite3_step(sqlite3_stmt *stmt);
 int sqlite3_column_count(sqlite3_stmt *stmt);
@@ -202,6 +217,19 @@ static void idem_py_read(idem_py_claim *claim)
 /* A claim that does not hold its key is done with here when its body fits
  * in buf (cap bytes): the body is copied there and the call freed, so that
  * call is NULL and body is buf. */
+/* Done with a call whose key is not held: its body is copied to buf when
+ * it fits (then call is NULL and body is buf). */
+static void idem_py_done(idem_py_claim *claim, char *buf, size_t cap)
+{
+  if (claim->body_len > cap)
+    return;
+  if (claim->body_len)
+    memcpy(buf, claim->body, claim->body_len);
+  claim->body = buf;
+  idem_call_free(claim->call);
+  claim->call = NULL;
+}
+
 static int idem_py_begin(idem_store *store, const char *tenant,
                          const char *operation, const char *key,
                          const char *request, size_t request_len,
@@ -215,13 +243,8 @@ static int idem_py_begin(idem_store *store, const char *tenant,
   if (claim->rc != IDEM_OK)
     return claim->rc;
   idem_py_read(claim);
-  if (!claim->exec && claim->body_len <= cap) {
-    if (claim->body_len)
-      memcpy(buf, claim->body, claim->body_len);
-    claim->body = buf;
-    idem_call_free(claim->call);
-    claim->call = NULL;
-  }
+  if (!claim->exec)
+    idem_py_done(claim, buf, cap);
   return claim->rc;
 }
 
@@ -233,7 +256,7 @@ static int idem_py_local_run(idem_store *store, const char *tenant,
                              const char *operation, const char *key,
                              const char *request, size_t request_len,
                              const idem_call_options *opts, void *ctx,
-                             idem_py_claim *claim)
+                             idem_py_claim *claim, char *buf, size_t cap)
 {
   idem_id id = {tenant, operation, key};
   idem_call_options o = *opts;
@@ -253,8 +276,10 @@ static int idem_py_local_run(idem_store *store, const char *tenant,
   claim->rc = idem_execute_local(store, &id, fingerprint, &o, idem_py_local,
                                  ctx, &claim->call);
   idem_free(canonical);
-  if (claim->rc == IDEM_OK)
-    idem_py_read(claim);
+  if (claim->rc != IDEM_OK)
+    return claim->rc;
+  idem_py_read(claim);
+  idem_py_done(claim, buf, cap);
   return claim->rc;
 }
 /* SQLITE_TRANSIENT is a cast cffi cannot declare: SQLite copies the value. */
@@ -265,5 +290,83 @@ static int idem_py_bind_text(sqlite3_stmt *stmt, int i, const char *p, int n)
 static int idem_py_bind_blob(sqlite3_stmt *stmt, int i, const void *p, int n)
 {
   return sqlite3_bind_blob(stmt, i, p, n, SQLITE_TRANSIENT);
+}
+
+typedef struct idem_py_sql {
+  int rc;         /* SQLITE_ROW, SQLITE_DONE, or the error; -1: the
+                     parameters do not match the statement */
+  int columns;    /* of the statement's rows */
+  int more;       /* non-zero: text after the statement holds another */
+  int64_t changes;
+  int64_t last_rowid;
+  sqlite3_stmt *stmt; /* kept when rc is SQLITE_ROW: step on, finalize */
+} idem_py_sql;
+
+/*
+ * Prepares sql (or takes cached, a statement prepared from it before),
+ * binds its n parameters (kinds: '0' NULL, '1' integer, '2' real, '3' text,
+ * '4' blob; ints, doubles, ptrs and lens may be NULL when no parameter
+ * needs them)
+ * and steps once: the crossings of a statement that writes, made in one.
+ * out->stmt is the statement, to step on while rc is SQLITE_ROW; the
+ * caller then resets it, keeps it for the same text, or finalizes it. A
+ * second statement after the first is not run: out->more says it is
+ * there.
+ */
+static int idem_py_sqlite_run(sqlite3 *db, sqlite3_stmt *cached,
+                              const char *sql, int sql_len, int n,
+                              const char *kinds, const int64_t *ints,
+                              const double *doubles, char **ptrs,
+                              const int *lens, idem_py_sql *out)
+{
+  const char *tail = NULL;
+  sqlite3_stmt *stmt = cached;
+  memset(out, 0, sizeof *out);
+  if (stmt) {
+    sqlite3_reset(stmt);
+    sqlite3_clear_bindings(stmt);
+  } else {
+    out->rc = sqlite3_prepare_v2(db, sql, sql_len, &stmt, &tail);
+    if (out->rc != SQLITE_OK)
+      return out->rc;
+  }
+  if (tail && tail < sql + sql_len) {
+    sqlite3_stmt *next = NULL;
+    int rc = sqlite3_prepare_v2(db, tail, (int)(sql + sql_len - tail), &next,
+                                NULL);
+    out->more = next != NULL || rc != SQLITE_OK;
+    sqlite3_finalize(next);
+  }
+  if (!stmt) {
+    out->rc = SQLITE_DONE;
+    return out->rc;
+  }
+  out->stmt = stmt;
+  if (out->more || sqlite3_bind_parameter_count(stmt) != n) {
+    out->rc = -1;
+    return out->rc;
+  }
+  for (int i = 0; i < n && out->rc == SQLITE_OK; i++) {
+    switch (kinds[i]) {
+    case '0': out->rc = sqlite3_bind_null(stmt, i + 1); break;
+    case '1': out->rc = sqlite3_bind_int64(stmt, i + 1, ints[i]); break;
+    case '2': out->rc = sqlite3_bind_double(stmt, i + 1, doubles[i]); break;
+    case '3':
+      out->rc = sqlite3_bind_text(stmt, i + 1, ptrs[i], lens[i],
+                                  SQLITE_TRANSIENT);
+      break;
+    default:
+      out->rc = sqlite3_bind_blob(stmt, i + 1, ptrs[i], lens[i],
+                                  SQLITE_TRANSIENT);
+    }
+  }
+  if (out->rc == SQLITE_OK)
+    out->rc = sqlite3_step(stmt);
+  out->columns = sqlite3_column_count(stmt);
+  out->changes = sqlite3_changes(db);
+  out->last_rowid = sqlite3_last_insert_rowid(db);
+  if (out->rc != SQLITE_ROW)
+    sqlite3_reset(stmt); /* ends its read: the statement may be kept */
+  return out->rc;
 }
 """ % ("#include <libpq-fe.h>" if has_pg else "")

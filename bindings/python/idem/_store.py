@@ -13,7 +13,7 @@ from typing import (Any, Awaitable, Callable, Dict, Iterable, Optional, Sequence
 from . import _errors
 from ._errors import Conflict, Error, InFlight, InvalidArgument, NotDone, OutcomeUnknown
 from ._native import ffi, lib
-from ._tx import Transaction
+from ._tx import Statements, Transaction
 
 Seconds = Union[int, float, str, None]
 KeySpec = Union[str, Callable[[Dict[str, Any]], str]]
@@ -81,6 +81,20 @@ def _decode(text: str) -> Any:
     if end != len(text) and text[end:].strip():
         raise ValueError("extra data after the JSON value")
     return value
+
+
+_NAMES: Dict[str, bytes] = {}
+
+
+def _name(value: Any, what: str) -> bytes:
+    """An operation or tenant, encoded once: they repeat from call to call."""
+    try:
+        return _NAMES[value]
+    except (KeyError, TypeError):
+        b = _text(value, what)
+        if len(_NAMES) < 1024:
+            _NAMES[value] = b
+        return b
 
 
 def _dump(value: Any) -> bytes:
@@ -304,13 +318,16 @@ def _is_release(exc: BaseException, release_on: Tuple[Type[BaseException], ...])
 
 
 class _LocalCall:
-    __slots__ = ("fn", "backend", "error", "body")
+    __slots__ = ("fn", "backend", "statements", "error", "body", "keep")
 
-    def __init__(self, fn: Callable[[Transaction], Any], backend: str) -> None:
+    def __init__(self, fn: Callable[[Transaction], Any], backend: str,
+                 statements: Statements) -> None:
         self.fn = fn
         self.backend = backend
+        self.statements = statements
         self.error: Optional[BaseException] = None
         self.body: Any = None
+        self.keep: Any = None
 
 
 @ffi.def_extern()
@@ -318,7 +335,7 @@ def idem_py_local(conn, ctx, response):  # type: ignore[no-untyped-def]
     """Runs the caller's function inside the store's transaction. It may run
     on another thread of the process (the one committing the batch)."""
     local = ffi.from_handle(ctx)
-    tx = Transaction(local.backend, conn)
+    tx = Transaction(local.backend, conn, local.statements)
     try:
         value = local.fn(tx)
         try:
@@ -332,11 +349,9 @@ def idem_py_local(conn, ctx, response):  # type: ignore[no-untyped-def]
     finally:
         tx._close()
     local.error = None
-    local.body = ffi.new("char[]", body)
-    response.status = 0
-    response.meta = ffi.NULL
-    response.meta_len = 0
-    response.body = local.body
+    local.body = body
+    local.keep = ffi.from_buffer(body)
+    response.body = local.keep  # the store zeroed the rest
     response.body_len = len(body)
     return 0
 
@@ -372,6 +387,7 @@ class Store:
         self.backend: str = ffi.string(lib.idem_store_backend(self._store)).decode()
         self._lock = threading.Lock()
         self._pools: Optional[Tuple[ThreadPoolExecutor, ThreadPoolExecutor]] = None
+        self._statements = Statements()
 
     # -------------------------------------------------------------- life
 
@@ -384,6 +400,7 @@ class Store:
             for p in pools:
                 p.shutdown(wait=True)
         if store is not None and self._pid == os.getpid():
+            self._statements.close()  # SQLite closes no connection with statements left
             lib.idem_store_close(store)
 
     def __enter__(self) -> "Store":
@@ -477,27 +494,32 @@ class Store:
         the key and propagates."""
         store = self._handle()
         opts = _options(lease, retention, wait)
-        op = _text(operation, "operation")
+        op = _name(operation, "operation")
+        t = _name(tenant if tenant is not None else "", "tenant")
         k = _text(key, "key", "IDEM_EKEY")
-        t = _text(tenant if tenant is not None else "", "tenant")
         req = _request(request)
-        local = _LocalCall(fn, self.backend)
-        c = ffi.new("idem_py_claim *")
+        local = _LocalCall(fn, self.backend, self._statements)
+        c, buf = _scratch()
+        c.call = ffi.NULL
         rc = lib.idem_py_local_run(store, t, op, k, req, len(req), ffi.addressof(opts.c.call),
-                                   ffi.new_handle(local), c)
+                                   ffi.new_handle(local), c, buf, _BUF_SIZE)
+        call = c.call  # left only for a body too large for buf
         try:
             if rc == _EREJECTED and local.error is not None:
                 raise local.error
             if rc != _OK:
                 raise _fail(rc)
-            if c.outcome in (_PROCEED, _RECOVER):
-                return Outcome(_stored(c, op, k), False, c.outcome == _RECOVER)
+            if c.outcome in (_PROCEED, _RECOVER):  # fn's result, as stored
+                value = _decode(local.body.decode("utf-8")) if local.body is not None \
+                    else _stored(c, op, k)
+                return Outcome(value, False, c.outcome == _RECOVER)
             if c.outcome == _REPLAY:
                 return Outcome(_stored(c, op, k), True, c.recovered != 0)
             raise _refusal(c, op, k)
         finally:
             local.error = None
-            lib.idem_call_free(c.call)
+            if call:
+                lib.idem_call_free(call)
 
     def delete(self, operation: str, key: str, *, tenant: Optional[str] = None) -> None:
         """Deletes one record whatever its state (an operator's act: a retry

@@ -1,6 +1,7 @@
 """tx.execute(): the caller's statements on the store's own connection,
 inside the transaction that also writes the record."""
-from typing import Any, List, Optional, Sequence, Tuple
+import threading
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ._errors import DatabaseError
 from ._native import ffi, lib
@@ -43,96 +44,130 @@ class Cursor:
         return iter(self.fetchall())
 
 
+class Statements:
+    """SQLite statements prepared on a store's connection, kept for the next
+    transaction (preparing one costs more than running it). Statements of
+    one connection are used by one transaction at a time, since the store
+    runs them there one after the other; close() finalizes them all, before
+    the store closes its connections."""
+
+    LIMIT = 64
+
+    def __init__(self) -> None:
+        self._kept: Dict[Tuple[int, bytes], Any] = {}
+        self._lock = threading.Lock()
+
+    def take(self, db: Any, sql: bytes) -> Any:
+        with self._lock:
+            return self._kept.pop((int(ffi.cast("uintptr_t", db)), sql), ffi.NULL)
+
+    def give(self, db: Any, sql: bytes, stmt: Any, keep: bool) -> None:
+        if keep:
+            with self._lock:
+                key = (int(ffi.cast("uintptr_t", db)), sql)
+                if key not in self._kept and len(self._kept) < self.LIMIT:
+                    self._kept[key] = stmt
+                    return
+        lib.sqlite3_finalize(stmt)
+
+    def close(self) -> None:
+        with self._lock:
+            kept, self._kept = self._kept, {}
+        for stmt in kept.values():
+            lib.sqlite3_finalize(stmt)
+
+
 class Transaction:
     """Valid only while the function it was given to runs."""
 
-    def __init__(self, backend: str, conn: Any) -> None:
+    def __init__(self, backend: str, conn: Any, statements: Optional[Statements] = None) -> None:
         self.backend = backend
         self._conn = conn
         self._open = True
+        self._statements = statements if statements is not None else Statements()
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
         if not self._open:
             raise DatabaseError("IDEM_ESTATE", "the transaction has ended: use tx "
                                 "only inside the function it was given to")
         if self.backend == "sqlite":
-            return _sqlite_execute(ffi.cast("sqlite3 *", self._conn), sql, params)
+            return _sqlite_execute(ffi.cast("sqlite3 *", self._conn), sql, params,
+                                   self._statements)
         return _pg_execute(ffi.cast("PGconn *", self._conn), sql, params)
 
     def _close(self) -> None:
         self._open = False
 
 
-def _sqlite_execute(db: Any, sql: str, params: Sequence[Any]) -> Cursor:
-    stmt_p = ffi.new("sqlite3_stmt **")
-    tail_p = ffi.new("const char **")
+def _sqlite_execute(db: Any, sql: str, params: Sequence[Any], cache: "Statements") -> Cursor:
+    n = len(params)
+    kinds = bytearray(b"0" * n)
+    ints = doubles = ptrs = lens = ffi.NULL
+    for i, v in enumerate(params):
+        if v is None:
+            continue
+        cls = v.__class__
+        if cls is str or isinstance(v, str):
+            b = v.encode("utf-8")
+            kind = 3
+        elif cls is int or isinstance(v, int):  # bool too
+            if ints == ffi.NULL:
+                ints = [0] * n
+            ints[i] = int(v)
+            kinds[i] = 0x31
+            continue
+        elif cls is float or isinstance(v, float):
+            if doubles == ffi.NULL:
+                doubles = [0.0] * n
+            doubles[i] = v
+            kinds[i] = 0x32
+            continue
+        elif isinstance(v, (bytes, bytearray, memoryview)):
+            b = bytes(v)
+            kind = 4
+        else:
+            raise TypeError("parameter %d: %s is not one of int, float, str, bytes "
+                            "or None" % (i + 1, type(v).__name__))
+        if ptrs == ffi.NULL:
+            ptrs, lens = [ffi.NULL] * n, [0] * n
+        ptrs[i] = ffi.from_buffer(b)
+        lens[i] = len(b)
+        kinds[i] = 0x30 + kind
     encoded = sql.encode("utf-8")
-    buf = ffi.from_buffer(encoded)
-    if lib.sqlite3_prepare_v2(db, buf, len(encoded), stmt_p, tail_p) != 0:
-        raise DatabaseError("IDEM_ESTORE", ffi.string(lib.sqlite3_errmsg(db)).decode(
-            "utf-8", "replace"))
-    stmt = stmt_p[0]
-    if stmt == ffi.NULL:  # only a comment or white space
-        return Cursor([], -1, None)
-    rest = encoded[ffi.cast("char *", tail_p[0]) - ffi.cast("char *", buf):]
-    if rest.strip() and _has_statement(db, rest):
-        lib.sqlite3_finalize(stmt)
-        raise DatabaseError("IDEM_EINVAL", "tx.execute() runs one statement; this text "
-                            "has more after the first: %r" % rest.decode("utf-8", "replace")[:80])
+    out = ffi.new("idem_py_sql *")
+    cached = cache.take(db, encoded)
+    rc = lib.idem_py_sqlite_run(db, cached, encoded, len(encoded), n, bytes(kinds), ints,
+                                doubles, ptrs, lens, out)
+    stmt = out.stmt
+    rows = []
     try:
-        want = lib.sqlite3_bind_parameter_count(stmt)
-        if want != len(params):
-            raise DatabaseError("IDEM_EINVAL", "the statement takes %d parameter(s), "
-                                "%d given" % (want, len(params)))
-        for i, v in enumerate(params, 1):
-            _sqlite_bind(db, stmt, i, v)
-        rows = []
-        while True:
-            rc = lib.sqlite3_step(stmt)
-            if rc == _SQLITE_ROW:
-                rows.append(_sqlite_row(stmt))
-            elif rc == _SQLITE_DONE:
-                break
-            else:
-                raise DatabaseError("IDEM_ESTORE", ffi.string(
-                    lib.sqlite3_errmsg(db)).decode("utf-8", "replace"))
-        writes = lib.sqlite3_column_count(stmt) == 0
-        return Cursor(rows, lib.sqlite3_changes(db) if writes else -1,
-                      lib.sqlite3_last_insert_rowid(db))
+        if rc == _SQLITE_ROW:
+            rows.append(_sqlite_row(stmt))
+            while True:
+                rc = lib.sqlite3_step(stmt)
+                if rc == _SQLITE_ROW:
+                    rows.append(_sqlite_row(stmt))
+                elif rc == _SQLITE_DONE:
+                    break
+                else:
+                    raise DatabaseError("IDEM_ESTORE", ffi.string(
+                        lib.sqlite3_errmsg(db)).decode("utf-8", "replace"))
+            lib.sqlite3_reset(stmt)
     finally:
-        lib.sqlite3_finalize(stmt)
-
-
-def _has_statement(db: Any, text: bytes) -> bool:
-    """Whether text holds a statement (not only comments, white space or
-    semicolons)."""
-    stmt_p = ffi.new("sqlite3_stmt **")
-    rc = lib.sqlite3_prepare_v2(db, text, len(text), stmt_p, ffi.NULL)
-    if stmt_p[0] != ffi.NULL:
-        lib.sqlite3_finalize(stmt_p[0])
-        return True
-    return rc != 0
-
-
-def _sqlite_bind(db: Any, stmt: Any, i: int, v: Any) -> None:
-    if v is None:
-        rc = lib.sqlite3_bind_null(stmt, i)
-    elif isinstance(v, bool) or isinstance(v, int):
-        rc = lib.sqlite3_bind_int64(stmt, i, int(v))
-    elif isinstance(v, float):
-        rc = lib.sqlite3_bind_double(stmt, i, v)
-    elif isinstance(v, str):
-        b = v.encode("utf-8")
-        rc = lib.idem_py_bind_text(stmt, i, b, len(b))
-    elif isinstance(v, (bytes, bytearray, memoryview)):
-        b = bytes(v)
-        rc = lib.idem_py_bind_blob(stmt, i, b, len(b))
-    else:
-        raise TypeError("parameter %d: %s is not one of int, float, str, bytes "
-                        "or None" % (i, type(v).__name__))
-    if rc != 0:
-        raise DatabaseError("IDEM_ESTORE", ffi.string(lib.sqlite3_errmsg(db)).decode(
-            "utf-8", "replace"))
+        if stmt:
+            cache.give(db, encoded, stmt, keep=rc in (_SQLITE_DONE, _SQLITE_ROW))
+    if rc == _SQLITE_DONE:
+        if rows:
+            return Cursor(rows, -1, out.last_rowid)
+        return Cursor([], out.changes if out.columns == 0 else -1, out.last_rowid)
+    if rc == -1:
+        if out.more:
+            raise DatabaseError("IDEM_EINVAL", "tx.execute() runs one statement; this "
+                                "text has more after the first")
+        raise DatabaseError("IDEM_EINVAL", "the statement's parameters do not match the "
+                            "%d given" % n)
+    raise DatabaseError("IDEM_ESTORE", ffi.string(lib.sqlite3_errmsg(db)).decode(
+        "utf-8", "replace"))
 
 
 def _sqlite_row(stmt: Any) -> Tuple[Any, ...]:

@@ -21,11 +21,13 @@ CHILD = textwrap.dedent('''
     store = idem.open(url)
     main = threading.main_thread().ident
     ran = []
+    held = threading.Event()
 
     @store.idempotent(operation, key="key", wait="60s")
     def job(n, key):
         ran.append(threading.current_thread().name)
         if threading.current_thread().name == "holder":
+            held.set()
             # Once the main thread is blocked in the claim, waiting for this
             # key: SIGINT it, then let the key go without acting.
             while True:
@@ -46,6 +48,7 @@ CHILD = textwrap.dedent('''
     t = threading.Thread(target=holder, name="holder")
     try:
         t.start()
+        held.wait(60)  # the holder has the key: this call waits for it
         print("returned", job(1, key))
     except KeyboardInterrupt:
         print("interrupted")
