@@ -77,6 +77,8 @@ CHECKS = (
     ("fresh: decorator / C fresh", "decorator_fresh", "fresh", None),
     ("replay: decorator / C replay", "decorator_replay", "replay", 0.25),
     ("replay: execute_local / C replay", "local_replay", "replay", 0.25),
+    ("fresh: Python's floor / C fresh", "floor_fresh", "fresh", None),
+    ("fresh: execute_local / Python's floor", "local_fresh", "floor_fresh", None),
     ("replay: Python's floor / C replay", "floor_replay", "replay", None),
     ("replay: decorator / Python's floor", "decorator_replay", "floor_replay", None),
 )
@@ -187,6 +189,8 @@ def child(url: str, seconds: float, warmup: float) -> int:
     phases["decorator_replay"] = phase(decorated, lambda n: prepared[n % PREPARED_KEYS],
                                        True, seconds)
     phases["floor_replay"] = floor(store, prepared, seconds)
+    if not pg:
+        phases["floor_fresh"] = floor_fresh(store, payload, fresh("z"), seconds)
     store.close()
     errors = sum(p["errors"] for p in phases.values())
     doc = {"python": "%s %s" % (sys.implementation.name, sys.version.split()[0]),
@@ -238,6 +242,69 @@ def floor(store, prepared, seconds):
             lat.append(now() - t0)
         else:
             errors += 1
+    elapsed = (now() - start) / 1e9
+    lat.sort()
+    p50 = round(lat[len(lat) // 2] / 1000.0, 1) if lat else 0.0
+    p99 = round(lat[min(len(lat) - 1, int(0.99 * len(lat)))] / 1000.0, 1) if lat else 0.0
+    return {"ops": len(lat), "ops_per_s": round(len(lat) / elapsed, 1), "p50_us": p50,
+            "p99_us": p99, "errors": errors, "elapsed_s": elapsed}
+
+
+def floor_fresh(store, payload, keys, seconds):
+    """The least a fresh local call costs from Python (SQLite): the request
+    written as JSON, one call into libidem's local run whose callback, in
+    Python, inserts the row through one C call on a statement kept
+    prepared (what C's fresh does) and returns its JSON result, and that
+    result decoded. The binding's execute_local() adds its own work to
+    this; what this costs beside C's fresh is Python's."""
+    from idem import _store
+    from idem._native import ffi, lib
+
+    encode, decode = _store._encode, _store._decode
+    handle = store._handle()
+    claim = ffi.new("idem_py_claim *")
+    cap = 64 * 1024
+    buf = ffi.new("char[]", cap)
+    opts = ffi.new("idem_call_options *")
+    tenant, operation = TENANT.encode(), OPERATION.encode()
+    sql = b"INSERT INTO bench_tickets (payload) VALUES (?)"
+    text = payload.encode()
+    ptrs = [ffi.from_buffer(text)]
+    kept = {}
+    out = ffi.new("idem_py_sql *")
+
+    def insert(tx):
+        db = ffi.cast("sqlite3 *", tx._conn)
+        lib.idem_py_sqlite_run(db, kept.get("stmt", ffi.NULL), sql, len(sql), 1, b"3",
+                               ffi.NULL, ffi.NULL, ptrs, [len(text)], out)
+        kept["stmt"] = out.stmt
+        return {"ticket_id": out.last_rowid}
+
+    local = _store._LocalCall(insert, "sqlite", store._statements)
+    ctx = ffi.new_handle(local)
+    args = dict(REQUEST)
+    now = time.perf_counter_ns
+    lat = []
+    errors = 0
+    n = 0
+    start = now()
+    deadline = start + int(seconds * 1e9)
+    while True:
+        t0 = now()
+        if t0 >= deadline:
+            break
+        key = keys(n)
+        n += 1
+        request = encode(args).encode()
+        lib.idem_py_local_run(handle, tenant, operation, key.encode(), request,
+                              len(request), opts, ctx, claim, buf, cap)
+        value = decode(local.body.decode())
+        if claim.outcome == 1 and isinstance(value, dict):
+            lat.append(now() - t0)
+        else:
+            errors += 1
+    if "stmt" in kept:
+        lib.sqlite3_finalize(kept["stmt"])
     elapsed = (now() - start) / 1e9
     lat.sort()
     p50 = round(lat[len(lat) // 2] / 1000.0, 1) if lat else 0.0
@@ -301,7 +368,8 @@ def report(title, runs_c, runs_py, rounds):
             ("py decorator fresh", runs_py, "decorator_fresh"),
             ("py execute_local replay", runs_py, "local_replay"),
             ("py decorator replay", runs_py, "decorator_replay"),
-            ("py floor replay", runs_py, "floor_replay"))
+            ("py floor replay", runs_py, "floor_replay"),
+            ("py floor fresh", runs_py, "floor_fresh"))
     print("%-26s %10s %8s   %s" % ("measurement", "calls/s", "p50 us", "rounds"))
     fs = [r.get("fsync_per_s") for r in runs_c]
     print("%-26s %10s %8s   %s" % ("fsync/s before C's run", "-" if med(fs) is None

@@ -1,6 +1,5 @@
 """tx.execute(): the caller's statements on the store's own connection,
 inside the transaction that also writes the record."""
-import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ._errors import DatabaseError
@@ -55,24 +54,18 @@ class Statements:
 
     def __init__(self) -> None:
         self._kept: Dict[Tuple[int, bytes], Any] = {}
-        self._lock = threading.Lock()
 
-    def take(self, db: Any, sql: bytes) -> Any:
-        with self._lock:
-            return self._kept.pop((int(ffi.cast("uintptr_t", db)), sql), ffi.NULL)
+    def take(self, addr: int, sql: bytes) -> Any:
+        return self._kept.pop((addr, sql), ffi.NULL)  # atomic under the GIL
 
-    def give(self, db: Any, sql: bytes, stmt: Any, keep: bool) -> None:
-        if keep:
-            with self._lock:
-                key = (int(ffi.cast("uintptr_t", db)), sql)
-                if key not in self._kept and len(self._kept) < self.LIMIT:
-                    self._kept[key] = stmt
-                    return
+    def give(self, addr: int, sql: bytes, stmt: Any, keep: bool) -> None:
+        if keep and len(self._kept) < self.LIMIT and \
+                self._kept.setdefault((addr, sql), stmt) is stmt:
+            return
         lib.sqlite3_finalize(stmt)
 
     def close(self) -> None:
-        with self._lock:
-            kept, self._kept = self._kept, {}
+        kept, self._kept = self._kept, {}
         for stmt in kept.values():
             lib.sqlite3_finalize(stmt)
 
@@ -85,21 +78,23 @@ class Transaction:
         self._conn = conn
         self._open = True
         self._statements = statements if statements is not None else Statements()
+        self._db = ffi.cast("sqlite3 *", conn) if backend == "sqlite" else None
+        self._addr = int(ffi.cast("uintptr_t", conn))
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
         if not self._open:
             raise DatabaseError("IDEM_ESTATE", "the transaction has ended: use tx "
                                 "only inside the function it was given to")
         if self.backend == "sqlite":
-            return _sqlite_execute(ffi.cast("sqlite3 *", self._conn), sql, params,
-                                   self._statements)
+            return _sqlite_execute(self._db, self._addr, sql, params, self._statements)
         return _pg_execute(ffi.cast("PGconn *", self._conn), sql, params)
 
     def _close(self) -> None:
         self._open = False
 
 
-def _sqlite_execute(db: Any, sql: str, params: Sequence[Any], cache: "Statements") -> Cursor:
+def _sqlite_execute(db: Any, addr: int, sql: str, params: Sequence[Any],
+                    cache: Statements) -> Cursor:
     n = len(params)
     kinds = bytearray(b"0" * n)
     ints = doubles = ptrs = lens = ffi.NULL
@@ -135,7 +130,7 @@ def _sqlite_execute(db: Any, sql: str, params: Sequence[Any], cache: "Statements
         kinds[i] = 0x30 + kind
     encoded = sql.encode("utf-8")
     out = ffi.new("idem_py_sql *")
-    cached = cache.take(db, encoded)
+    cached = cache.take(addr, encoded)
     rc = lib.idem_py_sqlite_run(db, cached, encoded, len(encoded), n, bytes(kinds), ints,
                                 doubles, ptrs, lens, out)
     stmt = out.stmt
@@ -155,7 +150,7 @@ def _sqlite_execute(db: Any, sql: str, params: Sequence[Any], cache: "Statements
             lib.sqlite3_reset(stmt)
     finally:
         if stmt:
-            cache.give(db, encoded, stmt, keep=rc in (_SQLITE_DONE, _SQLITE_ROW))
+            cache.give(addr, encoded, stmt, rc == _SQLITE_DONE or rc == _SQLITE_ROW)
     if rc == _SQLITE_DONE:
         if rows:
             return Cursor(rows, -1, out.last_rowid)
