@@ -50,6 +50,7 @@ else
 	sh bench/engine.sh $(BUILD)
 	sh bench/gateway.sh $(BUILD)/idem
 	sh bench/mcp.sh $(BUILD)/idem
+	python3 bench/python.py $(BUILD)
 endif
 
 # Only idem serve's benchmark (bench/gateway.sh).
