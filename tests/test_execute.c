@@ -842,6 +842,70 @@ static void test_execute_in_two_halves(void **state) {
   EXPECT_RC(IDEM_EINVAL, idem_execute_end(NULL, IDEM_EXEC_DONE, NULL));
 }
 
+/*
+ * One parse makes both the fingerprint and the canonical request kept for
+ * operators when the two texts are the same (every number a short
+ * integer); otherwise the canonical form is made apart. Either way the
+ * record keeps idem_canonicalize()'s form, a request written otherwise
+ * with the same values replays, and one whose numbers differ past a
+ * double's precision conflicts.
+ */
+static void test_execute_canonical_request_kept(void **state) {
+  fixture *f = *state;
+  static const struct {
+    const char *req, *same, *other;
+  } cases[] = {
+      {"{\"n\":5,\"s\":\"a\"}", "{ \"s\": \"a\", \"n\": 5.0 }", "{\"n\":6,\"s\":\"a\"}"},
+      {"{\"n\":-123456789012345}", "{\"n\":-1.23456789012345e14}",
+       "{\"n\":-123456789012346}"},
+      {"{\"n\":1234567890123456}", "{\"n\":1234567890123456.0}",
+       "{\"n\":1234567890123457}"},
+      {"{\"n\":12345678901234567}", "{\"n\":12345678901234567}",
+       "{\"n\":12345678901234568}"},
+      {"{\"x\":0.1}", "{\"x\":1e-1}", "{\"x\":0.10000000000000001}"},
+      {"{\"x\":1.0000000000000001}", "{\"x\":1.0000000000000001}", "{\"x\":1}"},
+      {"{\"s\":\"12 \\\" 3.5e7 \\\\\",\"t\":[1,2,{\"u\":\"-9\"}]}",
+       "{\"t\":[1,2,{\"u\":\"-9\"}],\"s\":\"12 \\\" 3.5e7 \\\\\"}",
+       "{\"s\":\"12 \\\" 3.5e7 \\\\\",\"t\":[1,2,{\"u\":\"-8\"}]}"},
+      {"[1e400]", NULL, NULL},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char key[32];
+    idem_id id = {"tenant-a", OPERATION, key};
+    remote a = {0};
+    idem_record *rec;
+    idem_call *c;
+    char *canon = NULL;
+    size_t canon_len;
+    snprintf(key, sizeof key, "canonical-%zu", i);
+    if (!cases[i].same) { /* overflows a double: refused, nothing kept */
+      c = EXECUTE(f->store, &id, cases[i].req, &a, NULL, IDEM_ERANGE, 0);
+      assert_null(c);
+      assert_int_equal(a.runs, 0);
+      continue;
+    }
+    c = EXECUTE(f->store, &id, cases[i].req, &a, NULL, IDEM_OK, IDEM_PROCEED);
+    idem_call_free(c);
+    rec = get_record(f->store, &id);
+    EXPECT_RC(IDEM_OK, idem_canonicalize(cases[i].req, strlen(cases[i].req),
+                                         NULL, &canon, &canon_len, NULL));
+    if (rec->request_len != canon_len ||
+        memcmp(rec->request, canon, canon_len) != 0) {
+      print_error("case %zu: kept %.*s, canonical %s\n", i,
+                  (int)rec->request_len, (const char *)rec->request, canon);
+      fail();
+    }
+    idem_free(canon);
+    idem_record_free(rec);
+    c = EXECUTE(f->store, &id, cases[i].same, &a, NULL, IDEM_OK, IDEM_REPLAY);
+    idem_call_free(c);
+    c = EXECUTE(f->store, &id, cases[i].other, &a, NULL, IDEM_OK,
+                IDEM_CONFLICT);
+    idem_call_free(c);
+    assert_int_equal(a.runs, 1);
+  }
+}
+
 #define STORE_TEST(fn)                                                         \
   cmocka_unit_test_setup_teardown(fn, setup_store, teardown_store)
 
@@ -860,6 +924,7 @@ int main(void) {
       STORE_TEST(test_execute_abandon),
       STORE_TEST(test_execute_ending_already_stored),
       STORE_TEST(test_execute_in_two_halves),
+      STORE_TEST(test_execute_canonical_request_kept),
   };
   const struct CMUnitTest sqlite_only[] = {
       STORE_TEST(test_execute_renews_from_the_write),

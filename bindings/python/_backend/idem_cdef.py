@@ -135,7 +135,7 @@ typedef struct idem_py_sql {
   int64_t last_rowid;
   sqlite3_stmt *stmt;
 } idem_py_sql;
-int idem_py_sqlite_run(sqlite3 *db, sqlite3_stmt *cached, const char *sql,
+int idem_py_sqlite_run(void *db, sqlite3_stmt *cached, const char *sql,
                        int sql_len, int n, const char *kinds,
                        const int64_t *ints, const double *doubles,
                        char **ptrs, const int *lens, idem_py_sql *out);
@@ -313,12 +313,13 @@ typedef struct idem_py_sql {
  * second statement after the first is not run: out->more says it is
  * there.
  */
-static int idem_py_sqlite_run(sqlite3 *db, sqlite3_stmt *cached,
+static int idem_py_sqlite_run(void *conn, sqlite3_stmt *cached,
                               const char *sql, int sql_len, int n,
                               const char *kinds, const int64_t *ints,
                               const double *doubles, char **ptrs,
                               const int *lens, idem_py_sql *out)
 {
+  sqlite3 *db = conn;
   const char *tail = NULL;
   sqlite3_stmt *stmt = cached;
   memset(out, 0, sizeof *out);

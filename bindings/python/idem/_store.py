@@ -6,6 +6,7 @@ import json
 import os
 import re
 import threading
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import (Any, Awaitable, Callable, Dict, Iterable, Optional, Sequence,
                     Tuple, Type, Union)
@@ -160,6 +161,8 @@ def _options(lease: Seconds, retention: Seconds, wait: Seconds,
     """The options of one call; those without pointers are made once."""
     if payload is not None:
         return _Options(lease, retention, wait, payload)
+    if lease is None and retention is None and wait is None:
+        return _PLAIN
     k = (lease, retention, wait)
     try:
         return _DEFAULTS[k]
@@ -171,6 +174,9 @@ def _options(lease: Seconds, retention: Seconds, wait: Seconds,
             except TypeError:
                 pass
         return o
+
+
+_PLAIN = _Options(None, None, None, None)
 
 
 class _Claim:
@@ -185,6 +191,19 @@ class _Claim:
 
 
 _tls = threading.local()
+
+# Stores open in this process: a child of fork() marks them its parent's, so
+# that a call checks a flag rather than asking for its pid every time.
+_open_stores: "weakref.WeakSet[Store]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for store in list(_open_stores):
+        store._forked = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 _BUF_SIZE = 64 * 1024
 
 
@@ -383,6 +402,8 @@ class Store:
             raise _fail(rc)
         self._store = out[0]
         self._pid = os.getpid()
+        self._forked = False
+        _open_stores.add(self)
         self.url = url
         self.backend: str = ffi.string(lib.idem_store_backend(self._store)).decode()
         self._lock = threading.Lock()
@@ -399,7 +420,7 @@ class Store:
         if pools:
             for p in pools:
                 p.shutdown(wait=True)
-        if store is not None and self._pid == os.getpid():
+        if store is not None and not self._forked and self._pid == os.getpid():
             self._statements.close()  # SQLite closes no connection with statements left
             lib.idem_store_close(store)
 
@@ -419,7 +440,7 @@ class Store:
         store = self._store
         if store is None:
             raise Error("IDEM_EINVAL", "the store is closed")
-        if self._pid != os.getpid():
+        if self._forked:
             raise Error("IDEM_EINVAL", "this store was opened by process %d: after "
                         "fork() the child opens a store of its own" % self._pid)
         return store

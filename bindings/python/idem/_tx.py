@@ -53,14 +53,14 @@ class Statements:
     LIMIT = 64
 
     def __init__(self) -> None:
-        self._kept: Dict[Tuple[int, bytes], Any] = {}
+        self._kept: Dict[Tuple[Any, bytes], Any] = {}
 
-    def take(self, addr: int, sql: bytes) -> Any:
-        return self._kept.pop((addr, sql), ffi.NULL)  # atomic under the GIL
+    def take(self, conn: Any, sql: bytes) -> Any:
+        return self._kept.pop((conn, sql), ffi.NULL)  # atomic under the GIL
 
-    def give(self, addr: int, sql: bytes, stmt: Any, keep: bool) -> None:
+    def give(self, conn: Any, sql: bytes, stmt: Any, keep: bool) -> None:
         if keep and len(self._kept) < self.LIMIT and \
-                self._kept.setdefault((addr, sql), stmt) is stmt:
+                self._kept.setdefault((conn, sql), stmt) is stmt:
             return
         lib.sqlite3_finalize(stmt)
 
@@ -78,23 +78,22 @@ class Transaction:
         self._conn = conn
         self._open = True
         self._statements = statements if statements is not None else Statements()
-        self._db = ffi.cast("sqlite3 *", conn) if backend == "sqlite" else None
-        self._addr = int(ffi.cast("uintptr_t", conn))
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
         if not self._open:
             raise DatabaseError("IDEM_ESTATE", "the transaction has ended: use tx "
                                 "only inside the function it was given to")
         if self.backend == "sqlite":
-            return _sqlite_execute(self._db, self._addr, sql, params, self._statements)
+            return _sqlite_execute(self._conn, sql, params, self._statements)
         return _pg_execute(ffi.cast("PGconn *", self._conn), sql, params)
 
     def _close(self) -> None:
         self._open = False
 
 
-def _sqlite_execute(db: Any, addr: int, sql: str, params: Sequence[Any],
-                    cache: Statements) -> Cursor:
+def _sqlite_execute(conn: Any, sql: str, params: Sequence[Any], cache: Statements) -> Cursor:
+    """conn: the store's sqlite3 *, as the void * it came in (cdata pointers
+    hash and compare by address, so it also keys the statement cache)."""
     n = len(params)
     kinds = bytearray(b"0" * n)
     ints = doubles = ptrs = lens = ffi.NULL
@@ -130,8 +129,8 @@ def _sqlite_execute(db: Any, addr: int, sql: str, params: Sequence[Any],
         kinds[i] = 0x30 + kind
     encoded = sql.encode("utf-8")
     out = ffi.new("idem_py_sql *")
-    cached = cache.take(addr, encoded)
-    rc = lib.idem_py_sqlite_run(db, cached, encoded, len(encoded), n, bytes(kinds), ints,
+    cached = cache.take(conn, encoded)
+    rc = lib.idem_py_sqlite_run(conn, cached, encoded, len(encoded), n, bytes(kinds), ints,
                                 doubles, ptrs, lens, out)
     stmt = out.stmt
     rows = []
@@ -145,12 +144,11 @@ def _sqlite_execute(db: Any, addr: int, sql: str, params: Sequence[Any],
                 elif rc == _SQLITE_DONE:
                     break
                 else:
-                    raise DatabaseError("IDEM_ESTORE", ffi.string(
-                        lib.sqlite3_errmsg(db)).decode("utf-8", "replace"))
+                    raise DatabaseError("IDEM_ESTORE", _sqlite_error(conn))
             lib.sqlite3_reset(stmt)
     finally:
         if stmt:
-            cache.give(addr, encoded, stmt, rc == _SQLITE_DONE or rc == _SQLITE_ROW)
+            cache.give(conn, encoded, stmt, rc == _SQLITE_DONE or rc == _SQLITE_ROW)
     if rc == _SQLITE_DONE:
         if rows:
             return Cursor(rows, -1, out.last_rowid)
@@ -161,8 +159,12 @@ def _sqlite_execute(db: Any, addr: int, sql: str, params: Sequence[Any],
                                 "text has more after the first")
         raise DatabaseError("IDEM_EINVAL", "the statement's parameters do not match the "
                             "%d given" % n)
-    raise DatabaseError("IDEM_ESTORE", ffi.string(lib.sqlite3_errmsg(db)).decode(
-        "utf-8", "replace"))
+    raise DatabaseError("IDEM_ESTORE", _sqlite_error(conn))
+
+
+def _sqlite_error(conn: Any) -> str:
+    msg = lib.sqlite3_errmsg(ffi.cast("sqlite3 *", conn))
+    return ffi.string(msg).decode("utf-8", "replace")
 
 
 def _sqlite_row(stmt: Any) -> Tuple[Any, ...]:
