@@ -173,6 +173,13 @@ int PQgetisnull(const PGresult *res, int row, int col);
 Oid PQftype(const PGresult *res, int col);
 char *PQcmdTuples(PGresult *res);
 void PQclear(PGresult *res);
+PGresult *PQprepare(PGconn *conn, const char *stmtName, const char *query,
+                    int nParams, const Oid *paramTypes);
+PGresult *PQexecPrepared(PGconn *conn, const char *stmtName, int nParams,
+                         const char *const *paramValues,
+                         const int *paramLengths, const int *paramFormats,
+                         int resultFormat);
+int PQbackendPID(const PGconn *conn);
 """
 
 

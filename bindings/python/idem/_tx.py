@@ -54,6 +54,8 @@ class Statements:
 
     def __init__(self) -> None:
         self._kept: Dict[Tuple[Any, bytes], Any] = {}
+        self._pg: Dict[Tuple[Any, int, bytes], bytes] = {}  # PostgreSQL: names
+        self._count = 0
 
     def take(self, conn: Any, sql: bytes) -> Any:
         return self._kept.pop((conn, sql), ffi.NULL)  # atomic under the GIL
@@ -64,8 +66,35 @@ class Statements:
             return
         lib.sqlite3_finalize(stmt)
 
+    def pg_name(self, conn: Any, sql: bytes) -> Optional[bytes]:
+        """The name of sql prepared on this PostgreSQL session, preparing it
+        the first time; None when the cache is full (the caller then sends
+        it unprepared). A statement the server refuses raises
+        DatabaseError, as running it would. A session is known by its
+        connection and its server process: a connection that libidem reset
+        is a new session, whose statements are prepared again."""
+        key = (conn, lib.PQbackendPID(conn), sql)
+        name = self._pg.get(key)
+        if name is not None or len(self._pg) >= self.LIMIT:
+            return name  # type: ignore[no-any-return]
+        self._count += 1
+        name = b"idem_py_%d" % self._count
+        res = lib.PQprepare(conn, name, sql, 0, ffi.NULL)
+        try:
+            if lib.PQresultStatus(res) != _PGRES_COMMAND_OK:
+                # What running it would have said (and, as then, the
+                # transaction is now aborted).
+                msg = lib.PQresultErrorMessage(res) if res != ffi.NULL else ffi.NULL
+                raise DatabaseError("IDEM_ESTORE", ffi.string(msg).decode(
+                    "utf-8", "replace").strip() if msg != ffi.NULL else "no result")
+        finally:
+            lib.PQclear(res)
+        self._pg[key] = name
+        return name
+
     def close(self) -> None:
         kept, self._kept = self._kept, {}
+        self._pg = {}
         for stmt in kept.values():
             lib.sqlite3_finalize(stmt)
 
@@ -85,7 +114,7 @@ class Transaction:
                                 "only inside the function it was given to")
         if self.backend == "sqlite":
             return _sqlite_execute(self._conn, sql, params, self._statements)
-        return _pg_execute(ffi.cast("PGconn *", self._conn), sql, params)
+        return _pg_execute(ffi.cast("PGconn *", self._conn), sql, params, self._statements)
 
     def _close(self) -> None:
         self._open = False
@@ -188,7 +217,7 @@ def _sqlite_row(stmt: Any) -> Tuple[Any, ...]:
     return tuple(row)
 
 
-def _pg_execute(conn: Any, sql: str, params: Sequence[Any]) -> Cursor:
+def _pg_execute(conn: Any, sql: str, params: Sequence[Any], cache: Statements) -> Cursor:
     if not hasattr(lib, "PQexecParams"):
         raise DatabaseError("IDEM_EINVAL", "this idem package was built without libpq")
     n = len(params)
@@ -216,8 +245,12 @@ def _pg_execute(conn: Any, sql: str, params: Sequence[Any]) -> Cursor:
         keep.append(buf)
         values[i] = buf
         lengths[i] = len(b)
-    res = lib.PQexecParams(conn, sql.encode("utf-8"), n, ffi.NULL, values, lengths,
-                           formats, 0)
+    encoded = sql.encode("utf-8")
+    name = cache.pg_name(conn, encoded)
+    if name is not None:
+        res = lib.PQexecPrepared(conn, name, n, values, lengths, formats, 0)
+    else:
+        res = lib.PQexecParams(conn, encoded, n, ffi.NULL, values, lengths, formats, 0)
     try:
         status = lib.PQresultStatus(res)
         if status not in (_PGRES_COMMAND_OK, _PGRES_TUPLES_OK):
