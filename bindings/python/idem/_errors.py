@@ -16,6 +16,19 @@ class Error(Exception):
         # returned.
         self.value: object = None
 
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        # Rebuilt whole in another process (a multiprocessing pool's
+        # worker raising it): the class, the code, the message and the
+        # attributes, not the constructor's arguments.
+        return (_rebuild, (self.__class__, self.code, self.message, dict(self.__dict__)))
+
+
+def _rebuild(cls: type, code: str, message: str, state: dict) -> "Error":
+    err = cls.__new__(cls)
+    Exception.__init__(err, "%s: %s" % (code, message))
+    err.__dict__.update(state)
+    return err
+
 
 class Conflict(Error):
     """The key was used before with other arguments; nothing ran."""

@@ -29,9 +29,14 @@ _UNITS = {"ms": 1, "s": 1000, "m": 60000, "h": 3600000, "d": 86400000}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 
 
+_DAY_MS = 86400000
+_LIMITS_MS = {"lease": 30 * _DAY_MS, "wait": 30 * _DAY_MS, "retention": 36525 * _DAY_MS,
+              "busy_timeout": 2 ** 31 - 1}
+
+
 def _ms(value: Seconds, name: str) -> int:
     """Milliseconds from a number of seconds or a string like "30s"; 0 for
-    None (libidem's default)."""
+    None (libidem's default). Bounded as libidem bounds it."""
     if value is None:
         return 0
     if isinstance(value, bool):
@@ -47,8 +52,13 @@ def _ms(value: Seconds, name: str) -> int:
         ms = float(m.group(1)) * _UNITS[m.group(2)]
     else:
         raise InvalidArgument("IDEM_EINVAL", "%s: %r is not a duration" % (name, value))
-    if ms < 0 or ms != ms:
-        raise InvalidArgument("IDEM_EINVAL", "%s: %r is negative" % (name, value))
+    if ms != ms or ms < 0:
+        raise InvalidArgument("IDEM_EINVAL", "%s: %r is not a duration" % (name, value))
+    limit = _LIMITS_MS.get(name)
+    if limit is not None and ms > limit:
+        raise InvalidArgument("IDEM_EINVAL", "%s: %r is longer than the most allowed, %d "
+                              "days" % (name, value, limit // _DAY_MS) if limit >= _DAY_MS
+                              else "%s: %r is longer than %d ms" % (name, value, limit))
     return max(1, int(ms)) if ms > 0 else 0
 
 
@@ -58,6 +68,13 @@ def _text(value: Any, what: str, code: str = "IDEM_EINVAL") -> bytes:
     if "\x00" in value:
         raise InvalidArgument(code, "%s contains a NUL character" % what)
     return value.encode("utf-8")
+
+
+def _key(value: Any) -> bytes:
+    """A key: a str of printable ASCII (libidem checks the rest)."""
+    if value is None:
+        raise InvalidArgument("IDEM_EKEY", "no key: the key is None")
+    return _text(value, "key", "IDEM_EKEY")
 
 
 def _not_json(value: Any) -> Any:
@@ -163,7 +180,7 @@ def _options(lease: Seconds, retention: Seconds, wait: Seconds,
         return _Options(lease, retention, wait, payload)
     if lease is None and retention is None and wait is None:
         return _PLAIN
-    k = (lease, retention, wait)
+    k = (lease, retention, wait, lease.__class__, retention.__class__, wait.__class__)
     try:
         return _DEFAULTS[k]
     except (KeyError, TypeError):
@@ -207,28 +224,42 @@ if hasattr(os, "register_at_fork"):
 _BUF_SIZE = 64 * 1024
 
 
-def _scratch() -> Tuple[Any, Any]:
-    """The thread's idem_py_claim and body buffer: claims copy out what they
-    keep, so one pair per thread serves every call, nested ones included."""
+def _take() -> Tuple[Any, Any]:
+    """An idem_py_claim and a body buffer for one call, from the thread's
+    spares: a call keeps its pair until it has read all it needs, so that a
+    call made meanwhile on the same thread (by a function that libidem runs
+    during this call, or by a signal handler as it returns) takes another."""
     try:
-        return _tls.scratch  # type: ignore[no-any-return]
+        return _tls.spares.pop()  # type: ignore[no-any-return]
     except AttributeError:
-        pair = _tls.scratch = (ffi.new("idem_py_claim *"), ffi.new("char[]", _BUF_SIZE))
-        return pair
+        _tls.spares = []
+    except IndexError:
+        pass
+    return ffi.new("idem_py_claim *"), ffi.new("char[]", _BUF_SIZE)
+
+
+def _give(pair: Tuple[Any, Any]) -> None:
+    spares = _tls.spares
+    if len(spares) < 4:
+        spares.append(pair)
 
 
 def _begin(store: Any, tenant: bytes, operation: bytes, key: bytes, request: bytes,
            opts: Any) -> Union[Outcome, _Claim]:
     """Claims the key: a _Claim when this call holds it (the action runs),
     the Outcome of a replay, or the refusal raised."""
-    c, buf = _scratch()
+    pair = _take()
+    c, buf = pair
     c.exec = c.call = ffi.NULL
     try:
         rc = lib.idem_py_begin(store, tenant, operation, key, request, len(request), opts,
                                c, buf, _BUF_SIZE)
         call, exec_ = c.call, c.exec
         if exec_:
-            return _Claim(call, exec_, c.outcome == _RECOVER)
+            claim = _Claim(call, exec_, c.outcome == _RECOVER)
+            c.exec = c.call = ffi.NULL
+            _give(pair)
+            return claim
     except BaseException:
         # Interrupted (Ctrl-C) as the claim returned: a key it got is let go,
         # since nothing ran.
@@ -246,6 +277,7 @@ def _begin(store: Any, tenant: bytes, operation: bytes, key: bytes, request: byt
     finally:
         if call:  # a body too large for the buffer is read from the call
             lib.idem_call_free(call)
+        _give(pair)
 
 
 def _stored(c: Any, operation: bytes, key: bytes) -> Any:
@@ -278,20 +310,28 @@ def _refusal(c: Any, operation: bytes, key: bytes) -> Error:
 
 
 def _end(claim: _Claim, result: int, body: Optional[bytes] = None) -> Tuple[int, str]:
-    """Ends the held key by what the action did and frees the call;
-    (rc, errmsg)."""
-    resp = ffi.NULL
-    if body is not None:
-        resp = ffi.new("idem_response *")
-        buf = ffi.from_buffer(body)
-        resp.body, resp.body_len = buf, len(body)
+    """Ends the held key by what the action did and frees the call, exactly
+    once; (rc, errmsg)."""
+    exec_, call = claim.exec, claim.call
+    if exec_ is None:
+        return _OK, ""
+    claim.exec = claim.call = None
+    rc: Optional[int] = None
+    msg = ""
     try:
-        rc = lib.idem_execute_end(claim.exec, result, resp)
-        msg = ffi.string(lib.idem_errmsg()).decode("utf-8", "replace") if rc else ""
+        resp = ffi.NULL
+        if body is not None:
+            resp = ffi.new("idem_response *")
+            buf = ffi.from_buffer(body)
+            resp.body, resp.body_len = buf, len(body)
+        rc = lib.idem_execute_end(exec_, result, resp)
+        if rc:
+            msg = ffi.string(lib.idem_errmsg()).decode("utf-8", "replace")
     finally:
-        claim.exec = None
-        lib.idem_call_free(claim.call)
-        claim.call = None
+        if rc is None:  # interrupted before libidem was told: the safe side
+            lib.idem_execute_end(exec_, _MARK_UNKNOWN if result == _DONE else result,
+                                 ffi.NULL)
+        lib.idem_call_free(call)
     return rc, msg
 
 
@@ -319,11 +359,14 @@ def _settle(claim: _Claim, value: Any) -> Outcome:
     """Stores what the action returned; the Outcome of the call that ran."""
     try:
         body = _dump(value)
+        decoded = _decode(body.decode("utf-8"))
     except (TypeError, ValueError) as e:
         _end(claim, _MARK_UNKNOWN)
         raise TypeError("the function acted, but its result cannot be stored as JSON "
                         "(the key is marked unknown): %s" % e) from None
-    decoded = _decode(body.decode("utf-8"))
+    except BaseException:  # RecursionError, MemoryError, Ctrl-C: it acted
+        _end(claim, _MARK_UNKNOWN)
+        raise
     rc, msg = _end(claim, _DONE, body)
     if rc:
         err = _errors.from_code(ffi.string(lib.idem_rc_name(rc)).decode(), msg, decoded)
@@ -337,13 +380,13 @@ def _is_release(exc: BaseException, release_on: Tuple[Type[BaseException], ...])
 
 
 class _LocalCall:
-    __slots__ = ("fn", "backend", "statements", "error", "body", "keep")
+    __slots__ = ("fn", "store", "backend", "statements", "error", "body", "keep")
 
-    def __init__(self, fn: Callable[[Transaction], Any], backend: str,
-                 statements: Statements) -> None:
+    def __init__(self, fn: Callable[[Transaction], Any], store: "Store") -> None:
         self.fn = fn
-        self.backend = backend
-        self.statements = statements
+        self.store = store
+        self.backend = store.backend
+        self.statements = store._statements
         self.error: Optional[BaseException] = None
         self.body: Any = None
         self.keep: Any = None
@@ -355,6 +398,8 @@ def idem_py_local(conn, ctx, response):  # type: ignore[no-untyped-def]
     on another thread of the process (the one committing the batch)."""
     local = ffi.from_handle(ctx)
     tx = Transaction(local.backend, conn, local.statements)
+    outer = getattr(_tls, "local_store", None)
+    _tls.local_store = local.store  # fn must not call back into its own store
     try:
         value = local.fn(tx)
         try:
@@ -367,6 +412,7 @@ def idem_py_local(conn, ctx, response):  # type: ignore[no-untyped-def]
         return 1
     finally:
         tx._close()
+        _tls.local_store = outer
     local.error = None
     local.body = body
     local.keep = ffi.from_buffer(body)
@@ -407,15 +453,36 @@ class Store:
         self.url = url
         self.backend: str = ffi.string(lib.idem_store_backend(self._store)).decode()
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._busy = 0  # calls running: close() waits for them
         self._pools: Optional[Tuple[ThreadPoolExecutor, ThreadPoolExecutor]] = None
         self._statements = Statements()
 
     # -------------------------------------------------------------- life
 
     def close(self) -> None:
-        """Closes the store; no call may be running. Closing twice is harmless."""
+        """Closes the store once the calls running on it have ended; new calls
+        are refused from now. Closing twice is harmless. From inside a call
+        of this store, or from an event loop whose tasks have calls running,
+        it raises instead of waiting for itself."""
+        if getattr(self, "_store", None) is None:
+            return
+        if getattr(_tls, "local_store", None) is self:
+            raise Error("IDEM_ESTATE", "close() inside a function this store runs")
         with self._lock:
-            store, self._store = getattr(self, "_store", None), None
+            store, self._store = self._store, None
+            if self._busy:
+                try:
+                    asyncio.get_running_loop()
+                    in_loop = True
+                except RuntimeError:
+                    in_loop = False
+                if in_loop:
+                    self._store = store
+                    raise Error("IDEM_ESTATE", "%d call(s) of this store are running: "
+                                "await them before close()" % self._busy)
+            while self._busy:
+                self._idle.wait()
             pools, self._pools = self._pools, None
         if pools:
             for p in pools:
@@ -432,18 +499,35 @@ class Store:
 
     def __del__(self) -> None:
         try:
-            self.close()
+            if getattr(self, "_busy", 0) == 0:
+                self.close()
         except Exception:
             pass
 
     def _handle(self) -> Any:
         store = self._store
         if store is None:
-            raise Error("IDEM_EINVAL", "the store is closed")
+            raise Error("IDEM_ESTATE", "the store is closed")
         if self._forked:
-            raise Error("IDEM_EINVAL", "this store was opened by process %d: after "
+            raise Error("IDEM_ESTATE", "this store was opened by process %d: after "
                         "fork() the child opens a store of its own" % self._pid)
+        if getattr(_tls, "local_store", None) is self:
+            raise Error("IDEM_ESTATE", "a function run by execute_local() calls its own "
+                        "store: it would wait for the transaction it runs in")
         return store
+
+    def _enter(self) -> Any:
+        """The store's handle for one call, counted until _leave()."""
+        with self._lock:
+            store = self._handle()
+            self._busy += 1
+            return store
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._busy -= 1
+            if not self._busy:
+                self._idle.notify_all()
 
     def _executors(self) -> Tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
         """Threads for async callers: claims (which may wait for a key in
@@ -451,7 +535,7 @@ class Store:
         holder from ending its key."""
         with self._lock:
             if self._pools is None:
-                self._pools = (ThreadPoolExecutor(64, thread_name_prefix="idem-claim"),
+                self._pools = (ThreadPoolExecutor(256, thread_name_prefix="idem-claim"),
                                ThreadPoolExecutor(8, thread_name_prefix="idem-end"))
             return self._pools
 
@@ -500,10 +584,14 @@ class Store:
         value, whose canonical JSON is the fingerprint); an Outcome."""
         opts = _options(lease, retention, wait, payload)
         op = _text(operation, "operation")
-        k = _text(key, "key", "IDEM_EKEY")
+        k = _key(key)
         t = _text(tenant if tenant is not None else "", "tenant")
         req = _request(request)
-        return _once(self._handle(), t, op, k, req, opts.c, action, (), {}, tuple(release_on))
+        store = self._enter()
+        try:
+            return _once(store, t, op, k, req, opts.c, action, (), {}, tuple(release_on))
+        finally:
+            self._leave()
 
     def execute_local(self, operation: str, key: str, request: Any,
                       fn: Callable[[Transaction], Any], *, tenant: Optional[str] = None,
@@ -513,19 +601,22 @@ class Store:
         so that what fn writes through tx.execute() commits together with
         the record; an Outcome. An exception in fn rolls both back, releases
         the key and propagates."""
-        store = self._handle()
         opts = _options(lease, retention, wait)
         op = _name(operation, "operation")
         t = _name(tenant if tenant is not None else "", "tenant")
-        k = _text(key, "key", "IDEM_EKEY")
+        k = _key(key)
         req = _request(request)
-        local = _LocalCall(fn, self.backend, self._statements)
-        c, buf = _scratch()
+        local = _LocalCall(fn, self)
+        store = self._enter()
+        pair = _take()
+        c, buf = pair
         c.call = ffi.NULL
-        rc = lib.idem_py_local_run(store, t, op, k, req, len(req), ffi.addressof(opts.c.call),
-                                   ffi.new_handle(local), c, buf, _BUF_SIZE)
-        call = c.call  # left only for a body too large for buf
+        call = ffi.NULL
         try:
+            rc = lib.idem_py_local_run(store, t, op, k, req, len(req),
+                                       ffi.addressof(opts.c.call), ffi.new_handle(local), c,
+                                       buf, _BUF_SIZE)
+            call = c.call  # left only for a body too large for buf
             if rc == _EREJECTED and local.error is not None:
                 raise local.error
             if rc != _OK:
@@ -539,8 +630,11 @@ class Store:
             raise _refusal(c, op, k)
         finally:
             local.error = None
+            call = call or c.call
             if call:
                 lib.idem_call_free(call)
+            _give(pair)
+            self._leave()
 
     def delete(self, operation: str, key: str, *, tenant: Optional[str] = None) -> None:
         """Deletes one record whatever its state (an operator's act: a retry
@@ -610,7 +704,7 @@ class _Spec:
             tenant = self.tenant_fixed
             if tenant is None:
                 tenant = _text(self.tenant(everything), "tenant")  # type: ignore[misc]
-        if key.__class__ is not str:
+        if key.__class__ is not str and not isinstance(key, str):
             if key is None:
                 raise InvalidArgument("IDEM_EKEY", "no key: %s is None" % (
                     self.key_name or "the key function's answer"))
@@ -626,12 +720,24 @@ class _Spec:
 
     def run(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Outcome:
         tenant, key, request = self.prepare(args, kwargs)
-        return _once(self.store._handle(), tenant, self.operation, key, request, self.opts.c,
-                     self.fn, args, kwargs, self.release_on)
+        s = self.store
+        store = s._enter()
+        try:
+            return _once(store, tenant, self.operation, key, request, self.opts.c, self.fn,
+                         args, kwargs, self.release_on)
+        finally:
+            s._leave()
 
     async def run_async(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Outcome:
         tenant, key, request = self.prepare(args, kwargs)
-        store = self.store._handle()
+        store = self.store._enter()
+        try:
+            return await self._run_async(store, tenant, key, request, args, kwargs)
+        finally:
+            self.store._leave()
+
+    async def _run_async(self, store: Any, tenant: bytes, key: bytes, request: bytes,
+                         args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Outcome:
         claims, ends = self.store._executors()
         loop = asyncio.get_running_loop()
         # The claim runs in a thread of the store's; a task cancelled while
@@ -639,10 +745,13 @@ class _Spec:
         # the event loop (which may be gone by then), releases what it gets.
         begun = claims.submit(_begin, store, tenant, self.operation, key, request,
                               self.opts.c)
+        waited = asyncio.wrap_future(begun, loop=loop)
         try:
-            got = await asyncio.shield(asyncio.wrap_future(begun, loop=loop))
+            got = await asyncio.shield(waited)
         except asyncio.CancelledError:
             begun.add_done_callback(lambda f: _drop(f, ends))
+            # Its outcome is the claim's, handled above, not the task's.
+            waited.add_done_callback(lambda f: f.cancelled() or f.exception())
             raise
         if isinstance(got, Outcome):
             return got

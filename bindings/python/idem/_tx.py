@@ -1,5 +1,6 @@
 """tx.execute(): the caller's statements on the store's own connection,
 inside the transaction that also writes the record."""
+import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ._errors import DatabaseError
@@ -54,8 +55,6 @@ class Statements:
 
     def __init__(self) -> None:
         self._kept: Dict[Tuple[Any, bytes], Any] = {}
-        self._pg: Dict[Tuple[Any, int, bytes], bytes] = {}  # PostgreSQL: names
-        self._count = 0
 
     def take(self, conn: Any, sql: bytes) -> Any:
         return self._kept.pop((conn, sql), ffi.NULL)  # atomic under the GIL
@@ -66,35 +65,8 @@ class Statements:
             return
         lib.sqlite3_finalize(stmt)
 
-    def pg_name(self, conn: Any, sql: bytes) -> Optional[bytes]:
-        """The name of sql prepared on this PostgreSQL session, preparing it
-        the first time; None when the cache is full (the caller then sends
-        it unprepared). A statement the server refuses raises
-        DatabaseError, as running it would. A session is known by its
-        connection and its server process: a connection that libidem reset
-        is a new session, whose statements are prepared again."""
-        key = (conn, lib.PQbackendPID(conn), sql)
-        name = self._pg.get(key)
-        if name is not None or len(self._pg) >= self.LIMIT:
-            return name  # type: ignore[no-any-return]
-        self._count += 1
-        name = b"idem_py_%d" % self._count
-        res = lib.PQprepare(conn, name, sql, 0, ffi.NULL)
-        try:
-            if lib.PQresultStatus(res) != _PGRES_COMMAND_OK:
-                # What running it would have said (and, as then, the
-                # transaction is now aborted).
-                msg = lib.PQresultErrorMessage(res) if res != ffi.NULL else ffi.NULL
-                raise DatabaseError("IDEM_ESTORE", ffi.string(msg).decode(
-                    "utf-8", "replace").strip() if msg != ffi.NULL else "no result")
-        finally:
-            lib.PQclear(res)
-        self._pg[key] = name
-        return name
-
     def close(self) -> None:
         kept, self._kept = self._kept, {}
-        self._pg = {}
         for stmt in kept.values():
             lib.sqlite3_finalize(stmt)
 
@@ -107,14 +79,22 @@ class Transaction:
         self._conn = conn
         self._open = True
         self._statements = statements if statements is not None else Statements()
+        self._thread = threading.get_ident()
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
         if not self._open:
             raise DatabaseError("IDEM_ESTATE", "the transaction has ended: use tx "
                                 "only inside the function it was given to")
+        if threading.get_ident() != self._thread:
+            raise DatabaseError("IDEM_ESTATE", "tx.execute() from another thread: the "
+                                "store's connection is used by one thread at a time, the "
+                                "one running the function")
+        if isinstance(params, (str, bytes, bytearray, dict)):
+            raise TypeError("params: a sequence (a tuple or a list) of values, not %s"
+                            % type(params).__name__)
         if self.backend == "sqlite":
             return _sqlite_execute(self._conn, sql, params, self._statements)
-        return _pg_execute(ffi.cast("PGconn *", self._conn), sql, params, self._statements)
+        return _pg_execute(ffi.cast("PGconn *", self._conn), sql, params)
 
     def _close(self) -> None:
         self._open = False
@@ -134,6 +114,9 @@ def _sqlite_execute(conn: Any, sql: str, params: Sequence[Any], cache: Statement
             b = v.encode("utf-8")
             kind = 3
         elif cls is int or isinstance(v, int):  # bool too
+            if not -(1 << 63) <= v < (1 << 63):
+                raise DatabaseError("IDEM_EINVAL", "parameter %d: %d does not fit SQLite's "
+                                    "64-bit integers" % (i + 1, v))
             if ints == ffi.NULL:
                 ints = [0] * n
             ints[i] = int(v)
@@ -157,31 +140,37 @@ def _sqlite_execute(conn: Any, sql: str, params: Sequence[Any], cache: Statement
         lens[i] = len(b)
         kinds[i] = 0x30 + kind
     encoded = sql.encode("utf-8")
+    kinds_b = bytes(kinds)
     out = ffi.new("idem_py_sql *")
-    cached = cache.take(conn, encoded)
-    rc = lib.idem_py_sqlite_run(conn, cached, encoded, len(encoded), n, bytes(kinds), ints,
-                                doubles, ptrs, lens, out)
-    stmt = out.stmt
     rows = []
+    rc = -2
+    cached = cache.take(conn, encoded)
     try:
+        rc = lib.idem_py_sqlite_run(conn, cached, encoded, len(encoded), n, kinds_b, ints,
+                                    doubles, ptrs, lens, out)
+        cached = ffi.NULL  # now out.stmt
         if rc == _SQLITE_ROW:
-            rows.append(_sqlite_row(stmt))
+            rows.append(_sqlite_row(out.stmt))
             while True:
-                rc = lib.sqlite3_step(stmt)
+                rc = lib.sqlite3_step(out.stmt)
                 if rc == _SQLITE_ROW:
-                    rows.append(_sqlite_row(stmt))
+                    rows.append(_sqlite_row(out.stmt))
                 elif rc == _SQLITE_DONE:
                     break
                 else:
                     raise DatabaseError("IDEM_ESTORE", _sqlite_error(conn))
-            lib.sqlite3_reset(stmt)
     finally:
+        stmt = out.stmt or cached
         if stmt:
-            cache.give(conn, encoded, stmt, rc == _SQLITE_DONE or rc == _SQLITE_ROW)
+            # Reset whatever happened (an exception while rows were read
+            # included): a statement left mid-step holds a read transaction
+            # on the store's connection.
+            lib.sqlite3_reset(stmt)
+            cache.give(conn, encoded, stmt, rc == _SQLITE_DONE)
     if rc == _SQLITE_DONE:
-        if rows:
+        if rows or out.columns:
             return Cursor(rows, -1, out.last_rowid)
-        return Cursor([], out.changes if out.columns == 0 else -1, out.last_rowid)
+        return Cursor([], out.changes if _is_dml(encoded) else -1, out.last_rowid)
     if rc == -1:
         if out.more:
             raise DatabaseError("IDEM_EINVAL", "tx.execute() runs one statement; this "
@@ -189,6 +178,15 @@ def _sqlite_execute(conn: Any, sql: str, params: Sequence[Any], cache: Statement
         raise DatabaseError("IDEM_EINVAL", "the statement's parameters do not match the "
                             "%d given" % n)
     raise DatabaseError("IDEM_ESTORE", _sqlite_error(conn))
+
+
+def _is_dml(sql: bytes) -> bool:
+    """Whether a statement changes rows (its rowcount means something):
+    INSERT, UPDATE, DELETE or REPLACE, perhaps after a WITH clause."""
+    word = sql.lstrip()[:7].upper()
+    return word.startswith((b"INSERT", b"UPDATE", b"DELETE", b"REPLACE")) or (
+        word.startswith(b"WITH") and any(w in sql.upper() for w in (
+            b"INSERT", b"UPDATE", b"DELETE", b"REPLACE")))
 
 
 def _sqlite_error(conn: Any) -> str:
@@ -217,7 +215,7 @@ def _sqlite_row(stmt: Any) -> Tuple[Any, ...]:
     return tuple(row)
 
 
-def _pg_execute(conn: Any, sql: str, params: Sequence[Any], cache: Statements) -> Cursor:
+def _pg_execute(conn: Any, sql: str, params: Sequence[Any]) -> Cursor:
     if not hasattr(lib, "PQexecParams"):
         raise DatabaseError("IDEM_EINVAL", "this idem package was built without libpq")
     n = len(params)
@@ -231,9 +229,14 @@ def _pg_execute(conn: Any, sql: str, params: Sequence[Any], cache: Statements) -
             continue
         if isinstance(v, bool):
             b = b"true" if v else b"false"
-        elif isinstance(v, (int, float)):
-            b = repr(v).encode()
+        elif isinstance(v, int):  # subclasses (IntEnum...) as their value
+            b = int.__repr__(v).encode()
+        elif isinstance(v, float):
+            b = float.__repr__(v).encode()
         elif isinstance(v, str):
+            if "\x00" in v:
+                raise DatabaseError("IDEM_EINVAL", "parameter %d: PostgreSQL text cannot "
+                                    "hold a NUL character" % (i + 1))
             b = v.encode("utf-8")
         elif isinstance(v, (bytes, bytearray, memoryview)):
             b = bytes(v)
@@ -245,12 +248,8 @@ def _pg_execute(conn: Any, sql: str, params: Sequence[Any], cache: Statements) -
         keep.append(buf)
         values[i] = buf
         lengths[i] = len(b)
-    encoded = sql.encode("utf-8")
-    name = cache.pg_name(conn, encoded)
-    if name is not None:
-        res = lib.PQexecPrepared(conn, name, n, values, lengths, formats, 0)
-    else:
-        res = lib.PQexecParams(conn, encoded, n, ffi.NULL, values, lengths, formats, 0)
+    res = lib.PQexecParams(conn, sql.encode("utf-8"), n, ffi.NULL, values, lengths,
+                           formats, 0)
     try:
         status = lib.PQresultStatus(res)
         if status not in (_PGRES_COMMAND_OK, _PGRES_TUPLES_OK):
