@@ -454,7 +454,10 @@ class Store:
         self.backend: str = ffi.string(lib.idem_store_backend(self._store)).decode()
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
-        self._busy = 0  # calls running: close() waits for them
+        # The calls running, one token each: close() waits for them. A set
+        # changes atomically under the GIL, so a call takes no lock.
+        self._calls: set = set()
+        self._closing = False
         self._pools: Optional[Tuple[ThreadPoolExecutor, ThreadPoolExecutor]] = None
         self._statements = Statements()
 
@@ -470,18 +473,18 @@ class Store:
         if getattr(_tls, "local_store", None) is self:
             raise Error("IDEM_ESTATE", "close() inside a function this store runs")
         with self._lock:
-            store, self._store = self._store, None
-            if self._busy:
+            if self._calls:
                 try:
                     asyncio.get_running_loop()
                     in_loop = True
                 except RuntimeError:
                     in_loop = False
                 if in_loop:
-                    self._store = store
                     raise Error("IDEM_ESTATE", "%d call(s) of this store are running: "
-                                "await them before close()" % self._busy)
-            while self._busy:
+                                "await them before close()" % len(self._calls))
+            self._closing = True
+            store, self._store = self._store, None  # new calls are refused
+            while self._calls:
                 self._idle.wait()
             pools, self._pools = self._pools, None
         if pools:
@@ -499,7 +502,7 @@ class Store:
 
     def __del__(self) -> None:
         try:
-            if getattr(self, "_busy", 0) == 0:
+            if not getattr(self, "_calls", None):
                 self.close()
         except Exception:
             pass
@@ -516,17 +519,19 @@ class Store:
                         "store: it would wait for the transaction it runs in")
         return store
 
-    def _enter(self) -> Any:
-        """The store's handle for one call, counted until _leave()."""
-        with self._lock:
-            store = self._handle()
-            self._busy += 1
-            return store
+    def _enter(self, token: object) -> Any:
+        """The store's handle for one call, counted until _leave(token)."""
+        self._calls.add(token)
+        try:
+            return self._handle()
+        except BaseException:
+            self._leave(token)
+            raise
 
-    def _leave(self) -> None:
-        with self._lock:
-            self._busy -= 1
-            if not self._busy:
+    def _leave(self, token: object) -> None:
+        self._calls.discard(token)
+        if self._closing and not self._calls:
+            with self._lock:
                 self._idle.notify_all()
 
     def _executors(self) -> Tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
@@ -587,11 +592,12 @@ class Store:
         k = _key(key)
         t = _text(tenant if tenant is not None else "", "tenant")
         req = _request(request)
-        store = self._enter()
+        token = object()
+        store = self._enter(token)
         try:
             return _once(store, t, op, k, req, opts.c, action, (), {}, tuple(release_on))
         finally:
-            self._leave()
+            self._leave(token)
 
     def execute_local(self, operation: str, key: str, request: Any,
                       fn: Callable[[Transaction], Any], *, tenant: Optional[str] = None,
@@ -607,7 +613,7 @@ class Store:
         k = _key(key)
         req = _request(request)
         local = _LocalCall(fn, self)
-        store = self._enter()
+        store = self._enter(local)
         pair = _take()
         c, buf = pair
         c.call = ffi.NULL
@@ -634,7 +640,7 @@ class Store:
             if call:
                 lib.idem_call_free(call)
             _give(pair)
-            self._leave()
+            self._leave(local)
 
     def delete(self, operation: str, key: str, *, tenant: Optional[str] = None) -> None:
         """Deletes one record whatever its state (an operator's act: a retry
@@ -721,20 +727,22 @@ class _Spec:
     def run(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Outcome:
         tenant, key, request = self.prepare(args, kwargs)
         s = self.store
-        store = s._enter()
+        token = object()
+        store = s._enter(token)
         try:
             return _once(store, tenant, self.operation, key, request, self.opts.c, self.fn,
                          args, kwargs, self.release_on)
         finally:
-            s._leave()
+            s._leave(token)
 
     async def run_async(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Outcome:
         tenant, key, request = self.prepare(args, kwargs)
-        store = self.store._enter()
+        token = object()
+        store = self.store._enter(token)
         try:
             return await self._run_async(store, tenant, key, request, args, kwargs)
         finally:
-            self.store._leave()
+            self.store._leave(token)
 
     async def _run_async(self, store: Any, tenant: bytes, key: bytes, request: bytes,
                          args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Outcome:
