@@ -280,7 +280,7 @@ def floor_fresh(store, payload, keys, seconds):
         kept["stmt"] = out.stmt
         return {"ticket_id": out.last_rowid}
 
-    local = _store._LocalCall(insert, "sqlite", store._statements)
+    local = _store._LocalCall(insert, store)
     ctx = ffi.new_handle(local)
     args = dict(REQUEST)
     now = time.perf_counter_ns
