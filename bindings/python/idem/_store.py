@@ -272,7 +272,15 @@ def _begin(store: Any, tenant: bytes, operation: bytes, key: bytes, request: byt
         if rc:
             raise _fail(rc)
         if c.outcome == _REPLAY:
-            return Outcome(_stored(c, operation, key), True, c.recovered != 0)
+            try:
+                text = ffi.unpack(c.body, c.body_len).decode("utf-8")
+                value, end = _raw_decode(text)
+                whole = end == len(text)
+            except ValueError:
+                whole = False
+            if not whole:  # white space after it, or not JSON: raises, saying why
+                value = _stored(c, operation, key)
+            return Outcome(value, True, c.recovered != 0)
         raise _refusal(c, operation, key)
     finally:
         if call:  # a body too large for the buffer is read from the call
@@ -689,6 +697,7 @@ class _Spec:
         self.tenant_fixed = _text(tenant, "tenant") if isinstance(tenant, str) else (
             b"" if tenant is None else None)
         self.opts = opts
+        self.simple = self.key_name is not None and self.tenant_fixed is not None
         self.release_on = tuple(release_on)
         for cls in self.release_on:
             if not (isinstance(cls, type) and issubclass(cls, BaseException)):
@@ -725,15 +734,32 @@ class _Spec:
         return tenant, key.encode("utf-8"), request
 
     def run(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Outcome:
-        tenant, key, request = self.prepare(args, kwargs)
+        if self.simple:  # the usual decorator: prepare() inlined
+            arguments = self.bind(*args, **kwargs)
+            key = arguments.pop(self.key_name)
+            if key.__class__ is not str or "\x00" in key:
+                key = _key(key)
+            else:
+                key = key.encode("utf-8")
+            try:
+                request = _encode(arguments).encode("utf-8")
+            except (TypeError, ValueError) as e:
+                raise TypeError("the arguments cannot be written as JSON for the "
+                                "fingerprint: %s" % e) from None
+            tenant = self.tenant_fixed
+        else:
+            tenant, key, request = self.prepare(args, kwargs)
         s = self.store
         token = object()
-        store = s._enter(token)
+        calls = s._calls
+        calls.add(token)
         try:
-            return _once(store, tenant, self.operation, key, request, self.opts.c, self.fn,
-                         args, kwargs, self.release_on)
+            return _once(s._handle(), tenant, self.operation, key, request, self.opts.c,
+                         self.fn, args, kwargs, self.release_on)
         finally:
-            s._leave(token)
+            calls.discard(token)
+            if s._closing:
+                s._leave(token)
 
     async def run_async(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Outcome:
         tenant, key, request = self.prepare(args, kwargs)
