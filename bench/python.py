@@ -86,6 +86,40 @@ CHECKS = (
 
 # ---------------------------------------------------------------- the child
 
+def timed(step, seconds):
+    """Calls step(n), n = 0, 1, ..., for seconds; step says whether the call
+    answered as it should. Calls per second and latencies of those that
+    did."""
+    now = time.perf_counter_ns
+    lat = []
+    errors = 0
+    n = 0
+    start = now()
+    deadline = start + int(seconds * 1e9)
+    while True:
+        t0 = now()
+        if t0 >= deadline:
+            break
+        ok = step(n)
+        n += 1
+        if ok:
+            lat.append(now() - t0)
+        else:
+            errors += 1
+    elapsed = (now() - start) / 1e9
+    lat.sort()
+
+    def pct(p):
+        if not lat:
+            return 0.0
+        rank = min(len(lat), max(1, int(p * len(lat) + 0.999999)))
+        return round(lat[rank - 1] / 1000.0, 1)
+
+    return {"ops": len(lat), "ops_per_s": round(len(lat) / elapsed, 1),
+            "p50_us": pct(0.50), "p99_us": pct(0.99), "errors": errors,
+            "elapsed_s": elapsed}
+
+
 def child(url: str, seconds: float, warmup: float) -> int:
     """Runs the Python side once against url and prints one JSON object."""
     from concurrent.futures import ThreadPoolExecutor
@@ -133,41 +167,20 @@ def child(url: str, seconds: float, warmup: float) -> int:
 
     def phase(call, keys, want_replayed, secs):
         """Calls call(key) for secs seconds; ops/s and latencies."""
-        lat = []
-        errors = 0
-        now = time.perf_counter_ns
-        n = 0
-        start = now()
-        deadline = start + int(secs * 1e9)
-        while True:
-            t0 = now()
-            if t0 >= deadline:
-                break
+        reported = []
+
+        def step(n):
             key = keys(n)
-            n += 1
             try:
                 out = call(key)
-                ok = out.replayed == want_replayed and isinstance(out.value, dict)
             except idem.Error as e:
-                ok = False
-                if errors < 5:
+                if len(reported) < 5:
+                    reported.append(key)
                     print("bench: key %s: %s" % (key, e), file=sys.stderr)
-            if ok:
-                lat.append(now() - t0)
-            else:
-                errors += 1
-        elapsed = (now() - start) / 1e9
-        lat.sort()
+                return False
+            return out.replayed == want_replayed and isinstance(out.value, dict)
 
-        def pct(p):
-            if not lat:
-                return 0.0
-            rank = min(len(lat), max(1, int(p * len(lat) + 0.999999)))
-            return round(lat[rank - 1] / 1000.0, 1)
-
-        return {"ops": len(lat), "ops_per_s": round(len(lat) / elapsed, 1),
-                "p50_us": pct(0.50), "p99_us": pct(0.99), "errors": errors,
-                "elapsed_s": elapsed}
+        return timed(step, secs)
 
     def fresh(tag):
         return lambda n: "%s-%s-w0-%d" % (run_id, tag, n)
@@ -222,32 +235,16 @@ def floor(store, prepared, seconds):
     opts = ffi.new("idem_execute_options *")
     tenant, operation = TENANT.encode(), OPERATION.encode()
     args = dict(REQUEST)
-    now = time.perf_counter_ns
-    lat = []
-    errors = 0
-    n = 0
-    start = now()
-    deadline = start + int(seconds * 1e9)
-    while True:
-        t0 = now()
-        if t0 >= deadline:
-            break
-        key = prepared[n % PREPARED_KEYS]
-        n += 1
+
+    def step(n):
         request = encode(args).encode()
-        lib.idem_py_begin(handle, tenant, operation, key.encode(), request, len(request),
+        lib.idem_py_begin(handle, tenant, operation,
+                          prepared[n % PREPARED_KEYS].encode(), request, len(request),
                           opts, claim, buf, cap)
         value = decode(ffi.unpack(claim.body, claim.body_len).decode())
-        if claim.outcome == 2 and claim.call == ffi.NULL and isinstance(value, dict):
-            lat.append(now() - t0)
-        else:
-            errors += 1
-    elapsed = (now() - start) / 1e9
-    lat.sort()
-    p50 = round(lat[len(lat) // 2] / 1000.0, 1) if lat else 0.0
-    p99 = round(lat[min(len(lat) - 1, int(0.99 * len(lat)))] / 1000.0, 1) if lat else 0.0
-    return {"ops": len(lat), "ops_per_s": round(len(lat) / elapsed, 1), "p50_us": p50,
-            "p99_us": p99, "errors": errors, "elapsed_s": elapsed}
+        return claim.outcome == 2 and claim.call == ffi.NULL and isinstance(value, dict)
+
+    return timed(step, seconds)
 
 
 def floor_fresh(store, payload, keys, seconds):
@@ -283,34 +280,19 @@ def floor_fresh(store, payload, keys, seconds):
     local = _store._LocalCall(insert, store)
     ctx = ffi.new_handle(local)
     args = dict(REQUEST)
-    now = time.perf_counter_ns
-    lat = []
-    errors = 0
-    n = 0
-    start = now()
-    deadline = start + int(seconds * 1e9)
-    while True:
-        t0 = now()
-        if t0 >= deadline:
-            break
-        key = keys(n)
-        n += 1
+
+    def step(n):
         request = encode(args).encode()
-        lib.idem_py_local_run(handle, tenant, operation, key.encode(), request,
+        lib.idem_py_local_run(handle, tenant, operation, keys(n).encode(), request,
                               len(request), opts, ctx, claim, buf, cap)
         value = decode(local.body.decode())
-        if claim.outcome == 1 and isinstance(value, dict):
-            lat.append(now() - t0)
-        else:
-            errors += 1
-    if "stmt" in kept:
-        lib.sqlite3_finalize(kept["stmt"])
-    elapsed = (now() - start) / 1e9
-    lat.sort()
-    p50 = round(lat[len(lat) // 2] / 1000.0, 1) if lat else 0.0
-    p99 = round(lat[min(len(lat) - 1, int(0.99 * len(lat)))] / 1000.0, 1) if lat else 0.0
-    return {"ops": len(lat), "ops_per_s": round(len(lat) / elapsed, 1), "p50_us": p50,
-            "p99_us": p99, "errors": errors, "elapsed_s": elapsed}
+        return claim.outcome == 1 and isinstance(value, dict)
+
+    try:
+        return timed(step, seconds)
+    finally:
+        if "stmt" in kept:
+            lib.sqlite3_finalize(kept["stmt"])
 
 
 # ---------------------------------------------------------------- the driver

@@ -60,23 +60,13 @@ typedef struct idem_execute_options {
 const char *idem_version(void);
 const char *idem_rc_name(int rc);
 const char *idem_errmsg(void);
-void idem_free(void *p);
-int idem_canonicalize(const char *json, size_t len, const void *limits,
-                      char **out, size_t *out_len, size_t *err_offset);
-int idem_fingerprint(const void *data, size_t len, int is_json, char *hex);
 
 int idem_store_open(const char *url, const idem_store_options *opts,
                     idem_store **out);
 void idem_store_close(idem_store *store);
 const char *idem_store_backend(const idem_store *store);
-int idem_key_check(const char *key);
 int idem_delete(idem_store *store, const idem_id *id);
 
-int idem_call_outcome(const idem_call *call);
-const idem_response *idem_call_response(const idem_call *call);
-int64_t idem_call_retry_after_ms(const idem_call *call);
-int idem_call_recovered(const idem_call *call);
-int idem_call_attempt(const idem_call *call);
 void idem_call_free(idem_call *call);
 
 int idem_execute_begin(idem_store *store, const idem_id *id,
@@ -85,12 +75,6 @@ int idem_execute_begin(idem_store *store, const idem_id *id,
                        idem_exec **exec, idem_call **out);
 int idem_execute_end(idem_exec *exec, int result,
                      const idem_response *response);
-
-typedef int (*idem_local_fn)(void *conn, void *ctx, idem_response *response);
-int idem_execute_local(idem_store *store, const idem_id *id,
-                       const char *fingerprint,
-                       const idem_call_options *opts,
-                       idem_local_fn fn, void *ctx, idem_call **out);
 
 extern "Python" int idem_py_local(void *conn, void *ctx,
                                   idem_response *response);
@@ -118,13 +102,6 @@ int idem_py_local_run(idem_store *store, const char *tenant,
 
 typedef struct sqlite3 sqlite3;
 typedef struct sqlite3_stmt sqlite3_stmt;
-int sqlite3_prepare_v2(sqlite3 *db, const char *sql, int n,
-                       sqlite3_stmt **stmt, const char **tail);
-int sqlite3_bind_parameter_count(sqlite3_stmt *stmt);
-int sqlite3_bind_int64(sqlite3_stmt *stmt, int i, int64_t v);
-int sqlite3_bind_double(sqlite3_stmt *stmt, int i, double v);
-int sqlite3_bind_null(sqlite3_stmt *stmt, int i);
-int idem_py_bind_text(sqlite3_stmt *stmt, int i, const char *p, int n);
 
 /* One statement: prepared, bound and stepped once in one call. */
 typedef struct idem_py_sql {
@@ -140,7 +117,6 @@ int idem_py_sqlite_run(void *db, sqlite3_stmt *cached, const char *sql,
                        const int64_t *ints, const double *doubles,
                        char **ptrs, const int *lens, idem_py_sql *out);
 int sqlite3_reset(sqlite3_stmt *stmt);
-int idem_py_bind_blob(sqlite3_stmt *stmt, int i, const void *p, int n);
 int sqlite3_step(sqlite3_stmt *stmt);
 int sqlite3_column_count(sqlite3_stmt *stmt);
 int sqlite3_column_type(sqlite3_stmt *stmt, int i);
@@ -150,8 +126,6 @@ const unsigned char *sqlite3_column_text(sqlite3_stmt *stmt, int i);
 const void *sqlite3_column_blob(sqlite3_stmt *stmt, int i);
 int sqlite3_column_bytes(sqlite3_stmt *stmt, int i);
 int sqlite3_finalize(sqlite3_stmt *stmt);
-int sqlite3_changes(sqlite3 *db);
-int64_t sqlite3_last_insert_rowid(sqlite3 *db);
 const char *sqlite3_errmsg(sqlite3 *db);
 """
 
@@ -173,13 +147,6 @@ int PQgetisnull(const PGresult *res, int row, int col);
 Oid PQftype(const PGresult *res, int col);
 char *PQcmdTuples(PGresult *res);
 void PQclear(PGresult *res);
-PGresult *PQprepare(PGconn *conn, const char *stmtName, const char *query,
-                    int nParams, const Oid *paramTypes);
-PGresult *PQexecPrepared(PGconn *conn, const char *stmtName, int nParams,
-                         const char *const *paramValues,
-                         const int *paramLengths, const int *paramFormats,
-                         int resultFormat);
-int PQbackendPID(const PGconn *conn);
 """
 
 
@@ -288,15 +255,6 @@ static int idem_py_local_run(idem_store *store, const char *tenant,
   idem_py_read(claim);
   idem_py_done(claim, buf, cap);
   return claim->rc;
-}
-/* SQLITE_TRANSIENT is a cast cffi cannot declare: SQLite copies the value. */
-static int idem_py_bind_text(sqlite3_stmt *stmt, int i, const char *p, int n)
-{
-  return sqlite3_bind_text(stmt, i, p, n, SQLITE_TRANSIENT);
-}
-static int idem_py_bind_blob(sqlite3_stmt *stmt, int i, const void *p, int n)
-{
-  return sqlite3_bind_blob(stmt, i, p, n, SQLITE_TRANSIENT);
 }
 
 typedef struct idem_py_sql {

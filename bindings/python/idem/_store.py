@@ -8,7 +8,7 @@ import re
 import threading
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import (Any, Awaitable, Callable, Dict, Iterable, Optional, Sequence,
+from typing import (Any, Callable, Dict, Iterable, Optional, Sequence,
                     Tuple, Type, Union)
 
 from . import _errors
