@@ -28,6 +28,8 @@ static const char usage[] =
     "                [--store-tool-errors yes|no] [--input-wait DUR]\n"
     "                [--max-result SIZE]\n"
     "                [--shutdown-wait DUR] [--] SERVER_CMD [ARG...]\n"
+    "       idem mcp --listen HOST:PORT --upstream URL [--tenant-header H]\n"
+    "                [--max-body SIZE] [the options above]\n"
     "\n"
     "Runs the MCP server SERVER_CMD and relays newline-delimited JSON-RPC\n"
     "between it and the MCP client on standard input and output, unchanged,\n"
@@ -45,6 +47,23 @@ static const char usage[] =
     "result gets capabilities.experimental[\"idem/idempotency\"].\n"
     "SERVER_CMD starts at the first argument that is not an option; `--`\n"
     "before it is optional.\n"
+    "\n"
+    "With --listen, the proxy serves MCP's Streamable HTTP transport on\n"
+    "HOST:PORT in front of the remote MCP endpoint URL (http or https):\n"
+    "POST, the GET stream and DELETE pass through, streamed as they come,\n"
+    "with Mcp-Session-Id, MCP-Protocol-Version, Last-Event-ID and\n"
+    "Authorization; other paths of the upstream's origin (OAuth metadata)\n"
+    "pass through too. Keyed tools/call requests are handled as above, one\n"
+    "effect per (tenant, tool, key) across sessions, clients and proxies on\n"
+    "one store; a replay is answered as application/json under the retry's\n"
+    "id. The tenant is --tenant-header's value, else the SHA-256 of the\n"
+    "Authorization header, else --tenant.\n"
+    "\n"
+    "  --listen HOST:PORT   where to serve (port 0: any free port; the\n"
+    "                       address is printed on standard error)\n"
+    "  --upstream URL       the remote server's MCP endpoint\n"
+    "  --tenant-header H    take the tenant from header H\n"
+    "  --max-body SIZE      the largest request body (default 4M)\n"
     "\n"
     "  --store URL          default: IDEM_STORE, else ./idem.db\n"
     "  --tenant T           scope of the keys (default \"\")\n"
@@ -113,6 +132,7 @@ static int parse(int argc, char **argv, mcp_opts *o) {
   o->input_wait_ms = 600000;
   o->store_tool_errors = 1;
   o->max_result = IDEM_MAX_RESPONSE - 4096;
+  o->max_body = 4 * 1024 * 1024;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (strcmp(a, "--") == 0) {
@@ -189,6 +209,23 @@ static int parse(int argc, char **argv, mcp_opts *o) {
         cli_error("mcp", "--on-unknown: forward or fail, not '%s'", v);
         return -1;
       }
+    } else if (strcmp(a, "--listen") == 0) {
+      o->listen = v;
+    } else if (strcmp(a, "--upstream") == 0) {
+      o->upstream = v;
+    } else if (strcmp(a, "--tenant-header") == 0) {
+      if (!*v) {
+        cli_error("mcp", "--tenant-header: empty header name");
+        return -1;
+      }
+      o->tenant_header = v;
+    } else if (strcmp(a, "--max-body") == 0) {
+      if (cli_parse_size(v, IDEM_MAX_RESPONSE, &o->max_body) != 0 ||
+          o->max_body == 0) {
+        cli_error("mcp", "--max-body: bytes (k and M suffixes), 1 to 16M, "
+                         "not '%s'", v);
+        return -1;
+      }
     } else if (strcmp(a, "--max-result") == 0) {
       if (cli_parse_size(v, IDEM_MAX_RESPONSE - 4096, &o->max_result) != 0) {
         cli_error("mcp",
@@ -202,7 +239,13 @@ static int parse(int argc, char **argv, mcp_opts *o) {
       return -1;
     }
   }
-  cli_error("mcp", "missing SERVER_CMD");
+  if (o->listen && o->upstream)
+    return 0;
+  if (o->listen || o->upstream) {
+    cli_error("mcp", "--listen and --upstream go together");
+    return -1;
+  }
+  cli_error("mcp", "missing SERVER_CMD (or --listen and --upstream)");
   return -1;
 }
 
@@ -300,6 +343,15 @@ static int run(int argc, char **argv) {
     cli_idem_error("mcp", "open store", rc);
     free(o);
     return EXIT_FAIL;
+  }
+  if (o->listen) {
+    if (o->cmd) {
+      cli_error("mcp", "--listen serves a remote server (--upstream URL); "
+                       "a SERVER_CMD cannot be given with it");
+      idem_store_close(p->store);
+      return EXIT_USAGE;
+    }
+    return mcp_http_run(o, p->store);
   }
   p->o = o;
   p->tools = json_object();

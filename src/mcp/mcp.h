@@ -57,7 +57,15 @@ typedef struct mcp_opts {
   int64_t input_wait_ms; /* how long a call that asked for input is held */
   size_t max_result;
   char **cmd;
+  /* --listen HOST:PORT: Streamable HTTP in front of --upstream URL
+   * (mcp_http.c) instead of a stdio server. */
+  const char *listen, *upstream, *tenant_header;
+  size_t max_body;
 } mcp_opts;
+
+/* `idem mcp --listen`: runs until SIGINT or SIGTERM; the exit status. The
+ * store is open; it is closed here. */
+int mcp_http_run(const mcp_opts *o, idem_store *store);
 
 /* One output stream; writers hold its lock for a whole line. */
 typedef struct mcp_out {

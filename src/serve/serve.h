@@ -116,6 +116,8 @@ typedef struct up_header {
   char *name, *value;
 } up_header;
 
+typedef struct up_response up_response;
+
 /* A request as the upstream will get it. */
 typedef struct up_request {
   const char *method;
@@ -128,6 +130,17 @@ typedef struct up_request {
   /* Non-NULL: polled while the request runs; non-zero aborts it. */
   int (*abort_check)(void *ctx);
   void *abort_ctx;
+  /*
+   * Non-NULL: the answer streams (idem mcp --listen). head(ctx, rs) runs
+   * once the final header block is in (rs->status, rs->headers and
+   * rs->content_length set), then data(ctx, p, n) for every piece of the
+   * body, which rs->body then does not keep; data returns 0 to go on, -1
+   * to end the transfer. No overall timeout applies, only the connect
+   * timeout. Both run on the upstream loop's thread and must not block;
+   * ctx is upstream_start()'s.
+   */
+  void (*head)(void *ctx, up_response *rs);
+  int (*data)(void *ctx, const char *p, size_t n);
 } up_request;
 
 /* How a forward ended. */
@@ -144,7 +157,7 @@ typedef enum up_result {
                       status outside 100-599, an unasked 101) */
 } up_result;
 
-typedef struct up_response {
+struct up_response {
   int status;
   up_header *headers; /* end-to-end headers only */
   size_t nheaders;
@@ -154,7 +167,7 @@ typedef struct up_response {
                            answers, whose bodies are empty; may be NULL */
   double ms;          /* time spent */
   char error[256];    /* what went wrong, for UP_* other than UP_OK */
-} up_response;
+};
 
 /* Sets the base URL and limits and starts the loop thread; once, before
  * the first forward. 0, or -1. */

@@ -70,6 +70,8 @@ int header_named_by(const char *connection, const char *name) {
 
 typedef struct sink {
   up_response *rs;
+  const up_request *rq; /* its head and data callbacks */
+  void *ctx;
   size_t cap, hcap;
   size_t header_bytes;
   int too_large;
@@ -91,6 +93,23 @@ static void free_headers(up_response *rs, sink *s) {
   rs->nheaders = 0;
   if (s)
     s->hcap = 0;
+}
+
+/* Drops the headers that the response's Connection header names: they are
+ * hop-by-hop too. */
+static void drop_named(up_response *rs, const char *connection) {
+  size_t k = 0;
+  if (!connection)
+    return;
+  for (size_t i = 0; i < rs->nheaders; i++) {
+    if (header_named_by(connection, rs->headers[i].name)) {
+      free(rs->headers[i].name);
+      free(rs->headers[i].value);
+    } else {
+      rs->headers[k++] = rs->headers[i];
+    }
+  }
+  rs->nheaders = k;
 }
 
 /* "HTTP/1.1 201 Created": the code, or -1 when it is not three digits. */
@@ -144,6 +163,7 @@ static size_t on_header(char *p, size_t size, size_t n, void *arg) {
     }
     s->interim = code < 200;
     s->in_body = 0;
+    rs->status = code;
     return len;
   }
   while (len && (p[len - 1] == '\n' || p[len - 1] == '\r'))
@@ -151,8 +171,13 @@ static size_t on_header(char *p, size_t size, size_t n, void *arg) {
   if (!len) {
     /* The end of a header block: after the final one, anything more is a
      * trailer section. */
-    if (!s->interim)
+    if (!s->interim && !s->in_body) {
       s->in_body = 1;
+      if (s->rq->head) {
+        drop_named(rs, s->connection);
+        s->rq->head(s->ctx, rs);
+      }
+    }
     return size * n;
   }
   if (s->interim || s->in_body)
@@ -223,6 +248,8 @@ static size_t on_body(char *p, size_t size, size_t n, void *arg) {
   sink *s = arg;
   up_response *rs = s->rs;
   size_t len = size * n;
+  if (s->rq->data)
+    return s->rq->data(s->ctx, p, len) == 0 ? len : 0;
   if (rs->body_len + len > cfg->max_pass) {
     s->too_large = 1;
     return 0; /* aborts the transfer */
@@ -388,7 +415,10 @@ static int setup(xfer *x) {
   /* The environment's http_proxy and friends are not the gateway's
    * configuration: a forward goes straight to --upstream. */
   curl_easy_setopt(c, CURLOPT_PROXY, "");
-  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)cfg->upstream_timeout_ms);
+  /* A stream (an MCP GET stream, a long tool call's events) may stay open
+   * for as long as its client reads it. */
+  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS,
+                   rq->head ? 0L : (long)cfg->upstream_timeout_ms);
   curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS,
                    (long)(cfg->upstream_timeout_ms < 10000
                               ? cfg->upstream_timeout_ms
@@ -397,7 +427,7 @@ static int setup(xfer *x) {
   /* The receive buffer of each transfer, held while it waits: libcurl's
    * default (16 KB) would be most of what a forward in flight costs, and
    * tool calls answer in a few hundred bytes. */
-  curl_easy_setopt(c, CURLOPT_BUFFERSIZE, 1024L);
+  curl_easy_setopt(c, CURLOPT_BUFFERSIZE, rq->head ? 16384L : 1024L);
   curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
   curl_easy_setopt(c, CURLOPT_HEADERDATA, &x->s);
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
@@ -524,20 +554,9 @@ static up_result classify(xfer *x, CURLcode cc) {
     snprintf(rs->error, sizeof rs->error, "%s", curl_easy_strerror(cc));
     r = UP_LOST;
   }
-  if (r == UP_OK && s->connection) {
-    /* Headers the Connection header names are hop-by-hop too. */
-    size_t k = 0;
-    for (size_t i = 0; i < rs->nheaders; i++) {
-      if (header_named_by(s->connection, rs->headers[i].name)) {
-        free(rs->headers[i].name);
-        free(rs->headers[i].value);
-      } else {
-        rs->headers[k++] = rs->headers[i];
-      }
-    }
-    rs->nheaders = k;
-  }
-  if (r != UP_OK) {
+  if (r == UP_OK)
+    drop_named(rs, s->connection);
+  if (r != UP_OK && !x->rq->head) {
     free_headers(rs, s);
     free(rs->body);
     rs->body = NULL;
@@ -753,6 +772,8 @@ int upstream_start(const up_request *rq, up_response *rs, up_done_fn done,
   x->done = done;
   x->ctx = ctx;
   x->s.rs = rs;
+  x->s.rq = rq;
+  x->s.ctx = ctx;
   x->t0 = now_ms();
   if (!(x->curl = curl_easy_init()) || setup(x) != 0) {
     curl_easy_cleanup(x->curl);

@@ -1,0 +1,719 @@
+/*
+ * mcp_http.c -- `idem mcp --listen`: MCP's Streamable HTTP transport in
+ * front of one remote MCP endpoint, with keyed tools/call made safe.
+ *
+ * It stands on the gateway's machinery (src/serve/): libmicrohttpd serves
+ * the clients on one epoll thread with suspended connections, libcurl's
+ * multi interface forwards on one loop thread (upstream.c, in its streaming
+ * mode), and a few store workers (pool.c) claim and end keys. No thread
+ * waits for a server: thousands of open streams cost memory, not threads.
+ *
+ * An exchange (struct hx) is one client request and what answers it. Its
+ * answer is either whole (a replay, a refusal, a buffered JSON answer) or a
+ * stream: the upstream's head is passed on as soon as it is in, and its
+ * body as it arrives, through a libmicrohttpd content reader that suspends
+ * the connection while it has nothing to send and is resumed by the next
+ * bytes (the only way libmicrohttpd allows without busy waiting).
+ *
+ * Everything passes through unchanged except a tools/call carrying a key
+ * (mcp_http_keyed.c).
+ */
+#include "mcp_http.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+const mcp_opts *hx_opts;
+idem_store *hx_store;
+static serve_config sc;
+static char origin[2048];  /* scheme://host[:port] of --upstream */
+static char mcp_path[2048]; /* its path: the MCP endpoint */
+static int stopping;
+
+int64_t hx_mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---- exchanges ------------------------------------------------------------- */
+
+void hx_ref(hx *h) {
+  pthread_mutex_lock(&h->mu);
+  h->refs++;
+  pthread_mutex_unlock(&h->mu);
+}
+
+static void hx_free(hx *h) {
+  for (size_t i = 0; i < h->nh; i++) {
+    free(h->h[i].name);
+    free(h->h[i].value);
+  }
+  free(h->h);
+  for (size_t i = 0; i < h->nah; i++) {
+    free(h->ah[i].name);
+    free(h->ah[i].value);
+  }
+  free(h->ah);
+  upstream_response_free(&h->rs);
+  free(h->uri);
+  free(h->body);
+  free(h->out);
+  free(h->id);
+  pthread_mutex_destroy(&h->mu);
+  free(h);
+}
+
+void hx_unref(hx *h) {
+  int left;
+  pthread_mutex_lock(&h->mu);
+  left = --h->refs;
+  pthread_mutex_unlock(&h->mu);
+  if (left == 0)
+    hx_free(h);
+}
+
+/* Wakes the connection when it is suspended; h->mu held. */
+static void wake(hx *h) {
+  if (h->suspended && !h->gone) {
+    h->suspended = 0;
+    MHD_resume_connection(h->c);
+  }
+}
+
+/* Copies headers to the answer's own (the end-to-end ones; the caller
+ * has dropped hop-by-hop ones). h->mu held. 0 or -1. */
+static int keep_headers(hx *h, const up_header *hs, size_t n) {
+  if (!n)
+    return 0;
+  h->ah = calloc(n, sizeof *h->ah);
+  if (!h->ah)
+    return -1;
+  for (size_t i = 0; i < n; i++) {
+    h->ah[i].name = strdup(hs[i].name);
+    h->ah[i].value = strdup(hs[i].value);
+    h->nah++;
+    if (!h->ah[i].name || !h->ah[i].value)
+      return -1;
+  }
+  return 0;
+}
+
+int hx_answer_head(hx *h, int status, const up_header *hs, size_t n,
+                   int64_t length) {
+  int rc;
+  pthread_mutex_lock(&h->mu);
+  rc = keep_headers(h, hs, n);
+  h->status = status;
+  h->streaming = 1;
+  h->length = length;
+  h->ready = 1;
+  wake(h);
+  pthread_mutex_unlock(&h->mu);
+  return rc;
+}
+
+/* Appends to the stream's buffer; h->mu held. */
+static int append(hx *h, const char *p, size_t n) {
+  if (h->out_len + n > h->out_cap) {
+    size_t cap = h->out_cap ? h->out_cap : 4096;
+    while (cap < h->out_len + n)
+      cap *= 2;
+    char *b = realloc(h->out, cap);
+    if (!b)
+      return -1;
+    h->out = b;
+    h->out_cap = cap;
+  }
+  memcpy(h->out + h->out_len, p, n);
+  h->out_len += n;
+  return 0;
+}
+
+int hx_stream(hx *h, const char *p, size_t n) {
+  int rc = 0;
+  pthread_mutex_lock(&h->mu);
+  if (h->gone || h->out_end) {
+    rc = h->gone ? -1 : 0;
+  } else if (h->out_len - h->out_off + n > HX_MAX_BUFFERED) {
+    /* A client that does not read its stream: it is cut off rather than
+     * held in memory without bound. */
+    h->out_end = h->out_broken = 1;
+    wake(h);
+    rc = -1;
+  } else if (append(h, p, n) != 0) {
+    h->out_end = h->out_broken = 1;
+    wake(h);
+    rc = -1;
+  } else {
+    wake(h);
+  }
+  pthread_mutex_unlock(&h->mu);
+  return rc;
+}
+
+void hx_stream_end(hx *h, int broken) {
+  pthread_mutex_lock(&h->mu);
+  if (!h->out_end) {
+    h->out_end = 1;
+    h->out_broken = broken;
+  }
+  wake(h);
+  pthread_mutex_unlock(&h->mu);
+}
+
+void hx_answer_whole(hx *h, int status, const char *type, const char *body,
+                     size_t len, const up_header *hs, size_t n) {
+  pthread_mutex_lock(&h->mu);
+  if (h->ready && h->streaming) {
+    /* The head went out already: the rest of the stream is this body. */
+    if (!h->out_end && append(h, body, len) != 0)
+      h->out_broken = 1;
+    h->out_end = 1;
+    wake(h);
+    pthread_mutex_unlock(&h->mu);
+    return;
+  }
+  keep_headers(h, hs, n);
+  h->status = status;
+  h->streaming = 1;
+  h->length = (int64_t)len;
+  h->type = type;
+  h->out_len = h->out_off = 0;
+  if (append(h, body, len) != 0)
+    h->out_broken = 1;
+  h->out_end = 1;
+  h->ready = 1;
+  wake(h);
+  pthread_mutex_unlock(&h->mu);
+}
+
+/* The content reader of a streamed answer. */
+static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max) {
+  hx *h = cls;
+  ssize_t n;
+  (void)pos;
+  pthread_mutex_lock(&h->mu);
+  if (h->out_off < h->out_len) {
+    size_t k = h->out_len - h->out_off;
+    if (k > max)
+      k = max;
+    memcpy(buf, h->out + h->out_off, k);
+    h->out_off += k;
+    if (h->out_off == h->out_len)
+      h->out_off = h->out_len = 0;
+    n = (ssize_t)k;
+  } else if (h->out_end) {
+    n = h->out_broken ? MHD_CONTENT_READER_END_WITH_ERROR
+                      : MHD_CONTENT_READER_END_OF_STREAM;
+  } else {
+    /* Nothing yet: wait, suspended, for the next bytes. */
+    h->suspended = 1;
+    MHD_suspend_connection(h->c);
+    n = 0;
+  }
+  pthread_mutex_unlock(&h->mu);
+  return n;
+}
+
+static void reader_done(void *cls) { hx_unref(cls); }
+
+/* ---- answers of the proxy's own -------------------------------------------- */
+
+char *hx_rpc_error(const char *id, int code, const char *msg, json_t *data,
+                   size_t *len) {
+  json_t *jid = id ? json_loads(id, JSON_DECODE_ANY, NULL) : json_null();
+  json_t *err = json_pack("{s:i, s:s}", "code", code, "message", msg);
+  json_t *m;
+  char *text;
+  if (err && data)
+    json_object_set(err, "data", data);
+  json_decref(data);
+  m = json_pack("{s:s, s:o, s:o}", "jsonrpc", "2.0", "id",
+                jid ? jid : json_null(), "error", err ? err : json_object());
+  text = m ? json_dumps(m, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+  json_decref(m);
+  *len = text ? strlen(text) : 0;
+  return text;
+}
+
+void hx_answer_rpc_error(hx *h, int code, const char *msg, json_t *data) {
+  size_t len;
+  char *text = hx_rpc_error(h->id, code, msg, data, &len);
+  if (!text) {
+    hx_answer_whole(h, 500, "text/plain", "out of memory\n", 14, NULL, 0);
+    return;
+  }
+  hx_answer_whole(h, 200, "application/json", text, len, NULL, 0);
+  free(text);
+}
+
+/* An HTTP error of the proxy's own, with a JSON-RPC error body (id null), as
+ * the SDKs' transports answer theirs. */
+static void answer_http_error(hx *h, int status, int code, const char *msg) {
+  size_t len;
+  char *text = hx_rpc_error(NULL, code, msg, NULL, &len);
+  hx_answer_whole(h, status, "application/json", text ? text : "",
+                  text ? len : 0, NULL, 0);
+  free(text);
+}
+
+/* ---- passing through ------------------------------------------------------- */
+
+static void pass_head(void *ctx, up_response *rs) {
+  hx *h = ctx;
+  int64_t len = -1;
+  if (rs->content_length)
+    len = strtoll(rs->content_length, NULL, 10);
+  hx_answer_head(h, rs->status, rs->headers, rs->nheaders, len);
+}
+
+static int pass_data(void *ctx, const char *p, size_t n) {
+  return hx_stream(ctx, p, n);
+}
+
+/* A client that went away ends its stream at the upstream too (for a
+ * 2026-07-28 server that is the cancellation of its request). */
+static int pass_abort(void *ctx) {
+  hx *h = ctx;
+  int gone;
+  pthread_mutex_lock(&h->mu);
+  gone = h->gone;
+  pthread_mutex_unlock(&h->mu);
+  return gone || __atomic_load_n(&stopping, __ATOMIC_ACQUIRE);
+}
+
+static void pass_done(void *ctx, up_result r) {
+  hx *h = ctx;
+  int head;
+  pthread_mutex_lock(&h->mu);
+  head = h->ready;
+  pthread_mutex_unlock(&h->mu);
+  if (head) {
+    hx_stream_end(h, r != UP_OK);
+  } else if (r == UP_NOT_SENT || r == UP_NO_FDS) {
+    answer_http_error(h, r == UP_NO_FDS ? 503 : 502, -32000,
+                      "idem mcp: the upstream MCP server could not be "
+                      "reached; nothing was sent");
+  } else {
+    answer_http_error(h, 502, -32000,
+                      "idem mcp: the upstream MCP server did not answer");
+  }
+  hx_unref(h);
+}
+
+void hx_prepare_request(hx *h) {
+  h->rq.method = h->method;
+  h->rq.uri = h->uri;
+  h->rq.headers = h->h;
+  h->rq.nheaders = h->nh;
+  h->rq.body = h->body;
+  h->rq.body_len = h->len;
+  h->rq.client_addr = h->addr[0] ? h->addr : NULL;
+}
+
+static void pass_through(hx *h) {
+  hx_prepare_request(h);
+  h->rq.abort_check = pass_abort;
+  h->rq.abort_ctx = h;
+  h->rq.head = pass_head;
+  h->rq.data = pass_data;
+  hx_ref(h);
+  if (upstream_start(&h->rq, &h->rs, pass_done, h) != 0) {
+    hx_unref(h);
+    answer_http_error(h, 503, -32000, "idem mcp: out of memory");
+  }
+}
+
+/* ---- the request ------------------------------------------------------------ */
+
+static enum MHD_Result collect(void *cls, enum MHD_ValueKind kind,
+                               const char *name, size_t nl, const char *value,
+                               size_t vl) {
+  hx *h = cls;
+  (void)kind;
+  if (h->nh == h->hcap) {
+    size_t cap = h->hcap ? h->hcap * 2 : 16;
+    up_header *n = realloc(h->h, cap * sizeof *n);
+    if (!n)
+      return MHD_NO;
+    h->h = n;
+    h->hcap = cap;
+  }
+  h->h[h->nh].name = strndup(name, nl);
+  h->h[h->nh].value = strndup(value ? value : "", value ? vl : 0);
+  if (!h->h[h->nh].name || !h->h[h->nh].value) {
+    free(h->h[h->nh].name);
+    free(h->h[h->nh].value);
+    return MHD_NO;
+  }
+  h->nh++;
+  return MHD_YES;
+}
+
+const char *hx_header(const hx *h, const char *name) {
+  for (size_t i = 0; i < h->nh; i++)
+    if (strcasecmp(h->h[i].name, name) == 0)
+      return h->h[i].value;
+  return NULL;
+}
+
+/* The tenant, as idem serve derives it; -1 when the header cannot be one. */
+static int derive_tenant(hx *h) {
+  const char *v;
+  int count = 0;
+  const char *name = hx_opts->tenant_header ? hx_opts->tenant_header
+                                            : "Authorization";
+  for (size_t i = 0; i < h->nh; i++)
+    count += strcasecmp(h->h[i].name, name) == 0;
+  if (count > 1)
+    return -1;
+  v = hx_header(h, name);
+  if (!v) {
+    snprintf(h->tenant, sizeof h->tenant, "%s", hx_opts->tenant);
+    return 0;
+  }
+  if (hx_opts->tenant_header) {
+    if (strlen(v) > 255)
+      return -1;
+    for (const unsigned char *p = (const unsigned char *)v; *p; p++)
+      if (*p < 0x20 || *p == 0x7f)
+        return -1;
+    snprintf(h->tenant, sizeof h->tenant, "%s", v);
+    return 0;
+  }
+  char hex[IDEM_FINGERPRINT_SIZE];
+  idem_sha256_hex(v, strlen(v), hex);
+  snprintf(h->tenant, sizeof h->tenant, "authorization:%s", hex);
+  return 0;
+}
+
+/* Whether the target is the MCP endpoint (its query aside). */
+static int is_endpoint(const char *uri) {
+  size_t n = strcspn(uri, "?");
+  return strlen(mcp_path) == n && strncmp(uri, mcp_path, n) == 0;
+}
+
+/* A POST to the endpoint is read: a keyed tools/call goes to
+ * mcp_http_keyed.c, anything else passes through. */
+static void decide(hx *h) {
+  json_t *msg, *params, *id;
+  const char *method, *key, *tool;
+  int dup = 0, in_arg = 0;
+  if (strcmp(h->method, "POST") != 0 || !is_endpoint(h->uri)) {
+    pass_through(h);
+    return;
+  }
+  msg = mcp_parse(h->body ? h->body : "", h->len, &dup);
+  method = json_string_value(json_object_get(msg, "method"));
+  id = json_object_get(msg, "id");
+  params = json_object_get(msg, "params");
+  if (!msg || !json_is_object(msg) || !method ||
+      strcmp(method, "tools/call") != 0 || !id || json_is_null(id)) {
+    /* Not a single tools/call request (a batch of the 2025-03-26 era is
+     * an array: a keyed call in it passes unprotected, as the stdio mode
+     * refuses it instead, see below). */
+    if (msg && json_is_array(msg)) {
+      for (size_t i = 0; i < json_array_size(msg); i++) {
+        json_t *m = json_array_get(msg, i);
+        const char *k = NULL;
+        int ia;
+        const char *mm = json_string_value(json_object_get(m, "method"));
+        if (mm && strcmp(mm, "tools/call") == 0 &&
+            (mcp_find_key(hx_opts->key_argument,
+                          json_object_get(m, "params"), &k, &ia) != 0 ||
+             k)) {
+          json_decref(msg);
+          answer_http_error(h, 400, MCP_E_BATCH,
+                            "idem mcp: a keyed tools/call must be sent "
+                            "alone, not in a batch; nothing was sent");
+          return;
+        }
+      }
+    }
+    json_decref(msg);
+    pass_through(h);
+    return;
+  }
+  h->id = mcp_id_text(id);
+  tool = json_string_value(json_object_get(params, "name"));
+  if (mcp_find_key(hx_opts->key_argument, params, &key, &in_arg) != 0) {
+    hx_answer_rpc_error(h, MCP_E_BAD_KEY,
+                        "idem mcp: the idempotency key must be a string; "
+                        "nothing was sent to the server",
+                        json_pack("{s:s}", "idem", "bad_key"));
+    json_decref(msg);
+    return;
+  }
+  if (!key || !tool || !h->id) {
+    json_decref(msg);
+    pass_through(h);
+    return;
+  }
+  if (derive_tenant(h) != 0) {
+    json_decref(msg);
+    answer_http_error(h, 400, -32600,
+                      "idem mcp: the tenant header is malformed or given "
+                      "twice; nothing was sent");
+    return;
+  }
+  hx_keyed_call(h, tool, key, in_arg);
+  json_decref(msg);
+}
+
+static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
+                              const char *url, const char *method,
+                              const char *version, const char *upload,
+                              size_t *upload_size, void **con_cls) {
+  hx *h = *con_cls;
+  (void)cls, (void)url, (void)version;
+  if (!h)
+    return MHD_NO;
+  if (!h->started) {
+    serve_refusal why;
+    const union MHD_ConnectionInfo *ci;
+    h->started = 1;
+    h->c = c;
+    snprintf(h->method, sizeof h->method, "%s", method);
+    guard_head_done(c);
+    if (serve_check_head(c, method, h->uri, &why) != 0) {
+      char *t = serve_target(h->uri, &why);
+      free(t);
+      struct MHD_Response *r = MHD_create_response_from_buffer(
+          strlen(why.detail), why.detail, MHD_RESPMEM_MUST_COPY);
+      if (!r)
+        return MHD_NO;
+      MHD_add_response_header(r, "Connection", "close");
+      enum MHD_Result ok = MHD_queue_response(c, (unsigned)why.status, r);
+      MHD_destroy_response(r);
+      h->answered = 1;
+      return ok;
+    }
+    if (MHD_get_connection_values_n(c, MHD_HEADER_KIND, collect, h) < 0)
+      return MHD_NO;
+    ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    if (ci && ci->client_addr && ci->client_addr->sa_family == AF_INET)
+      inet_ntop(AF_INET,
+                &((const struct sockaddr_in *)ci->client_addr)->sin_addr,
+                h->addr, sizeof h->addr);
+    else if (ci && ci->client_addr && ci->client_addr->sa_family == AF_INET6)
+      inet_ntop(AF_INET6,
+                &((const struct sockaddr_in6 *)ci->client_addr)->sin6_addr,
+                h->addr, sizeof h->addr);
+    return MHD_YES;
+  }
+  if (h->answered)
+    return MHD_YES;
+  if (*upload_size) {
+    if (h->len + *upload_size > hx_opts->max_body) {
+      h->too_big = 1;
+    } else if (!h->too_big) {
+      if (h->len + *upload_size > h->cap) {
+        size_t cap = h->cap ? h->cap : 4096;
+        while (cap < h->len + *upload_size)
+          cap *= 2;
+        char *b = realloc(h->body, cap);
+        if (!b)
+          return MHD_NO;
+        h->body = b;
+        h->cap = cap;
+      }
+      memcpy(h->body + h->len, upload, *upload_size);
+      h->len += *upload_size;
+    }
+    *upload_size = 0;
+    return MHD_YES;
+  }
+  pthread_mutex_lock(&h->mu);
+  if (h->ready) {
+    struct MHD_Response *r;
+    h->answered = 1;
+    h->refs++; /* the reader's */
+    pthread_mutex_unlock(&h->mu);
+    r = MHD_create_response_from_callback(
+        h->length >= 0 ? (uint64_t)h->length : MHD_SIZE_UNKNOWN, 16384,
+        reader, h, reader_done);
+    if (!r) {
+      hx_unref(h);
+      return MHD_NO;
+    }
+    for (size_t i = 0; i < h->nah; i++)
+      MHD_add_response_header(r, h->ah[i].name, h->ah[i].value);
+    if (h->type)
+      MHD_add_response_header(r, "Content-Type", h->type);
+    if (__atomic_load_n(&stopping, __ATOMIC_ACQUIRE))
+      MHD_add_response_header(r, "Connection", "close");
+    enum MHD_Result ok = MHD_queue_response(c, (unsigned)h->status, r);
+    MHD_destroy_response(r);
+    return ok;
+  }
+  if (h->decided) {
+    /* Resumed before the answer was made: wait again. */
+    h->suspended = 1;
+    MHD_suspend_connection(c);
+    pthread_mutex_unlock(&h->mu);
+    return MHD_YES;
+  }
+  h->decided = 1;
+  h->suspended = 1;
+  MHD_suspend_connection(c);
+  pthread_mutex_unlock(&h->mu);
+  if (h->too_big) {
+    char msg[128];
+    snprintf(msg, sizeof msg,
+             "idem mcp: the request body is larger than %zu bytes "
+             "(--max-body); nothing was sent",
+             hx_opts->max_body);
+    answer_http_error(h, 413, -32600, msg);
+  } else if (__atomic_load_n(&stopping, __ATOMIC_ACQUIRE)) {
+    answer_http_error(h, 503, -32000,
+                      "idem mcp: the proxy is shutting down; nothing was "
+                      "sent");
+  } else {
+    decide(h);
+  }
+  return MHD_YES;
+}
+
+static void *uri_log(void *cls, const char *uri, struct MHD_Connection *c) {
+  hx *h = calloc(1, sizeof *h);
+  (void)cls, (void)c;
+  if (!h)
+    return NULL;
+  pthread_mutex_init(&h->mu, NULL);
+  h->refs = 1;
+  h->length = -1;
+  if (!(h->uri = strdup(uri))) {
+    hx_unref(h);
+    return NULL;
+  }
+  return h;
+}
+
+static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                      enum MHD_RequestTerminationCode toe) {
+  hx *h = *con_cls;
+  (void)cls, (void)toe;
+  guard_request_done(c);
+  if (!h)
+    return;
+  pthread_mutex_lock(&h->mu);
+  h->gone = 1;
+  pthread_mutex_unlock(&h->mu);
+  hx_unref(h);
+  *con_cls = NULL;
+}
+
+/* ---- start and stop --------------------------------------------------------- */
+
+/* --upstream URL: its origin (the base of every forward) and its path (the
+ * MCP endpoint this proxy serves under the same path). */
+static int split_upstream(const char *url) {
+  const char *p = strstr(url, "://");
+  size_t n;
+  if (!p || (strncasecmp(url, "http://", 7) != 0 &&
+             strncasecmp(url, "https://", 8) != 0))
+    return -1;
+  p += 3;
+  n = strcspn(p, "/?#");
+  if (n == 0 || (size_t)(p - url) + n >= sizeof origin)
+    return -1;
+  snprintf(origin, sizeof origin, "%.*s", (int)(p - url + (ptrdiff_t)n), url);
+  p += n;
+  if (*p == '?' || *p == '#')
+    return -1;
+  snprintf(mcp_path, sizeof mcp_path, "%s", *p ? p : "/");
+  return 0;
+}
+
+int mcp_http_run(const mcp_opts *o, idem_store *store) {
+  struct MHD_Daemon *d;
+  char bound[128];
+  sigset_t set;
+  int sig = 0;
+  struct rlimit rl;
+  hx_opts = o;
+  hx_store = store;
+  if (split_upstream(o->upstream) != 0) {
+    cli_error("mcp", "--upstream: an http:// or https:// URL with no query, "
+                     "not '%s'", o->upstream);
+    idem_store_close(store);
+    return EXIT_USAGE;
+  }
+  /* As servers do: every descriptor the hard limit allows (each stream
+   * holds two). */
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
+  memset(&sc, 0, sizeof sc);
+  sc.listen = o->listen;
+  sc.upstream = origin;
+  sc.upstream_timeout_ms = 60000;
+  sc.max_pass = 64u * 1024 * 1024;
+  sc.max_body = o->max_body;
+  sc.header_timeout_ms = 10000;
+  sc.max_connections_per_client = -1;
+  sc.threads = 1;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, NULL);
+  signal(SIGPIPE, SIG_IGN);
+  if (upstream_init(&sc) != 0 || pool_start(4) != 0 ||
+      hx_keyed_start() != 0 || guard_start(&sc) != 0) {
+    cli_error("mcp", "cannot start: %s", strerror(errno));
+    return EXIT_FAIL;
+  }
+  struct MHD_OptionItem opts[] = {
+      {MHD_OPTION_URI_LOG_CALLBACK, (intptr_t)uri_log, NULL},
+      {MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)completed, NULL},
+      {MHD_OPTION_CONNECTION_TIMEOUT, 300, NULL},
+      {MHD_OPTION_CONNECTION_MEMORY_LIMIT, 64 * 1024, NULL},
+      {MHD_OPTION_NOTIFY_CONNECTION, (intptr_t)guard_notify, NULL},
+      {MHD_OPTION_CONNECTION_LIMIT, (intptr_t)guard_max_connections(&sc),
+       NULL},
+      {MHD_OPTION_END, 0, NULL},
+  };
+  d = listen_on("--listen", o->listen,
+                MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME |
+                    MHD_USE_ERROR_LOG,
+                handle, NULL, opts, bound, sizeof bound);
+  if (!d) {
+    upstream_cleanup();
+    idem_store_close(store);
+    return EXIT_FAIL;
+  }
+  fprintf(stderr, "idem mcp: listening on http://%s, forwarding to %s\n",
+          bound, o->upstream);
+  fflush(stderr);
+  while (sigwait(&set, &sig) != 0 || (sig != SIGINT && sig != SIGTERM))
+    ;
+  /* No new call starts; the keyed calls at the server are awaited (up to
+   * --shutdown-wait) so that their results are recorded; then every
+   * stream ends. */
+  __atomic_store_n(&stopping, 1, __ATOMIC_RELEASE);
+  MHD_quiesce_daemon(d);
+  int n = hx_keyed_drain(o->shutdown_wait_ms);
+  if (n > 0)
+    cli_error("mcp", "%d keyed call(s) still at the server after "
+                     "--shutdown-wait; their keys are left in progress",
+              n);
+  upstream_abort();
+  upstream_cleanup();
+  pool_stop();
+  MHD_stop_daemon(d);
+  guard_stop();
+  idem_store_close(store);
+  fprintf(stderr, "idem mcp: stopped\n");
+  return EXIT_OK;
+}

@@ -1,0 +1,95 @@
+/*
+ * mcp_http.h -- what the files of `idem mcp --listen` share.
+ *
+ *   mcp_http.c        the listener, exchanges, streaming, passing through
+ *   mcp_http_keyed.c  keyed tools/call: claim, forward, record, answer
+ */
+#ifndef IDEM_MCP_HTTP_H
+#define IDEM_MCP_HTTP_H
+
+#include "../serve/serve.h"
+#include "mcp.h"
+
+/* The most a stream holds for a client that does not read it. */
+#define HX_MAX_BUFFERED (8u * 1024 * 1024)
+
+/* One client request and what answers it. Reference counted: the
+ * connection, a transfer in flight, a keyed call and a content reader each
+ * hold one. */
+typedef struct hx {
+  pthread_mutex_t mu;
+  int refs;
+  struct MHD_Connection *c;
+  char method[40];
+  char *uri;
+  char addr[64];
+  up_header *h; /* the request's headers */
+  size_t nh, hcap;
+  char *body;
+  size_t len, cap;
+  int too_big;
+  int started, decided, answered;
+  char tenant[300];
+  char *id; /* a tools/call's request id (JSON text) */
+
+  /* The answer; under mu. */
+  int ready;      /* status and headers are set: the handler queues it */
+  int status;
+  const char *type; /* Content-Type of the proxy's own answers */
+  up_header *ah;    /* the answer's headers */
+  size_t nah;
+  int streaming;
+  int64_t length; /* -1: unknown (chunked) */
+  char *out;      /* bytes not yet given to libmicrohttpd */
+  size_t out_len, out_off, out_cap;
+  int out_end, out_broken;
+  int suspended; /* its connection is suspended */
+  int gone;      /* libmicrohttpd is done with it: never resume */
+
+  /* A forward of its own (passing through, or a keyed call's). */
+  up_request rq;
+  up_response rs;
+
+  /* A keyed call's waiter. */
+  struct hx *wnext;
+  int64_t deadline; /* an attached retry: --attach-wait ends */
+} hx;
+
+extern const mcp_opts *hx_opts;
+extern idem_store *hx_store;
+
+int64_t hx_mono_ms(void);
+void hx_ref(hx *h);
+void hx_unref(hx *h);
+/* The value of the request's header name; NULL when absent. */
+const char *hx_header(const hx *h, const char *name);
+/* Fills h->rq from the request as the client sent it. */
+void hx_prepare_request(hx *h);
+
+/* The answer's head; its body then comes by hx_stream() and ends with
+ * hx_stream_end(). length -1 when unknown. 0, or -1 when out of memory. */
+int hx_answer_head(hx *h, int status, const up_header *hs, size_t n,
+                   int64_t length);
+/* 0, or -1 when the client is gone or cut off. */
+int hx_stream(hx *h, const char *p, size_t n);
+void hx_stream_end(hx *h, int broken);
+/* A whole answer (type NULL when the headers hs carry Content-Type); when
+ * a stream's head went out already, body ends the stream. */
+void hx_answer_whole(hx *h, int status, const char *type, const char *body,
+                     size_t len, const up_header *hs, size_t n);
+/* A JSON-RPC error under the request's id, HTTP 200. data is stolen. */
+void hx_answer_rpc_error(hx *h, int code, const char *msg, json_t *data);
+/* Its text; id NULL for null. free() it. */
+char *hx_rpc_error(const char *id, int code, const char *msg, json_t *data,
+                   size_t *len);
+
+/* mcp_http_keyed.c */
+int hx_keyed_start(void);
+/* A keyed tools/call whose body is h->body: claimed, forwarded, recorded
+ * and answered (h's connection is suspended until then). */
+void hx_keyed_call(hx *h, const char *tool, const char *key, int in_arg);
+/* Waits up to ms for the keyed calls at the server to end; how many are
+ * left. */
+int hx_keyed_drain(int64_t ms);
+
+#endif

@@ -1,0 +1,843 @@
+/*
+ * mcp_http_keyed.c -- keyed tools/call over Streamable HTTP.
+ *
+ * A keyed call (struct kcall) is claimed by a store worker
+ * (idem_execute_begin()). On PROCEED or RECOVER the client's request goes
+ * to the server unchanged, under the client's own id; its answer streams
+ * back to that client as it arrives, events of progress, logging and
+ * requests for input included, except the final response, which is picked
+ * out of the stream (or is the whole application/json body), recorded by a
+ * store worker (idem_execute_end()) and only then passed on. The client
+ * may go away meanwhile (its request timed out, its stream was cut, it
+ * cancelled): the call goes on at the server and its result is recorded,
+ * never sent twice while the server may still act. A retry of a call in
+ * flight here, under any id and from any session, waits for that result
+ * (--attach-wait); one that finds its key held elsewhere (another proxy on
+ * the store) waits on the store. A replay is answered as application/json
+ * under the retry's own id, with no session header of another's.
+ */
+#include "mcp_http.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+/* How long one claim waits on the store for a key held elsewhere before
+ * its worker takes the next task (the call is then asked again). */
+#define WAIT_SLICE_MS 1000
+
+typedef struct kcall {
+  struct kcall *next; /* the table */
+  int refs;           /* the store side, and the transfer */
+  int in_table;
+  char *tenant, *tool, *key;
+  char fp[IDEM_FINGERPRINT_SIZE];
+  char *request;
+  size_t request_len;
+  hx *owner;   /* the request that is forwarded */
+  hx *waiters; /* retries attached to it */
+  idem_exec *exec;
+  idem_call *call;
+  int64_t wait_until; /* a key held elsewhere is waited for until */
+  /* The answer, read on the upstream loop's thread until ending is set. */
+  int status;
+  int sse;
+  char *ev; /* an event not yet whole */
+  size_t ev_len, ev_cap;
+  char *body; /* a JSON answer */
+  size_t body_len, body_cap;
+  int too_big;
+  char *final; /* the final JSON-RPC response */
+  size_t final_len;
+  char *final_event; /* and its event as the server wrote it */
+  size_t final_event_len;
+  up_result result;
+  int transfer_done;
+  int ending; /* handed to a worker to be recorded */
+} kcall;
+
+static struct {
+  pthread_mutex_t mu;
+  pthread_cond_t cond; /* a call ended; or the ticker's wake-up */
+  kcall *calls;
+  int at_server; /* calls holding a key */
+  pthread_t ticker;
+} G = {.mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+
+static void kcall_unref(kcall *k) {
+  int left;
+  pthread_mutex_lock(&G.mu);
+  left = --k->refs;
+  pthread_mutex_unlock(&G.mu);
+  if (left)
+    return;
+  if (k->owner)
+    hx_unref(k->owner);
+  idem_call_free(k->call);
+  free(k->tenant);
+  free(k->tool);
+  free(k->key);
+  free(k->request);
+  free(k->ev);
+  free(k->body);
+  free(k->final);
+  free(k->final_event);
+  free(k);
+}
+
+static json_t *error_data(const kcall *k, const char *what, const char *type) {
+  json_t *d = json_pack("{s:s,s:s,s:s}", "idem", what, "key", k->key, "tool",
+                        k->tool);
+  if (d && type)
+    json_object_set_new(d, "type", json_string(type));
+  return d;
+}
+
+/* Takes the call out of the table with its waiters (and its owner, once):
+ * the answers are then made outside the lock. */
+static hx *take_all(kcall *k) {
+  hx *all;
+  pthread_mutex_lock(&G.mu);
+  if (k->in_table) {
+    kcall **pp = &G.calls;
+    while (*pp && *pp != k)
+      pp = &(*pp)->next;
+    if (*pp)
+      *pp = k->next;
+    k->in_table = 0;
+  }
+  all = k->waiters;
+  k->waiters = NULL;
+  if (k->owner) {
+    hx_ref(k->owner);
+    k->owner->wnext = all;
+    all = k->owner;
+  }
+  pthread_cond_broadcast(&G.cond);
+  pthread_mutex_unlock(&G.mu);
+  return all;
+}
+
+typedef void (*answer_fn)(kcall *k, hx *h, void *arg);
+
+/* Answers every request of the call, then lets them go. */
+static void answer_all(kcall *k, answer_fn fn, void *arg) {
+  hx *h = take_all(k), *next;
+  for (; h; h = next) {
+    next = h->wnext;
+    h->wnext = NULL;
+    fn(k, h, arg);
+    hx_unref(h);
+  }
+}
+
+/* ---- answers ------------------------------------------------------------------ */
+
+static void send_replay(hx *h, const char *body, size_t len, int recovered) {
+  size_t mlen, n;
+  char *marked = mcp_mark_result(body, len, 1, recovered, &mlen);
+  char *text = NULL;
+  const char *sid = hx_header(h, "Mcp-Session-Id");
+  up_header hs[1] = {{(char *)"Mcp-Session-Id", (char *)sid}};
+  if (marked) {
+    n = mlen + strlen(h->id) + 48;
+    if ((text = malloc(n)))
+      snprintf(text, n, "{\"jsonrpc\":\"2.0\",\"id\":%s,\"result\":%s}", h->id,
+               marked);
+  }
+  if (text)
+    /* The retry's own session, if it has one: the SDKs' clients adopt
+     * whatever session id an answer carries. */
+    hx_answer_whole(h, 200, "application/json", text, strlen(text), hs,
+                    sid ? 1 : 0);
+  else
+    hx_answer_rpc_error(h, MCP_E_INTERNAL,
+                        "idem mcp: out of memory replaying the stored "
+                        "result; nothing was sent to the server. Retry with "
+                        "the same key.",
+                        json_pack("{s:s}", "idem", "internal"));
+  free(text);
+  free(marked);
+}
+
+typedef struct replay_arg {
+  const char *body;
+  size_t len;
+  int recovered;
+} replay_arg;
+
+static void answer_replay(kcall *k, hx *h, void *arg) {
+  const replay_arg *a = arg;
+  (void)k;
+  send_replay(h, a->body, a->len, a->recovered);
+}
+
+typedef struct error_arg {
+  int code;
+  const char *msg, *what, *type;
+  int64_t retry_after_ms;
+} error_arg;
+
+static void answer_error(kcall *k, hx *h, void *arg) {
+  const error_arg *a = arg;
+  json_t *d = error_data(k, a->what, a->type);
+  if (d && a->retry_after_ms > 0)
+    json_object_set_new(d, "retryAfterMs", json_integer(a->retry_after_ms));
+  hx_answer_rpc_error(h, a->code, a->msg, d);
+}
+
+static void answer_in_flight_here(kcall *k, hx *h) {
+  char msg[1024];
+  error_arg a = {MCP_E_IN_FLIGHT, msg, "in_flight",
+                 "idempotency_key_in_progress", 1000};
+  snprintf(msg, sizeof msg,
+           "idem mcp: the same call (key \"%s\", tool %s) is still running "
+           "at the server; this retry waited %.1f s and nothing more was "
+           "sent. Retry with the same key to get its result when it "
+           "finishes.",
+           k->key, k->tool, (double)hx_opts->attach_wait_ms / 1000);
+  answer_error(k, h, &a);
+}
+
+/* ---- the answer as it arrives (the upstream loop's thread) --------------------- */
+
+static int64_t retention(void) {
+  return hx_opts->retention_ms ? hx_opts->retention_ms : 24 * 3600 * 1000LL;
+}
+
+static void end_call(void *arg);
+
+/* The final response is in: recorded by a worker. */
+static void hand_over(kcall *k) {
+  if (k->ending)
+    return;
+  k->ending = 1;
+  if (pool_submit(end_call, k) != 0)
+    end_call(k); /* stopping: recorded here */
+}
+
+static void k_head(void *ctx, up_response *rs) {
+  kcall *k = ctx;
+  const char *type = NULL;
+  k->status = rs->status;
+  for (size_t i = 0; i < rs->nheaders; i++)
+    if (strcasecmp(rs->headers[i].name, "Content-Type") == 0)
+      type = rs->headers[i].value;
+  if (rs->status == 200 && type &&
+      strncasecmp(type, "text/event-stream", 17) == 0) {
+    /* Events pass on as they come: the head goes out now. */
+    k->sse = 1;
+    hx_answer_head(k->owner, 200, rs->headers, rs->nheaders, -1);
+  }
+}
+
+/* Whether the data of an event (or a JSON body) is the response to the
+ * owner's request: 1 with it copied to k->final. */
+static int is_final(kcall *k, const char *data, size_t len) {
+  int dup = 0, yes = 0;
+  json_t *m = mcp_parse(data, len, &dup);
+  json_t *id = json_object_get(m, "id");
+  if (m && json_is_object(m) && id && !json_object_get(m, "method") &&
+      (json_object_get(m, "result") || json_object_get(m, "error"))) {
+    char *t = mcp_id_text(id);
+    yes = t && strcmp(t, k->owner->id) == 0;
+    free(t);
+  }
+  json_decref(m);
+  if (yes && (k->final = malloc(len + 1))) {
+    memcpy(k->final, data, len);
+    k->final[len] = 0;
+    k->final_len = len;
+  }
+  return yes;
+}
+
+/* One whole event, raw: passed on, unless it is the final response. */
+static void on_event(kcall *k, const char *ev, size_t n) {
+  char *data = NULL;
+  size_t dlen = 0;
+  const char *p = ev, *end = ev + n;
+  while (p < end) {
+    const char *nl = memchr(p, '\n', (size_t)(end - p));
+    size_t ll = nl ? (size_t)(nl - p) : (size_t)(end - p);
+    if (ll && p[ll - 1] == '\r')
+      ll--;
+    if (ll >= 5 && memcmp(p, "data:", 5) == 0) {
+      const char *v = p + 5;
+      size_t vl = ll - 5;
+      if (vl && *v == ' ')
+        v++, vl--;
+      char *d = realloc(data, dlen + vl + 2);
+      if (!d)
+        break;
+      data = d;
+      if (dlen)
+        data[dlen++] = '\n';
+      memcpy(data + dlen, v, vl);
+      dlen += vl;
+      data[dlen] = 0;
+    }
+    p = nl ? nl + 1 : end;
+  }
+  if (data && is_final(k, data, dlen)) {
+    if ((k->final_event = malloc(n)))
+      memcpy(k->final_event, ev, n);
+    k->final_event_len = n;
+    free(data);
+    hand_over(k);
+    return;
+  }
+  free(data);
+  hx_stream(k->owner, ev, n); /* a client gone misses it */
+}
+
+static int k_data(void *ctx, const char *p, size_t n) {
+  kcall *k = ctx;
+  if (k->ending)
+    return 0; /* after the final response: dropped */
+  if (!k->sse) {
+    /* A JSON answer (or an error page): kept whole. */
+    if (k->body_len + n > hx_opts->max_result + 65536) {
+      k->too_big = 1;
+      return 0;
+    }
+    if (k->body_len + n > k->body_cap) {
+      size_t cap = k->body_cap ? k->body_cap : 4096;
+      while (cap < k->body_len + n)
+        cap *= 2;
+      char *b = realloc(k->body, cap);
+      if (!b)
+        return -1;
+      k->body = b;
+      k->body_cap = cap;
+    }
+    memcpy(k->body + k->body_len, p, n);
+    k->body_len += n;
+    return 0;
+  }
+  if (k->ev_len + n > HX_MAX_BUFFERED + (size_t)hx_opts->max_result)
+    return -1;
+  if (k->ev_len + n > k->ev_cap) {
+    size_t cap = k->ev_cap ? k->ev_cap : 4096;
+    while (cap < k->ev_len + n)
+      cap *= 2;
+    char *b = realloc(k->ev, cap);
+    if (!b)
+      return -1;
+    k->ev = b;
+    k->ev_cap = cap;
+  }
+  memcpy(k->ev + k->ev_len, p, n);
+  k->ev_len += n;
+  /* Whole events end at an empty line. */
+  size_t start = 0, pos = 0;
+  while (pos < k->ev_len && !k->ending) {
+    char *nl = memchr(k->ev + pos, '\n', k->ev_len - pos);
+    if (!nl)
+      break;
+    size_t at = (size_t)(nl - k->ev);
+    int empty = at == pos || (at == pos + 1 && k->ev[pos] == '\r');
+    pos = at + 1;
+    if (empty) {
+      on_event(k, k->ev + start, pos - start);
+      start = pos;
+    }
+  }
+  memmove(k->ev, k->ev + start, k->ev_len - start);
+  k->ev_len -= start;
+  return 0;
+}
+
+static void k_done(void *ctx, up_result r) {
+  kcall *k = ctx;
+  if (!k->ending) {
+    k->result = r;
+    k->transfer_done = 1;
+    if (r == UP_OK && !k->sse && k->status >= 200 && k->status < 300 &&
+        k->body_len)
+      is_final(k, k->body, k->body_len);
+    hand_over(k);
+  }
+  kcall_unref(k);
+}
+
+/* ---- recording and answering (a store worker) ---------------------------------- */
+
+enum {
+  WHY_RESULT,     /* recorded */
+  WHY_RPC_ERROR,  /* the server answered a JSON-RPC error: not acted */
+  WHY_HTTP_ERROR, /* an HTTP error answer (401, 404 ...): not acted */
+  WHY_INPUT,      /* input_required: not acted yet */
+  WHY_TOOL_ERROR, /* isError, --store-tool-errors no: freed */
+  WHY_NOT_SENT,
+  WHY_TOO_BIG,
+  WHY_LOST /* sent and no answer: may have acted, may still act */
+};
+
+/* The final response with its result marked recovered; NULL when out of
+ * memory or when it has no result. */
+static char *mark_recovered(const char *text, size_t n, size_t *out_len) {
+  size_t rf, rt;
+  char *marked, *all;
+  size_t mlen;
+  if (!mcp_member(text, n, 0, "result", &rf, &rt))
+    return NULL;
+  if (!(marked = mcp_mark_result(text + rf, rt - rf, 0, 1, &mlen)))
+    return NULL;
+  all = mcp_splice(text, n, rf, rt, marked, mlen, out_len);
+  free(marked);
+  return all;
+}
+
+typedef struct end_arg {
+  int why;
+  int recovered;
+  const char *result; /* WHY_RESULT: the stored body */
+  size_t result_len;
+} end_arg;
+
+static void answer_end(kcall *k, hx *h, void *arg) {
+  const end_arg *a = arg;
+  char msg[1024];
+  if (h != k->owner) {
+    /* An attached retry. */
+    if (a->why == WHY_RESULT) {
+      send_replay(h, a->result, a->result_len, a->recovered);
+      return;
+    }
+  }
+  switch (a->why) {
+  case WHY_RESULT:
+  case WHY_RPC_ERROR:
+  case WHY_INPUT:
+  case WHY_TOOL_ERROR: {
+    char *text = NULL, *again = NULL;
+    size_t len = k->final_len, alen = 0;
+    const char *body = k->final;
+    if (a->why == WHY_RESULT && a->recovered &&
+        (text = mark_recovered(k->final, k->final_len, &len)))
+      body = text;
+    if (h != k->owner) {
+      /* The same answer under the retry's id. */
+      size_t f, t;
+      if (mcp_member(body, len, 0, "id", &f, &t) &&
+          (again = mcp_splice(body, len, f, t, h->id, strlen(h->id), &alen))) {
+        body = again;
+        len = alen;
+      }
+      hx_answer_whole(h, 200, "application/json", body, len, NULL, 0);
+    } else if (k->sse) {
+      if (body == k->final && k->final_event) {
+        hx_stream(h, k->final_event, k->final_event_len);
+      } else {
+        hx_stream(h, "event: message\ndata: ", 21);
+        hx_stream(h, body, len);
+        hx_stream(h, "\n\n", 2);
+      }
+      hx_stream_end(h, 0);
+    } else {
+      hx_answer_whole(h, 200, NULL, body, len, k->owner->rs.headers,
+                      k->owner->rs.nheaders);
+    }
+    free(text);
+    free(again);
+    return;
+  }
+  case WHY_HTTP_ERROR:
+    hx_answer_whole(h, k->status, NULL, k->body ? k->body : "", k->body_len,
+                    k->owner->rs.headers, k->owner->rs.nheaders);
+    return;
+  case WHY_NOT_SENT: {
+    error_arg e = {MCP_E_SERVER_EXITED, msg, "server_unreachable", NULL, 0};
+    snprintf(msg, sizeof msg,
+             "idem mcp: the MCP server could not be reached (%s); this "
+             "call was not sent and did not act. Retry with the same key.",
+             k->owner->rs.error);
+    answer_error(k, h, &e);
+    break;
+  }
+  case WHY_TOO_BIG: {
+    error_arg e = {MCP_E_UNKNOWN, msg, "unknown",
+                   "idempotency_outcome_unknown", 0};
+    snprintf(msg, sizeof msg,
+             "idem mcp: the server's answer to this call (key \"%s\", tool "
+             "%s) is larger than --max-result, so it was not stored; the "
+             "tool may have acted and the key waits for an operator (`idem "
+             "keys resolve`).",
+             k->key, k->tool);
+    answer_error(k, h, &e);
+    break;
+  }
+  default: {
+    int64_t wait = hx_opts->on_unknown_fail ? 0 : hx_opts->lease_ms;
+    error_arg e = {MCP_E_UNKNOWN, msg, "unknown",
+                   "idempotency_outcome_unknown", wait};
+    if (wait > 0)
+      snprintf(msg, sizeof msg,
+               "idem mcp: the server did not answer this call (%s; key "
+               "\"%s\", tool %s), so the tool may or may not have acted. "
+               "Check whether it acted if you can; a retry with the same "
+               "key in %.1f s sends the call to the server again, and its "
+               "result is marked _meta[\"idem/recovered\"].",
+               k->owner->rs.error, k->key, k->tool, (double)wait / 1000);
+    else
+      snprintf(msg, sizeof msg,
+               "idem mcp: the server did not answer this call (%s; key "
+               "\"%s\", tool %s), so the tool may or may not have acted. "
+               "This key is refused until an operator settles it: `idem "
+               "keys resolve %s --operation %s --failed` if it did not act, "
+               "or --completed if it did.",
+               k->owner->rs.error, k->key, k->tool, k->key, k->tool);
+    answer_error(k, h, &e);
+    break;
+  }
+  }
+}
+
+static void end_call(void *arg) {
+  kcall *k = arg;
+  idem_response resp;
+  idem_exec_result how;
+  end_arg a;
+  size_t rf = 0, rt = 0;
+  int rc;
+  memset(&resp, 0, sizeof resp);
+  memset(&a, 0, sizeof a);
+  a.recovered = idem_call_outcome(k->call) == IDEM_RECOVER;
+  if (k->final) {
+    int dup = 0;
+    json_t *m = mcp_parse(k->final, k->final_len, &dup);
+    json_t *result = json_object_get(m, "result");
+    const char *rtype =
+        json_string_value(json_object_get(result, "resultType"));
+    int is_error = json_is_true(json_object_get(result, "isError"));
+    if (!result || !mcp_member(k->final, k->final_len, 0, "result", &rf, &rt))
+      a.why = WHY_RPC_ERROR;
+    else if (rtype && strcmp(rtype, "input_required") == 0)
+      a.why = WHY_INPUT;
+    else if (is_error && !hx_opts->store_tool_errors)
+      a.why = WHY_TOOL_ERROR;
+    else if (rt - rf > hx_opts->max_result)
+      a.why = WHY_TOO_BIG;
+    else {
+      a.why = WHY_RESULT;
+      resp.status = is_error;
+    }
+    json_decref(m);
+  } else if (k->result == UP_NOT_SENT || k->result == UP_NO_FDS) {
+    a.why = WHY_NOT_SENT;
+  } else if (k->result == UP_OK && (k->status < 200 || k->status >= 300)) {
+    a.why = WHY_HTTP_ERROR;
+  } else if (k->too_big) {
+    a.why = WHY_TOO_BIG;
+  } else {
+    a.why = WHY_LOST;
+  }
+  switch (a.why) {
+  case WHY_RESULT:
+    how = IDEM_EXEC_DONE;
+    resp.body = k->final + rf;
+    resp.body_len = rt - rf;
+    a.result = resp.body;
+    a.result_len = resp.body_len;
+    break;
+  case WHY_TOO_BIG:
+    how = IDEM_EXEC_UNKNOWN;
+    break;
+  case WHY_LOST:
+    how = IDEM_EXEC_LEAVE_IN_PROGRESS;
+    break;
+  default:
+    how = IDEM_EXEC_NOT_DONE;
+    break;
+  }
+  rc = idem_execute_end(k->exec, how, &resp);
+  k->exec = NULL;
+  if (rc != IDEM_OK)
+    cli_error("mcp", "key '%s' (tool %s): the call's record could not be "
+                     "ended: %s (%s)",
+              k->key, k->tool, idem_errmsg(), idem_rc_name(rc));
+  else if (a.why == WHY_LOST)
+    cli_error("mcp", "key '%s' (tool %s): the server did not answer (%s); "
+                     "the key is held in progress for one lease",
+              k->key, k->tool, k->owner->rs.error);
+  pthread_mutex_lock(&G.mu);
+  G.at_server--;
+  pthread_mutex_unlock(&G.mu);
+  answer_all(k, answer_end, &a);
+  kcall_unref(k);
+}
+
+/* ---- claiming (a store worker) ------------------------------------------------- */
+
+static void claim(void *arg);
+
+static void forward(kcall *k) {
+  hx *o = k->owner;
+  pthread_mutex_lock(&G.mu);
+  G.at_server++;
+  k->refs++; /* the transfer's */
+  pthread_mutex_unlock(&G.mu);
+  hx_prepare_request(o);
+  o->rq.head = k_head;
+  o->rq.data = k_data;
+  if (upstream_start(&o->rq, &o->rs, k_done, k) != 0) {
+    kcall_unref(k);
+    k->result = UP_NOT_SENT;
+    snprintf(o->rs.error, sizeof o->rs.error, "out of memory");
+    k->ending = 1;
+    end_call(k);
+  }
+}
+
+static void claim(void *arg) {
+  kcall *k = arg;
+  idem_id id = {k->tenant, k->tool, k->key};
+  idem_execute_options eo;
+  idem_call *call = NULL;
+  idem_exec *x = NULL;
+  int64_t now = hx_mono_ms();
+  char msg[1200];
+  int rc;
+  memset(&eo, 0, sizeof eo);
+  eo.call.lease_ms = hx_opts->lease_ms;
+  eo.call.retention_ms = retention();
+  eo.call.on_expired_lease =
+      hx_opts->on_unknown_fail ? IDEM_EXPIRED_REPORT : IDEM_EXPIRED_TAKE_OVER;
+  if (k->wait_until > now)
+    eo.call.wait_ms =
+        k->wait_until - now < WAIT_SLICE_MS ? k->wait_until - now
+                                            : WAIT_SLICE_MS;
+  rc = idem_execute_begin(hx_store, &id, k->request, k->request_len, &eo, &x,
+                          &call);
+  if (rc != IDEM_OK || !call) {
+    int busy = rc == IDEM_EBUSY || rc == IDEM_EUNAVAILABLE;
+    int bad = rc == IDEM_EINVAL;
+    error_arg e = {busy ? MCP_E_STORE : bad ? MCP_E_BAD_KEY : MCP_E_INTERNAL,
+                   msg, busy ? "store_unavailable" : bad ? "bad_key"
+                                                         : "internal",
+                   NULL, busy ? 1000 : 0};
+    snprintf(msg, sizeof msg,
+             busy  ? "idem mcp: the idempotency store is unavailable (%s); "
+                     "nothing was sent to the server. Retry with the same "
+                     "key in a few seconds."
+             : bad ? "idem mcp: this call cannot be given its key (%s); "
+                     "nothing was sent to the server. A key is 1 to 255 "
+                     "printable ASCII bytes."
+                   : "idem mcp: this call cannot be given its key (%s); "
+                     "nothing was sent to the server.",
+             idem_errmsg());
+    idem_call_free(call);
+    answer_all(k, answer_error, &e);
+    kcall_unref(k);
+    return;
+  }
+  idem_call_free(k->call);
+  k->call = call;
+  k->exec = x;
+  if (x) {
+    forward(k);
+    return;
+  }
+  switch (idem_call_outcome(call)) {
+  case IDEM_IN_FLIGHT:
+    if (hx_mono_ms() < k->wait_until && pool_submit(claim, k) == 0)
+      return; /* asked again in turn */
+    {
+      int64_t ms = idem_call_retry_after_ms(call);
+      error_arg e = {MCP_E_IN_FLIGHT, msg, "in_flight",
+                     "idempotency_key_in_progress", ms < 1 ? 1 : ms};
+      snprintf(msg, sizeof msg,
+               "idem mcp: another attempt of this call (key \"%s\", tool "
+               "%s) holds the key: another proxy on the same store, or one "
+               "that stopped while the call was at the server. Nothing was "
+               "sent to the server. Its lease ends in %.1f s: retry with "
+               "the same key then.",
+               k->key, k->tool, (double)e.retry_after_ms / 1000);
+      answer_all(k, answer_error, &e);
+    }
+    break;
+  case IDEM_REPLAY: {
+    const idem_response *r = idem_call_response(call);
+    replay_arg ra = {r->body, r->body_len, idem_call_recovered(call)};
+    answer_all(k, answer_replay, &ra);
+    break;
+  }
+  case IDEM_CONFLICT: {
+    error_arg e = {MCP_E_CONFLICT, msg, "conflict",
+                   "idempotency_key_conflict", 0};
+    snprintf(msg, sizeof msg,
+             "idem mcp: key \"%s\" was already used with different "
+             "arguments for tool %s; nothing was sent to the server. Use "
+             "a new key for a new action; to retry the earlier action, "
+             "send its arguments unchanged.",
+             k->key, k->tool);
+    answer_all(k, answer_error, &e);
+    break;
+  }
+  default: {
+    error_arg e = {MCP_E_UNKNOWN, msg, "unknown",
+                   "idempotency_outcome_unknown", 0};
+    snprintf(msg, sizeof msg,
+             "idem mcp: an earlier attempt of this call (key \"%s\", tool "
+             "%s) ended without a result that could be kept, so the tool "
+             "may or may not have acted. This key is refused until an "
+             "operator settles it: `idem keys resolve %s --operation %s "
+             "--failed` if it did not act (a retry then acts), or "
+             "--completed if it did.",
+             k->key, k->tool, k->key, k->tool);
+    answer_all(k, answer_error, &e);
+    break;
+  }
+  }
+  kcall_unref(k);
+}
+
+/* ---- the entry ------------------------------------------------------------------- */
+
+void hx_keyed_call(hx *h, const char *tool, const char *key, int in_arg) {
+  kcall *k = calloc(1, sizeof *k), *same = NULL;
+  int64_t now = hx_mono_ms();
+  if (!k)
+    goto oom;
+  k->refs = 1;
+  k->tenant = strdup(h->tenant);
+  k->tool = strdup(tool);
+  k->key = strdup(key);
+  k->request = mcp_request_text(h->body, h->len, tool,
+                                in_arg ? hx_opts->key_argument : NULL,
+                                &k->request_len);
+  if (!k->tenant || !k->tool || !k->key || !k->request) {
+    kcall_unref(k);
+    goto oom;
+  }
+  if (idem_fingerprint(k->request, k->request_len, 1, k->fp) != IDEM_OK) {
+    char m[800];
+    snprintf(m, sizeof m,
+             "idem mcp: the arguments of this call cannot be fingerprinted "
+             "(%s); nothing was sent to the server.",
+             idem_errmsg());
+    hx_answer_rpc_error(h, MCP_E_INTERNAL, m, error_data(k, "internal", NULL));
+    kcall_unref(k);
+    return;
+  }
+  hx_ref(h);
+  pthread_mutex_lock(&G.mu);
+  for (kcall *c = G.calls; c; c = c->next)
+    if (strcmp(c->tenant, k->tenant) == 0 && strcmp(c->tool, k->tool) == 0 &&
+        strcmp(c->key, k->key) == 0) {
+      same = c;
+      break;
+    }
+  if (same && strcmp(same->fp, k->fp) == 0) {
+    /* The same call is in flight here: this retry waits for its result. */
+    if (hx_opts->attach_wait_ms == 0) {
+      pthread_mutex_unlock(&G.mu);
+      answer_in_flight_here(k, h);
+      hx_unref(h);
+      kcall_unref(k);
+      return;
+    }
+    h->deadline = now + hx_opts->attach_wait_ms;
+    h->wnext = same->waiters;
+    same->waiters = h;
+    pthread_cond_broadcast(&G.cond); /* the ticker times it */
+    pthread_mutex_unlock(&G.mu);
+    kcall_unref(k);
+    return;
+  }
+  k->owner = h;
+  k->wait_until = now + hx_opts->attach_wait_ms;
+  if (!same) {
+    /* Another call's key with other arguments stays out of the table: the
+     * store answers it (a conflict). */
+    k->in_table = 1;
+    k->next = G.calls;
+    G.calls = k;
+  }
+  pthread_mutex_unlock(&G.mu);
+  if (pool_submit(claim, k) != 0) {
+    error_arg e = {MCP_E_INTERNAL, "idem mcp: the proxy is stopping; nothing "
+                                   "was sent to the server",
+                   "internal", NULL, 0};
+    answer_all(k, answer_error, &e);
+    kcall_unref(k);
+  }
+  return;
+oom:
+  hx_answer_rpc_error(h, MCP_E_INTERNAL,
+                      "idem mcp: out of memory; nothing was sent to the "
+                      "server",
+                      NULL);
+}
+
+/* Answers attached retries whose --attach-wait has run out. */
+static void *ticker(void *arg) {
+  (void)arg;
+  pthread_mutex_lock(&G.mu);
+  for (;;) {
+    int64_t now = hx_mono_ms(), next = now + 60000;
+    hx *late = NULL;
+    kcall *lk = NULL;
+    for (kcall *k = G.calls; k && !late; k = k->next)
+      for (hx **pp = &k->waiters; *pp; pp = &(*pp)->wnext) {
+        if ((*pp)->deadline <= now) {
+          late = *pp;
+          *pp = late->wnext;
+          late->wnext = NULL;
+          lk = k;
+          k->refs++;
+          break;
+        }
+        if ((*pp)->deadline < next)
+          next = (*pp)->deadline;
+      }
+    if (late) {
+      pthread_mutex_unlock(&G.mu);
+      answer_in_flight_here(lk, late);
+      hx_unref(late);
+      kcall_unref(lk);
+      pthread_mutex_lock(&G.mu);
+      continue;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    int64_t wait = next - now;
+    ts.tv_sec += wait / 1000;
+    ts.tv_nsec += (wait % 1000) * 1000000;
+    if (ts.tv_nsec >= 1000000000) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000;
+    }
+    pthread_cond_timedwait(&G.cond, &G.mu, &ts);
+  }
+  return NULL;
+}
+
+int hx_keyed_start(void) {
+  if (pthread_create(&G.ticker, NULL, ticker, NULL) != 0)
+    return -1;
+  pthread_detach(G.ticker);
+  return 0;
+}
+
+int hx_keyed_drain(int64_t ms) {
+  int64_t until = hx_mono_ms() + ms;
+  int left;
+  pthread_mutex_lock(&G.mu);
+  while (G.at_server > 0 && hx_mono_ms() < until) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 50000000;
+    if (ts.tv_nsec >= 1000000000) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000;
+    }
+    pthread_cond_timedwait(&G.cond, &G.mu, &ts);
+  }
+  left = G.at_server;
+  pthread_mutex_unlock(&G.mu);
+  return left;
+}
