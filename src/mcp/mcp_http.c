@@ -113,6 +113,10 @@ int hx_answer_head(hx *h, int status, const up_header *hs, size_t n,
   int rc;
   pthread_mutex_lock(&h->mu);
   rc = keep_headers(h, hs, n);
+  for (size_t i = 0; i < n; i++)
+    if (strcasecmp(hs[i].name, "Content-Type") == 0 &&
+        strncasecmp(hs[i].value, "text/event-stream", 17) == 0)
+      h->sse_out = 1;
   h->status = status;
   h->streaming = 1;
   h->length = length;
@@ -175,8 +179,12 @@ void hx_answer_whole(hx *h, int status, const char *type, const char *body,
                      size_t len, const up_header *hs, size_t n) {
   pthread_mutex_lock(&h->mu);
   if (h->ready && h->streaming) {
-    /* The head went out already: the rest of the stream is this body. */
-    if (!h->out_end && append(h, body, len) != 0)
+    /* The head went out already: the rest of the stream is this body, as
+     * an event when the stream is one. */
+    if (!h->out_end &&
+        ((h->sse_out && append(h, "event: message\ndata: ", 21) != 0) ||
+         append(h, body, len) != 0 ||
+         (h->sse_out && append(h, "\n\n", 2) != 0)))
       h->out_broken = 1;
     h->out_end = 1;
     wake(h);
@@ -643,6 +651,7 @@ int mcp_http_run(const mcp_opts *o, idem_store *store) {
   struct rlimit rl;
   hx_opts = o;
   hx_store = store;
+  listen_log_name = "idem mcp";
   if (split_upstream(o->upstream) != 0) {
     cli_error("mcp", "--upstream: an http:// or https:// URL with no query, "
                      "not '%s'", o->upstream);

@@ -39,6 +39,7 @@ typedef struct hx {
   up_header *ah;    /* the answer's headers */
   size_t nah;
   int streaming;
+  int sse_out;    /* the head went out as text/event-stream */
   int64_t length; /* -1: unknown (chunked) */
   char *out;      /* bytes not yet given to libmicrohttpd */
   size_t out_len, out_off, out_cap;

@@ -698,9 +698,20 @@ static void claim(void *arg) {
 /* ---- the entry ------------------------------------------------------------------- */
 
 void hx_keyed_call(hx *h, const char *tool, const char *key, int in_arg) {
-  kcall *k = calloc(1, sizeof *k), *same = NULL;
+  kcall *k, *same = NULL;
   int64_t now = hx_mono_ms();
-  if (!k)
+  if (idem_key_check(key) != IDEM_OK) {
+    char m[600];
+    snprintf(m, sizeof m,
+             "idem mcp: the idempotency key is not valid (%s): use 1-255 "
+             "printable ASCII characters (0x21-0x7e). Nothing was sent to "
+             "the server.",
+             idem_errmsg());
+    hx_answer_rpc_error(h, MCP_E_BAD_KEY, m,
+                        json_pack("{s:s}", "idem", "bad_key"));
+    return;
+  }
+  if (!(k = calloc(1, sizeof *k)))
     goto oom;
   k->refs = 1;
   k->tenant = strdup(h->tenant);

@@ -26,6 +26,8 @@
  * gateway's. At most one line a second: out of descriptors, libmicrohttpd
  * says so on every attempt to accept, which once grew the log by megabytes
  * a second; the line after a quiet spell says how many were left out. */
+const char *listen_log_name = "idem serve";
+
 static void mhd_log(void *cls, const char *fmt, va_list ap) {
   static serve_rate rate = SERVE_RATE_INIT;
   unsigned long left;
@@ -43,10 +45,10 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
   while (n && line[n - 1] == '\n')
     line[--n] = 0;
   if (left)
-    fprintf(stderr, "idem serve: http: %s (and %lu more messages)\n", line,
-            left);
+    fprintf(stderr, "%s: http: %s (and %lu more messages)\n",
+            listen_log_name, line, left);
   else
-    fprintf(stderr, "idem serve: http: %s\n", line);
+    fprintf(stderr, "%s: http: %s\n", listen_log_name, line);
 }
 
 /* Splits HOST:PORT; host "" means every address. 0, or -1. */

@@ -276,6 +276,8 @@ int serve_store_open(const serve_config *cfg, const idem_store_options *opts,
  * the given flags, handler and options. Prints why and returns NULL on
  * failure; what names the option in messages.
  */
+/* How libmicrohttpd's messages are marked: "idem serve" unless changed. */
+extern const char *listen_log_name;
 struct MHD_Daemon *listen_on(const char *what, const char *listen,
                              unsigned flags,
                              MHD_AccessHandlerCallback handler, void *cls,

@@ -1,0 +1,326 @@
+// http_edges.mjs -- `idem mcp --listen` against an upstream of the test's
+// own that answers as the test tells it (JSON, event streams with CRLF and
+// split data lines, HTTP errors, OAuth challenges, a death mid-call), and
+// clients that send what attackers send (smuggling framings, huge bodies,
+// bad keys). Every scenario counts what reached the upstream and checks the
+// identifiers that came back.
+import { spawn } from "node:child_process";
+import { createServer } from "node:http";
+import { connect as netConnect } from "node:net";
+import { join } from "node:path";
+import { IDEM, TMP, check, eq, finish, watchStderr } from "./lib.mjs";
+
+// ---- the upstream -------------------------------------------------------------
+
+const seen = []; // every request the upstream got: {method, url, headers, body}
+let mode = {}; // tool name -> how to answer
+let effects = {}; // tool name -> times it acted
+let tickets = 0;
+const sockets = new Set();
+
+function act(name) {
+  effects[name] = (effects[name] ?? 0) + 1;
+  return ++tickets;
+}
+
+const upstream = createServer((req, res) => {
+  let body = "";
+  req.on("data", (d) => (body += d));
+  req.on("end", () => {
+    seen.push({ method: req.method, url: req.url, headers: req.headers, body });
+    if (req.url.startsWith("/.well-known/oauth-protected-resource")) {
+      res.writeHead(200, { "content-type": "application/json" });
+      res.end(JSON.stringify({ resource: "http://upstream/mcp",
+        authorization_servers: ["http://auth.example"] }));
+      return;
+    }
+    if (req.url !== "/mcp") { res.writeHead(404); res.end("no"); return; }
+    if (req.method === "GET") {
+      res.writeHead(200, { "content-type": "text/event-stream" });
+      res.write("event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/tools/list_changed\"}\n\n");
+      return; // held open
+    }
+    let msg;
+    try { msg = JSON.parse(body); } catch {
+      res.writeHead(400, { "content-type": "application/json" });
+      res.end(JSON.stringify({ jsonrpc: "2.0", id: null,
+        error: { code: -32700, message: "Parse error" } }));
+      return;
+    }
+    if (msg.method !== "tools/call") {
+      res.writeHead(202); res.end(); return;
+    }
+    const name = msg.params.name;
+    const how = mode[name] ?? "json";
+    const session = req.headers["mcp-session-id"];
+    const hdrs = session ? { "mcp-session-id": session } : {};
+    if (how === "auth" && !req.headers.authorization) {
+      res.writeHead(401, { "www-authenticate":
+        'Bearer resource_metadata="http://upstream/.well-known/oauth-protected-resource/mcp"' });
+      res.end();
+      return;
+    }
+    if (how === "404") {
+      res.writeHead(404, { "content-type": "application/json", ...hdrs });
+      res.end(JSON.stringify({ jsonrpc: "2.0", id: null,
+        error: { code: -32001, message: "Session not found" } }));
+      return;
+    }
+    if (how === "rpcerror") {
+      res.writeHead(200, { "content-type": "application/json", ...hdrs });
+      res.end(JSON.stringify({ jsonrpc: "2.0", id: msg.id,
+        error: { code: -32602, message: "Unknown tool" } }));
+      return;
+    }
+    if (how === "die") {
+      // Acts, says so in a progress event, and dies before the result.
+      act(name);
+      res.writeHead(200, { "content-type": "text/event-stream", ...hdrs });
+      res.write(`event: message\ndata: {"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":1,"progress":1}}\n\n`);
+      setImmediate(() => req.socket.destroy());
+      return;
+    }
+    const n = act(name);
+    const result = { content: [{ type: "text", text: `ticket-${n}` }],
+      structuredContent: { id: n } };
+    if (how === "sse") {
+      // CRLF line ends, a comment, a priming event, an id, and the final
+      // response's JSON split over two data lines.
+      res.writeHead(200, { "content-type": "text/event-stream", ...hdrs });
+      res.write(": keep-alive\r\n\r\nid: 1\r\ndata: \r\n\r\n");
+      res.write(`event: message\r\nid: 2\r\ndata: {"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":"working"}}\r\n\r\n`);
+      const text = JSON.stringify({ jsonrpc: "2.0", id: msg.id, result });
+      const cut = text.indexOf(",\"structuredContent\"");
+      res.end(`event: message\r\nid: 3\r\ndata: ${text.slice(0, cut)}\r\ndata: ${text.slice(cut)}\r\n\r\n`);
+      return;
+    }
+    res.writeHead(200, { "content-type": "application/json", ...hdrs });
+    res.end(JSON.stringify({ jsonrpc: "2.0", id: msg.id, result }));
+  });
+});
+upstream.on("connection", (s) => { sockets.add(s); s.on("close", () => sockets.delete(s)); });
+await new Promise((r) => upstream.listen(0, "127.0.0.1", r));
+const UP = upstream.address().port;
+
+// ---- the proxy -------------------------------------------------------------------
+
+async function startProxy(extra = [], store = join(TMP, "edges.db")) {
+  const p = spawn(IDEM, ["mcp", "--listen", "127.0.0.1:0", "--upstream",
+    `http://127.0.0.1:${UP}/mcp`, "--store", `sqlite:${store}`, ...extra],
+  { stdio: ["ignore", "ignore", "pipe"] });
+  let err = "";
+  p.stderr.on("data", (d) => (err += d));
+  watchStderr(() => err);
+  const port = await new Promise((resolve, reject) => {
+    const t = setTimeout(() => reject(new Error(`proxy did not start: ${err}`)), 20000);
+    p.stderr.on("data", () => {
+      const m = /listening on http:\/\/127\.0\.0\.1:(\d+)/.exec(err);
+      if (m) { clearTimeout(t); resolve(Number(m[1])); }
+    });
+    p.on("exit", (c) => { clearTimeout(t); reject(new Error(`proxy exited ${c}: ${err}`)); });
+  });
+  return { p, port, stderr: () => err };
+}
+
+async function post(port, msg, headers = {}, path = "/mcp") {
+  const body = typeof msg === "string" ? msg : JSON.stringify(msg);
+  const r = await fetch(`http://127.0.0.1:${port}${path}`, { method: "POST",
+    headers: { "content-type": "application/json",
+      accept: "application/json, text/event-stream", ...headers }, body });
+  const text = await r.text();
+  return { status: r.status, headers: r.headers, text };
+}
+
+// The JSON-RPC messages of an answer (JSON, or the data of each event).
+function messages(r) {
+  if ((r.headers.get("content-type") ?? "").startsWith("text/event-stream")) {
+    return r.text.split(/\r?\n\r?\n/).map((ev) => ev.split(/\r?\n/)
+      .filter((l) => l.startsWith("data:")).map((l) => l.slice(5).replace(/^ /, ""))
+      .join("\n")).filter((d) => d).map((d) => JSON.parse(d));
+  }
+  return r.text ? [JSON.parse(r.text)] : [];
+}
+const final = (r, id) => messages(r).find((m) => m.id === id && !m.method);
+const call = (id, name, args, key) => ({ jsonrpc: "2.0", id, method: "tools/call",
+  params: { name, arguments: args, ...(key ? { _meta: { idempotencyKey: key } } : {}) } });
+const reset = () => { effects = {}; mode = {}; seen.length = 0; };
+
+const px = await startProxy(["--lease", "1s", "--attach-wait", "10s"]);
+
+// 1. An event stream with CRLF, comments, ids and split data lines: the
+// final response is found, passed on and stored; the replay under a new id
+// carries the retry's session, not the first's.
+{
+  reset();
+  mode.sse_tool = "sse";
+  const a = await post(px.port, call(1, "sse_tool", { t: "a" }, "k-sse"),
+    { "mcp-session-id": "S1" });
+  const fa = final(a, 1);
+  eq("sse: first answer", "ticket-" + fa?.result?.structuredContent?.id, fa?.result?.content?.[0]?.text);
+  check("sse: the log event passed on", messages(a).some((m) => m.method === "notifications/message"));
+  eq("sse: the session header of the first", "S1", a.headers.get("mcp-session-id"));
+  const b = await post(px.port, call("r-2", "sse_tool", { t: "a" }, "k-sse"),
+    { "mcp-session-id": "S2" });
+  const fb = final(b, "r-2");
+  eq("sse: replay same ticket", fa?.result?.structuredContent?.id, fb?.result?.structuredContent?.id);
+  eq("sse: replay marked", true, fb?.result?._meta?.["idem/replayed"]);
+  check("sse: replay never carries another session's id",
+    b.headers.get("mcp-session-id") !== "S1", b.headers.get("mcp-session-id"));
+  eq("sse: one effect", 1, effects.sse_tool);
+}
+
+// 2. JSON answers; tenants from Authorization: the same key under two
+// credentials is two actions, under one credential one.
+{
+  reset();
+  const A = { authorization: "Bearer alice" }, B = { authorization: "Bearer bob" };
+  const a1 = final(await post(px.port, call(1, "t", { x: 1 }, "k-ten"), A), 1);
+  const b1 = final(await post(px.port, call(2, "t", { x: 1 }, "k-ten"), B), 2);
+  const a2 = final(await post(px.port, call(3, "t", { x: 1 }, "k-ten"), A), 3);
+  eq("tenants: two effects", 2, effects.t);
+  check("tenants: two tickets", a1?.result?.structuredContent?.id !== b1?.result?.structuredContent?.id);
+  eq("tenants: alice replayed", a1?.result?.structuredContent?.id, a2?.result?.structuredContent?.id);
+  eq("tenants: Authorization forwarded", "Bearer bob", seen[1]?.headers?.authorization);
+}
+
+// 3. OAuth passes through: the challenge and the metadata, key released.
+{
+  reset();
+  mode.secure = "auth";
+  const r = await post(px.port, call(1, "secure", {}, "k-auth"));
+  eq("oauth: 401 passed on", 401, r.status);
+  check("oauth: challenge passed on", /resource_metadata=/.test(r.headers.get("www-authenticate") ?? ""));
+  const m = await fetch(`http://127.0.0.1:${px.port}/.well-known/oauth-protected-resource/mcp`);
+  eq("oauth: metadata passed on", ["http://auth.example"], (await m.json()).authorization_servers);
+  const ok = final(await post(px.port, call(2, "secure", {}, "k-auth"), { authorization: "Bearer x" }), 2);
+  eq("oauth: after the challenge the call acts", 1, effects.secure);
+  eq("oauth: its ticket", "ticket-" + ok?.result?.structuredContent?.id, ok?.result?.content?.[0]?.text);
+}
+
+// 4. An HTTP error or a JSON-RPC error did not act: passed on, key freed.
+{
+  reset();
+  mode.gone = "404";
+  const r = await post(px.port, call(1, "gone", {}, "k-404"));
+  eq("404: passed on", 404, r.status);
+  eq("404: body passed on", -32001, JSON.parse(r.text).error?.code);
+  mode.gone = "json";
+  const r2 = final(await post(px.port, call(2, "gone", {}, "k-404")), 2);
+  eq("404: key freed, the retry acts", 1, effects.gone);
+  check("404: and is not a replay", r2?.result && !r2.result._meta, JSON.stringify(r2));
+  mode.bad = "rpcerror";
+  const e = final(await post(px.port, call(3, "bad", {}, "k-rpc")), 3);
+  eq("rpc error: passed on", -32602, e?.error?.code);
+  mode.bad = "json";
+  final(await post(px.port, call(4, "bad", {}, "k-rpc")), 4);
+  eq("rpc error: key freed", 1, effects.bad);
+}
+
+// 5. The server dies after acting, mid-stream: the client is told the
+// outcome is unknown, in the stream; a retry after the lease sends it
+// again and its result is marked recovered.
+{
+  reset();
+  mode.fragile = "die";
+  const r = await post(px.port, call(1, "fragile", { n: 1 }, "k-die"));
+  const f = final(r, 1);
+  eq("die: unknown", -31903, f?.error?.code);
+  check("die: progress passed on first", messages(r).some((m) => m.method === "notifications/progress"));
+  mode.fragile = "json";
+  let again;
+  for (let i = 0; i < 100; i++) { // the lease is 1 s: retried as a client would
+    again = final(await post(px.port, call(2 + i, "fragile", { n: 1 }, "k-die")), 2 + i);
+    if (!again?.error) break;
+    eq("die: in flight until the lease ends", -31902, again.error.code);
+  }
+  eq("die: recovered", true, again?.result?._meta?.["idem/recovered"]);
+  eq("die: two effects (the first may have acted)", 2, effects.fragile);
+}
+
+// 6. Hostile clients: smuggling framings are refused and never reach the
+// upstream; a body over --max-body is refused; a key that is not a
+// string is refused; bodies that are not JSON pass through to the server.
+async function raw(port, bytes) {
+  return new Promise((resolve) => {
+    const s = netConnect(port, "127.0.0.1");
+    let got = "";
+    s.on("data", (d) => (got += d));
+    s.on("close", () => resolve(got));
+    s.on("error", () => resolve(got));
+    s.write(bytes);
+    setTimeout(() => s.end(), 2000).unref();
+  });
+}
+{
+  reset();
+  const smuggle = "POST /mcp HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n";
+  const got = await raw(px.port, smuggle);
+  check("smuggling: 400", got.startsWith("HTTP/1.1 400"), got.slice(0, 80));
+  check("smuggling: the second request not answered", (got.match(/HTTP\/1\.1/g) ?? []).length === 1, got);
+  const two = "POST /mcp HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 30\r\n\r\n{}";
+  const got2 = await raw(px.port, two);
+  check("two lengths: 400", got2.startsWith("HTTP/1.1 400"), got2.slice(0, 80));
+  eq("smuggling: nothing reached the upstream", 0, seen.length);
+  const big = await post(px.port, JSON.stringify(call(1, "t", { pad: "x".repeat(5 << 20) }, "k-big")));
+  eq("huge body: 413", 413, big.status);
+  eq("huge body: nothing reached the upstream", 0, seen.length);
+  const bk = final(await post(px.port, { jsonrpc: "2.0", id: 9, method: "tools/call",
+    params: { name: "t", arguments: {}, _meta: { idempotencyKey: 42 } } }), 9);
+  eq("bad key: refused", -31906, bk?.error?.code);
+  const ctl = final(await post(px.port, call(10, "t", {}, "bad\u0001key")), 10);
+  eq("control character in key: refused", -31906, ctl?.error?.code);
+  const nj = await post(px.port, "{not json");
+  eq("not JSON: the server's answer", 400, nj.status);
+  eq("not JSON: reached the server as sent", "{not json", seen.at(-1)?.body);
+  eq("no effect from any of them", undefined, effects.t);
+}
+
+// 7. The GET stream passes through as it comes (the upstream holds it
+// open; the event must arrive before the stream ends).
+{
+  const ctl = new AbortController();
+  const r = await fetch(`http://127.0.0.1:${px.port}/mcp`, { signal: ctl.signal,
+    headers: { accept: "text/event-stream", "mcp-session-id": "S1" } });
+  const reader = r.body.getReader();
+  let got = "";
+  const t = setTimeout(() => ctl.abort(), 10000);
+  while (!got.includes("\n\n")) {
+    const { value, done } = await reader.read().catch(() => ({ done: true }));
+    if (done) break;
+    got += Buffer.from(value).toString();
+  }
+  clearTimeout(t);
+  check("GET stream: an event while the stream is open", got.includes("list_changed"), got);
+  eq("GET stream: session passed on", "S1", seen.find((s) => s.method === "GET")?.headers?.["mcp-session-id"]);
+  ctl.abort();
+}
+
+// 8. The upstream is unreachable: nothing was sent; the key is free.
+{
+  reset();
+  const dead = await startProxy(["--lease", "1s"], join(TMP, "dead.db"));
+  dead.p.kill("SIGKILL");
+  const px2 = spawn(IDEM, ["mcp", "--listen", "127.0.0.1:0", "--upstream",
+    "http://127.0.0.1:1/mcp", "--store", `sqlite:${join(TMP, "dead.db")}`],
+  { stdio: ["ignore", "ignore", "pipe"] });
+  let err = "";
+  px2.stderr.on("data", (d) => (err += d));
+  watchStderr(() => err);
+  const port = await new Promise((res) => px2.stderr.on("data", () => {
+    const m = /listening on http:\/\/127\.0\.0\.1:(\d+)/.exec(err); if (m) res(Number(m[1]));
+  }));
+  const f = final(await post(port, call(1, "t", {}, "k-unreach")), 1);
+  eq("unreachable: not sent", -31907, f?.error?.code);
+  const u = await post(port, call(2, "t", {}, null));
+  eq("unreachable: unkeyed gets 502", 502, u.status);
+  px2.kill("SIGTERM");
+  await new Promise((r) => px2.on("exit", r));
+}
+
+px.p.kill("SIGTERM");
+const code = await new Promise((r) => px.p.on("exit", (c) => r(c)));
+eq("proxy exits 0 on SIGTERM", 0, code);
+check("proxy said it stopped", /idem mcp: stopped/.test(px.stderr()), px.stderr());
+for (const s of sockets) s.destroy();
+upstream.close();
+finish();
