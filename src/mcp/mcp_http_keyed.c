@@ -87,6 +87,30 @@ static void kcall_unref(kcall *k) {
   free(k);
 }
 
+/* The replay cache (mcp_cache.c) is the stdio mode's: its "tool" here is
+ * the tenant and the tool, so that tenants never share an entry. */
+static char *cache_name(const kcall *k) {
+  char *n = NULL;
+  if (asprintf(&n, "%s\x1f%s", k->tenant, k->tool) < 0)
+    return NULL;
+  return n;
+}
+
+static int64_t wall_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void cache_put(const kcall *k, const char *body, size_t len,
+                      int recovered, int64_t retention_ms) {
+  char *n = cache_name(k);
+  if (n)
+    mcp_cache_put(n, k->key, k->fp, body, len, recovered,
+                  wall_ms() + retention_ms);
+  free(n);
+}
+
 static json_t *error_data(const kcall *k, const char *what, const char *type) {
   json_t *d = json_pack("{s:s,s:s,s:s}", "idem", what, "key", k->key, "tool",
                         k->tool);
@@ -559,6 +583,8 @@ static void end_call(void *arg) {
     cli_error("mcp", "key '%s' (tool %s): the call's record could not be "
                      "ended: %s (%s)",
               k->key, k->tool, idem_errmsg(), idem_rc_name(rc));
+  else if (a.why == WHY_RESULT)
+    cache_put(k, a.result, a.result_len, a.recovered, retention());
   else if (a.why == WHY_LOST)
     cli_error("mcp", "key '%s' (tool %s): the server did not answer (%s); "
                      "the key is held in progress for one lease",
@@ -662,6 +688,7 @@ static void claim(void *arg) {
   case IDEM_REPLAY: {
     const idem_response *r = idem_call_response(call);
     replay_arg ra = {r->body, r->body_len, idem_call_recovered(call)};
+    cache_put(k, r->body, r->body_len, ra.recovered, retention());
     answer_all(k, answer_replay, &ra);
     break;
   }
@@ -733,6 +760,21 @@ void hx_keyed_call(hx *h, const char *tool, const char *key, int in_arg) {
     hx_answer_rpc_error(h, MCP_E_INTERNAL, m, error_data(k, "internal", NULL));
     kcall_unref(k);
     return;
+  }
+  {
+    /* A result kept in memory: replayed here, nothing read. */
+    char *n = cache_name(k), *body = NULL;
+    size_t blen = 0;
+    int recovered = 0;
+    if (n && mcp_cache_get(n, k->key, k->fp, wall_ms(), &body, &blen,
+                           &recovered)) {
+      free(n);
+      send_replay(h, body, blen, recovered);
+      free(body);
+      kcall_unref(k);
+      return;
+    }
+    free(n);
   }
   hx_ref(h);
   pthread_mutex_lock(&G.mu);

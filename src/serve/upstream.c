@@ -719,6 +719,10 @@ static void *loop(void *arg) {
       curl_multi_socket_action(L.multi, CURL_SOCKET_TIMEOUT, 0, &running);
     }
     reap();
+    /* Before the check below: an abort and a stop asked together (one
+     * wake-up) must not leave the loop asleep with nothing left. */
+    if (__atomic_load_n(&L.aborting, __ATOMIC_ACQUIRE))
+      abort_all();
     if (__atomic_load_n(&L.stopping, __ATOMIC_ACQUIRE) &&
         __atomic_load_n(&L.active, __ATOMIC_RELAXED) == 0) {
       /* Closed under the lock: upstream_start() refuses from now on, so
@@ -731,8 +735,6 @@ static void *loop(void *arg) {
       if (!more)
         break;
     }
-    if (__atomic_load_n(&L.aborting, __ATOMIC_ACQUIRE))
-      abort_all();
   }
   return NULL;
 }

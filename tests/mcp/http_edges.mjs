@@ -148,6 +148,7 @@ const reset = () => { effects = {}; mode = {}; seen.length = 0; };
 const px = await startProxy(["--lease", "1s", "--attach-wait", "10s"]);
 
 // 1. An event stream with CRLF, comments, ids and split data lines: the
+console.error("-- scenario 1");
 // final response is found, passed on and stored; the replay under a new id
 // carries the retry's session, not the first's.
 {
@@ -170,6 +171,7 @@ const px = await startProxy(["--lease", "1s", "--attach-wait", "10s"]);
 }
 
 // 2. JSON answers; tenants from Authorization: the same key under two
+console.error("-- scenario 2");
 // credentials is two actions, under one credential one.
 {
   reset();
@@ -184,6 +186,7 @@ const px = await startProxy(["--lease", "1s", "--attach-wait", "10s"]);
 }
 
 // 3. OAuth passes through: the challenge and the metadata, key released.
+console.error("-- scenario 3");
 {
   reset();
   mode.secure = "auth";
@@ -198,6 +201,7 @@ const px = await startProxy(["--lease", "1s", "--attach-wait", "10s"]);
 }
 
 // 4. An HTTP error or a JSON-RPC error did not act: passed on, key freed.
+console.error("-- scenario 4");
 {
   reset();
   mode.gone = "404";
@@ -217,6 +221,7 @@ const px = await startProxy(["--lease", "1s", "--attach-wait", "10s"]);
 }
 
 // 5. The server dies after acting, mid-stream: the client is told the
+console.error("-- scenario 5");
 // outcome is unknown, in the stream; a retry after the lease sends it
 // again and its result is marked recovered.
 {
@@ -238,6 +243,7 @@ const px = await startProxy(["--lease", "1s", "--attach-wait", "10s"]);
 }
 
 // 6. Hostile clients: smuggling framings are refused and never reach the
+console.error("-- scenario 6");
 // upstream; a body over --max-body is refused; a key that is not a
 // string is refused; bodies that are not JSON pass through to the server.
 async function raw(port, bytes) {
@@ -276,6 +282,7 @@ async function raw(port, bytes) {
 }
 
 // 7. The GET stream passes through as it comes (the upstream holds it
+console.error("-- scenario 7");
 // open; the event must arrive before the stream ends).
 {
   const ctl = new AbortController();
@@ -296,6 +303,7 @@ async function raw(port, bytes) {
 }
 
 // 8. The upstream is unreachable: nothing was sent; the key is free.
+console.error("-- scenario 8");
 {
   reset();
   const dead = await startProxy(["--lease", "1s"], join(TMP, "dead.db"));
