@@ -128,6 +128,8 @@ int hx_answer_head(hx *h, int status, const up_header *hs, size_t n,
 
 /* Appends to the stream's buffer; h->mu held. */
 static int append(hx *h, const char *p, size_t n) {
+  if (n == 0)
+    return 0;
   if (h->out_len + n > h->out_cap) {
     size_t cap = h->out_cap ? h->out_cap : 4096;
     while (cap < h->out_len + n)

@@ -111,6 +111,10 @@ async function startProxy(extra = [], store = join(TMP, "edges.db")) {
   let err = "";
   p.stderr.on("data", (d) => (err += d));
   watchStderr(() => err);
+  let stopping = false;
+  p.on("exit", (c, sig) => {
+    if (!stopping) console.error(`proxy exited unasked (${c ?? sig}):\n${err}`);
+  });
   const port = await new Promise((resolve, reject) => {
     const t = setTimeout(() => reject(new Error(`proxy did not start: ${err}`)), 20000);
     p.stderr.on("data", () => {
@@ -119,7 +123,7 @@ async function startProxy(extra = [], store = join(TMP, "edges.db")) {
     });
     p.on("exit", (c) => { clearTimeout(t); reject(new Error(`proxy exited ${c}: ${err}`)); });
   });
-  return { p, port, stderr: () => err };
+  return { p, port, stderr: () => err, stop: (sig) => { stopping = true; p.kill(sig); } };
 }
 
 async function post(port, msg, headers = {}, path = "/mcp") {
@@ -307,7 +311,7 @@ console.error("-- scenario 8");
 {
   reset();
   const dead = await startProxy(["--lease", "1s"], join(TMP, "dead.db"));
-  dead.p.kill("SIGKILL");
+  dead.stop("SIGKILL");
   const px2 = spawn(IDEM, ["mcp", "--listen", "127.0.0.1:0", "--upstream",
     "http://127.0.0.1:1/mcp", "--store", `sqlite:${join(TMP, "dead.db")}`],
   { stdio: ["ignore", "ignore", "pipe"] });
@@ -325,7 +329,7 @@ console.error("-- scenario 8");
   await new Promise((r) => px2.on("exit", r));
 }
 
-px.p.kill("SIGTERM");
+px.stop("SIGTERM");
 const code = await new Promise((r) => px.p.on("exit", (c) => r(c)));
 eq("proxy exits 0 on SIGTERM", 0, code);
 check("proxy said it stopped", /idem mcp: stopped/.test(px.stderr()), px.stderr());
