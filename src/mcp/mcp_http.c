@@ -495,9 +495,12 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
     h->c = c;
     snprintf(h->method, sizeof h->method, "%s", method);
     guard_head_done(c);
-    if (serve_check_head(c, method, h->uri, &why) != 0) {
-      char *t = serve_target(h->uri, &why);
-      free(t);
+    /* framing.c, as the gateway: a request that cannot be framed without
+     * doubt, or whose target has dot segments, is refused and its
+     * connection closed; the target is normalised. */
+    char *t = NULL;
+    if (serve_check_head(c, method, h->uri, &why) != 0 ||
+        !(t = serve_target(h->uri, &why))) {
       struct MHD_Response *r = MHD_create_response_from_buffer(
           strlen(why.detail), why.detail, MHD_RESPMEM_MUST_COPY);
       if (!r)
@@ -508,6 +511,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
       h->answered = 1;
       return ok;
     }
+    free(h->uri);
+    h->uri = t;
     if (MHD_get_connection_values_n(c, MHD_HEADER_KIND, collect, h) < 0)
       return MHD_NO;
     ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);

@@ -380,8 +380,21 @@ static void k_done(void *ctx, up_result r) {
     k->result = r;
     k->transfer_done = 1;
     if (r == UP_OK && !k->sse && k->status >= 200 && k->status < 300 &&
-        k->body_len)
-      is_final(k, k->body, k->body_len);
+        k->body_len && !is_final(k, k->body, k->body_len)) {
+      /* A JSON-RPC error under no id (the server could not read the
+       * request): it did not act. */
+      int dup = 0;
+      json_t *m = mcp_parse(k->body, k->body_len, &dup);
+      if (json_is_object(m) && json_object_get(m, "error") &&
+          !json_object_get(m, "result") &&
+          json_is_null(json_object_get(m, "id")) &&
+          (k->final = malloc(k->body_len + 1))) {
+        memcpy(k->final, k->body, k->body_len);
+        k->final[k->body_len] = 0;
+        k->final_len = k->body_len;
+      }
+      json_decref(m);
+    }
     hand_over(k);
   }
   kcall_unref(k);

@@ -270,6 +270,10 @@ async function raw(port, bytes) {
   const two = "POST /mcp HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 30\r\n\r\n{}";
   const got2 = await raw(px.port, two);
   check("two lengths: 400", got2.startsWith("HTTP/1.1 400"), got2.slice(0, 80));
+  for (const target of ["/mcp/../internal/admin", "/%2e%2e/internal", "/mcp/.%2E/x"]) {
+    const got3 = await raw(px.port, `GET ${target} HTTP/1.1\r\nHost: x\r\n\r\n`);
+    check(`dot segments refused: ${target}`, got3.startsWith("HTTP/1.1 400"), got3.slice(0, 80));
+  }
   eq("smuggling: nothing reached the upstream", 0, seen.length);
   const big = await post(px.port, JSON.stringify(call(1, "t", { pad: "x".repeat(5 << 20) }, "k-big")));
   eq("huge body: 413", 413, big.status);
