@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <poll.h>
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
@@ -207,6 +208,94 @@ void hx_answer_whole(hx *h, int status, const char *type, const char *body,
   pthread_mutex_unlock(&h->mu);
 }
 
+/*
+ * libmicrohttpd does not watch a suspended connection, so a client that
+ * closes a stream while it waits for the server (a GET stream, a slow
+ * call) would be noticed only with the next bytes, and the upstream's
+ * stream held until then. The watcher polls the sockets of the streams
+ * every second for a closed peer; such a stream then ends, and its
+ * forward with it. Registered from the queueing of the answer until the
+ * request completes (under the lock, so that a socket polled is open).
+ */
+static struct {
+  pthread_mutex_t mu;
+  hx *list;
+  int n;
+} W = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void watch_add(hx *h) {
+  pthread_mutex_lock(&W.mu);
+  h->rprev = NULL;
+  h->rnext = W.list;
+  if (W.list)
+    W.list->rprev = h;
+  W.list = h;
+  h->watched = 1;
+  W.n++;
+  pthread_mutex_unlock(&W.mu);
+}
+
+static void watch_remove(hx *h) {
+  pthread_mutex_lock(&W.mu);
+  if (h->watched) {
+    if (h->rprev)
+      h->rprev->rnext = h->rnext;
+    else
+      W.list = h->rnext;
+    if (h->rnext)
+      h->rnext->rprev = h->rprev;
+    h->watched = 0;
+    W.n--;
+  }
+  pthread_mutex_unlock(&W.mu);
+}
+
+static void *watcher(void *arg) {
+  struct pollfd *fds = NULL;
+  hx **who = NULL;
+  size_t cap = 0;
+  (void)arg;
+  for (;;) {
+    size_t n = 0;
+    sleep(1);
+    pthread_mutex_lock(&W.mu);
+    if ((size_t)W.n > cap) {
+      size_t c = (size_t)W.n * 2;
+      struct pollfd *f = realloc(fds, c * sizeof *f);
+      hx **w = f ? realloc(who, c * sizeof *w) : NULL;
+      if (f)
+        fds = f;
+      if (w) {
+        who = w;
+        cap = c;
+      }
+    }
+    for (hx *h = W.list; h && n < cap; h = h->rnext) {
+      int idle;
+      pthread_mutex_lock(&h->mu);
+      idle = h->suspended && !h->gone && h->fd >= 0;
+      pthread_mutex_unlock(&h->mu);
+      if (!idle)
+        continue;
+      fds[n].fd = h->fd;
+      fds[n].events = POLLRDHUP;
+      fds[n].revents = 0;
+      who[n++] = h;
+    }
+    if (n && poll(fds, n, 0) > 0)
+      for (size_t i = 0; i < n; i++)
+        if (fds[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) {
+          hx *h = who[i];
+          pthread_mutex_lock(&h->mu);
+          h->peer_closed = 1;
+          wake(h);
+          pthread_mutex_unlock(&h->mu);
+        }
+    pthread_mutex_unlock(&W.mu);
+  }
+  return NULL;
+}
+
 /* The content reader of a streamed answer. */
 static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max) {
   hx *h = cls;
@@ -222,9 +311,9 @@ static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max) {
     if (h->out_off == h->out_len)
       h->out_off = h->out_len = 0;
     n = (ssize_t)k;
-  } else if (h->out_end) {
-    n = h->out_broken ? MHD_CONTENT_READER_END_WITH_ERROR
-                      : MHD_CONTENT_READER_END_OF_STREAM;
+  } else if (h->out_end || h->peer_closed) {
+    n = h->out_broken || h->peer_closed ? MHD_CONTENT_READER_END_WITH_ERROR
+                                        : MHD_CONTENT_READER_END_OF_STREAM;
   } else {
     /* Nothing yet: wait, suspended, for the next bytes. */
     h->suspended = 1;
@@ -297,7 +386,7 @@ static int pass_abort(void *ctx) {
   hx *h = ctx;
   int gone;
   pthread_mutex_lock(&h->mu);
-  gone = h->gone;
+  gone = h->gone || h->peer_closed;
   pthread_mutex_unlock(&h->mu);
   return gone || __atomic_load_n(&stopping, __ATOMIC_ACQUIRE);
 }
@@ -427,6 +516,15 @@ static void decide(hx *h) {
   method = json_string_value(json_object_get(msg, "method"));
   id = json_object_get(msg, "id");
   params = json_object_get(msg, "params");
+  if (msg && json_is_object(msg) && method && !id &&
+      strcmp(method, "notifications/cancelled") == 0 &&
+      derive_tenant(h) == 0 && hx_keyed_cancel(h, params)) {
+    /* The client gave up on a keyed call: the server is not told, so that
+     * the call ends and its result is recorded for the retry. */
+    json_decref(msg);
+    hx_answer_whole(h, 202, NULL, "", 0, NULL, 0);
+    return;
+  }
   if (!msg || !json_is_object(msg) || !method ||
       strcmp(method, "tools/call") != 0 || !id || json_is_null(id)) {
     /* Not a single tools/call request (a batch of the 2025-03-26 era is
@@ -561,6 +659,13 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
       hx_unref(h);
       return MHD_NO;
     }
+    {
+      const union MHD_ConnectionInfo *fi =
+          MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+      h->fd = fi ? fi->connect_fd : -1;
+      if (!h->out_end)
+        watch_add(h);
+    }
     for (size_t i = 0; i < h->nah; i++)
       MHD_add_response_header(r, h->ah[i].name, h->ah[i].value);
     if (h->type)
@@ -607,6 +712,7 @@ static void *uri_log(void *cls, const char *uri, struct MHD_Connection *c) {
   pthread_mutex_init(&h->mu, NULL);
   h->refs = 1;
   h->length = -1;
+  h->fd = -1;
   if (!(h->uri = strdup(uri))) {
     hx_unref(h);
     return NULL;
@@ -621,6 +727,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
   guard_request_done(c);
   if (!h)
     return;
+  watch_remove(h);
   pthread_mutex_lock(&h->mu);
   h->gone = 1;
   pthread_mutex_unlock(&h->mu);
@@ -685,7 +792,10 @@ int mcp_http_run(const mcp_opts *o, idem_store *store) {
   sigaddset(&set, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &set, NULL);
   signal(SIGPIPE, SIG_IGN);
-  if (upstream_init(&sc) != 0 || pool_start(4) != 0 ||
+  pthread_t wt;
+  if (pthread_create(&wt, NULL, watcher, NULL) != 0 ||
+      pthread_detach(wt) != 0 || upstream_init(&sc) != 0 ||
+      pool_start(4) != 0 ||
       hx_keyed_start() != 0 || guard_start(&sc) != 0) {
     cli_error("mcp", "cannot start: %s", strerror(errno));
     return EXIT_FAIL;

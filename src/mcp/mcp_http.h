@@ -46,6 +46,10 @@ typedef struct hx {
   int out_end, out_broken;
   int suspended; /* its connection is suspended */
   int gone;      /* libmicrohttpd is done with it: never resume */
+  int peer_closed; /* the client closed its side while suspended */
+  int fd;          /* the connection's socket */
+  struct hx *rprev, *rnext; /* the streams watched for a closing client */
+  int watched;
 
   /* A forward of its own (passing through, or a keyed call's). */
   up_request rq;
@@ -89,6 +93,11 @@ int hx_keyed_start(void);
 /* A keyed tools/call whose body is h->body: claimed, forwarded, recorded
  * and answered (h's connection is suspended until then). */
 void hx_keyed_call(hx *h, const char *tool, const char *key, int in_arg);
+/* A notifications/cancelled (params) from h's session: 1 when it names a
+ * keyed call in flight (it is then not passed on: the call goes on at the
+ * server and its result is recorded), 0 when it passes on. h->tenant is
+ * set. */
+int hx_keyed_cancel(hx *h, json_t *params);
 /* Waits up to ms for the keyed calls at the server to end; how many are
  * left. */
 int hx_keyed_drain(int64_t ms);

@@ -278,6 +278,27 @@ static int is_final(kcall *k, const char *data, size_t len) {
   return yes;
 }
 
+/*
+ * An event of a keyed call's stream passed on without its "id:" lines. A
+ * client that has an event id resumes a broken stream with GET and
+ * Last-Event-ID, and a server with an event store then sends the rest,
+ * the final response included, on that GET, never on the POST the proxy
+ * reads: the result would reach the client unrecorded, and the key would
+ * stay held. Without ids the client re-issues the call instead, and the
+ * re-issue gets the recorded result.
+ */
+static void pass_event(hx *h, const char *ev, size_t n) {
+  const char *p = ev, *end = ev + n;
+  while (p < end) {
+    const char *nl = memchr(p, '\n', (size_t)(end - p));
+    size_t ll = nl ? (size_t)(nl + 1 - p) : (size_t)(end - p);
+    if (!(ll >= 3 && memcmp(p, "id:", 3) == 0) &&
+        !(ll >= 2 && p[0] == 'i' && p[1] == 'd' && (p[2] == '\n' || p[2] == '\r')))
+      hx_stream(h, p, ll);
+    p += ll;
+  }
+}
+
 /* One whole event, raw: passed on, unless it is the final response. */
 static void on_event(kcall *k, const char *ev, size_t n) {
   char *data = NULL;
@@ -314,7 +335,7 @@ static void on_event(kcall *k, const char *ev, size_t n) {
     return;
   }
   free(data);
-  hx_stream(k->owner, ev, n); /* a client gone misses it */
+  pass_event(k->owner, ev, n); /* a client gone misses it */
 }
 
 static int k_data(void *ctx, const char *p, size_t n) {
@@ -467,7 +488,7 @@ static void answer_end(kcall *k, hx *h, void *arg) {
       hx_answer_whole(h, 200, "application/json", body, len, NULL, 0);
     } else if (k->sse) {
       if (body == k->final && k->final_event) {
-        hx_stream(h, k->final_event, k->final_event_len);
+        pass_event(h, k->final_event, k->final_event_len);
       } else {
         hx_stream(h, "event: message\ndata: ", 21);
         hx_stream(h, body, len);
@@ -906,4 +927,27 @@ int hx_keyed_drain(int64_t ms) {
   left = G.at_server;
   pthread_mutex_unlock(&G.mu);
   return left;
+}
+
+int hx_keyed_cancel(hx *h, json_t *params) {
+  json_t *rid = json_object_get(params, "requestId");
+  const char *sid = hx_header(h, "Mcp-Session-Id");
+  char *t = rid ? mcp_id_text(rid) : NULL;
+  int found = 0;
+  if (!t)
+    return 0;
+  pthread_mutex_lock(&G.mu);
+  for (kcall *k = G.calls; k && !found; k = k->next) {
+    hx *all[2] = {k->owner, k->waiters};
+    for (int i = 0; i < 2 && !found; i++)
+      for (hx *w = all[i]; w && !found; w = i ? w->wnext : NULL) {
+        const char *ws = hx_header(w, "Mcp-Session-Id");
+        found = w->id && strcmp(w->id, t) == 0 &&
+                strcmp(w->tenant, h->tenant) == 0 &&
+                ((!ws && !sid) || (ws && sid && strcmp(ws, sid) == 0));
+      }
+  }
+  pthread_mutex_unlock(&G.mu);
+  free(t);
+  return found;
 }

@@ -16,6 +16,7 @@ const seen = []; // every request the upstream got: {method, url, headers, body}
 let mode = {}; // tool name -> how to answer
 let effects = {}; // tool name -> times it acted
 let tickets = 0;
+let getClosed = 0; // GET streams that ended at the upstream
 const sockets = new Set();
 
 function act(name) {
@@ -36,6 +37,7 @@ const upstream = createServer((req, res) => {
     }
     if (req.url !== "/mcp") { res.writeHead(404); res.end("no"); return; }
     if (req.method === "GET") {
+      res.on("close", () => getClosed++);
       res.writeHead(200, { "content-type": "text/event-stream" });
       res.write("event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/tools/list_changed\"}\n\n");
       return; // held open
@@ -308,6 +310,9 @@ console.error("-- scenario 7");
   check("GET stream: an event while the stream is open", got.includes("list_changed"), got);
   eq("GET stream: session passed on", "S1", seen.find((s) => s.method === "GET")?.headers?.["mcp-session-id"]);
   ctl.abort();
+  // The client's close reaches the upstream: its stream is not held.
+  for (let i = 0; i < 200 && getClosed === 0; i++) await new Promise((r) => setTimeout(r, 50));
+  eq("GET stream: closed at the upstream once the client closed it", 1, getClosed);
 }
 
 // 8. The upstream is unreachable: nothing was sent; the key is free.
