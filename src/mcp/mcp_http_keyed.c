@@ -54,9 +54,18 @@ typedef struct kcall {
   char *final_event; /* and its event as the server wrote it */
   size_t final_event_len;
   up_result result;
-  int transfer_done;
+  int transfer_done; /* under G.mu */
   int ending; /* handed to a worker to be recorded */
+  /* The server answered resultType "input_required" (MCP 2026-07-28): the
+   * key stays held for the client's next round of the same call. 1: the
+   * answer is passed on and the round's transfer still ends; 2: waiting
+   * for the next round until input_until. Under G.mu. */
+  int input;
+  int64_t input_until;
+  hx *next_round; /* came while input was 1 */
 } kcall;
+
+static int stopping_input; /* under G.mu: release keys held for input */
 
 static struct {
   pthread_mutex_t mu;
@@ -395,9 +404,18 @@ static int k_data(void *ctx, const char *p, size_t n) {
   return 0;
 }
 
+static void input_wait(kcall *k);
+
 static void k_done(void *ctx, up_result r) {
   kcall *k = ctx;
-  if (!k->ending) {
+  int input;
+  pthread_mutex_lock(&G.mu);
+  k->transfer_done = 1;
+  input = k->input == 1;
+  pthread_mutex_unlock(&G.mu);
+  if (input) {
+    input_wait(k);
+  } else if (!k->ending) {
     k->result = r;
     k->transfer_done = 1;
     if (r == UP_OK && !k->sse && k->status >= 200 && k->status < 300 &&
@@ -554,6 +572,117 @@ static void answer_end(kcall *k, hx *h, void *arg) {
   }
 }
 
+/* ---- input_required: the key held between rounds --------------------------- */
+
+static void forward(kcall *k);
+
+/* A round's requests (the owner and any attached retries) taken, the call
+ * left in the table. */
+static hx *take_round(kcall *k) {
+  hx *all;
+  pthread_mutex_lock(&G.mu);
+  all = k->waiters;
+  k->waiters = NULL;
+  if (k->owner) {
+    hx_ref(k->owner);
+    k->owner->wnext = all;
+    all = k->owner;
+  }
+  pthread_mutex_unlock(&G.mu);
+  return all;
+}
+
+/* The round's transfer has ended: the call waits for its next round. */
+static void input_wait(kcall *k) {
+  hx *old, *next;
+  pthread_mutex_lock(&G.mu);
+  old = k->owner;
+  k->owner = NULL;
+  free(k->ev);
+  free(k->body);
+  free(k->final);
+  free(k->final_event);
+  k->ev = k->body = k->final = k->final_event = NULL;
+  k->ev_len = k->ev_cap = k->body_len = k->body_cap = 0;
+  k->final_len = k->final_event_len = 0;
+  k->status = k->sse = k->too_big = k->transfer_done = k->ending = 0;
+  k->result = UP_OK;
+  k->input = 2;
+  k->input_until = hx_mono_ms() + hx_opts->input_wait_ms;
+  next = k->next_round;
+  k->next_round = NULL;
+  if (next)
+    k->input = 0;
+  pthread_cond_broadcast(&G.cond); /* the ticker times the wait */
+  pthread_mutex_unlock(&G.mu);
+  if (old)
+    hx_unref(old);
+  if (next) {
+    k->owner = next;
+    forward(k);
+  }
+}
+
+/*
+ * The tool answered resultType "input_required": no outcome. It needs the
+ * client's input before it acts, and the client sends the same call again
+ * (a new id, the same arguments and key) with it. The answer passes on to
+ * every request of the round; the key stays held, its lease renewed, for
+ * the next round, which goes to the server under it; --input-wait bounds
+ * the wait.
+ */
+static void ask_for_input(kcall *k) {
+  hx *h = take_round(k), *next;
+  int now;
+  pthread_mutex_lock(&G.mu);
+  G.at_server--;
+  now = k->transfer_done;
+  if (!now)
+    k->input = 1;
+  pthread_mutex_unlock(&G.mu);
+  for (; h; h = next) {
+    next = h->wnext;
+    h->wnext = NULL;
+    if (h == k->owner) {
+      if (k->sse) {
+        pass_event(h, k->final_event, k->final_event_len);
+        hx_stream_end(h, 0);
+      } else {
+        hx_answer_whole(h, 200, NULL, k->final, k->final_len,
+                        k->owner->rs.headers, k->owner->rs.nheaders);
+      }
+    } else {
+      size_t f, t, len = 0;
+      char *again = mcp_member(k->final, k->final_len, 0, "id", &f, &t)
+                        ? mcp_splice(k->final, k->final_len, f, t, h->id,
+                                     strlen(h->id), &len)
+                        : NULL;
+      if (again)
+        hx_answer_whole(h, 200, "application/json", again, len, NULL, 0);
+      else
+        hx_answer_rpc_error(h, MCP_E_INTERNAL, "idem mcp: out of memory",
+                            NULL);
+      free(again);
+    }
+    hx_unref(h);
+  }
+  if (now)
+    input_wait(k);
+}
+
+/* No next round came (or the proxy is stopping): the tool has not acted. */
+static void input_left(void *arg) {
+  kcall *k = arg;
+  int rc = idem_execute_end(k->exec, IDEM_EXEC_NOT_DONE, NULL);
+  k->exec = NULL;
+  cli_error("mcp",
+            "key '%s' (tool %s): the tool asked for input and no next round "
+            "of the call came within --input-wait; the key is %s",
+            k->key, k->tool, rc == IDEM_OK ? "released" : idem_errmsg());
+  take_all(k); /* out of the table; no request waits */
+  kcall_unref(k);
+}
+
 static void end_call(void *arg) {
   kcall *k = arg;
   idem_response resp;
@@ -592,6 +721,10 @@ static void end_call(void *arg) {
     a.why = WHY_TOO_BIG;
   } else {
     a.why = WHY_LOST;
+  }
+  if (a.why == WHY_INPUT) {
+    ask_for_input(k);
+    return;
   }
   switch (a.why) {
   case WHY_RESULT:
@@ -818,6 +951,23 @@ void hx_keyed_call(hx *h, const char *tool, const char *key, int in_arg) {
       same = c;
       break;
     }
+  if (same && strcmp(same->fp, k->fp) == 0 && same->input == 2) {
+    /* The next round of a call that asked for input: it goes to the server
+     * under the key still held, as the request the client sent now. */
+    same->input = 0;
+    pthread_mutex_unlock(&G.mu);
+    same->owner = h;
+    forward(same);
+    kcall_unref(k);
+    return;
+  }
+  if (same && strcmp(same->fp, k->fp) == 0 && same->input == 1 &&
+      !same->next_round) {
+    same->next_round = h; /* sent once the last round's transfer ends */
+    pthread_mutex_unlock(&G.mu);
+    kcall_unref(k);
+    return;
+  }
   if (same && strcmp(same->fp, k->fp) == 0) {
     /* The same call is in flight here: this retry waits for its result. */
     if (hx_opts->attach_wait_ms == 0) {
@@ -881,6 +1031,22 @@ static void *ticker(void *arg) {
         if ((*pp)->deadline < next)
           next = (*pp)->deadline;
       }
+    for (kcall *k = G.calls; k && !late && !lk; k = k->next)
+      if (k->input == 2) {
+        if (k->input_until <= now || stopping_input) {
+          k->input = 3; /* released by a worker */
+          lk = k;
+        } else if (k->input_until < next) {
+          next = k->input_until;
+        }
+      }
+    if (!late && lk) {
+      pthread_mutex_unlock(&G.mu);
+      if (pool_submit(input_left, lk) != 0)
+        input_left(lk);
+      pthread_mutex_lock(&G.mu);
+      continue;
+    }
     if (late) {
       pthread_mutex_unlock(&G.mu);
       answer_in_flight_here(lk, late);
@@ -914,6 +1080,8 @@ int hx_keyed_drain(int64_t ms) {
   int64_t until = hx_mono_ms() + ms;
   int left;
   pthread_mutex_lock(&G.mu);
+  stopping_input = 1; /* the ticker frees the keys held for input */
+  pthread_cond_broadcast(&G.cond);
   while (G.at_server > 0 && hx_mono_ms() < until) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);

@@ -82,6 +82,15 @@ const upstream = createServer((req, res) => {
       setImmediate(() => req.socket.destroy());
       return;
     }
+    if (how === "mrtr" && !msg.params.inputResponses) {
+      // MCP 2026-07-28: the tool needs the user's answer before it acts.
+      res.writeHead(200, { "content-type": "application/json", ...hdrs });
+      res.end(JSON.stringify({ jsonrpc: "2.0", id: msg.id, result: {
+        resultType: "input_required", requestState: "st-1",
+        inputRequests: { confirm: { method: "elicitation/create",
+          params: { message: "Sure?", requestedSchema: { type: "object", properties: {} } } } } } }));
+      return;
+    }
     const n = act(name);
     const result = { content: [{ type: "text", text: `ticket-${n}` }],
       structuredContent: { id: n } };
@@ -246,6 +255,43 @@ console.error("-- scenario 5");
   }
   eq("die: recovered", true, again?.result?._meta?.["idem/recovered"]);
   eq("die: two effects (the first may have acted)", 2, effects.fragile);
+}
+
+// 5b. input_required (MCP 2026-07-28): no outcome; the key stays held for
+// the next round, which acts once; a call with other arguments meanwhile is
+// a conflict; the retry after the result replays it. With --input-wait 1s
+// and no next round, the key is freed.
+{
+  reset();
+  mode.pay = "mrtr";
+  const q = final(await post(px.port, call(1, "pay", { amount: 5 }, "k-mrtr")), 1);
+  eq("mrtr: the question passed on", "input_required", q?.result?.resultType);
+  eq("mrtr: nothing acted yet", undefined, effects.pay);
+  const other = final(await post(px.port, call(2, "pay", { amount: 6 }, "k-mrtr")), 2);
+  eq("mrtr: the key is held (other arguments: conflict)", -31901, other?.error?.code);
+  const round2 = { ...call(3, "pay", { amount: 5 }, "k-mrtr") };
+  round2.params.inputResponses = { confirm: { action: "accept", content: {} } };
+  round2.params.requestState = "st-1";
+  const done = final(await post(px.port, round2), 3);
+  eq("mrtr: the next round acts", 1, effects.pay);
+  eq("mrtr: its ticket", "ticket-" + done?.result?.structuredContent?.id, done?.result?.content?.[0]?.text);
+  const again = final(await post(px.port, call(4, "pay", { amount: 5 }, "k-mrtr")), 4);
+  eq("mrtr: a retry replays the result, not the question",
+    done?.result?.structuredContent?.id, again?.result?.structuredContent?.id);
+  eq("mrtr: one effect", 1, effects.pay);
+
+  const px3 = await startProxy(["--input-wait", "1s"], join(TMP, "mrtr.db"));
+  const q2 = final(await post(px3.port, call(1, "pay", { amount: 7 }, "k-left")), 1);
+  eq("mrtr left: the question", "input_required", q2?.result?.resultType);
+  let freed;
+  for (let i = 0; i < 100; i++) { // polled: the key is freed 1 s after the question
+    freed = final(await post(px3.port, call(10 + i, "pay", { amount: 8 }, "k-left")), 10 + i);
+    if (freed?.error?.code !== -31901) break;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  eq("mrtr left: the key freed, the tool never acted for it", "input_required", freed?.result?.resultType);
+  check("mrtr left: said so", /no next round/.test(px3.stderr()), px3.stderr());
+  px3.stop("SIGTERM");
 }
 
 // 6. Hostile clients: smuggling framings are refused and never reach the
