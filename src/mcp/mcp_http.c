@@ -69,6 +69,7 @@ static void hx_free(hx *h) {
   free(h->uri);
   free(h->body);
   free(h->out);
+  free(h->seen);
   free(h->id);
   pthread_mutex_destroy(&h->mu);
   free(h);
@@ -366,6 +367,68 @@ static void answer_http_error(hx *h, int status, int code, const char *msg) {
   free(text);
 }
 
+/* ---- tools that need no key (--require-key) ------------------------------------ */
+
+static pthread_mutex_t tools_mu = PTHREAD_MUTEX_INITIALIZER;
+static json_t *tools_safe; /* tool name -> readOnlyHint or idempotentHint */
+
+static void learn_tools(json_t *msg) {
+  json_t *tools = json_object_get(json_object_get(msg, "result"), "tools");
+  size_t i;
+  json_t *t;
+  if (!json_is_array(tools))
+    return;
+  pthread_mutex_lock(&tools_mu);
+  if (!tools_safe)
+    tools_safe = json_object();
+  json_array_foreach(tools, i, t) {
+    const char *name = json_string_value(json_object_get(t, "name"));
+    json_t *ann = json_object_get(t, "annotations");
+    int safe = json_is_true(json_object_get(ann, "readOnlyHint")) ||
+               json_is_true(json_object_get(ann, "idempotentHint"));
+    if (name && tools_safe &&
+        strlen(name) == json_string_length(json_object_get(t, "name")))
+      json_object_set_new(tools_safe, name, json_boolean(safe));
+  }
+  pthread_mutex_unlock(&tools_mu);
+}
+
+/* A tools/list answer, whole: a JSON body or an event stream. */
+static void learn_from(const char *text, size_t len) {
+  int dup = 0;
+  json_t *m = mcp_parse(text, len, &dup);
+  if (m) {
+    learn_tools(m);
+    json_decref(m);
+    return;
+  }
+  for (const char *p = text, *end = text + len; p < end;) {
+    const char *nl = memchr(p, '\n', (size_t)(end - p));
+    size_t ll = nl ? (size_t)(nl - p) : (size_t)(end - p);
+    if (ll > 5 && memcmp(p, "data:", 5) == 0) {
+      const char *v = p + 5;
+      size_t vl = ll - 5;
+      if (*v == ' ')
+        v++, vl--;
+      if (vl && v[vl - 1] == '\r')
+        vl--;
+      if ((m = mcp_parse(v, vl, &dup))) {
+        learn_tools(m);
+        json_decref(m);
+      }
+    }
+    p = nl ? nl + 1 : end;
+  }
+}
+
+static int tool_needs_key(const char *tool) {
+  int safe;
+  pthread_mutex_lock(&tools_mu);
+  safe = tool && json_is_true(json_object_get(tools_safe, tool));
+  pthread_mutex_unlock(&tools_mu);
+  return !safe;
+}
+
 /* ---- passing through ------------------------------------------------------- */
 
 static void pass_head(void *ctx, up_response *rs) {
@@ -377,6 +440,23 @@ static void pass_head(void *ctx, up_response *rs) {
 }
 
 static int pass_data(void *ctx, const char *p, size_t n) {
+  hx *h = ctx;
+  if (h->watch_tools && h->seen_len + n <= 4u * 1024 * 1024) {
+    if (h->seen_len + n > h->seen_cap) {
+      size_t cap = h->seen_cap ? h->seen_cap : 4096;
+      while (cap < h->seen_len + n)
+        cap *= 2;
+      char *b = realloc(h->seen, cap);
+      if (b) {
+        h->seen = b;
+        h->seen_cap = cap;
+      }
+    }
+    if (h->seen_len + n <= h->seen_cap) {
+      memcpy(h->seen + h->seen_len, p, n);
+      h->seen_len += n;
+    }
+  }
   return hx_stream(ctx, p, n);
 }
 
@@ -397,6 +477,8 @@ static void pass_done(void *ctx, up_result r) {
   pthread_mutex_lock(&h->mu);
   head = h->ready;
   pthread_mutex_unlock(&h->mu);
+  if (h->watch_tools && r == UP_OK && h->seen)
+    learn_from(h->seen, h->seen_len);
   if (head) {
     hx_stream_end(h, r != UP_OK);
   } else if (r == UP_NOT_SENT || r == UP_NO_FDS) {
@@ -525,6 +607,9 @@ static void decide(hx *h) {
     hx_answer_whole(h, 202, NULL, "", 0, NULL, 0);
     return;
   }
+  if (msg && json_is_object(msg) && method && id &&
+      strcmp(method, "tools/list") == 0)
+    h->watch_tools = hx_opts->require_key;
   if (!msg || !json_is_object(msg) || !method ||
       strcmp(method, "tools/call") != 0 || !id || json_is_null(id)) {
     /* Not a single tools/call request (a batch of the 2025-03-26 era is
@@ -559,6 +644,36 @@ static void decide(hx *h) {
                         "idem mcp: the idempotency key must be a string; "
                         "nothing was sent to the server",
                         json_pack("{s:s}", "idem", "bad_key"));
+    json_decref(msg);
+    return;
+  }
+  if (tool && strlen(tool) != json_string_length(json_object_get(params,
+                                                                 "name"))) {
+    /* Read as C strings, "t\u0000x" would be tool "t". */
+    json_decref(msg);
+    hx_answer_rpc_error(h, -32602,
+                        "idem mcp: a tool name may not contain U+0000. "
+                        "Nothing was sent to the server.",
+                        NULL);
+    return;
+  }
+  if (!key && hx_opts->require_key && h->id && tool_needs_key(tool)) {
+    char m[1024];
+    snprintf(m, sizeof m,
+             "idem mcp: tool \"%.200s\" needs an idempotency key: it is "
+             "not annotated readOnlyHint or idempotentHint in tools/list, so "
+             "a retry could act twice. Put a new key in "
+             "params._meta.idempotencyKey%s%s%s (one key per intended "
+             "action, created before the first attempt and sent again "
+             "unchanged on every retry of it). Nothing was sent to the "
+             "server.",
+             tool ? tool : "?",
+             hx_opts->key_argument ? " or in the tool argument \"" : "",
+             hx_opts->key_argument ? hx_opts->key_argument : "",
+             hx_opts->key_argument ? "\"" : "");
+    hx_answer_rpc_error(h, MCP_E_KEY_REQUIRED, m,
+                        json_pack("{s:s,s:s?}", "idem", "key_required",
+                                  "tool", tool));
     json_decref(msg);
     return;
   }

@@ -55,6 +55,11 @@ typedef struct hx {
   up_request rq;
   up_response rs;
 
+  /* A tools/list whose answer is read on its way (--require-key). */
+  int watch_tools;
+  char *seen;
+  size_t seen_len, seen_cap;
+
   /* A keyed call's waiter. */
   struct hx *wnext;
   int64_t deadline; /* an attached retry: --attach-wait ends */

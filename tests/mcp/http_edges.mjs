@@ -49,6 +49,14 @@ const upstream = createServer((req, res) => {
         error: { code: -32700, message: "Parse error" } }));
       return;
     }
+    if (msg.method === "tools/list") {
+      // As an event stream, to be read on its way.
+      res.writeHead(200, { "content-type": "text/event-stream" });
+      res.end(`event: message\ndata: ${JSON.stringify({ jsonrpc: "2.0", id: msg.id, result: { tools: [
+        { name: "safe_read", inputSchema: { type: "object" }, annotations: { readOnlyHint: true } },
+        { name: "t", inputSchema: { type: "object" } }] } })}\n\n`);
+      return;
+    }
     if (msg.method !== "tools/call") {
       res.writeHead(202); res.end(); return;
     }
@@ -292,6 +300,27 @@ console.error("-- scenario 5");
   eq("mrtr left: the key freed, the tool never acted for it", "input_required", freed?.result?.resultType);
   check("mrtr left: said so", /no next round/.test(px3.stderr()), px3.stderr());
   px3.stop("SIGTERM");
+}
+
+// 5c. --require-key: an unkeyed call is refused unless tools/list (read on
+// its way through the proxy) annotated the tool read-only or idempotent.
+{
+  reset();
+  const rk = await startProxy(["--require-key"], join(TMP, "rk.db"));
+  const r1 = final(await post(rk.port, call(1, "safe_read", {})), 1);
+  eq("require-key: unknown tool refused before tools/list", -31905, r1?.error?.code);
+  const list = final(await post(rk.port, { jsonrpc: "2.0", id: 2, method: "tools/list" }), 2);
+  eq("require-key: tools/list passed on", 2, list?.result?.tools?.length);
+  const r2 = final(await post(rk.port, call(3, "safe_read", {})), 3);
+  check("require-key: a read-only tool passes unkeyed", r2?.result !== undefined, JSON.stringify(r2));
+  const r3 = final(await post(rk.port, call(4, "t", {})), 4);
+  eq("require-key: an unannotated tool needs a key", -31905, r3?.error?.code);
+  const r4 = final(await post(rk.port, call(5, "t", {}, "k-rk")), 5);
+  check("require-key: with a key it acts", r4?.result !== undefined, JSON.stringify(r4));
+  eq("require-key: effects", { safe_read: 1, t: 1 }, effects);
+  const nul = final(await post(rk.port, call(6, "t\u0000x", {}, "k-nul")), 6);
+  eq("a tool name with U+0000 refused", -32602, nul?.error?.code);
+  rk.stop("SIGTERM");
 }
 
 // 6. Hostile clients: smuggling framings are refused and never reach the
