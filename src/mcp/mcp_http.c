@@ -132,6 +132,13 @@ int hx_answer_head(hx *h, int status, const up_header *hs, size_t n,
 static int append(hx *h, const char *p, size_t n) {
   if (n == 0)
     return 0;
+  if (h->out_off && h->out_len + n > h->out_cap) {
+    /* What was read is dropped before the buffer grows: a long stream's
+     * buffer holds what its client has not read, not all it ever sent. */
+    memmove(h->out, h->out + h->out_off, h->out_len - h->out_off);
+    h->out_len -= h->out_off;
+    h->out_off = 0;
+  }
   if (h->out_len + n > h->out_cap) {
     size_t cap = h->out_cap ? h->out_cap : 4096;
     while (cap < h->out_len + n)
@@ -492,6 +499,30 @@ static void pass_done(void *ctx, up_result r) {
   hx_unref(h);
 }
 
+void hx_identity(hx *h) {
+  int have = 0;
+  for (size_t i = 0; i < h->nh; i++)
+    if (strcasecmp(h->h[i].name, "Accept-Encoding") == 0) {
+      char *v = strdup("identity");
+      if (v) {
+        free(h->h[i].value);
+        h->h[i].value = v;
+      }
+      have = 1;
+    }
+  if (!have && h->nh < h->hcap) {
+    char *n = strdup("Accept-Encoding"), *v = strdup("identity");
+    if (n && v) {
+      h->h[h->nh].name = n;
+      h->h[h->nh].value = v;
+      h->nh++;
+    } else {
+      free(n);
+      free(v);
+    }
+  }
+}
+
 void hx_prepare_request(hx *h) {
   h->rq.method = h->method;
   h->rq.uri = h->uri;
@@ -503,11 +534,14 @@ void hx_prepare_request(hx *h) {
 }
 
 static void pass_through(hx *h) {
+  if (h->watch_tools)
+    hx_identity(h); /* read on its way: not compressed */
   hx_prepare_request(h);
   h->rq.abort_check = pass_abort;
   h->rq.abort_ctx = h;
   h->rq.head = pass_head;
   h->rq.data = pass_data;
+  h->passing = 1;
   hx_ref(h);
   if (upstream_start(&h->rq, &h->rs, pass_done, h) != 0) {
     hx_unref(h);
@@ -559,6 +593,21 @@ static int derive_tenant(hx *h) {
   if (count > 1)
     return -1;
   v = hx_header(h, name);
+  if (!v && hx_opts->tenant_header) {
+    /* No tenant header: the credential's hash, as without the option, so
+     * that two credentials never share a key. */
+    count = 0;
+    for (size_t i = 0; i < h->nh; i++)
+      count += strcasecmp(h->h[i].name, "Authorization") == 0;
+    if (count > 1)
+      return -1;
+    if ((v = hx_header(h, "Authorization"))) {
+      char hex[IDEM_FINGERPRINT_SIZE];
+      idem_sha256_hex(v, strlen(v), hex);
+      snprintf(h->tenant, sizeof h->tenant, "authorization:%s", hex);
+      return 0;
+    }
+  }
   if (!v) {
     snprintf(h->tenant, sizeof h->tenant, "%s", hx_opts->tenant);
     return 0;
@@ -767,20 +816,21 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
     h->answered = 1;
     h->refs++; /* the reader's */
     pthread_mutex_unlock(&h->mu);
-    r = MHD_create_response_from_callback(
-        h->length >= 0 ? (uint64_t)h->length : MHD_SIZE_UNKNOWN, 16384,
-        reader, h, reader_done);
-    if (!r) {
+    if (h->status < 200 || h->status == 204 || h->status == 304) {
+      /* Answers without a body (RFC 9110 6.4.1): no chunked framing
+       * either, or the next answer on the connection would be misread. */
       hx_unref(h);
+      r = MHD_create_response_from_buffer(0, (void *)"",
+                                          MHD_RESPMEM_PERSISTENT);
+    } else {
+      r = MHD_create_response_from_callback(
+          h->length >= 0 ? (uint64_t)h->length : MHD_SIZE_UNKNOWN, 16384,
+          reader, h, reader_done);
+      if (!r)
+        hx_unref(h);
+    }
+    if (!r)
       return MHD_NO;
-    }
-    {
-      const union MHD_ConnectionInfo *fi =
-          MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-      h->fd = fi ? fi->connect_fd : -1;
-      if (!h->out_end)
-        watch_add(h);
-    }
     for (size_t i = 0; i < h->nah; i++)
       MHD_add_response_header(r, h->ah[i].name, h->ah[i].value);
     if (h->type)
@@ -790,6 +840,12 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
     enum MHD_Result ok = MHD_queue_response(c, (unsigned)h->status, r);
     MHD_destroy_response(r);
     return ok;
+  }
+  if (h->decided && h->peer_closed) {
+    /* The client left before its answer began: the connection closes, and
+     * an unkeyed forward ends with it (a keyed call goes on). */
+    pthread_mutex_unlock(&h->mu);
+    return MHD_NO;
   }
   if (h->decided) {
     /* Resumed before the answer was made: wait again. */
@@ -802,6 +858,13 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
   h->suspended = 1;
   MHD_suspend_connection(c);
   pthread_mutex_unlock(&h->mu);
+  {
+    /* Watched from now on: a client may leave before its answer begins. */
+    const union MHD_ConnectionInfo *fi =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    h->fd = fi ? fi->connect_fd : -1;
+    watch_add(h);
+  }
   if (h->too_big) {
     char msg[128];
     snprintf(msg, sizeof msg,
@@ -846,6 +909,8 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
   pthread_mutex_lock(&h->mu);
   h->gone = 1;
   pthread_mutex_unlock(&h->mu);
+  if (h->passing)
+    upstream_check_aborts(); /* its forward ends now */
   hx_unref(h);
   *con_cls = NULL;
 }
@@ -943,7 +1008,13 @@ int mcp_http_run(const mcp_opts *o, idem_store *store) {
    * --shutdown-wait) so that their results are recorded; then every
    * stream ends. */
   __atomic_store_n(&stopping, 1, __ATOMIC_RELEASE);
-  MHD_quiesce_daemon(d);
+  {
+    /* No new connection is accepted while the calls drain: the listening
+     * socket is closed, so that clients go to another proxy at once. */
+    MHD_socket ls = MHD_quiesce_daemon(d);
+    if (ls != MHD_INVALID_SOCKET)
+      close(ls);
+  }
   int n = hx_keyed_drain(o->shutdown_wait_ms);
   if (n > 0)
     cli_error("mcp", "%d keyed call(s) still at the server after "

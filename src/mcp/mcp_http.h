@@ -50,6 +50,7 @@ typedef struct hx {
   int fd;          /* the connection's socket */
   struct hx *rprev, *rnext; /* the streams watched for a closing client */
   int watched;
+  int passing; /* its forward passes through (ended when it leaves) */
 
   /* A forward of its own (passing through, or a keyed call's). */
   up_request rq;
@@ -73,6 +74,9 @@ void hx_ref(hx *h);
 void hx_unref(hx *h);
 /* The value of the request's header name; NULL when absent. */
 const char *hx_header(const hx *h, const char *name);
+/* The request's Accept-Encoding made "identity": an answer the proxy
+ * reads must not come compressed (libcurl does not decode it). */
+void hx_identity(hx *h);
 /* Fills h->rq from the request as the client sent it. */
 void hx_prepare_request(hx *h);
 

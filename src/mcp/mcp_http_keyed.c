@@ -24,10 +24,6 @@
 #include <strings.h>
 #include <time.h>
 
-/* How long one claim waits on the store for a key held elsewhere before
- * its worker takes the next task (the call is then asked again). */
-#define WAIT_SLICE_MS 1000
-
 typedef struct kcall {
   struct kcall *next; /* the table */
   int refs;           /* the store side, and the transfer */
@@ -63,6 +59,8 @@ typedef struct kcall {
   int input;
   int64_t input_until;
   hx *next_round; /* came while input was 1 */
+  struct kcall *pnext; /* G.parked: asked again at retry_at */
+  int64_t retry_at;
 } kcall;
 
 static int stopping_input; /* under G.mu: release keys held for input */
@@ -71,6 +69,7 @@ static struct {
   pthread_mutex_t mu;
   pthread_cond_t cond; /* a call ended; or the ticker's wake-up */
   kcall *calls;
+  kcall *parked; /* claims that found the key held elsewhere */
   int at_server; /* calls holding a key */
   pthread_t ticker;
 } G = {.mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
@@ -353,7 +352,7 @@ static int k_data(void *ctx, const char *p, size_t n) {
     return 0; /* after the final response: dropped */
   if (!k->sse) {
     /* A JSON answer (or an error page): kept whole. */
-    if (k->body_len + n > hx_opts->max_result + 65536) {
+    if (k->too_big || k->body_len + n > hx_opts->max_result + 65536) {
       k->too_big = 1;
       return 0;
     }
@@ -449,8 +448,21 @@ enum {
   WHY_TOOL_ERROR, /* isError, --store-tool-errors no: freed */
   WHY_NOT_SENT,
   WHY_TOO_BIG,
-  WHY_LOST /* sent and no answer: may have acted, may still act */
+  WHY_LOST,       /* sent and no answer: may have acted, may still act */
+  WHY_HTTP_UNSURE /* another HTTP error (5xx, a gateway's 504): the same */
 };
+
+/* HTTP errors that say the request was refused before anything ran: the
+ * key is freed. A 5xx, a 408 or a 409 may come after the tool acted (or
+ * from a load balancer while it still runs): the key is held. */
+static int not_acted(int status) {
+  static const int codes[] = {400, 401, 403, 404, 405, 406,
+                              411, 413, 414, 415, 422, 429, 431};
+  for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++)
+    if (codes[i] == status)
+      return 1;
+  return 0;
+}
 
 /* The final response with its result marked recovered; NULL when out of
  * memory or when it has no result. */
@@ -474,6 +486,8 @@ typedef struct end_arg {
   size_t result_len;
 } end_arg;
 
+static void resubmit(const kcall *k, hx *h);
+
 static void answer_end(kcall *k, hx *h, void *arg) {
   const end_arg *a = arg;
   char msg[1024];
@@ -483,6 +497,17 @@ static void answer_end(kcall *k, hx *h, void *arg) {
       send_replay(h, a->result, a->result_len, a->recovered);
       return;
     }
+    if (a->why == WHY_RPC_ERROR || a->why == WHY_HTTP_ERROR ||
+        a->why == WHY_TOOL_ERROR || a->why == WHY_NOT_SENT) {
+      /* The first attempt did not act and freed the key: this retry is a
+       * call of its own now, in its own session. */
+      resubmit(k, h);
+      return;
+    }
+  } else if (a->why == WHY_HTTP_UNSURE) {
+    hx_answer_whole(h, k->status, NULL, k->body ? k->body : "", k->body_len,
+                    k->owner->rs.headers, k->owner->rs.nheaders);
+    return;
   }
   switch (a->why) {
   case WHY_RESULT:
@@ -715,8 +740,10 @@ static void end_call(void *arg) {
     json_decref(m);
   } else if (k->result == UP_NOT_SENT || k->result == UP_NO_FDS) {
     a.why = WHY_NOT_SENT;
-  } else if (k->result == UP_OK && (k->status < 200 || k->status >= 300)) {
+  } else if (k->result == UP_OK && not_acted(k->status)) {
     a.why = WHY_HTTP_ERROR;
+  } else if (k->result == UP_OK && (k->status < 200 || k->status >= 300)) {
+    a.why = WHY_HTTP_UNSURE;
   } else if (k->too_big) {
     a.why = WHY_TOO_BIG;
   } else {
@@ -738,12 +765,19 @@ static void end_call(void *arg) {
     how = IDEM_EXEC_UNKNOWN;
     break;
   case WHY_LOST:
+  case WHY_HTTP_UNSURE:
     how = IDEM_EXEC_LEAVE_IN_PROGRESS;
     break;
   default:
     how = IDEM_EXEC_NOT_DONE;
     break;
   }
+  if (a.why == WHY_LOST && !k->owner->rs.error[0])
+    snprintf(k->owner->rs.error, sizeof k->owner->rs.error,
+             "its answer (HTTP %d) held no response to this call", k->status);
+  if (a.why == WHY_HTTP_UNSURE)
+    snprintf(k->owner->rs.error, sizeof k->owner->rs.error,
+             "it answered HTTP %d", k->status);
   rc = idem_execute_end(k->exec, how, &resp);
   k->exec = NULL;
   if (rc != IDEM_OK)
@@ -752,7 +786,7 @@ static void end_call(void *arg) {
               k->key, k->tool, idem_errmsg(), idem_rc_name(rc));
   else if (a.why == WHY_RESULT)
     cache_put(k, a.result, a.result_len, a.recovered, retention());
-  else if (a.why == WHY_LOST)
+  else if (a.why == WHY_LOST || a.why == WHY_HTTP_UNSURE)
     cli_error("mcp", "key '%s' (tool %s): the server did not answer (%s); "
                      "the key is held in progress for one lease",
               k->key, k->tool, k->owner->rs.error);
@@ -773,6 +807,7 @@ static void forward(kcall *k) {
   G.at_server++;
   k->refs++; /* the transfer's */
   pthread_mutex_unlock(&G.mu);
+  hx_identity(o); /* the answer is read: not compressed */
   hx_prepare_request(o);
   o->rq.head = k_head;
   o->rq.data = k_data;
@@ -791,7 +826,6 @@ static void claim(void *arg) {
   idem_execute_options eo;
   idem_call *call = NULL;
   idem_exec *x = NULL;
-  int64_t now = hx_mono_ms();
   char msg[1200];
   int rc;
   memset(&eo, 0, sizeof eo);
@@ -799,10 +833,6 @@ static void claim(void *arg) {
   eo.call.retention_ms = retention();
   eo.call.on_expired_lease =
       hx_opts->on_unknown_fail ? IDEM_EXPIRED_REPORT : IDEM_EXPIRED_TAKE_OVER;
-  if (k->wait_until > now)
-    eo.call.wait_ms =
-        k->wait_until - now < WAIT_SLICE_MS ? k->wait_until - now
-                                            : WAIT_SLICE_MS;
   rc = idem_execute_begin(hx_store, &id, k->request, k->request_len, &eo, &x,
                           &call);
   if (rc != IDEM_OK || !call) {
@@ -836,8 +866,17 @@ static void claim(void *arg) {
   }
   switch (idem_call_outcome(call)) {
   case IDEM_IN_FLIGHT:
-    if (hx_mono_ms() < k->wait_until && pool_submit(claim, k) == 0)
-      return; /* asked again in turn */
+    if (hx_mono_ms() < k->wait_until) {
+      /* Asked again by the ticker shortly: no worker waits meanwhile. */
+      int64_t ms = idem_call_retry_after_ms(call);
+      pthread_mutex_lock(&G.mu);
+      k->retry_at = hx_mono_ms() + (ms > 0 && ms < 200 ? ms : 200);
+      k->pnext = G.parked;
+      G.parked = k;
+      pthread_cond_broadcast(&G.cond);
+      pthread_mutex_unlock(&G.mu);
+      return;
+    }
     {
       int64_t ms = idem_call_retry_after_ms(call);
       error_arg e = {MCP_E_IN_FLIGHT, msg, "in_flight",
@@ -891,9 +930,10 @@ static void claim(void *arg) {
 
 /* ---- the entry ------------------------------------------------------------------- */
 
+static void enter(kcall *k, hx *h);
+
 void hx_keyed_call(hx *h, const char *tool, const char *key, int in_arg) {
-  kcall *k, *same = NULL;
-  int64_t now = hx_mono_ms();
+  kcall *k;
   if (idem_key_check(key) != IDEM_OK) {
     char m[600];
     snprintf(m, sizeof m,
@@ -944,6 +984,47 @@ void hx_keyed_call(hx *h, const char *tool, const char *key, int in_arg) {
     free(n);
   }
   hx_ref(h);
+  enter(k, h);
+  return;
+oom:
+  hx_answer_rpc_error(h, MCP_E_INTERNAL,
+                      "idem mcp: out of memory; nothing was sent to the "
+                      "server",
+                      NULL);
+}
+
+/* A retry attached to a call that freed its key without acting: claimed
+ * again, as a call of its own. */
+static void resubmit(const kcall *k, hx *h) {
+  kcall *c = calloc(1, sizeof *c);
+  if (c) {
+    c->refs = 1;
+    c->tenant = strdup(k->tenant);
+    c->tool = strdup(k->tool);
+    c->key = strdup(k->key);
+    c->request = malloc(k->request_len + 1);
+    memcpy(c->fp, k->fp, sizeof c->fp);
+  }
+  if (!c || !c->tenant || !c->tool || !c->key || !c->request) {
+    if (c)
+      kcall_unref(c);
+    hx_answer_rpc_error(h, MCP_E_INTERNAL,
+                        "idem mcp: out of memory; nothing was sent to the "
+                        "server",
+                        NULL);
+    return;
+  }
+  memcpy(c->request, k->request, k->request_len + 1);
+  c->request_len = k->request_len;
+  hx_ref(h);
+  enter(c, h);
+}
+
+/* The call k of request h (whose reference k takes over) attached to the
+ * same call in flight here, or claimed. */
+static void enter(kcall *k, hx *h) {
+  kcall *same = NULL;
+  int64_t now = hx_mono_ms();
   pthread_mutex_lock(&G.mu);
   for (kcall *c = G.calls; c; c = c->next)
     if (strcmp(c->tenant, k->tenant) == 0 && strcmp(c->tool, k->tool) == 0 &&
@@ -1002,12 +1083,6 @@ void hx_keyed_call(hx *h, const char *tool, const char *key, int in_arg) {
     answer_all(k, answer_error, &e);
     kcall_unref(k);
   }
-  return;
-oom:
-  hx_answer_rpc_error(h, MCP_E_INTERNAL,
-                      "idem mcp: out of memory; nothing was sent to the "
-                      "server",
-                      NULL);
 }
 
 /* Answers attached retries whose --attach-wait has run out. */
@@ -1031,6 +1106,22 @@ static void *ticker(void *arg) {
         if ((*pp)->deadline < next)
           next = (*pp)->deadline;
       }
+    for (kcall **pp = &G.parked; *pp && !late && !lk;) {
+      kcall *k = *pp;
+      if (k->retry_at <= now) {
+        *pp = k->pnext;
+        pthread_mutex_unlock(&G.mu);
+        if (pool_submit(claim, k) != 0)
+          claim(k);
+        pthread_mutex_lock(&G.mu);
+        pp = &G.parked; /* the list may have changed meanwhile */
+        now = hx_mono_ms();
+        continue;
+      }
+      if (k->retry_at < next)
+        next = k->retry_at;
+      pp = &k->pnext;
+    }
     for (kcall *k = G.calls; k && !late && !lk; k = k->next)
       if (k->input == 2) {
         if (k->input_until <= now || stopping_input) {
@@ -1081,8 +1172,10 @@ int hx_keyed_drain(int64_t ms) {
   int left;
   pthread_mutex_lock(&G.mu);
   stopping_input = 1; /* the ticker frees the keys held for input */
+  for (kcall *k = G.parked; k; k = k->pnext)
+    k->retry_at = k->wait_until = 0; /* asked once more, then answered */
   pthread_cond_broadcast(&G.cond);
-  while (G.at_server > 0 && hx_mono_ms() < until) {
+  while ((G.at_server > 0 || G.parked) && hx_mono_ms() < until) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     ts.tv_nsec += 50000000;

@@ -181,6 +181,9 @@ typedef void (*up_done_fn)(void *ctx, up_result r);
  */
 int upstream_start(const up_request *rq, up_response *rs, up_done_fn done,
                    void *ctx);
+/* Asks every forward's abort_check on the loop soon (a stream waiting
+ * without a timeout is not asked by libcurl). */
+void upstream_check_aborts(void);
 /* Forwards on the loop now. */
 int upstream_active(void);
 /* Ends every forward now, as if each had timed out (at shutdown, once the

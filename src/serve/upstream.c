@@ -576,6 +576,7 @@ static struct {
   xfer *pending;  /* handed over, not yet added to the multi handle */
   int stopping;   /* upstream_cleanup(): end once nothing is left */
   int aborting;   /* upstream_abort(): end every forward now */
+  int checking;   /* upstream_check_aborts(): ask every abort_check now */
   int closed;     /* the loop has ended: upstream_start() refuses */
   xfer *active_list; /* the loop's own: every forward added to it */
   long timeout_ms; /* libcurl's timer: -1 none */
@@ -723,6 +724,17 @@ static void *loop(void *arg) {
      * wake-up) must not leave the loop asleep with nothing left. */
     if (__atomic_load_n(&L.aborting, __ATOMIC_ACQUIRE))
       abort_all();
+    if (__atomic_exchange_n(&L.checking, 0, __ATOMIC_ACQ_REL)) {
+      /* libcurl asks a transfer's progress callback only when it has
+       * something to do for it, and a stream waiting without a timeout
+       * has nothing: its abort_check is asked here instead. */
+      xfer *x = L.active_list, *next;
+      for (; x; x = next) {
+        next = x->next_active;
+        if (x->rq->abort_check && x->rq->abort_check(x->rq->abort_ctx))
+          finish(x, CURLE_ABORTED_BY_CALLBACK);
+      }
+    }
     if (__atomic_load_n(&L.stopping, __ATOMIC_ACQUIRE) &&
         __atomic_load_n(&L.active, __ATOMIC_RELAXED) == 0) {
       /* Closed under the lock: upstream_start() refuses from now on, so
@@ -808,6 +820,16 @@ int upstream_start(const up_request *rq, up_response *rs, up_done_fn done,
 void upstream_abort(void) {
   uint64_t one = 1;
   __atomic_store_n(&L.aborting, 1, __ATOMIC_RELEASE);
+  pthread_mutex_lock(&L.mu);
+  if (!L.closed && write(L.wakefd, &one, sizeof one) < 0) {
+    /* see upstream_start() */
+  }
+  pthread_mutex_unlock(&L.mu);
+}
+
+void upstream_check_aborts(void) {
+  uint64_t one = 1;
+  __atomic_store_n(&L.checking, 1, __ATOMIC_RELEASE);
   pthread_mutex_lock(&L.mu);
   if (!L.closed && write(L.wakefd, &one, sizeof one) < 0) {
     /* see upstream_start() */

@@ -7,6 +7,7 @@
 import { spawn } from "node:child_process";
 import { createServer } from "node:http";
 import { connect as netConnect } from "node:net";
+import { gzipSync } from "node:zlib";
 import { join } from "node:path";
 import { IDEM, TMP, check, eq, finish, watchStderr } from "./lib.mjs";
 
@@ -17,6 +18,9 @@ let mode = {}; // tool name -> how to answer
 let effects = {}; // tool name -> times it acted
 let tickets = 0;
 let getClosed = 0; // GET streams that ended at the upstream
+const hung = []; // requests the upstream never answers
+let hungClosed = 0;
+const held404 = []; // answers the test lets go
 const sockets = new Set();
 
 function act(name) {
@@ -34,6 +38,10 @@ const upstream = createServer((req, res) => {
       res.end(JSON.stringify({ resource: "http://upstream/mcp",
         authorization_servers: ["http://auth.example"] }));
       return;
+    }
+    if (req.url === "/etag") {
+      if (req.headers["if-none-match"] === '"v1"') { res.writeHead(304, { etag: '"v1"' }); res.end(); return; }
+      res.writeHead(200, { etag: '"v1"', "content-type": "text/plain" }); res.end("v1"); return;
     }
     if (req.url !== "/mcp") { res.writeHead(404); res.end("no"); return; }
     if (req.method === "GET") {
@@ -68,6 +76,26 @@ const upstream = createServer((req, res) => {
       res.writeHead(401, { "www-authenticate":
         'Bearer resource_metadata="http://upstream/.well-known/oauth-protected-resource/mcp"' });
       res.end();
+      return;
+    }
+    if (how === "hang") { // never answers; tells when the proxy lets go
+      hung.push(req);
+      res.on("close", () => hungClosed++);
+      return;
+    }
+    if (how === "500") {
+      act(name);
+      res.writeHead(500, { "content-type": "text/plain", ...hdrs });
+      res.end("failed after acting");
+      return;
+    }
+    if (how === "slow404") { // answers once the test says so
+      held404.push(() => {
+        res.writeHead(404, { "content-type": "application/json", ...hdrs });
+        res.end(JSON.stringify({ jsonrpc: "2.0", id: null,
+          error: { code: -32001, message: "Session not found" } }));
+      });
+      mode[name] = "json"; // the next attempt acts
       return;
     }
     if (how === "404") {
@@ -113,8 +141,14 @@ const upstream = createServer((req, res) => {
       res.end(`event: message\r\nid: 3\r\ndata: ${text.slice(0, cut)}\r\ndata: ${text.slice(cut)}\r\n\r\n`);
       return;
     }
+    const text = JSON.stringify({ jsonrpc: "2.0", id: msg.id, result });
+    if (how === "gzip" && /gzip/.test(req.headers["accept-encoding"] ?? "")) {
+      res.writeHead(200, { "content-type": "application/json", "content-encoding": "gzip", ...hdrs });
+      res.end(gzipSync(text));
+      return;
+    }
     res.writeHead(200, { "content-type": "application/json", ...hdrs });
-    res.end(JSON.stringify({ jsonrpc: "2.0", id: msg.id, result }));
+    res.end(text);
   });
 });
 upstream.on("connection", (s) => { sockets.add(s); s.on("close", () => sockets.delete(s)); });
@@ -167,6 +201,18 @@ const final = (r, id) => messages(r).find((m) => m.id === id && !m.method);
 const call = (id, name, args, key) => ({ jsonrpc: "2.0", id, method: "tools/call",
   params: { name, arguments: args, ...(key ? { _meta: { idempotencyKey: key } } : {}) } });
 const reset = () => { effects = {}; mode = {}; seen.length = 0; };
+
+async function raw(port, bytes) {
+  return new Promise((resolve) => {
+    const s = netConnect(port, "127.0.0.1");
+    let got = "";
+    s.on("data", (d) => (got += d));
+    s.on("close", () => resolve(got));
+    s.on("error", () => resolve(got));
+    s.write(bytes);
+    setTimeout(() => s.end(), 2000).unref();
+  });
+}
 
 const px = await startProxy(["--lease", "1s", "--attach-wait", "10s"]);
 
@@ -265,6 +311,84 @@ console.error("-- scenario 5");
   eq("die: two effects (the first may have acted)", 2, effects.fragile);
 }
 
+// 5a. What the review found. A server that compresses its answers (the
+// SDKs' clients ask for gzip): the proxy asks for none on a keyed call, so
+// it can read and record the answer. A 500 after acting holds the key
+// (the tool may have acted): the retry after the lease is marked recovered.
+// A retry attached to a call whose server answered 404 (nothing acted) is
+// sent as its own call, in its own session, never answered with the
+// other's session. With --tenant-header, a request without it falls back
+// to its credential. A client that leaves before the answer begins ends an
+// unkeyed forward. A 304 passed on has no body.
+console.error("-- scenario 5a");
+{
+  reset();
+  mode.zip = "gzip";
+  const z1 = await post(px.port, call(1, "zip", { z: 1 }, "k-gzip"), { "accept-encoding": "gzip, deflate" });
+  const zf = final(z1, 1);
+  eq("gzip: the answer", "ticket-" + zf?.result?.structuredContent?.id, zf?.result?.content?.[0]?.text);
+  eq("gzip: the proxy asked for no compression", "identity", seen.at(-1)?.headers?.["accept-encoding"]);
+  const z2 = final(await post(px.port, call(2, "zip", { z: 1 }, "k-gzip"), { "accept-encoding": "gzip" }), 2);
+  eq("gzip: replayed", true, z2?.result?._meta?.["idem/replayed"]);
+  eq("gzip: one effect", 1, effects.zip);
+
+  mode.boom = "500";
+  const b1 = await post(px.port, call(1, "boom", {}, "k-500"));
+  eq("500: passed on", 500, b1.status);
+  mode.boom = "json";
+  let b2;
+  for (let i = 0; i < 100; i++) {
+    b2 = final(await post(px.port, call(2 + i, "boom", {}, "k-500")), 2 + i);
+    if (!b2?.error) break;
+    eq("500: the key is held until its lease ends", -31902, b2.error.code);
+  }
+  eq("500: the retry after the lease is marked recovered", true, b2?.result?._meta?.["idem/recovered"]);
+  eq("500: two effects (the first may have acted)", 2, effects.boom);
+
+  mode.s404 = "slow404";
+  const a = post(px.port, call(1, "s404", {}, "k-s404"), { "mcp-session-id": "SA" });
+  for (let i = 0; i < 200 && held404.length === 0; i++) await new Promise((r) => setTimeout(r, 25));
+  const b = post(px.port, call(2, "s404", {}, "k-s404"), { "mcp-session-id": "SB" });
+  await new Promise((r) => setTimeout(r, 200)); // b reaches the proxy and attaches (or not: either way)
+  held404.shift()();
+  const [ra, rb] = await Promise.all([a, b]);
+  eq("404 with a retry attached: the first gets its 404", 404, ra.status);
+  eq("404: the first's session on the first's answer", "SA", ra.headers.get("mcp-session-id"));
+  const fb = final(rb, 2);
+  check("404: the retry acted as its own call", fb?.result?.content !== undefined, rb.text);
+  check("404: the retry never gets the first's session", rb.headers.get("mcp-session-id") !== "SA",
+    rb.headers.get("mcp-session-id"));
+  eq("404: one effect (the retry's)", 1, effects.s404);
+
+  const th = await startProxy(["--tenant-header", "X-Tenant"], join(TMP, "th.db"));
+  const u1 = final(await post(th.port, call(1, "tt", {}, "k-th"), { authorization: "Bearer u1" }), 1);
+  const u2 = final(await post(th.port, call(2, "tt", {}, "k-th"), { authorization: "Bearer u2" }), 2);
+  check("tenant header absent: two credentials are two tenants",
+    u1?.result?.structuredContent?.id !== u2?.result?.structuredContent?.id, JSON.stringify([u1, u2]));
+  eq("tenant header absent: two effects", 2, effects.tt);
+  th.stop("SIGTERM");
+
+  mode.sleepy = "hang";
+  const ctl = new AbortController();
+  const gone = fetch(`http://127.0.0.1:${px.port}/mcp`, { method: "POST", signal: ctl.signal,
+    headers: { "content-type": "application/json", accept: "application/json, text/event-stream" },
+    body: JSON.stringify(call(1, "sleepy", {})) }).catch(() => null);
+  for (let i = 0; i < 200 && hung.length === 0; i++) await new Promise((r) => setTimeout(r, 25));
+  eq("hang: the request reached the upstream", 1, hung.length);
+  ctl.abort();
+  await gone;
+  for (let i = 0; i < 200 && hungClosed === 0; i++) await new Promise((r) => setTimeout(r, 25));
+  eq("hang: the client's leaving ended the forward", 1, hungClosed);
+
+  const pipelined = await raw(px.port, 'GET /etag HTTP/1.1\r\nHost: x\r\nIf-None-Match: "v1"\r\n\r\n' +
+    "GET /etag HTTP/1.1\r\nHost: x\r\n\r\n");
+  const parts = pipelined.split(/(?=HTTP\/1\.1 )/);
+  check("304: no body, and the next answer read whole", parts.length === 2 &&
+    parts[0].startsWith("HTTP/1.1 304") && parts[0].endsWith("\r\n\r\n") &&
+    !/transfer-encoding/i.test(parts[0]) && parts[1].startsWith("HTTP/1.1 200") &&
+    /\r\n\r\n(2\r\nv1\r\n0\r\n\r\n|v1)$/.test(parts[1]), JSON.stringify(pipelined));
+}
+
 // 5b. input_required (MCP 2026-07-28): no outcome; the key stays held for
 // the next round, which acts once; a call with other arguments meanwhile is
 // a conflict; the retry after the result replays it. With --input-wait 1s
@@ -327,17 +451,6 @@ console.error("-- scenario 5");
 console.error("-- scenario 6");
 // upstream; a body over --max-body is refused; a key that is not a
 // string is refused; bodies that are not JSON pass through to the server.
-async function raw(port, bytes) {
-  return new Promise((resolve) => {
-    const s = netConnect(port, "127.0.0.1");
-    let got = "";
-    s.on("data", (d) => (got += d));
-    s.on("close", () => resolve(got));
-    s.on("error", () => resolve(got));
-    s.write(bytes);
-    setTimeout(() => s.end(), 2000).unref();
-  });
-}
 {
   reset();
   const smuggle = "POST /mcp HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n";
