@@ -23,10 +23,29 @@
 #            (target: at most 50)
 # The store is SQLite with its default, durable settings (synchronous=FULL)
 # in TMPDIR. Then it prints the median of the rounds and the ratios against
-# the targets (replay >= 2x direct, fresh >= 0.7x direct). A missed target
-# is reported, never a failure; it exits non-zero only when a run failed.
+# the targets (replay >= 2x direct, fresh >= 0.7x direct).
 #
-# Environment: BENCH_SECONDS (default 3), BENCH_ROUNDS (default 3), TMPDIR.
+# Then the HTTP part: the same server on MCP's Streamable HTTP transport
+# (`node dist/index.js streamableHttp`, stateful sessions) and
+# `idem mcp --listen 127.0.0.1:0 --upstream URL` in front of it, the client
+# bench/mcp_http_client.mjs (node's fetch, keep-alive, one session per
+# client). Each round, for 1 and for 32 clients each making one call at a
+# time, every run with its own server, proxy and store:
+#   direct   the clients talk to the server itself (no key)
+#   unkeyed  through the proxy, no key (passed through)
+#   fresh    through the proxy, a new key per call
+#   replay   through the proxy, one key per client, run once before the
+#            timing: every timed call is answered by the proxy
+#   floor    `idem bench --workers CLIENTS`: claim + complete on the same
+#            kind of store, no network
+# It prints the medians (calls/s, p50 and p99 latency, the client's CPU
+# per call) and the ratios against the targets (replay >= 2x direct,
+# unkeyed >= 0.8x direct, fresh >= 0.8x floor, for 1 and 32 clients).
+# A missed target is reported, never a failure; it exits non-zero only
+# when a run failed.
+#
+# Environment: BENCH_SECONDS (default 3), BENCH_ROUNDS (default 3), TMPDIR,
+# BENCH_MCP_HTTP_ONLY=1 (only the HTTP part).
 set -eu
 if [ $# -ne 1 ]; then
   echo "usage: sh bench/mcp.sh PATH_TO_IDEM" >&2
@@ -41,8 +60,17 @@ fi
 HERE=$(cd "$(dirname "$0")" && pwd)
 SECS=${BENCH_SECONDS:-3}
 ROUNDS=${BENCH_ROUNDS:-3}
+HTTP_ONLY=${BENCH_MCP_HTTP_ONLY:-0}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/idem-bench-mcp.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
+# The HTTP part's server and proxy, while they run.
+SRV_PID=""
+PX_PID=""
+cleanup() {
+  for p in $PX_PID $SRV_PID; do kill "$p" 2>/dev/null || true; done
+  for p in $PX_PID $SRV_PID; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 for tool in node npm; do
@@ -62,7 +90,7 @@ else
   cp "$HERE/../tests/mcp/package.json" "$HERE/../tests/mcp/package-lock.json" "$WORK/"
   (cd "$WORK" && npm ci --no-audit --no-fund --loglevel=error >&2)
 fi
-cp "$HERE/mcp_client.mjs" "$HERE/mcp_attach.mjs" "$HERE/../tests/mcp/slow_server.mjs" "$WORK/"
+cp "$HERE/mcp_client.mjs" "$HERE/mcp_http_client.mjs" "$HERE/mcp_attach.mjs" "$HERE/../tests/mcp/slow_server.mjs" "$WORK/"
 SERVER=$WORK/node_modules/@modelcontextprotocol/server-everything/dist/index.js
 mkdir "$WORK/out"
 failed=0
@@ -81,6 +109,7 @@ step() {
   fi
 }
 
+if [ "$HTTP_ONLY" != 1 ]; then
 echo "idem mcp: $ROUNDS rounds of ${SECS}s per run" >&2
 r=1
 while [ $r -le "$ROUNDS" ]; do
@@ -148,6 +177,201 @@ if att:
                                    '<= 50', 'met' if ok else 'MISSED'))
     print('  a retry sent during a 2 s call, answered after the call; rounds: %s'
           % ', '.join('%.1f' % v for v in att))
+print('targets missed: %d' % missed)
+PY
+fi
+
+# The HTTP part: server-everything on Streamable HTTP, idem mcp --listen in
+# front of it.
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# wait_line FILE PATTERN PID: waits until a line of FILE matches PATTERN
+# (grep), as long as PID lives and for at most 30 s; fails otherwise.
+wait_line() {
+  n=0
+  until grep -q "$2" "$1" 2>/dev/null; do
+    kill -0 "$3" 2>/dev/null || return 1
+    [ $n -lt 3000 ] || return 1
+    sleep 0.01
+    n=$((n + 1))
+  done
+}
+
+# start_server NAME: server-everything on a free port (another port when
+# that one was taken in between); sets SRV_PID and SRV_URL.
+start_server() {
+  tries=0
+  while [ $tries -lt 5 ]; do
+    sp=$(port)
+    PORT=$sp node "$SERVER" streamableHttp >/dev/null 2>"$WORK/out/$1.server.err" &
+    SRV_PID=$!
+    if wait_line "$WORK/out/$1.server.err" "listening on port $sp" $SRV_PID; then
+      SRV_URL=http://127.0.0.1:$sp/mcp
+      return 0
+    fi
+    kill $SRV_PID 2>/dev/null || true
+    wait $SRV_PID 2>/dev/null || true
+    SRV_PID=""
+    tries=$((tries + 1))
+  done
+  return 1
+}
+
+# start_proxy NAME UPSTREAM STORE: idem mcp --listen on a free port; sets
+# PX_PID and PX_URL (its MCP endpoint, the upstream's path).
+start_proxy() {
+  "$IDEM" mcp --listen 127.0.0.1:0 --upstream "$2" --store "sqlite:$3" \
+    2>"$WORK/out/$1.proxy.err" &
+  PX_PID=$!
+  wait_line "$WORK/out/$1.proxy.err" "^idem mcp: listening on http://" $PX_PID ||
+    return 1
+  PX_URL=$(sed -n 's|^idem mcp: listening on \(http://[^,]*\), forwarding to .*|\1|p' \
+    "$WORK/out/$1.proxy.err" | head -n 1)/mcp
+}
+
+# stop PID: SIGTERM and wait; its exit status.
+stop() {
+  kill -TERM "$1" 2>/dev/null || true
+  st=0
+  { wait "$1"; } 2>/dev/null || st=$?
+  return $st
+}
+
+# ticks PID: the CPU time (user + system, clock ticks) PID has used so far,
+# from /proc (empty where there is none).
+ticks() {
+  if [ -n "$1" ]; then
+    awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || true
+  fi
+}
+
+# http_run NAME MODE CLIENTS direct|proxy: one measurement with its own
+# server (and proxy and store).
+http_run() {
+  hname=$1
+  if ! start_server "$hname"; then
+    failed=1
+    printf '  %-16sFAILED (the server did not start)\n' "$hname" >&2
+    sed 's/^/    /' "$WORK/out/$hname.server.err" >&2
+    return 0
+  fi
+  url=$SRV_URL
+  if [ "$4" = proxy ]; then
+    if ! start_proxy "$hname" "$SRV_URL" "$WORK/$hname.db"; then
+      failed=1
+      printf '  %-16sFAILED (the proxy did not start)\n' "$hname" >&2
+      sed 's/^/    /' "$WORK/out/$hname.proxy.err" >&2
+      stop $PX_PID 2>/dev/null || true
+      PX_PID=""
+      stop $SRV_PID || true
+      SRV_PID=""
+      return 0
+    fi
+    url=$PX_URL
+  fi
+  p0=$(ticks "$PX_PID")
+  s0=$(ticks "$SRV_PID")
+  step "$hname" node "$WORK/mcp_http_client.mjs" "$2" "$SECS" "$3" "$url"
+  # The proxy's and the server's CPU time during the client's run.
+  p1=$(ticks "$PX_PID")
+  s1=$(ticks "$SRV_PID")
+  echo "${p0:--} ${p1:--} ${s0:--} ${s1:--}" >"$WORK/out/$hname.cpu"
+  if [ -n "$PX_PID" ]; then
+    st=0
+    stop $PX_PID || st=$?
+    PX_PID=""
+    # Anything the proxy said besides its first and last lines is shown.
+    if [ $st -ne 0 ]; then
+      failed=1
+      echo "    the proxy exited with status $st" >&2
+    fi
+    grep -v -e '^idem mcp: listening on ' -e '^idem mcp: stopped' \
+      "$WORK/out/$hname.proxy.err" | sed 's/^/    proxy: /' >&2 || true
+  fi
+  stop $SRV_PID || true
+  SRV_PID=""
+}
+
+echo "idem mcp --listen: $ROUNDS rounds of ${SECS}s per run, 1 and 32 clients" >&2
+r=1
+while [ $r -le "$ROUNDS" ]; do
+  echo "round $r (HTTP)" >&2
+  for c in 1 32; do
+    http_run "r$r.h$c.direct" unkeyed $c direct
+    http_run "r$r.h$c.unkeyed" unkeyed $c proxy
+    http_run "r$r.h$c.fresh" fresh $c proxy
+    http_run "r$r.h$c.replay" replay $c proxy
+    step "r$r.h$c.floor" "$IDEM" bench --store "$WORK/r$r.h$c.floor.db" \
+      --workers $c --seconds 1 --json
+  done
+  r=$((r + 1))
+done
+
+python3 - "$WORK/out" "$ROUNDS" "$(getconf CLK_TCK 2>/dev/null || echo 100)" <<'PY'
+import json, os, statistics, sys
+out, rounds, hz = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def docs(n, mode):
+    xs = []
+    for r in range(1, rounds + 1):
+        p = os.path.join(out, 'r%d.h%d.%s.json' % (r, n, mode))
+        if os.path.exists(p):
+            d = json.load(open(p))
+            c = os.path.join(out, 'r%d.h%d.%s.cpu' % (r, n, mode))
+            if os.path.exists(c) and d.get('all_calls'):
+                v = open(c).read().split()
+                for i, who in ((0, 'proxy'), (2, 'server')):
+                    if len(v) == 4 and '-' not in v[i:i + 2]:
+                        d[who + '_cpu_ms_per_call'] = ((float(v[i + 1]) - float(v[i]))
+                                                       * 1000 / hz / d['all_calls'])
+            xs.append(d)
+    return xs
+def med(n, mode, field):
+    xs = [d[field] for d in docs(n, mode) if d.get(field) is not None]
+    return statistics.median(xs) if xs else None
+MODES = ('direct', 'unkeyed', 'fresh', 'replay', 'floor')
+rate = {}
+print()
+print('idem mcp --listen: tools/call round trips over Streamable HTTP, each client one call at a time')
+print('server-everything echo (streamableHttp); durable SQLite store (synchronous=FULL)')
+print('medians of %d rounds:' % rounds)
+print('  %7s %-8s %8s %7s %7s  %19s %6s %6s  %s' % ('clients', 'mode', 'calls/s',
+      'p50 ms', 'p99 ms', 'cpu ms/call: client', 'proxy', 'server',
+      'rounds (calls/s)'))
+fmt = lambda v, f: '-' if v is None else f % v
+for n in (1, 32):
+    for m in MODES:
+        field = 'claim_complete_ops_per_s' if m == 'floor' else 'ops_per_s'
+        rate[n, m] = med(n, m, field)
+        xs = [d[field] for d in docs(n, m)]
+        print('  %7d %-8s %8s %7s %7s  %19s %6s %6s  %s' % (n, m,
+              fmt(rate[n, m], '%.0f'),
+              fmt(med(n, m, 'p50_ms'), '%.2f'), fmt(med(n, m, 'p99_ms'), '%.2f'),
+              fmt(med(n, m, 'client_cpu_ms_per_call'), '%.2f'),
+              fmt(med(n, m, 'proxy_cpu_ms_per_call'), '%.2f'),
+              fmt(med(n, m, 'server_cpu_ms_per_call'), '%.2f'),
+              ', '.join('%.0f' % x for x in xs)))
+print('  floor: idem bench claim + complete, --workers CLIENTS, no network.')
+print('  cpu ms/call: CPU time of each process per call it saw (the client:')
+print('  timed calls; the proxy and the server: the warm-up too).')
+print('%-36s %8s %8s  %s' % ('ratio', 'x', 'target', 'result'))
+missed = 0
+for n in (1, 32):
+    for a, b, target in (('replay', 'direct', 2.0), ('unkeyed', 'direct', 0.8),
+                         ('fresh', 'floor', 0.8)):
+        label = '%s / %s, %d client%s' % (a, b, n, '' if n == 1 else 's')
+        if rate[n, a] is None or not rate[n, b]:
+            print('%-36s %8s %8s  %s' % (label, '-', '>= %.1f' % target, 'no data'))
+            continue
+        x = rate[n, a] / rate[n, b]
+        ok = x >= target
+        missed += not ok
+        print('%-36s %8.2f %8s  %s' % (label, x, '>= %.1f' % target,
+                                       'met' if ok else 'MISSED'))
+    for a, b, note in (('fresh', 'direct', 'a fresh call waits for the server'),
+                       ('floor', 'direct', 'the store alone')):
+        if rate[n, a] and rate[n, b]:
+            print('%-36s %8.2f %8s  %s' % ('%s / %s, %d client%s' % (
+                a, b, n, '' if n == 1 else 's'), rate[n, a] / rate[n, b], '-', note))
 print('targets missed: %d' % missed)
 PY
 exit $failed
