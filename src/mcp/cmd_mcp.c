@@ -222,8 +222,10 @@ static int parse(int argc, char **argv, mcp_opts *o) {
     } else if (strcmp(a, "--max-body") == 0) {
       if (cli_parse_size(v, IDEM_MAX_RESPONSE, &o->max_body) != 0 ||
           o->max_body == 0) {
-        cli_error("mcp", "--max-body: bytes (k and M suffixes), 1 to 16M, "
-                         "not '%s'", v);
+        cli_error("mcp",
+                  "--max-body: bytes (k and M suffixes), 1 to 16M, "
+                  "not '%s'",
+                  v);
         return -1;
       }
     } else if (strcmp(a, "--max-result") == 0) {

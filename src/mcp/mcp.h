@@ -102,26 +102,26 @@ typedef struct mcp_call {
   char fp[IDEM_FINGERPRINT_SIZE];
   char *request; /* {name, arguments} without the key */
   size_t request_len;
-  char *line; /* the first request, as the client wrote it */
+  char *line;                 /* the first request, as the client wrote it */
   size_t len, id_from, id_to; /* and where its id is in it */
-  char sid[64];       /* the id it travels under to the server (JSON) */
-  int state;          /* CALL_* */
-  int rounds;         /* claims asked */
+  char sid[64];               /* the id it travels under to the server (JSON) */
+  int state;                  /* CALL_* */
+  int rounds;                 /* claims asked */
   int64_t wait_until; /* claims answered IN_FLIGHT are asked again until */
   idem_exec *exec;    /* while the key is held */
   idem_call *call;
   mcp_waiter *waiters;
   char *answer; /* the server's answer (CALL_END) */
   size_t answer_len;
-  int gone; /* the server exited without answering */
-  int input_expired;  /* CALL_INPUT and no next round came: release */
-  int sending;  /* a thread is writing it to the server: not freed meanwhile */
-  int deferred; /* ended while sending: queued once the write is done */
-  int not_sent; /* the write failed: the server cannot have acted on it */
-  int asks_task;   /* the request asks for a task (params.task, or the
-                      tasks extension declared) */
-  int stale_retry; /* sent again after a stale task handle: its result is
-                      marked recovered */
+  int gone;          /* the server exited without answering */
+  int input_expired; /* CALL_INPUT and no next round came: release */
+  int sending;   /* a thread is writing it to the server: not freed meanwhile */
+  int deferred;  /* ended while sending: queued once the write is done */
+  int not_sent;  /* the write failed: the server cannot have acted on it */
+  int asks_task; /* the request asks for a task (params.task, or the
+                    tasks extension declared) */
+  int stale_retry;     /* sent again after a stale task handle: its result is
+                          marked recovered */
   int64_t input_until; /* CALL_INPUT: when the next round is waited for */
 } mcp_call;
 
@@ -249,8 +249,8 @@ char *mcp_splice(const char *s, size_t n, size_t from, size_t to,
 /* A result object's text with "idem/replayed": true and/or
  * "idem/recovered": true added to its _meta (made when absent); a result
  * that is no object is copied unchanged. NULL when out of memory. */
-char *mcp_mark_result(const char *body, size_t len, int replayed,
-                      int recovered, size_t *out_len);
+char *mcp_mark_result(const char *body, size_t len, int replayed, int recovered,
+                      size_t *out_len);
 /* Whether a result body is a task handle: a CreateTaskResult of MCP
  * 2025-11-25 ({"task": {"taskId": ...}}) or a task of the 2026-07-28 tasks
  * extension ({"resultType": "task", "taskId": ...}). 1 with *task_id (free

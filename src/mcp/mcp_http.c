@@ -22,13 +22,13 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <poll.h>
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
@@ -36,7 +36,7 @@
 const mcp_opts *hx_opts;
 idem_store *hx_store;
 static serve_config sc;
-static char origin[2048];  /* scheme://host[:port] of --upstream */
+static char origin[2048];   /* scheme://host[:port] of --upstream */
 static char mcp_path[2048]; /* its path: the MCP endpoint */
 static int stopping;
 
@@ -46,7 +46,8 @@ int64_t hx_mono_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* ---- exchanges ------------------------------------------------------------- */
+/* ---- exchanges -------------------------------------------------------------
+ */
 
 void hx_ref(hx *h) {
   pthread_mutex_lock(&h->mu);
@@ -334,7 +335,8 @@ static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max) {
 
 static void reader_done(void *cls) { hx_unref(cls); }
 
-/* ---- answers of the proxy's own -------------------------------------------- */
+/* ---- answers of the proxy's own --------------------------------------------
+ */
 
 char *hx_rpc_error(const char *id, int code, const char *msg, json_t *data,
                    size_t *len) {
@@ -374,7 +376,8 @@ static void answer_http_error(hx *h, int status, int code, const char *msg) {
   free(text);
 }
 
-/* ---- tools that need no key (--require-key) ------------------------------------ */
+/* ---- tools that need no key (--require-key)
+ * ------------------------------------ */
 
 static pthread_mutex_t tools_mu = PTHREAD_MUTEX_INITIALIZER;
 static json_t *tools_safe; /* tool name -> readOnlyHint or idempotentHint */
@@ -436,7 +439,8 @@ static int tool_needs_key(const char *tool) {
   return !safe;
 }
 
-/* ---- passing through ------------------------------------------------------- */
+/* ---- passing through -------------------------------------------------------
+ */
 
 static void pass_head(void *ctx, up_response *rs) {
   hx *h = ctx;
@@ -549,7 +553,8 @@ static void pass_through(hx *h) {
   }
 }
 
-/* ---- the request ------------------------------------------------------------ */
+/* ---- the request ------------------------------------------------------------
+ */
 
 static enum MHD_Result collect(void *cls, enum MHD_ValueKind kind,
                                const char *name, size_t nl, const char *value,
@@ -586,8 +591,8 @@ const char *hx_header(const hx *h, const char *name) {
 static int derive_tenant(hx *h) {
   const char *v;
   int count = 0;
-  const char *name = hx_opts->tenant_header ? hx_opts->tenant_header
-                                            : "Authorization";
+  const char *name =
+      hx_opts->tenant_header ? hx_opts->tenant_header : "Authorization";
   for (size_t i = 0; i < h->nh; i++)
     count += strcasecmp(h->h[i].name, name) == 0;
   if (count > 1)
@@ -648,8 +653,8 @@ static void decide(hx *h) {
   id = json_object_get(msg, "id");
   params = json_object_get(msg, "params");
   if (msg && json_is_object(msg) && method && !id &&
-      strcmp(method, "notifications/cancelled") == 0 &&
-      derive_tenant(h) == 0 && hx_keyed_cancel(h, params)) {
+      strcmp(method, "notifications/cancelled") == 0 && derive_tenant(h) == 0 &&
+      hx_keyed_cancel(h, params)) {
     /* The client gave up on a keyed call: the server is not told, so that
      * the call ends and its result is recorded for the retry. */
     json_decref(msg);
@@ -671,8 +676,8 @@ static void decide(hx *h) {
         int ia;
         const char *mm = json_string_value(json_object_get(m, "method"));
         if (mm && strcmp(mm, "tools/call") == 0 &&
-            (mcp_find_key(hx_opts->key_argument,
-                          json_object_get(m, "params"), &k, &ia) != 0 ||
+            (mcp_find_key(hx_opts->key_argument, json_object_get(m, "params"),
+                          &k, &ia) != 0 ||
              k)) {
           json_decref(msg);
           answer_http_error(h, 400, MCP_E_BATCH,
@@ -696,8 +701,8 @@ static void decide(hx *h) {
     json_decref(msg);
     return;
   }
-  if (tool && strlen(tool) != json_string_length(json_object_get(params,
-                                                                 "name"))) {
+  if (tool &&
+      strlen(tool) != json_string_length(json_object_get(params, "name"))) {
     /* Read as C strings, "t\u0000x" would be tool "t". */
     json_decref(msg);
     hx_answer_rpc_error(h, -32602,
@@ -720,9 +725,9 @@ static void decide(hx *h) {
              hx_opts->key_argument ? " or in the tool argument \"" : "",
              hx_opts->key_argument ? hx_opts->key_argument : "",
              hx_opts->key_argument ? "\"" : "");
-    hx_answer_rpc_error(h, MCP_E_KEY_REQUIRED, m,
-                        json_pack("{s:s,s:s?}", "idem", "key_required",
-                                  "tool", tool));
+    hx_answer_rpc_error(
+        h, MCP_E_KEY_REQUIRED, m,
+        json_pack("{s:s,s:s?}", "idem", "key_required", "tool", tool));
     json_decref(msg);
     return;
   }
@@ -823,9 +828,9 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
       r = MHD_create_response_from_buffer(0, (void *)"",
                                           MHD_RESPMEM_PERSISTENT);
     } else {
-      r = MHD_create_response_from_callback(
-          h->length >= 0 ? (uint64_t)h->length : MHD_SIZE_UNKNOWN, 16384,
-          reader, h, reader_done);
+      r = MHD_create_response_from_callback(h->length >= 0 ? (uint64_t)h->length
+                                                           : MHD_SIZE_UNKNOWN,
+                                            16384, reader, h, reader_done);
       if (!r)
         hx_unref(h);
     }
@@ -915,7 +920,8 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
   *con_cls = NULL;
 }
 
-/* ---- start and stop --------------------------------------------------------- */
+/* ---- start and stop ---------------------------------------------------------
+ */
 
 /* --upstream URL: its origin (the base of every forward) and its path (the
  * MCP endpoint this proxy serves under the same path). */
@@ -947,8 +953,10 @@ int mcp_http_run(const mcp_opts *o, idem_store *store) {
   hx_store = store;
   listen_log_name = "idem mcp";
   if (split_upstream(o->upstream) != 0) {
-    cli_error("mcp", "--upstream: an http:// or https:// URL with no query, "
-                     "not '%s'", o->upstream);
+    cli_error("mcp",
+              "--upstream: an http:// or https:// URL with no query, "
+              "not '%s'",
+              o->upstream);
     idem_store_close(store);
     return EXIT_USAGE;
   }
@@ -975,8 +983,7 @@ int mcp_http_run(const mcp_opts *o, idem_store *store) {
   pthread_t wt;
   if (pthread_create(&wt, NULL, watcher, NULL) != 0 ||
       pthread_detach(wt) != 0 || upstream_init(&sc) != 0 ||
-      pool_start(4) != 0 ||
-      hx_keyed_start() != 0 || guard_start(&sc) != 0) {
+      pool_start(4) != 0 || hx_keyed_start() != 0 || guard_start(&sc) != 0) {
     cli_error("mcp", "cannot start: %s", strerror(errno));
     return EXIT_FAIL;
   }
@@ -986,8 +993,7 @@ int mcp_http_run(const mcp_opts *o, idem_store *store) {
       {MHD_OPTION_CONNECTION_TIMEOUT, 300, NULL},
       {MHD_OPTION_CONNECTION_MEMORY_LIMIT, 64 * 1024, NULL},
       {MHD_OPTION_NOTIFY_CONNECTION, (intptr_t)guard_notify, NULL},
-      {MHD_OPTION_CONNECTION_LIMIT, (intptr_t)guard_max_connections(&sc),
-       NULL},
+      {MHD_OPTION_CONNECTION_LIMIT, (intptr_t)guard_max_connections(&sc), NULL},
       {MHD_OPTION_END, 0, NULL},
   };
   d = listen_on("--listen", o->listen,
@@ -999,8 +1005,8 @@ int mcp_http_run(const mcp_opts *o, idem_store *store) {
     idem_store_close(store);
     return EXIT_FAIL;
   }
-  fprintf(stderr, "idem mcp: listening on http://%s, forwarding to %s\n",
-          bound, o->upstream);
+  fprintf(stderr, "idem mcp: listening on http://%s, forwarding to %s\n", bound,
+          o->upstream);
   fflush(stderr);
   while (sigwait(&set, &sig) != 0 || (sig != SIGINT && sig != SIGTERM))
     ;
@@ -1017,8 +1023,9 @@ int mcp_http_run(const mcp_opts *o, idem_store *store) {
   }
   int n = hx_keyed_drain(o->shutdown_wait_ms);
   if (n > 0)
-    cli_error("mcp", "%d keyed call(s) still at the server after "
-                     "--shutdown-wait; their keys are left in progress",
+    cli_error("mcp",
+              "%d keyed call(s) still at the server after "
+              "--shutdown-wait; their keys are left in progress",
               n);
   upstream_abort();
   upstream_cleanup();

@@ -33,7 +33,7 @@ typedef struct hx {
   char *id; /* a tools/call's request id (JSON text) */
 
   /* The answer; under mu. */
-  int ready;      /* status and headers are set: the handler queues it */
+  int ready; /* status and headers are set: the handler queues it */
   int status;
   const char *type; /* Content-Type of the proxy's own answers */
   up_header *ah;    /* the answer's headers */
@@ -44,10 +44,10 @@ typedef struct hx {
   char *out;      /* bytes not yet given to libmicrohttpd */
   size_t out_len, out_off, out_cap;
   int out_end, out_broken;
-  int suspended; /* its connection is suspended */
-  int gone;      /* libmicrohttpd is done with it: never resume */
-  int peer_closed; /* the client closed its side while suspended */
-  int fd;          /* the connection's socket */
+  int suspended;            /* its connection is suspended */
+  int gone;                 /* libmicrohttpd is done with it: never resume */
+  int peer_closed;          /* the client closed its side while suspended */
+  int fd;                   /* the connection's socket */
   struct hx *rprev, *rnext; /* the streams watched for a closing client */
   int watched;
   int passing; /* its forward passes through (ended when it leaves) */

@@ -51,14 +51,14 @@ typedef struct kcall {
   size_t final_event_len;
   up_result result;
   int transfer_done; /* under G.mu */
-  int ending; /* handed to a worker to be recorded */
+  int ending;        /* handed to a worker to be recorded */
   /* The server answered resultType "input_required" (MCP 2026-07-28): the
    * key stays held for the client's next round of the same call. 1: the
    * answer is passed on and the round's transfer still ends; 2: waiting
    * for the next round until input_until. Under G.mu. */
   int input;
   int64_t input_until;
-  hx *next_round; /* came while input was 1 */
+  hx *next_round;      /* came while input was 1 */
   struct kcall *pnext; /* G.parked: asked again at retry_at */
   int64_t retry_at;
 } kcall;
@@ -120,8 +120,8 @@ static void cache_put(const kcall *k, const char *body, size_t len,
 }
 
 static json_t *error_data(const kcall *k, const char *what, const char *type) {
-  json_t *d = json_pack("{s:s,s:s,s:s}", "idem", what, "key", k->key, "tool",
-                        k->tool);
+  json_t *d =
+      json_pack("{s:s,s:s,s:s}", "idem", what, "key", k->key, "tool", k->tool);
   if (d && type)
     json_object_set_new(d, "type", json_string(type));
   return d;
@@ -165,7 +165,8 @@ static void answer_all(kcall *k, answer_fn fn, void *arg) {
   }
 }
 
-/* ---- answers ------------------------------------------------------------------ */
+/* ---- answers
+ * ------------------------------------------------------------------ */
 
 static void send_replay(hx *h, const char *body, size_t len, int recovered) {
   size_t mlen, n;
@@ -233,7 +234,8 @@ static void answer_in_flight_here(kcall *k, hx *h) {
   answer_error(k, h, &a);
 }
 
-/* ---- the answer as it arrives (the upstream loop's thread) --------------------- */
+/* ---- the answer as it arrives (the upstream loop's thread)
+ * --------------------- */
 
 static int64_t retention(void) {
   return hx_opts->retention_ms ? hx_opts->retention_ms : 24 * 3600 * 1000LL;
@@ -301,7 +303,8 @@ static void pass_event(hx *h, const char *ev, size_t n) {
     const char *nl = memchr(p, '\n', (size_t)(end - p));
     size_t ll = nl ? (size_t)(nl + 1 - p) : (size_t)(end - p);
     if (!(ll >= 3 && memcmp(p, "id:", 3) == 0) &&
-        !(ll >= 2 && p[0] == 'i' && p[1] == 'd' && (p[2] == '\n' || p[2] == '\r')))
+        !(ll >= 2 && p[0] == 'i' && p[1] == 'd' &&
+          (p[2] == '\n' || p[2] == '\r')))
       hx_stream(h, p, ll);
     p += ll;
   }
@@ -438,7 +441,8 @@ static void k_done(void *ctx, up_result r) {
   kcall_unref(k);
 }
 
-/* ---- recording and answering (a store worker) ---------------------------------- */
+/* ---- recording and answering (a store worker)
+ * ---------------------------------- */
 
 enum {
   WHY_RESULT,     /* recorded */
@@ -456,8 +460,8 @@ enum {
  * key is freed. A 5xx, a 408 or a 409 may come after the tool acted (or
  * from a load balancer while it still runs): the key is held. */
 static int not_acted(int status) {
-  static const int codes[] = {400, 401, 403, 404, 405, 406,
-                              411, 413, 414, 415, 422, 429, 431};
+  static const int codes[] = {400, 401, 403, 404, 405, 406, 411,
+                              413, 414, 415, 422, 429, 431};
   for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++)
     if (codes[i] == status)
       return 1;
@@ -560,8 +564,8 @@ static void answer_end(kcall *k, hx *h, void *arg) {
     break;
   }
   case WHY_TOO_BIG: {
-    error_arg e = {MCP_E_UNKNOWN, msg, "unknown",
-                   "idempotency_outcome_unknown", 0};
+    error_arg e = {MCP_E_UNKNOWN, msg, "unknown", "idempotency_outcome_unknown",
+                   0};
     snprintf(msg, sizeof msg,
              "idem mcp: the server's answer to this call (key \"%s\", tool "
              "%s) is larger than --max-result, so it was not stored; the "
@@ -573,8 +577,8 @@ static void answer_end(kcall *k, hx *h, void *arg) {
   }
   default: {
     int64_t wait = hx_opts->on_unknown_fail ? 0 : hx_opts->lease_ms;
-    error_arg e = {MCP_E_UNKNOWN, msg, "unknown",
-                   "idempotency_outcome_unknown", wait};
+    error_arg e = {MCP_E_UNKNOWN, msg, "unknown", "idempotency_outcome_unknown",
+                   wait};
     if (wait > 0)
       snprintf(msg, sizeof msg,
                "idem mcp: the server did not answer this call (%s; key "
@@ -597,7 +601,8 @@ static void answer_end(kcall *k, hx *h, void *arg) {
   }
 }
 
-/* ---- input_required: the key held between rounds --------------------------- */
+/* ---- input_required: the key held between rounds ---------------------------
+ */
 
 static void forward(kcall *k);
 
@@ -685,8 +690,7 @@ static void ask_for_input(kcall *k) {
       if (again)
         hx_answer_whole(h, 200, "application/json", again, len, NULL, 0);
       else
-        hx_answer_rpc_error(h, MCP_E_INTERNAL, "idem mcp: out of memory",
-                            NULL);
+        hx_answer_rpc_error(h, MCP_E_INTERNAL, "idem mcp: out of memory", NULL);
       free(again);
     }
     hx_unref(h);
@@ -781,14 +785,16 @@ static void end_call(void *arg) {
   rc = idem_execute_end(k->exec, how, &resp);
   k->exec = NULL;
   if (rc != IDEM_OK)
-    cli_error("mcp", "key '%s' (tool %s): the call's record could not be "
-                     "ended: %s (%s)",
+    cli_error("mcp",
+              "key '%s' (tool %s): the call's record could not be "
+              "ended: %s (%s)",
               k->key, k->tool, idem_errmsg(), idem_rc_name(rc));
   else if (a.why == WHY_RESULT)
     cache_put(k, a.result, a.result_len, a.recovered, retention());
   else if (a.why == WHY_LOST || a.why == WHY_HTTP_UNSURE)
-    cli_error("mcp", "key '%s' (tool %s): the server did not answer (%s); "
-                     "the key is held in progress for one lease",
+    cli_error("mcp",
+              "key '%s' (tool %s): the server did not answer (%s); "
+              "the key is held in progress for one lease",
               k->key, k->tool, k->owner->rs.error);
   pthread_mutex_lock(&G.mu);
   G.at_server--;
@@ -797,7 +803,8 @@ static void end_call(void *arg) {
   kcall_unref(k);
 }
 
-/* ---- claiming (a store worker) ------------------------------------------------- */
+/* ---- claiming (a store worker)
+ * ------------------------------------------------- */
 
 static void claim(void *arg);
 
@@ -838,9 +845,13 @@ static void claim(void *arg) {
   if (rc != IDEM_OK || !call) {
     int busy = rc == IDEM_EBUSY || rc == IDEM_EUNAVAILABLE;
     int bad = rc == IDEM_EINVAL;
-    error_arg e = {busy ? MCP_E_STORE : bad ? MCP_E_BAD_KEY : MCP_E_INTERNAL,
-                   msg, busy ? "store_unavailable" : bad ? "bad_key"
-                                                         : "internal",
+    error_arg e = {busy  ? MCP_E_STORE
+                   : bad ? MCP_E_BAD_KEY
+                         : MCP_E_INTERNAL,
+                   msg,
+                   busy  ? "store_unavailable"
+                   : bad ? "bad_key"
+                         : "internal",
                    NULL, busy ? 1000 : 0};
     snprintf(msg, sizeof msg,
              busy  ? "idem mcp: the idempotency store is unavailable (%s); "
@@ -899,8 +910,8 @@ static void claim(void *arg) {
     break;
   }
   case IDEM_CONFLICT: {
-    error_arg e = {MCP_E_CONFLICT, msg, "conflict",
-                   "idempotency_key_conflict", 0};
+    error_arg e = {MCP_E_CONFLICT, msg, "conflict", "idempotency_key_conflict",
+                   0};
     snprintf(msg, sizeof msg,
              "idem mcp: key \"%s\" was already used with different "
              "arguments for tool %s; nothing was sent to the server. Use "
@@ -911,8 +922,8 @@ static void claim(void *arg) {
     break;
   }
   default: {
-    error_arg e = {MCP_E_UNKNOWN, msg, "unknown",
-                   "idempotency_outcome_unknown", 0};
+    error_arg e = {MCP_E_UNKNOWN, msg, "unknown", "idempotency_outcome_unknown",
+                   0};
     snprintf(msg, sizeof msg,
              "idem mcp: an earlier attempt of this call (key \"%s\", tool "
              "%s) ended without a result that could be kept, so the tool "
@@ -928,7 +939,8 @@ static void claim(void *arg) {
   kcall_unref(k);
 }
 
-/* ---- the entry ------------------------------------------------------------------- */
+/* ---- the entry
+ * ------------------------------------------------------------------- */
 
 static void enter(kcall *k, hx *h);
 
@@ -951,9 +963,9 @@ void hx_keyed_call(hx *h, const char *tool, const char *key, int in_arg) {
   k->tenant = strdup(h->tenant);
   k->tool = strdup(tool);
   k->key = strdup(key);
-  k->request = mcp_request_text(h->body, h->len, tool,
-                                in_arg ? hx_opts->key_argument : NULL,
-                                &k->request_len);
+  k->request =
+      mcp_request_text(h->body, h->len, tool,
+                       in_arg ? hx_opts->key_argument : NULL, &k->request_len);
   if (!k->tenant || !k->tool || !k->key || !k->request) {
     kcall_unref(k);
     goto oom;
@@ -973,8 +985,8 @@ void hx_keyed_call(hx *h, const char *tool, const char *key, int in_arg) {
     char *n = cache_name(k), *body = NULL;
     size_t blen = 0;
     int recovered = 0;
-    if (n && mcp_cache_get(n, k->key, k->fp, wall_ms(), &body, &blen,
-                           &recovered)) {
+    if (n &&
+        mcp_cache_get(n, k->key, k->fp, wall_ms(), &body, &blen, &recovered)) {
       free(n);
       send_replay(h, body, blen, recovered);
       free(body);
@@ -1077,8 +1089,9 @@ static void enter(kcall *k, hx *h) {
   }
   pthread_mutex_unlock(&G.mu);
   if (pool_submit(claim, k) != 0) {
-    error_arg e = {MCP_E_INTERNAL, "idem mcp: the proxy is stopping; nothing "
-                                   "was sent to the server",
+    error_arg e = {MCP_E_INTERNAL,
+                   "idem mcp: the proxy is stopping; nothing "
+                   "was sent to the server",
                    "internal", NULL, 0};
     answer_all(k, answer_error, &e);
     kcall_unref(k);

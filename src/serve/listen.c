@@ -45,8 +45,8 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
   while (n && line[n - 1] == '\n')
     line[--n] = 0;
   if (left)
-    fprintf(stderr, "%s: http: %s (and %lu more messages)\n",
-            listen_log_name, line, left);
+    fprintf(stderr, "%s: http: %s (and %lu more messages)\n", listen_log_name,
+            line, left);
   else
     fprintf(stderr, "%s: http: %s\n", listen_log_name, line);
 }
@@ -83,8 +83,7 @@ static int split(const char *s, char *host, size_t hsize, char *port,
 }
 
 struct MHD_Daemon *listen_on(const char *what, const char *where,
-                             unsigned flags,
-                             MHD_AccessHandlerCallback handler,
+                             unsigned flags, MHD_AccessHandlerCallback handler,
                              void *cls, const struct MHD_OptionItem *options,
                              char *bound, size_t bound_size) {
   char host[256], port[16];
@@ -96,8 +95,9 @@ struct MHD_Daemon *listen_on(const char *what, const char *where,
 
   if (split(where, host, sizeof host, port, sizeof port) != 0 ||
       atol(port) > 65535) {
-    cli_error("serve", "%s: '%s' is not HOST:PORT (for example "
-                       "127.0.0.1:8080, [::1]:8080 or :8080)",
+    cli_error("serve",
+              "%s: '%s' is not HOST:PORT (for example "
+              "127.0.0.1:8080, [::1]:8080 or :8080)",
               what, where);
     return NULL;
   }
@@ -142,14 +142,12 @@ struct MHD_Daemon *listen_on(const char *what, const char *where,
       snprintf(bound, bound_size, "%s:%u", a, p);
     }
   }
-  d = MHD_start_daemon(flags, 0, NULL, NULL,
-                       handler, cls,
+  d = MHD_start_daemon(flags, 0, NULL, NULL, handler, cls,
                        MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
-                       MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_ARRAY,
-                       options, MHD_OPTION_END);
+                       MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_ARRAY, options,
+                       MHD_OPTION_END);
   if (!d)
-    cli_error("serve", "%s: cannot start the HTTP server on %s", what,
-              where);
+    cli_error("serve", "%s: cannot start the HTTP server on %s", what, where);
   else
     fd = -1; /* the daemon's now */
 out:

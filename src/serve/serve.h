@@ -13,23 +13,23 @@
 
 /* The command line, parsed. */
 typedef struct serve_config {
-  const char *listen;        /* HOST:PORT */
-  const char *upstream;      /* base URL, without a trailing slash */
+  const char *listen;   /* HOST:PORT */
+  const char *upstream; /* base URL, without a trailing slash */
   const char *store_url;
   const char *tenant_header; /* NULL: the Authorization header's hash */
   const char *admin_listen;  /* NULL: no admin listener */
   const char *log_path;      /* NULL: no access log; "-": stdout */
   const char *upstream_cacert;
-  char methods[128];         /* ",POST,PATCH," */
+  char methods[128]; /* ",POST,PATCH," */
   int require_key;
   int no_store_5xx;
   int on_unknown_fail;
-  int create_store;          /* --create-store: even where one was deleted */
+  int create_store; /* --create-store: even where one was deleted */
   int threads;
   int store_workers;
   size_t max_body;
   size_t max_response;
-  size_t max_pass;           /* largest response passed on unstored */
+  size_t max_pass; /* largest response passed on unstored */
   int64_t lease_ms, retention_ms, upstream_timeout_ms;
   /* guard.c: slow clients and connection limits. */
   int64_t header_timeout_ms;       /* --header-timeout */
@@ -101,7 +101,8 @@ typedef struct serve_rate {
   int any;
   unsigned long left_out;
 } serve_rate;
-#define SERVE_RATE_INIT {PTHREAD_MUTEX_INITIALIZER, {0, 0}, 0, 0}
+#define SERVE_RATE_INIT                                                        \
+  { PTHREAD_MUTEX_INITIALIZER, {0, 0}, 0, 0 }
 /* Non-zero when the line may be written now; *left_out is then how many
  * were left out since the last one. */
 int serve_rate_pass(serve_rate *r, unsigned long *left_out);
@@ -145,16 +146,16 @@ typedef struct up_request {
 
 /* How a forward ended. */
 typedef enum up_result {
-  UP_OK,           /* a whole response arrived */
-  UP_NOT_SENT,     /* nothing reached the upstream: connect failed */
-  UP_TIMEOUT,      /* no whole answer within the timeout, after sending */
-  UP_LOST,         /* the connection failed after the request was sent */
-  UP_TOO_LARGE,    /* the response's body is larger than max_pass, or its
-                      headers larger than the gateway can send */
-  UP_ABORTED,      /* abort_check asked to stop, after sending */
-  UP_NO_FDS,       /* nothing sent: the gateway is out of descriptors */
-  UP_INVALID       /* sent; the answer is not one HTTP can pass on (a
-                      status outside 100-599, an unasked 101) */
+  UP_OK,        /* a whole response arrived */
+  UP_NOT_SENT,  /* nothing reached the upstream: connect failed */
+  UP_TIMEOUT,   /* no whole answer within the timeout, after sending */
+  UP_LOST,      /* the connection failed after the request was sent */
+  UP_TOO_LARGE, /* the response's body is larger than max_pass, or its
+                   headers larger than the gateway can send */
+  UP_ABORTED,   /* abort_check asked to stop, after sending */
+  UP_NO_FDS,    /* nothing sent: the gateway is out of descriptors */
+  UP_INVALID    /* sent; the answer is not one HTTP can pass on (a
+                   status outside 100-599, an unasked 101) */
 } up_result;
 
 struct up_response {
@@ -165,8 +166,8 @@ struct up_response {
   size_t body_len;
   char *content_length; /* the upstream's Content-Length, for HEAD and 304
                            answers, whose bodies are empty; may be NULL */
-  double ms;          /* time spent */
-  char error[256];    /* what went wrong, for UP_* other than UP_OK */
+  double ms;            /* time spent */
+  char error[256];      /* what went wrong, for UP_* other than UP_OK */
 };
 
 /* Sets the base URL and limits and starts the loop thread; once, before
@@ -241,8 +242,8 @@ char *serve_parse_key(const char *value, char *why, size_t size);
  * client wrote them, when json_type and the body is one JSON value) or
  * "body_sha256"}. Always valid JSON. malloc()ed; NULL when out of memory.
  */
-char *serve_request_json(const char *method, const char *uri,
-                         const char *body, size_t len, int json_type);
+char *serve_request_json(const char *method, const char *uri, const char *body,
+                         size_t len, int json_type);
 
 /* ---- gateway.c, admin.c, listen.c -------------------------------------- */
 
@@ -282,9 +283,8 @@ int serve_store_open(const serve_config *cfg, const idem_store_options *opts,
 /* How libmicrohttpd's messages are marked: "idem serve" unless changed. */
 extern const char *listen_log_name;
 struct MHD_Daemon *listen_on(const char *what, const char *listen,
-                             unsigned flags,
-                             MHD_AccessHandlerCallback handler, void *cls,
-                             const struct MHD_OptionItem *options,
+                             unsigned flags, MHD_AccessHandlerCallback handler,
+                             void *cls, const struct MHD_OptionItem *options,
                              char *bound, size_t bound_size);
 
 /* ---- guard.c: slow clients and connection limits (issue 20, part 5) ----- */

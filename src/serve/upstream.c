@@ -42,9 +42,19 @@ static const serve_config *cfg;
 
 int header_is_hop_by_hop(const char *n) {
   static const char *const hop[] = {
-      "connection",         "keep-alive", "proxy-authenticate",
-      "proxy-authorization", "proxy-connection", "te", "trailer", "trailers",
-      "transfer-encoding",  "upgrade",    "host", "content-length", "expect",
+      "connection",
+      "keep-alive",
+      "proxy-authenticate",
+      "proxy-authorization",
+      "proxy-connection",
+      "te",
+      "trailer",
+      "trailers",
+      "transfer-encoding",
+      "upgrade",
+      "host",
+      "content-length",
+      "expect",
   };
   for (size_t i = 0; i < sizeof hop / sizeof hop[0]; i++)
     if (strcasecmp(n, hop[i]) == 0)
@@ -343,7 +353,8 @@ fail:
   return NULL;
 }
 
-/* ---- one transfer ---------------------------------------------------------- */
+/* ---- one transfer ----------------------------------------------------------
+ */
 
 typedef struct xfer {
   CURL *curl;
@@ -355,9 +366,9 @@ typedef struct xfer {
   up_done_fn done;
   void *ctx;
   double t0;
-  int no_fds; /* socket() failed for want of descriptors */
-  int sends;  /* times libcurl was about to send the request */
-  struct xfer *next;        /* in the pending list */
+  int no_fds;        /* socket() failed for want of descriptors */
+  int sends;         /* times libcurl was about to send the request */
+  struct xfer *next; /* in the pending list */
   struct xfer *prev_active, *next_active; /* on the loop: L.active_list */
 } xfer;
 
@@ -381,9 +392,8 @@ static curl_socket_t open_socket(void *arg, curlsocktype purpose,
  * acted on the first and died answering. The second call refuses that
  * resend, and the forward ends as sent and unanswered.
  */
-static int before_send(void *arg, char *conn_primary_ip,
-                       char *conn_local_ip, int conn_primary_port,
-                       int conn_local_port) {
+static int before_send(void *arg, char *conn_primary_ip, char *conn_local_ip,
+                       int conn_primary_port, int conn_local_port) {
   xfer *x = arg;
   (void)conn_primary_ip, (void)conn_local_ip, (void)conn_primary_port,
       (void)conn_local_port;
@@ -451,8 +461,7 @@ static int setup(xfer *x) {
              strcmp(rq->method, "PATCH") == 0) {
     /* The body is sent from the request's own memory: no upload buffer
      * (16 KB a forward) for the small bodies of tool calls. */
-    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE,
-                     (curl_off_t)rq->body_len);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)rq->body_len);
     curl_easy_setopt(c, CURLOPT_POSTFIELDS, rq->body ? rq->body : "");
     if (strcmp(rq->method, "POST") != 0)
       curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, rq->method);
@@ -510,9 +519,8 @@ static up_result classify(xfer *x, CURLcode cc) {
   } else if (sent == 0 &&
              (cc == CURLE_COULDNT_CONNECT || cc == CURLE_COULDNT_RESOLVE_HOST ||
               cc == CURLE_OPERATION_TIMEDOUT || cc == CURLE_SSL_CONNECT_ERROR ||
-              cc == CURLE_PEER_FAILED_VERIFICATION ||
-              cc == CURLE_SEND_ERROR || cc == CURLE_UNSUPPORTED_PROTOCOL ||
-              cc == CURLE_URL_MALFORMAT)) {
+              cc == CURLE_PEER_FAILED_VERIFICATION || cc == CURLE_SEND_ERROR ||
+              cc == CURLE_UNSUPPORTED_PROTOCOL || cc == CURLE_URL_MALFORMAT)) {
     /* Nothing of the request left: the upstream cannot have acted. */
     snprintf(rs->error, sizeof rs->error, "%s", curl_easy_strerror(cc));
     r = UP_NOT_SENT;
@@ -521,8 +529,9 @@ static up_result classify(xfer *x, CURLcode cc) {
     /* The upstream answered, with something that is not HTTP libcurl can
      * read (a status line such as "2x", a header line over its 100 KB
      * bound): it is done acting, whatever it did. */
-    snprintf(rs->error, sizeof rs->error, "the upstream's answer is not "
-                                          "valid HTTP (%s)",
+    snprintf(rs->error, sizeof rs->error,
+             "the upstream's answer is not "
+             "valid HTTP (%s)",
              curl_easy_strerror(cc));
     r = UP_INVALID;
   } else if (cc == CURLE_ABORTED_BY_CALLBACK && x->sends > 1 && sent == 0) {
@@ -565,7 +574,8 @@ static up_result classify(xfer *x, CURLcode cc) {
   return r;
 }
 
-/* ---- the event loop ---------------------------------------------------------- */
+/* ---- the event loop
+ * ---------------------------------------------------------- */
 
 static struct {
   pthread_t thread;
@@ -573,16 +583,18 @@ static struct {
   int epfd, wakefd;
   CURLM *multi;
   pthread_mutex_t mu;
-  xfer *pending;  /* handed over, not yet added to the multi handle */
-  int stopping;   /* upstream_cleanup(): end once nothing is left */
-  int aborting;   /* upstream_abort(): end every forward now */
-  int checking;   /* upstream_check_aborts(): ask every abort_check now */
-  int closed;     /* the loop has ended: upstream_start() refuses */
+  xfer *pending;     /* handed over, not yet added to the multi handle */
+  int stopping;      /* upstream_cleanup(): end once nothing is left */
+  int aborting;      /* upstream_abort(): end every forward now */
+  int checking;      /* upstream_check_aborts(): ask every abort_check now */
+  int closed;        /* the loop has ended: upstream_start() refuses */
   xfer *active_list; /* the loop's own: every forward added to it */
-  long timeout_ms; /* libcurl's timer: -1 none */
+  long timeout_ms;   /* libcurl's timer: -1 none */
   double deadline;
   int active;
-} L = {.mu = PTHREAD_MUTEX_INITIALIZER, .epfd = -1, .wakefd = -1,
+} L = {.mu = PTHREAD_MUTEX_INITIALIZER,
+       .epfd = -1,
+       .wakefd = -1,
        .timeout_ms = -1};
 
 static int on_socket(CURL *e, curl_socket_t fd, int what, void *userp,
@@ -709,10 +721,10 @@ static void *loop(void *arg) {
         take_pending();
         continue;
       }
-      int flags = ((ev[i].events & EPOLLIN) ? CURL_CSELECT_IN : 0) |
-                  ((ev[i].events & EPOLLOUT) ? CURL_CSELECT_OUT : 0) |
-                  ((ev[i].events & (EPOLLERR | EPOLLHUP)) ? CURL_CSELECT_ERR
-                                                          : 0);
+      int flags =
+          ((ev[i].events & EPOLLIN) ? CURL_CSELECT_IN : 0) |
+          ((ev[i].events & EPOLLOUT) ? CURL_CSELECT_OUT : 0) |
+          ((ev[i].events & (EPOLLERR | EPOLLHUP)) ? CURL_CSELECT_ERR : 0);
       curl_multi_socket_action(L.multi, ev[i].data.fd, flags, &running);
     }
     if (L.timeout_ms >= 0 && now_ms() >= L.deadline) {
