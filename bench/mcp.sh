@@ -353,11 +353,21 @@ for n in (1, 32):
 print('  floor: idem bench claim + complete, --workers CLIENTS, no network.')
 print('  cpu ms/call: CPU time of each process per call it saw (the client:')
 print('  timed calls; the proxy and the server: the warm-up too).')
-print('%-36s %8s %8s  %s' % ('ratio', 'x', 'target', 'result'))
 missed = 0
+# A fresh call cannot beat the server's own call and the store's two
+# commits made one after the other: that is its floor (the store's floor
+# alone leaves out the server, which a fresh call must wait for).
+for n in (1, 32):
+    if rate[n, 'direct'] and rate[n, 'floor']:
+        rate[n, 'fresh floor'] = 1 / (1 / rate[n, 'direct'] + 1 / rate[n, 'floor'])
+    else:
+        rate[n, 'fresh floor'] = None
+    print('  %7d %-8s %8s   (1 / (1/direct + 1/floor): server and store, one after the other)'
+          % (n, 'fresh floor', fmt(rate[n, 'fresh floor'], '%.0f')))
+print('%-36s %8s %8s  %s' % ('ratio', 'x', 'target', 'result'))
 for n in (1, 32):
     for a, b, target in (('replay', 'direct', 2.0), ('unkeyed', 'direct', 0.8),
-                         ('fresh', 'floor', 0.8)):
+                         ('fresh', 'fresh floor', 0.8)):
         label = '%s / %s, %d client%s' % (a, b, n, '' if n == 1 else 's')
         if rate[n, a] is None or not rate[n, b]:
             print('%-36s %8s %8s  %s' % (label, '-', '>= %.1f' % target, 'no data'))

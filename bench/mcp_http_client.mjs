@@ -1,0 +1,159 @@
+import { Agent, request as httpRequest } from "node:http";
+// mcp_http_client.mjs -- one measurement for bench/mcp.sh's HTTP part:
+// tools/call round trips per second to server-everything's echo tool over
+// MCP's Streamable HTTP transport, CLIENTS sessions each making one call at
+// a time, for SECONDS seconds.
+//   node mcp_http_client.mjs MODE SECONDS CLIENTS BASEURL
+// MODE: unkeyed (no idempotency key), fresh (a new key per call), replay
+// (one key per client, called once before the timing starts, so that every
+// timed call is a replay). BASEURL is the MCP endpoint: the server's own
+// (a direct run: MODE unkeyed) or idem mcp --listen's.
+//
+// A plain client on node:http (keep-alive: one connection per client
+// loop) rather than the SDK's client, whose own work per call would
+// hide what the proxy costs. Each client opens its own session (initialize,
+// mcp-session-id, notifications/initialized), then sends Mcp-Session-Id and
+// MCP-Protocol-Version on every request. Answers are read as JSON or as an
+// event stream (the data: lines). Every answer is checked (the echo's text;
+// for replay _meta["idem/replayed"] === true, otherwise not); a wrong one
+// stops the run with exit 1. Prints one JSON line: ops_per_s, p50_ms,
+// p99_ms (the latency of one call), calls and seconds (timed), the
+// client's own CPU time per timed call (a client is not free: on a small
+// machine the client can be what limits the fastest modes) and all_calls
+// (the warm-up's too).
+const [mode, secs, nclients, url] = process.argv.slice(2);
+if (!["unkeyed", "fresh", "replay"].includes(mode) || !(Number(secs) > 0) ||
+    !(Number(nclients) >= 1) || !url) {
+  console.error("usage: node mcp_http_client.mjs unkeyed|fresh|replay SECONDS CLIENTS URL");
+  process.exit(2);
+}
+const PROTOCOL = "2025-06-18";
+// node:http with a keep-alive agent: about a third of the CPU per request
+// that fetch (undici) costs, which on a small machine is what the fastest
+// modes are limited by.
+const agent = new Agent({ keepAlive: true, maxSockets: Infinity });
+const tag = `${process.pid}-${Date.now()}`;
+
+function fail(what, detail) {
+  console.error(`mcp_http_client: ${what}: ${detail}`);
+  process.exit(1);
+}
+
+// The JSON-RPC answer to request id in a response body: one JSON object, or
+// an event stream whose data: lines each hold one message.
+function answer(ctype, text, id) {
+  if (ctype.startsWith("application/json")) {
+    const m = JSON.parse(text);
+    return m.id === id ? m : null;
+  }
+  if (ctype.startsWith("text/event-stream")) {
+    for (const line of text.split("\n")) {
+      if (!line.startsWith("data:")) continue;
+      const data = line.slice(5).trim();
+      if (!data) continue;
+      const m = JSON.parse(data);
+      if (m.id === id && !m.method) return m;
+    }
+    return null;
+  }
+  throw new Error(`content-type ${ctype}`);
+}
+
+class Client {
+  constructor(n) {
+    this.n = n;
+    this.session = null;
+    this.id = 0;
+    this.calls = 0;
+  }
+  headers() {
+    const h = { "content-type": "application/json",
+      accept: "application/json, text/event-stream" };
+    if (this.session) {
+      h["mcp-session-id"] = this.session;
+      h["mcp-protocol-version"] = PROTOCOL;
+    }
+    return h;
+  }
+  post(body) {
+    const data = JSON.stringify(body);
+    const headers = { ...this.headers(), "content-length": Buffer.byteLength(data) };
+    return new Promise((resolve, reject) => {
+      const rq = httpRequest(url, { method: "POST", headers, agent }, (res) => {
+        const chunks = [];
+        res.on("data", (d) => chunks.push(d));
+        res.on("end", () => resolve({
+          res: { status: res.statusCode,
+            headers: { get: (n) => res.headers[n.toLowerCase()] ?? null } },
+          text: Buffer.concat(chunks).toString() }));
+        res.on("error", reject);
+      });
+      rq.on("error", reject);
+      rq.end(data);
+    });
+  }
+  async request(method, params) {
+    const id = ++this.id;
+    const { res, text } = await this.post({ jsonrpc: "2.0", id, method, params });
+    if (res.status !== 200)
+      fail(`client ${this.n}: ${method}`, `HTTP ${res.status}: ${text}`);
+    const m = answer(res.headers.get("content-type") ?? "", text, id);
+    if (!m) fail(`client ${this.n}: ${method}`, `no answer to id ${id}: ${text}`);
+    return { res, m };
+  }
+  async open() {
+    const { res, m } = await this.request("initialize", {
+      protocolVersion: PROTOCOL, capabilities: {},
+      clientInfo: { name: "idem-bench-http", version: "1" } });
+    if (!m.result) fail(`client ${this.n}: initialize`, JSON.stringify(m));
+    this.session = res.headers.get("mcp-session-id");
+    if (!this.session) fail(`client ${this.n}: initialize`, "no mcp-session-id");
+    const { res: r2, text } = await this.post({ jsonrpc: "2.0",
+      method: "notifications/initialized" });
+    if (r2.status !== 202 && r2.status !== 200)
+      fail(`client ${this.n}: notifications/initialized`, `HTTP ${r2.status}: ${text}`);
+  }
+  // One echo call, checked.
+  async call() {
+    const message = `hello ${this.n}`;
+    const params = { name: "echo", arguments: { message } };
+    if (mode === "fresh") params._meta = { idempotencyKey: `fresh-${tag}-${this.n}-${this.calls}` };
+    else if (mode === "replay") params._meta = { idempotencyKey: `replay-${tag}-${this.n}` };
+    this.calls++;
+    const { m } = await this.request("tools/call", params);
+    if (m.result?.content?.[0]?.text !== `Echo: ${message}`)
+      fail(`client ${this.n}: tools/call`, `bad answer ${JSON.stringify(m)}`);
+    const replayed = m.result._meta?.["idem/replayed"] === true;
+    if (replayed !== (mode === "replay" && this.calls > 1))
+      fail(`client ${this.n}: tools/call`,
+        `${replayed ? "a replay" : "not a replay"} in mode ${mode}: ${JSON.stringify(m)}`);
+  }
+}
+
+const clients = Array.from({ length: Number(nclients) }, (_, n) => new Client(n));
+await Promise.all(clients.map((c) => c.open()));
+// Warm up (connections, JIT, the proxy's and the server's caches); for
+// replay the first call of each client is the one that runs and is stored.
+await Promise.all(clients.map(async (c) => { for (let i = 0; i < 50; i++) await c.call(); }));
+
+const lat = [];
+const cpu0 = process.cpuUsage();
+const start = process.hrtime.bigint();
+const until = start + BigInt(Math.round(Number(secs) * 1e9));
+await Promise.all(clients.map(async (c) => {
+  for (;;) {
+    const t0 = process.hrtime.bigint();
+    if (t0 >= until) break;
+    await c.call();
+    lat.push(Number(process.hrtime.bigint() - t0) / 1e6);
+  }
+}));
+const seconds = Number(process.hrtime.bigint() - start) / 1e9;
+const cpu = process.cpuUsage(cpu0);
+lat.sort((a, b) => a - b);
+const pct = (p) => lat.length ? lat[Math.min(lat.length - 1, Math.floor(p * lat.length))] : null;
+console.log(JSON.stringify({ mode, clients: clients.length, calls: lat.length,
+  seconds, ops_per_s: lat.length / seconds, p50_ms: pct(0.5), p99_ms: pct(0.99),
+  client_cpu_ms_per_call: lat.length ? (cpu.user + cpu.system) / 1000 / lat.length : null,
+  all_calls: clients.reduce((a, c) => a + c.calls, 0) }));
+process.exit(0);
