@@ -72,7 +72,7 @@ static struct {
   kcall *parked; /* claims that found the key held elsewhere */
   int at_server; /* calls holding a key */
   pthread_t ticker;
-} G = {.mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+} G = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 static void kcall_unref(kcall *k) {
   int left;
@@ -1160,7 +1160,7 @@ static void *ticker(void *arg) {
       continue;
     }
     struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
+    clock_gettime(CLOCK_MONOTONIC, &ts);
     int64_t wait = next - now;
     ts.tv_sec += wait / 1000;
     ts.tv_nsec += (wait % 1000) * 1000000;
@@ -1174,6 +1174,14 @@ static void *ticker(void *arg) {
 }
 
 int hx_keyed_start(void) {
+  /* Its waits are timed by the monotonic clock: a wall clock stepped back
+   * must not hold an attached retry past its --attach-wait. */
+  pthread_condattr_t ca;
+  if (pthread_condattr_init(&ca) != 0 ||
+      pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) != 0 ||
+      pthread_cond_init(&G.cond, &ca) != 0)
+    return -1;
+  pthread_condattr_destroy(&ca);
   if (pthread_create(&G.ticker, NULL, ticker, NULL) != 0)
     return -1;
   pthread_detach(G.ticker);
@@ -1190,7 +1198,7 @@ int hx_keyed_drain(int64_t ms) {
   pthread_cond_broadcast(&G.cond);
   while ((G.at_server > 0 || G.parked) && hx_mono_ms() < until) {
     struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
+    clock_gettime(CLOCK_MONOTONIC, &ts);
     ts.tv_nsec += 50000000;
     if (ts.tv_nsec >= 1000000000) {
       ts.tv_sec++;
