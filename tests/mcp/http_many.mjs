@@ -8,7 +8,12 @@ import { Agent, createServer, request } from "node:http";
 import { join } from "node:path";
 import { IDEM, TMP, check, eq, finish, watchStderr } from "./lib.mjs";
 
-const N = Number(process.env.HTTP_MANY ?? 2000);
+// 2,000 calls hold about 4,000 descriptors in this process (each call's
+// client socket and the server's end of the proxy's connection): fewer when
+// the descriptor limit would not allow that, said on standard error.
+const fdLimit = Number(/Max open files\s+(\d+)/.exec(readFileSync("/proc/self/limits", "utf8"))?.[1] ?? 1024);
+const N = Number(process.env.HTTP_MANY ?? Math.min(2000, Math.floor((fdLimit - 200) / 2.2)));
+if (N < 2000) console.error(`http_many: ${N} calls (the descriptor limit is ${fdLimit})`);
 
 // The server: acts at once (a ticket per call), then holds the answer
 // until the test releases every call, sending a progress event first so
