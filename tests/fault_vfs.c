@@ -195,6 +195,18 @@ static void forget_all(void) {
 }
 
 /* Whether an injected fault of kind strikes now (under mu). */
+/* FVFS_TRACE set: every fault injected, and every error reported again,
+ * is said on standard error with its file (for finding what led to a
+ * violation). */
+static void trace(const char *what, const tfile *t) {
+  static int on = -1;
+  if (on < 0)
+    on = getenv("FVFS_TRACE") != NULL;
+  if (on)
+    fprintf(stderr, "fvfs: %s %s (event %lld)\n", what, t ? t->path : "?",
+            (long long)events);
+}
+
 static int fault_now(fvfs_fault kind) {
   if (fault_kind != kind || fault_times == 0)
     return 0;
@@ -241,6 +253,8 @@ static int f_read(sqlite3_file *f, void *buf, int amt, sqlite3_int64 off) {
   if (T(f)) {
     pthread_mutex_lock(&mu);
     int fail = fault_now(FVFS_READ_EIO);
+    if (fail)
+      trace("read EIO", T(f));
     pthread_mutex_unlock(&mu);
     if (fail) {
       errno = EIO; /* what SQLite's error text then reports */
@@ -262,11 +276,13 @@ static int f_write(sqlite3_file *f, const void *buf, int amt,
     return SQLITE_IOERR_WRITE;
   }
   if (fault_now(FVFS_WRITE_FULL)) {
+    trace("write full", t);
     pthread_mutex_unlock(&mu);
     errno = ENOSPC;
     return SQLITE_FULL;
   }
   if (fault_now(FVFS_WRITE_EIO)) {
+    trace("write EIO", t);
     pthread_mutex_unlock(&mu);
     errno = EIO;
     return SQLITE_IOERR_WRITE;
@@ -316,6 +332,7 @@ static int f_sync(sqlite3_file *f, int flags) {
     /* The disk lost these writes; no later sync brings them back. */
     for (pending *p = t->head; p; p = p->next)
       stats.forgotten++;
+    trace("fsync EIO, pending writes forgotten", t);
     free_pending(t);
     t->err_seq++;
     ((ffile *)f)->seen = t->err_seq;
@@ -329,6 +346,7 @@ static int f_sync(sqlite3_file *f, int flags) {
      * is flushed all the same. */
     ((ffile *)f)->seen = t->err_seq;
     stats.reported_again++;
+    trace("fsync EIO reported again", t);
     make_durable(t);
     pthread_mutex_unlock(&mu);
     errno = EIO;

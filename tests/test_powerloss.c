@@ -651,6 +651,8 @@ static long long run_trial(int trial, uint64_t seed, long long crash_n) {
   long long events;
   int rc;
 
+  if (getenv("FVFS_TRACE"))
+    fprintf(stderr, "trial %d\n", trial);
   fvfs_reset(mix(seed));
   fvfs_set_lying(lying_disk);
   fvfs_make_default(1);
