@@ -251,6 +251,15 @@ char *mcp_splice(const char *s, size_t n, size_t from, size_t to,
  * that is no object is copied unchanged. NULL when out of memory. */
 char *mcp_mark_result(const char *body, size_t len, int replayed, int recovered,
                       size_t *out_len);
+/* The stored result body as the answer to request id (JSON text): marked
+ * _meta["idem/replayed"], and "idem/recovered" when recovered. malloc()ed;
+ * NULL when out of memory. */
+char *mcp_replay_text(const char *id, const char *body, size_t len,
+                      int recovered, size_t *out_len);
+/* error.data of the proxy's own JSON-RPC errors: {"idem": what, "key",
+ * "tool"} and "type" when type is not NULL. */
+json_t *mcp_error_data(const char *key, const char *tool, const char *what,
+                       const char *type);
 /* Whether a result body is a task handle: a CreateTaskResult of MCP
  * 2025-11-25 ({"task": {"taskId": ...}}) or a task of the 2026-07-28 tasks
  * extension ({"resultType": "task", "taskId": ...}). 1 with *task_id (free

@@ -40,10 +40,67 @@ static char origin[2048];   /* scheme://host[:port] of --upstream */
 static char mcp_path[2048]; /* its path: the MCP endpoint */
 static int stopping;
 
-int64_t hx_mono_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+int64_t hx_mono_ms(void) { return (int64_t)cli_now_ms(); }
+
+int hx_buf_add(char **buf, size_t *len, size_t *cap, const char *p, size_t n) {
+  if (n == 0)
+    return 0;
+  if (*len + n > *cap) {
+    size_t c = *cap ? *cap : 4096;
+    while (c < *len + n)
+      c *= 2;
+    char *b = realloc(*buf, c);
+    if (!b)
+      return -1;
+    *buf = b;
+    *cap = c;
+  }
+  memcpy(*buf + *len, p, n);
+  *len += n;
+  return 0;
+}
+
+size_t hx_event_end(const char *s, size_t n, size_t from) {
+  for (size_t pos = from; pos < n;) {
+    const char *nl = memchr(s + pos, '\n', n - pos);
+    size_t at;
+    if (!nl)
+      return 0;
+    at = (size_t)(nl - s);
+    if (at == pos || (at == pos + 1 && s[pos] == '\r'))
+      return at + 1;
+    pos = at + 1;
+  }
+  return 0;
+}
+
+char *hx_event_data(const char *ev, size_t n, size_t *len) {
+  char *data = NULL;
+  size_t dlen = 0, cap = 0;
+  int any = 0;
+  for (const char *p = ev, *end = ev + n; p < end;) {
+    const char *nl = memchr(p, '\n', (size_t)(end - p));
+    size_t ll = nl ? (size_t)(nl - p) : (size_t)(end - p);
+    if (ll && p[ll - 1] == '\r')
+      ll--;
+    if (ll >= 5 && memcmp(p, "data:", 5) == 0) {
+      const char *v = p + 5;
+      size_t vl = ll - 5;
+      if (vl && *v == ' ')
+        v++, vl--;
+      if ((any && hx_buf_add(&data, &dlen, &cap, "\n", 1) != 0) ||
+          hx_buf_add(&data, &dlen, &cap, v, vl) != 0 ||
+          hx_buf_add(&data, &dlen, &cap, "", 1) != 0) {
+        free(data);
+        return NULL;
+      }
+      dlen--; /* the NUL stays after the data, not in it */
+      any = 1;
+    }
+    p = nl ? nl + 1 : end;
+  }
+  *len = dlen;
+  return data;
 }
 
 /* ---- exchanges -------------------------------------------------------------
@@ -140,19 +197,7 @@ static int append(hx *h, const char *p, size_t n) {
     h->out_len -= h->out_off;
     h->out_off = 0;
   }
-  if (h->out_len + n > h->out_cap) {
-    size_t cap = h->out_cap ? h->out_cap : 4096;
-    while (cap < h->out_len + n)
-      cap *= 2;
-    char *b = realloc(h->out, cap);
-    if (!b)
-      return -1;
-    h->out = b;
-    h->out_cap = cap;
-  }
-  memcpy(h->out + h->out_len, p, n);
-  h->out_len += n;
-  return 0;
+  return hx_buf_add(&h->out, &h->out_len, &h->out_cap, p, n);
 }
 
 int hx_stream(hx *h, const char *p, size_t n) {
@@ -412,22 +457,15 @@ static void learn_from(const char *text, size_t len) {
     json_decref(m);
     return;
   }
-  for (const char *p = text, *end = text + len; p < end;) {
-    const char *nl = memchr(p, '\n', (size_t)(end - p));
-    size_t ll = nl ? (size_t)(nl - p) : (size_t)(end - p);
-    if (ll > 5 && memcmp(p, "data:", 5) == 0) {
-      const char *v = p + 5;
-      size_t vl = ll - 5;
-      if (*v == ' ')
-        v++, vl--;
-      if (vl && v[vl - 1] == '\r')
-        vl--;
-      if ((m = mcp_parse(v, vl, &dup))) {
-        learn_tools(m);
-        json_decref(m);
-      }
+  for (size_t start = 0, end; (end = hx_event_end(text, len, start));
+       start = end) {
+    size_t dlen;
+    char *data = hx_event_data(text + start, end - start, &dlen);
+    if (data && (m = mcp_parse(data, dlen, &dup))) {
+      learn_tools(m);
+      json_decref(m);
     }
-    p = nl ? nl + 1 : end;
+    free(data);
   }
 }
 
@@ -452,22 +490,8 @@ static void pass_head(void *ctx, up_response *rs) {
 
 static int pass_data(void *ctx, const char *p, size_t n) {
   hx *h = ctx;
-  if (h->watch_tools && h->seen_len + n <= 4u * 1024 * 1024) {
-    if (h->seen_len + n > h->seen_cap) {
-      size_t cap = h->seen_cap ? h->seen_cap : 4096;
-      while (cap < h->seen_len + n)
-        cap *= 2;
-      char *b = realloc(h->seen, cap);
-      if (b) {
-        h->seen = b;
-        h->seen_cap = cap;
-      }
-    }
-    if (h->seen_len + n <= h->seen_cap) {
-      memcpy(h->seen + h->seen_len, p, n);
-      h->seen_len += n;
-    }
-  }
+  if (h->watch_tools && h->seen_len + n <= 4u * 1024 * 1024)
+    hx_buf_add(&h->seen, &h->seen_len, &h->seen_cap, p, n);
   return hx_stream(ctx, p, n);
 }
 

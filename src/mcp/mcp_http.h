@@ -70,6 +70,16 @@ extern const mcp_opts *hx_opts;
 extern idem_store *hx_store;
 
 int64_t hx_mono_ms(void);
+/* Appends p[0..n) to the growable buffer *buf (*len used, *cap allocated).
+ * 0, or -1 when out of memory (the buffer is then unchanged). */
+int hx_buf_add(char **buf, size_t *len, size_t *cap, const char *p, size_t n);
+/* Event streams (text/event-stream): the end of the first whole event in
+ * s[from, n), just past the empty line that ends it; 0 when none is whole
+ * yet. */
+size_t hx_event_end(const char *s, size_t n, size_t from);
+/* The data of one event: its "data:" lines joined by newlines. malloc()ed,
+ * *len set; NULL when it has none (or out of memory). */
+char *hx_event_data(const char *ev, size_t n, size_t *len);
 void hx_ref(hx *h);
 void hx_unref(hx *h);
 /* The value of the request's header name; NULL when absent. */

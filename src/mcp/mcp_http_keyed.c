@@ -120,11 +120,7 @@ static void cache_put(const kcall *k, const char *body, size_t len,
 }
 
 static json_t *error_data(const kcall *k, const char *what, const char *type) {
-  json_t *d =
-      json_pack("{s:s,s:s,s:s}", "idem", what, "key", k->key, "tool", k->tool);
-  if (d && type)
-    json_object_set_new(d, "type", json_string(type));
-  return d;
+  return mcp_error_data(k->key, k->tool, what, type);
 }
 
 /* Takes the call out of the table with its waiters (and its owner, once):
@@ -169,22 +165,14 @@ static void answer_all(kcall *k, answer_fn fn, void *arg) {
  * ------------------------------------------------------------------ */
 
 static void send_replay(hx *h, const char *body, size_t len, int recovered) {
-  size_t mlen, n;
-  char *marked = mcp_mark_result(body, len, 1, recovered, &mlen);
-  char *text = NULL;
+  size_t n = 0;
+  char *text = mcp_replay_text(h->id, body, len, recovered, &n);
   const char *sid = hx_header(h, "Mcp-Session-Id");
   up_header hs[1] = {{(char *)"Mcp-Session-Id", (char *)sid}};
-  if (marked) {
-    n = mlen + strlen(h->id) + 48;
-    if ((text = malloc(n)))
-      snprintf(text, n, "{\"jsonrpc\":\"2.0\",\"id\":%s,\"result\":%s}", h->id,
-               marked);
-  }
   if (text)
     /* The retry's own session, if it has one: the SDKs' clients adopt
      * whatever session id an answer carries. */
-    hx_answer_whole(h, 200, "application/json", text, strlen(text), hs,
-                    sid ? 1 : 0);
+    hx_answer_whole(h, 200, "application/json", text, n, hs, sid ? 1 : 0);
   else
     hx_answer_rpc_error(h, MCP_E_INTERNAL,
                         "idem mcp: out of memory replaying the stored "
@@ -192,7 +180,6 @@ static void send_replay(hx *h, const char *body, size_t len, int recovered) {
                         "the same key.",
                         json_pack("{s:s}", "idem", "internal"));
   free(text);
-  free(marked);
 }
 
 typedef struct replay_arg {
@@ -312,31 +299,8 @@ static void pass_event(hx *h, const char *ev, size_t n) {
 
 /* One whole event, raw: passed on, unless it is the final response. */
 static void on_event(kcall *k, const char *ev, size_t n) {
-  char *data = NULL;
   size_t dlen = 0;
-  const char *p = ev, *end = ev + n;
-  while (p < end) {
-    const char *nl = memchr(p, '\n', (size_t)(end - p));
-    size_t ll = nl ? (size_t)(nl - p) : (size_t)(end - p);
-    if (ll && p[ll - 1] == '\r')
-      ll--;
-    if (ll >= 5 && memcmp(p, "data:", 5) == 0) {
-      const char *v = p + 5;
-      size_t vl = ll - 5;
-      if (vl && *v == ' ')
-        v++, vl--;
-      char *d = realloc(data, dlen + vl + 2);
-      if (!d)
-        break;
-      data = d;
-      if (dlen)
-        data[dlen++] = '\n';
-      memcpy(data + dlen, v, vl);
-      dlen += vl;
-      data[dlen] = 0;
-    }
-    p = nl ? nl + 1 : end;
-  }
+  char *data = hx_event_data(ev, n, &dlen);
   if (data && is_final(k, data, dlen)) {
     if ((k->final_event = malloc(n)))
       memcpy(k->final_event, ev, n);
@@ -351,6 +315,7 @@ static void on_event(kcall *k, const char *ev, size_t n) {
 
 static int k_data(void *ctx, const char *p, size_t n) {
   kcall *k = ctx;
+  size_t start = 0, end;
   if (k->ending)
     return 0; /* after the final response: dropped */
   if (!k->sse) {
@@ -359,47 +324,14 @@ static int k_data(void *ctx, const char *p, size_t n) {
       k->too_big = 1;
       return 0;
     }
-    if (k->body_len + n > k->body_cap) {
-      size_t cap = k->body_cap ? k->body_cap : 4096;
-      while (cap < k->body_len + n)
-        cap *= 2;
-      char *b = realloc(k->body, cap);
-      if (!b)
-        return -1;
-      k->body = b;
-      k->body_cap = cap;
-    }
-    memcpy(k->body + k->body_len, p, n);
-    k->body_len += n;
-    return 0;
+    return hx_buf_add(&k->body, &k->body_len, &k->body_cap, p, n);
   }
-  if (k->ev_len + n > HX_MAX_BUFFERED + (size_t)hx_opts->max_result)
+  if (k->ev_len + n > HX_MAX_BUFFERED + (size_t)hx_opts->max_result ||
+      hx_buf_add(&k->ev, &k->ev_len, &k->ev_cap, p, n) != 0)
     return -1;
-  if (k->ev_len + n > k->ev_cap) {
-    size_t cap = k->ev_cap ? k->ev_cap : 4096;
-    while (cap < k->ev_len + n)
-      cap *= 2;
-    char *b = realloc(k->ev, cap);
-    if (!b)
-      return -1;
-    k->ev = b;
-    k->ev_cap = cap;
-  }
-  memcpy(k->ev + k->ev_len, p, n);
-  k->ev_len += n;
-  /* Whole events end at an empty line. */
-  size_t start = 0, pos = 0;
-  while (pos < k->ev_len && !k->ending) {
-    char *nl = memchr(k->ev + pos, '\n', k->ev_len - pos);
-    if (!nl)
-      break;
-    size_t at = (size_t)(nl - k->ev);
-    int empty = at == pos || (at == pos + 1 && k->ev[pos] == '\r');
-    pos = at + 1;
-    if (empty) {
-      on_event(k, k->ev + start, pos - start);
-      start = pos;
-    }
+  while (!k->ending && (end = hx_event_end(k->ev, k->ev_len, start))) {
+    on_event(k, k->ev + start, end - start);
+    start = end;
   }
   memmove(k->ev, k->ev + start, k->ev_len - start);
   k->ev_len -= start;

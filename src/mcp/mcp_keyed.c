@@ -78,11 +78,7 @@ static int64_t retention_ms(const mcp_proxy *p) {
 
 static json_t *error_data(const mcp_call *c, const char *what,
                           const char *type) {
-  json_t *d = json_pack("{s:s,s:s,s:s}", "idem", what, "key", c->key, "tool",
-                        c->tool);
-  if (d && type)
-    json_object_set_new(d, "type", json_string(type));
-  return d;
+  return mcp_error_data(c->key, c->tool, what, type);
 }
 
 static void out_text(mcp_proxy *p, const char *text, size_t len) {
@@ -93,18 +89,10 @@ static void out_text(mcp_proxy *p, const char *text, size_t len) {
 /* The stored result body answered as a replay under id. */
 static void answer_replay(mcp_proxy *p, const char *id, const char *body,
                           size_t len, int recovered) {
-  size_t mlen;
-  char *marked = mcp_mark_result(body, len, 1, recovered, &mlen);
-  char *line = NULL;
-  if (marked) {
-    size_t n = mlen + strlen(id) + 48;
-    line = malloc(n);
-    if (line)
-      snprintf(line, n, "{\"jsonrpc\":\"2.0\",\"id\":%s,\"result\":%s}", id,
-               marked);
-  }
+  size_t n;
+  char *line = mcp_replay_text(id, body, len, recovered, &n);
   if (line)
-    out_text(p, line, strlen(line));
+    out_text(p, line, n);
   else
     mcp_answer_error_text(p, id, MCP_E_INTERNAL,
                           "idem mcp: out of memory replaying the stored "
@@ -112,7 +100,6 @@ static void answer_replay(mcp_proxy *p, const char *id, const char *body,
                           "with the same key.",
                           json_pack("{s:s}", "idem", "internal"));
   free(line);
-  free(marked);
 }
 
 /* The server's answer line, passed on under id (and with its result marked
@@ -380,8 +367,7 @@ static void answer_no_task(mcp_proxy *p, const mcp_call *c, const char *id) {
                         error_data(c, "task_expected", NULL));
 }
 
-static void answer_stale_task(mcp_proxy *p, const mcp_call *c,
-                              const char *id) {
+static void answer_stale_task(mcp_proxy *p, const mcp_call *c, const char *id) {
   char msg[1600];
   const mcp_opts *o = p->o;
   snprintf(msg, sizeof msg,
@@ -486,8 +472,7 @@ static void send_and_settle(mcp_proxy *p, mcp_call *c) {
 /* c goes to the server now under a new id of the proxy's; the caller
  * holds p->lock and calls send_and_settle() once it has released it. */
 static void to_server_state(mcp_proxy *p, mcp_call *c) {
-  snprintf(c->sid, sizeof c->sid, "\"idem-%s-%llu\"", p->nonce,
-           ++p->next_sid);
+  snprintf(c->sid, sizeof c->sid, "\"idem-%s-%llu\"", p->nonce, ++p->next_sid);
   c->state = CALL_SERVER;
   c->sending = 1;
 }
@@ -541,9 +526,8 @@ static void do_claim(mcp_proxy *p, mcp_call *c) {
   eo.call.on_expired_lease =
       o->on_unknown_fail ? IDEM_EXPIRED_REPORT : IDEM_EXPIRED_TAKE_OVER;
   if (c->rounds++ > 0 && c->wait_until > now)
-    eo.call.wait_ms = c->wait_until - now < WAIT_SLICE_MS
-                          ? c->wait_until - now
-                          : WAIT_SLICE_MS;
+    eo.call.wait_ms = c->wait_until - now < WAIT_SLICE_MS ? c->wait_until - now
+                                                          : WAIT_SLICE_MS;
   rc = idem_execute_begin(p->store, &id, c->request, c->request_len, &eo, &x,
                           &call);
   if (rc != IDEM_OK || !call) {
@@ -750,8 +734,8 @@ static void do_end(mcp_proxy *p, mcp_call *c) {
                 "recorded: %s",
                 c->key, c->tool, detail);
     else
-      mcp_cache_put(c->tool, c->key, c->fp, resp.body, resp.body_len,
-                    recovered, wall_ms() + retention_ms(p));
+      mcp_cache_put(c->tool, c->key, c->fp, resp.body, resp.body_len, recovered,
+                    wall_ms() + retention_ms(p));
     task_made(p, resp.body, resp.body_len);
     break;
   case WHY_TOOL_ERROR:
@@ -839,8 +823,7 @@ int mcp_keyed_start(mcp_proxy *p) {
     snprintf(p->nonce + 2 * i, 3, "%02x", r[i]);
   for (int i = 0; i < MCP_WORKERS; i++) {
     pthread_t t;
-    if (pthread_create(&t, NULL, worker_main, p) != 0 ||
-        pthread_detach(t) != 0)
+    if (pthread_create(&t, NULL, worker_main, p) != 0 || pthread_detach(t) != 0)
       return -1;
   }
   return 0;
@@ -1132,8 +1115,7 @@ void mcp_keyed_call(mcp_proxy *p, json_t *msg, const char *line, size_t len,
   }
   if (same) {
     /* A retry of a call in flight here: it waits for that call's answer. */
-    w = waiter_new(line, idf, idt, id, 1,
-                   mono_ms() + p->o->attach_wait_ms);
+    w = waiter_new(line, idf, idt, id, 1, mono_ms() + p->o->attach_wait_ms);
     if (w) {
       w->next = same->waiters;
       same->waiters = w;

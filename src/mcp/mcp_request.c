@@ -41,10 +41,9 @@ json_t *mcp_parse(const char *line, size_t len, int *dup) {
   if (v)
     return v;
   /* Integers past 64 bits are numbers all the same. */
-  v = json_loadb(line, len,
-                 JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL |
-                     JSON_ALLOW_NUL,
-                 &e);
+  v = json_loadb(
+      line, len,
+      JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL, &e);
   if (v)
     return v;
   v = json_loadb(line, len, JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL, &e);
@@ -64,8 +63,7 @@ int mcp_find_key(const char *key_argument, json_t *params, const char **key,
   if (!k)
     k = json_object_get(params, "idempotencyKey");
   if (!k && key_argument) {
-    k = json_object_get(json_object_get(params, "arguments"),
-                        key_argument);
+    k = json_object_get(json_object_get(params, "arguments"), key_argument);
     *in_argument = k != NULL;
   }
   if (!k || json_is_null(k))
@@ -273,8 +271,8 @@ static int empty_object(const char *s, size_t n, size_t at) {
   return i < n && s[i] == '}';
 }
 
-char *mcp_mark_result(const char *body, size_t len, int replayed,
-                      int recovered, size_t *out_len) {
+char *mcp_mark_result(const char *body, size_t len, int replayed, int recovered,
+                      size_t *out_len) {
   char marks[80];
   size_t at = skip_ws(body, len, 0), from, to;
   snprintf(marks, sizeof marks, "%s%s%s",
@@ -287,8 +285,7 @@ char *mcp_mark_result(const char *body, size_t len, int replayed,
     char ins[96];
     snprintf(ins, sizeof ins, "%s%s", marks,
              empty_object(body, len, from) ? "" : ",");
-    return mcp_splice(body, len, from + 1, from + 1, ins, strlen(ins),
-                      out_len);
+    return mcp_splice(body, len, from + 1, from + 1, ins, strlen(ins), out_len);
   }
   {
     char ins[128];
@@ -342,13 +339,13 @@ int mcp_scan_call(const char *line, size_t len, const char *key_argument,
       (mcp_member(line, pt, pf, "idempotencyKey", &f, &t) &&
        present(line, f, t)) ||
       (key_argument && mcp_member(line, pt, pf, "arguments", &mf, &mt) &&
-       mcp_member(line, mt, mf, key_argument, &f, &t) &&
-       present(line, f, t)))
+       mcp_member(line, mt, mf, key_argument, &f, &t) && present(line, f, t)))
     *keyed = 1;
   return 1;
 }
 
-/* ---- tasks ---------------------------------------------------------------- */
+/* ---- tasks ----------------------------------------------------------------
+ */
 
 int mcp_task_handle(const char *body, size_t len, char **task_id,
                     int64_t *ttl_ms) {
@@ -383,4 +380,28 @@ int mcp_asks_task(json_t *params) {
   return json_is_object(json_object_get(params, "task")) ||
          json_object_get(json_object_get(caps, "extensions"),
                          "io.modelcontextprotocol/tasks") != NULL;
+}
+
+char *mcp_replay_text(const char *id, const char *body, size_t len,
+                      int recovered, size_t *out_len) {
+  size_t mlen, n;
+  char *marked = mcp_mark_result(body, len, 1, recovered, &mlen);
+  char *text = NULL;
+  if (marked) {
+    n = mlen + strlen(id) + 48;
+    if ((text = malloc(n)))
+      *out_len = (size_t)snprintf(
+          text, n, "{\"jsonrpc\":\"2.0\",\"id\":%s,\"result\":%s}", id, marked);
+  }
+  free(marked);
+  return text;
+}
+
+json_t *mcp_error_data(const char *key, const char *tool, const char *what,
+                       const char *type) {
+  json_t *d =
+      json_pack("{s:s,s:s,s:s}", "idem", what, "key", key, "tool", tool);
+  if (d && type)
+    json_object_set_new(d, "type", json_string(type));
+  return d;
 }
