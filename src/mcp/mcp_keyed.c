@@ -285,7 +285,8 @@ static void enqueue(mcp_proxy *p, mcp_call *c) {
 }
 
 /* Removes c from the calls being handled and returns its waiters; c is
- * the caller's to free. */
+ * the caller's to free, and call_answered() is the caller's to call once
+ * the waiters are answered. */
 static mcp_waiter *call_finish(mcp_proxy *p, mcp_call *c) {
   mcp_waiter *ws;
   pthread_mutex_lock(&p->lock);
@@ -296,10 +297,19 @@ static mcp_waiter *call_finish(mcp_proxy *p, mcp_call *c) {
     }
   ws = c->waiters;
   c->waiters = NULL;
+  pthread_mutex_unlock(&p->lock);
+  return ws;
+}
+
+/* The waiters of a finished call are answered: one call fewer for the main
+ * thread, which ends the process when none is left, to wait for. Counted
+ * only now, so that no answer is still being written when it ends. */
+static void call_answered(mcp_proxy *p, mcp_waiter *ws) {
+  waiters_free(ws);
+  pthread_mutex_lock(&p->lock);
   p->ncalls--;
   pthread_cond_broadcast(&p->cond);
   pthread_mutex_unlock(&p->lock);
-  return ws;
 }
 
 /* ---- task handles ---------------------------------------------------------
@@ -428,7 +438,7 @@ static void claim_failed(mcp_proxy *p, mcp_call *c, int rc) {
     mcp_answer_error_text(
         p, w->id, busy ? MCP_E_STORE : MCP_E_INTERNAL, msg,
         error_data(c, busy ? "store_unavailable" : "internal", NULL));
-  waiters_free(ws);
+  call_answered(p, ws);
   call_free(c);
 }
 
@@ -603,7 +613,7 @@ static void do_claim(mcp_proxy *p, mcp_call *c) {
                      1);
     break;
   }
-  waiters_free(ws);
+  call_answered(p, ws);
   call_free(c);
 }
 
@@ -787,7 +797,7 @@ static void do_end(mcp_proxy *p, mcp_call *c) {
       answer_as_server(p, c, w->id,
                        (recovered || c->stale_retry) && why == WHY_RESULT);
   }
-  waiters_free(ws);
+  call_answered(p, ws);
   free(marked);
   call_free(c);
 }
