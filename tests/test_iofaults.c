@@ -282,6 +282,88 @@ static void test_fsync_fails_once(void **state) {
   assert_integrity_ok(path);
 }
 
+/*
+ * A checkpoint's fsync of the database fails after checkpoints that a
+ * reader kept from finishing wrote pages without syncing them (and counted
+ * their frames as copied). The failed sync forgets those pages; no later
+ * checkpoint may copy the frames after them and let the log start over, or
+ * a power loss takes acknowledged calls with it. Without the group-commit
+ * writer, so that each commit runs its checkpoint itself, in order.
+ */
+static void test_checkpoint_sync_fails(void **state) {
+  const char *dir = *state;
+  char path[URL_MAX + 32], key[32];
+  idem_store *s = NULL;
+  idem_store_options o;
+  sqlite3 *reader = NULL;
+  fvfs_stats before, after;
+  int n = 0;
+  snprintf(path, sizeof path, "%s/store.db", dir);
+  memset(&o, 0, sizeof o);
+  o.group_commit = -1;
+  fvfs_reset(0xc4e7);
+  fvfs_make_default(1);
+  EXPECT_RC(IDEM_OK, idem_store_open(path, &o, &s));
+  for (; n < 20; n++) {
+    snprintf(key, sizeof key, "k-%d", n);
+    local_ok(s, key, IDEM_PROCEED);
+  }
+  /* A reader holds its snapshot while the log passes the checkpoint size:
+   * each commit's checkpoint copies only the frames before the snapshot. */
+  assert_int_equal(sqlite3_open_v2(path, &reader, SQLITE_OPEN_READONLY,
+                                   FVFS_NAME),
+                   SQLITE_OK);
+  assert_int_equal(sqlite3_exec(reader,
+                                "BEGIN; SELECT count(*) FROM idem_records",
+                                NULL, NULL, NULL),
+                   SQLITE_OK);
+  for (; n < 600; n++) {
+    snprintf(key, sizeof key, "k-%d", n);
+    local_ok(s, key, IDEM_PROCEED);
+  }
+  sqlite3_exec(reader, "COMMIT", NULL, NULL, NULL);
+  sqlite3_close(reader);
+  /* The next commit syncs the log, then its checkpoint syncs the log and
+   * copies the rest: the database's sync fails. The commit itself stands. */
+  fvfs_get_stats(&before);
+  fvfs_set_fault(FVFS_SYNC_EIO, 2, 1);
+  snprintf(key, sizeof key, "k-%d", n++);
+  local_ok(s, key, IDEM_PROCEED);
+  fvfs_get_stats(&after);
+  assert_int_equal(after.injected[FVFS_SYNC_EIO],
+                   before.injected[FVFS_SYNC_EIO] + 1);
+  assert_true(after.forgotten > before.forgotten);
+  fvfs_set_fault(FVFS_NONE, 0, 0);
+  /* More commits, enough to restart the log were checkpoints still run. */
+  for (; n < 1200; n++) {
+    snprintf(key, sizeof key, "k-%d", n);
+    local_ok(s, key, IDEM_PROCEED);
+  }
+  idem_store_close(s);
+  /* Opened again, the store copies the whole log once more: its own
+   * checkpoints, the log starting over, and the copy on close lose
+   * nothing. */
+  s = NULL;
+  EXPECT_RC(IDEM_OK, idem_store_open(path, &o, &s));
+  for (; n < 1800; n++) {
+    snprintf(key, sizeof key, "k-%d", n);
+    local_ok(s, key, IDEM_PROCEED);
+  }
+  idem_store_close(s);
+
+  fvfs_make_default(0);
+  assert_int_equal(fvfs_power_loss(), 0);
+  assert_integrity_ok(path);
+  s = NULL;
+  EXPECT_RC(IDEM_OK, idem_store_open(path, NULL, &s));
+  for (int i = 0; i < n; i++) {
+    snprintf(key, sizeof key, "k-%d", i);
+    assert_completed(s, key, key);
+    assert_int_equal(effects_of(path, key), 1);
+  }
+  idem_store_close(s);
+}
+
 /* Reads that fail: a new handle (nothing cached) cannot decide a claim; it
  * says so, and once reads work again, it replays. */
 static void test_eio_on_read(void **state) {
@@ -695,6 +777,7 @@ int main(void) {
       FAULT_TEST(test_eio_on_write),
       FAULT_TEST(test_eio_on_fsync),
       FAULT_TEST(test_fsync_fails_once),
+      FAULT_TEST(test_checkpoint_sync_fails),
       FAULT_TEST(test_eio_on_read),
       FAULT_TEST(test_eio_inside_local_action),
       FAULT_TEST(test_eio_while_pruning),
