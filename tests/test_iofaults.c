@@ -310,9 +310,9 @@ static void test_checkpoint_sync_fails(void **state) {
   }
   /* A reader holds its snapshot while the log passes the checkpoint size:
    * each commit's checkpoint copies only the frames before the snapshot. */
-  assert_int_equal(sqlite3_open_v2(path, &reader, SQLITE_OPEN_READONLY,
-                                   FVFS_NAME),
-                   SQLITE_OK);
+  assert_int_equal(
+      sqlite3_open_v2(path, &reader, SQLITE_OPEN_READONLY, FVFS_NAME),
+      SQLITE_OK);
   assert_int_equal(sqlite3_exec(reader,
                                 "BEGIN; SELECT count(*) FROM idem_records",
                                 NULL, NULL, NULL),
