@@ -80,6 +80,11 @@ typedef struct idem__op {
   struct idem__op *next; /* the backend's queue */
   void *waiter; /* the backend's: who waits for this op (a condition) */
   int done;
+  /* The backend's: a completed record that this op read or wrote, for the
+   * cache once its transaction committed (its retention's end, attempt). */
+  int cache_it;
+  int64_t cache_expires_ms;
+  int cache_attempt;
 } idem__op;
 
 /* A stored row as the decision needs it. */
