@@ -446,7 +446,7 @@ static void *migrator_main(void *arg) {
       return NULL;
     }
     PQclear(res);
-    /* As idem migrates: under the schema's advisory lock (pg_admin.c). */
+    /* As idem migrates: under the schema's advisory lock (lib/pg/admin.c). */
     res = PQexecParams(conn,
                        "SELECT pg_advisory_xact_lock(1768187245, "
                        "hashtext($1::text))",

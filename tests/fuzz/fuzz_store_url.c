@@ -3,7 +3,7 @@
  * names (pick_backend() in lib/engine.c, for sqlite: URLs and bare paths as
  * well as PostgreSQL ones), and for PostgreSQL the split into libpq's
  * conninfo and idem_schema, with the passwords that no message may show
- * (lib/pg_url.c). lib/engine.c is included, as h2o's drivers do, to reach
+ * (lib/pg/url.c). lib/engine.c is included, as h2o's drivers do, to reach
  * its static function; the library supplies the rest.
  *
  * Input: a URL (bytes up to the first NUL). Properties checked:
@@ -18,7 +18,7 @@
  */
 #include "../../lib/engine.c"
 
-#include "pg_internal.h"
+#include "pg/pg.h"
 
 #include <stdint.h>
 #include <stdio.h>

@@ -1,11 +1,11 @@
 /*
- * pg_url.c -- the PostgreSQL backend's target: a postgresql:// URL or a
+ * url.c -- the PostgreSQL backend's target: a postgresql:// URL or a
  * libpq conninfo string, idem's own idem_schema parameter taken out of it,
  * its syntax checked by libpq, and the passwords in it that no message may
  * show.
  */
 
-#include "pg_internal.h"
+#include "pg.h"
 
 #include <ctype.h>
 #include <stdlib.h>

@@ -1,18 +1,18 @@
 /*
- * pg_internal.h -- what the files of the PostgreSQL backend share; never
- * installed, and included by lib/store_pg.c and lib/pg_*.c only.
+ * pg.h -- what the files of the PostgreSQL backend share; never
+ * installed, and included by the files of lib/pg/ only.
  *
  * The backend is split by concern, as libuv's src/unix is:
  *
- *   store_pg.c  the method table, open and close, claims, completions and
- *               local actions (the statements they run, and why)
- *   pg_conn.c   connections: the pool, (re)connecting and what a failed
- *               connection means, session settings, errors, statements
- *               and pipelines, parameters and binary results
- *   pg_url.c    the store URL or conninfo: idem_schema, libpq's syntax
- *               check, and the passwords that no message may show
- *   pg_admin.c  the schema (creation, migration) and the operators' calls
- *               (get, list, prune, resolve, delete)
+ *   store.c  the method table, open and close, claims, completions and
+ *            local actions (the statements they run, and why)
+ *   conn.c   connections: the pool, (re)connecting and what a failed
+ *            connection means, session settings, errors, statements
+ *            and pipelines, parameters and binary results
+ *   url.c    the store URL or conninfo: idem_schema, libpq's syntax
+ *            check, and the passwords that no message may show
+ *   admin.c  the schema (creation, migration) and the operators' calls
+ *            (get, list, prune, resolve, delete)
  *
  * Names shared between them begin with idem__pg_; the rest are static.
  */
@@ -36,7 +36,7 @@
 /* The most statements idem__pg_run_steps() sends in one round trip. */
 #define MAX_STEPS 4
 
-/* The prepared statements; their text is in store_pg.c. */
+/* The prepared statements; their text is in store.c. */
 enum {
   ST_BEGIN,
   ST_COMMIT,
@@ -87,7 +87,7 @@ typedef struct pg_store {
   char *sql_meta, *sql_v1, *sql_v2, *sql_v3, *sql_v4, *sql_version;
   /* The oldest schema version this handle's statements are right for: the
    * version found on open, which a role that may not alter the tables (or
-   * a table too busy) leaves below the newest (pg_admin.c). */
+   * a table too busy) leaves below the newest (admin.c). */
   int schema_min;
   idem_store_options o;
   char version[64];
@@ -103,7 +103,7 @@ typedef struct pg_store {
   int nsecret, secret_cap;
   int secret_nomem; /* one could not be kept: the open fails */
   idem__pg_listener *listener; /* LISTENs for waiters; made when first
-                                  needed (pg_lease.c) */
+                                  needed (lease.c) */
   conn *renewer; /* the lease scheduler's own connection, so that its
                     renewals never wait behind claims for the pool's */
   /* How far the server's clock may be ahead of ours, at most (ms; may be
@@ -127,7 +127,7 @@ typedef struct step {
   const params *p;
 } step;
 
-/* ---- pg_conn.c: errors ------------------------------------------------ */
+/* ---- conn.c: errors ------------------------------------------------ */
 
 /* Writes a message into err (ERR_SIZE bytes) and returns rc. */
 int idem__pg_failf(char *err, int rc, const char *fmt, ...) IDEM__PRINTF(3, 4);
@@ -136,7 +136,7 @@ void idem__pg_oneline(char *dst, size_t size, const char *src);
 /* Classifies a failed call on c (res may be NULL); returns the code. */
 int idem__pg_fail(conn *c, const PGresult *res, const char *what, char *err);
 
-/* ---- pg_conn.c: parameters and results -------------------------------- */
+/* ---- conn.c: parameters and results -------------------------------- */
 
 void idem__pg_p_text(params *p, const char *t);
 void idem__pg_p_i64(params *p, int64_t x);
@@ -150,7 +150,7 @@ const void *idem__pg_col_ptr(const PGresult *r, int row, int col, size_t *len);
 void *idem__pg_col_dup(const PGresult *r, int row, int col, size_t *len);
 char *idem__pg_col_text(const PGresult *r, int row, int col);
 
-/* ---- pg_conn.c: connections and the pool ------------------------------ */
+/* ---- conn.c: connections and the pool ------------------------------ */
 
 int idem__pg_conn_open(pg_store *s, conn **out, char *err);
 void idem__pg_conn_close(conn *c);
@@ -158,7 +158,7 @@ int idem__pg_pool_get(pg_store *s, conn **out, char *err);
 void idem__pg_pool_put(pg_store *s, conn *c);
 void idem__pg_rollback(conn *c);
 
-/* ---- pg_conn.c: statements -------------------------------------------- */
+/* ---- conn.c: statements -------------------------------------------- */
 
 int idem__pg_run_stmt(pg_store *s, conn *c, int which, const params *p,
                       const char *what, PGresult **out, char *err);
@@ -172,7 +172,7 @@ int idem__pg_run_simple(conn *c, const char *sql, const char *what, char *err);
 int idem__pg_begin(conn *c, char *err);
 int idem__pg_commit(conn *c, char *err);
 
-/* ---- pg_url.c --------------------------------------------------------- */
+/* ---- url.c --------------------------------------------------------- */
 
 /* Splits the target into libpq's conninfo and idem's schema name, checks
  * its syntax and collects its secrets. */
@@ -182,7 +182,7 @@ void idem__pg_scrub(const pg_store *s, char *msg, size_t size);
 /* Whether ch is an ASCII letter or digit. */
 int idem__pg_is_word_char(char ch);
 
-/* ---- pg_admin.c ------------------------------------------------------- */
+/* ---- admin.c ------------------------------------------------------- */
 
 /* Replaces every "{S}" in tmpl with the quoted schema name. */
 char *idem__pg_build_sql(const char *tmpl, const char *schema);
@@ -209,7 +209,7 @@ int idem__pg_resolve(void *state, const idem_id *id,
                      const idem_resolve_options *opts);
 int idem__pg_remove(void *state, const idem_id *id);
 
-/* ---- pg_lease.c: renewals in batches, watching keys in flight ---------- */
+/* ---- lease.c: renewals in batches, watching keys in flight ---------- */
 
 void idem__pg_run_many(void *state, idem__op **ops, int n);
 int idem__pg_watch(void *state, const idem_id *id);

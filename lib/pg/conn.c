@@ -1,11 +1,11 @@
 /*
- * pg_conn.c -- the PostgreSQL backend's connections: the pool and what it
+ * conn.c -- the PostgreSQL backend's connections: the pool and what it
  * hands out, (re)connecting and what a failed connection means to a
  * caller, each session's settings, errors, prepared statements and
  * pipelines, parameters and binary results.
  */
 
-#include "pg_internal.h"
+#include "pg.h"
 
 #include <ctype.h>
 #include <poll.h>
@@ -432,7 +432,7 @@ static void ignore_notice(void *arg, const char *message) {
  * a statement_timeout; without one, no statement runs past
  * IDEM__PG_STATEMENT_TIMEOUT (the default lease and then some), so that a
  * stuck server never holds a call for good. Renewals have a tighter bound
- * of their own: the lease (pg_lease.c).
+ * of their own: the lease (lease.c).
  *
  * synchronous_commit is at least "on": with "off" the server acknowledges
  * a COMMIT before its WAL is flushed, so a completion reported stored could

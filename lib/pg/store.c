@@ -1,5 +1,5 @@
 /*
- * store_pg.c -- the PostgreSQL backend (libpq).
+ * store.c -- the PostgreSQL backend (libpq).
  *
  * Many processes, on many machines, may share one store. Every outcome of
  * the decision table (docs/design.md) is one statement or one short READ
@@ -61,11 +61,11 @@
  * gets what pgbench gets (docs/bench.md).
  *
  * This file holds the method table, open and close, and the claims,
- * completions and local actions; pg_internal.h says where the rest of the
+ * completions and local actions; pg.h says where the rest of the
  * backend is.
  */
 
-#include "pg_internal.h"
+#include "pg.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -267,7 +267,7 @@ static const char *const sql_text[ST_COUNT] = {
 /*
  * The same statements on a store of schema version 1 or 2, which has no
  * recovered mark yet: a role that may not alter the table (or a table too
- * busy to) left it there on open (pg_admin.c). Its completions are kept
+ * busy to) left it there on open (admin.c). Its completions are kept
  * unmarked; the holder is still told RECOVER.
  */
 static const char *const sql_text_v2[ST_COUNT] = {

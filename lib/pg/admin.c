@@ -1,10 +1,10 @@
 /*
- * pg_admin.c -- the PostgreSQL backend's schema (created or migrated on
+ * admin.c -- the PostgreSQL backend's schema (created or migrated on
  * open, under an advisory lock) and the operators' calls: get, list,
  * prune, resolve and delete.
  */
 
-#include "pg_internal.h"
+#include "pg.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,7 +91,7 @@ static const char schema_v3[] = "ALTER TABLE {S}.idem_records ADD COLUMN IF "
                                 "DEFAULT false";
 
 /*
- * Version 4: waiting on a key in flight (pg_lease.c). A waiter marks the
+ * Version 4: waiting on a key in flight (lease.c). A waiter marks the
  * record watched; a watched record in progress that ends (its state
  * changes), is taken over (its owner changes), has its lease cut short (a
  * takeover's release) or is deleted notifies idem_ended with its name
@@ -280,7 +280,7 @@ fail:
  * then on this handle neither reads records (their layout may have
  * changed) nor writes what an operator asks: those calls fail with
  * IDEM_ESCHEMA. Reads of records read the version in the statement that
- * reads them (store_pg.c); an operator's write reads it inside its
+ * reads them (store.c); an operator's write reads it inside its
  * transaction, after taking the schema's advisory lock in shared mode, so
  * that no migration (which holds it exclusively) can come between the
  * check and the write.

@@ -1,9 +1,9 @@
 /*
- * pg_lease.c -- the PostgreSQL store's side of lease.h: many renewals in
+ * lease.c -- the PostgreSQL store's side of lease.h: many renewals in
  * one statement, bounded by the shortest lease among them.
  */
 #include "lease.h"
-#include "pg_internal.h"
+#include "pg.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -241,7 +241,7 @@ out:
 
 /*
  * One connection per store LISTENs on the channel that the records table's
- * triggers notify when a watched record in progress ends (pg_admin.c,
+ * triggers notify when a watched record in progress ends (admin.c,
  * schema version 4): its thread wakes the waiting room's bucket of the
  * record's name. Only records a waiter marked watched notify, so that
  * endings nobody waits for never take the server's notification lock.
