@@ -61,7 +61,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TREE = os.path.dirname(HERE)
 BACKEND = os.path.join(TREE, "bindings", "python", "_backend", "idem_backend.py")
 
-# idem bench's request (src/cmd_bench.c, payload_json), tenant and operation.
+# idem bench's request (src/bench/cmd_bench.c, payload_json), tenant and operation.
 REQUEST = {"project": "demo-agent",
            "title": "Investigate a synthetic queue backlog",
            "priority": "normal"}

@@ -1,7 +1,7 @@
 /*
  * fuzz_run_record.c -- `idem run`'s decoder of a stored record
- * (decode_record() in src/cmd_run.c, which replay() trusts to split the
- * stored body into standard output and standard error). src/cmd_run.c is
+ * (decode_record() in src/run/cmd_run.c, which replay() trusts to split the
+ * stored body into standard output and standard error). src/run/cmd_run.c is
  * included, as h2o's drivers do, to reach its static functions.
  *
  * Input: byte 0 chooses the shape, bytes 1-2 the length of the metadata,
@@ -13,7 +13,7 @@
  *  - metadata as run_action() writes it, for a split of the body the
  *    input chooses, decodes to exactly that split and truncation flag.
  */
-#include "../../src/cmd_run.c"
+#include "../../src/run/cmd_run.c"
 
 #include <stdint.h>
 
