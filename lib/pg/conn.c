@@ -9,7 +9,6 @@
 
 #include <ctype.h>
 #include <poll.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,34 +18,6 @@
 #define MAX_PERIOD_MS (INT64_MAX / 4)
 
 /* ---- errors -------------------------------------------------------------- */
-
-int idem__pg_failf(char *err, int rc, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, ERR_SIZE, fmt, ap);
-  va_end(ap);
-  return rc;
-}
-
-/* Copies libpq's text as one line: its messages end in newlines and
- * sometimes carry a second, indented line with a hint. */
-void idem__pg_oneline(char *dst, size_t size, const char *src) {
-  size_t n = 0;
-  int space = 0;
-  if (!src)
-    src = "";
-  for (; *src && n + 1 < size; src++) {
-    if (isspace((unsigned char)*src)) {
-      space = 1;
-      continue;
-    }
-    if (space && n > 0 && n + 2 < size)
-      dst[n++] = ' ';
-    space = 0;
-    dst[n++] = *src;
-  }
-  dst[n] = '\0';
-}
 
 /* Whether the server is a hot standby (reported by PostgreSQL 14 and
  * later at connection start and whenever it changes). */

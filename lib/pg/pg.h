@@ -13,6 +13,8 @@
  *            check, and the passwords that no message may show
  *   admin.c  the schema (creation, migration) and the operators' calls
  *            (get, list, prune, resolve, delete)
+ *   lease.c  renewals, waiting on a key in flight, the store's clock
+ *   text.c   the message helpers that conn.c and url.c share
  *
  * Names shared between them begin with idem__pg_; the rest are static.
  */
@@ -127,12 +129,17 @@ typedef struct step {
   const params *p;
 } step;
 
-/* ---- conn.c: errors ------------------------------------------------ */
+/* ---- text.c: messages --------------------------------------------- */
 
 /* Writes a message into err (ERR_SIZE bytes) and returns rc. */
 int idem__pg_failf(char *err, int rc, const char *fmt, ...) IDEM__PRINTF(3, 4);
 /* Copies libpq's text as one line. */
 void idem__pg_oneline(char *dst, size_t size, const char *src);
+/* Whether ch is an ASCII letter or digit. */
+int idem__pg_is_word_char(char ch);
+
+/* ---- conn.c: errors ------------------------------------------------ */
+
 /* Classifies a failed call on c (res may be NULL); returns the code. */
 int idem__pg_fail(conn *c, const PGresult *res, const char *what, char *err);
 
@@ -179,9 +186,6 @@ int idem__pg_commit(conn *c, char *err);
 int idem__pg_parse_target(pg_store *s, const char *target, char *err);
 /* Shows every secret of the target in msg as "***". */
 void idem__pg_scrub(const pg_store *s, char *msg, size_t size);
-/* Whether ch is an ASCII letter or digit. */
-int idem__pg_is_word_char(char ch);
-
 /* ---- admin.c ------------------------------------------------------- */
 
 /* Replaces every "{S}" in tmpl with the quoted schema name. */

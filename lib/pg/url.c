@@ -23,11 +23,6 @@
  * which libpq might show them (see idem__pg_scrub()).
  */
 
-int idem__pg_is_word_char(char ch) {
-  return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
-         (ch >= '0' && ch <= '9');
-}
-
 /* Remembers n bytes at p as a secret, keeping the list longest first. */
 static void add_secret(pg_store *s, const char *p, size_t n) {
   char *copy;
