@@ -15,7 +15,8 @@
  * thread waits for the server, passes signals on, and answers attached
  * retries whose --attach-wait has run out.
  *
- *   mcp_relay.c   lines, the two writers, and what each direction does
+ *   mcp_relay.c   lines, and what each direction does with them
+ *   mcp_out.c     the two writers, error answers, the main loop's wake-up
  *   mcp_keyed.c   keyed calls: the key, the fingerprint, claim to answer
  *   mcp_request.c what of a line makes a call's record; raw JSON spans
  *   mcp_cache.c   stored results kept in memory for replays
@@ -79,6 +80,8 @@ typedef struct mcp_out {
 int mcp_out_line(mcp_out *out, const char *line, size_t len);
 /* Writes a JSON value as one compact line. */
 int mcp_out_json(mcp_out *out, json_t *msg);
+/* Writes data, and a newline when nl, with out's lock held by the caller. */
+int mcp_out_locked(mcp_out *out, const char *data, size_t len, int nl);
 
 /* A request that waits for a keyed call's answer: the call's first
  * request, or a retry attached to it. */

@@ -19,109 +19,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 /* Lines up to this size are read whole and parsed; a longer one streams
  * through unparsed. */
 #define MCP_MAX_LINE ((size_t)256 * 1024 * 1024)
-
-static int writev_all(int fd, struct iovec *iov, int n) {
-  while (n > 0) {
-    ssize_t w = writev(fd, iov, n);
-    if (w < 0) {
-      if (errno == EINTR)
-        continue;
-      return -1;
-    }
-    while (n > 0 && (size_t)w >= iov->iov_len) {
-      w -= (ssize_t)iov->iov_len;
-      iov++;
-      n--;
-    }
-    if (n > 0) {
-      iov->iov_base = (char *)iov->iov_base + w;
-      iov->iov_len -= (size_t)w;
-    }
-  }
-  return 0;
-}
-
-static int out_locked(mcp_out *out, const char *data, size_t len, int nl) {
-  struct iovec iov[2] = {{(void *)data, len}, {(void *)"\n", 1}};
-  if (out->fd < 0 || out->broken)
-    return -1;
-  if (writev_all(out->fd, iov, nl ? 2 : 1) != 0) {
-    out->broken = 1;
-    return -1;
-  }
-  return 0;
-}
-
-int mcp_out_line(mcp_out *out, const char *line, size_t len) {
-  pthread_mutex_lock(&out->lock);
-  int rc = out_locked(out, line, len, 1);
-  pthread_mutex_unlock(&out->lock);
-  return rc;
-}
-
-int mcp_out_json(mcp_out *out, json_t *msg) {
-  char *text = json_dumps(msg, JSON_COMPACT);
-  if (!text)
-    return -1;
-  int rc = mcp_out_line(out, text, strlen(text));
-  free(text);
-  return rc;
-}
-
-void mcp_notify(mcp_proxy *p) {
-  char b = 0;
-  if (write(p->event_fd, &b, 1) < 0) {
-    /* A full pipe already holds a wake-up. */
-  }
-}
-
-void mcp_answer_error(mcp_proxy *p, json_t *id, int code, const char *msg,
-                      json_t *data) {
-  json_t *err = json_pack("{s:i,s:s}", "code", code, "message", msg);
-  json_t *m = NULL;
-  if (err && data)
-    json_object_set_new(err, "data", data);
-  else
-    json_decref(data);
-  if (err)
-    m = json_pack("{s:s,s:O,s:o}", "jsonrpc", "2.0", "id",
-                  id ? id : json_null(), "error", err);
-  if (m)
-    mcp_out_json(&p->to_client, m);
-  json_decref(m);
-}
-
-void mcp_answer_error_text(mcp_proxy *p, const char *id, int code,
-                           const char *msg, json_t *data) {
-  json_t *err = json_pack("{s:i,s:s}", "code", code, "message", msg);
-  char *etext = NULL, *line = NULL;
-  if (err && data)
-    json_object_set_new(err, "data", data);
-  else
-    json_decref(data);
-  if (err)
-    etext = json_dumps(err, JSON_COMPACT);
-  json_decref(err);
-  if (!id)
-    id = "null";
-  if (etext) {
-    size_t n = strlen(etext) + strlen(id) + 48;
-    line = malloc(n);
-    if (line)
-      snprintf(line, n, "{\"jsonrpc\":\"2.0\",\"id\":%s,\"error\":%s}", id,
-               etext);
-  }
-  if (line)
-    mcp_out_line(&p->to_client, line, strlen(line));
-  free(line);
-  free(etext);
-}
 
 /* ------------------------------------------------------------------ */
 /* Reading lines                                                        */
@@ -171,7 +73,7 @@ static void read_lines(mcp_proxy *p, int fd, line_fn fn, mcp_out *raw_out) {
     while ((nl = memchr(buf + scan, '\n', len - scan)) != NULL) {
       size_t end = (size_t)(nl - buf);
       if (streaming) {
-        out_locked(raw_out, buf + start, end - start, 1);
+        mcp_out_locked(raw_out, buf + start, end - start, 1);
         pthread_mutex_unlock(&raw_out->lock);
         streaming = 0;
       } else {
@@ -194,12 +96,12 @@ static void read_lines(mcp_proxy *p, int fd, line_fn fn, mcp_out *raw_out) {
                   "unread",
                   MCP_MAX_LINE);
       }
-      out_locked(raw_out, buf, len, 0);
+      mcp_out_locked(raw_out, buf, len, 0);
       len = scan = 0;
     }
   }
   if (streaming) {
-    out_locked(raw_out, buf, len, 0);
+    mcp_out_locked(raw_out, buf, len, 0);
     pthread_mutex_unlock(&raw_out->lock);
   } else if (len > 0) {
     fn(p, buf, len, 1);
@@ -312,7 +214,7 @@ static void to_server(mcp_proxy *p, const char *line, size_t len, int open) {
   if (open) {
     /* The client's last bytes had no newline: neither do they now. */
     pthread_mutex_lock(&p->to_server.lock);
-    out_locked(&p->to_server, line, len, 0);
+    mcp_out_locked(&p->to_server, line, len, 0);
     pthread_mutex_unlock(&p->to_server.lock);
     return;
   }
@@ -594,7 +496,7 @@ static void server_line(mcp_proxy *p, const char *line, size_t len, int open) {
   json_decref(msg);
   if (open) {
     pthread_mutex_lock(&p->to_client.lock);
-    out_locked(&p->to_client, line, len, 0);
+    mcp_out_locked(&p->to_client, line, len, 0);
     pthread_mutex_unlock(&p->to_client.lock);
     return;
   }
