@@ -15,6 +15,11 @@
 #   fresh    through idem mcp, a new key per call (claim, forward, store)
 #   replay   through idem mcp, one key for every call (answered from the
 #            store; nothing reaches the server)
+#   null     bench/mcp_null.c, built here with cc: a process that answers
+#            every call at once from memory without parsing it, the floor
+#            of any replay over stdio (no target; replay / null says how
+#            near idem comes, null / direct how high replay / direct can
+#            go on this machine)
 #   floor    `idem bench --workers 1`: claim + complete on the same kind of
 #            store without any proxy or server, the two durable commits a
 #            fresh key costs (shown for scale; no target)
@@ -45,7 +50,8 @@
 # when a run failed.
 #
 # Environment: BENCH_SECONDS (default 3), BENCH_ROUNDS (default 3), TMPDIR,
-# BENCH_MCP_HTTP_ONLY=1 (only the HTTP part).
+# BENCH_MCP_HTTP_ONLY=1 (only the HTTP part), BENCH_MCP_STDIO_ONLY=1 (only
+# the stdio part).
 set -eu
 if [ $# -ne 1 ]; then
   echo "usage: sh bench/mcp.sh PATH_TO_IDEM" >&2
@@ -110,6 +116,11 @@ step() {
 }
 
 if [ "$HTTP_ONLY" != 1 ]; then
+if ! ${CC:-cc} -std=c11 -O2 -o "$WORK/mcp_null" "$HERE/mcp_null.c" 2>"$WORK/null.err"; then
+  cat "$WORK/null.err" >&2
+  echo "bench: cannot build bench/mcp_null.c" >&2
+  exit 1
+fi
 echo "idem mcp: $ROUNDS rounds of ${SECS}s per run" >&2
 r=1
 while [ $r -le "$ROUNDS" ]; do
@@ -119,6 +130,7 @@ while [ $r -le "$ROUNDS" ]; do
     "$IDEM" "$WORK/r$r.fresh.db"
   step "r$r.replay" node "$WORK/mcp_client.mjs" replay "$SECS" "$SERVER" \
     "$IDEM" "$WORK/r$r.replay.db"
+  step "r$r.null" node "$WORK/mcp_client.mjs" null "$SECS" "$WORK/mcp_null"
   step "r$r.floor" "$IDEM" bench --store "$WORK/r$r.floor.db" --workers 1 \
     --seconds 1 --json
   step "r$r.attach" node "$WORK/mcp_attach.mjs" "$WORK/slow_server.mjs" \
@@ -138,7 +150,7 @@ def runs(mode):
         if os.path.exists(p):
             xs.append(value(mode, json.load(open(p))))
     return xs
-MODES = ('direct', 'fresh', 'replay', 'floor')
+MODES = ('direct', 'fresh', 'replay', 'null', 'floor')
 med = {m: (statistics.median(runs(m)) if runs(m) else None) for m in MODES}
 print('idem mcp: keyed tools/call round trips, one client, one call at a time')
 print('server-everything echo over stdio; durable SQLite store (synchronous=FULL)')
@@ -159,6 +171,11 @@ for label, a, target in (('replay / direct', 'replay', 2.0),
     missed += not ok
     print('%-36s %8.2f %8s  %s' % (label, x, '>= %.1f' % target,
                                    'met' if ok else 'MISSED'))
+if med['null'] and med['replay'] and med['direct']:
+    print('%-36s %8.2f %8s  %s' % ('replay / null', med['replay'] / med['null'],
+                                   '-', 'idem against the least any answer costs'))
+    print('%-36s %8.2f %8s  %s' % ('null / direct', med['null'] / med['direct'],
+                                   '-', 'the best replay / direct this machine allows'))
 if med['floor'] and med['fresh']:
     print('%-36s %8.2f %8s  %s' % ('fresh / floor (two durable commits)',
                                    med['fresh'] / med['floor'], '-', ''))
@@ -292,6 +309,9 @@ http_run() {
   SRV_PID=""
 }
 
+if [ "${BENCH_MCP_STDIO_ONLY:-0}" = 1 ]; then
+  exit $failed
+fi
 echo "idem mcp --listen: $ROUNDS rounds of ${SECS}s per run, 1 and 32 clients" >&2
 r=1
 while [ $r -le "$ROUNDS" ]; do

@@ -3,10 +3,13 @@
 // SECONDS seconds.
 //   node mcp_client.mjs direct SECONDS SERVER
 //   node mcp_client.mjs fresh|replay SECONDS SERVER IDEM STORE
+//   node mcp_client.mjs null SECONDS NULL_SERVER
 // direct: the client talks to the server itself; fresh: through idem mcp, a
 // new key per call; replay: through idem mcp, one key for every call (the
-// first call runs, the others are replays). The calls are the same in all
-// three modes (the key in _meta; the server ignores it).
+// first call runs, the others are replays); null: the client talks to
+// bench/mcp_null.c, which answers every call at once as a replay (the floor
+// of any answer from memory). The calls are the same in every mode (the key
+// in _meta; the server ignores it).
 //
 // The client writes and reads the JSON-RPC lines itself (initialize first,
 // as the protocol asks) rather than through the SDK's client, whose own
@@ -17,6 +20,7 @@ import { spawn } from "node:child_process";
 
 const [mode, secs, server, idem, store] = process.argv.slice(2);
 const child = mode === "direct" ? spawn("node", [server], { stdio: ["pipe", "pipe", "ignore"] })
+  : mode === "null" ? spawn(server, [], { stdio: ["pipe", "pipe", "ignore"] })
   : spawn(idem, ["mcp", "--store", store, "--", "node", server],
     { stdio: ["pipe", "pipe", "ignore"] });
 let buf = "";
@@ -69,7 +73,7 @@ const calls = i - before;
 const rep = replays - r0;
 child.stdin.end();
 await new Promise((r) => child.on("exit", r));
-const ok = mode === "replay" ? rep === calls : rep === 0;
+const ok = mode === "replay" || mode === "null" ? rep === calls : rep === 0;
 console.log(JSON.stringify({ mode, calls, seconds, ops_per_s: calls / seconds,
   replays: rep }));
 process.exit(ok ? 0 : 1);
