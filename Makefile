@@ -40,17 +40,25 @@ crash: build
 	$(BUILD)/tests/test_iofaults
 
 # BASE=<commit>: only idem bench, side by side with a build of that commit
-# (ROUNDS pairs, default 5; bench/compare.sh).
+# (ROUNDS pairs, default 5; bench/compare.sh). Otherwise every benchmark;
+# each one's figures are kept in $(BUILD)/bench/NAME.txt, and bench/plot.py
+# draws the charts there (workers.png, latency.png, slow_upstream.png).
+OUT = $(abspath $(BUILD))/bench
+# $(call keep,NAME,COMMAND): runs COMMAND, its output kept in OUT/NAME.txt
+# and shown; fails when COMMAND fails.
+keep = r=0; $(2) >$(OUT)/$(1).txt || r=$$?; cat $(OUT)/$(1).txt; exit $$r
 bench: build
 	@sh scripts/deps.sh bench
 ifneq ($(BASE),)
 	BASE='$(BASE)' sh bench/run.sh $(BUILD)/idem
 else
-	sh bench/run.sh $(BUILD)/idem
-	sh bench/engine.sh $(BUILD)
-	sh bench/gateway.sh $(BUILD)/idem
-	sh bench/mcp.sh $(BUILD)/idem
-	python3 bench/python.py $(BUILD)
+	mkdir -p $(OUT)
+	$(call keep,run,BENCH_OUT=$(OUT) sh bench/run.sh $(BUILD)/idem)
+	$(call keep,engine,sh bench/engine.sh $(BUILD))
+	$(call keep,gateway,BENCH_OUT=$(OUT) sh bench/gateway.sh $(BUILD)/idem)
+	$(call keep,mcp,sh bench/mcp.sh $(BUILD)/idem)
+	$(call keep,python,python3 bench/python.py $(BUILD))
+	python3 bench/plot.py $(OUT)
 endif
 
 # Only idem serve's benchmark (bench/gateway.sh).

@@ -560,3 +560,7 @@ if [ "$SLOW" = 1 ]; then
   [ "$FAST" = 1 ] && echo
   slow_scenario
 fi
+# For bench/plot.py's chart (make bench sets BENCH_OUT).
+if [ -n "${BENCH_OUT:-}" ] && [ -s "$W/slow" ]; then
+  mkdir -p "$BENCH_OUT" && cp "$W/slow" "$BENCH_OUT/gateway_slow.jsonl"
+fi

@@ -31,6 +31,11 @@
 # target is reported, never a failure; the script exits non-zero only when a
 # run itself failed (a crash, or a call with an unexpected outcome).
 #
+# With BENCH_OUT set (make bench sets it), every run's JSON is also left in
+# BENCH_OUT/run/ for bench/plot.py, and each round also measures idem and the
+# reference at the other worker counts of BENCH_WORKERS_SWEEP (default
+# "1 2 4 8 16 32") for its chart.
+#
 # Environment: BENCH_SECONDS (per phase, default 2), BENCH_ROUNDS (default 3),
 # BENCH_PG (0 skips the PostgreSQL section; default 1), BENCH_SQLITE (0
 # skips the SQLite section; default 1), TMPDIR (where the stores are made;
@@ -57,6 +62,7 @@ SECS=${BENCH_SECONDS:-2}
 ROUNDS=${BENCH_ROUNDS:-3}
 BENCH_PG=${BENCH_PG:-1}
 BENCH_SQLITE=${BENCH_SQLITE:-1}
+SWEEP=${BENCH_WORKERS_SWEEP:-1 2 4 8 16 32}
 for v in "BENCH_PG=$BENCH_PG" "BENCH_SQLITE=$BENCH_SQLITE"; do
   case ${v#*=} in
     0 | 1) ;;
@@ -120,6 +126,15 @@ while [ "$r" -le "$ROUNDS" ]; do
   step "r$r.idem_16" "$IDEM" bench --workers 16 --seconds "$SECS" --json
   step "r$r.ref_replay_1" python3 "$REF" --mode replay --workers 1 --seconds "$SECS" --json
   step "r$r.two_processes" two_processes
+  # The other worker counts of the chart (bench/plot.py), only when asked
+  # for (BENCH_OUT): 1 and 16 are the runs above.
+  if [ -n "${BENCH_OUT:-}" ]; then
+    for w in $SWEEP; do
+      case " 1 16 " in *" $w "*) continue ;; esac
+      step "r$r.sweep_ref_$w" python3 "$REF" --mode fresh --workers "$w" --seconds "$SECS" --json
+      step "r$r.sweep_idem_$w" "$IDEM" bench --workers "$w" --seconds "$SECS" --json
+    done
+  fi
   r=$((r + 1))
 done
 
@@ -363,6 +378,9 @@ print()
 print('%d target%s missed; %d calls with errors' % (missed, '' if missed == 1 else 's', errs))
 EOF
 
+if [ -n "${BENCH_OUT:-}" ]; then
+  mkdir -p "$BENCH_OUT/run" && cp "$WORK"/out/*.json "$BENCH_OUT/run/" || failed=1
+fi
 if [ "$failed" -ne 0 ]; then
   echo "bench: some runs failed (see above)" >&2
   exit 1

@@ -14,7 +14,7 @@ case "${1:-build}" in
     zlib1g-dev libc6-dev binutils python3-dev python3-cffi python3-pytest
     python3-venv python3-pip" ;;
   bench) want="$want postgresql postgresql-contrib python3 curl nginx wrk
-    python3-dev python3-cffi" ;;
+    python3-dev python3-cffi gnuplot-nox" ;;
   fuzz) want="$want clang libclang-rt-dev" ;;
 esac
 # The idem mcp tests and bench/mcp.sh run real MCP servers from npm:
