@@ -611,49 +611,22 @@ const char *hx_header(const hx *h, const char *name) {
   return NULL;
 }
 
-/* The tenant, as idem serve derives it; -1 when the header cannot be one. */
+/* The tenant, as idem serve derives it (serve_tenant()), --tenant when the
+ * request has no credential; -1 when the headers cannot make one. */
 static int derive_tenant(hx *h) {
-  const char *v;
-  int count = 0;
-  const char *name =
-      hx_opts->tenant_header ? hx_opts->tenant_header : "Authorization";
-  for (size_t i = 0; i < h->nh; i++)
-    count += strcasecmp(h->h[i].name, name) == 0;
-  if (count > 1)
-    return -1;
-  v = hx_header(h, name);
-  if (!v && hx_opts->tenant_header) {
-    /* No tenant header: the credential's hash, as without the option, so
-     * that two credentials never share a key. */
-    count = 0;
-    for (size_t i = 0; i < h->nh; i++)
-      count += strcasecmp(h->h[i].name, "Authorization") == 0;
-    if (count > 1)
-      return -1;
-    if ((v = hx_header(h, "Authorization"))) {
-      char hex[IDEM_FINGERPRINT_SIZE];
-      idem_sha256_hex(v, strlen(v), hex);
-      snprintf(h->tenant, sizeof h->tenant, "authorization:%s", hex);
-      return 0;
+  int tenants = 0, auths = 0;
+  const char *tv = NULL;
+  for (size_t i = 0; i < h->nh; i++) {
+    if (hx_opts->tenant_header &&
+        strcasecmp(h->h[i].name, hx_opts->tenant_header) == 0) {
+      tenants++;
+      tv = h->h[i].value;
     }
+    auths += strcasecmp(h->h[i].name, "Authorization") == 0;
   }
-  if (!v) {
-    snprintf(h->tenant, sizeof h->tenant, "%s", hx_opts->tenant);
-    return 0;
-  }
-  if (hx_opts->tenant_header) {
-    if (strlen(v) > 255)
-      return -1;
-    for (const unsigned char *p = (const unsigned char *)v; *p; p++)
-      if (*p < 0x20 || *p == 0x7f)
-        return -1;
-    snprintf(h->tenant, sizeof h->tenant, "%s", v);
-    return 0;
-  }
-  char hex[IDEM_FINGERPRINT_SIZE];
-  idem_sha256_hex(v, strlen(v), hex);
-  snprintf(h->tenant, sizeof h->tenant, "authorization:%s", hex);
-  return 0;
+  return serve_tenant(tv, tenants, tv ? NULL : hx_header(h, "Authorization"),
+                      tv ? 0 : auths, hx_opts->tenant, h->tenant,
+                      sizeof h->tenant);
 }
 
 /* Whether the target is the MCP endpoint (its query aside). */

@@ -265,7 +265,8 @@ typedef struct headers {
   up_header *h;
   size_t n, cap;
   int keys; /* how many Idempotency-Key headers */
-  int tenants; /* how many tenant (or Authorization) headers */
+  int tenants; /* how many --tenant-header headers */
+  int auths;   /* how many Authorization headers */
   int types;   /* how many Content-Type headers */
   int failed;
 } headers;
@@ -277,9 +278,10 @@ static enum MHD_Result collect(void *cls, enum MHD_ValueKind kind,
   (void)kind;
   if (strcasecmp(name, "Idempotency-Key") == 0)
     hs->keys++;
-  if (strcasecmp(name, cfg->tenant_header ? cfg->tenant_header
-                                          : "Authorization") == 0)
+  if (cfg->tenant_header && strcasecmp(name, cfg->tenant_header) == 0)
     hs->tenants++;
+  if (strcasecmp(name, "Authorization") == 0)
+    hs->auths++;
   if (strcasecmp(name, "Content-Type") == 0)
     hs->types++;
   if (hs->n == hs->cap) {
@@ -316,39 +318,6 @@ static int method_protected(const char *method) {
   char m[40];
   snprintf(m, sizeof m, ",%s,", method);
   return strstr(cfg->methods, m) != NULL;
-}
-
-/*
- * The tenant: the --tenant-header value as it is, else "authorization:"
- * and the SHA-256 of the Authorization header, so that two credentials never
- * share records and no credential is stored. No credential: "". 0, or -1
- * when the header cannot be a tenant.
- */
-static int derive_tenant(struct MHD_Connection *c, req *r) {
-  const char *v;
-  if (cfg->tenant_header) {
-    v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, cfg->tenant_header);
-    if (!v) {
-      r->tenant[0] = 0;
-      return 0;
-    }
-    if (strlen(v) > 255)
-      return -1;
-    for (const unsigned char *p = (const unsigned char *)v; *p; p++)
-      if (*p < 0x20 || *p == 0x7f)
-        return -1;
-    snprintf(r->tenant, sizeof r->tenant, "%s", v);
-    return 0;
-  }
-  v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-  if (!v) {
-    r->tenant[0] = 0;
-    return 0;
-  }
-  char hex[IDEM_FINGERPRINT_SIZE];
-  idem_sha256_hex(v, strlen(v), hex);
-  snprintf(r->tenant, sizeof r->tenant, "authorization:%s", hex);
-  return 0;
 }
 
 /* The checks made once the headers are in. MHD_YES to read the body. */
@@ -447,16 +416,24 @@ static enum MHD_Result begin(struct MHD_Connection *c, req *r,
                    "printable ASCII characters, for example a UUID.",
                    why);
   }
-  /* Two tenant headers (one the client's, one a front proxy's) would
-   * leave the tenant to whichever is read first. */
-  if (hs.tenants > 1 || derive_tenant(c, r) != 0) {
+  /* The tenant (serve_tenant()): the --tenant-header value, else the
+   * credential's hash; a request without its tenant header never shares
+   * the records of another credential. */
+  const char *tv = cfg->tenant_header
+                       ? MHD_lookup_connection_value(c, MHD_HEADER_KIND,
+                                                     cfg->tenant_header)
+                       : NULL;
+  const char *av =
+      tv ? NULL
+         : MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+  if (serve_tenant(tv, hs.tenants, av, tv ? 0 : hs.auths, "", r->tenant,
+                   sizeof r->tenant) != 0) {
     r->answered = 1;
     return problem(c, r, method, OUT_REJECTED, 400, "bad-tenant",
                    "Malformed tenant header", 0, 0,
                    "The %s header must be sent once, at most 255 bytes "
                    "without control characters.",
-                   cfg->tenant_header ? cfg->tenant_header
-                                      : "Authorization");
+                   tv ? cfg->tenant_header : "Authorization");
   }
   r->protect = 1;
   if (serve_operation(method, r->path, r->operation, sizeof r->operation) !=

@@ -231,6 +231,19 @@ int serve_operation(const char *method, const char *path, char *op,
 /* Non-zero for application/json and any +json media type. */
 int serve_is_json_type(const char *content_type);
 
+/*
+ * The tenant of a request, in idem serve and idem mcp --listen alike: with
+ * a tenant header (named, and sent once), its value as it is (at most 255
+ * bytes, no control characters); else "authorization:" and the SHA-256 of
+ * the Authorization header, so that two credentials never share records
+ * and no credential is stored; else fallback. tenant_value and auth are
+ * the headers' values or NULL, tenant_count and auth_count how many times
+ * each was sent. Writes out (at least 300 bytes); 0, or -1 when the
+ * headers cannot make a tenant (either sent twice, or a bad value).
+ */
+int serve_tenant(const char *tenant_value, int tenant_count, const char *auth,
+                 int auth_count, const char *fallback, char *out, size_t size);
+
 /* The key of an Idempotency-Key value: a token, or a structured-field
  * string ("..."), checked as libidem checks keys. malloc()ed; NULL with why
  * set when it is not a valid key. */

@@ -56,6 +56,22 @@ post a4 tenant-1 '{"title":"alice only"}' -H 'X-Tenant: alice'
 expect_eq "tenant header once: alice's replay" "201 true $(json a1 ticket_id)" \
   "$(code a4) $(header a4 Idempotent-Replayed) $(json a4 ticket_id)"
 expect_eq "tenant header: two effects, one per tenant" 2 "$(effects tenant-1)"
+# Without the tenant header, the credential decides, as without the option:
+# two credentials never share a record.
+post b1 tenant-2 '{"title":"bob"}' -H 'Authorization: Bearer bob'
+post b2 tenant-2 '{"title":"bob"}' -H 'Authorization: Bearer eve'
+expect_eq "no tenant header: eve does not get bob's answer" "201 " \
+  "$(code b2) $(header b2 Idempotent-Replayed)"
+expect_eq "no tenant header: eve's own ticket" "true" \
+  "$(python3 -c 'import sys; print(str(sys.argv[1] != sys.argv[2]).lower())' "$(json b1 ticket_id)" "$(json b2 ticket_id)")"
+post b3 tenant-2 '{"title":"bob"}' -H 'Authorization: Bearer bob'
+expect_eq "no tenant header: bob's retry replays his" "201 true $(json b1 ticket_id)" \
+  "$(code b3) $(header b3 Idempotent-Replayed) $(json b3 ticket_id)"
+expect_eq "no tenant header: two effects, one per credential" 2 "$(effects tenant-2)"
+post b4 tenant-2 '{"title":"bob"}' -H 'Authorization: Bearer bob' -H 'X-Tenant: bob-tenant'
+expect_eq "tenant header given: its own record, not the credential's" "201 " \
+  "$(code b4) $(header b4 Idempotent-Replayed)"
+expect_eq "tenant header given: a third effect" 3 "$(effects tenant-2)"
 stop_gateway "$GW_PID"
 start_gateway gwa --upstream "$UP" --store "$TMP/gwa.db" || { finish; exit 1; }
 post z1 auth-1 '{"title":"Z"}' -H 'Authorization: Bearer a' -H 'Authorization: Bearer b'
