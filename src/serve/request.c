@@ -68,8 +68,7 @@ int serve_tenant(const char *tenant_value, int tenant_count, const char *auth,
   if (tenant_value) {
     if (strlen(tenant_value) > 255)
       return -1;
-    for (const unsigned char *p = (const unsigned char *)tenant_value; *p;
-         p++)
+    for (const unsigned char *p = (const unsigned char *)tenant_value; *p; p++)
       if (*p < 0x20 || *p == 0x7f)
         return -1;
     snprintf(out, size, "%s", tenant_value);
@@ -109,8 +108,8 @@ char *serve_parse_key(const char *v, char *why, size_t size) {
   return k;
 }
 
-char *serve_request_json(const char *method, const char *uri,
-                         const char *body, size_t len, int json_type) {
+char *serve_request_json(const char *method, const char *uri, const char *body,
+                         size_t len, int json_type) {
   const char *q = strchr(uri, '?');
   size_t pl = q ? (size_t)(q - uri) : strlen(uri), cl = 0, hl;
   char hex[IDEM_FINGERPRINT_SIZE];
@@ -121,8 +120,8 @@ char *serve_request_json(const char *method, const char *uri,
 
   if (!path || !query)
     goto out;
-  head = json_pack("{s:s, s:s, s:s}", "method", method, "path", path,
-                   "query", query);
+  head = json_pack("{s:s, s:s, s:s}", "method", method, "path", path, "query",
+                   query);
   if (!head)
     goto out;
   /* A JSON body counts as JSON (idem_execute() fingerprints it by its
