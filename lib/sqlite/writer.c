@@ -347,41 +347,38 @@ static void cache_committed(sq_store *s, idem__op *op) {
 void idem__sq_run(void *state, idem__op *op) {
   sq_store *s = state;
   conn *c = NULL;
+  int claim = op->kind == IDEM__OP_CLAIM || op->kind == IDEM__OP_LOCAL;
   int rc;
 
   op->cache_it = 0;
-  if (op->kind == IDEM__OP_CLAIM || op->kind == IDEM__OP_LOCAL) {
-    idem__row row;
-    idem__action action;
-    int64_t now = idem__now_ms();
-    if (idem__cache_get(s->cache, op, now))
-      return;
-    /* With a writer, a claim that the cache cannot answer is decided by the
-     * writer, under the write lock: most are new keys, which must be
-     * written anyway, and a read on a pooled connection first cost each of
-     * them a transaction of its own (about a fifth of the throughput at 16
-     * callers). Records the writer reads completed are cached. */
-    if (s->writer) {
-      submit(s, op);
-      cache_committed(s, op);
-      return;
-    }
+  if (claim && idem__cache_get(s->cache, op, idem__now_ms()))
+    return;
+  /* With a writer, a claim that the cache cannot answer is decided by the
+   * writer, under the write lock: most are new keys, which must be written
+   * anyway, and a read on a pooled connection first cost each of them a
+   * transaction of its own (about a fifth of the throughput at 16 callers).
+   * Records the writer reads completed are cached. */
+  if (s->writer) {
+    submit(s, op);
+    cache_committed(s, op);
+    return;
+  }
+  rc = idem__sq_pool_get(s, &c);
+  if (rc != IDEM_OK) {
+    idem__op_fail(op, rc, "%s", idem_errmsg());
+    return;
+  }
+  if (claim) {
     /* Without one, outcomes that write nothing are answered from a pooled
      * connection's snapshot without waiting for the write lock. */
-    rc = idem__sq_pool_get(s, &c);
-    if (rc != IDEM_OK) {
-      idem__op_fail(op, rc, "%s", idem_errmsg());
-      return;
-    }
-    rc = idem__sq_load_and_decide(c, op, now, &row, &action);
+    idem__row row;
+    idem__action action;
+    rc = idem__sq_load_and_decide(c, op, idem__now_ms(), &row, &action);
     if (rc == IDEM_OK && action == IDEM__ACT_NONE) {
       idem__sq_pool_put(s, c);
-      if (op->claim->outcome == IDEM_REPLAY) {
-        const idem_response *r = &op->claim->response;
-        idem__cache_put(s->cache, op->id, row.fingerprint, row.expires_ms,
-                        row.attempt, row.recovered, r->status, r->meta,
-                        r->meta_len, r->body, r->body_len);
-      }
+      if (op->claim->outcome == IDEM_REPLAY)
+        idem__sq_cache_later(op, row.expires_ms, row.attempt);
+      cache_committed(s, op);
       return;
     }
     if (rc != IDEM_OK && rc != IDEM_EBUSY) {
@@ -393,20 +390,6 @@ void idem__sq_run(void *state, idem__op *op) {
     free(op->claim->resp_buf);
     op->claim->resp_buf = NULL;
     op->claim->has_response = 0;
-    run_batch(s, c, &op, 1);
-    idem__sq_pool_put(s, c);
-    cache_committed(s, op);
-    return;
-  }
-  if (s->writer) {
-    submit(s, op);
-    cache_committed(s, op);
-    return;
-  }
-  rc = idem__sq_pool_get(s, &c);
-  if (rc != IDEM_OK) {
-    idem__op_fail(op, rc, "%s", idem_errmsg());
-    return;
   }
   run_batch(s, c, &op, 1);
   idem__sq_pool_put(s, c);
