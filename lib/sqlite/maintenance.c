@@ -134,8 +134,7 @@ int idem__sq_files_intact(sq_store *s, char *why, size_t size) {
   return 0;
 }
 
-/* ---- checkpoints -----------------------------------------------------------
- */
+/* ---- checkpoints --------------------------------------------------------- */
 
 /*
  * A checkpoint whose fsync failed stops every later checkpoint of this

@@ -516,8 +516,7 @@ int idem__sq_step_once(conn *c, int which) {
   return rc == SQLITE_DONE ? SQLITE_OK : rc;
 }
 
-/* ---- operators ------------------------------------------------------------
- */
+/* ---- operators ----------------------------------------------------------- */
 
 /* A column's bytes, or NULL for SQL NULL. */
 static const void *col_bytes(sqlite3_stmt *q, int i, size_t *len) {
