@@ -773,6 +773,33 @@ IDEM_API int idem_execute_begin(idem_store *store, const idem_id *id,
 IDEM_API int idem_execute_end(idem_exec *exec, idem_exec_result result,
                               const idem_response *response);
 
+/*
+ * idem_execute_begin() and idem_execute_end() for an event loop: each
+ * returns at once, and done(ctx, ...) is called exactly once with what the
+ * blocking call would have returned (idem_errmsg() tells the detail inside
+ * done), on one of libidem's threads, or on the caller's before the call
+ * returns when the answer is known at once (a replay held in memory). On
+ * an error return (IDEM_EINVAL, IDEM_ENOMEM) done is never called and,
+ * for the ending, exec is still the caller's to end.
+ *
+ * The SQLite store queues the claims and completions into its group
+ * commit, so any number in flight take no thread; other stores, and what
+ * must wait (a claim with wait_ms, a completion retried while the store is
+ * busy, a release), run on at most 16 threads of the store's, in turn.
+ * done must be quick: the store's next batch may wait on it. request,
+ * id, opts and response need only be valid during the call.
+ */
+typedef void (*idem_begin_done_fn)(void *ctx, int rc, idem_exec *exec,
+                                   idem_call *call);
+typedef void (*idem_end_done_fn)(void *ctx, int rc);
+IDEM_API int idem_execute_begin_async(idem_store *store, const idem_id *id,
+                                      const char *request, size_t request_len,
+                                      const idem_execute_options *opts,
+                                      idem_begin_done_fn done, void *ctx);
+IDEM_API int idem_execute_end_async(idem_exec *exec, idem_exec_result result,
+                                    const idem_response *response,
+                                    idem_end_done_fn done, void *ctx);
+
 #ifdef __cplusplus
 }
 #endif

@@ -607,7 +607,9 @@ int idem_store_open(const char *url, const idem_store_options *opts,
 void idem_store_close(idem_store *store) {
   if (!store)
     return;
-  /* The scheduler first: it uses the backend. */
+  /* The runner first (its calls end leases), then the scheduler: both use
+   * the backend. */
+  idem__runner_free(store->runner);
   idem__sched_free(store->sched);
   store->methods->close(store->state);
   pthread_mutex_destroy(&store->sched_mu);
@@ -775,6 +777,36 @@ static int wait_in_flight(idem_store *store, idem__op *op) {
   return rc;
 }
 
+int idem__claim_prepare(idem_store *store, idem__op_kind kind,
+                        const idem_id *id, const char *fp,
+                        const idem_call_options *opts, idem_local_fn fn,
+                        void *ctx, idem__op *op) {
+  int rc;
+  memset(op, 0, sizeof *op);
+  if (!store)
+    return idem__fail(IDEM_EINVAL, "claim: NULL store");
+  if ((rc = check_id(id, 1)) || (rc = check_fingerprint(fp)))
+    return rc;
+  if ((rc = fill_options(opts, &op->opts)))
+    return rc;
+  op->kind = kind;
+  op->id = id;
+  op->fingerprint = fp;
+  op->fn = fn;
+  op->ctx = ctx;
+  op->claim = new_claim(id, fp, op->opts.retention_ms);
+  if (!op->claim)
+    return idem__fail(IDEM_ENOMEM, "claim: out of memory");
+  return IDEM_OK;
+}
+
+int idem__claim_run(idem_store *store, idem__op *op) {
+  int rc = run_op(store, op);
+  if (rc == IDEM_OK && op->claim->outcome == IDEM_IN_FLIGHT && op->opts.wait_ms)
+    rc = wait_in_flight(store, op);
+  return rc;
+}
+
 static int start(idem_store *store, idem__op_kind kind, const idem_id *id,
                  const char *fp, const idem_call_options *opts,
                  idem_local_fn fn, void *ctx, idem_call **out) {
@@ -784,25 +816,9 @@ static int start(idem_store *store, idem__op_kind kind, const idem_id *id,
   if (!out)
     return idem__fail(IDEM_EINVAL, "claim: NULL output");
   *out = NULL;
-  if (!store)
-    return idem__fail(IDEM_EINVAL, "claim: NULL store");
-  if ((rc = check_id(id, 1)) || (rc = check_fingerprint(fp)))
+  if ((rc = idem__claim_prepare(store, kind, id, fp, opts, fn, ctx, &op)))
     return rc;
-  memset(&op, 0, sizeof op);
-  if ((rc = fill_options(opts, &op.opts)))
-    return rc;
-  op.kind = kind;
-  op.id = id;
-  op.fingerprint = fp;
-  op.fn = fn;
-  op.ctx = ctx;
-  op.claim = new_claim(id, fp, op.opts.retention_ms);
-  if (!op.claim)
-    return idem__fail(IDEM_ENOMEM, "claim: out of memory");
-  rc = run_op(store, &op);
-  if (rc == IDEM_OK && op.claim->outcome == IDEM_IN_FLIGHT && op.opts.wait_ms)
-    rc = wait_in_flight(store, &op);
-  if (rc != IDEM_OK) {
+  if ((rc = idem__claim_run(store, &op)) != IDEM_OK) {
     idem_call_free(op.claim);
     return rc;
   }
@@ -826,16 +842,16 @@ int idem_execute_local(idem_store *store, const idem_id *id,
   return start(store, IDEM__OP_LOCAL, id, fingerprint, opts, fn, ctx, out);
 }
 
-static int finish(idem_store *store, idem_call *claim, idem__op_kind kind,
-                  const idem_response *response, int64_t lease_ms) {
-  idem__op op;
-  idem_id id;
-  int64_t deadline;
-  int rc, ends = 0;
-  idem__clear_error();
+int idem__finish_prepare(idem_store *store, idem_call *claim,
+                         idem__op_kind kind, const idem_response *response,
+                         int64_t lease_ms, idem__op *op, idem_id *id,
+                         idem__finish *f) {
+  int rc;
+  memset(op, 0, sizeof *op);
   if (!store || !claim)
     return idem__fail(IDEM_EINVAL, "NULL store or claim");
-  deadline = claim->lease_expires_ms;
+  f->deadline = claim->lease_expires_ms;
+  f->ends = 0;
   if (!claim->held)
     return idem__fail(IDEM_ESTATE,
                       "claim of key '%s' is not held (outcome %s, or "
@@ -860,37 +876,55 @@ static int finish(idem_store *store, idem_call *claim, idem__op_kind kind,
   if (kind == IDEM__OP_RELEASE && claim->outcome == IDEM_RECOVER) {
     kind = claim->took_over_unknown ? IDEM__OP_MARK_UNKNOWN : IDEM__OP_RENEW;
     lease_ms = 0;
-    ends = 1;
+    f->ends = 1;
   }
-  memset(&op, 0, sizeof op);
-  id.tenant = claim->tenant;
-  id.operation = claim->operation;
-  id.key = claim->key;
-  op.kind = kind;
-  op.id = &id;
-  op.fingerprint = claim->fingerprint;
-  op.claim = claim;
-  op.response = response;
-  op.lease_ms = lease_ms;
-  op.opts.retention_ms = claim->retention_ms;
-  rc = run_op(store, &op);
+  id->tenant = claim->tenant;
+  id->operation = claim->operation;
+  id->key = claim->key;
+  op->kind = kind;
+  op->id = id;
+  op->fingerprint = claim->fingerprint;
+  op->claim = claim;
+  op->response = response;
+  op->lease_ms = lease_ms;
+  op->opts.retention_ms = claim->retention_ms;
+  return IDEM_OK;
+}
+
+void idem__finish_after(idem__op *op, int rc, const idem__finish *f) {
+  idem_call *claim = op->claim;
   /* A backend writes the new deadline into the claim with the renewal's
    * statement; when the transaction then fails, the lease is still the one
    * stored before, and the holder must not count on a longer one. */
-  if (rc != IDEM_OK && kind == IDEM__OP_RENEW)
-    claim->lease_expires_ms = deadline;
-  if (rc == IDEM_OK && (kind != IDEM__OP_RENEW || ends)) {
+  if (rc != IDEM_OK && op->kind == IDEM__OP_RENEW)
+    claim->lease_expires_ms = f->deadline;
+  if (rc == IDEM_OK && (op->kind != IDEM__OP_RENEW || f->ends)) {
     claim->held = 0;
     claim->lease_expires_ms = 0;
     /* A takeover's release leaves the record as the takeover found it. */
-    claim->ended_state = kind == IDEM__OP_COMPLETE       ? IDEM_STATE_COMPLETED
-                         : kind == IDEM__OP_MARK_UNKNOWN ? IDEM_STATE_UNKNOWN
-                         : ends                          ? IDEM_STATE_IN_PROGRESS
-                                                         : 0;
-    idem__wait_wake(&id);
+    claim->ended_state = op->kind == IDEM__OP_COMPLETE ? IDEM_STATE_COMPLETED
+                         : op->kind == IDEM__OP_MARK_UNKNOWN
+                             ? IDEM_STATE_UNKNOWN
+                         : f->ends ? IDEM_STATE_IN_PROGRESS
+                                   : 0;
+    idem__wait_wake(op->id);
   }
   if (rc == IDEM_ESTALE)
     claim->held = 0;
+}
+
+static int finish(idem_store *store, idem_call *claim, idem__op_kind kind,
+                  const idem_response *response, int64_t lease_ms) {
+  idem__op op;
+  idem_id id;
+  idem__finish f;
+  int rc;
+  idem__clear_error();
+  if ((rc = idem__finish_prepare(store, claim, kind, response, lease_ms, &op,
+                                 &id, &f)))
+    return rc;
+  rc = run_op(store, &op);
+  idem__finish_after(&op, rc, &f);
   return rc;
 }
 

@@ -220,82 +220,84 @@ static int exact_is_canonical(const char *t, size_t n) {
   return 1;
 }
 
-static int exec_begin(idem_store *store, const idem_id *id,
-                      const char *request, size_t request_len,
-                      const idem_execute_options *opts, idem_exec *x,
-                      idem_call **out) {
-  idem_execute_options o;
-  char fp[IDEM_FINGERPRINT_SIZE], *canon = NULL;
+/* exec_begin()'s checks and the fingerprint: o gets opts (call.request
+ * set to *canon, the canonical form kept with the record), fp the
+ * fingerprint, *budget how long an ending is retried. */
+static int begin_prepare(idem_store *store, const char *request,
+                         size_t request_len, const idem_execute_options *opts,
+                         idem_execute_options *o,
+                         char fp[IDEM_FINGERPRINT_SIZE], char **canon,
+                         int64_t *budget) {
   size_t canon_len = 0;
-  idem_call *call = NULL;
   int rc;
-  int64_t asked, lease_ms;
 
-  memset(x, 0, sizeof *x);
-  *out = NULL;
+  *canon = NULL;
   if (!store || (!request && request_len))
     return idem__fail(IDEM_EINVAL, "execute: NULL store or request");
-  memset(&o, 0, sizeof o);
+  memset(o, 0, sizeof *o);
   if (opts)
-    o = *opts;
-  if (o.call.request || o.call.request_len)
+    *o = *opts;
+  if (o->call.request || o->call.request_len)
     return idem__fail(IDEM_EINVAL,
                       "execute: call.request is set; idem_execute() keeps "
                       "the canonical request itself: leave call.request "
                       "NULL and call.request_len 0");
-  if (o.finish_retry_ms < 0)
+  if (o->finish_retry_ms < 0)
     return idem__fail(IDEM_EINVAL, "execute: negative finish_retry_ms");
-  if (o.fingerprint_pointers && !o.fingerprint_pointers[0])
+  if (o->fingerprint_pointers && !o->fingerprint_pointers[0])
     return idem__fail(IDEM_EINVAL,
                       "execute: fingerprint_pointers is empty: every request "
                       "would share one fingerprint; pass NULL for the whole "
                       "request");
-  x->budget = o.finish_retry_ms ? o.finish_retry_ms : DEFAULT_FINISH_RETRY_MS;
+  *budget = o->finish_retry_ms ? o->finish_retry_ms : DEFAULT_FINISH_RETRY_MS;
 
   /* The fingerprint is taken from the request as sent: its numbers exact
    * where a double cannot hold them. The canonical form kept for operators
    * has doubles; for most requests the two texts are the same, and one
    * parse serves both. */
-  {
-    char *text = NULL;
-    size_t text_len = 0;
-    rc = idem__fingerprint_text(request ? request : "", request_len,
-                                o.fingerprint_pointers, &text, &text_len,
-                                NULL);
-    if (rc == IDEM_OK)
-      rc = idem__sha256_parts((const void *const *)&text, &text_len, 1, fp);
-    if (rc == IDEM_OK && !o.fingerprint_pointers &&
-        exact_is_canonical(text, text_len)) {
-      canon = text;
-      canon_len = text_len;
-      text = NULL;
-    } else if (rc == IDEM_OK) {
-      rc = idem_canonicalize(request ? request : "", request_len, NULL,
-                             &canon, &canon_len, NULL);
-    }
-    idem_free(text);
-    if (rc != IDEM_OK)
-      goto out;
+  char *text = NULL;
+  size_t text_len = 0;
+  rc = idem__fingerprint_text(request ? request : "", request_len,
+                              o->fingerprint_pointers, &text, &text_len, NULL);
+  if (rc == IDEM_OK)
+    rc = idem__sha256_parts((const void *const *)&text, &text_len, 1, fp);
+  if (rc == IDEM_OK && !o->fingerprint_pointers &&
+      exact_is_canonical(text, text_len)) {
+    *canon = text;
+    canon_len = text_len;
+    text = NULL;
+  } else if (rc == IDEM_OK) {
+    rc = idem_canonicalize(request ? request : "", request_len, NULL, canon,
+                           &canon_len, NULL);
   }
-  o.call.request = canon;
-  o.call.request_len = canon_len;
-  asked = idem__mono_ms();
-  if ((rc = idem_claim(store, id, fp, &o.call, &call)) != IDEM_OK)
-    goto out;
-  if (idem_call_outcome(call) != IDEM_PROCEED &&
-      idem_call_outcome(call) != IDEM_RECOVER) {
-    *out = call;
-    goto out;
-  }
+  idem_free(text);
+  o->call.request = *canon;
+  o->call.request_len = canon_len;
+  return rc;
+}
 
-  lease_ms = o.call.lease_ms ? o.call.lease_ms : IDEM__DEFAULT_LEASE_MS;
-  /*
-   * A claim that came back with most of its lease gone (a long queue
-   * before the store's write) is renewed before the action starts: run
-   * on an ended lease, the action could act beside a takeover's.
-   */
-  if (idem__lease_deadline(store, call->lease_expires_ms, asked, lease_ms) -
-          idem__mono_ms() < lease_ms / 3) {
+static int64_t lease_of(const idem_execute_options *o) {
+  return o->call.lease_ms ? o->call.lease_ms : IDEM__DEFAULT_LEASE_MS;
+}
+
+/* Whether a claim asked at asked came back with most of its lease gone (a
+ * long queue before the store's write): it is renewed before the action
+ * starts, since run on an ended lease the action could act beside a
+ * takeover's. */
+static int late_claim(idem_store *store, const idem_call *call, int64_t asked,
+                      int64_t lease_ms) {
+  return idem__lease_deadline(store, call->lease_expires_ms, asked, lease_ms) -
+             idem__mono_ms() <
+         lease_ms / 3;
+}
+
+/* A claim that came back PROCEED or RECOVER: renewed first when it came
+ * back late, then x runs. On failure the key is released (unless taken
+ * over) and call is freed. */
+static int begin_hold(idem_store *store, const idem_id *id, idem_call *call,
+                      int64_t lease_ms, int64_t asked, idem_exec *x) {
+  int rc;
+  if (late_claim(store, call, asked, lease_ms)) {
     int64_t again = idem__mono_ms();
     if ((rc = idem_renew(store, call, lease_ms)) != IDEM_OK) {
       char why[512];
@@ -303,14 +305,14 @@ static int exec_begin(idem_store *store, const idem_id *id,
       if (rc != IDEM_ESTALE)
         idem_release(store, call);
       idem_call_free(call);
-      rc = idem__fail(rc,
-                      "execute: key '%s': the claim came back with its lease "
-                      "nearly over, and renewing it failed (%s); the action "
-                      "did not run%s",
-                      id->key, why,
-                      rc == IDEM_ESTALE ? " (another holder took the key over)"
-                                        : "");
-      goto out;
+      return idem__fail(rc,
+                        "execute: key '%s': the claim came back with its "
+                        "lease nearly over, and renewing it failed (%s); the "
+                        "action did not run%s",
+                        id->key, why,
+                        rc == IDEM_ESTALE
+                            ? " (another holder took the key over)"
+                            : "");
     }
     asked = again;
   }
@@ -320,83 +322,126 @@ static int exec_begin(idem_store *store, const idem_id *id,
     snprintf(why, sizeof why, "%s", idem_errmsg());
     idem_release(store, call);
     idem_call_free(call);
-    rc = idem__fail(rc, "%s", why);
-    goto out;
+    return idem__fail(rc, "%s", why);
   }
-  *out = call;
+  return IDEM_OK;
+}
+
+/*
+ * The claim and the start of renewals: idem_execute()'s first half. On
+ * PROCEED and RECOVER x runs (its renewals started) and *out is the held
+ * call; on the other outcomes x does not run and *out tells the outcome.
+ * On failure *out is NULL.
+ */
+static int exec_begin(idem_store *store, const idem_id *id,
+                      const char *request, size_t request_len,
+                      const idem_execute_options *opts, idem_exec *x,
+                      idem_call **out) {
+  idem_execute_options o;
+  char fp[IDEM_FINGERPRINT_SIZE], *canon = NULL;
+  idem_call *call = NULL;
+  int64_t asked, budget = 0;
+  int rc;
+
+  memset(x, 0, sizeof *x);
+  *out = NULL;
+  rc = begin_prepare(store, request, request_len, opts, &o, fp, &canon,
+                     &budget);
+  x->budget = budget;
+  if (rc != IDEM_OK)
+    goto out;
+  asked = idem__mono_ms();
+  if ((rc = idem_claim(store, id, fp, &o.call, &call)) != IDEM_OK)
+    goto out;
+  if (idem_call_outcome(call) == IDEM_PROCEED ||
+      idem_call_outcome(call) == IDEM_RECOVER)
+    rc = begin_hold(store, id, call, lease_of(&o), asked, x);
+  if (rc == IDEM_OK)
+    *out = call;
 out:
   idem_free(canon);
   return rc;
+}
+
+static int end_how(idem_exec_result result) {
+  return result == IDEM_EXEC_DONE                ? END_COMPLETE
+         : result == IDEM_EXEC_NOT_DONE          ? END_RELEASE
+         : result == IDEM_EXEC_LEAVE_IN_PROGRESS ? END_ABANDON
+                                                 : END_UNKNOWN;
+}
+
+/* For a completion: resp checked and copied into the call. IDEM_OK, or
+ * why it cannot be kept (why says so; the call is unchanged). */
+static int end_keep(idem_exec *x, const idem_response *resp, char *why,
+                    size_t size) {
+  int bad = idem__response_problem(resp, "its response", why, size);
+  if (bad != IDEM_OK)
+    return bad;
+  if (idem__claim_set_response(x->call, resp->status, resp->meta,
+                               resp->meta_len, resp->body,
+                               resp->body_len) != IDEM_OK) {
+    snprintf(why, size, "there was no memory left to keep its response");
+    return IDEM_ENOMEM;
+  }
+  return IDEM_OK;
+}
+
+/* The action ran, but its response cannot be kept (bad, why): the key must
+ * not look free, nor stay in progress for a takeover to act again. */
+static int end_unkeepable(idem_exec *x, int bad, const char *why) {
+  const char *key = x->call->key;
+  int marked = end_record(x, END_UNKNOWN, NULL, x->budget);
+  exec_stop(x);
+  return idem__fail(bad, "execute: key '%s': the action ran, but %s; the key %s",
+                    key, why,
+                    marked == IDEM_OK
+                        ? "is marked unknown (resolve it as an operator)"
+                        : "could not be marked unknown either");
+}
+
+/* After the ending's write answered rc (why: its detail): what the caller
+ * is told, and x's renewals stopped. */
+static int end_report(idem_exec *x, int how, int rc, const char *why) {
+  const char *key = x->call->key;
+  int marked = -1;
+  if (rc == IDEM_OK) {
+    exec_stop(x);
+    return IDEM_OK;
+  }
+  /* The lease was taken over: the key is another holder's now, and it
+   * must not be touched. Otherwise a completion that failed for good
+   * leaves the key unknown rather than free or in progress. */
+  if (rc != IDEM_ESTALE && how == END_COMPLETE)
+    marked = end_record(x, END_UNKNOWN, NULL, x->budget / 4);
+  exec_stop(x);
+  return idem__fail(
+      rc, "execute: key '%s': the action %s, but it could not be %s: %s%s",
+      key, how == END_RELEASE ? "did not act" : "ran", ending_name(how), why,
+      rc == IDEM_ESTALE ? " (another holder took the key over)"
+      : marked == IDEM_OK
+          ? "; the key is marked unknown"
+      : how == END_COMPLETE
+          ? "; marking the key unknown failed too: it stays in progress"
+          : "");
 }
 
 /* Ends the record by what the action reported and stops x's renewals:
  * idem_execute()'s second half. */
 static int exec_end(idem_exec *x, idem_exec_result result,
                     const idem_response *response) {
-  idem_call *call = x->call;
-  const char *key = call->key;
-  int64_t budget = x->budget;
   idem_response resp;
-  int rc, how;
+  char why[512];
+  int rc, how = end_how(result);
 
   memset(&resp, 0, sizeof resp);
   if (response && result == IDEM_EXEC_DONE)
     resp = *response;
-  how = result == IDEM_EXEC_DONE       ? END_COMPLETE
-        : result == IDEM_EXEC_NOT_DONE ? END_RELEASE
-        : result == IDEM_EXEC_LEAVE_IN_PROGRESS ? END_ABANDON
-                                       : END_UNKNOWN;
-  if (how == END_COMPLETE) {
-    char why[128];
-    int bad = idem__response_problem(&resp, "its response", why, sizeof why);
-    if (bad != IDEM_OK) {
-      /* The action ran, but this response cannot be kept: the key must not
-       * look free, nor stay in progress for a takeover to act again. */
-      int marked = end_record(x, END_UNKNOWN, NULL, budget);
-      exec_stop(x);
-      return idem__fail(bad,
-                        "execute: key '%s': the action ran, but %s; the key %s",
-                        key, why,
-                        marked == IDEM_OK
-                            ? "is marked unknown (resolve it as an operator)"
-                            : "could not be marked unknown either");
-    }
-    if (idem__claim_set_response(call, resp.status, resp.meta, resp.meta_len,
-                                 resp.body, resp.body_len) != IDEM_OK) {
-      int marked = end_record(x, END_UNKNOWN, NULL, budget);
-      exec_stop(x);
-      return idem__fail(IDEM_ENOMEM,
-                        "execute: key '%s': out of memory after the action "
-                        "ran; the key %s",
-                        key,
-                        marked == IDEM_OK ? "is marked unknown"
-                                          : "could not be marked unknown");
-    }
-  }
-  rc = end_record(x, how, &resp, budget);
-  if (rc != IDEM_OK) {
-    char why[512];
-    int marked = -1;
-    snprintf(why, sizeof why, "%s", idem_errmsg());
-    /* The lease was taken over: the key is another holder's now, and it
-     * must not be touched. Otherwise a completion that failed for good
-     * leaves the key unknown rather than free or in progress. */
-    if (rc != IDEM_ESTALE && how == END_COMPLETE)
-      marked = end_record(x, END_UNKNOWN, NULL, budget / 4);
-    exec_stop(x);
-    return idem__fail(
-        rc, "execute: key '%s': the action %s, but it could not be %s: %s%s",
-        key, how == END_RELEASE ? "did not act" : "ran", ending_name(how),
-        why,
-        rc == IDEM_ESTALE ? " (another holder took the key over)"
-        : marked == IDEM_OK
-            ? "; the key is marked unknown"
-        : how == END_COMPLETE
-            ? "; marking the key unknown failed too: it stays in progress"
-            : "");
-  }
-  exec_stop(x);
-  return IDEM_OK;
+  if (how == END_COMPLETE &&
+      (rc = end_keep(x, &resp, why, sizeof why)) != IDEM_OK)
+    return end_unkeepable(x, rc, why);
+  rc = end_record(x, how, &resp, x->budget);
+  snprintf(why, sizeof why, "%s", rc == IDEM_OK ? "" : idem_errmsg());
+  return end_report(x, how, rc, why);
 }
 
 int idem_execute(idem_store *store, const idem_id *id, const char *request,
@@ -467,4 +512,250 @@ int idem_execute_end(idem_exec *exec, idem_exec_result result,
   if (rc == IDEM_OK)
     idem__clear_error();
   return rc;
+}
+
+/* ---- without waiting --------------------------------------------------- */
+
+/* An asynchronous begin or end: its op first, queued on the backend or run
+ * on the store's runner (runner.c). */
+typedef struct async_call {
+  idem__op op;
+  idem_store *store;
+  idem_exec *x;
+  void *ctx;
+  /* begin */
+  idem_begin_done_fn begun;
+  idem_execute_options o;
+  char fp[IDEM_FINGERPRINT_SIZE];
+  char *canon;
+  idem_id id;
+  int64_t asked;
+  /* end */
+  idem_end_done_fn ended;
+  int how, bad;
+  idem__finish f;
+  char why[512];
+} async_call;
+
+/* op on the backend's queue, or else on a runner thread, or else here. */
+static void run_op_task(void *arg) {
+  async_call *a = arg;
+  a->op.rc = IDEM_OK;
+  a->op.errmsg[0] = '\0';
+  a->store->methods->run(a->store->state, &a->op);
+  a->op.on_done(&a->op);
+}
+
+static void queue_op(async_call *a) {
+  const idem__store_methods *m = a->store->methods;
+  a->op.on_done_ctx = a;
+  a->op.rc = IDEM_OK;
+  a->op.errmsg[0] = '\0';
+  if (m->version >= 5 && m->queue && m->queue(a->store->state, &a->op) == 0)
+    return;
+  if (idem__runner_submit(a->store, run_op_task, a) != 0)
+    run_op_task(a);
+}
+
+/* fn(a) on a runner thread, or here when none can start. */
+static void on_runner(async_call *a, void (*fn)(void *)) {
+  if (idem__runner_submit(a->store, fn, a) != 0)
+    fn(a);
+}
+
+/* The op's error as this thread's. */
+static int op_result(idem__op *op) {
+  if (op->rc == IDEM_OK)
+    return IDEM_OK;
+  return idem__fail(op->rc, "%s",
+                    op->errmsg[0] ? op->errmsg : idem_strerror(op->rc));
+}
+
+static void begin_answer(async_call *a, int rc, idem_call *call) {
+  idem_exec *x = a->x;
+  if (!(rc == IDEM_OK && x->running)) {
+    free(x);
+    x = NULL;
+  }
+  if (rc == IDEM_OK)
+    idem__clear_error();
+  a->begun(a->ctx, rc, x, rc == IDEM_OK ? call : NULL);
+  idem_free(a->canon);
+  free(a);
+}
+
+/* The claim came back late: renewed on a runner thread, since it waits. */
+static void begin_late(void *arg) {
+  async_call *a = arg;
+  idem_call *call = a->op.claim;
+  int rc = begin_hold(a->store, &a->id, call, lease_of(&a->o), a->asked, a->x);
+  begin_answer(a, rc, call);
+}
+
+/* The claim's answer (rc, op.claim): on whatever thread it came. */
+static void begin_claimed(async_call *a, int rc) {
+  idem_call *call = a->op.claim;
+  if (rc != IDEM_OK) {
+    idem_call_free(call);
+    begin_answer(a, rc, NULL);
+    return;
+  }
+  if (call->outcome != IDEM_PROCEED && call->outcome != IDEM_RECOVER) {
+    begin_answer(a, IDEM_OK, call);
+    return;
+  }
+  if (late_claim(a->store, call, a->asked, lease_of(&a->o))) {
+    on_runner(a, begin_late);
+    return;
+  }
+  rc = begin_hold(a->store, &a->id, call, lease_of(&a->o), a->asked, a->x);
+  begin_answer(a, rc, call);
+}
+
+static void begin_queued(idem__op *op) {
+  async_call *a = op->on_done_ctx;
+  begin_claimed(a, op_result(op));
+}
+
+/* A claim that waits for a key in flight: on a runner thread. */
+static void begin_waiting(void *arg) {
+  async_call *a = arg;
+  begin_claimed(a, idem__claim_run(a->store, &a->op));
+}
+
+int idem_execute_begin_async(idem_store *store, const idem_id *id,
+                             const char *request, size_t request_len,
+                             const idem_execute_options *opts,
+                             idem_begin_done_fn done, void *ctx) {
+  async_call *a;
+  int rc;
+
+  idem__clear_error();
+  if (!done)
+    return idem__fail(IDEM_EINVAL, "execute_begin_async: NULL done");
+  if (!(a = calloc(1, sizeof *a)) || !(a->x = calloc(1, sizeof *a->x))) {
+    free(a);
+    return idem__fail(IDEM_ENOMEM, "execute_begin_async: out of memory");
+  }
+  a->store = store;
+  a->begun = done;
+  a->ctx = ctx;
+  rc = begin_prepare(store, request, request_len, opts, &a->o, a->fp,
+                     &a->canon, &a->x->budget);
+  if (rc == IDEM_OK)
+    rc = idem__claim_prepare(store, IDEM__OP_CLAIM, id, a->fp, &a->o.call,
+                             NULL, NULL, &a->op);
+  if (rc != IDEM_OK) {
+    idem_free(a->canon);
+    free(a->x);
+    free(a);
+    return rc;
+  }
+  /* The caller's id may go once this returns: the claim holds copies. */
+  a->id.tenant = a->op.claim->tenant;
+  a->id.operation = a->op.claim->operation;
+  a->id.key = a->op.claim->key;
+  a->op.id = &a->id;
+  a->op.fingerprint = a->fp;
+  a->asked = idem__mono_ms();
+  if (a->o.call.wait_ms) {
+    on_runner(a, begin_waiting);
+    return IDEM_OK;
+  }
+  a->op.on_done = begin_queued;
+  queue_op(a);
+  return IDEM_OK;
+}
+
+static void end_answer(async_call *a, int rc) {
+  free(a->x);
+  if (rc == IDEM_OK)
+    idem__clear_error();
+  a->ended(a->ctx, rc);
+  free(a);
+}
+
+/* What the queue could not end: the blocking path, on a runner thread. */
+static void end_blocking(void *arg) {
+  async_call *a = arg;
+  int rc;
+  if (a->bad) {
+    end_answer(a, end_unkeepable(a->x, a->bad, a->why));
+    return;
+  }
+  rc = end_record(a->x, a->how, &a->x->call->response, a->x->budget);
+  snprintf(a->why, sizeof a->why, "%s", rc == IDEM_OK ? "" : idem_errmsg());
+  end_answer(a, end_report(a->x, a->how, rc, a->why));
+}
+
+/* A completion's write failed for good: said on a runner thread, since
+ * marking the key unknown waits. */
+static void end_failed(void *arg) {
+  async_call *a = arg;
+  end_answer(a, end_report(a->x, a->how, a->bad, a->why));
+}
+
+static void end_queued(idem__op *op) {
+  async_call *a = op->on_done_ctx;
+  int rc = op->rc;
+  idem__finish_after(op, rc, &a->f);
+  if (rc == IDEM_OK) {
+    idem__lease_unhold(&a->x->lease, 1);
+    end_answer(a, end_report(a->x, a->how, IDEM_OK, ""));
+  } else if (rc == IDEM_EBUSY || rc == IDEM_EUNAVAILABLE) {
+    /* Retried with backoff, as idem_execute_end() does. */
+    idem__lease_unhold(&a->x->lease, 0);
+    on_runner(a, end_blocking);
+  } else {
+    idem__lease_unhold(&a->x->lease, 1);
+    a->bad = rc;
+    snprintf(a->why, sizeof a->why, "%s",
+             op->errmsg[0] ? op->errmsg : idem_strerror(rc));
+    on_runner(a, end_failed);
+  }
+}
+
+int idem_execute_end_async(idem_exec *exec, idem_exec_result result,
+                           const idem_response *response,
+                           idem_end_done_fn done, void *ctx) {
+  async_call *a;
+  idem_response resp;
+
+  idem__clear_error();
+  if (!exec || !done)
+    return idem__fail(IDEM_EINVAL, "execute_end_async: NULL action or done");
+  if (!(a = calloc(1, sizeof *a)))
+    return idem__fail(IDEM_ENOMEM, "execute_end_async: out of memory");
+  if (result != IDEM_EXEC_DONE && result != IDEM_EXEC_NOT_DONE &&
+      result != IDEM_EXEC_UNKNOWN && result != IDEM_EXEC_LEAVE_IN_PROGRESS)
+    result = IDEM_EXEC_UNKNOWN;
+  a->store = exec->store;
+  a->x = exec;
+  a->ended = done;
+  a->ctx = ctx;
+  a->how = end_how(result);
+  memset(&resp, 0, sizeof resp);
+  if (response && result == IDEM_EXEC_DONE)
+    resp = *response;
+  if (a->how == END_COMPLETE)
+    a->bad = end_keep(exec, &resp, a->why, sizeof a->why);
+  /* Only a completion that need not wait is queued: the rest (a response
+   * that cannot be kept, a release, a renewal in progress, a lease taken
+   * over) take the blocking path, which they rarely need. */
+  if (a->how != END_COMPLETE || a->bad ||
+      idem__lease_try_hold(&exec->lease) != 0) {
+    on_runner(a, end_blocking);
+    return IDEM_OK;
+  }
+  if (idem__finish_prepare(a->store, exec->call, IDEM__OP_COMPLETE,
+                           &exec->call->response, 0, &a->op, &a->id,
+                           &a->f) != IDEM_OK) {
+    idem__lease_unhold(&exec->lease, 0);
+    idem__clear_error();
+    on_runner(a, end_blocking);
+    return IDEM_OK;
+  }
+  a->op.on_done = end_queued;
+  queue_op(a);
+  return IDEM_OK;
 }

@@ -352,6 +352,18 @@ int idem__lease_hold(idem__lease *l, char *why, size_t size) {
   return stale;
 }
 
+int idem__lease_try_hold(idem__lease *l) {
+  idem__sched *s = l->sched;
+  int rc = 1;
+  pthread_mutex_lock(&s->mu);
+  if (!l->busy && !l->stale) {
+    l->ending = 1;
+    rc = 0;
+  }
+  pthread_mutex_unlock(&s->mu);
+  return rc;
+}
+
 void idem__lease_unhold(idem__lease *l, int final) {
   idem__sched *s = l->sched;
   pthread_mutex_lock(&s->mu);

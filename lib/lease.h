@@ -58,6 +58,10 @@ int idem__lease_start(idem_store *store, idem__lease *l);
  * over (why says how).
  */
 int idem__lease_hold(idem__lease *l, char *why, size_t size);
+/* idem__lease_hold() when it need not wait and the lease was not taken
+ * over: 0 held, or non-zero (not held: a renewal is running, or the lease
+ * is stale). */
+int idem__lease_try_hold(idem__lease *l);
 /* Lets renewals go on (final == 0: the ending is tried again later) or
  * ends them for good (final != 0). */
 void idem__lease_unhold(idem__lease *l, int final);

@@ -19,7 +19,7 @@
 
 #include <pthread.h>
 
-#define IDEM__STORE_METHODS_VERSION 4
+#define IDEM__STORE_METHODS_VERSION 5
 
 /* Defaults and rates every backend shares. */
 #define IDEM__DEFAULT_LEASE_MS 30000
@@ -79,6 +79,10 @@ typedef struct idem__op {
   char errmsg[512];
   struct idem__op *next; /* the backend's queue */
   void *waiter; /* the backend's: who waits for this op (a condition) */
+  /* A queued op's (the queue method): called once the op ran, on one of
+   * the backend's threads. It may free the op. */
+  void (*on_done)(struct idem__op *op);
+  void *on_done_ctx; /* the engine's */
   int done;
   /* The backend's: a completed record that this op read or wrote, for the
    * cache once its transaction committed (its retention's end, attempt). */
@@ -154,6 +158,14 @@ typedef struct idem__store_methods {
    * the engine answers IDEM_OK when a read works.
    */
   int (*check)(void *state);
+  /*
+   * Version 5. Queues op (a claim or an ending) and returns at once;
+   * op->on_done(op) runs once it has run, on one of the backend's threads,
+   * with its result in op as run() leaves it. 0, or non-zero when the
+   * backend cannot queue it now (op is untouched: the engine runs it on a
+   * thread of its own). NULL: the engine always does.
+   */
+  int (*queue)(void *state, idem__op *op);
 } idem__store_methods;
 
 /* A store handle. */
@@ -163,7 +175,41 @@ struct idem_store {
   pthread_mutex_t sched_mu; /* guards sched's creation */
   struct idem__sched *sched; /* renews idem_execute()'s leases; made when
                                 first needed */
+  struct idem__runner *runner; /* runs the asynchronous calls that the
+                                  backend cannot queue; likewise */
 };
+
+/* idem_claim()'s checks: fills op for a claim (op->claim allocated, op->id
+ * and op->fingerprint pointing at id and fp). IDEM_OK or the error. */
+int idem__claim_prepare(idem_store *store, idem__op_kind kind,
+                        const idem_id *id, const char *fp,
+                        const idem_call_options *opts, idem_local_fn fn,
+                        void *ctx, idem__op *op);
+/* Runs a prepared claim on this thread, waiting for a key in flight as its
+ * options say; op->claim is the answer. IDEM_OK or the error (its detail
+ * set). */
+int idem__claim_run(idem_store *store, idem__op *op);
+/* What an ending's after-work needs. */
+typedef struct idem__finish {
+  int64_t deadline; /* the lease before the op */
+  int ends;         /* a takeover's release, written as a renewal */
+} idem__finish;
+/* idem_complete()'s (and the other endings') checks: fills op and *id for
+ * the ending (op->id = id). IDEM_OK or the error (nothing to run). */
+int idem__finish_prepare(idem_store *store, idem_call *claim,
+                         idem__op_kind kind, const idem_response *response,
+                         int64_t lease_ms, idem__op *op, idem_id *id,
+                         idem__finish *f);
+/* What an ending that ran with result rc changes in its claim, and who
+ * waits for it. */
+void idem__finish_after(idem__op *op, int rc, const idem__finish *f);
+
+typedef struct idem__runner idem__runner;
+/* Runs fn(arg) on one of store's runner threads (runner.c). 0, or -1 when
+ * none can start: the caller then runs it. */
+int idem__runner_submit(idem_store *store, void (*fn)(void *arg), void *arg);
+/* Runs what is queued, then ends the threads (idem_store_close()). */
+void idem__runner_free(idem__runner *r);
 
 extern const idem__store_methods idem__sqlite_methods;
 extern const idem__store_methods idem__pg_methods;

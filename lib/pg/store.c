@@ -1163,4 +1163,6 @@ const idem__store_methods idem__pg_methods = {
     idem__pg_watch,
     idem__pg_clock_ahead,
     idem__pg_check,
+    NULL, /* queue: the engine's runner threads run the calls, one
+             connection each */
 };

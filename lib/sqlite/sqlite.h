@@ -51,6 +51,7 @@
 /* 1: idem 0.2; 2: the recovered mark (idem_record.recovered). */
 #define SCHEMA_VERSION 2
 #define BATCH_MAX 64
+#define ASYNC_LEADERS 2
 #define CKPT_FRAMES 1000    /* as SQLite's own automatic checkpoint */
 #define CKPT_PERIOD_MS 1000 /* and now and then for other processes' frames */
 
@@ -114,6 +115,11 @@ typedef struct sq_store {
   int queued, inside, peak; /* queued ops; callers in submit(); their peak */
   int last_batch, prev_batch;
   unsigned batches;
+  /* The store's own leaders, for ops queued by callers that do not wait
+   * (idem__sq_queue()): started when the first is queued. */
+  pthread_t async_threads[ASYNC_LEADERS];
+  int async_started, async_stop;
+  pthread_cond_t async_cv;
 
   /* Checkpoints run on a thread of their own, so that no batch of callers
    * waits for the write-ahead log to be copied into the database. */
@@ -183,6 +189,10 @@ int idem__sq_list(void *state, const idem_filter *f, idem_record_fn fn,
 void idem__sq_run_many(void *state, idem__op **ops, int n);
 int64_t idem__sq_clock_ahead(void *state);
 void idem__sq_run(void *state, idem__op *op);
+/* Queues op for the next group commit; op->on_done(op) runs once it has
+ * (at once for a replay from the cache). 0, or -1 when this store cannot
+ * queue (no writer): the caller runs it. */
+int idem__sq_queue(void *state, idem__op *op);
 
 /* ---- maintenance.c ------------------------------------------------------- */
 

@@ -18,6 +18,14 @@ static void sq_close(void *state) {
   conn *c;
   if (!s)
     return;
+  if (s->async_started) {
+    pthread_mutex_lock(&s->gc_mu);
+    s->async_stop = 1;
+    pthread_cond_broadcast(&s->async_cv);
+    pthread_mutex_unlock(&s->gc_mu);
+    for (int i = 0; i < s->async_started; i++)
+      pthread_join(s->async_threads[i], NULL);
+  }
   if (s->ckpt_running) {
     pthread_mutex_lock(&s->gc_mu);
     s->ckpt_stop = 1;
@@ -50,6 +58,7 @@ static void sq_close(void *state) {
   pthread_cond_destroy(&s->gc_cv);
   pthread_cond_destroy(&s->gather_cv);
   pthread_cond_destroy(&s->ckpt_cv);
+  pthread_cond_destroy(&s->async_cv);
   free(s->path);
   free(s);
 }
@@ -107,6 +116,7 @@ static int sq_open(const char *target, const idem_store_options *opts,
   pthread_cond_init(&s->pool_cv, NULL);
   pthread_mutex_init(&s->gc_mu, NULL);
   pthread_cond_init(&s->gc_cv, NULL);
+  pthread_cond_init(&s->async_cv, NULL);
   {
     /* Their timed waits count on the monotonic clock, which nobody sets
      * back. */
@@ -192,4 +202,5 @@ const idem__store_methods idem__sqlite_methods = {
     NULL, /* watch: waiters of other processes poll */
     idem__sq_clock_ahead,
     idem__sq_check,
+    idem__sq_queue,
 };

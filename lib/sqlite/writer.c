@@ -186,24 +186,93 @@ static void run_batch(sq_store *s, conn *c, idem__op **ops, int n) {
  */
 #define GATHER_MAX_US 400
 
-/* No one leads: wakes the first caller queued to lead the next batch, and
- * the scheduler if it waits for the writer. Under gc_mu. */
+/* No one leads: wakes the first caller queued to lead the next batch (the
+ * store's own leaders for a queued op whose caller does not wait), and the
+ * scheduler if it waits for the writer. Under gc_mu. */
 static void hand_on_lead(sq_store *s) {
   if (s->head)
-    pthread_cond_signal(s->head->waiter);
+    pthread_cond_signal(s->head->waiter ? s->head->waiter : &s->async_cv);
   pthread_cond_broadcast(&s->gc_cv);
 }
 
-/* Queues op for the next group commit and returns once it has run. */
-static void submit(sq_store *s, idem__op *op) {
+static void cache_committed(sq_store *s, idem__op *op);
+
+/*
+ * Leads one batch: gathers, commits, and answers the batch's callers, a
+ * waiting caller by its condition and a queued op by its on_done(), which
+ * runs once the lead is handed on, so that the next batch need not wait
+ * for it. me: the leading caller's own condition (not signalled), or NULL.
+ * Called and returns under gc_mu, with no one leading.
+ */
+static void lead(sq_store *s, pthread_cond_t *me) {
   idem__op *batch[BATCH_MAX];
-  pthread_cond_t me; /* this caller's own: woken when its op ran, or when
-                        it is first in the queue and no one leads */
-  pthread_cond_init(&me, NULL);
+  s->leading = 1;
+  /* Gather: with several callers about, wait briefly until as many are
+   * queued as took part in the last two batches (no more than have been
+   * seen at once). A lone caller never waits. The wait comes before
+   * BEGIN IMMEDIATE on purpose: it is when writers of other processes
+   * get the write lock. Running the first callers while waiting for the
+   * rest (locked) was measured +13% faster with 16 threads, but it let
+   * such a busy process hold the lock all the time, and a second
+   * process's writer then managed one call per second. */
+  int target = s->last_batch > 1 ? s->last_batch + s->prev_batch : 1;
+  if (target > s->peak)
+    target = s->peak;
+  if (target > BATCH_MAX)
+    target = BATCH_MAX;
+  if (s->queued < target) {
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_nsec += GATHER_MAX_US * 1000L;
+    if (until.tv_nsec >= 1000000000L) {
+      until.tv_sec++;
+      until.tv_nsec -= 1000000000L;
+    }
+    while (s->queued < target &&
+           pthread_cond_timedwait(&s->gather_cv, &s->gc_mu, &until) == 0)
+      ;
+  }
+  int n = 0, queued_ops = 0;
+  while (s->head && n < BATCH_MAX) {
+    batch[n++] = s->head;
+    s->head = s->head->next;
+  }
+  if (!s->head)
+    s->tail = NULL;
+  s->queued -= n;
+  s->prev_batch = s->last_batch;
+  s->last_batch = n;
+  /* The peak is re-learned now and then, so that it follows the load. */
+  if (++s->batches % 64 == 0)
+    s->peak = s->inside;
+  pthread_mutex_unlock(&s->gc_mu);
+  run_batch(s, s->writer, batch, n);
   pthread_mutex_lock(&s->gc_mu);
+  for (int i = 0; i < n; i++) {
+    batch[i]->done = 1;
+    if (!batch[i]->waiter) {
+      batch[queued_ops++] = batch[i];
+      s->inside--;
+    } else if (batch[i]->waiter != me) {
+      pthread_cond_signal(batch[i]->waiter);
+    }
+  }
+  s->leading = 0;
+  hand_on_lead(s);
+  if (queued_ops) {
+    pthread_mutex_unlock(&s->gc_mu);
+    for (int i = 0; i < queued_ops; i++) {
+      cache_committed(s, batch[i]);
+      batch[i]->on_done(batch[i]); /* may free it */
+    }
+    pthread_mutex_lock(&s->gc_mu);
+  }
+}
+
+/* Puts op at the end of the queue. Under gc_mu. */
+static void enqueue(sq_store *s, idem__op *op) {
   op->next = NULL;
   op->done = 0;
-  op->waiter = &me;
   if (s->tail)
     s->tail->next = op;
   else
@@ -214,6 +283,16 @@ static void submit(sq_store *s, idem__op *op) {
   if (s->inside > s->peak)
     s->peak = s->inside;
   pthread_cond_signal(&s->gather_cv);
+}
+
+/* Queues op for the next group commit and returns once it has run. */
+static void submit(sq_store *s, idem__op *op) {
+  pthread_cond_t me; /* this caller's own: woken when its op ran, or when
+                        it is first in the queue and no one leads */
+  pthread_cond_init(&me, NULL);
+  pthread_mutex_lock(&s->gc_mu);
+  op->waiter = &me;
+  enqueue(s, op);
   while (!op->done) {
     if (s->leading) {
       /* Woken by the leader that runs one of our ops, or handing the lead
@@ -222,55 +301,7 @@ static void submit(sq_store *s, idem__op *op) {
       pthread_cond_wait(&me, &s->gc_mu);
       continue;
     }
-    s->leading = 1;
-    /* Gather: with several callers about, wait briefly until as many are
-     * queued as took part in the last two batches (no more than have been
-     * seen at once). A lone caller never waits. The wait comes before
-     * BEGIN IMMEDIATE on purpose: it is when writers of other processes
-     * get the write lock. Running the first callers while waiting for the
-     * rest (locked) was measured +13% faster with 16 threads, but it let
-     * such a busy process hold the lock all the time, and a second
-     * process's writer then managed one call per second. */
-    int target = s->last_batch > 1 ? s->last_batch + s->prev_batch : 1;
-    if (target > s->peak)
-      target = s->peak;
-    if (target > BATCH_MAX)
-      target = BATCH_MAX;
-    if (s->queued < target) {
-      struct timespec until;
-      clock_gettime(CLOCK_MONOTONIC, &until);
-      until.tv_nsec += GATHER_MAX_US * 1000L;
-      if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-      }
-      while (s->queued < target &&
-             pthread_cond_timedwait(&s->gather_cv, &s->gc_mu, &until) == 0)
-        ;
-    }
-    int n = 0;
-    while (s->head && n < BATCH_MAX) {
-      batch[n++] = s->head;
-      s->head = s->head->next;
-    }
-    if (!s->head)
-      s->tail = NULL;
-    s->queued -= n;
-    s->prev_batch = s->last_batch;
-    s->last_batch = n;
-    /* The peak is re-learned now and then, so that it follows the load. */
-    if (++s->batches % 64 == 0)
-      s->peak = s->inside;
-    pthread_mutex_unlock(&s->gc_mu);
-    run_batch(s, s->writer, batch, n);
-    pthread_mutex_lock(&s->gc_mu);
-    for (int i = 0; i < n; i++) {
-      batch[i]->done = 1;
-      if (batch[i]->waiter != &me)
-        pthread_cond_signal(batch[i]->waiter);
-    }
-    s->leading = 0;
-    hand_on_lead(s);
+    lead(s, &me);
   }
   /* Our op ran in another's batch: the lead may be free with callers
    * queued whom no one woke. */
@@ -279,6 +310,59 @@ static void submit(sq_store *s, idem__op *op) {
   s->inside--;
   pthread_mutex_unlock(&s->gc_mu);
   pthread_cond_destroy(&me);
+}
+
+/*
+ * The store's leaders: they lead batches of ops queued by callers that do
+ * not wait (idem__sq_queue()) when no waiting caller leads. Two, so that
+ * one leads while the other runs the last batch's on_done()s.
+ */
+static void *async_leader(void *arg) {
+  sq_store *s = arg;
+  pthread_mutex_lock(&s->gc_mu);
+  for (;;) {
+    while (!(s->head && !s->leading) && !(s->async_stop && !s->head))
+      pthread_cond_wait(&s->async_cv, &s->gc_mu);
+    if (!s->head)
+      break;
+    lead(s, NULL);
+  }
+  /* The other leader may be waiting to end too. */
+  pthread_cond_broadcast(&s->async_cv);
+  pthread_mutex_unlock(&s->gc_mu);
+  return NULL;
+}
+
+int idem__sq_queue(void *state, idem__op *op) {
+  sq_store *s = state;
+  int claim = op->kind == IDEM__OP_CLAIM || op->kind == IDEM__OP_LOCAL;
+  /* Without a writer the calls are the pool's, one by one: the engine runs
+   * them on its threads. */
+  if (!s->writer)
+    return -1;
+  op->cache_it = 0;
+  if (claim && idem__cache_get(s->cache, op, idem__now_ms())) {
+    op->on_done(op);
+    return 0;
+  }
+  pthread_mutex_lock(&s->gc_mu);
+  while (s->async_started < ASYNC_LEADERS && !s->async_stop) {
+    if (idem__thread_start(&s->async_threads[s->async_started], async_leader,
+                           s) != 0)
+      break;
+    s->async_started++;
+  }
+  if (!s->async_started) {
+    pthread_mutex_unlock(&s->gc_mu);
+    idem__clear_error();
+    return -1;
+  }
+  op->waiter = NULL;
+  enqueue(s, op);
+  if (!s->leading)
+    hand_on_lead(s);
+  pthread_mutex_unlock(&s->gc_mu);
+  return 0;
 }
 
 /* Renewals of many leases: one group commit (or one transaction per

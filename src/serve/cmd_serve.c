@@ -23,7 +23,7 @@
  * clients on fresh keys, 4 or 8 workers reach 0.42x of the store's floor,
  * 16 reach 0.53-0.60x (bench/gateway.sh), as the thread per request did
  * before them. */
-#define STORE_WORKERS 16
+#define STORE_WORKERS 2
 
 static const char usage[] =
     "usage: idem serve --listen HOST:PORT --upstream URL [--store URL]\n"
@@ -95,9 +95,9 @@ static const char usage[] =
     "  --threads N            HTTP threads (default 2 per core); a request\n"
     "                         waiting for the store or the upstream holds\n"
     "                         none\n"
-    "  --store-workers N      threads making the store's claims and records\n"
-    "                         (default 16): more fill the store's group\n"
-    "                         commits better; fewer make fewer threads\n"
+    "  --store-workers N      threads that answer requests without a key\n"
+    "                         and write their log lines (default 2); the\n"
+    "                         claims and records are queued on the store\n"
     "  --header-timeout DUR   close a connection whose request head is not\n"
     "                         whole this long after it opened, or after the\n"
     "                         first byte of its next request (default 10s);\n"
@@ -393,8 +393,10 @@ static int run(int argc, char **argv) {
     goto out;
   }
   memset(&so, 0, sizeof so);
-  /* The store workers, and the HTTP threads for their reads (replays). */
-  so.max_connections = c.store_workers + c.threads;
+  /* The HTTP threads' reads (replays), the store workers', and the
+   * store's own threads for the calls it cannot queue (at most 16: see
+   * idem_execute_begin_async()). */
+  so.max_connections = c.store_workers + c.threads + 16;
   /* part 9: never an empty store in place of a deleted one (store.c). */
   if (serve_store_open(&c, &so, &store, store_name, sizeof store_name) != 0)
     goto out;

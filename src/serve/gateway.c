@@ -687,20 +687,15 @@ static const char *note(job *j, const char *plain, const char *recovered) {
   return idem_call_outcome(j->call) == IDEM_RECOVER ? recovered : plain;
 }
 
-/* A keyed forward's answer is in: recorded (a store worker's thread). */
-static void end(void *ctx) {
+/* A keyed forward's answer is recorded (rc): the client's answer, on the
+ * thread that recorded it. */
+static void recorded(void *ctx, int rc) {
   job *j = ctx;
-  idem_response out;
-  int rc;
-  double s0 = now_ms();
   serve_outcome so =
       idem_call_outcome(j->call) == IDEM_RECOVER ? OUT_RECOVER : OUT_PROCEED;
 
-  memset(&out, 0, sizeof out);
-  j->verdict = verdict_of(j, j->result, &out);
-  rc = idem_execute_end(j->exec, j->verdict, &out);
-  j->exec = NULL;
-  metrics_store_ms(j->store_ms + now_ms() - s0);
+  j->exec = NULL; /* ended, and freed */
+  metrics_store_ms(j->store_ms + now_ms() - j->s0);
   if (rc != IDEM_OK) {
     /* health (part 9): the reason, on standard error. */
     serve_log_store_error("record", rc, idem_errmsg());
@@ -782,14 +777,34 @@ static void end(void *ctx) {
   }
 }
 
+/* A keyed forward's answer recorded on a store worker, when the store
+ * could not take it without waiting (out of memory). */
+static void record_waiting(void *ctx) {
+  job *j = ctx;
+  idem_response out;
+  memset(&out, 0, sizeof out);
+  j->verdict = verdict_of(j, j->result, &out);
+  recorded(j, idem_execute_end(j->exec, j->verdict, &out));
+}
+
 /* A keyed forward ended (the upstream loop's thread, which must not wait
- * for the store). */
+ * for the store): its ending is queued on the store, and recorded()
+ * answers once it is written. */
 static void forwarded(void *ctx, up_result result) {
   job *j = ctx;
+  idem_response out;
   j->result = result;
   metrics_upstream_ms(j->rs.ms);
-  if (pool_submit(end, j) != 0)
-    end(j); /* out of memory: late, but recorded */
+  memset(&out, 0, sizeof out);
+  j->verdict = verdict_of(j, j->result, &out);
+  j->s0 = now_ms();
+  if (idem_execute_end_async(j->exec, j->verdict, &out, recorded, j) ==
+      IDEM_OK)
+    return;
+  free(j->meta);
+  j->meta = NULL;
+  if (pool_submit(record_waiting, j) != 0)
+    record_waiting(j); /* late, but recorded */
 }
 
 /*
@@ -832,22 +847,24 @@ static void what_differs(const void *stored, size_t stored_len,
   json_decref(b);
 }
 
-/* The claim (a store worker's thread). */
-static void claim(void *ctx) {
+static void execute_options(idem_execute_options *o) {
+  memset(o, 0, sizeof *o);
+  o->call.lease_ms = cfg->lease_ms;
+  o->call.retention_ms = cfg->retention_ms;
+  o->call.on_expired_lease =
+      cfg->on_unknown_fail ? IDEM_EXPIRED_REPORT : IDEM_EXPIRED_TAKE_OVER;
+}
+
+/* The claim's answer (rc, exec, call), on the thread that claimed: one of
+ * the store's, or a store worker's. */
+static void claimed(void *ctx, int rc, idem_exec *exec, idem_call *call) {
   job *j = ctx;
   req *r = j->r;
   idem_id id = {r->tenant, r->operation, r->key};
-  idem_execute_options o;
   char *rj = j->rj;
-  int rc;
 
-  memset(&o, 0, sizeof o);
-  o.call.lease_ms = cfg->lease_ms;
-  o.call.retention_ms = cfg->retention_ms;
-  o.call.on_expired_lease =
-      cfg->on_unknown_fail ? IDEM_EXPIRED_REPORT : IDEM_EXPIRED_TAKE_OVER;
-  j->s0 = now_ms();
-  rc = idem_execute_begin(store, &id, rj, strlen(rj), &o, &j->exec, &j->call);
+  j->exec = exec;
+  j->call = call;
   j->store_ms = now_ms() - j->s0;
   if (!(rc == IDEM_OK && idem_call_outcome(j->call) == IDEM_CONFLICT)) {
     /* Held no longer than needed: a forward may wait for seconds. */
@@ -956,6 +973,34 @@ static void claim(void *ctx) {
   }
 }
 
+/* The claim on a store worker, when the store could not take it without
+ * waiting (out of memory). */
+static void claim_waiting(void *ctx) {
+  job *j = ctx;
+  req *r = j->r;
+  idem_id id = {r->tenant, r->operation, r->key};
+  idem_execute_options o;
+  idem_exec *exec = NULL;
+  idem_call *call = NULL;
+  int rc;
+  execute_options(&o);
+  rc = idem_execute_begin(store, &id, j->rj, strlen(j->rj), &o, &exec, &call);
+  claimed(j, rc, exec, call);
+}
+
+/* Queues the claim on the store; claimed() goes on once it is decided. */
+static int claim(job *j) {
+  req *r = j->r;
+  idem_id id = {r->tenant, r->operation, r->key};
+  idem_execute_options o;
+  execute_options(&o);
+  j->s0 = now_ms();
+  if (idem_execute_begin_async(store, &id, j->rj, strlen(j->rj), &o, claimed,
+                               j) == IDEM_OK)
+    return 0;
+  return pool_submit(claim_waiting, j);
+}
+
 /* Once the body is in (libmicrohttpd's thread): hand the request over and
  * suspend its connection. */
 static enum MHD_Result finish(struct MHD_Connection *c, req *r,
@@ -1032,7 +1077,7 @@ static enum MHD_Result finish(struct MHD_Connection *c, req *r,
   MHD_suspend_connection(c);
   metrics_waiting(1);
   if (r->protect) {
-    if (pool_submit(claim, j) == 0)
+    if (claim(j) == 0)
       return MHD_YES;
   } else if (upstream_start(&j->rq, &j->rs, passed_through, j) == 0) {
     return MHD_YES;
