@@ -906,6 +906,200 @@ static void test_execute_canonical_request_kept(void **state) {
   }
 }
 
+
+/*
+ * idem_execute_begin_async() and idem_execute_end_async(), as an event
+ * loop uses them: one thread asks for N claims at once and goes on; the
+ * answers come on the store's threads. Every fresh key proceeds once, a
+ * second claim of a key in flight is told so, each ending is what the
+ * action reported (a ticket kept and replayed, a release that runs again,
+ * an unknown that stays unknown, a response too large marked unknown),
+ * and the action ran once per key.
+ */
+typedef struct async_waiter {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int answered;
+} async_waiter;
+
+typedef struct async_slot {
+  async_waiter *w;
+  int rc;
+  idem_exec *x;
+  idem_call *c;
+  char msg[256];
+} async_slot;
+
+static void async_begun(void *ctx, int rc, idem_exec *x, idem_call *c) {
+  async_slot *s = ctx;
+  s->rc = rc;
+  s->x = x;
+  s->c = c;
+  snprintf(s->msg, sizeof s->msg, "%s", rc == IDEM_OK ? "" : idem_errmsg());
+  pthread_mutex_lock(&s->w->mu);
+  s->w->answered++;
+  pthread_cond_broadcast(&s->w->cv);
+  pthread_mutex_unlock(&s->w->mu);
+}
+
+static void async_ended(void *ctx, int rc) {
+  async_begun(ctx, rc, NULL, ((async_slot *)ctx)->c);
+}
+
+static void async_wait(async_waiter *w, int n) {
+  pthread_mutex_lock(&w->mu);
+  while (w->answered < n)
+    pthread_cond_wait(&w->cv, &w->mu);
+  w->answered = 0;
+  pthread_mutex_unlock(&w->mu);
+}
+
+static void test_execute_async(void **state) {
+  fixture *f = *state;
+  enum { N = 300 };
+  static async_slot first[N], dup[N], end[N], again[N];
+  static char keys[N][16], bodies[N][64];
+  static char big[IDEM_MAX_RESPONSE + 1];
+  async_waiter w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+  idem_execute_options o = {.call = {.lease_ms = 5000}};
+  int runs = 0;
+
+  /* Each key twice in a row: one proceeds, the other finds it in flight. */
+  for (int i = 0; i < N; i++) {
+    idem_id id = {"tenant-a", OPERATION, keys[i]};
+    snprintf(keys[i], sizeof keys[i], "async-%d", i);
+    first[i].w = dup[i].w = &w;
+    EXPECT_RC(IDEM_OK, idem_execute_begin_async(f->store, &id, REQ,
+                                                strlen(REQ), &o, async_begun,
+                                                &first[i]));
+    EXPECT_RC(IDEM_OK, idem_execute_begin_async(f->store, &id, REQ,
+                                                strlen(REQ), &o, async_begun,
+                                                &dup[i]));
+  }
+  async_wait(&w, 2 * N);
+  for (int i = 0; i < N; i++) {
+    /* On a store without a queue the two run on two threads, in either
+     * order: the one that proceeded is first. */
+    if (dup[i].rc == IDEM_OK && idem_call_outcome(dup[i].c) == IDEM_PROCEED) {
+      async_slot t = first[i];
+      first[i] = dup[i];
+      dup[i] = t;
+    }
+    if (first[i].rc != IDEM_OK)
+      print_error("key %d: %s: %s\n", i, idem_rc_name(first[i].rc),
+                  first[i].msg);
+    assert_int_equal(first[i].rc, IDEM_OK);
+    assert_int_equal(dup[i].rc, IDEM_OK);
+    assert_int_equal(idem_call_outcome(first[i].c), IDEM_PROCEED);
+    assert_non_null(first[i].x);
+    assert_int_equal(idem_exec_outcome(first[i].x), IDEM_PROCEED);
+    assert_int_equal(idem_call_outcome(dup[i].c), IDEM_IN_FLIGHT);
+    assert_null(dup[i].x);
+    idem_call_free(dup[i].c);
+  }
+
+  /* The actions: i % 4 == 0 a ticket kept, 1 did not act, 2 unknown, 3 a
+   * response too large to keep. */
+  memset(big, 'x', sizeof big);
+  for (int i = 0; i < N; i++) {
+    idem_response r = {0};
+    idem_exec_result how = i % 4 == 1   ? IDEM_EXEC_NOT_DONE
+                           : i % 4 == 2 ? IDEM_EXEC_UNKNOWN
+                                        : IDEM_EXEC_DONE;
+    if (how != IDEM_EXEC_NOT_DONE)
+      runs++;
+    snprintf(bodies[i], sizeof bodies[i], "{\"ticket_id\":%d}", i + 1);
+    r.status = 201;
+    r.meta = TICKET_META;
+    r.meta_len = strlen(TICKET_META);
+    r.body = i % 4 == 3 ? big : bodies[i];
+    r.body_len = i % 4 == 3 ? sizeof big : strlen(bodies[i]);
+    end[i].w = &w;
+    end[i].c = first[i].c;
+    EXPECT_RC(IDEM_OK, idem_execute_end_async(first[i].x, how, &r,
+                                              async_ended, &end[i]));
+    /* The response need not outlive the call. */
+    memset(bodies[i], '?', sizeof bodies[i]);
+  }
+  async_wait(&w, N);
+  for (int i = 0; i < N; i++) {
+    idem_call *c = first[i].c;
+    if (i % 4 == 3) {
+      assert_int_equal(end[i].rc, IDEM_ETOOBIG);
+      assert_non_null(strstr(end[i].msg, "marked unknown"));
+      assert_int_equal(idem_call_state(c), IDEM_STATE_UNKNOWN);
+      continue;
+    }
+    if (end[i].rc != IDEM_OK)
+      print_error("end %d: %s: %s\n", i, idem_rc_name(end[i].rc), end[i].msg);
+    assert_int_equal(end[i].rc, IDEM_OK);
+    switch (i % 4) {
+    case 0:
+      assert_int_equal(idem_call_state(c), IDEM_STATE_COMPLETED);
+      assert_int_equal(ticket_id_of(idem_call_response(c)), i + 1);
+      break;
+    case 1:
+      assert_int_equal(idem_call_state(c), 0);
+      break;
+    default:
+      assert_int_equal(idem_call_state(c), IDEM_STATE_UNKNOWN);
+    }
+  }
+
+  /* Retries: the kept ticket replays, the released key proceeds, the rest
+   * are unknown; the action ran once per key that acted. */
+  for (int i = 0; i < N; i++) {
+    idem_id id = {"tenant-a", OPERATION, keys[i]};
+    again[i].w = &w;
+    EXPECT_RC(IDEM_OK, idem_execute_begin_async(f->store, &id, REQ,
+                                                strlen(REQ), &o, async_begun,
+                                                &again[i]));
+  }
+  async_wait(&w, N);
+  for (int i = 0; i < N; i++) {
+    idem_call *c = again[i].c;
+    assert_int_equal(again[i].rc, IDEM_OK);
+    switch (i % 4) {
+    case 0:
+      assert_int_equal(idem_call_outcome(c), IDEM_REPLAY);
+      assert_int_equal(ticket_id_of(idem_call_response(c)), i + 1);
+      assert_null(again[i].x);
+      break;
+    case 1:
+      assert_int_equal(idem_call_outcome(c), IDEM_PROCEED);
+      assert_non_null(again[i].x);
+      end[i].c = c;
+      EXPECT_RC(IDEM_OK, idem_execute_end_async(again[i].x,
+                                                IDEM_EXEC_NOT_DONE, NULL,
+                                                async_ended, &end[i]));
+      async_wait(&w, 1);
+      assert_int_equal(end[i].rc, IDEM_OK);
+      break;
+    default:
+      assert_int_equal(idem_call_outcome(c), IDEM_UNKNOWN);
+      assert_null(again[i].x);
+    }
+    idem_call_free(c);
+    idem_call_free(first[i].c);
+  }
+  assert_int_equal(runs, N - N / 4);
+
+  /* Bad arguments: told at once, done never called. */
+  {
+    idem_id id = {"tenant-a", OPERATION, "bad key\n"};
+    async_slot never = {.w = &w};
+    EXPECT_RC(IDEM_EINVAL, idem_execute_begin_async(f->store, &id, REQ,
+                                                    strlen(REQ), &o, NULL,
+                                                    &never));
+    EXPECT_RC(IDEM_EKEY, idem_execute_begin_async(f->store, &id, REQ,
+                                                  strlen(REQ), &o,
+                                                  async_begun, &never));
+    EXPECT_RC(IDEM_EINVAL, idem_execute_end_async(NULL, IDEM_EXEC_DONE, NULL,
+                                                  async_ended, &never));
+    assert_int_equal(w.answered, 0);
+  }
+}
+
 #define STORE_TEST(fn)                                                         \
   cmocka_unit_test_setup_teardown(fn, setup_store, teardown_store)
 
@@ -925,6 +1119,7 @@ int main(void) {
       STORE_TEST(test_execute_ending_already_stored),
       STORE_TEST(test_execute_in_two_halves),
       STORE_TEST(test_execute_canonical_request_kept),
+      STORE_TEST(test_execute_async),
   };
   const struct CMUnitTest sqlite_only[] = {
       STORE_TEST(test_execute_renews_from_the_write),
