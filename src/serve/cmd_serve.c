@@ -23,7 +23,7 @@
  * clients on fresh keys, 4 or 8 workers reach 0.42x of the store's floor,
  * 16 reach 0.53-0.60x (bench/gateway.sh), as the thread per request did
  * before them. */
-#define STORE_WORKERS 2
+#define STORE_WORKERS 1
 
 static const char usage[] =
     "usage: idem serve --listen HOST:PORT --upstream URL [--store URL]\n"
@@ -96,7 +96,7 @@ static const char usage[] =
     "                         waiting for the store or the upstream holds\n"
     "                         none\n"
     "  --store-workers N      threads that answer requests without a key\n"
-    "                         and write their log lines (default 2); the\n"
+    "                         and write their log lines (default 1); the\n"
     "                         claims and records are queued on the store\n"
     "  --header-timeout DUR   close a connection whose request head is not\n"
     "                         whole this long after it opened, or after the\n"

@@ -285,7 +285,7 @@ static enum MHD_Result collect(void *cls, enum MHD_ValueKind kind,
   if (strcasecmp(name, "Content-Type") == 0)
     hs->types++;
   if (hs->n == hs->cap) {
-    size_t cap = hs->cap ? hs->cap * 2 : 32;
+    size_t cap = hs->cap ? hs->cap * 2 : 8;
     up_header *h = realloc(hs->h, cap * sizeof *h);
     if (!h) {
       hs->failed = 1;
