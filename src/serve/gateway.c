@@ -455,12 +455,14 @@ static enum MHD_Result begin(struct MHD_Connection *c, req *r,
  * store or the upstream on its behalf:
  *
  *   finish()  (libmicrohttpd's thread)  the job is made, the connection
- *             suspended; a keyed request goes to a store worker, an unkeyed
- *             one straight to the upstream loop
- *   claim()   (a store worker)          idem_execute_begin(): a replay or a
- *             refusal is answered; PROCEED and RECOVER go upstream
- *   forwarded()  (the upstream loop)    the answer is in: back to a worker
- *   end()     (a store worker)          idem_execute_end() records it
+ *             suspended; a keyed request's claim is queued on the store
+ *             (claim(): idem_execute_begin_async()), an unkeyed one goes
+ *             straight to the upstream loop
+ *   claimed() (the store's thread)      a replay or a refusal is answered;
+ *             PROCEED and RECOVER go upstream
+ *   forwarded()  (the upstream loop)    the answer is in: its record is
+ *             queued on the store (idem_execute_end_async())
+ *   recorded()  (the store's thread)    the record is written: answered
  *   answer()  (any)                     the response is kept in the job and
  *             the connection resumed; libmicrohttpd calls handle() again,
  *             which queues it
@@ -1049,7 +1051,7 @@ static enum MHD_Result finish(struct MHD_Connection *c, req *r,
      * A retry of a completed request is answered here, from a read, with
      * no hand-over: most retries are replays, and the suspend, the queue
      * and the resume would cost them more than the read. Anything else
-     * (a fresh key, a conflict, a key in flight) goes to a store worker,
+     * (a fresh key, a conflict, a key in flight) is queued on the store,
      * whose claim decides it.
      */
     idem_id id = {r->tenant, r->operation, r->key};

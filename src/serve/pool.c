@@ -1,11 +1,11 @@
 /*
- * pool.c -- the gateway's store workers: a fixed set of threads that make
- * the store calls (claims, completions) of requests whose connections are
- * suspended, so that libmicrohttpd's threads never wait on a commit and a
- * slow store never holds up replays answered from other connections.
+ * pool.c -- the gateway's store workers: a fixed set of threads for the
+ * work of suspended requests that may wait: the answers of unkeyed
+ * requests (their access-log lines are written there, never on the
+ * upstream loop), the MCP proxy's store calls, and the gateway's claims
+ * and records when the store cannot queue them (out of memory).
  *
- * Tasks run in the order they were handed over. Several workers let the
- * store's group commit gather several callers into one transaction.
+ * Tasks run in the order they were handed over.
  */
 #include "serve.h"
 

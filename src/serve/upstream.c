@@ -6,8 +6,8 @@
  * request to upstream_start() and go back to other connections, and this
  * file's one thread drives every transfer in flight through epoll and
  * curl_multi_socket_action(). When a transfer ends, its done callback runs
- * on the loop's thread; it must not block (the gateway hands the rest to its
- * store workers). The multi handle keeps the connections to the upstream
+ * on the loop's thread; it must not block (the gateway queues the record on
+ * the store). The multi handle keeps the connections to the upstream
  * open from one request to the next (HTTP/1.1 keep-alive).
  *
  * What matters most here is telling "nothing was sent" from "sent, no
