@@ -787,7 +787,8 @@ IDEM_API int idem_execute_end(idem_exec *exec, idem_exec_result result,
  * must wait (a claim with wait_ms, a completion retried while the store is
  * busy, a release), run on at most 16 threads of the store's, in turn.
  * done must be quick: the store's next batch may wait on it. request,
- * id, opts and response need only be valid during the call.
+ * id, opts and response need only be valid during the call. As with the
+ * blocking calls, the store may be closed only once every done has run.
  */
 typedef void (*idem_begin_done_fn)(void *ctx, int rc, idem_exec *exec,
                                    idem_call *call);

@@ -975,8 +975,8 @@ static void claimed(void *ctx, int rc, idem_exec *exec, idem_call *call) {
   }
 }
 
-/* The claim on a store worker, when the store could not take it without
- * waiting (out of memory). */
+/* The claim on a store worker, when the store would not queue it (out of
+ * memory, or an argument it refuses: the blocking call then says why). */
 static void claim_waiting(void *ctx) {
   job *j = ctx;
   req *r = j->r;
