@@ -363,6 +363,8 @@ out:
   return rc;
 }
 
+/* The ending for what the action reported; anything but the four results
+ * is taken as unknown. */
 static int end_how(idem_exec_result result) {
   return result == IDEM_EXEC_DONE                ? END_COMPLETE
          : result == IDEM_EXEC_NOT_DONE          ? END_RELEASE
@@ -504,9 +506,6 @@ int idem_execute_end(idem_exec *exec, idem_exec_result result,
   idem__clear_error();
   if (!exec)
     return idem__fail(IDEM_EINVAL, "execute_end: NULL action");
-  if (result != IDEM_EXEC_DONE && result != IDEM_EXEC_NOT_DONE &&
-      result != IDEM_EXEC_UNKNOWN && result != IDEM_EXEC_LEAVE_IN_PROGRESS)
-    result = IDEM_EXEC_UNKNOWN;
   rc = exec_end(exec, result, response);
   free(exec);
   if (rc == IDEM_OK)
@@ -532,7 +531,9 @@ typedef struct async_call {
   int64_t asked;
   /* end */
   idem_end_done_fn ended;
-  int how, bad;
+  int how;
+  int bad;    /* the response cannot be kept: end_keep()'s answer */
+  int failed; /* the queued write's error, when not worth retrying */
   idem__finish f;
   char why[512];
 } async_call;
@@ -692,7 +693,7 @@ static void end_blocking(void *arg) {
  * marking the key unknown waits. */
 static void end_failed(void *arg) {
   async_call *a = arg;
-  end_answer(a, end_report(a->x, a->how, a->bad, a->why));
+  end_answer(a, end_report(a->x, a->how, a->failed, a->why));
 }
 
 static void end_queued(idem__op *op) {
@@ -708,7 +709,7 @@ static void end_queued(idem__op *op) {
     on_runner(a, end_blocking);
   } else {
     idem__lease_unhold(&a->x->lease, 1);
-    a->bad = rc;
+    a->failed = rc;
     snprintf(a->why, sizeof a->why, "%s",
              op->errmsg[0] ? op->errmsg : idem_strerror(rc));
     on_runner(a, end_failed);
@@ -726,9 +727,6 @@ int idem_execute_end_async(idem_exec *exec, idem_exec_result result,
     return idem__fail(IDEM_EINVAL, "execute_end_async: NULL action or done");
   if (!(a = calloc(1, sizeof *a)))
     return idem__fail(IDEM_ENOMEM, "execute_end_async: out of memory");
-  if (result != IDEM_EXEC_DONE && result != IDEM_EXEC_NOT_DONE &&
-      result != IDEM_EXEC_UNKNOWN && result != IDEM_EXEC_LEAVE_IN_PROGRESS)
-    result = IDEM_EXEC_UNKNOWN;
   a->store = exec->store;
   a->x = exec;
   a->ended = done;
