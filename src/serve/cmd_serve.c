@@ -364,7 +364,7 @@ static int run(int argc, char **argv) {
   char *upstream = NULL, bound[128] = "", admin_bound[128] = "";
   char store_name[4200] = ""; /* part 9: the store, named at start */
   sigset_t sigs;
-  int rc, sig, status = EXIT_FAIL;
+  int rc, sig, settled, status = EXIT_FAIL;
 
   if ((rc = parse(argc, argv, &c)) != 0) {
     if (rc > 0) {
@@ -441,16 +441,20 @@ out:
   /* drain() has answered every request (finish() refuses new ones once
    * draining), so no connection is suspended: libmicrohttpd aborts when
    * stopped with one. A store that hangs past the drain leaves some; the
-   * daemon is then left to the process's exit. After the daemon, nothing
-   * hands work to the upstream loop or the store workers. */
-  if (gw && metrics_waiting_now() == 0)
+   * daemon is then left to the process's exit, and so is the store: a
+   * claim or a record still queued on it would answer into a closed one.
+   * After the daemon, nothing hands work to the upstream loop or the store
+   * workers. */
+  settled = metrics_waiting_now() == 0;
+  if (gw && settled)
     MHD_stop_daemon(gw);
   upstream_cleanup();
   pool_stop();
   guard_stop(); /* after the daemon: its connections are gone */
   if (admin)
     MHD_stop_daemon(admin);
-  idem_store_close(store);
+  if (settled)
+    idem_store_close(store);
   accesslog_close();
   free(upstream);
   if (status == EXIT_OK)
