@@ -1027,15 +1027,9 @@ int mcp_http_run(const mcp_opts *o, idem_store *store) {
   upstream_abort();
   upstream_cleanup();
   pool_stop();
-  /* The records of the aborted calls are queued on the store: their
-   * answers go out before the daemon stops, and a store that hangs is
-   * left to the process's exit rather than closed under them. */
-  int settled = hx_keyed_settle(o->shutdown_wait_ms + 10000) == 0;
-  if (settled)
-    MHD_stop_daemon(d);
+  MHD_stop_daemon(d);
   guard_stop();
-  if (settled)
-    idem_store_close(store);
+  idem_store_close(store);
   fprintf(stderr, "idem mcp: stopped\n");
   return EXIT_OK;
 }

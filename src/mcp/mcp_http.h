@@ -117,13 +117,8 @@ void hx_keyed_call(hx *h, const char *tool, const char *key, int in_arg);
  * server and its result is recorded), 0 when it passes on. h->tenant is
  * set. */
 int hx_keyed_cancel(hx *h, json_t *params);
-/* Waits up to ms for the keyed calls at the server, and the claims queued
- * on the store, to end; how many are left. */
+/* Waits up to ms for the keyed calls at the server to end; how many are
+ * left. */
 int hx_keyed_drain(int64_t ms);
-/* After the forwards were aborted and the store workers stopped: waits up
- * to ms for the records still queued on the store to be written and
- * answered; how many are left (the store and the daemon must then be left
- * to the process's exit). */
-int hx_keyed_settle(int64_t ms);
 
 #endif

@@ -24,13 +24,6 @@
 #include <strings.h>
 #include <time.h>
 
-typedef struct end_arg {
-  int why;
-  int recovered;
-  const char *result; /* WHY_RESULT: the stored body */
-  size_t result_len;
-} end_arg;
-
 typedef struct kcall {
   struct kcall *next; /* the table */
   int refs;           /* the store side, and the transfer */
@@ -43,7 +36,6 @@ typedef struct kcall {
   hx *waiters; /* retries attached to it */
   idem_exec *exec;
   idem_call *call;
-  end_arg end; /* how its record ended, for the waiters' answers */
   int64_t wait_until; /* a key held elsewhere is waited for until */
   /* The answer, read on the upstream loop's thread until ending is set. */
   int status;
@@ -79,7 +71,6 @@ static struct {
   kcall *calls;
   kcall *parked; /* claims that found the key held elsewhere */
   int at_server; /* calls holding a key */
-  int claiming;  /* claims queued on the store, not yet answered */
   pthread_t ticker;
 } G = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
@@ -238,7 +229,6 @@ static int64_t retention(void) {
 }
 
 static void end_call(void *arg);
-static void recorded(void *arg, int rc);
 
 /* The final response is in: recorded by a worker. */
 static void hand_over(kcall *k) {
@@ -424,6 +414,13 @@ static char *mark_recovered(const char *text, size_t n, size_t *out_len) {
   free(marked);
   return all;
 }
+
+typedef struct end_arg {
+  int why;
+  int recovered;
+  const char *result; /* WHY_RESULT: the stored body */
+  size_t result_len;
+} end_arg;
 
 static void resubmit(const kcall *k, hx *h);
 
@@ -653,6 +650,7 @@ static void end_call(void *arg) {
   idem_exec_result how;
   end_arg a;
   size_t rf = 0, rt = 0;
+  int rc;
   memset(&resp, 0, sizeof resp);
   memset(&a, 0, sizeof a);
   a.recovered = idem_call_outcome(k->call) == IDEM_RECOVER;
@@ -716,16 +714,7 @@ static void end_call(void *arg) {
   if (a.why == WHY_HTTP_UNSURE)
     snprintf(k->owner->rs.error, sizeof k->owner->rs.error,
              "it answered HTTP %d", k->status);
-  k->end = a;
-  if (idem_execute_end_async(k->exec, how, &resp, recorded, k) != IDEM_OK)
-    recorded(k, idem_execute_end(k->exec, how, &resp));
-}
-
-/* The call's record is written (rc): its requests are answered, on the
- * store's thread. */
-static void recorded(void *arg, int rc) {
-  kcall *k = arg;
-  end_arg a = k->end;
+  rc = idem_execute_end(k->exec, how, &resp);
   k->exec = NULL;
   if (rc != IDEM_OK)
     cli_error("mcp",
@@ -739,16 +728,17 @@ static void recorded(void *arg, int rc) {
               "key '%s' (tool %s): the server did not answer (%s); "
               "the key is held in progress for one lease",
               k->key, k->tool, k->owner->rs.error);
-  answer_all(k, answer_end, &a);
   pthread_mutex_lock(&G.mu);
   G.at_server--;
-  pthread_cond_broadcast(&G.cond);
   pthread_mutex_unlock(&G.mu);
+  answer_all(k, answer_end, &a);
   kcall_unref(k);
 }
 
 /* ---- claiming (a store worker)
  * ------------------------------------------------- */
+
+static void claim(void *arg);
 
 static void forward(kcall *k) {
   hx *o = k->owner;
@@ -769,17 +759,21 @@ static void forward(kcall *k) {
   }
 }
 
-static void execute_options(idem_execute_options *eo) {
-  memset(eo, 0, sizeof *eo);
-  eo->call.lease_ms = hx_opts->lease_ms;
-  eo->call.retention_ms = retention();
-  eo->call.on_expired_lease =
-      hx_opts->on_unknown_fail ? IDEM_EXPIRED_REPORT : IDEM_EXPIRED_TAKE_OVER;
-}
-
-/* The claim's answer: forwarded, parked or answered. */
-static void decided(kcall *k, int rc, idem_exec *x, idem_call *call) {
+static void claim(void *arg) {
+  kcall *k = arg;
+  idem_id id = {k->tenant, k->tool, k->key};
+  idem_execute_options eo;
+  idem_call *call = NULL;
+  idem_exec *x = NULL;
   char msg[1200];
+  int rc;
+  memset(&eo, 0, sizeof eo);
+  eo.call.lease_ms = hx_opts->lease_ms;
+  eo.call.retention_ms = retention();
+  eo.call.on_expired_lease =
+      hx_opts->on_unknown_fail ? IDEM_EXPIRED_REPORT : IDEM_EXPIRED_TAKE_OVER;
+  rc = idem_execute_begin(hx_store, &id, k->request, k->request_len, &eo, &x,
+                          &call);
   if (rc != IDEM_OK || !call) {
     int busy = rc == IDEM_EBUSY || rc == IDEM_EUNAVAILABLE;
     int bad = rc == IDEM_EINVAL;
@@ -875,46 +869,6 @@ static void decided(kcall *k, int rc, idem_exec *x, idem_call *call) {
   }
   }
   kcall_unref(k);
-}
-
-/* The claim's answer, on the store's thread (or a store worker's). */
-static void claimed(void *arg, int rc, idem_exec *x, idem_call *call) {
-  decided(arg, rc, x, call);
-  pthread_mutex_lock(&G.mu);
-  G.claiming--;
-  pthread_cond_broadcast(&G.cond);
-  pthread_mutex_unlock(&G.mu);
-}
-
-/* The claim on a store worker (or here), when the store would not queue it
- * (out of memory, or an argument it refuses: the blocking call says why). */
-static void claim_blocking(void *arg) {
-  kcall *k = arg;
-  idem_id id = {k->tenant, k->tool, k->key};
-  idem_execute_options eo;
-  idem_call *call = NULL;
-  idem_exec *x = NULL;
-  int rc;
-  execute_options(&eo);
-  rc = idem_execute_begin(hx_store, &id, k->request, k->request_len, &eo, &x,
-                          &call);
-  claimed(k, rc, x, call);
-}
-
-/* Queues k's claim on the store: no thread waits for its commit, so that
- * the claims of many calls share one. claimed() goes on from there. */
-static void claim(kcall *k) {
-  idem_id id = {k->tenant, k->tool, k->key};
-  idem_execute_options eo;
-  execute_options(&eo);
-  pthread_mutex_lock(&G.mu);
-  G.claiming++;
-  pthread_mutex_unlock(&G.mu);
-  if (idem_execute_begin_async(hx_store, &id, k->request, k->request_len, &eo,
-                               claimed, k) == IDEM_OK)
-    return;
-  if (pool_submit(claim_blocking, k) != 0)
-    claim_blocking(k); /* stopping, or out of memory: late, but claimed */
 }
 
 /* ---- the entry
@@ -1066,7 +1020,14 @@ static void enter(kcall *k, hx *h) {
     G.calls = k;
   }
   pthread_mutex_unlock(&G.mu);
-  claim(k);
+  if (pool_submit(claim, k) != 0) {
+    error_arg e = {MCP_E_INTERNAL,
+                   "idem mcp: the proxy is stopping; nothing "
+                   "was sent to the server",
+                   "internal", NULL, 0};
+    answer_all(k, answer_error, &e);
+    kcall_unref(k);
+  }
 }
 
 /* Answers attached retries whose --attach-wait has run out. */
@@ -1095,7 +1056,8 @@ static void *ticker(void *arg) {
       if (k->retry_at <= now) {
         *pp = k->pnext;
         pthread_mutex_unlock(&G.mu);
-        claim(k);
+        if (pool_submit(claim, k) != 0)
+          claim(k);
         pthread_mutex_lock(&G.mu);
         pp = &G.parked; /* the list may have changed meanwhile */
         now = hx_mono_ms();
@@ -1158,14 +1120,15 @@ int hx_keyed_start(void) {
   return 0;
 }
 
-/* Waits up to ms for the calls at the server and the claims queued on the
- * store to end (and the parked claims, with_parked); how many are left. */
-static int wait_calls(int64_t ms, int with_parked) {
+int hx_keyed_drain(int64_t ms) {
   int64_t until = hx_mono_ms() + ms;
   int left;
   pthread_mutex_lock(&G.mu);
-  while ((G.at_server > 0 || G.claiming > 0 || (with_parked && G.parked)) &&
-         hx_mono_ms() < until) {
+  stopping_input = 1; /* the ticker frees the keys held for input */
+  for (kcall *k = G.parked; k; k = k->pnext)
+    k->retry_at = k->wait_until = 0; /* asked once more, then answered */
+  pthread_cond_broadcast(&G.cond);
+  while ((G.at_server > 0 || G.parked) && hx_mono_ms() < until) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     ts.tv_nsec += 50000000;
@@ -1175,22 +1138,10 @@ static int wait_calls(int64_t ms, int with_parked) {
     }
     pthread_cond_timedwait(&G.cond, &G.mu, &ts);
   }
-  left = G.at_server + G.claiming;
+  left = G.at_server;
   pthread_mutex_unlock(&G.mu);
   return left;
 }
-
-int hx_keyed_drain(int64_t ms) {
-  pthread_mutex_lock(&G.mu);
-  stopping_input = 1; /* the ticker frees the keys held for input */
-  for (kcall *k = G.parked; k; k = k->pnext)
-    k->retry_at = k->wait_until = 0; /* asked once more, then answered */
-  pthread_cond_broadcast(&G.cond);
-  pthread_mutex_unlock(&G.mu);
-  return wait_calls(ms, 1);
-}
-
-int hx_keyed_settle(int64_t ms) { return wait_calls(ms, 0); }
 
 int hx_keyed_cancel(hx *h, json_t *params) {
   json_t *rid = json_object_get(params, "requestId");
