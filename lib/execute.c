@@ -535,7 +535,9 @@ typedef struct async_call {
   int bad;    /* the response cannot be kept: end_keep()'s answer */
   int failed; /* the queued write's error, when not worth retrying */
   idem__finish f;
-  char why[512];
+  /* An ending's why (end_unkeepable(), end_report()) is kept in
+   * op.errmsg: once the op is done, or when it is never queued, the op's
+   * message is the ending's own. */
 } async_call;
 
 /* op on the backend's queue, or else on a runner thread, or else here. */
@@ -681,19 +683,20 @@ static void end_blocking(void *arg) {
   async_call *a = arg;
   int rc;
   if (a->bad) {
-    end_answer(a, end_unkeepable(a->x, a->bad, a->why));
+    end_answer(a, end_unkeepable(a->x, a->bad, a->op.errmsg));
     return;
   }
   rc = end_record(a->x, a->how, &a->x->call->response, a->x->budget);
-  snprintf(a->why, sizeof a->why, "%s", rc == IDEM_OK ? "" : idem_errmsg());
-  end_answer(a, end_report(a->x, a->how, rc, a->why));
+  snprintf(a->op.errmsg, sizeof a->op.errmsg, "%s",
+           rc == IDEM_OK ? "" : idem_errmsg());
+  end_answer(a, end_report(a->x, a->how, rc, a->op.errmsg));
 }
 
 /* A completion's write failed for good: said on a runner thread, since
  * marking the key unknown waits. */
 static void end_failed(void *arg) {
   async_call *a = arg;
-  end_answer(a, end_report(a->x, a->how, a->failed, a->why));
+  end_answer(a, end_report(a->x, a->how, a->failed, a->op.errmsg));
 }
 
 static void end_queued(idem__op *op) {
@@ -710,8 +713,8 @@ static void end_queued(idem__op *op) {
   } else {
     idem__lease_unhold(&a->x->lease, 1);
     a->failed = rc;
-    snprintf(a->why, sizeof a->why, "%s",
-             op->errmsg[0] ? op->errmsg : idem_strerror(rc));
+    if (!op->errmsg[0])
+      snprintf(op->errmsg, sizeof op->errmsg, "%s", idem_strerror(rc));
     on_runner(a, end_failed);
   }
 }
@@ -736,7 +739,7 @@ int idem_execute_end_async(idem_exec *exec, idem_exec_result result,
   if (response && result == IDEM_EXEC_DONE)
     resp = *response;
   if (a->how == END_COMPLETE)
-    a->bad = end_keep(exec, &resp, a->why, sizeof a->why);
+    a->bad = end_keep(exec, &resp, a->op.errmsg, sizeof a->op.errmsg);
   /* Only a completion that need not wait is queued: the rest (a response
    * that cannot be kept, a release, a renewal in progress, a lease taken
    * over) take the blocking path, which they rarely need. */

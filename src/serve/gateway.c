@@ -45,9 +45,9 @@ typedef struct req {
   int too_big;
   double t0;
   char *key;          /* the key, quotes of a structured field removed */
-  char tenant[300];
+  char *tenant;
   char *path;         /* printable ASCII: the path, percent-encoded where not */
-  char operation[256];
+  char *operation;
   struct job *job; /* the decision and forward, while the connection is
                       suspended; its answer once resumed */
 } req;
@@ -261,6 +261,10 @@ static struct MHD_Response *replay(req *r, const char *method,
 
 /* ---- the request ------------------------------------------------------------ */
 
+/* The request's headers. Names and values are libmicrohttpd's own strings,
+ * kept in the connection's memory until the request completes: a job,
+ * which never outlives its request, reads them without copies (upstream
+ * starts copy what they forward). */
 typedef struct headers {
   up_header *h;
   size_t n, cap;
@@ -294,25 +298,14 @@ static enum MHD_Result collect(void *cls, enum MHD_ValueKind kind,
     hs->h = h;
     hs->cap = cap;
   }
-  hs->h[hs->n].name = strndup(name, nl);
-  hs->h[hs->n].value = strndup(value ? value : "", value ? vl : 0);
-  if (!hs->h[hs->n].name || !hs->h[hs->n].value) {
-    free(hs->h[hs->n].name);
-    free(hs->h[hs->n].value);
-    hs->failed = 1;
-    return MHD_NO;
-  }
+  (void)nl, (void)vl;
+  hs->h[hs->n].name = (char *)name;
+  hs->h[hs->n].value = (char *)(value ? value : "");
   hs->n++;
   return MHD_YES;
 }
 
-static void headers_free(headers *hs) {
-  for (size_t i = 0; i < hs->n; i++) {
-    free(hs->h[i].name);
-    free(hs->h[i].value);
-  }
-  free(hs->h);
-}
+static void headers_free(headers *hs) { free(hs->h); }
 
 static int method_protected(const char *method) {
   char m[40];
@@ -347,7 +340,7 @@ static enum MHD_Result begin(struct MHD_Connection *c, req *r,
   free(r->uri);
   r->uri = target;
   const char *v, *q = strchr(r->uri, '?');
-  char why[300];
+  char why[300], tenant[300], operation[256];
   headers hs = {0};
   size_t plen = q ? (size_t)(q - r->uri) : strlen(r->uri);
 
@@ -426,8 +419,8 @@ static enum MHD_Result begin(struct MHD_Connection *c, req *r,
   const char *av =
       tv ? NULL
          : MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-  if (serve_tenant(tv, hs.tenants, av, tv ? 0 : hs.auths, "", r->tenant,
-                   sizeof r->tenant) != 0) {
+  if (serve_tenant(tv, hs.tenants, av, tv ? 0 : hs.auths, "", tenant,
+                   sizeof tenant) != 0) {
     r->answered = 1;
     return problem(c, r, method, OUT_REJECTED, 400, "bad-tenant",
                    "Malformed tenant header", 0, 0,
@@ -435,16 +428,17 @@ static enum MHD_Result begin(struct MHD_Connection *c, req *r,
                    "without control characters.",
                    tv ? cfg->tenant_header : "Authorization");
   }
+  if (!(r->tenant = strdup(tenant)))
+    return MHD_NO;
   r->protect = 1;
-  if (serve_operation(method, r->path, r->operation, sizeof r->operation) !=
-      0) {
+  if (serve_operation(method, r->path, operation, sizeof operation) != 0) {
     r->answered = 1;
     return problem(c, r, method, OUT_REJECTED, 400, "bad-method",
                    "Method too long", 0, 0,
                    "A method of more than 32 characters cannot be "
                    "protected.");
   }
-  return MHD_YES;
+  return (r->operation = strdup(operation)) ? MHD_YES : MHD_NO;
 }
 
 /* ---- the decision and the forward, off libmicrohttpd's threads ------------- */
@@ -1176,6 +1170,8 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
   free(r->body);
   free(r->key);
   free(r->path);
+  free(r->tenant);
+  free(r->operation);
   free(r);
   *con_cls = NULL;
 }

@@ -265,7 +265,7 @@ static size_t on_body(char *p, size_t size, size_t n, void *arg) {
     return 0; /* aborts the transfer */
   }
   if (rs->body_len + len + 1 > s->cap) {
-    size_t cap = s->cap ? s->cap : 16384;
+    size_t cap = s->cap ? s->cap : 1024;
     while (cap < rs->body_len + len + 1)
       cap *= 2;
     char *b = realloc(rs->body, cap);
@@ -359,7 +359,6 @@ fail:
 typedef struct xfer {
   CURL *curl;
   struct curl_slist *hdrs;
-  char *url;
   sink s;
   const up_request *rq;
   up_response *rs;
@@ -410,12 +409,16 @@ static int on_progress(void *arg, curl_off_t dt, curl_off_t dn, curl_off_t ut,
 static int setup(xfer *x) {
   CURL *c = x->curl;
   const up_request *rq = x->rq;
+  char *url;
+  CURLcode cc;
   if (!(x->hdrs = request_headers(rq)) ||
-      asprintf(&x->url, "%s%s", cfg->upstream, rq->uri) < 0) {
-    x->url = NULL;
+      asprintf(&url, "%s%s", cfg->upstream, rq->uri) < 0)
     return -1;
-  }
-  curl_easy_setopt(c, CURLOPT_URL, x->url);
+  /* libcurl keeps its own copy: none is held while the forward waits. */
+  cc = curl_easy_setopt(c, CURLOPT_URL, url);
+  free(url);
+  if (cc != CURLE_OK)
+    return -1;
   curl_easy_setopt(c, CURLOPT_PRIVATE, x);
   curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(c, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
@@ -639,7 +642,6 @@ static void finish(xfer *x, CURLcode cc) {
     x->next_active->prev_active = x->prev_active;
   curl_easy_cleanup(x->curl);
   curl_slist_free_all(x->hdrs);
-  free(x->url);
   __atomic_fetch_sub(&L.active, 1, __ATOMIC_RELAXED);
   x->done(x->ctx, r);
   free(x);
@@ -804,7 +806,6 @@ int upstream_start(const up_request *rq, up_response *rs, up_done_fn done,
   if (!(x->curl = curl_easy_init()) || setup(x) != 0) {
     curl_easy_cleanup(x->curl);
     curl_slist_free_all(x->hdrs);
-    free(x->url);
     free(x);
     return -1;
   }
@@ -813,7 +814,6 @@ int upstream_start(const up_request *rq, up_response *rs, up_done_fn done,
     pthread_mutex_unlock(&L.mu);
     curl_easy_cleanup(x->curl);
     curl_slist_free_all(x->hdrs);
-    free(x->url);
     free(x);
     return -1;
   }
