@@ -215,13 +215,14 @@ end
 EOF
 
 # gateway NAME STORE [UPSTREAM_PORT]: starts idem serve; sets GW_URL and
-# GW_PID.
+# GW_PID. It waits up to a minute for the gateway to say where it listens
+# (a busy machine, a store on a slow disk).
 gateway() {
   "$IDEM" serve --listen 127.0.0.1:0 --upstream "http://127.0.0.1:${3:-$UP_PORT}" \
     --store "$2" 2>"$W/$1.err" &
   GW_PID=$!
   n=0
-  while ! grep -q 'listening on' "$W/$1.err" && [ $n -lt 200 ]; do
+  while ! grep -q 'listening on' "$W/$1.err" && [ $n -lt 1200 ]; do
     kill -0 $GW_PID 2>/dev/null || break
     sleep 0.05; n=$((n + 1))
   done
