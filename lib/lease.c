@@ -21,13 +21,16 @@ int64_t idem__mono_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-int idem__thread_start(pthread_t *t, void *(*fn)(void *), void *arg) {
+int idem__thread_start(pthread_t *t, const char *name, void *(*fn)(void *),
+                       void *arg) {
   sigset_t all, old;
   int rc;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
   rc = pthread_create(t, NULL, fn, arg);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (rc == 0)
+    pthread_setname_np(*t, name);
   return rc;
 }
 
@@ -274,7 +277,7 @@ static idem__sched *sched_get(idem_store *store) {
     pthread_mutex_init(&s->mu, NULL);
     cond_init_mono(&s->cv);
     cond_init_mono(&s->idle_cv);
-    if (idem__thread_start(&s->thread, sched_thread, s) != 0) {
+    if (idem__thread_start(&s->thread, "idem-leases", sched_thread, s) != 0) {
       pthread_mutex_destroy(&s->mu);
       pthread_cond_destroy(&s->cv);
       pthread_cond_destroy(&s->idle_cv);

@@ -109,7 +109,10 @@ int idem__wait_count(const idem_id *id);
 int64_t idem__mono_ms(void);
 /* pthread_create() for the library's own threads: all signals blocked in
  * the new thread, so that process signals are delivered to the program's
- * threads, never to ours. */
-int idem__thread_start(pthread_t *t, void *(*fn)(void *), void *arg);
+ * threads, never to ours. name ("idem-...", at most 15 bytes) is what ps
+ * and /proc show; else a thread would bear its creator's, which may be
+ * the program's (an HTTP library's worker). */
+int idem__thread_start(pthread_t *t, const char *name, void *(*fn)(void *),
+                       void *arg);
 
 #endif

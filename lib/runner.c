@@ -84,7 +84,8 @@ int idem__runner_submit(idem_store *store, void (*fn)(void *arg), void *arg) {
   if (r->idle)
     pthread_cond_signal(&r->cv);
   else if (r->threads < RUNNER_MAX &&
-           idem__thread_start(&r->tid[r->threads], runner_main, r) == 0)
+           idem__thread_start(&r->tid[r->threads], "idem-runner",
+                              runner_main, r) == 0)
     r->threads++;
   if (!r->threads) {
     /* Not one thread could start: the caller runs it. */

@@ -349,7 +349,8 @@ static idem__pg_listener *listener_get(pg_store *s) {
     if (pipe2(l->wake, O_CLOEXEC) != 0) {
       free(l);
       l = NULL;
-    } else if (idem__thread_start(&l->thread, listener_thread, l) != 0) {
+    } else if (idem__thread_start(&l->thread, "idem-pg-listen",
+                                  listener_thread, l) != 0) {
       close(l->wake[0]);
       close(l->wake[1]);
       free(l);

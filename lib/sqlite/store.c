@@ -169,7 +169,8 @@ static int sq_open(const char *target, const idem_store_options *opts,
      * that could not work never replaces the writer's own checkpoints.
      * Without it the writer keeps SQLite's automatic checkpoint. */
     if (idem__sq_conn_open(s, &s->ckpt_conn) == IDEM_OK &&
-        idem__thread_start(&s->ckpt_thread, idem__sq_checkpointer, s) == 0) {
+        idem__thread_start(&s->ckpt_thread, "idem-checkpoint",
+                           idem__sq_checkpointer, s) == 0) {
       s->ckpt_running = 1;
       sqlite3_wal_hook(s->writer->db, idem__sq_wal_hook, s);
     } else {

@@ -347,8 +347,8 @@ int idem__sq_queue(void *state, idem__op *op) {
   }
   pthread_mutex_lock(&s->gc_mu);
   while (s->async_started < ASYNC_LEADERS && !s->async_stop) {
-    if (idem__thread_start(&s->async_threads[s->async_started], async_leader,
-                           s) != 0)
+    if (idem__thread_start(&s->async_threads[s->async_started],
+                           "idem-leader", async_leader, s) != 0)
       break;
     s->async_started++;
   }

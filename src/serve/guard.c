@@ -360,6 +360,7 @@ int guard_start(const serve_config *c) {
     cli_error("serve", "cannot start a thread: %s", strerror(rc));
     return -1;
   }
+  pthread_setname_np(sweeper, "idem-sweeper");
   sweeper_running = 1;
   return 0;
 }

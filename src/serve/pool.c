@@ -51,9 +51,11 @@ static void *worker(void *arg) {
 int pool_start(int n) {
   if (!(P.threads = calloc((size_t)n, sizeof *P.threads)))
     return -1;
-  for (P.n = 0; P.n < n; P.n++)
+  for (P.n = 0; P.n < n; P.n++) {
     if (pthread_create(&P.threads[P.n], NULL, worker, NULL) != 0)
       return P.n ? 0 : -1;
+    pthread_setname_np(P.threads[P.n], "idem-store");
+  }
   return 0;
 }
 

@@ -784,6 +784,7 @@ int upstream_init(const serve_config *c) {
   curl_multi_setopt(L.multi, CURLMOPT_MAXCONNECTS, (long)UP_KEEP_CONNECTIONS);
   if (pthread_create(&L.thread, NULL, loop, NULL) != 0)
     return -1;
+  pthread_setname_np(L.thread, "idem-upstream");
   L.started = 1;
   return 0;
 }

@@ -16,6 +16,14 @@ CORES=$(nproc)
 MAX=$((10 + 2 * CORES))
 
 threads() { sed -n 's/^Threads:[[:space:]]*//p' "/proc/$GW_PID/status"; }
+# How many of the gateway's threads bear NAME (as ps and top show them).
+named() {
+  n=0
+  for t in /proc/"$GW_PID"/task/*/comm; do
+    [ "$(cat "$t" 2>/dev/null)" = "$1" ] && n=$((n + 1))
+  done
+  echo $n
+}
 held() {
   curl -s "$UP/_held" | python3 -c 'import json,sys; print(json.load(sys.stdin)["held"].get(sys.argv[1], 0))' "$1"
 }
@@ -38,6 +46,14 @@ busy=$(threads)
 echo "threads with $N forwards in flight: $busy"
 expect_eq "threads with $N in flight: at most $MAX" yes "$([ "$busy" -le $MAX ] && echo yes || echo "no ($busy)")"
 expect_eq "threads idle: at most $MAX" yes "$([ "$idle" -le $MAX ] && echo yes || echo "no ($idle)")"
+# Each thread says whose it is: libmicrohttpd's workers are its pool (2 a
+# core by default) and no more; the store's threads made on a request's
+# behalf are libidem's, not named after the thread that made them.
+POOL=$((2 * $(getconf _NPROCESSORS_ONLN))) # the gateway's default --threads
+expect_eq "threads named MHD-worker: libmicrohttpd's $POOL" $POOL "$(named MHD-worker)"
+expect_eq "the store's group-commit leaders are named" 2 "$(named idem-leader)"
+expect_eq "the lease scheduler is named" 1 "$(named idem-leases)"
+expect_eq "the upstream loop is named" 1 "$(named idem-upstream)"
 release crowd
 # shellcheck disable=SC2086 # one PID per word
 wait $posts
