@@ -230,7 +230,7 @@ def main(port_file):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (2, 3):
+    if len(sys.argv) not in (2, 3) or sys.argv[1].startswith("-"):
         sys.exit("usage: slow_upstream.py PORT_FILE [DELAY_S]")
     if len(sys.argv) == 3:
         DELAY = float(sys.argv[2])
