@@ -11,7 +11,7 @@
 #define REQ "{\"title\":\"Queue backlog\"}"
 
 static void test_open_without_a_store_named(void **state) {
-  char cwd[4096], dir[] = "/tmp/idem-api-XXXXXX";
+  char cwd[4096], dir[] = TMP_PREFIX "api-XXXXXX"; /* rm_tree() takes it */
   const char *saved = getenv("IDEM_STORE");
   char *keep = saved ? strdup(saved) : NULL;
   idem_store *s = (idem_store *)1;
