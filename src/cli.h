@@ -2,9 +2,11 @@
 #ifndef IDEM_CLI_H
 #define IDEM_CLI_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <time.h>
 
 #include "idem.h"
 
@@ -72,6 +74,14 @@ int cli_parse_size(const char *s, size_t max, size_t *out);
 
 /* Milliseconds of CLOCK_MONOTONIC, for measuring. */
 double cli_now_ms(void);
+
+/* A condition variable whose timed waits count by CLOCK_MONOTONIC, so that
+ * a wall clock stepped back cannot stretch them. 0, or an error number. */
+int cli_cond_init_mono(pthread_cond_t *cv);
+
+/* The CLOCK_MONOTONIC time ms milliseconds from now, as
+ * pthread_cond_timedwait() takes it on such a condition variable. */
+struct timespec cli_mono_deadline(int64_t ms);
 
 /* A postgresql:// store URL as libpq takes it: idem's own query parameter
  * idem_schema removed. NULL when out of memory; free() it. */

@@ -204,6 +204,29 @@ double cli_now_ms(void) {
   return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+int cli_cond_init_mono(pthread_cond_t *cv) {
+  pthread_condattr_t ca;
+  int rc;
+  if ((rc = pthread_condattr_init(&ca)) != 0)
+    return rc;
+  if ((rc = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC)) == 0)
+    rc = pthread_cond_init(cv, &ca);
+  pthread_condattr_destroy(&ca);
+  return rc;
+}
+
+struct timespec cli_mono_deadline(int64_t ms) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  ts.tv_sec += (time_t)(ms / 1000);
+  ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+  if (ts.tv_nsec >= 1000000000L) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000L;
+  }
+  return ts;
+}
+
 const char *cli_store_url(const char *flag) {
   const char *env = getenv("IDEM_STORE");
   if (flag && *flag)

@@ -359,15 +359,7 @@ static int run(int argc, char **argv) {
   p->tools = json_object();
   p->tasks = json_object();
   pthread_mutex_init(&p->lock, NULL);
-  {
-    /* The drain's waits are timed by the monotonic clock: a wall clock
-     * stepped back must not stretch them. */
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&p->cond, &ca);
-    pthread_condattr_destroy(&ca);
-  }
+  cli_cond_init_mono(&p->cond); /* the drain's waits */
   pthread_mutex_init(&p->to_server.lock, NULL);
   pthread_mutex_init(&p->to_client.lock, NULL);
   p->to_client.fd = STDOUT_FILENO;
@@ -416,13 +408,7 @@ static int run(int argc, char **argv) {
     pthread_mutex_unlock(&p->lock);
     mcp_keyed_tick(p);
     pthread_mutex_lock(&p->lock);
-    struct timespec until_ts;
-    clock_gettime(CLOCK_MONOTONIC, &until_ts);
-    until_ts.tv_nsec += 50000000;
-    if (until_ts.tv_nsec >= 1000000000) {
-      until_ts.tv_sec++;
-      until_ts.tv_nsec -= 1000000000;
-    }
+    struct timespec until_ts = cli_mono_deadline(50);
     pthread_cond_timedwait(&p->cond, &p->lock, &until_ts);
   }
   pthread_mutex_unlock(&p->lock);

@@ -1091,15 +1091,7 @@ static void *ticker(void *arg) {
       pthread_mutex_lock(&G.mu);
       continue;
     }
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    int64_t wait = next - now;
-    ts.tv_sec += wait / 1000;
-    ts.tv_nsec += (wait % 1000) * 1000000;
-    if (ts.tv_nsec >= 1000000000) {
-      ts.tv_sec++;
-      ts.tv_nsec -= 1000000000;
-    }
+    struct timespec ts = cli_mono_deadline(next - now);
     pthread_cond_timedwait(&G.cond, &G.mu, &ts);
   }
   return NULL;
@@ -1108,12 +1100,8 @@ static void *ticker(void *arg) {
 int hx_keyed_start(void) {
   /* Its waits are timed by the monotonic clock: a wall clock stepped back
    * must not hold an attached retry past its --attach-wait. */
-  pthread_condattr_t ca;
-  if (pthread_condattr_init(&ca) != 0 ||
-      pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) != 0 ||
-      pthread_cond_init(&G.cond, &ca) != 0)
+  if (cli_cond_init_mono(&G.cond) != 0)
     return -1;
-  pthread_condattr_destroy(&ca);
   if (pthread_create(&G.ticker, NULL, ticker, NULL) != 0)
     return -1;
   pthread_detach(G.ticker);
@@ -1129,13 +1117,7 @@ int hx_keyed_drain(int64_t ms) {
     k->retry_at = k->wait_until = 0; /* asked once more, then answered */
   pthread_cond_broadcast(&G.cond);
   while ((G.at_server > 0 || G.parked) && hx_mono_ms() < until) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_nsec += 50000000;
-    if (ts.tv_nsec >= 1000000000) {
-      ts.tv_sec++;
-      ts.tv_nsec -= 1000000000;
-    }
+    struct timespec ts = cli_mono_deadline(50);
     pthread_cond_timedwait(&G.cond, &G.mu, &ts);
   }
   left = G.at_server;

@@ -308,13 +308,7 @@ static void *sweep(void *arg) {
   (void)arg;
   pthread_mutex_lock(&stop_lock);
   while (!stopping) {
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += tick_ms / 1000;
-    until.tv_nsec += (tick_ms % 1000) * 1000000;
-    if (until.tv_nsec >= 1000000000) {
-      until.tv_sec++;
-      until.tv_nsec -= 1000000000;
-    }
+    until = cli_mono_deadline(tick_ms);
     pthread_cond_timedwait(&stop_cond, &stop_lock, &until);
     if (stopping)
       break;
@@ -343,7 +337,6 @@ static void *sweep(void *arg) {
 }
 
 int guard_start(const serve_config *c) {
-  pthread_condattr_t ca;
   int rc;
   timeout_ms = c->header_timeout_ms > 0 ? c->header_timeout_ms : 10000;
   /* A tenth of the timeout: a late head is closed at most a tenth late,
@@ -351,10 +344,7 @@ int guard_start(const serve_config *c) {
    * late. */
   tick_ms = timeout_ms / 10;
   tick_ms = tick_ms < 50 ? 50 : tick_ms > 1000 ? 1000 : tick_ms;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&stop_cond, &ca);
-  pthread_condattr_destroy(&ca);
+  cli_cond_init_mono(&stop_cond);
   stopping = 0;
   if ((rc = pthread_create(&sweeper, NULL, sweep, NULL)) != 0) {
     cli_error("serve", "cannot start a thread: %s", strerror(rc));
