@@ -23,6 +23,7 @@
 /* clang-format on */
 
 #include <libpq-fe.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -532,6 +533,205 @@ static void test_reconnect_refused(void **state) {
   idem_call_free(c);
 }
 
+/* ---- a session ended mid-commit --------------------------------------- */
+
+typedef struct effect {
+  const char *schema;
+  int n;
+  /* Set: after its insert the action says so and waits for `go`. */
+  pthread_mutex_t *mu;
+  pthread_cond_t *cv;
+  int inserted, go;
+} effect;
+
+/* A local action that inserts effect row n; row 1's deferred trigger
+ * sleeps at COMMIT (see test_ended_mid_commit). */
+static int insert_effect(void *conn, void *ctx, idem_response *r) {
+  const effect *e = ctx;
+  char sql[160];
+  PGresult *res;
+  snprintf(sql, sizeof sql, "INSERT INTO \"%s\".effects (n) VALUES (%d)",
+           e->schema, e->n);
+  res = PQexec(conn, sql);
+  if (PQresultStatus(res) != PGRES_COMMAND_OK) {
+    PQclear(res);
+    return 1;
+  }
+  PQclear(res);
+  if (e->mu) {
+    effect *w = ctx;
+    pthread_mutex_lock(w->mu);
+    w->inserted = 1;
+    pthread_cond_broadcast(w->cv);
+    while (!w->go)
+      pthread_cond_wait(w->cv, w->mu);
+    pthread_mutex_unlock(w->mu);
+  }
+  r->status = 200;
+  r->body = e->n == 1 ? "effect-1" : e->n == 2 ? "effect-2" : "effect-3";
+  r->body_len = 8;
+  return 0;
+}
+
+typedef struct ended_call {
+  idem_store *store;
+  effect effect;
+  int rc;
+  char msg[512];
+} ended_call;
+
+static void *run_ended_call(void *arg) {
+  ended_call *e = arg;
+  char fp[IDEM_FINGERPRINT_SIZE];
+  idem_id id = {"", OPERATION, "ended-mid-commit"};
+  idem_call *c = NULL;
+  if (idem_fingerprint(PAYLOAD, strlen(PAYLOAD), 1, fp) != IDEM_OK)
+    abort();
+  e->rc = idem_execute_local(e->store, &id, fp, NULL, insert_effect,
+                             &e->effect, &c);
+  snprintf(e->msg, sizeof e->msg, "%s", idem_errmsg());
+  idem_call_free(c);
+  return NULL;
+}
+
+/*
+ * The server ends the store's session while the local action's record and
+ * its COMMIT, sent together, wait in a trigger that sleeps (set up by
+ * slow_sql, then found by a query of pg_stat_activity matching `waiting`):
+ * the call says the connection was lost and that whether it committed is
+ * unknown (IDEM_EUNAVAILABLE), never a store error; the next call on the
+ * store works on a new session, runs the action once, and a retry replays
+ * it.
+ */
+static void ended_mid_pipeline(fixture *f, const char *slow_sql,
+                               const char *waiting, int idle) {
+  char url[URL_MAX], fp[IDEM_FINGERPRINT_SIZE], find[512];
+  idem_id id = {"", OPERATION, "ended-mid-commit"};
+  idem_call *c = NULL;
+  ended_call e = {.effect = {f->schema, 1}};
+  effect second = {f->schema, 2, NULL, NULL, 0, 0};
+  pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+  pthread_t th;
+  int ended = 0;
+  url_with(f, url, sizeof url, NULL);
+  EXPECT_RC(IDEM_OK, idem_store_open(url, NULL, &f->store));
+  admin_sql(f, "CREATE TABLE {S}.effects (n integer)");
+  if (slow_sql)
+    admin_sql(f, slow_sql);
+  /* Another key first, so that the session has its statements prepared and
+   * sends the record and the COMMIT in one pipeline. */
+  {
+    idem_id warm = {"", OPERATION, "warm-up"};
+    effect third = {f->schema, 3, NULL, NULL, 0, 0};
+    EXPECT_RC(IDEM_OK, idem_fingerprint(PAYLOAD, strlen(PAYLOAD), 1, fp));
+    EXPECT_RC(IDEM_OK, idem_execute_local(f->store, &warm, fp, NULL,
+                                          insert_effect, &third, &c));
+    assert_memory_equal(idem_call_response(c)->body, "effect-3", 8);
+    idem_call_free(c);
+    c = NULL;
+  }
+  e.store = f->store;
+  if (idle) {
+    e.effect.mu = &mu;
+    e.effect.cv = &cv;
+  }
+  assert_int_equal(pthread_create(&th, NULL, run_ended_call, &e), 0);
+  if (idle) {
+    /* Ends the session while the action holds it idle in its transaction,
+     * and waits until it is gone; then lets the action return. */
+    pthread_mutex_lock(&mu);
+    while (!e.effect.inserted)
+      pthread_cond_wait(&cv, &mu);
+    pthread_mutex_unlock(&mu);
+    snprintf(find, sizeof find,
+             "SELECT count(pg_terminate_backend(pid, 30000)) FROM "
+             "pg_stat_activity WHERE state = 'idle in transaction' AND query "
+             "LIKE '%s'",
+             waiting);
+    ended = atoi(admin_sql(f, find));
+    pthread_mutex_lock(&mu);
+    e.effect.go = 1;
+    pthread_cond_broadcast(&cv);
+    pthread_mutex_unlock(&mu);
+  }
+  /* Waits for the session to sleep in the trigger, then ends it. */
+  snprintf(find, sizeof find,
+           "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+           "WHERE wait_event = 'PgSleep' AND query LIKE '%s'",
+           waiting);
+  for (int i = 0; i < 6000 && !ended; i++) {
+    ended = atoi(admin_sql(f, find));
+    if (!ended)
+      usleep(10 * 1000);
+  }
+  pthread_join(th, NULL);
+  assert_int_equal(ended, 1);
+  if (e.rc != IDEM_EUNAVAILABLE)
+    fail_msg("ended mid-commit: %s (%s), expected IDEM_EUNAVAILABLE",
+             idem_rc_name(e.rc), e.msg);
+  if (!strstr(e.msg, "whether it committed is unknown"))
+    fail_msg("ended mid-commit: %s", e.msg);
+  /* It did not commit: no effect, no record. */
+  assert_string_equal(
+      admin_sql(f, "SELECT count(*) FROM {S}.effects WHERE n <> 3"), "0");
+  assert_string_equal(admin_sql(f, "SELECT count(*) FROM {S}.idem_records "
+                                   "WHERE key = 'ended-mid-commit'"),
+                      "0");
+  /* The store works again, on a new session. */
+  EXPECT_RC(IDEM_OK, idem_fingerprint(PAYLOAD, strlen(PAYLOAD), 1, fp));
+  EXPECT_RC(IDEM_OK, idem_execute_local(f->store, &id, fp, NULL,
+                                        insert_effect, &second, &c));
+  assert_int_equal(idem_call_outcome(c), IDEM_PROCEED);
+  assert_memory_equal(idem_call_response(c)->body, "effect-2", 8);
+  idem_call_free(c);
+  c = NULL;
+  EXPECT_RC(IDEM_OK, idem_execute_local(f->store, &id, fp, NULL,
+                                        insert_effect, &second, &c));
+  assert_int_equal(idem_call_outcome(c), IDEM_REPLAY);
+  assert_memory_equal(idem_call_response(c)->body, "effect-2", 8);
+  idem_call_free(c);
+  assert_string_equal(
+      admin_sql(f, "SELECT count(*) FROM {S}.effects WHERE n <> 3"), "1");
+  assert_string_equal(
+      admin_sql(f, "SELECT max(n) FROM {S}.effects WHERE n <> 3"), "2");
+}
+
+/* Ended at the COMMIT: a deferred trigger on the action's table sleeps. */
+static void test_ended_at_commit(void **state) {
+  fixture *f = *state;
+  admin_sql(f, "CREATE SCHEMA IF NOT EXISTS {S}");
+  admin_sql(f, "CREATE FUNCTION {S}.slow_commit() RETURNS trigger LANGUAGE "
+               "plpgsql AS $$ BEGIN IF NEW.n = 1 THEN PERFORM pg_sleep(60); "
+               "END IF; RETURN NULL; END $$");
+  ended_mid_pipeline(f,
+                     "CREATE CONSTRAINT TRIGGER slow AFTER INSERT ON "
+                     "{S}.effects DEFERRABLE INITIALLY DEFERRED FOR EACH ROW "
+                     "EXECUTE FUNCTION {S}.slow_commit()",
+                     "COMMIT", 0);
+}
+
+/* Ended in the record's insert, the first of the two: a trigger on the
+ * records table sleeps when the action wrote effect 1. */
+static void test_ended_at_record(void **state) {
+  fixture *f = *state;
+  admin_sql(f, "CREATE SCHEMA IF NOT EXISTS {S}");
+  admin_sql(f, "CREATE FUNCTION {S}.slow_record() RETURNS trigger LANGUAGE "
+               "plpgsql AS $$ BEGIN IF EXISTS (SELECT 1 FROM {S}.effects "
+               "WHERE n = 1) THEN PERFORM pg_sleep(60); END IF; RETURN NEW; "
+               "END $$");
+  ended_mid_pipeline(f,
+                     "CREATE TRIGGER slow BEFORE INSERT ON {S}.idem_records "
+                     "FOR EACH ROW EXECUTE FUNCTION {S}.slow_record()",
+                     "INSERT INTO%idem_records%", 0);
+}
+
+/* Ended while the action held its session idle in the transaction: the
+ * record and the COMMIT are sent to a session already gone. */
+static void test_ended_before_record(void **state) {
+  ended_mid_pipeline(*state, NULL, "INSERT INTO%effects%", 1);
+}
+
 /* A server that is not there, or that cannot take this connection now:
  * IDEM_EUNAVAILABLE, "retry later". */
 static void test_unavailable(void **state) {
@@ -569,6 +769,9 @@ int main(void) {
       OPEN_TEST(test_configuration_mistakes),
       OPEN_TEST(test_password_authentication),
       OPEN_TEST(test_reconnect_refused),
+      OPEN_TEST(test_ended_at_commit),
+      OPEN_TEST(test_ended_at_record),
+      OPEN_TEST(test_ended_before_record),
       OPEN_TEST(test_unavailable),
   };
   if (!url || (strncmp(url, "postgresql://", 13) != 0 &&
