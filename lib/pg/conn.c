@@ -505,8 +505,8 @@ static int conn_revive(pg_store *s, conn *c, char *err) {
  * its server was found read-only.
  */
 static int conn_check(pg_store *s, conn *c, char *err) {
-  if (c->read_only) {
-    c->read_only = 0;
+  if (c->read_only || c->unusable) {
+    c->read_only = c->unusable = 0;
     return conn_revive(s, c, err);
   }
   if (PQstatus(c->pg) == CONNECTION_OK && PQsocket(c->pg) >= 0) {
@@ -709,12 +709,20 @@ int idem__pg_run_steps(pg_store *s, conn *c, const step *st, int n, int keep,
 broken:
   for (i = 0; i < n; i++)
     PQclear(res[i]);
-  /* Drain what can be drained so that the connection leaves pipeline mode;
-   * a broken one is re-established before its next use. */
-  while (PQstatus(c->pg) != CONNECTION_BAD && (r = PQgetResult(c->pg)))
-    PQclear(r);
-  PQexitPipelineMode(c->pg);
-  if (PQstatus(c->pg) == CONNECTION_BAD) {
+  /* Read the pipeline to its end so that the connection leaves pipeline
+   * mode. A NULL from PQgetResult() ends one statement's results, not the
+   * pipeline, so the exit is tried after each; a few more reads than the
+   * pipeline has results bound the loop. A connection that cannot leave it
+   * (the server ended the session, and libpq has not yet read the end) is
+   * replaced before its next use, as a broken one is. */
+  for (i = 0; i < 2 * MAX_STEPS + 4 && PQstatus(c->pg) != CONNECTION_BAD &&
+              !PQexitPipelineMode(c->pg);
+       i++)
+    if ((r = PQgetResult(c->pg)))
+      PQclear(r);
+  if (PQpipelineStatus(c->pg) != PQ_PIPELINE_OFF)
+    c->unusable = 1;
+  if (PQstatus(c->pg) == CONNECTION_BAD || c->unusable) {
     char text[ERR_SIZE];
     idem__pg_oneline(text, sizeof text, PQerrorMessage(c->pg));
     return idem__pg_failf(

@@ -77,6 +77,9 @@ typedef struct conn {
    * failover): reconnect before the next use, so that a multi-host URL
    * with target_session_attrs=read-write finds the primary. */
   int read_only;
+  /* A pipeline could not be read to its end: what the session holds is
+   * unknown, so it is replaced before the next use. */
+  int unusable;
   struct conn *next;
 } conn;
 
