@@ -202,9 +202,12 @@ static void trace(const char *what, const tfile *t) {
   static int on = -1;
   if (on < 0)
     on = getenv("FVFS_TRACE") != NULL;
-  if (on)
-    fprintf(stderr, "fvfs: %s %s (event %lld)\n", what, t ? t->path : "?",
-            (long long)events);
+  if (on) {
+    char name[16] = "?";
+    pthread_getname_np(pthread_self(), name, sizeof name);
+    fprintf(stderr, "fvfs: %s %s (event %lld, thread %s)\n", what,
+            t ? t->path : "?", (long long)events, name);
+  }
 }
 
 static int fault_now(fvfs_fault kind) {

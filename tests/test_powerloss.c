@@ -388,7 +388,15 @@ static void *claim_worker(void *p) {
   return NULL;
 }
 
-/* Another connection on the store, checkpointing now and then. */
+/*
+ * Another connection on the store, checkpointing now and then, as another
+ * process would. It follows the rule idem's own handles follow (see
+ * idem__sq_ckpt_check()): after a checkpoint whose fsync() failed it
+ * checkpoints no more. One that went on would count as copied the frames
+ * whose pages the failed fsync() dropped and let the log start over, and a
+ * power loss would then lose acknowledged calls (the campaign found it);
+ * no store can stop another process from doing that (docs/reliability.md).
+ */
 typedef struct checkpointer {
   pthread_t th;
   atomic_int stop;
@@ -398,18 +406,27 @@ typedef struct checkpointer {
 static void *checkpoint_main(void *p) {
   checkpointer *k = p;
   sqlite3 *db = NULL;
+  int failed_sync = 0;
+  pthread_setname_np(pthread_self(), "other-process");
   if (sqlite3_open_v2(store_path, &db, SQLITE_OPEN_READWRITE, NULL) ==
       SQLITE_OK) {
+    sqlite3_extended_result_codes(db, 1);
     sqlite3_busy_timeout(db, 50);
     while (!atomic_load(&k->stop)) {
       struct timespec ts = {0, 1000000L + (long)(k->rng % 3000000L)};
       nanosleep(&ts, NULL);
       k->rng = mix(k->rng);
-      sqlite3_exec(db,
-                   k->rng % 8 == 0 ? "PRAGMA wal_checkpoint(TRUNCATE)"
-                                   : "PRAGMA wal_checkpoint(PASSIVE)",
-                   NULL, NULL, NULL);
+      if (!failed_sync &&
+          sqlite3_exec(db,
+                       k->rng % 8 == 0 ? "PRAGMA wal_checkpoint(TRUNCATE)"
+                                       : "PRAGMA wal_checkpoint(PASSIVE)",
+                       NULL, NULL, NULL) != SQLITE_OK &&
+          sqlite3_extended_errcode(db) == SQLITE_IOERR_FSYNC)
+        failed_sync = 1;
     }
+    /* Closing it must not checkpoint either. */
+    if (failed_sync)
+      sqlite3_db_config(db, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, NULL);
   }
   sqlite3_close(db);
   return NULL;
