@@ -169,18 +169,31 @@ int idem__lease_lost_fd(idem__lease *l) {
   return fd;
 }
 
-/* Renews n leases in one batch; results in each op. */
-static void renew_batch(idem_store *store, idem__lease **ls, idem__op *ops,
+/* One renewal of a batch: its op, and the copy of the holder's call that
+ * it writes (the caller's call is its own), made for the renewal only so
+ * that a lease in flight holds none. */
+typedef struct renewal {
+  idem__op op;
+  idem_call shadow;
+} renewal;
+
+/* Renews n leases in one batch; results in each op. The leases are busy:
+ * their holders do not change their calls meanwhile. */
+static void renew_batch(idem_store *store, idem__lease **ls, renewal *rn,
                         idem__op **pp, int n) {
   for (int i = 0; i < n; i++) {
-    memset(&ops[i], 0, sizeof ops[i]);
-    ops[i].kind = IDEM__OP_RENEW;
-    ops[i].id = &ls[i]->id;
-    ops[i].fingerprint = ls[i]->shadow.fingerprint;
-    ops[i].claim = &ls[i]->shadow;
-    ops[i].lease_ms = ls[i]->lease_ms;
-    ops[i].opts.retention_ms = ls[i]->shadow.retention_ms;
-    pp[i] = &ops[i];
+    idem__op *op = &rn[i].op;
+    rn[i].shadow = *ls[i]->call;
+    rn[i].shadow.resp_buf = NULL;
+    rn[i].shadow.has_response = 0;
+    memset(op, 0, sizeof *op);
+    op->kind = IDEM__OP_RENEW;
+    op->id = &ls[i]->id;
+    op->fingerprint = rn[i].shadow.fingerprint;
+    op->claim = &rn[i].shadow;
+    op->lease_ms = ls[i]->lease_ms;
+    op->opts.retention_ms = rn[i].shadow.retention_ms;
+    pp[i] = op;
   }
   if (store->methods->version >= 3 && store->methods->run_many) {
     store->methods->run_many(store->state, pp, n);
@@ -193,7 +206,7 @@ static void renew_batch(idem_store *store, idem__lease **ls, idem__op *ops,
 static void *sched_thread(void *arg) {
   idem__sched *s = arg;
   idem__lease *batch[RENEW_BATCH];
-  idem__op *ops = calloc(RENEW_BATCH, sizeof *ops);
+  renewal *ops = calloc(RENEW_BATCH, sizeof *ops);
   idem__op *pp[RENEW_BATCH];
   pthread_mutex_lock(&s->mu);
   while (!s->stop) {
@@ -242,16 +255,17 @@ static void *sched_thread(void *arg) {
     for (int i = 0; i < n; i++) {
       idem__lease *l = batch[i];
       l->busy = 0;
-      if (ops[i].rc == IDEM_OK) {
+      if (ops[i].op.rc == IDEM_OK) {
         set_deadline(l, idem__lease_deadline(s->store,
-                                             l->shadow.lease_expires_ms,
+                                             ops[i].shadow.lease_expires_ms,
                                              asked, l->lease_ms));
         __atomic_store_n(&l->call->lease_expires_ms,
-                         l->shadow.lease_expires_ms, __ATOMIC_RELAXED);
+                         ops[i].shadow.lease_expires_ms, __ATOMIC_RELAXED);
         l->due_mono = after + l->period_ms;
-      } else if (ops[i].rc == IDEM_ESTALE) {
+      } else if (ops[i].op.rc == IDEM_ESTALE) {
         l->stale = 1;
-        snprintf(l->why, sizeof l->why, "%.250s", ops[i].errmsg);
+        free(l->why);
+        l->why = strdup(ops[i].op.errmsg); /* NULL: idem__lease_hold() says */
         pthread_mutex_lock(&l->fdmu);
         set_lost_locked(l);
         pthread_mutex_unlock(&l->fdmu);
@@ -310,9 +324,6 @@ int idem__lease_start(idem_store *store, idem__lease *l) {
   if (!s)
     return idem__fail(IDEM_ENOMEM, "execute: cannot start the lease "
                                    "scheduler");
-  l->shadow = *l->call;
-  l->shadow.resp_buf = NULL;
-  l->shadow.has_response = 0;
   l->id.tenant = l->call->tenant;
   l->id.operation = l->call->operation;
   l->id.key = l->call->key;
@@ -324,7 +335,7 @@ int idem__lease_start(idem_store *store, idem__lease *l) {
   l->due_mono = l->deadline_mono - l->lease_ms + l->period_ms;
   l->lost = l->stale = l->busy = l->ending = l->done = 0;
   l->tfd = -1;
-  l->why[0] = '\0';
+  l->why = NULL;
   pthread_mutex_init(&l->fdmu, NULL);
   l->sched = s;
   pthread_mutex_lock(&s->mu);
@@ -350,7 +361,10 @@ int idem__lease_hold(idem__lease *l, char *why, size_t size) {
   l->ending = 1;
   stale = l->stale;
   if (stale)
-    snprintf(why, size, "%s", l->why);
+    snprintf(why, size, "%s",
+             l->why ? l->why
+                    : "the lease was taken over by a newer attempt or the "
+                      "record was removed");
   pthread_mutex_unlock(&s->mu);
   return stale;
 }
@@ -396,6 +410,8 @@ void idem__lease_stop(idem__lease *l) {
     close(l->tfd);
   l->tfd = -1;
   pthread_mutex_destroy(&l->fdmu);
+  free(l->why);
+  l->why = NULL;
   l->sched = NULL;
 }
 

@@ -32,7 +32,6 @@ typedef struct idem__lease {
   int64_t claimed_mono; /* a monotonic time before the claim was asked */
 
   /* The scheduler's. */
-  idem_call shadow; /* what renewals write: the caller's call is its own */
   idem_id id;
   int64_t period_ms, due_mono;
   int64_t deadline_mono; /* when the lease ends: __atomic */
@@ -40,7 +39,7 @@ typedef struct idem__lease {
   int stale, busy, ending, done;
   int tfd; /* a timerfd, made when asked for */
   pthread_mutex_t fdmu; /* guards tfd, deadline changes and lost's setting */
-  char why[256];        /* why it was lost, once stale */
+  char *why; /* why it was lost, once stale (malloc()ed: seldom needed) */
   struct idem__lease *prev, *next;
   idem__sched *sched;
 } idem__lease;
