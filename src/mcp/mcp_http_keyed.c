@@ -491,7 +491,7 @@ static void answer_end(kcall *k, hx *h, void *arg) {
     snprintf(msg, sizeof msg,
              "idem mcp: the MCP server could not be reached (%s); this "
              "call was not sent and did not act. Retry with the same key.",
-             k->owner->rs.error);
+             up_error(&k->owner->rs));
     answer_error(k, h, &e);
     break;
   }
@@ -518,7 +518,7 @@ static void answer_end(kcall *k, hx *h, void *arg) {
                "Check whether it acted if you can; a retry with the same "
                "key in %.1f s sends the call to the server again, and its "
                "result is marked _meta[\"idem/recovered\"].",
-               k->owner->rs.error, k->key, k->tool, (double)wait / 1000);
+               up_error(&k->owner->rs), k->key, k->tool, (double)wait / 1000);
     else
       snprintf(msg, sizeof msg,
                "idem mcp: the server did not answer this call (%s; key "
@@ -526,7 +526,7 @@ static void answer_end(kcall *k, hx *h, void *arg) {
                "This key is refused until an operator settles it: `idem "
                "keys resolve %s --operation %s --failed` if it did not act, "
                "or --completed if it did.",
-               k->owner->rs.error, k->key, k->tool, k->key, k->tool);
+               up_error(&k->owner->rs), k->key, k->tool, k->key, k->tool);
     answer_error(k, h, &e);
     break;
   }
@@ -708,12 +708,12 @@ static void end_call(void *arg) {
     how = IDEM_EXEC_NOT_DONE;
     break;
   }
-  if (a.why == WHY_LOST && !k->owner->rs.error[0])
-    snprintf(k->owner->rs.error, sizeof k->owner->rs.error,
-             "its answer (HTTP %d) held no response to this call", k->status);
+  if (a.why == WHY_LOST && !*up_error(&k->owner->rs))
+    up_set_error(&k->owner->rs,
+                 "its answer (HTTP %d) held no response to this call",
+                 k->status);
   if (a.why == WHY_HTTP_UNSURE)
-    snprintf(k->owner->rs.error, sizeof k->owner->rs.error,
-             "it answered HTTP %d", k->status);
+    up_set_error(&k->owner->rs, "it answered HTTP %d", k->status);
   rc = idem_execute_end(k->exec, how, &resp);
   k->exec = NULL;
   if (rc != IDEM_OK)
@@ -727,7 +727,7 @@ static void end_call(void *arg) {
     cli_error("mcp",
               "key '%s' (tool %s): the server did not answer (%s); "
               "the key is held in progress for one lease",
-              k->key, k->tool, k->owner->rs.error);
+              k->key, k->tool, up_error(&k->owner->rs));
   pthread_mutex_lock(&G.mu);
   G.at_server--;
   pthread_mutex_unlock(&G.mu);
@@ -753,7 +753,7 @@ static void forward(kcall *k) {
   if (upstream_start(&o->rq, &o->rs, k_done, k) != 0) {
     kcall_unref(k);
     k->result = UP_NOT_SENT;
-    snprintf(o->rs.error, sizeof o->rs.error, "out of memory");
+    up_set_error(&o->rs, "out of memory");
     k->ending = 1;
     end_call(k);
   }

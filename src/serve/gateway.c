@@ -630,7 +630,7 @@ static void pass_through_answer(void *ctx) {
                    "The upstream did not answer: %s. This request had no "
                    "Idempotency-Key, so the gateway cannot tell whether it "
                    "acted.",
-                   j->rs.error);
+                   up_error(&j->rs));
 }
 
 /* An unkeyed request's forward ended (the upstream loop's thread). */
@@ -713,7 +713,7 @@ static void recorded(void *ctx, int rc) {
                      "The upstream was asked but did not answer (%s), and "
                      "the store could not record it (%s). It may have "
                      "acted: do not retry blindly.",
-                     j->rs.error, idem_rc_name(rc));
+                     up_error(&j->rs), idem_rc_name(rc));
     return;
   }
   switch (j->verdict) {
@@ -736,7 +736,7 @@ static void recorded(void *ctx, int rc) {
                      "The upstream could not be reached (%s); nothing was "
                      "sent and the key was released. Retry the same request "
                      "with the same key.",
-                     j->rs.error);
+                     up_error(&j->rs));
     break;
   case IDEM_EXEC_LEAVE_IN_PROGRESS:
     answer_problem(
@@ -747,7 +747,7 @@ static void recorded(void *ctx, int rc) {
         "The request was sent upstream, which may have acted: %s. The key "
         "stays in progress for %d s; a retry with the same key after that "
         "is %s.",
-        j->rs.error, retry_after_s(cfg->lease_ms),
+        up_error(&j->rs), retry_after_s(cfg->lease_ms),
         cfg->on_unknown_fail
             ? "refused until an operator resolves it (idem keys resolve)"
             : "forwarded again with the same Idempotency-Key, and its "
@@ -768,7 +768,7 @@ static void recorded(void *ctx, int rc) {
                      "The upstream may have acted, but its answer cannot be "
                      "passed on (%s). The key is marked unknown: an operator "
                      "must resolve it (idem keys resolve).",
-                     j->rs.error);
+                     up_error(&j->rs));
     break;
   }
 }

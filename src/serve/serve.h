@@ -167,7 +167,9 @@ struct up_response {
   char *content_length; /* the upstream's Content-Length, for HEAD and 304
                            answers, whose bodies are empty; may be NULL */
   double ms;            /* time spent */
-  char error[256];      /* what went wrong, for UP_* other than UP_OK */
+  /* What went wrong, for UP_* other than UP_OK (malloc()ed: a forward in
+   * flight holds none); read it with up_error(). */
+  char *error;
 };
 
 /* Sets the base URL and limits and starts the loop thread; once, before
@@ -191,6 +193,11 @@ int upstream_active(void);
  * drain's bound has passed): their done callbacks run. */
 void upstream_abort(void);
 void upstream_response_free(up_response *rs);
+/* Sets rs->error from a format; out of memory, a fixed text. */
+void up_set_error(up_response *rs, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* What went wrong ("" when nothing is said). */
+const char *up_error(const up_response *rs);
 /* Waits for the forwards in flight to end, stops the loop, frees it. */
 void upstream_cleanup(void);
 

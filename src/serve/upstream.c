@@ -19,6 +19,7 @@
 #include <curl/curl.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -294,21 +295,47 @@ static int has_header(const up_request *rq, const char *name) {
   return 0;
 }
 
-static struct curl_slist *append(struct curl_slist *l, const char *line,
-                                 int *failed) {
-  struct curl_slist *n = curl_slist_append(l, line);
-  if (!n)
-    *failed = 1;
-  return n ? n : l;
+/*
+ * The request's header lines for libcurl, in one allocation: the list's
+ * nodes, then their text (curl_slist_append() would make two allocations
+ * a line, held while the forward waits). libcurl only reads the list;
+ * free() frees it. A first pass with out NULL counts.
+ */
+typedef struct lines {
+  size_t n, bytes;
+  struct curl_slist *out;
+  char *text;
+} lines;
+
+/* Adds the line that the parts (up to 5, NULL-ended) make. */
+static void add_line(lines *l, const char *p0, const char *p1, const char *p2,
+                     const char *p3, const char *p4) {
+  const char *parts[] = {p0, p1, p2, p3, p4};
+  for (int i = 0; i < 5 && parts[i]; i++) {
+    size_t k = strlen(parts[i]);
+    if (l->out) {
+      if (i == 0)
+        l->out[l->n].data = l->text;
+      memcpy(l->text, parts[i], k);
+      l->text += k;
+    }
+    l->bytes += k;
+  }
+  if (l->out) {
+    *l->text++ = '\0';
+    l->out[l->n].next = NULL;
+    if (l->n > 0)
+      l->out[l->n - 1].next = &l->out[l->n];
+  }
+  l->bytes++;
+  l->n++;
 }
 
-static struct curl_slist *request_headers(const up_request *rq) {
-  struct curl_slist *l = NULL;
-  char *line;
-  int had_xff = 0, failed = 0;
-  for (size_t i = 0; i < rq->nheaders && !failed; i++) {
+static void header_lines(const up_request *rq, lines *l) {
+  int had_xff = 0;
+  for (size_t i = 0; i < rq->nheaders; i++) {
     const up_header *h = &rq->headers[i];
-    int rc, named = 0;
+    int named = 0;
     /* Every Connection header counts: a second one must not hide what
      * the first names. */
     for (size_t k = 0; k < rq->nheaders && !named; k++)
@@ -318,39 +345,36 @@ static struct curl_slist *request_headers(const up_request *rq) {
       continue;
     if (strcasecmp(h->name, "X-Forwarded-For") == 0 && rq->client_addr) {
       had_xff = 1;
-      rc = asprintf(&line, "%s: %s, %s", h->name, h->value, rq->client_addr);
+      add_line(l, h->name, ": ", h->value, ", ", rq->client_addr);
     } else if (!*h->value) {
       /* "Name;" is curl's way to send a header with an empty value. */
-      rc = asprintf(&line, "%s;", h->name);
+      add_line(l, h->name, ";", NULL, NULL, NULL);
     } else {
-      rc = asprintf(&line, "%s: %s", h->name, h->value);
+      add_line(l, h->name, ": ", h->value, NULL, NULL);
     }
-    if (rc < 0)
-      goto fail;
-    l = append(l, line, &failed);
-    free(line);
   }
-  if (!had_xff && rq->client_addr) {
-    if (asprintf(&line, "X-Forwarded-For: %s", rq->client_addr) < 0)
-      goto fail;
-    l = append(l, line, &failed);
-    free(line);
-  }
+  if (!had_xff && rq->client_addr)
+    add_line(l, "X-Forwarded-For: ", rq->client_addr, NULL, NULL, NULL);
   /* The upstream gets the client's request, no more: libcurl would add
    * Accept: * / * and, to a POST, Content-Type:
    * application/x-www-form-urlencoded; "Name:" tells it not to. The gateway
    * has the whole body already: no 100-continue round trip either. */
   if (!has_header(rq, "Accept"))
-    l = append(l, "Accept:", &failed);
+    add_line(l, "Accept:", NULL, NULL, NULL, NULL);
   if (!has_header(rq, "Content-Type"))
-    l = append(l, "Content-Type:", &failed);
-  l = append(l, "Expect:", &failed);
-  if (failed)
-    goto fail;
-  return l;
-fail:
-  curl_slist_free_all(l);
-  return NULL;
+    add_line(l, "Content-Type:", NULL, NULL, NULL, NULL);
+  add_line(l, "Expect:", NULL, NULL, NULL, NULL);
+}
+
+static struct curl_slist *request_headers(const up_request *rq) {
+  lines count = {0, 0, NULL, NULL}, l;
+  header_lines(rq, &count);
+  l.n = l.bytes = 0;
+  if (!(l.out = malloc(count.n * sizeof *l.out + count.bytes)))
+    return NULL;
+  l.text = (char *)(l.out + count.n);
+  header_lines(rq, &l);
+  return l.out;
 }
 
 /* ---- one transfer ----------------------------------------------------------
@@ -487,37 +511,31 @@ static up_result classify(xfer *x, CURLcode cc) {
   if (cc == CURLE_OK) {
     r = UP_OK;
   } else if (x->no_fds && sent == 0) {
-    snprintf(rs->error, sizeof rs->error,
-             "the gateway ran out of file descriptors");
+    up_set_error(rs, "the gateway ran out of file descriptors");
     r = UP_NO_FDS;
   } else if (sent == 0 && x->sends <= 1 &&
              (x->sends == 0 || cc == CURLE_ABORTED_BY_CALLBACK ||
               cc == CURLE_OUT_OF_MEMORY)) {
     /* libcurl never got to write a byte of the request (the lease was lost
      * first, or the transfer could not start): nothing to act on. */
-    snprintf(rs->error, sizeof rs->error, "nothing was sent: %s",
+    up_set_error(rs, "nothing was sent: %s",
              curl_easy_strerror(cc));
     r = UP_NOT_SENT;
   } else if (x->no_fds && sent == 0) {
-    snprintf(rs->error, sizeof rs->error,
-             "the gateway ran out of file descriptors");
+    up_set_error(rs, "the gateway ran out of file descriptors");
     r = UP_NO_FDS;
   } else if (s->too_large) {
-    snprintf(rs->error, sizeof rs->error,
-             "the response body is larger than %zu bytes", cfg->max_pass);
+    up_set_error(rs, "the response body is larger than %zu bytes", cfg->max_pass);
     r = UP_TOO_LARGE;
   } else if (s->headers_too_large) {
-    snprintf(rs->error, sizeof rs->error,
-             "the response's headers are larger than %d bytes",
+    up_set_error(rs, "the response's headers are larger than %d bytes",
              UP_MAX_HEADER_BYTES);
     r = UP_TOO_LARGE;
   } else if (s->bad_status) {
-    snprintf(rs->error, sizeof rs->error,
-             "the response's status is not an HTTP status (100-599)");
+    up_set_error(rs, "the response's status is not an HTTP status (100-599)");
     r = UP_INVALID;
   } else if (s->upgrade) {
-    snprintf(rs->error, sizeof rs->error,
-             "the upstream switched protocols (101) unasked");
+    up_set_error(rs, "the upstream switched protocols (101) unasked");
     r = UP_INVALID;
   } else if (sent == 0 &&
              (cc == CURLE_COULDNT_CONNECT || cc == CURLE_COULDNT_RESOLVE_HOST ||
@@ -525,45 +543,42 @@ static up_result classify(xfer *x, CURLcode cc) {
               cc == CURLE_PEER_FAILED_VERIFICATION || cc == CURLE_SEND_ERROR ||
               cc == CURLE_UNSUPPORTED_PROTOCOL || cc == CURLE_URL_MALFORMAT)) {
     /* Nothing of the request left: the upstream cannot have acted. */
-    snprintf(rs->error, sizeof rs->error, "%s", curl_easy_strerror(cc));
+    up_set_error(rs, "%s", curl_easy_strerror(cc));
     r = UP_NOT_SENT;
   } else if (cc == CURLE_WEIRD_SERVER_REPLY || cc == CURLE_OUT_OF_MEMORY ||
              cc == CURLE_UNSUPPORTED_PROTOCOL) {
     /* The upstream answered, with something that is not HTTP libcurl can
      * read (a status line such as "2x", a header line over its 100 KB
      * bound): it is done acting, whatever it did. */
-    snprintf(rs->error, sizeof rs->error,
-             "the upstream's answer is not "
+    up_set_error(rs, "the upstream's answer is not "
              "valid HTTP (%s)",
              curl_easy_strerror(cc));
     r = UP_INVALID;
   } else if (cc == CURLE_ABORTED_BY_CALLBACK && x->sends > 1 && sent == 0) {
     /* The resend was refused before a byte of it left; the first send
      * went out on the dead connection. */
-    snprintf(rs->error, sizeof rs->error,
-             "the connection closed after the request was sent, before "
+    up_set_error(rs, "the connection closed after the request was sent, before "
              "any answer");
     r = UP_LOST;
   } else if (status >= 200 && cc != CURLE_ABORTED_BY_CALLBACK) {
     /* A final answer had begun: the upstream has acted, and no retry may
      * send it again as if it might not have. */
-    snprintf(rs->error, sizeof rs->error, "the answer (%ld) broke off: %s",
+    up_set_error(rs, "the answer (%ld) broke off: %s",
              status, curl_easy_strerror(cc));
     r = UP_INVALID;
   } else if (cc == CURLE_ABORTED_BY_CALLBACK && x->sends > 1) {
-    snprintf(rs->error, sizeof rs->error,
-             "the connection closed after the request was sent, before "
+    up_set_error(rs, "the connection closed after the request was sent, before "
              "any answer");
     r = UP_LOST;
   } else if (cc == CURLE_ABORTED_BY_CALLBACK) {
-    snprintf(rs->error, sizeof rs->error, "the key's lease was lost");
+    up_set_error(rs, "the key's lease was lost");
     r = UP_ABORTED;
   } else if (cc == CURLE_OPERATION_TIMEDOUT) {
-    snprintf(rs->error, sizeof rs->error, "no answer within %lld ms",
+    up_set_error(rs, "no answer within %lld ms",
              (long long)cfg->upstream_timeout_ms);
     r = UP_TIMEOUT;
   } else {
-    snprintf(rs->error, sizeof rs->error, "%s", curl_easy_strerror(cc));
+    up_set_error(rs, "%s", curl_easy_strerror(cc));
     r = UP_LOST;
   }
   if (r == UP_OK)
@@ -641,7 +656,7 @@ static void finish(xfer *x, CURLcode cc) {
   if (x->next_active)
     x->next_active->prev_active = x->prev_active;
   curl_easy_cleanup(x->curl);
-  curl_slist_free_all(x->hdrs);
+  free(x->hdrs); /* request_headers() */
   __atomic_fetch_sub(&L.active, 1, __ATOMIC_RELAXED);
   x->done(x->ctx, r);
   free(x);
@@ -806,7 +821,7 @@ int upstream_start(const up_request *rq, up_response *rs, up_done_fn done,
   x->t0 = now_ms();
   if (!(x->curl = curl_easy_init()) || setup(x) != 0) {
     curl_easy_cleanup(x->curl);
-    curl_slist_free_all(x->hdrs);
+    free(x->hdrs); /* request_headers() */
     free(x);
     return -1;
   }
@@ -814,7 +829,7 @@ int upstream_start(const up_request *rq, up_response *rs, up_done_fn done,
   if (L.closed) {
     pthread_mutex_unlock(&L.mu);
     curl_easy_cleanup(x->curl);
-    curl_slist_free_all(x->hdrs);
+    free(x->hdrs); /* request_headers() */
     free(x);
     return -1;
   }
@@ -877,9 +892,31 @@ void upstream_cleanup(void) {
   curl_global_cleanup();
 }
 
+/* rs->error when its text could not be allocated: never freed. */
+static char no_memory[] = "out of memory";
+
+void up_set_error(up_response *rs, const char *fmt, ...) {
+  char *text = NULL;
+  va_list ap;
+  va_start(ap, fmt);
+  if (vasprintf(&text, fmt, ap) < 0)
+    text = NULL;
+  va_end(ap);
+  if (rs->error != no_memory)
+    free(rs->error);
+  rs->error = text ? text : no_memory;
+}
+
+const char *up_error(const up_response *rs) {
+  return rs->error ? rs->error : "";
+}
+
 void upstream_response_free(up_response *rs) {
   if (!rs)
     return;
+  if (rs->error != no_memory)
+    free(rs->error);
+  rs->error = NULL;
   free_headers(rs, NULL);
   free(rs->body);
   rs->body = NULL;
