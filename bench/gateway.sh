@@ -218,11 +218,15 @@ EOF
 # GW_PID. It waits up to a minute for the gateway to say where it listens
 # (a busy machine, a store on a slow disk).
 gateway() {
+  # The last run's file goes first: the shell may truncate it in the child
+  # only after the loop below has read the old "listening on" line, and the
+  # clients then went to the last gateway's port (every connection refused).
+  rm -f "$W/$1.err"
   "$IDEM" serve --listen 127.0.0.1:0 --upstream "http://127.0.0.1:${3:-$UP_PORT}" \
     --store "$2" 2>"$W/$1.err" &
   GW_PID=$!
   n=0
-  while ! grep -q 'listening on' "$W/$1.err" && [ $n -lt 1200 ]; do
+  while ! grep -qs 'listening on' "$W/$1.err" && [ $n -lt 1200 ]; do
     kill -0 $GW_PID 2>/dev/null || break
     sleep 0.05; n=$((n + 1))
   done
