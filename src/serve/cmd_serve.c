@@ -362,7 +362,7 @@ static void raise_nofile(void) {
  * allocations are made on one thread and freed on another (a request on
  * libmicrohttpd's, its forward on the upstream loop's, its claim on the
  * store's), and each arena kept its own free memory: with 8,000 forwards
- * in flight, one per core (at least 2) held the peak 3 to 8 MB lower
+ * in flight, one per core (at least 2) held the peak 3 to 5 MB lower
  * (docs/bench.md), for a burst about 5% longer. MALLOC_ARENA_MAX, when
  * set, is the operator's choice and is left alone.
  */

@@ -518,18 +518,15 @@ static up_result classify(xfer *x, CURLcode cc) {
               cc == CURLE_OUT_OF_MEMORY)) {
     /* libcurl never got to write a byte of the request (the lease was lost
      * first, or the transfer could not start): nothing to act on. */
-    up_set_error(rs, "nothing was sent: %s",
-             curl_easy_strerror(cc));
+    up_set_error(rs, "nothing was sent: %s", curl_easy_strerror(cc));
     r = UP_NOT_SENT;
-  } else if (x->no_fds && sent == 0) {
-    up_set_error(rs, "the gateway ran out of file descriptors");
-    r = UP_NO_FDS;
   } else if (s->too_large) {
-    up_set_error(rs, "the response body is larger than %zu bytes", cfg->max_pass);
+    up_set_error(rs, "the response body is larger than %zu bytes",
+                 cfg->max_pass);
     r = UP_TOO_LARGE;
   } else if (s->headers_too_large) {
     up_set_error(rs, "the response's headers are larger than %d bytes",
-             UP_MAX_HEADER_BYTES);
+                 UP_MAX_HEADER_BYTES);
     r = UP_TOO_LARGE;
   } else if (s->bad_status) {
     up_set_error(rs, "the response's status is not an HTTP status (100-599)");
@@ -550,32 +547,31 @@ static up_result classify(xfer *x, CURLcode cc) {
     /* The upstream answered, with something that is not HTTP libcurl can
      * read (a status line such as "2x", a header line over its 100 KB
      * bound): it is done acting, whatever it did. */
-    up_set_error(rs, "the upstream's answer is not "
-             "valid HTTP (%s)",
-             curl_easy_strerror(cc));
+    up_set_error(rs, "the upstream's answer is not valid HTTP (%s)",
+                 curl_easy_strerror(cc));
     r = UP_INVALID;
   } else if (cc == CURLE_ABORTED_BY_CALLBACK && x->sends > 1 && sent == 0) {
     /* The resend was refused before a byte of it left; the first send
      * went out on the dead connection. */
-    up_set_error(rs, "the connection closed after the request was sent, before "
-             "any answer");
+    up_set_error(rs, "the connection closed after the request was sent, "
+                     "before any answer");
     r = UP_LOST;
   } else if (status >= 200 && cc != CURLE_ABORTED_BY_CALLBACK) {
     /* A final answer had begun: the upstream has acted, and no retry may
      * send it again as if it might not have. */
-    up_set_error(rs, "the answer (%ld) broke off: %s",
-             status, curl_easy_strerror(cc));
+    up_set_error(rs, "the answer (%ld) broke off: %s", status,
+                 curl_easy_strerror(cc));
     r = UP_INVALID;
   } else if (cc == CURLE_ABORTED_BY_CALLBACK && x->sends > 1) {
-    up_set_error(rs, "the connection closed after the request was sent, before "
-             "any answer");
+    up_set_error(rs, "the connection closed after the request was sent, "
+                     "before any answer");
     r = UP_LOST;
   } else if (cc == CURLE_ABORTED_BY_CALLBACK) {
     up_set_error(rs, "the key's lease was lost");
     r = UP_ABORTED;
   } else if (cc == CURLE_OPERATION_TIMEDOUT) {
     up_set_error(rs, "no answer within %lld ms",
-             (long long)cfg->upstream_timeout_ms);
+                 (long long)cfg->upstream_timeout_ms);
     r = UP_TIMEOUT;
   } else {
     up_set_error(rs, "%s", curl_easy_strerror(cc));
