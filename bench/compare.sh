@@ -9,10 +9,14 @@
 # build type of PATH_TO_IDEM's build folder, RelWithDebInfo if unknown, as
 # the Makefile does), then runs ROUNDS pairs: in each pair, for each worker
 # count, `idem bench --json` with the base build and with this one, the
-# base first in odd pairs and second in even ones. Prints, for every phase
-# of idem bench (fresh keys, claim + complete, replays, conflicts) and
-# worker count: the median ops/s of each side, their ratio current / base,
-# and the median and range of the ratios within pairs. Then runs
+# base first in odd pairs and second in even ones, then SQLite's floor
+# (bench/sqlite_floor.c: the fresh and claim + complete phases' rows written
+# by plain SQLite, with full group commits). Prints, for every phase of idem
+# bench (fresh keys, claim + complete, replays, conflicts) and worker count:
+# the median ops/s of each side, their ratio current / base, and the median
+# and range of the ratios within pairs; then the floor's medians, against
+# both builds (a target of current / base above floor / base is above what
+# SQLite itself reaches on the machine). Then runs
 # bench/stat_fsync.c (what reading the -wal file's times cost a commit).
 # Figures are reported, never judged; the exit status is non-zero only when
 # a build or a run failed.
@@ -21,7 +25,9 @@
 # built, instead of building BASE; BASE is then only its label), ROUNDS
 # (pairs, default 5; BENCH_ROUNDS is read too), BENCH_SECONDS (per phase,
 # default 2), BENCH_WORKERS (default "1 16"), BASE_JOBS (build jobs, default
-# 1, run under nice), BENCH_STAT_FSYNC (0 skips stat_fsync), BENCH_WAIT
+# 1, run under nice), BENCH_STAT_FSYNC (0 skips stat_fsync), BENCH_FLOOR
+# (0 skips SQLite's floor, bench/sqlite_floor.c, run after each pair and
+# printed against both builds), BENCH_WAIT
 # (before each run, wait up to this many seconds while a compiler, cc1, runs
 # or the CPUs are more than BENCH_BUSY percent busy over a second, default
 # 50: on a shared machine, others' builds and tests are the noise; default
@@ -106,6 +112,21 @@ else
   BIN=$WORK/build/idem
 fi
 
+# The floor: SQLite itself doing only the writes of the fresh and claim +
+# complete phases, with full group commits (bench/sqlite_floor.c), from the
+# current build's folder (built there when missing), run after each pair.
+FLOOR=
+if [ "${BENCH_FLOOR:-1}" != 0 ]; then
+  FLOOR=$(dirname "$IDEM")/bench/sqlite_floor
+  if [ ! -x "$FLOOR" ] &&
+     ! cmake --build "$(dirname "$IDEM")" --target sqlite_floor \
+       >"$WORK/floor.log" 2>&1; then
+    tail -n 30 "$WORK/floor.log" >&2
+    echo "bench: could not build bench/sqlite_floor.c (skip it: BENCH_FLOOR=0)" >&2
+    exit 1
+  fi
+fi
+
 compiling() { pgrep -x cc1 >/dev/null 2>&1; }
 # busy: whether a compiler runs or the CPUs were more than BUSY% busy
 # during the last second (/proc/stat; idle and iowait count as idle).
@@ -134,8 +155,11 @@ run() {
     waited=$((waited + 2))
   done
   printf '  pair %s, %-4s %2s worker(s) ' "$2" "$1" "$3" >&2
-  if TMPDIR="$WORK/tmp" "$bin" bench --workers "$3" --seconds "$SECS" --json \
-    >"$f.json" 2>"$f.err"; then
+  if if [ "$1" = floor ]; then
+       "$FLOOR" "$WORK/tmp" "$3" "$SECS" 200
+     else
+       TMPDIR="$WORK/tmp" "$bin" bench --workers "$3" --seconds "$SECS" --json
+     fi >"$f.json" 2>"$f.err"; then
     if compiling; then
       noisy=$((noisy + 1))
       echo "ok (a compiler started meanwhile)" >&2
@@ -158,6 +182,7 @@ while [ "$p" -le "$ROUNDS" ]; do
   for w in $WORKERS; do
     if [ $((p % 2)) = 1 ]; then run base "$p" "$w"; run cur "$p" "$w"
     else run cur "$p" "$w"; run base "$p" "$w"; fi
+    if [ -n "$FLOOR" ]; then run floor "$p" "$w"; fi
   done
   cut -d' ' -f1 /proc/loadavg >"$WORK/out/p$p.load" 2>/dev/null || true
   p=$((p + 1))
@@ -225,6 +250,37 @@ for w in workers:
                 statistics.median(pr), min(pr), max(pr))))
 print()
 print('%d calls with unexpected results' % errors)
+
+# The floor's rows: what SQLite itself reaches with only the writes.
+floor = [(w, phase) for w in workers for phase in ('fresh', 'claim_complete')
+         if any(get('floor', p, w) for p in range(1, rounds + 1))]
+if floor:
+    print()
+    print("SQLite's floor (bench/sqlite_floor.c: the same rows written by plain "
+          "SQLite, one")
+    print('transaction and one fsync per batch of every caller queued, 200 us '
+          'to gather)')
+    print('%-30s %11s %11s %11s %11s' % ('phase', 'floor', 'floor/base',
+                                         'cur/floor', 'batch'))
+    for w, phase in floor:
+        f, b, c, n = [], [], [], []
+        for p in range(1, rounds + 1):
+            rf, rb, rc = get('floor', p, w), get('base', p, w), get('cur', p, w)
+            if rf and rf.get(phase + '_ops_per_s'):
+                f.append(rf[phase + '_ops_per_s'])
+                n.append(rf.get(phase + '_batch', 0))
+                errors += rf.get('errors', 0)
+            for r, acc in ((rb, b), (rc, c)):
+                if r and r.get(phase + '_ops_per_s'):
+                    acc.append(r[phase + '_ops_per_s'])
+        mf = statistics.median(f)
+        label = '%s, %s worker%s' % (phase.replace('_', ' + '), w,
+                                     '' if w == '1' else 's')
+        print('%-30s %11.1f %10.2fx %10.2fx %11.1f' % (
+            label, mf, mf / statistics.median(b) if b else 0,
+            statistics.median(c) / mf if c else 0, statistics.median(n)))
+    print('(a target of the current build above floor/base is above what '
+          'SQLite itself reaches here)')
 EOF
 
 if [ "${BENCH_STAT_FSYNC:-1}" = 1 ]; then
