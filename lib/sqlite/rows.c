@@ -126,10 +126,13 @@ static const char *const sql_text[ST_COUNT] = {
         "?6, ?6, 0, ?7) ON CONFLICT (tenant, operation, key) DO UPDATE SET "
         "state = 3, owner = NULL, lease_expires_ms = 0, updated_ms = ?6 WHERE "
         "idem_records.state = 1",
-    /* Prepared once: every operation of a batch runs in its own savepoint. */
+    /* Prepared once: a batch's transaction, and the savepoint each local
+     * action of a batch runs in. */
     [ST_SAVEPOINT] = "SAVEPOINT idem_op",
     [ST_RELEASE_SP] = "RELEASE idem_op",
     [ST_ROLLBACK_SP] = "ROLLBACK TO idem_op",
+    [ST_BEGIN] = "BEGIN IMMEDIATE",
+    [ST_COMMIT] = "COMMIT",
     [ST_VERSION] = "SELECT CAST(value AS INTEGER) FROM idem_meta WHERE name "
                    "= 'schema_version'",
 };

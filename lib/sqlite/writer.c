@@ -70,7 +70,7 @@ static void run_batch(sq_store *s, conn *c, idem__op **ops, int n) {
     idem__sq_ckpt_check(s, sqlite3_wal_checkpoint_v2(c->db, NULL,
                                                      SQLITE_CHECKPOINT_PASSIVE,
                                                      NULL, NULL));
-  if (idem__sq_exec(c, "BEGIN IMMEDIATE") != SQLITE_OK) {
+  if (idem__sq_step_once(c, ST_BEGIN) != SQLITE_OK) {
     for (i = 0; i < n; i++)
       idem__sq_op_sqlite_fail(ops[i], c, "begin");
     return;
@@ -116,7 +116,12 @@ static void run_batch(sq_store *s, conn *c, idem__op **ops, int n) {
   }
   for (i = 0; i < n; i++) {
     idem__op *op = ops[i];
-    if (idem__sq_step_once(c, ST_SAVEPOINT) != SQLITE_OK) {
+    /* A local action runs the caller's statements, which must be undone
+     * alone when it fails: it runs in a savepoint. Every other op writes
+     * with one statement at most, which SQLite undoes by itself when it
+     * fails, and fails before writing otherwise. */
+    int sp = op->kind == IDEM__OP_LOCAL;
+    if (sp && idem__sq_step_once(c, ST_SAVEPOINT) != SQLITE_OK) {
       idem__sq_op_sqlite_fail(op, c, "savepoint");
       continue;
     }
@@ -137,13 +142,14 @@ static void run_batch(sq_store *s, conn *c, idem__op **ops, int n) {
         op->claim->held = 0;
       /* A rejected action's writes must never commit: when they cannot be
        * undone alone, the whole batch is. */
-      if (idem__sq_step_once(c, ST_ROLLBACK_SP) != SQLITE_OK) {
+      if (sp && idem__sq_step_once(c, ST_ROLLBACK_SP) != SQLITE_OK) {
         idem__sq_exec(c, "ROLLBACK");
         batch_lost(c, ops, n, i);
         return;
       }
     }
-    idem__sq_step_once(c, ST_RELEASE_SP);
+    if (sp)
+      idem__sq_step_once(c, ST_RELEASE_SP);
   }
   {
     char why[256] = "the transaction ended";
@@ -164,7 +170,7 @@ static void run_batch(sq_store *s, conn *c, idem__op **ops, int n) {
       return;
     }
   }
-  if (idem__sq_exec(c, "COMMIT") != SQLITE_OK) {
+  if (idem__sq_step_once(c, ST_COMMIT) != SQLITE_OK) {
     char msg[256];
     idem__sq_errtext(c->db, msg, sizeof msg);
     int rc = idem__sq_map_rc(sqlite3_extended_errcode(c->db));
