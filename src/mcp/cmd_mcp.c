@@ -29,7 +29,8 @@ static const char usage[] =
     "                [--max-result SIZE]\n"
     "                [--shutdown-wait DUR] [--] SERVER_CMD [ARG...]\n"
     "       idem mcp --listen HOST:PORT --upstream URL [--tenant-header H]\n"
-    "                [--max-body SIZE] [the options above]\n"
+    "                [--max-body SIZE] [--call-timeout DUR]\n"
+    "                [the options above]\n"
     "\n"
     "Runs the MCP server SERVER_CMD and relays newline-delimited JSON-RPC\n"
     "between it and the MCP client on standard input and output, unchanged,\n"
@@ -64,6 +65,14 @@ static const char usage[] =
     "  --upstream URL       the remote server's MCP endpoint\n"
     "  --tenant-header H    take the tenant from header H\n"
     "  --max-body SIZE      the largest request body (default 4M)\n"
+    "  --call-timeout DUR   the longest a keyed call waits for the\n"
+    "                       server's answer (default: no limit, as a\n"
+    "                       slow tool may answer only at its end); then\n"
+    "                       the proxy stops waiting, holds the key for\n"
+    "                       one lease (the tool may have acted, or still\n"
+    "                       act) and answers -31903. A keyed call whose\n"
+    "                       lease this proxy lost (the store could not\n"
+    "                       renew it in time) is ended the same way.\n"
     "\n"
     "  --store URL          default: IDEM_STORE, else ./idem.db\n"
     "  --tenant T           scope of the keys (default \"\")\n"
@@ -192,6 +201,10 @@ static int parse(int argc, char **argv, mcp_opts *o) {
     } else if (strcmp(a, "--input-wait") == 0) {
       if (cli_duration_option("mcp", a, v, 1, IDEM_MAX_LEASE_MS,
                               &o->input_wait_ms) != 0)
+        return -1;
+    } else if (strcmp(a, "--call-timeout") == 0) {
+      if (cli_duration_option("mcp", a, v, 1, 7 * 86400000LL,
+                              &o->call_timeout_ms) != 0)
         return -1;
     } else if (strcmp(a, "--store-tool-errors") == 0) {
       if (strcmp(v, "yes") == 0)
@@ -326,6 +339,12 @@ static int run(int argc, char **argv) {
     fputs(usage, stdout);
     free(o);
     return EXIT_OK;
+  }
+  if (rc == 0 && o->call_timeout_ms && !o->listen) {
+    /* A stdio server answers on the one pipe all calls share: a late
+     * answer cannot be told apart from being given up on. */
+    cli_error("mcp", "--call-timeout goes with --listen");
+    rc = -1;
   }
   if (rc != 0) {
     fputs("(see `idem mcp --help`)\n", stderr);

@@ -62,6 +62,7 @@ typedef struct mcp_opts {
    * (mcp_http.c) instead of a stdio server. */
   const char *listen, *upstream, *tenant_header;
   size_t max_body;
+  int64_t call_timeout_ms; /* --call-timeout: 0, none */
 } mcp_opts;
 
 /* `idem mcp --listen`: runs until SIGINT or SIGTERM; the exit status. The

@@ -61,7 +61,14 @@ typedef struct kcall {
   hx *next_round;      /* came while input was 1 */
   struct kcall *pnext; /* G.parked: asked again at retry_at */
   int64_t retry_at;
+  /* Under G.mu: the transfer is at the server; when --call-timeout ends
+   * it (0: never); why the proxy stopped it (STOP_*). */
+  int at_server;
+  int64_t stop_at;
+  int stopped;
 } kcall;
+
+enum { STOP_NONE, STOP_TIMEOUT, STOP_LEASE };
 
 static int stopping_input; /* under G.mu: release keys held for input */
 
@@ -345,6 +352,7 @@ static void k_done(void *ctx, up_result r) {
   int input;
   pthread_mutex_lock(&G.mu);
   k->transfer_done = 1;
+  k->at_server = 0;
   input = k->input == 1;
   pthread_mutex_unlock(&G.mu);
   if (input) {
@@ -708,7 +716,14 @@ static void end_call(void *arg) {
     how = IDEM_EXEC_NOT_DONE;
     break;
   }
-  if (a.why == WHY_LOST && !*up_error(&k->owner->rs))
+  if (a.why == WHY_LOST && k->stopped == STOP_TIMEOUT)
+    up_set_error(&k->owner->rs, "no answer within --call-timeout, %.1f s",
+                 (double)hx_opts->call_timeout_ms / 1000);
+  else if (a.why == WHY_LOST && k->stopped == STOP_LEASE)
+    up_set_error(&k->owner->rs,
+                 "this proxy lost the key's lease: the store could not "
+                 "renew it in time, so the proxy stopped waiting");
+  else if (a.why == WHY_LOST && !*up_error(&k->owner->rs))
     up_set_error(&k->owner->rs,
                  "its answer (HTTP %d) held no response to this call",
                  k->status);
@@ -740,17 +755,47 @@ static void end_call(void *arg) {
 
 static void claim(void *arg);
 
+/*
+ * The transfer's abort check (the upstream loop's thread): a call past
+ * --call-timeout, or whose lease this proxy lost, is stopped. The server
+ * may have acted, or still act: end_call() holds the key for one lease.
+ */
+static int stop_call(void *ctx) {
+  kcall *k = ctx;
+  pthread_mutex_lock(&G.mu);
+  if (k->at_server && !k->stopped) {
+    if (k->stop_at && hx_mono_ms() >= k->stop_at)
+      k->stopped = STOP_TIMEOUT;
+    else if (k->exec && idem_exec_lost(k->exec))
+      k->stopped = STOP_LEASE;
+  }
+  int stop = k->at_server && k->stopped;
+  pthread_mutex_unlock(&G.mu);
+  return stop;
+}
+
 static void forward(kcall *k) {
   hx *o = k->owner;
   pthread_mutex_lock(&G.mu);
   G.at_server++;
   k->refs++; /* the transfer's */
+  k->at_server = 1;
+  k->stopped = STOP_NONE;
+  k->stop_at = hx_opts->call_timeout_ms
+                   ? hx_mono_ms() + hx_opts->call_timeout_ms
+                   : 0;
+  pthread_cond_broadcast(&G.cond); /* the ticker watches it */
   pthread_mutex_unlock(&G.mu);
   hx_identity(o); /* the answer is read: not compressed */
   hx_prepare_request(o);
   o->rq.head = k_head;
   o->rq.data = k_data;
+  o->rq.abort_check = stop_call;
+  o->rq.abort_ctx = k;
   if (upstream_start(&o->rq, &o->rs, k_done, k) != 0) {
+    pthread_mutex_lock(&G.mu);
+    k->at_server = 0;
+    pthread_mutex_unlock(&G.mu);
     kcall_unref(k);
     k->result = UP_NOT_SENT;
     up_set_error(&o->rs, "out of memory");
@@ -1090,6 +1135,26 @@ static void *ticker(void *arg) {
       kcall_unref(lk);
       pthread_mutex_lock(&G.mu);
       continue;
+    }
+    /* Calls at the server: stopped by the upstream loop, which asks
+     * stop_call(), once past --call-timeout or their lease lost (asked
+     * every second: the lease's end is the store's to tell). */
+    int stop_due = 0;
+    for (kcall *k = G.calls; k; k = k->next) {
+      if (!k->at_server || k->stopped)
+        continue;
+      if ((k->stop_at && k->stop_at <= now) ||
+          (k->exec && idem_exec_lost(k->exec)))
+        stop_due = 1;
+      else if (k->stop_at && k->stop_at < next)
+        next = k->stop_at;
+      if (now + 1000 < next)
+        next = now + 1000;
+    }
+    if (stop_due) {
+      upstream_check_aborts();
+      if (now + 100 < next)
+        next = now + 100; /* asked again if the loop was busy */
     }
     struct timespec ts = cli_mono_deadline(next - now);
     pthread_cond_timedwait(&G.cond, &G.mu, &ts);

@@ -4,7 +4,7 @@
 // clients that send what attackers send (smuggling framings, huge bodies,
 // bad keys). Every scenario counts what reached the upstream and checks the
 // identifiers that came back.
-import { spawn } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import { createServer } from "node:http";
 import { connect as netConnect } from "node:net";
 import { gzipSync } from "node:zlib";
@@ -78,7 +78,8 @@ const upstream = createServer((req, res) => {
       res.end();
       return;
     }
-    if (how === "hang") { // never answers; tells when the proxy lets go
+    if (how === "hang" || how === "acthang") { // never answers; tells when the proxy lets go
+      if (how === "acthang") act(name);
       hung.push(req);
       res.on("close", () => hungClosed++);
       return;
@@ -524,6 +525,99 @@ console.error("-- scenario 8");
   eq("unreachable: unkeyed gets 502", 502, u.status);
   px2.kill("SIGTERM");
   await new Promise((r) => px2.on("exit", r));
+}
+
+// The answer to a keyed call: its JSON-RPC error code and message, or its
+// ticket and marks.
+const outcome = (r, id) => {
+  const f = final(r, id);
+  return { code: f?.error?.code, message: f?.error?.message ?? "",
+    ticket: f?.result?.structuredContent?.id,
+    recovered: f?.result?._meta?.["idem/recovered"],
+    replayed: f?.result?._meta?.["idem/replayed"] };
+};
+const until = async (what, ok, ms = 15000) => {
+  for (const end = Date.now() + ms; !ok() && Date.now() < end;) await new Promise((r) => setTimeout(r, 25));
+  check(what, ok());
+};
+// Retries the call every 100 ms while the key is in flight (-31902).
+async function retryPastLease(port, msg, id) {
+  let r;
+  for (let i = 0; i < 150; i++) {
+    r = await post(port, msg);
+    if (outcome(r, id).code !== -31902) break;
+    await new Promise((res) => setTimeout(res, 100));
+  }
+  return outcome(r, id);
+}
+
+// 9. --call-timeout: a server that acted and never answers holds the key
+console.error("-- scenario 9");
+// only for one lease: the proxy stops waiting, answers -31903 naming the
+// limit, and the retry after the lease is sent again and marked recovered.
+{
+  reset();
+  const ct = await startProxy(["--call-timeout", "1s", "--lease", "1s", "--attach-wait", "0"],
+    join(TMP, "timeout.db"));
+  mode.t = "acthang";
+  const closed = hungClosed, sent = hung.length;
+  const started = Date.now();
+  const a = outcome(await post(ct.port, call(1, "t", { n: 9 }, "k-timeout")), 1);
+  eq("call-timeout: outcome unknown", -31903, a.code);
+  check("call-timeout: the message names the limit", /--call-timeout/.test(a.message), a.message);
+  check("call-timeout: answered after the limit", Date.now() - started >= 1000, Date.now() - started);
+  eq("call-timeout: the call reached the server once", sent + 1, hung.length);
+  await until("call-timeout: the proxy closed its request to the server", () => hungClosed === closed + 1);
+  mode.t = "json";
+  const b = await retryPastLease(ct.port, call(2, "t", { n: 9 }, "k-timeout"), 2);
+  eq("call-timeout: the retry after the lease acts, marked recovered", true, b.recovered);
+  eq("call-timeout: the tool acted twice in all (the first may have acted)", 2, effects.t);
+  const c = outcome(await post(ct.port, call(3, "t", { n: 9 }, "k-timeout")), 3);
+  eq("call-timeout: a later retry replays the recovered ticket", b.ticket, c.ticket);
+  eq("call-timeout: replayed", true, c.replayed);
+  eq("call-timeout: no third effect", 2, effects.t);
+  // Without --listen the option is refused: a stdio server's late answer
+  // would come on the pipe all calls share.
+  const stdio = spawnSync(IDEM, ["mcp", "--call-timeout", "1s", "--store",
+    `sqlite:${join(TMP, "timeout.db")}`, "--", "true"], { encoding: "utf8" });
+  eq("call-timeout: refused without --listen", 2, stdio.status);
+  check("call-timeout: says why", /--call-timeout goes with --listen/.test(stdio.stderr), stdio.stderr);
+  ct.stop("SIGTERM");
+  await new Promise((r) => ct.p.on("exit", r));
+}
+
+// 10. A lease this proxy cannot renew (another process holds the store's
+console.error("-- scenario 10");
+// write lock) is lost at its end: the proxy stops waiting for the server,
+// whose late answer it could no longer record, and answers -31903.
+{
+  reset();
+  const db = join(TMP, "lease.db");
+  const lp = await startProxy(["--lease", "1s", "--attach-wait", "0"], db);
+  mode.t = "acthang";
+  const closed = hungClosed, sent = hung.length;
+  const pending = post(lp.port, call(1, "t", { n: 10 }, "k-lease"));
+  await until("lease: the call reached the server", () => hung.length === sent + 1);
+  const lock = spawn("sqlite3", [db], { stdio: ["pipe", "pipe", "pipe"] });
+  let said = "";
+  lock.stdout.on("data", (d) => (said += d));
+  lock.stdin.write("BEGIN IMMEDIATE;\nSELECT 'locked';\n");
+  await until("lease: the store is locked by another process", () => said.includes("locked"));
+  await until("lease: the proxy stopped waiting once its lease was lost",
+    () => hungClosed === closed + 1, 20000);
+  lock.stdin.end("ROLLBACK;\n");
+  await new Promise((r) => lock.on("exit", r));
+  const a = outcome(await pending, 1);
+  eq("lease: outcome unknown", -31903, a.code);
+  check("lease: the message says the lease was lost", /lost the key's lease/.test(a.message), a.message);
+  eq("lease: one effect", 1, effects.t);
+  mode.t = "json";
+  const b = await retryPastLease(lp.port, call(2, "t", { n: 10 }, "k-lease"), 2);
+  eq("lease: the retry after the lease acts, marked recovered", true, b.recovered);
+  eq("lease: two effects in all", 2, effects.t);
+  eq("lease: the recovered ticket is the second", tickets, b.ticket);
+  lp.stop("SIGTERM");
+  await new Promise((r) => lp.p.on("exit", r));
 }
 
 px.stop("SIGTERM");
