@@ -3,12 +3,13 @@ import asyncio
 import functools
 import inspect
 import json
+import json.scanner
 import os
 import re
 import threading
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import (Any, Callable, Dict, Iterable, Optional, Sequence,
+from typing import (Any, Callable, Dict, Iterable, List, Optional, Sequence,
                     Tuple, Type, Union)
 
 from . import _errors
@@ -92,6 +93,9 @@ else:  # pragma: no cover - CPython always has it
     _encode = json.JSONEncoder(ensure_ascii=False, allow_nan=False,
                                separators=(",", ":")).encode
 _raw_decode = json.JSONDecoder().raw_decode
+# The scanner raw_decode() runs, without its look for leading white space:
+# what the binding stores has none (a body that does goes to _decode()).
+_scan = json.scanner.make_scanner(json.JSONDecoder())
 
 
 def _decode(text: str) -> Any:
@@ -159,6 +163,7 @@ class _Options:
         self.c.call.lease_ms = _ms(lease, "lease")
         self.c.call.retention_ms = _ms(retention, "retention")
         self.c.call.wait_ms = _ms(wait, "wait")
+        self.call = ffi.addressof(self.c.call)  # for execute_local()
         self._keep = []
         if payload is not None:
             if isinstance(payload, str) or not payload:
@@ -208,6 +213,10 @@ class _Claim:
 
 
 _tls = threading.local()
+# Threads in which a function run by execute_local() is running now: only
+# they need the thread-local look-up of _handle() (a set's truth and its
+# add() and discard() are atomic).
+_in_local: "set[int]" = set()
 
 # Stores open in this process: a child of fork() marks them its parent's, so
 # that a call checks a flag rather than asking for its pid every time.
@@ -224,67 +233,71 @@ if hasattr(os, "register_at_fork"):
 _BUF_SIZE = 64 * 1024
 
 
+# Spare (idem_py_claim, body buffer) pairs, shared by the process's threads:
+# list.pop() and list.append() are atomic, and a call keeps the pair it took
+# until it has read all it needs, so that a call made meanwhile (by a
+# function that libidem runs during this call, or by a signal handler as it
+# returns) takes another.
+_SPARES: List[Tuple[Any, Any]] = []
+
+
 def _take() -> Tuple[Any, Any]:
-    """An idem_py_claim and a body buffer for one call, from the thread's
-    spares: a call keeps its pair until it has read all it needs, so that a
-    call made meanwhile on the same thread (by a function that libidem runs
-    during this call, or by a signal handler as it returns) takes another."""
+    """An idem_py_claim and a body buffer for one call."""
     try:
-        return _tls.spares.pop()  # type: ignore[no-any-return]
-    except AttributeError:
-        _tls.spares = []
+        return _SPARES.pop()
     except IndexError:
-        pass
-    return ffi.new("idem_py_claim *"), ffi.new("char[]", _BUF_SIZE)
+        return ffi.new("idem_py_claim *"), ffi.new("char[]", _BUF_SIZE)
 
 
 def _give(pair: Tuple[Any, Any]) -> None:
-    spares = _tls.spares
-    if len(spares) < 4:
-        spares.append(pair)
+    if len(_SPARES) < 8:
+        _SPARES.append(pair)
 
 
 def _begin(store: Any, tenant: bytes, operation: bytes, key: bytes, request: bytes,
            opts: Any) -> Union[Outcome, _Claim]:
     """Claims the key: a _Claim when this call holds it (the action runs),
-    the Outcome of a replay, or the refusal raised."""
+    the Outcome of a replay, or the refusal raised. A pair goes back to
+    _SPARES with its exec and call NULL."""
     pair = _take()
     c, buf = pair
-    c.exec = c.call = ffi.NULL
     try:
         rc = lib.idem_py_begin(store, tenant, operation, key, request, len(request), opts,
                                c, buf, _BUF_SIZE)
-        call, exec_ = c.call, c.exec
+        exec_ = c.exec
         if exec_:
-            claim = _Claim(call, exec_, c.outcome == _RECOVER)
+            claim = _Claim(c.call, exec_, c.outcome == _RECOVER)
             c.exec = c.call = ffi.NULL
             _give(pair)
             return claim
     except BaseException:
         # Interrupted (Ctrl-C) as the claim returned: a key it got is let go,
-        # since nothing ran.
+        # since nothing ran. The pair is not used again.
         if c.exec:
             lib.idem_execute_end(c.exec, _NOT_DONE, ffi.NULL)
         if c.call:
             lib.idem_call_free(c.call)
         raise
+    call = c.call  # left only for a body too large for buf
     try:
         if rc:
             raise _fail(rc)
         if c.outcome == _REPLAY:
+            n = c.body_len
             try:
-                text = ffi.unpack(c.body, c.body_len).decode("utf-8")
-                value, end = _raw_decode(text)
+                text = ffi.unpack(c.body if call else buf, n).decode("utf-8")
+                value, end = _scan(text, 0)
                 whole = end == len(text)
-            except ValueError:
+            except (ValueError, StopIteration):
                 whole = False
-            if not whole:  # white space after it, or not JSON: raises, saying why
+            if not whole:  # white space about it, or not JSON: raises, saying why
                 value = _stored(c, operation, key)
             return Outcome(value, True, c.recovered != 0)
         raise _refusal(c, operation, key)
     finally:
-        if call:  # a body too large for the buffer is read from the call
+        if call:
             lib.idem_call_free(call)
+            c.call = ffi.NULL
         _give(pair)
 
 
@@ -408,6 +421,7 @@ def idem_py_local(conn, ctx, response):  # type: ignore[no-untyped-def]
     tx = Transaction(local.backend, conn, local.statements)
     outer = getattr(_tls, "local_store", None)
     _tls.local_store = local.store  # fn must not call back into its own store
+    _in_local.add(threading.get_ident())
     try:
         value = local.fn(tx)
         try:
@@ -421,6 +435,8 @@ def idem_py_local(conn, ctx, response):  # type: ignore[no-untyped-def]
     finally:
         tx._close()
         _tls.local_store = outer
+        if outer is None:
+            _in_local.discard(threading.get_ident())
     local.error = None
     local.body = body
     local.keep = ffi.from_buffer(body)
@@ -522,7 +538,7 @@ class Store:
         if self._forked:
             raise Error("IDEM_ESTATE", "this store was opened by process %d: after "
                         "fork() the child opens a store of its own" % self._pid)
-        if getattr(_tls, "local_store", None) is self:
+        if _in_local and getattr(_tls, "local_store", None) is self:
             raise Error("IDEM_ESTATE", "a function run by execute_local() calls its own "
                         "store: it would wait for the transaction it runs in")
         return store
@@ -618,37 +634,54 @@ class Store:
         opts = _options(lease, retention, wait)
         op = _name(operation, "operation")
         t = _name(tenant if tenant is not None else "", "tenant")
-        k = _key(key)
-        req = _request(request)
-        local = _LocalCall(fn, self)
-        store = self._enter(local)
-        pair = _take()
-        c, buf = pair
-        c.call = ffi.NULL
-        call = ffi.NULL
+        k = key.encode("utf-8") if key.__class__ is str and "\x00" not in key else _key(key)
         try:
-            rc = lib.idem_py_local_run(store, t, op, k, req, len(req),
-                                       ffi.addressof(opts.c.call), ffi.new_handle(local), c,
-                                       buf, _BUF_SIZE)
-            call = c.call  # left only for a body too large for buf
-            if rc == _EREJECTED and local.error is not None:
-                raise local.error
-            if rc != _OK:
-                raise _fail(rc)
-            if c.outcome in (_PROCEED, _RECOVER):  # fn's result, as stored
-                value = _decode(local.body.decode("utf-8")) if local.body is not None \
-                    else _stored(c, op, k)
-                return Outcome(value, False, c.outcome == _RECOVER)
-            if c.outcome == _REPLAY:
-                return Outcome(_stored(c, op, k), True, c.recovered != 0)
-            raise _refusal(c, op, k)
+            req = _encode(request).encode("utf-8")
+        except (TypeError, ValueError) as e:
+            raise TypeError("the request cannot be written as JSON: %s" % e) from None
+        local = _LocalCall(fn, self)
+        calls = self._calls
+        calls.add(local)
+        try:
+            store = self._handle()
+            pair = _take()
+            c, buf = pair
+            try:
+                rc = lib.idem_py_local_run(store, t, op, k, req, len(req), opts.call,
+                                           ffi.new_handle(local), c, buf, _BUF_SIZE)
+                call = c.call  # left only for a body too large for buf
+                if rc == _EREJECTED and local.error is not None:
+                    raise local.error
+                if rc != _OK:
+                    raise _fail(rc)
+                outcome = c.outcome
+                if outcome == _REPLAY:
+                    if call:
+                        return Outcome(_stored(c, op, k), True, c.recovered != 0)
+                    try:
+                        text = ffi.unpack(buf, c.body_len).decode("utf-8")
+                        value, end = _scan(text, 0)
+                        if end == len(text):
+                            return Outcome(value, True, c.recovered != 0)
+                    except (ValueError, StopIteration):
+                        pass
+                    return Outcome(_stored(c, op, k), True, c.recovered != 0)
+                if outcome == _PROCEED or outcome == _RECOVER:  # fn's result, as stored
+                    value = _decode(local.body.decode("utf-8")) if local.body is not None \
+                        else _stored(c, op, k)
+                    return Outcome(value, False, outcome == _RECOVER)
+                raise _refusal(c, op, k)
+            finally:
+                local.error = None
+                call = c.call
+                if call:
+                    lib.idem_call_free(call)
+                    c.call = ffi.NULL
+                _give(pair)
         finally:
-            local.error = None
-            call = call or c.call
-            if call:
-                lib.idem_call_free(call)
-            _give(pair)
-            self._leave(local)
+            calls.discard(local)
+            if self._closing:
+                self._leave(local)
 
     def delete(self, operation: str, key: str, *, tenant: Optional[str] = None) -> None:
         """Deletes one record whatever its state (an operator's act: a retry
