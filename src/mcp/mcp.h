@@ -272,6 +272,15 @@ int mcp_task_handle(const char *body, size_t len, char **task_id,
                     int64_t *ttl_ms);
 /* Whether a tools/call's params ask for a task. */
 int mcp_asks_task(json_t *params);
+/* The message of the -32602 that a retry gets when the stored result is a
+ * task's handle and the retry does not ask for a task. */
+void mcp_no_task_message(char *buf, size_t size, const char *key,
+                         const char *tool);
+/* The message of the -31903 that a retry gets when the stored task handle is
+ * stale (why: what makes it so) and the key waits for an operator. */
+void mcp_stale_task_message(char *buf, size_t size, const char *key,
+                            const char *tool, const char *tenant,
+                            const char *why);
 /* What the proxy can tell of a tools/call line it cannot parse: *keyed set
  * when a key is present in one of its places, *id_from and *id_to the span of
  * its id (0, 0 when none), *tool the tool name (malloc'd, NULL when it

@@ -66,6 +66,8 @@ typedef struct kcall {
   int at_server;
   int64_t stop_at;
   int stopped;
+  int stale_retry; /* sent again after a stale task handle: its answer is
+                      marked recovered */
 } kcall;
 
 enum { STOP_NONE, STOP_TIMEOUT, STOP_LEASE };
@@ -117,9 +119,15 @@ static int64_t wall_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+static int is_task(const char *body, size_t len, int64_t *ttl_ms);
+
 static void cache_put(const kcall *k, const char *body, size_t len,
                       int recovered, int64_t retention_ms) {
-  char *n = cache_name(k);
+  char *n;
+  int64_t ttl;
+  if (is_task(body, len, &ttl))
+    return; /* checked on every replay: claim() */
+  n = cache_name(k);
   if (n)
     mcp_cache_put(n, k->key, k->fp, body, len, recovered,
                   wall_ms() + retention_ms);
@@ -199,6 +207,48 @@ static void answer_replay(kcall *k, hx *h, void *arg) {
   const replay_arg *a = arg;
   (void)k;
   send_replay(h, a->body, a->len, a->recovered);
+}
+
+/* ---- task handles
+ *
+ * A keyed call that asks for a task acts by creating it: its result is the
+ * task's handle, kept and replayed as any result, so that a retry gets the
+ * same task. Over HTTP the proxy cannot tell whether the server still holds
+ * a task (it may keep tasks across restarts); it can tell when the task's
+ * ttl, counted from when its handle was recorded, has passed: the handle is
+ * stale, and the replay is settled as an unknown outcome, as the stdio mode
+ * does. A retry that does not ask for a task gets -32602 (task_expected).
+ */
+
+static int is_task(const char *body, size_t len, int64_t *ttl_ms) {
+  char *task = NULL;
+  int is = memmem(body, len, "\"taskId\"", 8) &&
+           mcp_task_handle(body, len, &task, ttl_ms);
+  free(task);
+  return is;
+}
+
+/* Whether request h asks for a task. */
+static int asks_task(const hx *h) {
+  int dup = 0;
+  json_t *m = mcp_parse(h->body, h->len, &dup);
+  int asks = mcp_asks_task(json_object_get(m, "params"));
+  json_decref(m);
+  return asks;
+}
+
+static void answer_no_task(kcall *k, hx *h) {
+  char msg[1024];
+  mcp_no_task_message(msg, sizeof msg, k->key, k->tool);
+  hx_answer_rpc_error(h, -32602, msg, error_data(k, "task_expected", NULL));
+}
+
+/* A replay of a task handle: to those that ask for a task. */
+static void answer_task_replay(kcall *k, hx *h, void *arg) {
+  if (asks_task(h))
+    answer_replay(k, h, arg);
+  else
+    answer_no_task(k, h);
 }
 
 typedef struct error_arg {
@@ -437,6 +487,12 @@ static void answer_end(kcall *k, hx *h, void *arg) {
   char msg[1024];
   if (h != k->owner) {
     /* An attached retry. */
+    int64_t ttl;
+    if (a->why == WHY_RESULT && is_task(a->result, a->result_len, &ttl) &&
+        !asks_task(h)) {
+      answer_no_task(k, h);
+      return;
+    }
     if (a->why == WHY_RESULT) {
       send_replay(h, a->result, a->result_len, a->recovered);
       return;
@@ -657,11 +713,12 @@ static void end_call(void *arg) {
   idem_response resp;
   idem_exec_result how;
   end_arg a;
-  size_t rf = 0, rt = 0;
+  size_t rf = 0, rt = 0, marked_len = 0;
+  char *marked = NULL;
   int rc;
   memset(&resp, 0, sizeof resp);
   memset(&a, 0, sizeof a);
-  a.recovered = idem_call_outcome(k->call) == IDEM_RECOVER;
+  a.recovered = idem_call_outcome(k->call) == IDEM_RECOVER || k->stale_retry;
   if (k->final) {
     int dup = 0;
     json_t *m = mcp_parse(k->final, k->final_len, &dup);
@@ -702,6 +759,14 @@ static void end_call(void *arg) {
     how = IDEM_EXEC_DONE;
     resp.body = k->final + rf;
     resp.body_len = rt - rf;
+    if (k->stale_retry &&
+        (marked = mcp_mark_result(resp.body, resp.body_len, 0, 1,
+                                  &marked_len))) {
+      /* Sent again after a stale task handle: no takeover the store knows
+       * of, so the mark is kept in the result itself, for its replays. */
+      resp.body = marked;
+      resp.body_len = marked_len;
+    }
     a.result = resp.body;
     a.result_len = resp.body_len;
     break;
@@ -747,6 +812,7 @@ static void end_call(void *arg) {
   G.at_server--;
   pthread_mutex_unlock(&G.mu);
   answer_all(k, answer_end, &a);
+  free(marked);
   kcall_unref(k);
 }
 
@@ -802,6 +868,27 @@ static void forward(kcall *k) {
     k->ending = 1;
     end_call(k);
   }
+}
+
+/*
+ * Whether the task handle r, recorded for k's key, has outlived its ttl
+ * (counted from when the record was completed). With forget, the record
+ * is also deleted, if it still is that record: 1 once it is gone.
+ */
+static int task_stale(const kcall *k, const idem_response *r, int64_t ttl,
+                      int forget) {
+  idem_id id = {k->tenant, k->tool, k->key};
+  idem_record *rec = NULL;
+  int stale = idem_get(hx_store, &id, &rec) == IDEM_OK &&
+              rec->state == IDEM_STATE_COMPLETED && rec->has_response &&
+              rec->updated_ms + ttl <= wall_ms() &&
+              strcmp(rec->fingerprint, k->fp) == 0 &&
+              rec->response.body_len == r->body_len &&
+              memcmp(rec->response.body, r->body, r->body_len) == 0;
+  idem_record_free(rec);
+  if (stale && forget && idem_delete(hx_store, &id) != IDEM_OK)
+    stale = 0;
+  return stale;
 }
 
 static void claim(void *arg) {
@@ -881,9 +968,38 @@ static void claim(void *arg) {
     break;
   case IDEM_REPLAY: {
     const idem_response *r = idem_call_response(call);
-    replay_arg ra = {r->body, r->body_len, idem_call_recovered(call)};
-    cache_put(k, r->body, r->body_len, ra.recovered, retention());
-    answer_all(k, answer_replay, &ra);
+    replay_arg ra = {r->body, r->body_len,
+                     idem_call_recovered(call) || k->stale_retry};
+    int64_t ttl = 0;
+    if (!is_task(r->body, r->body_len, &ttl)) {
+      cache_put(k, r->body, r->body_len, ra.recovered, retention());
+      answer_all(k, answer_replay, &ra);
+      break;
+    }
+    if (!ttl || !task_stale(k, r, ttl, 0)) {
+      answer_all(k, answer_task_replay, &ra);
+      break;
+    }
+    if (!hx_opts->on_unknown_fail && !k->stale_retry &&
+        task_stale(k, r, ttl, 1)) {
+      /* The record is gone: the call is claimed again, as a call of its
+       * own, and its answer marked recovered. */
+      cli_error("mcp",
+                "key '%s' (tool %s): its task's ttl has passed, so it may "
+                "have acted; sending the call again (--on-unknown forward); "
+                "its result will be marked recovered",
+                k->key, k->tool);
+      k->stale_retry = 1;
+      claim(k);
+      return;
+    }
+    {
+      error_arg e = {MCP_E_UNKNOWN, msg, "unknown",
+                     "idempotency_outcome_unknown", 0};
+      mcp_stale_task_message(msg, sizeof msg, k->key, k->tool, k->tenant,
+                             "the task's ttl has passed");
+      answer_all(k, answer_error, &e);
+    }
     break;
   }
   case IDEM_CONFLICT: {

@@ -367,28 +367,16 @@ static void task_made(mcp_proxy *p, const char *body, size_t len) {
 
 static void answer_no_task(mcp_proxy *p, const mcp_call *c, const char *id) {
   char msg[1024];
-  snprintf(msg, sizeof msg,
-           "idem mcp: key \"%s\" (tool %s) started a task; its result is "
-           "the task's handle. Send the call again as a task (params.task, "
-           "or with the tasks extension) to get it. Nothing was sent to the "
-           "server.",
-           c->key, c->tool);
+  mcp_no_task_message(msg, sizeof msg, c->key, c->tool);
   mcp_answer_error_text(p, id, -32602, msg,
                         error_data(c, "task_expected", NULL));
 }
 
 static void answer_stale_task(mcp_proxy *p, const mcp_call *c, const char *id) {
   char msg[1600];
-  const mcp_opts *o = p->o;
-  snprintf(msg, sizeof msg,
-           "idem mcp: key \"%s\" (tool %s) started a task that the server "
-           "running now does not hold (it was restarted, or the task's ttl "
-           "has passed), so the task may or may not have acted. Nothing was "
-           "sent to the server. This key is refused until an operator has "
-           "checked: `idem keys delete %s --operation %s%s%s` lets a retry "
-           "start the call again.",
-           c->key, c->tool, c->key, c->tool, *o->tenant ? " --tenant " : "",
-           o->tenant);
+  mcp_stale_task_message(msg, sizeof msg, c->key, c->tool, p->o->tenant,
+                         "the server was restarted, or the task's ttl has "
+                         "passed");
   mcp_answer_error_text(
       p, id, MCP_E_UNKNOWN, msg,
       error_data(c, "unknown", "idempotency_outcome_unknown"));

@@ -382,6 +382,28 @@ int mcp_asks_task(json_t *params) {
                          "io.modelcontextprotocol/tasks") != NULL;
 }
 
+void mcp_no_task_message(char *buf, size_t size, const char *key,
+                         const char *tool) {
+  snprintf(buf, size,
+           "idem mcp: key \"%s\" (tool %s) started a task; its result is "
+           "the task's handle. Send the call again as a task (params.task, "
+           "or with the tasks extension) to get it. Nothing was sent to the "
+           "server.",
+           key, tool);
+}
+
+void mcp_stale_task_message(char *buf, size_t size, const char *key,
+                            const char *tool, const char *tenant,
+                            const char *why) {
+  snprintf(buf, size,
+           "idem mcp: key \"%s\" (tool %s) started a task that the server "
+           "no longer holds (%s), so the task may or may not have acted. "
+           "Nothing was sent to the server. This key is refused until an "
+           "operator has checked: `idem keys delete %s --operation %s%s%s` "
+           "lets a retry start the call again.",
+           key, tool, why, key, tool, *tenant ? " --tenant " : "", tenant);
+}
+
 char *mcp_replay_text(const char *id, const char *body, size_t len,
                       int recovered, size_t *out_len) {
   size_t mlen, n;

@@ -128,6 +128,14 @@ const upstream = createServer((req, res) => {
           params: { message: "Sure?", requestedSchema: { type: "object", properties: {} } } } } } }));
       return;
     }
+    if (how === "task") { // MCP 2025-11-25: the call creates a task
+      const n = act(name);
+      res.writeHead(200, { "content-type": "application/json", ...hdrs });
+      res.end(JSON.stringify({ jsonrpc: "2.0", id: msg.id, result: { task: {
+        taskId: `task-${n}`, status: "working", ttl: msg.params.task?.ttl ?? 60000,
+        createdAt: new Date().toISOString() } } }));
+      return;
+    }
     const n = act(name);
     const result = { content: [{ type: "text", text: `ticket-${n}` }],
       structuredContent: { id: n } };
@@ -618,6 +626,60 @@ console.error("-- scenario 10");
   eq("lease: the recovered ticket is the second", tickets, b.ticket);
   lp.stop("SIGTERM");
   await new Promise((r) => lp.p.on("exit", r));
+}
+
+// 11. Task handles (MCP 2025-11-25): a keyed call that asks for a task
+console.error("-- scenario 11");
+// acts by creating it; a retry gets the same task, a retry asking for no
+// task is refused (-32602, task_expected), and once the task's ttl has
+// passed the handle is stale: the call is sent again (--on-unknown forward)
+// and marked recovered, or (fail) refused with -31903.
+{
+  reset();
+  mode.tk = "task";
+  const ask = (id, key, ttl) => ({ jsonrpc: "2.0", id, method: "tools/call",
+    params: { name: "tk", arguments: { n: 11 }, ...(ttl ? { task: { ttl } } : {}),
+      _meta: { idempotencyKey: key } } });
+  const a = final(await post(px.port, ask(1, "k-task", 1500)), 1);
+  const tid = a?.result?.task?.taskId;
+  check("task: a handle", /^task-\d+$/.test(tid ?? ""), JSON.stringify(a));
+  const b = final(await post(px.port, ask(2, "k-task", 1500)), 2);
+  eq("task: a retry gets the same task", tid, b?.result?.task?.taskId);
+  eq("task: replayed", true, b?.result?._meta?.["idem/replayed"]);
+  const c = final(await post(px.port, ask(3, "k-task", 0)), 3);
+  eq("task: a retry that asks for no task is refused", -32602, c?.error?.code);
+  eq("task: task_expected", "task_expected", c?.error?.data?.idem);
+  eq("task: one task made so far", 1, effects.tk);
+  let d, n = 4;
+  for (; n < 200; n++) { // until the ttl has passed
+    d = final(await post(px.port, ask(n, "k-task", 1500)), n);
+    if (d?.result?.task?.taskId !== tid) break;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  check("task: past its ttl, a new task", /^task-\d+$/.test(d?.result?.task?.taskId ?? "")
+    && d.result.task.taskId !== tid, JSON.stringify(d));
+  eq("task: the new task's answer is marked recovered", true, d?.result?._meta?.["idem/recovered"]);
+  eq("task: two tasks made", 2, effects.tk);
+  const e = final(await post(px.port, ask(n + 1, "k-task", 1500)), n + 1);
+  eq("task: then the new task is replayed", d?.result?.task?.taskId, e?.result?.task?.taskId);
+  eq("task: its replays say recovered too", true, e?.result?._meta?.["idem/recovered"]);
+  eq("task: no third task", 2, effects.tk);
+
+  const fp = await startProxy(["--on-unknown", "fail"], join(TMP, "taskfail.db"));
+  const f = final(await post(fp.port, ask(1, "k-task-f", 300)), 1);
+  const ftid = f?.result?.task?.taskId;
+  check("task, fail: a handle", /^task-\d+$/.test(ftid ?? ""), JSON.stringify(f));
+  let g;
+  for (n = 2; n < 200; n++) {
+    g = final(await post(fp.port, ask(n, "k-task-f", 300)), n);
+    if (g?.result?.task?.taskId !== ftid) break;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  eq("task, fail: past its ttl, refused as unknown", -31903, g?.error?.code);
+  check("task, fail: says the ttl passed", /ttl has passed/.test(g?.error?.message ?? ""), g?.error?.message);
+  eq("task, fail: nothing sent again", 3, effects.tk);
+  fp.stop("SIGTERM");
+  await new Promise((r) => fp.p.on("exit", r));
 }
 
 px.stop("SIGTERM");
