@@ -28,8 +28,12 @@
  *                    1), then the UPDATE that completes it (idem bench's
  *                    claim_complete: two durable writes)
  *
- * Usage: sqlite_floor DIR WORKERS SECONDS
- * Prints one JSON object: {"workers": N, "fresh_ops_per_s": ...,
+ * Usage: sqlite_floor DIR WORKERS SECONDS [GATHER_US]
+ * GATHER_US: how long the writer waits, once a call is queued, for every
+ * worker to be queued (default 0: it takes what is there; bench/compare.sh
+ * gives 200, the best of 0, 200, 400, 1000 and 3000 measured here: without
+ * it a batch of 16 workers splits into two halves taking turns). Prints one
+ * JSON object: {"workers": N, "fresh_ops_per_s": ...,
  * "claim_complete_ops_per_s": ..., "fresh_batch": ..., ...}, the keys of
  * `idem bench --json` for the same phases, so bench/compare.sh prints both
  * side by side. Exits non-zero when a statement fails.
@@ -403,8 +407,11 @@ int main(int argc, char **argv) {
     }
     sqlite3_close(db);
   }
-  pthread_create(&wr, NULL, writer, NULL);
-  pthread_create(&ck, NULL, checkpointer, NULL);
+  if (pthread_create(&wr, NULL, writer, NULL) != 0 ||
+      pthread_create(&ck, NULL, checkpointer, NULL) != 0) {
+    fprintf(stderr, "sqlite_floor: cannot start a thread\n");
+    return 1;
+  }
   double fresh = phase(FRESH, seconds, &fresh_batch);
   double cc = phase(CLAIM, seconds, &cc_batch);
   pthread_mutex_lock(&q.mu);
@@ -414,11 +421,12 @@ int main(int argc, char **argv) {
   pthread_mutex_unlock(&q.mu);
   pthread_join(wr, NULL);
   pthread_join(ck, NULL);
-  printf("{\"workers\": %d, \"gather_us\": %ld, \"sqlite\": \"%s\", \"fresh_ops_per_s\": %.1f, "
-         "\"claim_complete_ops_per_s\": %.1f, \"fresh_batch\": %.1f, "
-         "\"claim_complete_batch\": %.1f, \"errors\": %d}\n",
-         workers, gather_us, sqlite3_libversion(), fresh, cc, fresh_batch, cc_batch,
-         q.failed);
+  printf("{\"workers\": %d, \"gather_us\": %ld, \"sqlite\": \"%s\", "
+         "\"fresh_ops_per_s\": %.1f, \"claim_complete_ops_per_s\": %.1f, "
+         "\"fresh_batch\": %.1f, \"claim_complete_batch\": %.1f, "
+         "\"errors\": %d}\n",
+         workers, gather_us, sqlite3_libversion(), fresh, cc, fresh_batch,
+         cc_batch, q.failed);
   for (int i = 0; i < 3; i++) {
     static const char *const suffix[] = {"", "-wal", "-shm"};
     char f[4200];
