@@ -62,7 +62,8 @@ typedef struct kcall {
   struct kcall *pnext; /* G.parked: asked again at retry_at */
   int64_t retry_at;
   /* Under G.mu: the transfer is at the server; when --call-timeout ends
-   * it (0: never); why the proxy stopped it (STOP_*). */
+   * it (0: never). Why the proxy stopped it (STOP_*): atomic, set by
+   * stop_call() on the upstream loop's thread. */
   int at_server;
   int64_t stop_at;
   int stopped;
@@ -822,22 +823,24 @@ static void end_call(void *arg) {
 static void claim(void *arg);
 
 /*
- * The transfer's abort check (the upstream loop's thread): a call past
- * --call-timeout, or whose lease this proxy lost, is stopped. The server
- * may have acted, or still act: end_call() holds the key for one lease.
+ * The transfer's abort check, asked by the upstream loop's thread while the
+ * transfer is active (so k->exec and k->stop_at hold still), often: no lock.
+ * A call past --call-timeout, or whose lease this proxy lost, is stopped.
+ * The server may have acted, or still act: end_call() holds the key for one
+ * lease.
  */
 static int stop_call(void *ctx) {
   kcall *k = ctx;
-  pthread_mutex_lock(&G.mu);
-  if (k->at_server && !k->stopped) {
+  int why = __atomic_load_n(&k->stopped, __ATOMIC_RELAXED);
+  if (!why) {
     if (k->stop_at && hx_mono_ms() >= k->stop_at)
-      k->stopped = STOP_TIMEOUT;
+      why = STOP_TIMEOUT;
     else if (k->exec && idem_exec_lost(k->exec))
-      k->stopped = STOP_LEASE;
+      why = STOP_LEASE;
+    if (why)
+      __atomic_store_n(&k->stopped, why, __ATOMIC_RELAXED);
   }
-  int stop = k->at_server && k->stopped;
-  pthread_mutex_unlock(&G.mu);
-  return stop;
+  return why != STOP_NONE;
 }
 
 static void forward(kcall *k) {
@@ -846,7 +849,7 @@ static void forward(kcall *k) {
   G.at_server++;
   k->refs++; /* the transfer's */
   k->at_server = 1;
-  k->stopped = STOP_NONE;
+  __atomic_store_n(&k->stopped, STOP_NONE, __ATOMIC_RELAXED);
   k->stop_at = hx_opts->call_timeout_ms
                    ? hx_mono_ms() + hx_opts->call_timeout_ms
                    : 0;
@@ -1257,7 +1260,7 @@ static void *ticker(void *arg) {
      * every second: the lease's end is the store's to tell). */
     int stop_due = 0;
     for (kcall *k = G.calls; k; k = k->next) {
-      if (!k->at_server || k->stopped)
+      if (!k->at_server || __atomic_load_n(&k->stopped, __ATOMIC_RELAXED))
         continue;
       if ((k->stop_at && k->stop_at <= now) ||
           (k->exec && idem_exec_lost(k->exec)))
