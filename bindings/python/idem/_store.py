@@ -99,8 +99,12 @@ _scan = json.scanner.make_scanner(json.JSONDecoder())
 
 
 def _decode(text: str) -> Any:
-    value, end = _raw_decode(text)
-    if end != len(text) and text[end:].strip():
+    """A stored body as JSON: JSON's white space about it is allowed (an
+    operator's file may end with a newline, or start with one), nothing
+    else."""
+    body = text.strip(" \t\n\r")
+    value, end = _raw_decode(body)
+    if end != len(body):
         raise ValueError("extra data after the JSON value")
     return value
 
@@ -283,22 +287,27 @@ def _begin(store: Any, tenant: bytes, operation: bytes, key: bytes, request: byt
         if rc:
             raise _fail(rc)
         if c.outcome == _REPLAY:
-            n = c.body_len
-            try:
-                text = ffi.unpack(c.body if call else buf, n).decode("utf-8")
-                value, end = _scan(text, 0)
-                whole = end == len(text)
-            except (ValueError, StopIteration):
-                whole = False
-            if not whole:  # white space about it, or not JSON: raises, saying why
-                value = _stored(c, operation, key)
-            return Outcome(value, True, c.recovered != 0)
+            return _replayed(c, buf, call, operation, key)
         raise _refusal(c, operation, key)
     finally:
         if call:
             lib.idem_call_free(call)
             c.call = ffi.NULL
         _give(pair)
+
+
+def _replayed(c: Any, buf: Any, call: Any, operation: bytes, key: bytes) -> Outcome:
+    """The Outcome of a replay: the stored result, JSON-decoded (in buf, or
+    in call when it was too large for buf)."""
+    try:
+        text = ffi.unpack(c.body if call else buf, c.body_len).decode("utf-8")
+        value, end = _scan(text, 0)
+        if end == len(text):
+            return Outcome(value, True, c.recovered != 0)
+    except (ValueError, StopIteration):
+        pass
+    # White space about it, or not JSON: read again, raising when it is not.
+    return Outcome(_stored(c, operation, key), True, c.recovered != 0)
 
 
 def _stored(c: Any, operation: bytes, key: bytes) -> Any:
@@ -656,16 +665,7 @@ class Store:
                     raise _fail(rc)
                 outcome = c.outcome
                 if outcome == _REPLAY:
-                    if call:
-                        return Outcome(_stored(c, op, k), True, c.recovered != 0)
-                    try:
-                        text = ffi.unpack(buf, c.body_len).decode("utf-8")
-                        value, end = _scan(text, 0)
-                        if end == len(text):
-                            return Outcome(value, True, c.recovered != 0)
-                    except (ValueError, StopIteration):
-                        pass
-                    return Outcome(_stored(c, op, k), True, c.recovered != 0)
+                    return _replayed(c, buf, call, op, k)
                 if outcome == _PROCEED or outcome == _RECOVER:  # fn's result, as stored
                     value = _decode(local.body.decode("utf-8")) if local.body is not None \
                         else _stored(c, op, k)

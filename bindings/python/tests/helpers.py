@@ -65,6 +65,15 @@ def records(url, operation, tenant=None):
     return [json.loads(line) for line in _keys(url, *args).splitlines() if line]
 
 
+def resolve_completed(url, operation, key, body_file, tenant=None):
+    """An operator's settling of a key marked unknown: it completed, with
+    the body in body_file (`idem keys resolve --completed --body`)."""
+    args = ["resolve", key, "--operation", operation, "--completed", "--body", str(body_file)]
+    if tenant is not None:
+        args += ["--tenant", tenant]
+    _keys(url, *args)
+
+
 def delete_record(url, operation, key, tenant=None):
     """What retention does to a record, done now by an operator."""
     args = ["delete", key, "--operation", operation]

@@ -19,7 +19,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 import pytest
 
 import idem
-from helpers import TICKET, act_then_hang, records
+from helpers import TICKET, act_then_hang, records, resolve_completed
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -98,6 +98,36 @@ def test_other_exception_marks_the_key_unknown(store, store_url, operation, effe
     assert caught.value.code.startswith("IDEM_")
     assert effects.count() == 1
     assert states(store_url, operation) == ["unknown"]
+
+
+def test_replay_of_a_body_an_operator_stored(store, store_url, operation, effects, tmp_path):
+    # Bodies the binding did not write: JSON with white space about it is
+    # replayed as that JSON; one that is not JSON is refused, said so.
+    @store.idempotent(operation, key="request_id")
+    def send_email(to, request_id):
+        effects.add(to)
+        raise RuntimeError("connection reset after the request was sent")
+
+    for key in ("k-spaced", "k-text"):
+        with pytest.raises(RuntimeError):
+            send_email("a@example.com", request_id=key)
+    spaced, text = tmp_path / "spaced.json", tmp_path / "text"
+    spaced.write_text(' \n{"sent": "a@example.com", "id": 7}\n')
+    text.write_text("sent, id 7")
+    resolve_completed(store_url, operation, "k-spaced", spaced)
+    resolve_completed(store_url, operation, "k-text", text)
+
+    for _ in range(2):  # the second from the replay cache
+        out = send_email.outcome("a@example.com", request_id="k-spaced")
+        assert (out.value, out.replayed) == ({"sent": "a@example.com", "id": 7}, True)
+        with pytest.raises(idem.Error) as caught:
+            send_email("a@example.com", request_id="k-text")
+        assert caught.value.code == "IDEM_ECORRUPT"
+        assert "not JSON" in str(caught.value)
+        out = store.execute_local(operation, "k-spaced", {"to": "a@example.com"},
+                                  lambda tx: 1)
+        assert out.replayed and out.value == {"sent": "a@example.com", "id": 7}
+    assert effects.count() == 2
 
 
 @pytest.mark.parametrize("raised, options", [
