@@ -100,12 +100,32 @@ static void test_lost_at_deadline_while_renewal_hangs(void **state) {
 }
 
 /* Ids with the characters a batched renewal must quote: leases renewed
- * all along, none taken for lost. */
+ * all along, none taken for lost. The action holds its key until two
+ * renewals were written (each moves the record's lease_expires_ms on),
+ * so a loaded machine makes the test slower, never wrong: a renewal is due
+ * every second and has two more before the 3 s lease ends. */
+typedef struct outlive {
+  idem_store *store;
+  const idem_id *id;
+  int renewed;
+  int lost;
+} outlive;
+
 static idem_exec_result outlive_leases(idem_exec *x, void *ctx,
                                        idem_response *r) {
-  int *lost = ctx;
-  sleep_ms(1000);
-  *lost = idem_exec_lost(x);
+  outlive *o = ctx;
+  int64_t last = -1;
+  for (int waited = 0; o->renewed < 2 && waited < 60000; waited += 20) {
+    idem_record *rec = NULL;
+    if (idem_get(o->store, o->id, &rec) == IDEM_OK) {
+      if (last >= 0 && rec->lease_expires_ms > last)
+        o->renewed++;
+      last = rec->lease_expires_ms;
+      idem_record_free(rec);
+    }
+    sleep_ms(20);
+  }
+  o->lost = idem_exec_lost(x);
   r->status = 200;
   r->body = "kept";
   r->body_len = 4;
@@ -116,13 +136,14 @@ static void test_renewals_of_odd_ids(void **state) {
   fixture *f = *state;
   idem_id ids[] = {{"", "POST /a, b", "k\\\"{},"},
                    {"t\"en{a}nt,\\", "op \"x\"", "NULL"}};
-  idem_execute_options o = {.call = {.lease_ms = 300}};
+  idem_execute_options o = {.call = {.lease_ms = 3000}};
   for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
     idem_call *c = NULL;
-    int lost = -1;
+    outlive held = {f->store, &ids[i], 0, -1};
     EXPECT_RC(IDEM_OK, idem_execute(f->store, &ids[i], REQ, strlen(REQ),
-                                    outlive_leases, &lost, &o, &c));
-    assert_int_equal(lost, 0);
+                                    outlive_leases, &held, &o, &c));
+    assert_int_equal(held.renewed, 2);
+    assert_int_equal(held.lost, 0);
     assert_int_equal(idem_call_outcome(c), IDEM_PROCEED);
     idem_call_free(c);
     idem_record *rec = get_record(f->store, &ids[i]);
@@ -137,13 +158,14 @@ static void test_renewals_of_odd_ids(void **state) {
 static void test_store_clock_bound(void **state) {
   fixture *f = *state;
   idem_id id = {"tenant-a", OPERATION, "clock"};
-  idem_execute_options o = {.call = {.lease_ms = 300}};
+  idem_execute_options o = {.call = {.lease_ms = 3000}};
   idem_call *c = NULL;
-  int lost = -1;
+  outlive held = {f->store, &id, 0, -1};
   int64_t ahead;
   EXPECT_RC(IDEM_OK, idem_execute(f->store, &id, REQ, strlen(REQ),
-                                  outlive_leases, &lost, &o, &c));
-  assert_int_equal(lost, 0);
+                                  outlive_leases, &held, &o, &c));
+  assert_int_equal(held.renewed, 2);
+  assert_int_equal(held.lost, 0);
   idem_call_free(c);
   assert_true(f->store->methods->version >= 3);
   ahead = f->store->methods->clock_ahead(f->store->state);
