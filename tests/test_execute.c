@@ -167,13 +167,15 @@ static void test_execute_endings(void **state) {
   idem_call_free(c);
 }
 
-/* Others see a long action in flight all along, though it runs four times
- * as long as its lease. */
+/* Others see a long action in flight all along, though it outlives its
+ * lease: it runs until two renewals were written (each moves the record's
+ * lease_expires_ms on) and ten probes saw it, so a loaded machine makes
+ * the test slower, never wrong (a 1.5 s lease, renewed every 500 ms). */
 typedef struct prober {
   idem_store *store;
   const idem_id *id;
   int stop; /* __atomic: the prober reads it while the action sets it */
-  int in_flight, other;
+  int in_flight, other; /* in_flight: __atomic, read by the action */
 } prober;
 
 static void *probe_main(void *arg) {
@@ -188,7 +190,7 @@ static void *probe_main(void *arg) {
     idem_call *c = NULL;
     if (idem_claim(p->store, p->id, fp, NULL, &c) == IDEM_OK &&
         idem_call_outcome(c) == IDEM_IN_FLIGHT)
-      p->in_flight++;
+      __atomic_add_fetch(&p->in_flight, 1, __ATOMIC_RELAXED);
     else if (!__atomic_load_n(&p->stop, __ATOMIC_ACQUIRE))
       p->other++;
     idem_call_free(c);
@@ -204,9 +206,23 @@ static idem_exec_result probed_action(idem_exec *x, void *ctx,
   prober *p = ctx;
   pthread_t t;
   (void)x;
+  int64_t last = -1;
+  int renewed = 0;
   if (pthread_create(&t, NULL, probe_main, p) != 0)
     return IDEM_EXEC_NOT_DONE;
-  sleep_ms(1200);
+  for (int waited = 0; waited < 60000 &&
+                       (renewed < 2 || __atomic_load_n(&p->in_flight,
+                                                       __ATOMIC_RELAXED) < 10);
+       waited += 20) {
+    idem_record *rec = NULL;
+    if (idem_get(p->store, p->id, &rec) == IDEM_OK) {
+      if (last >= 0 && rec->lease_expires_ms > last)
+        renewed++;
+      last = rec->lease_expires_ms;
+      idem_record_free(rec);
+    }
+    sleep_ms(20);
+  }
   __atomic_store_n(&p->stop, 1, __ATOMIC_RELEASE);
   pthread_join(t, NULL);
   r->status = 201;
@@ -218,7 +234,7 @@ static idem_exec_result probed_action(idem_exec *x, void *ctx,
 static void test_execute_renews_while_running(void **state) {
   fixture *f = *state;
   idem_id id = {"tenant-a", OPERATION, "long-action"};
-  idem_execute_options o = {.call = {.lease_ms = 300}};
+  idem_execute_options o = {.call = {.lease_ms = 1500}};
   prober p = {f->store, &id, 0, 0, 0};
   remote a = {0};
   idem_call *c = NULL;

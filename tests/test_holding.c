@@ -302,9 +302,9 @@ static idem_exec_result wait_for_all(idem_exec *x, void *ctx,
   static __thread char body[32];
   pthread_mutex_lock(&cr->mu);
   if (++cr->started == MANY) {
-    /* Everyone holds a key: now let three leases pass. */
+    /* Everyone holds a key: now let two and a half leases pass. */
     pthread_mutex_unlock(&cr->mu);
-    sleep_ms(1000);
+    sleep_ms(3000);
     int threads = count_tasks() - cr->base_threads - MANY;
     pthread_mutex_lock(&cr->mu);
     cr->peak_threads = threads;
@@ -327,7 +327,9 @@ static void *member_main(void *arg) {
   member *m = arg;
   char key[32];
   idem_id id = {"tenant-a", OPERATION, key};
-  idem_execute_options o = {.call = {.lease_ms = 300}};
+  /* Renewed every 400 ms: 800 ms to spare for a batch of 200 renewals on
+   * a loaded machine. */
+  idem_execute_options o = {.call = {.lease_ms = 1200}};
   idem_call *c = NULL;
   snprintf(key, sizeof key, "crowd-%d", m->i);
   m->rc = idem_execute(m->cr->f->store, &id, REQ, strlen(REQ), wait_for_all,
