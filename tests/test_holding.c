@@ -241,8 +241,9 @@ static idem_exec_result probe_threads(idem_exec *x, void *ctx,
                                       idem_response *r) {
   signal_probe *p = ctx;
   (void)x;
-  /* Long enough for the scheduler to have renewed: its thread runs. */
-  sleep_ms(400);
+  /* Long enough for the scheduler to have renewed (at 500 ms): its thread
+   * runs. The lease (1.5 s) leaves a loaded machine 800 ms more. */
+  sleep_ms(700);
   p->blocked = others_block_signals(p->mine, 1, &p->others);
   r->status = 200;
   r->body = "probed";
@@ -253,7 +254,7 @@ static idem_exec_result probe_threads(idem_exec *x, void *ctx,
 static void test_library_threads_block_signals_and_end_at_close(void **state) {
   fixture *f = *state;
   idem_id id = {"tenant-a", OPERATION, "threads"};
-  idem_execute_options o = {.call = {.lease_ms = 300}};
+  idem_execute_options o = {.call = {.lease_ms = 1500}};
   signal_probe p = {{(pid_t)syscall(SYS_gettid)}, 0, 0};
   idem_store *s = NULL;
   idem_call *c = NULL;
