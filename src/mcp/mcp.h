@@ -267,7 +267,8 @@ json_t *mcp_error_data(const char *key, const char *tool, const char *what,
 /* Whether a result body is a task handle: a CreateTaskResult of MCP
  * 2025-11-25 ({"task": {"taskId": ...}}) or a task of the 2026-07-28 tasks
  * extension ({"resultType": "task", "taskId": ...}). 1 with *task_id (free
- * it) and *ttl_ms (0 when none), else 0. */
+ * it) and *ttl_ms (0 when none), else 0. A body without "taskId" is told
+ * without being parsed. */
 int mcp_task_handle(const char *body, size_t len, char **task_id,
                     int64_t *ttl_ms);
 /* Whether a tools/call's params ask for a task. */

@@ -223,8 +223,7 @@ static void answer_replay(kcall *k, hx *h, void *arg) {
 
 static int is_task(const char *body, size_t len, int64_t *ttl_ms) {
   char *task = NULL;
-  int is = memmem(body, len, "\"taskId\"", 8) &&
-           mcp_task_handle(body, len, &task, ttl_ms);
+  int is = mcp_task_handle(body, len, &task, ttl_ms);
   free(task);
   return is;
 }
@@ -823,8 +822,9 @@ static void end_call(void *arg) {
 static void claim(void *arg);
 
 /*
- * The transfer's abort check, asked by the upstream loop's thread while the
- * transfer is active (so k->exec and k->stop_at hold still), often: no lock.
+ * The transfer's abort check, asked while the transfer is active (so
+ * k->exec and k->stop_at hold still): by the upstream loop's thread, often,
+ * and by the ticker. It takes no lock.
  * A call past --call-timeout, or whose lease this proxy lost, is stopped.
  * The server may have acted, or still act: end_call() holds the key for one
  * lease.
@@ -875,11 +875,10 @@ static void forward(kcall *k) {
 
 /*
  * Whether the task handle r, recorded for k's key, has outlived its ttl
- * (counted from when the record was completed). With forget, the record
- * is also deleted, if it still is that record: 1 once it is gone.
+ * (counted from when the record was completed), read from the record that
+ * still holds it.
  */
-static int task_stale(const kcall *k, const idem_response *r, int64_t ttl,
-                      int forget) {
+static int task_stale(const kcall *k, const idem_response *r, int64_t ttl) {
   idem_id id = {k->tenant, k->tool, k->key};
   idem_record *rec = NULL;
   int stale = idem_get(hx_store, &id, &rec) == IDEM_OK &&
@@ -889,8 +888,6 @@ static int task_stale(const kcall *k, const idem_response *r, int64_t ttl,
               rec->response.body_len == r->body_len &&
               memcmp(rec->response.body, r->body, r->body_len) == 0;
   idem_record_free(rec);
-  if (stale && forget && idem_delete(hx_store, &id) != IDEM_OK)
-    stale = 0;
   return stale;
 }
 
@@ -979,12 +976,12 @@ static void claim(void *arg) {
       answer_all(k, answer_replay, &ra);
       break;
     }
-    if (!ttl || !task_stale(k, r, ttl, 0)) {
+    if (!ttl || !task_stale(k, r, ttl)) {
       answer_all(k, answer_task_replay, &ra);
       break;
     }
     if (!hx_opts->on_unknown_fail && !k->stale_retry &&
-        task_stale(k, r, ttl, 1)) {
+        idem_delete(hx_store, &id) == IDEM_OK) {
       /* The record is gone: the call is claimed again, as a call of its
        * own, and its answer marked recovered. */
       cli_error("mcp",
@@ -1258,23 +1255,20 @@ static void *ticker(void *arg) {
     /* Calls at the server: stopped by the upstream loop, which asks
      * stop_call(), once past --call-timeout or their lease lost (asked
      * every second: the lease's end is the store's to tell). */
-    int stop_due = 0;
+    int stop_due = 0, watched = 0;
     for (kcall *k = G.calls; k; k = k->next) {
       if (!k->at_server || __atomic_load_n(&k->stopped, __ATOMIC_RELAXED))
         continue;
-      if ((k->stop_at && k->stop_at <= now) ||
-          (k->exec && idem_exec_lost(k->exec)))
-        stop_due = 1;
+      watched = 1;
+      if (stop_call(k))
+        stop_due = 1; /* the loop ends it at its next check */
       else if (k->stop_at && k->stop_at < next)
         next = k->stop_at;
-      if (now + 1000 < next)
-        next = now + 1000;
     }
-    if (stop_due) {
+    if (watched && now + 1000 < next)
+      next = now + 1000;
+    if (stop_due)
       upstream_check_aborts();
-      if (now + 100 < next)
-        next = now + 100; /* asked again if the loop was busy */
-    }
     struct timespec ts = cli_mono_deadline(next - now);
     pthread_cond_timedwait(&G.cond, &G.mu, &ts);
   }

@@ -349,12 +349,17 @@ int mcp_scan_call(const char *line, size_t len, const char *key_argument,
 
 int mcp_task_handle(const char *body, size_t len, char **task_id,
                     int64_t *ttl_ms) {
-  json_t *r = json_loadb(body, len, JSON_DECODE_INT_AS_REAL, NULL);
-  json_t *task = json_object_get(r, "task"), *id, *ttl;
-  const char *rtype = json_string_value(json_object_get(r, "resultType"));
+  json_t *r, *task, *id, *ttl;
+  const char *rtype;
   int is = 0;
   *task_id = NULL;
   *ttl_ms = 0;
+  /* Most results are no task: told without parsing them. */
+  if (!memmem(body, len, "\"taskId\"", 8))
+    return 0;
+  r = json_loadb(body, len, JSON_DECODE_INT_AS_REAL, NULL);
+  task = json_object_get(r, "task");
+  rtype = json_string_value(json_object_get(r, "resultType"));
   if (json_is_object(task)) { /* 2025-11-25 */
     id = json_object_get(task, "taskId");
     ttl = json_object_get(task, "ttl");
