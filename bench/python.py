@@ -277,8 +277,9 @@ def floor_fresh(store, payload, keys, seconds):
         kept["stmt"] = out.stmt
         return {"ticket_id": out.last_rowid}
 
-    local = _store._LocalCall(insert, store)
-    ctx = ffi.new_handle(local)
+    local = _store._LocalCall()
+    local.fn, local.store = insert, store
+    ctx = local.ctx
     args = dict(REQUEST)
 
     def step(n):

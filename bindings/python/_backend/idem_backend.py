@@ -1,8 +1,9 @@
 """Builds the idem Python package: a PEP 517 backend, and `inplace` for the tree.
 
-The package is pure Python over one small extension, idem._native, which
-cffi generates in API mode from the declarations in idem_cdef.py and which
-is compiled here with the C compiler Python was built with. libidem is
+The package is pure Python over two small extensions, compiled here with
+the C compiler Python was built with: idem._native, which cffi generates in
+API mode from the declarations in idem_cdef.py, and idem._speedups
+(idem_speedups.c), which answers a replay in one call from Python. libidem is
 found in this order:
 
   1. IDEM_BUILD_DIR, or the tree's own build/ folder: libidem.a is linked
@@ -132,6 +133,13 @@ def _compile(dest_pkg, build_dir=None):
                "-I" + include, *cflags, c_file, "-o", out + ".tmp", *libs]
         subprocess.run(cmd, check=True)
         os.replace(out + ".tmp", out)
+        # idem._speedups: Python's own API only; it calls libidem through
+        # the functions idem._native gives it (see idem_speedups.c).
+        fast = os.path.join(dest_pkg, "_speedups" + ext)
+        cmd = [*cc, "-shared", "-fPIC", "-O2", "-fvisibility=hidden", "-I" + include,
+               os.path.join(HERE, "idem_speedups.c"), "-o", fast + ".tmp"]
+        subprocess.run(cmd, check=True)
+        os.replace(fast + ".tmp", fast)
     return out
 
 

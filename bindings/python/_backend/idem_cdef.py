@@ -99,6 +99,18 @@ int idem_py_local_run(idem_store *store, const char *tenant,
                       const char *request, size_t request_len,
                       const idem_call_options *opts, void *ctx,
                       idem_py_claim *claim, char *buf, size_t cap);
+/* The two above for idem._speedups, which calls them through their
+ * addresses: see source(). */
+int64_t idem_py_begin_replay(idem_store *store, const char *tenant,
+                             const char *operation, const char *key,
+                             const char *request, size_t request_len,
+                             const idem_execute_options *opts,
+                             idem_py_claim *claim, char *buf, size_t cap);
+int64_t idem_py_local_replay(idem_store *store, const char *tenant,
+                             const char *operation, const char *key,
+                             const char *request, size_t request_len,
+                             const idem_call_options *opts, void *ctx,
+                             idem_py_claim *claim, char *buf, size_t cap);
 
 typedef struct sqlite3 sqlite3;
 typedef struct sqlite3_stmt sqlite3_stmt;
@@ -255,6 +267,44 @@ static int idem_py_local_run(idem_store *store, const char *tenant,
   idem_py_read(claim);
   idem_py_done(claim, buf, cap);
   return claim->rc;
+}
+
+/*
+ * What idem._speedups needs of a claim to answer a replay itself, in the
+ * return value: a replay whose body is in buf and that holds nothing to
+ * free gives (body_len << 1) | recovered; any other claim -1 - claim->rc,
+ * and Python reads claim as after the calls above.
+ */
+static int64_t idem_py_replay_of(const idem_py_claim *claim)
+{
+  if (claim->rc == IDEM_OK && claim->outcome == IDEM_REPLAY && !claim->call &&
+      !claim->exec)
+    return ((int64_t)claim->body_len << 1) | (claim->recovered != 0);
+  return -1 - (int64_t)claim->rc;
+}
+
+static int64_t idem_py_begin_replay(idem_store *store, const char *tenant,
+                                    const char *operation, const char *key,
+                                    const char *request, size_t request_len,
+                                    const idem_execute_options *opts,
+                                    idem_py_claim *claim, char *buf,
+                                    size_t cap)
+{
+  idem_py_begin(store, tenant, operation, key, request, request_len, opts,
+                claim, buf, cap);
+  return idem_py_replay_of(claim);
+}
+
+static int64_t idem_py_local_replay(idem_store *store, const char *tenant,
+                                    const char *operation, const char *key,
+                                    const char *request, size_t request_len,
+                                    const idem_call_options *opts, void *ctx,
+                                    idem_py_claim *claim, char *buf,
+                                    size_t cap)
+{
+  idem_py_local_run(store, tenant, operation, key, request, request_len, opts,
+                    ctx, claim, buf, cap);
+  return idem_py_replay_of(claim);
 }
 
 typedef struct idem_py_sql {

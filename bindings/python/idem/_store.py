@@ -12,7 +12,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import (Any, Callable, Dict, Iterable, List, Optional, Sequence,
                     Tuple, Type, Union)
 
-from . import _errors
+from . import _errors, _speedups
 from ._errors import Conflict, Error, InFlight, InvalidArgument, NotDone, OutcomeUnknown
 from ._native import ffi, lib
 from ._tx import Statements, Transaction
@@ -127,6 +127,10 @@ def _dump(value: Any) -> bytes:
     return _encode(value).encode("utf-8")
 
 
+def _address(cdata: Any) -> int:
+    return int(ffi.cast("uintptr_t", cdata))
+
+
 def _fail(rc: int, value: Any = None) -> Error:
     """The exception for a failed libidem call, read on the thread that made
     it (idem_errmsg() is per thread)."""
@@ -168,6 +172,7 @@ class _Options:
         self.c.call.retention_ms = _ms(retention, "retention")
         self.c.call.wait_ms = _ms(wait, "wait")
         self.call = ffi.addressof(self.c.call)  # for execute_local()
+        self.addr, self.call_addr = _address(self.c), _address(self.call)
         self._keep = []
         if payload is not None:
             if isinstance(payload, str) or not payload:
@@ -205,6 +210,13 @@ def _options(lease: Seconds, retention: Seconds, wait: Seconds,
 _PLAIN = _Options(None, None, None, None)
 
 
+# idem._speedups calls libidem through idem._native's functions, and
+# answers a replay with an Outcome decoded by json's own scanner.
+_speedups.setup(_address(ffi.addressof(lib, "idem_py_begin_replay")),
+                _address(ffi.addressof(lib, "idem_py_local_replay")), Outcome, _scan)
+_fast_begin, _fast_local = _speedups.begin, _speedups.local
+
+
 class _Claim:
     """A key this call holds: its call and exec (libidem's), until ended."""
 
@@ -237,37 +249,50 @@ if hasattr(os, "register_at_fork"):
 _BUF_SIZE = 64 * 1024
 
 
-# Spare (idem_py_claim, body buffer) pairs, shared by the process's threads:
-# list.pop() and list.append() are atomic, and a call keeps the pair it took
-# until it has read all it needs, so that a call made meanwhile (by a
-# function that libidem runs during this call, or by a signal handler as it
-# returns) takes another.
-_SPARES: List[Tuple[Any, Any]] = []
+# Spare (idem_py_claim, body buffer, their addresses) pairs, shared by the
+# process's threads: list.pop() and list.append() are atomic, and a call
+# keeps the pair it took until it has read all it needs, so that a call made
+# meanwhile (by a function that libidem runs during this call, or by a
+# signal handler as it returns) takes another.
+_Pair = Tuple[Any, Any, int, int]
+_SPARES: List[_Pair] = []
 
 
-def _take() -> Tuple[Any, Any]:
-    """An idem_py_claim and a body buffer for one call."""
+def _take() -> _Pair:
+    """An idem_py_claim and a body buffer for one call, with their addresses
+    for idem._speedups."""
     try:
         return _SPARES.pop()
     except IndexError:
-        return ffi.new("idem_py_claim *"), ffi.new("char[]", _BUF_SIZE)
+        c, buf = ffi.new("idem_py_claim *"), ffi.new("char[]", _BUF_SIZE)
+        return c, buf, _address(c), _address(buf)
 
 
-def _give(pair: Tuple[Any, Any]) -> None:
+def _give(pair: _Pair) -> None:
     if len(_SPARES) < 8:
         _SPARES.append(pair)
 
 
-def _begin(store: Any, tenant: bytes, operation: bytes, key: bytes, request: bytes,
-           opts: Any) -> Union[Outcome, _Claim]:
+def _begin(store: Any, tenant: bytes, operation: bytes, key: bytes, request: Any,
+           opts: "_Options", fast: int = 0) -> Any:
     """Claims the key: a _Claim when this call holds it (the action runs),
-    the Outcome of a replay, or the refusal raised. A pair goes back to
+    the Outcome of a replay, or the refusal raised. The request is its JSON
+    (bytes); or with fast, the store's address, the value itself, which
+    idem._speedups writes as JSON: NotImplemented then when it leaves the
+    value to Python's json (nothing was claimed). A pair goes back to
     _SPARES with its exec and call NULL."""
     pair = _take()
-    c, buf = pair
+    c, buf = pair[0], pair[1]
     try:
-        rc = lib.idem_py_begin(store, tenant, operation, key, request, len(request), opts,
-                               c, buf, _BUF_SIZE)
+        if fast:
+            rc = _fast_begin(fast, tenant, operation, key, request, opts.addr, pair[2],
+                             pair[3], _BUF_SIZE)
+            if rc.__class__ is not int:  # a replay's Outcome, or NotImplemented
+                _give(pair)
+                return rc
+        else:
+            rc = lib.idem_py_begin(store, tenant, operation, key, request, len(request),
+                                   opts.c, c, buf, _BUF_SIZE)
         exec_ = c.exec
         if exec_:
             claim = _Claim(c.call, exec_, c.outcome == _RECOVER)
@@ -365,14 +390,19 @@ def _end(claim: _Claim, result: int, body: Optional[bytes] = None) -> Tuple[int,
     return rc, msg
 
 
-def _once(store: Any, tenant: bytes, operation: bytes, key: bytes, request: bytes,
-          opts: Any, fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any],
-          release_on: Tuple[Type[BaseException], ...]) -> Outcome:
+def _once(store: Any, tenant: bytes, operation: bytes, key: bytes, request: Any,
+          opts: "_Options", fn: Callable[..., Any], args: Tuple[Any, ...],
+          kwargs: Dict[str, Any], release_on: Tuple[Type[BaseException], ...],
+          fast: int = 0) -> Outcome:
     """Claims the key, runs fn when the key is this call's, and ends the key
-    by what fn did."""
+    by what fn did. With fast (the store's address), request is the
+    decorated function's arguments, written as JSON in C when they can be
+    (see _begin())."""
     got: Any = None
     try:
-        got = _begin(store, tenant, operation, key, request, opts)
+        got = _begin(store, tenant, operation, key, request, opts, fast)
+        if got is NotImplemented:
+            got = _begin(store, tenant, operation, key, _arguments_json(request), opts)
         if got.__class__ is Outcome:
             return got  # type: ignore[no-any-return]
         value = fn(*args, **kwargs)
@@ -410,16 +440,26 @@ def _is_release(exc: BaseException, release_on: Tuple[Type[BaseException], ...])
 
 
 class _LocalCall:
-    __slots__ = ("fn", "store", "backend", "statements", "error", "body", "keep")
+    """One execute_local() call, as idem_py_local() sees it through ctx (a
+    handle made once: spares are kept in _LOCALS)."""
 
-    def __init__(self, fn: Callable[[Transaction], Any], store: "Store") -> None:
-        self.fn = fn
-        self.store = store
-        self.backend = store.backend
-        self.statements = store._statements
+    __slots__ = ("fn", "store", "error", "body", "keep", "ctx", "addr")
+
+    def __init__(self) -> None:
+        self.fn: Any = None
+        self.store: Any = None
         self.error: Optional[BaseException] = None
         self.body: Any = None
         self.keep: Any = None
+        self.ctx = ffi.new_handle(self)
+        self.addr = _address(self.ctx)
+
+    def clear(self) -> None:
+        self.fn = self.store = self.error = self.body = self.keep = None
+
+
+# Spare _LocalCalls, as _SPARES.
+_LOCALS: List[_LocalCall] = []
 
 
 @ffi.def_extern()
@@ -427,7 +467,7 @@ def idem_py_local(conn, ctx, response):  # type: ignore[no-untyped-def]
     """Runs the caller's function inside the store's transaction. It may run
     on another thread of the process (the one committing the batch)."""
     local = ffi.from_handle(ctx)
-    tx = Transaction(local.backend, conn, local.statements)
+    tx = Transaction(local.store.backend, conn, local.store._statements)
     outer = getattr(_tls, "local_store", None)
     _tls.local_store = local.store  # fn must not call back into its own store
     _in_local.add(threading.get_ident())
@@ -480,6 +520,7 @@ class Store:
         if rc != _OK:
             raise _fail(rc)
         self._store = out[0]
+        self._addr = _address(self._store)  # for idem._speedups
         self._pid = os.getpid()
         self._forked = False
         _open_stores.add(self)
@@ -628,7 +669,7 @@ class Store:
         token = object()
         store = self._enter(token)
         try:
-            return _once(store, t, op, k, req, opts.c, action, (), {}, tuple(release_on))
+            return _once(store, t, op, k, req, opts, action, (), {}, tuple(release_on))
         finally:
             self._leave(token)
 
@@ -645,19 +686,27 @@ class Store:
         t = _name(tenant if tenant is not None else "", "tenant")
         k = key.encode("utf-8") if key.__class__ is str and "\x00" not in key else _key(key)
         try:
-            req = _encode(request).encode("utf-8")
-        except (TypeError, ValueError) as e:
-            raise TypeError("the request cannot be written as JSON: %s" % e) from None
-        local = _LocalCall(fn, self)
+            local = _LOCALS.pop()
+        except IndexError:
+            local = _LocalCall()
+        local.fn, local.store = fn, self
         calls = self._calls
         calls.add(local)
         try:
             store = self._handle()
             pair = _take()
-            c, buf = pair
+            c, buf = pair[0], pair[1]
             try:
-                rc = lib.idem_py_local_run(store, t, op, k, req, len(req), opts.call,
-                                           ffi.new_handle(local), c, buf, _BUF_SIZE)
+                # The request written as JSON and the call made in one
+                # crossing, and a replay decoded there too (idem._speedups).
+                rc = _fast_local(self._addr, t, op, k, request, opts.call_addr, local.addr,
+                                 pair[2], pair[3], _BUF_SIZE)
+                if rc.__class__ is not int:
+                    if rc is not NotImplemented:
+                        return rc  # type: ignore[no-any-return]
+                    req = _request(request)
+                    rc = lib.idem_py_local_run(store, t, op, k, req, len(req), opts.call,
+                                               local.ctx, c, buf, _BUF_SIZE)
                 call = c.call  # left only for a body too large for buf
                 if rc == _EREJECTED and local.error is not None:
                     raise local.error
@@ -672,7 +721,6 @@ class Store:
                     return Outcome(value, False, outcome == _RECOVER)
                 raise _refusal(c, op, k)
             finally:
-                local.error = None
                 call = c.call
                 if call:
                     lib.idem_call_free(call)
@@ -682,6 +730,9 @@ class Store:
             calls.discard(local)
             if self._closing:
                 self._leave(local)
+            local.clear()  # then another call may take it
+            if len(_LOCALS) < 8:
+                _LOCALS.append(local)
 
     def delete(self, operation: str, key: str, *, tenant: Optional[str] = None) -> None:
         """Deletes one record whatever its state (an operator's act: a retry
@@ -701,6 +752,14 @@ def _request(request: Any) -> bytes:
         return _dump(request)
     except (TypeError, ValueError) as e:
         raise TypeError("the request cannot be written as JSON: %s" % e) from None
+
+
+def _arguments_json(arguments: Dict[str, Any]) -> bytes:
+    try:
+        return _dump(arguments)
+    except (TypeError, ValueError) as e:
+        raise TypeError("the arguments cannot be written as JSON for the "
+                        "fingerprint: %s" % e) from None
 
 
 class _Spec:
@@ -737,8 +796,9 @@ class _Spec:
                 raise TypeError("release_on: %r is not an exception class" % (cls,))
 
     def prepare(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[bytes, bytes,
-                                                                               bytes]:
-        """(tenant, key, request) of one call."""
+                                                                               Dict[str, Any]]:
+        """(tenant, key, arguments) of one call: the arguments are what the
+        fingerprint is taken of."""
         arguments = self.bind(*args, **kwargs)
         if self.key_name is not None and self.tenant_fixed is not None:
             key = arguments.pop(self.key_name)
@@ -759,12 +819,7 @@ class _Spec:
             raise TypeError("the key must be a str, not %s" % type(key).__name__)
         if "\x00" in key:
             raise InvalidArgument("IDEM_EKEY", "the key contains a NUL character")
-        try:
-            request = _encode(arguments).encode("utf-8")
-        except (TypeError, ValueError) as e:
-            raise TypeError("the arguments cannot be written as JSON for the "
-                            "fingerprint: %s" % e) from None
-        return tenant, key.encode("utf-8"), request
+        return tenant, key.encode("utf-8"), arguments
 
     def run(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Outcome:
         if self.simple:  # the usual decorator: prepare() inlined
@@ -774,28 +829,24 @@ class _Spec:
                 key = _key(key)
             else:
                 key = key.encode("utf-8")
-            try:
-                request = _encode(arguments).encode("utf-8")
-            except (TypeError, ValueError) as e:
-                raise TypeError("the arguments cannot be written as JSON for the "
-                                "fingerprint: %s" % e) from None
             tenant = self.tenant_fixed
         else:
-            tenant, key, request = self.prepare(args, kwargs)
+            tenant, key, arguments = self.prepare(args, kwargs)
         s = self.store
         token = object()
         calls = s._calls
         calls.add(token)
         try:
-            return _once(s._handle(), tenant, self.operation, key, request, self.opts.c,
-                         self.fn, args, kwargs, self.release_on)
+            return _once(s._handle(), tenant, self.operation, key, arguments, self.opts,
+                         self.fn, args, kwargs, self.release_on, s._addr)
         finally:
             calls.discard(token)
             if s._closing:
                 s._leave(token)
 
     async def run_async(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Outcome:
-        tenant, key, request = self.prepare(args, kwargs)
+        tenant, key, arguments = self.prepare(args, kwargs)
+        request = _arguments_json(arguments)
         token = object()
         store = self.store._enter(token)
         try:
@@ -811,7 +862,7 @@ class _Spec:
         # it waits there leaves it running, so the thread's own future, not
         # the event loop (which may be gone by then), releases what it gets.
         begun = claims.submit(_begin, store, tenant, self.operation, key, request,
-                              self.opts.c)
+                              self.opts)
         waited = asyncio.wrap_future(begun, loop=loop)
         try:
             got = await asyncio.shield(waited)

@@ -1,0 +1,373 @@
+/*
+ * idem._speedups -- the replay of a call in one crossing from Python.
+ *
+ * A replay answered from libidem's cache takes about 1.5 us in C; through
+ * cffi, Python spent as much again writing the arguments as JSON, reading
+ * the claim's fields one by one and decoding the stored result. This module
+ * does those steps in C: it writes the request (a dict of the call's
+ * arguments, or any JSON-like value) as JSON, calls libidem through the
+ * functions idem._native exports for it (idem_py_begin_replay,
+ * idem_py_local_replay; their addresses are given to setup()), with the GIL
+ * released, and builds the Outcome of a replay itself.
+ *
+ * It holds no libidem of its own (idem._native's is the one in use) and
+ * knows no struct of it: the store, the options, the claim and the buffer
+ * are addresses that idem._store keeps.
+ *
+ * begin() and local() return:
+ *   - an Outcome: a replay, whose stored result decoded as JSON;
+ *   - an int, libidem's result code: the claim was made and Python reads it
+ *     from the idem_py_claim, as after idem_py_begin() or
+ *     idem_py_local_run() (a fresh key, a refusal, an error, or a replay
+ *     this module leaves to Python: a body too large for the buffer, or
+ *     one with white space about it);
+ *   - NotImplemented: the request holds a value this encoder leaves to
+ *     Python's json (another type, a subclass, an int past 64 bits, a float
+ *     that is not finite, a non-str dict key, a str that is not valid
+ *     UTF-8, nesting deeper than 64); nothing was called.
+ *
+ * Any text the encoder writes is valid JSON for the value, which is all
+ * libidem needs: the fingerprint is taken on its canonical form (RFC 8785),
+ * so it is the one Python's json would give.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef int64_t (*begin_fn)(void *store, const char *tenant,
+                            const char *operation, const char *key,
+                            const char *request, size_t request_len,
+                            const void *opts, void *claim, char *buf,
+                            size_t cap);
+typedef int64_t (*local_fn)(void *store, const char *tenant,
+                            const char *operation, const char *key,
+                            const char *request, size_t request_len,
+                            const void *opts, void *ctx, void *claim,
+                            char *buf, size_t cap);
+
+static begin_fn begin_call;
+static local_fn local_call;
+static PyObject *outcome_cls; /* idem.Outcome */
+static PyObject *scan;        /* json's scanner: (text, 0) -> (value, end) */
+static PyObject *zero;
+
+enum { MAX_DEPTH = 64, STACK_BYTES = 2048 };
+
+typedef struct {
+  char *p;
+  size_t len, cap;
+  char stack[STACK_BYTES];
+} text;
+
+/* Room for n more bytes; 0 on success, -1 with MemoryError set. */
+static int reserve(text *t, size_t n) {
+  char *q;
+  size_t cap;
+  if (t->cap - t->len >= n)
+    return 0;
+  cap = t->cap * 2 > t->len + n ? t->cap * 2 : t->len + n;
+  q = t->p == t->stack ? PyMem_Malloc(cap) : PyMem_Realloc(t->p, cap);
+  if (!q) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  if (t->p == t->stack)
+    memcpy(q, t->stack, t->len);
+  t->p = q;
+  t->cap = cap;
+  return 0;
+}
+
+static int put(text *t, const char *s, size_t n) {
+  if (reserve(t, n) < 0)
+    return -1;
+  memcpy(t->p + t->len, s, n);
+  t->len += n;
+  return 0;
+}
+
+/* A str as a JSON string: 0, 1 (left to Python) or -1 (MemoryError). */
+static int put_str(text *t, PyObject *o) {
+  static const char hex[] = "0123456789abcdef";
+  Py_ssize_t n;
+  const char *s = PyUnicode_AsUTF8AndSize(o, &n);
+  if (!s) { /* a lone surrogate: Python's encoder says what is wrong */
+    if (PyErr_ExceptionMatches(PyExc_MemoryError))
+      return -1;
+    PyErr_Clear();
+    return 1;
+  }
+  /* At worst every byte becomes \u00XX. */
+  if (reserve(t, (size_t)n * 6 + 2) < 0)
+    return -1;
+  t->p[t->len++] = '"';
+  for (Py_ssize_t i = 0; i < n; i++) {
+    unsigned char c = (unsigned char)s[i];
+    if (c == '"' || c == '\\') {
+      t->p[t->len++] = '\\';
+      t->p[t->len++] = (char)c;
+    } else if (c < 0x20) {
+      memcpy(t->p + t->len, "\\u00", 4);
+      t->p[t->len + 4] = hex[c >> 4];
+      t->p[t->len + 5] = hex[c & 15];
+      t->len += 6;
+    } else {
+      t->p[t->len++] = (char)c;
+    }
+  }
+  t->p[t->len++] = '"';
+  return 0;
+}
+
+/* o as JSON: 0, 1 (left to Python) or -1 (MemoryError). */
+static int put_value(text *t, PyObject *o, int depth) {
+  if (o == Py_None)
+    return put(t, "null", 4);
+  if (o == Py_True)
+    return put(t, "true", 4);
+  if (o == Py_False)
+    return put(t, "false", 5);
+  if (PyUnicode_CheckExact(o))
+    return put_str(t, o);
+  if (PyLong_CheckExact(o)) {
+    int overflow;
+    char num[32];
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow)
+      return 1;
+    return put(t, num, (size_t)snprintf(num, sizeof num, "%lld", v));
+  }
+  if (PyFloat_CheckExact(o)) {
+    double v = PyFloat_AS_DOUBLE(o);
+    char *s;
+    int rc;
+    if (!isfinite(v))
+      return 1;
+    /* float.__repr__, as json writes it: the shortest text that reads back
+     * as v. */
+    s = PyOS_double_to_string(v, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+    if (!s)
+      return -1;
+    rc = put(t, s, strlen(s));
+    PyMem_Free(s);
+    return rc;
+  }
+  if (depth >= MAX_DEPTH)
+    return 1;
+  if (PyDict_CheckExact(o)) {
+    PyObject *k, *v;
+    Py_ssize_t pos = 0;
+    int first = 1, rc;
+    if (put(t, "{", 1) < 0)
+      return -1;
+    while (PyDict_Next(o, &pos, &k, &v)) {
+      if (!PyUnicode_CheckExact(k))
+        return 1; /* json writes 1 as "1": Python's rules */
+      if ((!first && put(t, ",", 1) < 0))
+        return -1;
+      first = 0;
+      if ((rc = put_str(t, k)) != 0 || (rc = put(t, ":", 1)) != 0 ||
+          (rc = put_value(t, v, depth + 1)) != 0)
+        return rc;
+    }
+    return put(t, "}", 1);
+  }
+  if (PyList_CheckExact(o) || PyTuple_CheckExact(o)) {
+    int rc;
+    if (put(t, "[", 1) < 0)
+      return -1;
+    /* A list's length is read each time: nothing here runs Python code,
+     * but the check costs nothing. */
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(o); i++) {
+      if (i && put(t, ",", 1) < 0)
+        return -1;
+      if ((rc = put_value(t, PySequence_Fast_GET_ITEM(o, i), depth + 1)) != 0)
+        return rc;
+    }
+    return put(t, "]", 1);
+  }
+  return 1;
+}
+
+/* The Outcome of a replay whose body (len bytes) is in buf; NULL with no
+ * exception set when Python is to read it instead. */
+static PyObject *replayed(const char *buf, size_t len, int recovered) {
+  PyObject *s, *args[2], *got, *value, *out;
+  s = PyUnicode_DecodeUTF8(buf, (Py_ssize_t)len, NULL);
+  if (!s)
+    goto python;
+  args[0] = s;
+  args[1] = zero;
+  got = PyObject_Vectorcall(scan, args, 2, NULL);
+  if (!got) {
+    Py_DECREF(s);
+    goto python; /* white space about it, or not JSON */
+  }
+  if (!PyTuple_Check(got) || PyTuple_GET_SIZE(got) != 2 ||
+      PyLong_AsSsize_t(PyTuple_GET_ITEM(got, 1)) != PyUnicode_GET_LENGTH(s)) {
+    Py_DECREF(got);
+    Py_DECREF(s);
+    goto python;
+  }
+  value = PyTuple_GET_ITEM(got, 0);
+  out = PyObject_CallFunctionObjArgs(outcome_cls, value, Py_True,
+                                     recovered ? Py_True : Py_False, NULL);
+  Py_DECREF(got);
+  Py_DECREF(s);
+  return out;
+python:
+  if (PyErr_ExceptionMatches(PyExc_MemoryError))
+    return NULL;
+  PyErr_Clear();
+  return NULL;
+}
+
+static int address(PyObject *o, void **out) {
+  *out = PyLong_AsVoidPtr(o);
+  return *out || !PyErr_Occurred() ? 0 : -1;
+}
+
+static int bytes_arg(PyObject *o, const char **out, const char *what) {
+  if (!PyBytes_CheckExact(o)) {
+    PyErr_Format(PyExc_TypeError, "%s must be bytes", what);
+    return -1;
+  }
+  *out = PyBytes_AS_STRING(o);
+  return 0;
+}
+
+/*
+ * One call of either kind: args are (store, tenant, operation, key,
+ * request, opts, [ctx,] claim, buf, cap), addresses as ints and names as
+ * bytes.
+ */
+static PyObject *call(PyObject *const *args, Py_ssize_t nargs, int local) {
+  Py_ssize_t want = local ? 10 : 9;
+  void *store, *opts, *ctx = NULL, *claim, *bufp;
+  const char *tenant, *operation, *key;
+  size_t cap;
+  text t;
+  int rc;
+  int64_t got;
+  PyObject *out;
+  if (nargs != want) {
+    PyErr_Format(PyExc_TypeError, "takes %zd arguments", want);
+    return NULL;
+  }
+  if (!begin_call || !local_call) {
+    PyErr_SetString(PyExc_RuntimeError, "idem._speedups: setup() not called");
+    return NULL;
+  }
+  if (address(args[0], &store) < 0 || bytes_arg(args[1], &tenant, "tenant") < 0 ||
+      bytes_arg(args[2], &operation, "operation") < 0 ||
+      bytes_arg(args[3], &key, "key") < 0 || address(args[5], &opts) < 0 ||
+      (local && address(args[6], &ctx) < 0) ||
+      address(args[want - 3], &claim) < 0 || address(args[want - 2], &bufp) < 0)
+    return NULL;
+  cap = PyLong_AsSize_t(args[want - 1]);
+  if (cap == (size_t)-1 && PyErr_Occurred())
+    return NULL;
+  t.p = t.stack;
+  t.len = 0;
+  t.cap = sizeof t.stack;
+  rc = put_value(&t, args[4], 0);
+  if (rc != 0) {
+    if (t.p != t.stack)
+      PyMem_Free(t.p);
+    if (rc < 0)
+      return NULL;
+    Py_RETURN_NOTIMPLEMENTED;
+  }
+  Py_BEGIN_ALLOW_THREADS
+  got = local ? local_call(store, tenant, operation, key, t.p, t.len, opts, ctx,
+                           claim, bufp, cap)
+              : begin_call(store, tenant, operation, key, t.p, t.len, opts,
+                           claim, bufp, cap);
+  Py_END_ALLOW_THREADS
+  if (t.p != t.stack)
+    PyMem_Free(t.p);
+  if (got < 0)
+    return PyLong_FromLongLong(-1 - got);
+  out = replayed(bufp, (size_t)(got >> 1), (int)(got & 1));
+  if (out || PyErr_Occurred())
+    return out;
+  return PyLong_FromLong(0);
+}
+
+static PyObject *sp_begin(PyObject *self, PyObject *const *args,
+                          Py_ssize_t nargs) {
+  (void)self;
+  return call(args, nargs, 0);
+}
+
+static PyObject *sp_local(PyObject *self, PyObject *const *args,
+                          Py_ssize_t nargs) {
+  (void)self;
+  return call(args, nargs, 1);
+}
+
+static PyObject *sp_setup(PyObject *self, PyObject *args) {
+  PyObject *b, *l, *cls, *sc;
+  void *bp, *lp;
+  (void)self;
+  if (!PyArg_ParseTuple(args, "OOOO", &b, &l, &cls, &sc))
+    return NULL;
+  if (address(b, &bp) < 0 || address(l, &lp) < 0)
+    return NULL;
+  if (!bp || !lp || !PyCallable_Check(cls) || !PyCallable_Check(sc)) {
+    PyErr_SetString(PyExc_ValueError, "setup(begin, local, Outcome, scan)");
+    return NULL;
+  }
+  Py_INCREF(cls);
+  Py_INCREF(sc);
+  Py_XSETREF(outcome_cls, cls);
+  Py_XSETREF(scan, sc);
+  begin_call = (begin_fn)bp;
+  local_call = (local_fn)lp;
+  Py_RETURN_NONE;
+}
+
+static PyObject *sp_dumps(PyObject *self, PyObject *o) {
+  text t;
+  int rc;
+  PyObject *out;
+  (void)self;
+  t.p = t.stack;
+  t.len = 0;
+  t.cap = sizeof t.stack;
+  rc = put_value(&t, o, 0);
+  out = rc == 0 ? PyBytes_FromStringAndSize(t.p, (Py_ssize_t)t.len) : NULL;
+  if (t.p != t.stack)
+    PyMem_Free(t.p);
+  if (rc > 0)
+    Py_RETURN_NOTIMPLEMENTED;
+  return out;
+}
+
+static PyMethodDef methods[] = {
+    {"setup", sp_setup, METH_VARARGS,
+     "setup(begin, local, Outcome, scan): the addresses of "
+     "idem_py_begin_replay and idem_py_local_replay, the class of a "
+     "replay's result and json's scanner."},
+    {"begin", (PyCFunction)(void (*)(void))sp_begin, METH_FASTCALL,
+     "begin(store, tenant, operation, key, request, opts, claim, buf, cap)"},
+    {"local", (PyCFunction)(void (*)(void))sp_local, METH_FASTCALL,
+     "local(store, tenant, operation, key, request, opts, ctx, claim, buf, "
+     "cap)"},
+    {"dumps", sp_dumps, METH_O,
+     "dumps(value): the JSON this module sends for value (bytes), or "
+     "NotImplemented when it leaves value to Python's json."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "idem._speedups",
+                                    "The replay of a call in one crossing.",
+                                    -1, methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__speedups(void) {
+  if (!zero && !(zero = PyLong_FromLong(0)))
+    return NULL;
+  return PyModule_Create(&module);
+}
