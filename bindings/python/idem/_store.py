@@ -681,9 +681,14 @@ class Store:
         so that what fn writes through tx.execute() commits together with
         the record; an Outcome. An exception in fn rolls both back, releases
         the key and propagates."""
-        opts = _options(lease, retention, wait)
-        op = _name(operation, "operation")
-        t = _name(tenant if tenant is not None else "", "tenant")
+        opts = _PLAIN if lease is None and retention is None and wait is None \
+            else _options(lease, retention, wait)
+        try:  # _name(), inlined: the names repeat from call to call
+            op = _NAMES[operation]
+            t = _NAMES[tenant if tenant is not None else ""]
+        except (KeyError, TypeError):
+            op = _name(operation, "operation")
+            t = _name(tenant if tenant is not None else "", "tenant")
         k = key.encode("utf-8") if key.__class__ is str and "\x00" not in key else _key(key)
         try:
             local = _LOCALS.pop()
