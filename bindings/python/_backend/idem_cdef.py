@@ -158,7 +158,16 @@ int PQgetlength(const PGresult *res, int row, int col);
 int PQgetisnull(const PGresult *res, int row, int col);
 Oid PQftype(const PGresult *res, int col);
 char *PQcmdTuples(PGresult *res);
+char *PQcmdStatus(PGresult *res);
+char *PQresultErrorField(const PGresult *res, int fieldcode);
 void PQclear(PGresult *res);
+PGresult *PQprepare(PGconn *conn, const char *stmtName, const char *query,
+                    int nParams, const Oid *paramTypes);
+PGresult *PQexecPrepared(PGconn *conn, const char *stmtName, int nParams,
+                         const char *const *paramValues,
+                         const int *paramLengths, const int *paramFormats,
+                         int resultFormat);
+int PQbackendPID(const PGconn *conn);
 """
 
 

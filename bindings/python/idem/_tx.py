@@ -1,5 +1,6 @@
 """tx.execute(): the caller's statements on the store's own connection,
 inside the transaction that also writes the record."""
+import itertools
 import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -16,6 +17,16 @@ _PG_FLOAT = {700, 701, 1700}
 _PG_BOOL = 16
 _PG_BYTEA = 17
 _PGRES_COMMAND_OK, _PGRES_TUPLES_OK = 1, 2
+_PG_DIAG_SQLSTATE = ord("C")
+# Errors of a prepared statement that a change of schema or of session
+# state can cause, where the same text sent afresh may run: a result type
+# that changed (0A000), a statement the session no longer has (26000),
+# names and types resolved otherwise now (class 42).
+_PG_STALE = (b"0A", b"26", b"42")
+# Commands after which a session's prepared statements may resolve their
+# names or types otherwise, or be gone.
+_PG_RESETS = (b"CREATE", b"ALTER", b"DROP", b"SET", b"RESET", b"DISCARD",
+              b"DEALLOCATE")
 
 
 class Cursor:
@@ -45,16 +56,35 @@ class Cursor:
 
 
 class Statements:
-    """SQLite statements prepared on a store's connection, kept for the next
+    """Statements prepared on a store's connections, kept for the next
     transaction (preparing one costs more than running it). Statements of
     one connection are used by one transaction at a time, since the store
-    runs them there one after the other; close() finalizes them all, before
-    the store closes its connections."""
+    runs them there one after the other.
+
+    SQLite: the sqlite3_stmt itself; close() finalizes them all, before the
+    store closes its connections.
+
+    PostgreSQL: the name of a statement prepared in a server session (a
+    session is its connection and its server process, so that a
+    connection libidem reset prepares again). A text is prepared the second
+    time a session runs it (the first goes unprepared, as DDL and one-off
+    statements stay). Like other drivers' statement caches, it forgets a
+    session's statements after a command of this session that may change
+    what they mean (ALTER, DROP, SET search_path...; _PG_RESETS), and one
+    statement after it failed in a way such a change from another session
+    causes (_PG_STALE): that call fails as it would have, the key is
+    released, and the retry sends the text afresh. A forgotten statement
+    stays on the server until the session ends; a session that has
+    forgotten LIMIT of them prepares no more."""
 
     LIMIT = 64
 
     def __init__(self) -> None:
         self._kept: Dict[Tuple[Any, bytes], Any] = {}
+        self._pg: Dict[Tuple[Any, int, bytes], bytes] = {}  # session, text: name
+        self._pg_seen: Dict[Tuple[Any, int, bytes], bool] = {}  # run once
+        self._pg_forgotten: Dict[Tuple[Any, int], int] = {}
+        self._names = itertools.count(1)  # next() is atomic
 
     def take(self, conn: Any, sql: bytes) -> Any:
         return self._kept.pop((conn, sql), ffi.NULL)  # atomic under the GIL
@@ -67,8 +97,63 @@ class Statements:
 
     def close(self) -> None:
         kept, self._kept = self._kept, {}
+        self._pg, self._pg_seen, self._pg_forgotten = {}, {}, {}
         for stmt in kept.values():
             lib.sqlite3_finalize(stmt)
+
+    def pg_name(self, conn: Any, sql: bytes) -> Optional[bytes]:
+        """The name of sql prepared in this PostgreSQL session, preparing it
+        on its second run; None: send it unprepared. A text the server
+        refuses raises DatabaseError, as running it would."""
+        session = (conn, lib.PQbackendPID(conn))
+        key = session + (sql,)
+        name = self._pg.get(key)
+        if name is not None:
+            return name
+        if key not in self._pg_seen:
+            if len(self._pg_seen) < 4 * self.LIMIT:
+                self._pg_seen[key] = True
+            return None
+        if len(self._pg) >= self.LIMIT or \
+                self._pg_forgotten.get(session, 0) >= self.LIMIT:
+            return None
+        name = b"idem_py_%d" % next(self._names)
+        res = lib.PQprepare(conn, name, sql, 0, ffi.NULL)
+        try:
+            if lib.PQresultStatus(res) != _PGRES_COMMAND_OK:
+                # What running it would have said (and, as then, the
+                # transaction is now aborted).
+                raise DatabaseError("IDEM_ESTORE", _pg_message(res))
+        finally:
+            lib.PQclear(res)
+        self._pg[key] = name
+        return name
+
+    def pg_ran(self, conn: Any, sql: bytes, res: Any, prepared: bool) -> bool:
+        """Forgets what a statement's result says may have changed: its own
+        name after a stale failure, the session's after a command that
+        changes what names mean. True after such a command: until its
+        transaction ends (a rollback undoes it, and a SET LOCAL ends with
+        it), nothing is prepared."""
+        status = lib.PQresultStatus(res) if res != ffi.NULL else -1
+        if status in (_PGRES_COMMAND_OK, _PGRES_TUPLES_OK):
+            if not ffi.string(lib.PQcmdStatus(res)).startswith(_PG_RESETS):
+                return False
+            session = (conn, lib.PQbackendPID(conn))
+            keys = [k for k in list(self._pg) if k[:2] == session]
+        else:
+            if not prepared:
+                return False
+            state = lib.PQresultErrorField(res, _PG_DIAG_SQLSTATE) if res != ffi.NULL \
+                else ffi.NULL
+            if state != ffi.NULL and ffi.string(state)[:2] not in _PG_STALE:
+                return False
+            session = (conn, lib.PQbackendPID(conn))
+            keys = [session + (sql,)]
+        for k in keys:
+            if self._pg.pop(k, None) is not None:
+                self._pg_forgotten[session] = self._pg_forgotten.get(session, 0) + 1
+        return status in (_PGRES_COMMAND_OK, _PGRES_TUPLES_OK)
 
 
 class Transaction:
@@ -80,6 +165,7 @@ class Transaction:
         self._open = True
         self._statements = statements if statements is not None else Statements()
         self._thread = threading.get_ident()
+        self._pg_unsettled = False  # see Statements.pg_ran()
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
         if not self._open:
@@ -94,7 +180,7 @@ class Transaction:
                             % type(params).__name__)
         if self.backend == "sqlite":
             return _sqlite_execute(self._conn, sql, params, self._statements)
-        return _pg_execute(ffi.cast("PGconn *", self._conn), sql, params)
+        return _pg_execute(ffi.cast("PGconn *", self._conn), sql, params, self)
 
     def _close(self) -> None:
         self._open = False
@@ -215,7 +301,13 @@ def _sqlite_row(stmt: Any) -> Tuple[Any, ...]:
     return tuple(row)
 
 
-def _pg_execute(conn: Any, sql: str, params: Sequence[Any]) -> Cursor:
+def _pg_message(res: Any) -> str:
+    msg = lib.PQresultErrorMessage(res) if res != ffi.NULL else ffi.NULL
+    return ffi.string(msg).decode("utf-8", "replace").strip() if msg != ffi.NULL \
+        else "no result"
+
+
+def _pg_execute(conn: Any, sql: str, params: Sequence[Any], tx: Transaction) -> Cursor:
     if not hasattr(lib, "PQexecParams"):
         raise DatabaseError("IDEM_EINVAL", "this idem package was built without libpq")
     n = len(params)
@@ -248,15 +340,19 @@ def _pg_execute(conn: Any, sql: str, params: Sequence[Any]) -> Cursor:
         keep.append(buf)
         values[i] = buf
         lengths[i] = len(b)
-    res = lib.PQexecParams(conn, sql.encode("utf-8"), n, ffi.NULL, values, lengths,
-                           formats, 0)
+    encoded = sql.encode("utf-8")
+    cache = tx._statements
+    name = None if tx._pg_unsettled else cache.pg_name(conn, encoded)
+    if name is not None:
+        res = lib.PQexecPrepared(conn, name, n, values, lengths, formats, 0)
+    else:
+        res = lib.PQexecParams(conn, encoded, n, ffi.NULL, values, lengths, formats, 0)
     try:
+        if cache.pg_ran(conn, encoded, res, name is not None):
+            tx._pg_unsettled = True
         status = lib.PQresultStatus(res)
         if status not in (_PGRES_COMMAND_OK, _PGRES_TUPLES_OK):
-            msg = lib.PQresultErrorMessage(res) if res != ffi.NULL else ffi.NULL
-            text = ffi.string(msg).decode("utf-8", "replace").strip() if msg != ffi.NULL \
-                else "no result"
-            raise DatabaseError("IDEM_ESTORE", text)
+            raise DatabaseError("IDEM_ESTORE", _pg_message(res))
         rows = []
         types = [lib.PQftype(res, c) for c in range(lib.PQnfields(res))]
         for r in range(lib.PQntuples(res)):

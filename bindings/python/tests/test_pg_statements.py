@@ -1,0 +1,159 @@
+"""tx.execute() on PostgreSQL prepares a statement the second time a
+session runs it, and must never answer from a statement whose meaning a
+change of schema or of session state has moved: a change made by the
+function's own session is seen before the next run; one made by another
+session fails at most one call, which releases its key, and the retry runs
+the text afresh.
+
+The store has one connection here, so that every call runs in one server
+session whose prepared statements the tests can read
+(pg_prepared_statements).
+"""
+import pytest
+
+import idem
+from helpers import Database, records, unique
+
+
+@pytest.fixture
+def pg(store_url, backend):
+    if backend != "postgresql":
+        pytest.skip("PostgreSQL's statement cache")
+    s = idem.open(store_url, max_connections=1)
+    db = Database(backend, store_url)
+    yield s, db
+    s.close()
+    db.drop_tables()
+
+
+def prepared(tx):
+    """The texts this session holds prepared by the binding."""
+    return sorted(r[0] for r in tx.execute(
+        "SELECT statement FROM pg_prepared_statements WHERE name LIKE 'idem_py_%'"
+    ).fetchall())
+
+
+def test_second_run_prepares_and_the_rest_reuse(pg, operation):
+    store, db = pg
+    table = db.create_table("items", db.id_column + ", n BIGINT NOT NULL")
+    insert = "INSERT INTO %s (n) VALUES ($1) RETURNING id" % table
+    seen = []
+    for i in range(5):
+        out = store.execute_local(operation, "k%d" % i, {"i": i}, lambda tx, i=i: (
+            seen.append(prepared(tx)), tx.execute(insert, (i,)).fetchone()[0])[1])
+        assert (out.value, out.replayed) == (i + 1, False)
+    # Before the first run nothing; before the second nothing of it; from
+    # the third on, the insert is prepared, once.
+    assert [insert in s for s in seen] == [False, False, True, True, True]
+    assert all(s.count(insert) <= 1 for s in seen)
+    names = {n for (n,) in rows(store, operation, "SELECT name FROM pg_prepared_statements "
+                                "WHERE statement = '%s'" % insert.replace("'", "''"))}
+    assert len(names) == 1
+    assert db.rows("SELECT id, n FROM %s ORDER BY id" % table) == [(i + 1, i) for i in range(5)]
+
+
+def rows(store, operation, sql):
+    return store.execute_local(operation, unique("read"), {},
+                               lambda tx: [list(r) for r in tx.execute(sql).fetchall()]).value
+
+
+def test_another_session_changes_the_result_type(pg, operation):
+    """ALTER TABLE from another session changes SELECT *'s columns: at most
+    one call fails (the key is released, nothing is written), and its retry
+    sees the new column."""
+    store, db = pg
+    table = db.create_table("items", "a BIGINT NOT NULL")
+    db.run("INSERT INTO %s VALUES (1)" % table)
+    select = "SELECT * FROM %s" % table
+    ran = []
+
+    def read(tx):
+        ran.append(1)
+        return [list(r) for r in tx.execute(select).fetchall()]
+
+    for i in range(3):
+        assert store.execute_local(operation, "before-%d" % i, {}, read).value == [[1]]
+    db.run("ALTER TABLE %s ADD COLUMN b TEXT DEFAULT 'x'" % table)
+    failed = 0
+    for attempt in range(2):
+        try:
+            out = store.execute_local(operation, "after", {}, read)
+            break
+        except idem.DatabaseError as e:
+            failed += 1
+            assert "cached plan" in str(e)
+            assert [r for r in records(store.url, operation) if r["key"] == "after"] == []
+    assert failed <= 1
+    assert (out.value, out.replayed) == ([[1, "x"]], False)
+    # And the new text is prepared again in time.
+    for i in range(3):
+        assert store.execute_local(operation, "again-%d" % i, {}, read).value == [[1, "x"]]
+    held = rows(store, operation, "SELECT statement FROM pg_prepared_statements "
+                "WHERE name LIKE 'idem_py_%'")
+    # The stale one stays on the server until the session ends, beside the
+    # new one.
+    assert held.count([select]) == 1 + failed
+    assert failed == 1  # PostgreSQL refuses a cached plan whose columns changed
+
+
+def test_own_session_changes_are_seen_at_once(pg, operation):
+    """DDL and SET run through tx.execute() make the session's statements
+    be sent afresh: no call fails."""
+    store, db = pg
+    table = db.create_table("items", "a BIGINT NOT NULL")
+    db.run("INSERT INTO %s VALUES (1)" % table)
+    select = "SELECT * FROM %s" % table
+
+    def read(tx):
+        return [list(r) for r in tx.execute(select).fetchall()]
+
+    for i in range(3):
+        assert store.execute_local(operation, "r%d" % i, {}, read).value == [[1]]
+    out = store.execute_local(operation, "alter", {}, lambda tx: (
+        tx.execute("ALTER TABLE %s ADD COLUMN b BIGINT DEFAULT 7" % table),
+        [list(r) for r in tx.execute(select).fetchall()])[1])
+    assert out.value == [[1, 7]]
+    assert store.execute_local(operation, "after", {}, read).value == [[1, 7]]
+    # A table of the same name in a schema put first in search_path, by SET
+    # LOCAL: seen in its transaction, and gone with it.
+    schema = unique("s")
+    db.run("CREATE SCHEMA %s" % schema)
+    try:
+        db.run("CREATE TABLE %s.%s (z TEXT)" % (schema, table))
+        db.run("INSERT INTO %s.%s VALUES ('shadow')" % (schema, table))
+
+        def shadowed(tx):
+            path = tx.execute("SHOW search_path").fetchone()[0]
+            tx.execute("SET LOCAL search_path TO %s, %s" % (schema, path))
+            return [[list(r) for r in tx.execute(select).fetchall()] for _ in range(3)]
+
+        for i in range(2):
+            out = store.execute_local(operation, "local-%d" % i, {}, shadowed)
+            assert out.value == [[["shadow"]]] * 3
+            for j in range(3):
+                assert store.execute_local(operation, "back-%d-%d" % (i, j), {},
+                                           read).value == [[1, 7]]
+    finally:
+        db.run("DROP SCHEMA %s CASCADE" % schema)
+
+
+def test_other_errors_keep_the_statement(pg, operation):
+    """A unique violation is the data's, not the statement's: the
+    statement stays prepared, under the same name."""
+    store, db = pg
+    table = db.create_table("items", "k TEXT PRIMARY KEY")
+    insert = "INSERT INTO %s (k) VALUES ($1)" % table
+    names = "SELECT name FROM pg_prepared_statements WHERE statement = '%s'" % insert
+    for i in range(3):
+        store.execute_local(operation, "k%d" % i, {}, lambda tx, i=i: tx.execute(
+            insert, ("v%d" % i,)).rowcount)
+    before = rows(store, operation, names)
+    assert len(before) == 1
+    with pytest.raises(idem.DatabaseError, match="duplicate key"):
+        store.execute_local(operation, "dup", {}, lambda tx: tx.execute(insert, ("v0",)))
+    for i in range(3, 5):
+        store.execute_local(operation, "k%d" % i, {}, lambda tx, i=i: tx.execute(
+            insert, ("v%d" % i,)).rowcount)
+    # Not prepared again under a new name: the one statement served them all.
+    assert rows(store, operation, names) == before
+    assert db.rows("SELECT COUNT(*) FROM %s" % table) == [(5,)]
