@@ -75,9 +75,12 @@ class Statements:
     causes (_PG_STALE): that call fails as it would have, the key is
     released, and the retry sends the text afresh. A forgotten statement
     stays on the server until the session ends; a session that has
-    forgotten LIMIT of them prepares no more."""
+    forgotten LIMIT of them prepares no more. At most PG_LIMIT statements
+    are kept over all sessions; a connection's earlier sessions are
+    dropped from the cache when it prepares in a new one."""
 
     LIMIT = 64
+    PG_LIMIT = 1024
 
     def __init__(self) -> None:
         self._kept: Dict[Tuple[Any, bytes], Any] = {}
@@ -111,10 +114,11 @@ class Statements:
         if name is not None:
             return name
         if key not in self._pg_seen:
-            if len(self._pg_seen) < 4 * self.LIMIT:
+            if len(self._pg_seen) < self.PG_LIMIT:
                 self._pg_seen[key] = True
             return None
-        if len(self._pg) >= self.LIMIT or \
+        self._drop_old_sessions(session)
+        if len(self._pg) >= self.PG_LIMIT or \
                 self._pg_forgotten.get(session, 0) >= self.LIMIT:
             return None
         name = b"idem_py_%d" % next(self._names)
@@ -128,6 +132,14 @@ class Statements:
             lib.PQclear(res)
         self._pg[key] = name
         return name
+
+    def _drop_old_sessions(self, session: Tuple[Any, int]) -> None:
+        """Forgets the earlier sessions of session's connection (libidem
+        reset it): their statements went with them."""
+        conn, pid = session
+        for d in (self._pg, self._pg_seen, self._pg_forgotten):
+            for k in [k for k in list(d) if k[0] == conn and k[1] != pid]:
+                d.pop(k, None)
 
     def pg_ran(self, conn: Any, sql: bytes, res: Any, prepared: bool) -> bool:
         """Forgets what a statement's result says may have changed: its own

@@ -157,3 +157,37 @@ def test_other_errors_keep_the_statement(pg, operation):
     # Not prepared again under a new name: the one statement served them all.
     assert rows(store, operation, names) == before
     assert db.rows("SELECT COUNT(*) FROM %s" % table) == [(5,)]
+
+
+def test_a_new_server_session_prepares_again(pg, operation):
+    """The store's connection is cut (its server process ended): libidem
+    connects again, and the statements of the old session are not asked
+    for in the new one (a prepared name that does not exist there would
+    fail the call)."""
+    store, db = pg
+    table = db.create_table("items", db.id_column + ", n BIGINT NOT NULL")
+    insert = "INSERT INTO %s (n) VALUES ($1) RETURNING id" % table
+
+    def add(n):
+        return lambda tx: [tx.execute(insert, (n,)).fetchone()[0],
+                           tx.execute("SELECT pg_backend_pid()").fetchone()[0]]
+
+    pids = {store.execute_local(operation, "a%d" % i, {}, add(i)).value[1] for i in range(3)}
+    assert len(pids) == 1
+    (old,) = pids
+    db.run("SELECT pg_terminate_backend(%d)" % old)
+    outcomes = []
+    for i in range(3, 8):
+        try:
+            outcomes.append(store.execute_local(operation, "b%d" % i, {}, add(i)).value)
+        except (idem.StoreUnavailable, idem.DatabaseError) as e:
+            # The call that finds the connection cut, at most; never a
+            # statement the new session does not have.
+            assert "does not exist" not in str(e)
+            outcomes.append(None)
+    assert outcomes.count(None) <= 1
+    done = [o for o in outcomes if o is not None]
+    assert len(done) >= 4 and all(pid != old for _, pid in done)
+    ids = [i for i, _ in done]
+    assert db.rows("SELECT COUNT(*) FROM %s" % table) == [(3 + len(done),)]
+    assert ids == sorted(ids)
