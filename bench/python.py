@@ -202,8 +202,7 @@ def child(url: str, seconds: float, warmup: float) -> int:
     phases["decorator_replay"] = phase(decorated, lambda n: prepared[n % PREPARED_KEYS],
                                        True, seconds)
     phases["floor_replay"] = floor(store, prepared, seconds)
-    if not pg:
-        phases["floor_fresh"] = floor_fresh(store, payload, fresh("z"), seconds)
+    phases["floor_fresh"] = floor_fresh(store, payload, fresh("z"), seconds, pg)
     store.close()
     errors = sum(p["errors"] for p in phases.values())
     doc = {"python": "%s %s" % (sys.implementation.name, sys.version.split()[0]),
@@ -248,13 +247,15 @@ def floor(store, prepared, seconds):
     return timed(step, seconds)
 
 
-def floor_fresh(store, payload, keys, seconds):
-    """The least a fresh local call costs from Python (SQLite): the request
-    written as JSON, one call into libidem's local run whose callback, in
-    Python, inserts the row through one C call on a statement kept
-    prepared (what C's fresh does) and returns its JSON result, and that
-    result decoded. The binding's execute_local() adds its own work to
-    this; what this costs beside C's fresh is Python's."""
+def floor_fresh(store, payload, keys, seconds, pg):
+    """The least a fresh local call costs from Python: the request written
+    as JSON, one call into libidem's local run whose callback, in Python,
+    inserts the row on a statement kept prepared (what C's fresh does) and
+    returns its JSON result, and that result decoded. SQLite: one C call
+    runs the statement; PostgreSQL: PQexecPrepared (the statement prepared
+    once per server session), the id read with PQgetvalue. The binding's
+    execute_local() adds its own work to this; what this costs beside C's
+    fresh is Python's."""
     from idem import _store
     from idem._native import ffi, lib
 
@@ -270,6 +271,22 @@ def floor_fresh(store, payload, keys, seconds):
     ptrs = [ffi.from_buffer(text)]
     kept = {}
     out = ffi.new("idem_py_sql *")
+    pg_sql = b"INSERT INTO bench_tickets (payload) VALUES ($1::text) RETURNING id"
+    pg_text = ffi.new("char[]", text)
+    pg_values = ffi.new("char *[]", [pg_text])
+    sessions = set()
+
+    def insert_pg(tx):
+        conn = ffi.cast("PGconn *", tx._conn)
+        pid = lib.PQbackendPID(conn)
+        if pid not in sessions:
+            lib.PQclear(lib.PQprepare(conn, b"bench_floor", pg_sql, 0, ffi.NULL))
+            sessions.add(pid)
+        res = lib.PQexecPrepared(conn, b"bench_floor", 1, pg_values, ffi.NULL, ffi.NULL, 0)
+        try:
+            return {"ticket_id": int(ffi.string(lib.PQgetvalue(res, 0, 0)))}
+        finally:
+            lib.PQclear(res)
 
     def insert(tx):
         db = ffi.cast("sqlite3 *", tx._conn)
@@ -279,7 +296,7 @@ def floor_fresh(store, payload, keys, seconds):
         return {"ticket_id": out.last_rowid}
 
     local = _store._LocalCall()
-    local.fn, local.store = insert, store
+    local.fn, local.store = insert_pg if pg else insert, store
     ctx = local.ctx
     args = dict(REQUEST)
 
