@@ -191,3 +191,60 @@ def test_a_new_server_session_prepares_again(pg, operation):
     ids = [i for i, _ in done]
     assert db.rows("SELECT COUNT(*) FROM %s" % table) == [(3 + len(done),)]
     assert ids == sorted(ids)
+
+
+def test_threads_share_the_cache_across_sessions(store_url, backend, operation):
+    """16 threads on a store of 4 connections run the same texts while
+    another session alters the table once: every call ends with its row or
+    a released key, a failed call's retry runs, and each key acts once."""
+    if backend != "postgresql":
+        pytest.skip("PostgreSQL's statement cache")
+    import threading
+    store = idem.open(store_url, max_connections=4)
+    db = Database(backend, store_url)
+    try:
+        table = db.create_table("items", db.id_column + ", k TEXT NOT NULL UNIQUE")
+        insert = "INSERT INTO %s (k) VALUES ($1) RETURNING *" % table
+        failures, errors = [], []
+        altering = threading.Event()
+
+        def worker(w):
+            try:
+                for i in range(40):
+                    key = "w%d-%d" % (w, i)
+                    if w == 0 and i == 20:
+                        altering.set()  # before: other calls may see it first
+                        db.run("ALTER TABLE %s ADD COLUMN extra TEXT DEFAULT 'x'" % table)
+                    for attempt in range(3):
+                        try:
+                            out = store.execute_local(operation, key, {"k": key}, lambda tx: list(
+                                tx.execute(insert, (key,)).fetchone()))
+                            break
+                        except idem.DatabaseError as e:
+                            assert "cached plan" in str(e), e
+                            failures.append(key)
+                    else:
+                        raise AssertionError("%s failed three times" % key)
+                    assert out.value[1] == key and not out.replayed
+                    # The new column only once the ALTER was sent.
+                    assert len(out.value) == 2 or (len(out.value) == 3 and altering.is_set())
+            except BaseException as e:  # noqa: B902 - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=worker, args=(w,)) for w in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert db.rows("SELECT COUNT(*), COUNT(DISTINCT k) FROM %s" % table) == [(640, 640)]
+        # At most one failed call per server session (4) and statement.
+        assert len(failures) <= 4
+        assert len(set(failures)) == len(failures)
+        assert len(records(store_url, operation)) == 640
+        last = store.execute_local(operation, "last", {"k": "last"}, lambda tx: list(
+            tx.execute(insert, ("last",)).fetchone()))
+        assert last.value[1:] == ["last", "x"]
+    finally:
+        store.close()
+        db.drop_tables()
