@@ -72,8 +72,8 @@ class Statements:
     session's statements after a command of this session that may change
     what they mean (ALTER, DROP, SET search_path...; _PG_RESETS), and one
     statement after it failed in a way such a change from another session
-    causes (_PG_STALE): that call fails as it would have, the key is
-    released, and the retry sends the text afresh. A forgotten statement
+    causes (_PG_STALE): that call fails (sent afresh, it would have run),
+    its key is released, and the retry sends the text afresh. A forgotten statement
     stays on the server until the session ends; a session that has
     forgotten LIMIT of them prepares no more. At most PG_LIMIT statements
     are kept over all sessions; a connection's earlier sessions are
