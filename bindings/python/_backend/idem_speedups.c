@@ -62,6 +62,17 @@ typedef struct {
   char stack[STACK_BYTES];
 } text;
 
+static void text_init(text *t) {
+  t->p = t->stack;
+  t->len = 0;
+  t->cap = sizeof t->stack;
+}
+
+static void text_free(text *t) {
+  if (t->p != t->stack)
+    PyMem_Free(t->p);
+}
+
 /* Room for n more bytes; 0 on success, -1 with MemoryError set. */
 static int reserve(text *t, size_t n) {
   char *q;
@@ -270,13 +281,10 @@ static PyObject *call(PyObject *const *args, Py_ssize_t nargs, int local) {
   cap = PyLong_AsSize_t(args[want - 1]);
   if (cap == (size_t)-1 && PyErr_Occurred())
     return NULL;
-  t.p = t.stack;
-  t.len = 0;
-  t.cap = sizeof t.stack;
+  text_init(&t);
   rc = put_value(&t, args[4], 0);
   if (rc != 0) {
-    if (t.p != t.stack)
-      PyMem_Free(t.p);
+    text_free(&t);
     if (rc < 0)
       return NULL;
     Py_RETURN_NOTIMPLEMENTED;
@@ -287,8 +295,7 @@ static PyObject *call(PyObject *const *args, Py_ssize_t nargs, int local) {
               : begin_call(store, tenant, operation, key, t.p, t.len, opts,
                            claim, bufp, cap);
   Py_END_ALLOW_THREADS
-  if (t.p != t.stack)
-    PyMem_Free(t.p);
+  text_free(&t);
   if (got < 0)
     return PyLong_FromLongLong(-1 - got);
   out = replayed(bufp, (size_t)(got >> 1), (int)(got & 1));
@@ -335,13 +342,10 @@ static PyObject *sp_dumps(PyObject *self, PyObject *o) {
   int rc;
   PyObject *out;
   (void)self;
-  t.p = t.stack;
-  t.len = 0;
-  t.cap = sizeof t.stack;
+  text_init(&t);
   rc = put_value(&t, o, 0);
   out = rc == 0 ? PyBytes_FromStringAndSize(t.p, (Py_ssize_t)t.len) : NULL;
-  if (t.p != t.stack)
-    PyMem_Free(t.p);
+  text_free(&t);
   if (rc > 0)
     Py_RETURN_NOTIMPLEMENTED;
   return out;

@@ -141,13 +141,12 @@ class Statements:
             for k in [k for k in list(d) if k[0] == conn and k[1] != pid]:
                 d.pop(k, None)
 
-    def pg_ran(self, conn: Any, sql: bytes, res: Any, prepared: bool) -> bool:
-        """Forgets what a statement's result says may have changed: its own
-        name after a stale failure, the session's after a command that
-        changes what names mean. True after such a command: until its
-        transaction ends (a rollback undoes it, and a SET LOCAL ends with
-        it), nothing is prepared."""
-        status = lib.PQresultStatus(res) if res != ffi.NULL else -1
+    def pg_ran(self, conn: Any, sql: bytes, res: Any, status: int, prepared: bool) -> bool:
+        """Forgets what a statement's result (res, of status) says may have
+        changed: its own name after a stale failure, the session's after a
+        command that changes what names mean. True after such a command:
+        until its transaction ends (a rollback undoes it, and a SET LOCAL
+        ends with it), nothing is prepared."""
         if status in (_PGRES_COMMAND_OK, _PGRES_TUPLES_OK):
             if not ffi.string(lib.PQcmdStatus(res)).startswith(_PG_RESETS):
                 return False
@@ -360,9 +359,9 @@ def _pg_execute(conn: Any, sql: str, params: Sequence[Any], tx: Transaction) -> 
     else:
         res = lib.PQexecParams(conn, encoded, n, ffi.NULL, values, lengths, formats, 0)
     try:
-        if cache.pg_ran(conn, encoded, res, name is not None):
+        status = lib.PQresultStatus(res) if res != ffi.NULL else -1
+        if cache.pg_ran(conn, encoded, res, status, name is not None):
             tx._pg_unsettled = True
-        status = lib.PQresultStatus(res)
         if status not in (_PGRES_COMMAND_OK, _PGRES_TUPLES_OK):
             raise DatabaseError("IDEM_ESTORE", _pg_message(res))
         rows = []
