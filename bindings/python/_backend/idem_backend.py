@@ -130,14 +130,14 @@ def _compile(dest_pkg, build_dir=None):
             raise SystemExit("idem: Python.h not found in %s (Debian: apt-get "
                              "install python3-dev)" % include)
         cmd = [*cc, "-shared", "-fPIC", "-O2", "-fvisibility=hidden",
-               "-I" + include, *cflags, c_file, "-o", out + ".tmp", *libs]
+               "-I" + include, "-I" + HERE, *cflags, c_file, "-o", out + ".tmp", *libs]
         subprocess.run(cmd, check=True)
         os.replace(out + ".tmp", out)
         # idem._speedups: Python's own API only; it calls libidem through
         # the functions idem._native gives it (see idem_speedups.c).
         fast = os.path.join(dest_pkg, "_speedups" + ext)
         cmd = [*cc, "-shared", "-fPIC", "-O2", "-fvisibility=hidden", "-I" + include,
-               os.path.join(HERE, "idem_speedups.c"), "-o", fast + ".tmp"]
+               "-I" + HERE, os.path.join(HERE, "idem_speedups.c"), "-o", fast + ".tmp"]
         subprocess.run(cmd, check=True)
         os.replace(fast + ".tmp", fast)
     return out

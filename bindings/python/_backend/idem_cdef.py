@@ -139,6 +139,9 @@ const void *sqlite3_column_blob(sqlite3_stmt *stmt, int i);
 int sqlite3_column_bytes(sqlite3_stmt *stmt, int i);
 int sqlite3_finalize(sqlite3_stmt *stmt);
 const char *sqlite3_errmsg(sqlite3 *db);
+/* The table idem._speedups' tx.execute() calls SQLite through
+ * (idem_py_sqlite.h). */
+void *idem_py_sqlite_fns(void);
 """
 
 _PG = r"""
@@ -180,6 +183,7 @@ def source(has_pg):
 #include <idem.h>
 #include <sqlite3.h>
 #include <string.h>
+#include "idem_py_sqlite.h"
 %s
 
 /*
@@ -393,5 +397,34 @@ static int idem_py_sqlite_run(void *conn, sqlite3_stmt *cached,
   if (out->rc != SQLITE_ROW)
     sqlite3_reset(stmt); /* ends its read: the statement may be kept */
   return out->rc;
+}
+
+static void *idem_py_sqlite_fns(void)
+{
+  static const idem_py_sqlite_api api = {
+      sizeof api,
+      sqlite3_prepare_v2,
+      sqlite3_bind_parameter_count,
+      sqlite3_bind_null,
+      sqlite3_bind_int64,
+      sqlite3_bind_double,
+      sqlite3_bind_text,
+      sqlite3_bind_blob,
+      sqlite3_step,
+      sqlite3_reset,
+      sqlite3_clear_bindings,
+      sqlite3_finalize,
+      sqlite3_column_count,
+      sqlite3_column_type,
+      sqlite3_column_int64,
+      sqlite3_column_double,
+      sqlite3_column_text,
+      sqlite3_column_blob,
+      sqlite3_column_bytes,
+      sqlite3_changes,
+      sqlite3_last_insert_rowid,
+      sqlite3_errmsg,
+  };
+  return (void *)&api;
 }
 """ % ("#include <libpq-fe.h>" if has_pg else "")

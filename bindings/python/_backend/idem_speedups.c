@@ -37,6 +37,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "idem_py_sqlite.h"
+
 typedef int64_t (*begin_fn)(void *store, const char *tenant,
                             const char *operation, const char *key,
                             const char *request, size_t request_len,
@@ -337,6 +339,345 @@ static PyObject *sp_setup(PyObject *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+/* ---------------------------------------------- tx.execute() on SQLite */
+
+/*
+ * tx.execute(sql, params) on the store's SQLite connection, inside the
+ * transaction of an execute_local() call: the statement kept from an
+ * earlier run of the same text on this connection (or prepared now), its
+ * parameters bound from the tuple, its rows read into tuples, and the
+ * Cursor built, in one crossing. It does what idem._tx._sqlite_execute()
+ * does, with the same statement cache (a dict of this module's own, kept by
+ * the store's Statements), and leaves to it whatever it does not write
+ * itself.
+ */
+static const idem_py_sqlite_api *sq;
+static PyObject *cursor_cls; /* idem._tx.Cursor */
+static Py_ssize_t kept_limit;
+
+enum { SQ_ROW = 100, SQ_DONE = 101 };
+enum { SQ_INTEGER = 1, SQ_FLOAT, SQ_TEXT, SQ_BLOB };
+#define SQ_TRANSIENT ((void (*)(void *))-1)
+
+/* Whether the statement changes rows, as idem._tx._is_dml() says. */
+static int is_dml(const char *sql, Py_ssize_t n) {
+  static const char *const verbs[] = {"INSERT", "UPDATE", "DELETE", "REPLACE"};
+  Py_ssize_t i = 0;
+  while (i < n && (sql[i] == ' ' || (sql[i] >= '\t' && sql[i] <= '\r')))
+    i++;
+  for (size_t v = 0; v < sizeof verbs / sizeof verbs[0]; v++)
+    if (n - i >= (Py_ssize_t)strlen(verbs[v]) &&
+        PyOS_strnicmp(sql + i, verbs[v], strlen(verbs[v])) == 0)
+      return 1;
+  if (n - i < 4 || PyOS_strnicmp(sql + i, "WITH", 4) != 0)
+    return 0;
+  for (Py_ssize_t j = i; j < n; j++)
+    for (size_t v = 0; v < sizeof verbs / sizeof verbs[0]; v++)
+      if (n - j >= (Py_ssize_t)strlen(verbs[v]) &&
+          PyOS_strnicmp(sql + j, verbs[v], strlen(verbs[v])) == 0)
+        return 1;
+  return 0;
+}
+
+static PyObject *sq_row(struct sqlite3_stmt *stmt, int columns) {
+  PyObject *row = PyTuple_New(columns), *v;
+  if (!row)
+    return NULL;
+  for (int c = 0; c < columns; c++) {
+    int n;
+    const void *p;
+    switch (sq->column_type(stmt, c)) {
+    case SQ_INTEGER:
+      v = PyLong_FromLongLong(sq->column_int64(stmt, c));
+      break;
+    case SQ_FLOAT:
+      v = PyFloat_FromDouble(sq->column_double(stmt, c));
+      break;
+    case SQ_TEXT:
+      p = sq->column_text(stmt, c);
+      n = sq->column_bytes(stmt, c);
+      v = PyUnicode_DecodeUTF8(p ? p : "", n, "replace");
+      break;
+    case SQ_BLOB:
+      p = sq->column_blob(stmt, c);
+      n = sq->column_bytes(stmt, c);
+      v = PyBytes_FromStringAndSize(n ? p : "", n);
+      break;
+    default:
+      Py_INCREF(Py_None);
+      v = Py_None;
+    }
+    if (!v) {
+      Py_DECREF(row);
+      return NULL;
+    }
+    PyTuple_SET_ITEM(row, c, v);
+  }
+  return row;
+}
+
+/*
+ * Binds params (all of them of the kinds checked by sq_simple()) to stmt;
+ * SQLite's result.
+ */
+static int sq_bind(struct sqlite3_stmt *stmt, PyObject *const *items,
+                   Py_ssize_t n) {
+  int rc = 0;
+  for (Py_ssize_t i = 0; i < n && rc == 0; i++) {
+    PyObject *v = items[i];
+    int at = (int)i + 1;
+    if (v == Py_None) {
+      rc = sq->bind_null(stmt, at);
+    } else if (PyLong_CheckExact(v)) {
+      rc = sq->bind_int64(stmt, at, PyLong_AsLongLong(v));
+    } else if (PyFloat_CheckExact(v)) {
+      rc = sq->bind_double(stmt, at, PyFloat_AS_DOUBLE(v));
+    } else if (PyUnicode_CheckExact(v)) {
+      Py_ssize_t len;
+      const char *p = PyUnicode_AsUTF8AndSize(v, &len);
+      rc = sq->bind_text(stmt, at, p, (int)len, SQ_TRANSIENT);
+    } else {
+      rc = sq->bind_blob(stmt, at, PyBytes_AS_STRING(v),
+                         (int)PyBytes_GET_SIZE(v), SQ_TRANSIENT);
+    }
+  }
+  return rc;
+}
+
+/*
+ * Whether every parameter is one this module binds: None, an int of 64
+ * bits, a float, a str of valid UTF-8 (its UTF-8 made now) or bytes, each
+ * of exactly that type, and each text shorter than 2 GiB. 0: leave the call
+ * to Python; -1: an error.
+ */
+static int sq_simple(PyObject *const *items, Py_ssize_t n) {
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *v = items[i];
+    if (v == Py_None || PyFloat_CheckExact(v))
+      continue;
+    if (PyLong_CheckExact(v)) {
+      int overflow;
+      (void)PyLong_AsLongLongAndOverflow(v, &overflow);
+      if (overflow)
+        return 0;
+    } else if (PyUnicode_CheckExact(v)) {
+      Py_ssize_t len;
+      if (!PyUnicode_AsUTF8AndSize(v, &len)) {
+        if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError))
+          return -1;
+        PyErr_Clear();
+        return 0;
+      }
+      if (len > INT32_MAX)
+        return 0;
+    } else if (!PyBytes_CheckExact(v) || PyBytes_GET_SIZE(v) > INT32_MAX) {
+      return 0;
+    }
+  }
+  return 1;
+}
+
+/* Puts stmt back in kept under key, or finalizes it. */
+static int sq_give(PyObject *kept, PyObject *key, struct sqlite3_stmt *stmt,
+                   int keep) {
+  if (keep && PyDict_GET_SIZE(kept) < kept_limit) {
+    PyObject *addr = PyLong_FromVoidPtr(stmt), *got;
+    if (!addr) {
+      sq->finalize(stmt);
+      return -1;
+    }
+    got = PyDict_SetDefault(kept, key, addr);
+    Py_DECREF(addr);
+    if (!got) {
+      sq->finalize(stmt);
+      return -1;
+    }
+    if (got == addr)
+      return 0;
+  }
+  sq->finalize(stmt);
+  return 0;
+}
+
+/*
+ * sqlite_execute(conn, sql, params, kept): conn the sqlite3 * (an int),
+ * kept the dict of statements kept, by (conn, sql), as ints. Returns:
+ *   - the Cursor;
+ *   - (code, message) when SQLite refused the statement or its run (code
+ *     SQLite's), or -1 when the parameters do not match the statement, -2
+ *     when the text holds a second statement (then message is None);
+ *   - NotImplemented when it leaves the call to Python, before running
+ *     anything: sql not a str, params not a tuple or list, a parameter of
+ *     another type (a subclass included), an int past 64 bits, a str that
+ *     is not valid UTF-8, an empty statement.
+ */
+static PyObject *sp_sqlite_execute(PyObject *self, PyObject *const *args,
+                                   Py_ssize_t nargs) {
+  struct sqlite3 *db;
+  struct sqlite3_stmt *stmt = NULL;
+  PyObject *sql, *params, *kept, *key, *addr, *rows = NULL, *out = NULL;
+  PyObject *const *items;
+  const char *text, *tail = NULL;
+  Py_ssize_t n, text_len;
+  int rc, columns, simple;
+  long long changes = 0, last_rowid = 0;
+  (void)self;
+  if (nargs != 4) {
+    PyErr_SetString(PyExc_TypeError, "sqlite_execute(conn, sql, params, kept)");
+    return NULL;
+  }
+  if (!sq) {
+    PyErr_SetString(PyExc_RuntimeError,
+                    "idem._speedups: sqlite_setup() not called");
+    return NULL;
+  }
+  sql = args[1];
+  params = args[2];
+  kept = args[3];
+  if (!PyDict_CheckExact(kept)) {
+    PyErr_SetString(PyExc_TypeError, "kept must be a dict");
+    return NULL;
+  }
+  if (address(args[0], (void **)&db) < 0)
+    return NULL;
+  if (!PyUnicode_CheckExact(sql) ||
+      !(PyTuple_CheckExact(params) || PyList_CheckExact(params)))
+    Py_RETURN_NOTIMPLEMENTED;
+  /* A list's items are read while the GIL is held throughout. */
+  items = PySequence_Fast_ITEMS(params);
+  n = PySequence_Fast_GET_SIZE(params);
+  if (!(text = PyUnicode_AsUTF8AndSize(sql, &text_len))) {
+    if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError))
+      return NULL;
+    PyErr_Clear();
+    Py_RETURN_NOTIMPLEMENTED;
+  }
+  if (text_len > INT32_MAX || (simple = sq_simple(items, n)) == 0)
+    Py_RETURN_NOTIMPLEMENTED;
+  if (simple < 0)
+    return NULL;
+  if (!(key = PyTuple_Pack(2, args[0], sql)))
+    return NULL;
+  /* Take the kept statement out, so that no other call uses it meanwhile. */
+  addr = PyDict_GetItemWithError(kept, key);
+  if (addr) {
+    stmt = PyLong_AsVoidPtr(addr);
+    if (PyDict_DelItem(kept, key) < 0)
+      goto fail;
+    sq->clear_bindings(stmt);
+  } else if (PyErr_Occurred()) {
+    goto fail;
+  } else {
+    rc = sq->prepare_v2(db, text, (int)text_len, &stmt, &tail);
+    if (rc != 0) {
+      out = Py_BuildValue("(is)", rc, sq->errmsg(db));
+      goto done;
+    }
+    if (!stmt) { /* no statement in the text: Python says what that does */
+      Py_DECREF(key);
+      Py_RETURN_NOTIMPLEMENTED;
+    }
+    if (tail && tail < text + text_len) {
+      struct sqlite3_stmt *next = NULL;
+      rc = sq->prepare_v2(db, tail, (int)(text + text_len - tail), &next, NULL);
+      sq->finalize(next);
+      if (next || rc != 0) {
+        sq->finalize(stmt);
+        out = Py_BuildValue("(iO)", -2, Py_None);
+        goto done;
+      }
+    }
+  }
+  if (sq->bind_parameter_count(stmt) != n) {
+    sq->finalize(stmt);
+    out = Py_BuildValue("(iO)", -1, Py_None);
+    goto done;
+  }
+  rc = sq_bind(stmt, items, n);
+  if (rc == 0) {
+    Py_BEGIN_ALLOW_THREADS
+    rc = sq->step(stmt);
+    Py_END_ALLOW_THREADS
+  }
+  columns = sq->column_count(stmt);
+  changes = sq->changes(db);
+  last_rowid = sq->last_insert_rowid(db);
+  if (!(rows = PyList_New(0)))
+    goto fail_stmt;
+  while (rc == SQ_ROW) {
+    PyObject *row = sq_row(stmt, columns);
+    if (!row || PyList_Append(rows, row) < 0) {
+      Py_XDECREF(row);
+      goto fail_stmt;
+    }
+    Py_DECREF(row);
+    if (PyErr_CheckSignals() < 0) /* Ctrl-C in a long read */
+      goto fail_stmt;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sq->step(stmt);
+    Py_END_ALLOW_THREADS
+  }
+  if (rc != SQ_DONE) {
+    out = Py_BuildValue("(is)", rc, sq->errmsg(db));
+    sq->reset(stmt);
+    sq->finalize(stmt);
+    goto done;
+  }
+  sq->reset(stmt); /* ends its read: the statement may be kept */
+  if (sq_give(kept, key, stmt, 1) < 0)
+    goto fail;
+  {
+    long long count = columns || PyList_GET_SIZE(rows)
+                          ? -1
+                          : is_dml(text, text_len) ? changes : -1;
+    PyObject *cargs[3] = {rows, NULL, NULL};
+    if (!(cargs[1] = PyLong_FromLongLong(count)))
+      goto fail;
+    if (!(cargs[2] = PyLong_FromLongLong(last_rowid))) {
+      Py_DECREF(cargs[1]);
+      goto fail;
+    }
+    out = PyObject_Vectorcall(cursor_cls, cargs, 3, NULL);
+    Py_DECREF(cargs[1]);
+    Py_DECREF(cargs[2]);
+  }
+done:
+  Py_XDECREF(rows);
+  Py_DECREF(key);
+  return out;
+fail_stmt:
+  /* A statement left mid-step holds a read on the store's connection. */
+  sq->reset(stmt);
+  sq->finalize(stmt);
+fail:
+  Py_XDECREF(rows);
+  Py_DECREF(key);
+  return NULL;
+}
+
+static PyObject *sp_sqlite_setup(PyObject *self, PyObject *args) {
+  PyObject *a, *cls;
+  void *ap;
+  Py_ssize_t limit;
+  (void)self;
+  if (!PyArg_ParseTuple(args, "OOn", &a, &cls, &limit))
+    return NULL;
+  if (address(a, &ap) < 0)
+    return NULL;
+  if (!ap || ((const idem_py_sqlite_api *)ap)->size != sizeof *sq ||
+      !PyCallable_Check(cls) || limit < 0) {
+    PyErr_SetString(PyExc_ValueError,
+                    "sqlite_setup(api, Cursor, limit): api is not "
+                    "idem_py_sqlite_fns() of this build");
+    return NULL;
+  }
+  Py_INCREF(cls);
+  Py_XSETREF(cursor_cls, cls);
+  kept_limit = limit;
+  sq = ap;
+  Py_RETURN_NONE;
+}
+
 static PyObject *sp_dumps(PyObject *self, PyObject *o) {
   text t;
   int rc;
@@ -361,6 +702,14 @@ static PyMethodDef methods[] = {
     {"local", (PyCFunction)(void (*)(void))sp_local, METH_FASTCALL,
      "local(store, tenant, operation, key, request, opts, ctx, claim, buf, "
      "cap)"},
+    {"sqlite_setup", sp_sqlite_setup, METH_VARARGS,
+     "sqlite_setup(api, Cursor, limit): the address of idem._native's "
+     "idem_py_sqlite_fns(), the class of tx.execute()'s result and how many "
+     "statements to keep."},
+    {"sqlite_execute", (PyCFunction)(void (*)(void))sp_sqlite_execute,
+     METH_FASTCALL,
+     "sqlite_execute(conn, sql, params, kept): tx.execute() on SQLite: a "
+     "Cursor, (code, message), or NotImplemented."},
     {"dumps", sp_dumps, METH_O,
      "dumps(value): the JSON this module sends for value (bytes), or "
      "NotImplemented when it leaves value to Python's json."},

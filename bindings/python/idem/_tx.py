@@ -4,6 +4,7 @@ import itertools
 import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from . import _speedups
 from ._errors import DatabaseError
 from ._native import ffi, lib
 
@@ -84,6 +85,8 @@ class Statements:
 
     def __init__(self) -> None:
         self._kept: Dict[Tuple[Any, bytes], Any] = {}
+        # idem._speedups' own: (the connection's address, sql): the statement's
+        self._c_kept: Dict[Tuple[int, str], int] = {}
         self._pg: Dict[Tuple[Any, int, bytes], bytes] = {}  # session, text: name
         self._pg_seen: Dict[Tuple[Any, int, bytes], bool] = {}  # run once
         self._pg_forgotten: Dict[Tuple[Any, int], int] = {}
@@ -100,9 +103,13 @@ class Statements:
 
     def close(self) -> None:
         kept, self._kept = self._kept, {}
+        c_kept, self._c_kept = self._c_kept, {}
         self._pg, self._pg_seen, self._pg_forgotten = {}, {}, {}
         for stmt in kept.values():
             lib.sqlite3_finalize(stmt)
+        for addr in c_kept.values():
+            lib.sqlite3_finalize(ffi.cast("sqlite3_stmt *", addr))
+        c_kept.clear()
 
     def pg_name(self, conn: Any, sql: bytes) -> Optional[bytes]:
         """The name of sql prepared in this PostgreSQL session, preparing it
@@ -173,6 +180,7 @@ class Transaction:
     def __init__(self, backend: str, conn: Any, statements: Optional[Statements] = None) -> None:
         self.backend = backend
         self._conn = conn
+        self._addr = int(ffi.cast("uintptr_t", conn))  # for idem._speedups
         self._open = True
         self._statements = statements if statements is not None else Statements()
         self._thread = threading.get_ident()
@@ -186,6 +194,13 @@ class Transaction:
             raise DatabaseError("IDEM_ESTATE", "tx.execute() from another thread: the "
                                 "store's connection is used by one thread at a time, the "
                                 "one running the function")
+        if self.backend == "sqlite":
+            # In one crossing (idem._speedups), unless it leaves the call here.
+            got = _fast_sqlite(self._addr, sql, params, self._statements._c_kept)
+            if got.__class__ is Cursor:
+                return got  # type: ignore[no-any-return]
+            if got is not NotImplemented:
+                raise _sqlite_refused(got, len(params))
         if isinstance(params, (str, bytes, bytearray, dict)):
             raise TypeError("params: a sequence (a tuple or a list) of values, not %s"
                             % type(params).__name__)
@@ -269,12 +284,22 @@ def _sqlite_execute(conn: Any, sql: str, params: Sequence[Any], cache: Statement
             return Cursor(rows, -1, out.last_rowid)
         return Cursor([], out.changes if _is_dml(encoded) else -1, out.last_rowid)
     if rc == -1:
-        if out.more:
-            raise DatabaseError("IDEM_EINVAL", "tx.execute() runs one statement; this "
-                                "text has more after the first")
-        raise DatabaseError("IDEM_EINVAL", "the statement's parameters do not match the "
-                            "%d given" % n)
+        raise _sqlite_refused((-2 if out.more else -1, None), n)
     raise DatabaseError("IDEM_ESTORE", _sqlite_error(conn))
+
+
+def _sqlite_refused(got: Tuple[int, Optional[str]], n: int) -> DatabaseError:
+    """The error of a statement refused: got is (SQLite's code, its message),
+    or (-1, None) when the parameters do not match it, (-2, None) when the
+    text holds a second statement."""
+    code, msg = got
+    if code == -2:
+        return DatabaseError("IDEM_EINVAL", "tx.execute() runs one statement; this "
+                             "text has more after the first")
+    if code == -1:
+        return DatabaseError("IDEM_EINVAL", "the statement's parameters do not match "
+                             "the %d given" % n)
+    return DatabaseError("IDEM_ESTORE", msg or "SQLite error %d" % code)
 
 
 def _is_dml(sql: bytes) -> bool:
@@ -392,3 +417,10 @@ def _pg_value(oid: int, raw: bytes) -> Any:
     if oid == _PG_BYTEA:
         return bytes.fromhex(raw[2:].decode()) if raw.startswith(b"\\x") else raw
     return raw.decode("utf-8", "replace")
+
+
+# tx.execute() on SQLite in one crossing: idem._speedups calls the SQLite
+# idem._native was linked with, through its table.
+_speedups.sqlite_setup(int(ffi.cast("uintptr_t", lib.idem_py_sqlite_fns())), Cursor,
+                       Statements.LIMIT)
+_fast_sqlite = _speedups.sqlite_execute

@@ -10,6 +10,7 @@ import enum
 import multiprocessing
 import os
 import pickle
+import signal
 import threading
 
 import pytest
@@ -74,10 +75,13 @@ def test_exception_while_rows_are_read_leaves_the_store_writable(
         return real_row(stmt)
 
     monkeypatch.setattr(_tx, "_sqlite_row", row_then_interrupt)
+    # The Python way (what idem._speedups leaves to it); its own way below.
+    monkeypatch.setattr(_tx, "_fast_sqlite", lambda *a: NotImplemented)
     with pytest.raises(KeyboardInterrupt):
         store.execute_local(operation, "read", {}, lambda tx: tx.execute(
             "SELECT n FROM %s ORDER BY n" % table).fetchall())
     monkeypatch.setattr(_tx, "_sqlite_row", real_row)
+    monkeypatch.undo()
 
     # Another connection writes; the store's own writer must still be able
     # to begin (a statement left mid-step would pin an old snapshot).
@@ -86,6 +90,83 @@ def test_exception_while_rows_are_read_leaves_the_store_writable(
         "INSERT INTO %s (n) VALUES (?)" % table, (101,)).rowcount)
     assert (out.value, out.replayed) == (1, False)
     assert db.count(table) == 12
+
+
+def _still_writable(store, db, table, operation, rows):
+    """Another connection writes; then the store's own writer must still be
+    able to begin (a statement left mid-step would pin an old snapshot)."""
+    db.run("INSERT INTO %s (n) VALUES (100)" % table)
+    out = store.execute_local(operation, "after", {}, lambda tx: tx.execute(
+        "INSERT INTO %s (n) VALUES (?)" % table, (101,)).rowcount)
+    assert (out.value, out.replayed) == (1, False)
+    assert db.count(table) == rows + 2
+
+
+def test_statement_failing_mid_read_in_c_leaves_the_store_writable(
+        store, store_url, db, backend, operation):
+    # idem._speedups reads the rows: SQLite fails on the fourth (abs() of
+    # the least 64-bit integer overflows) after three were read.
+    if backend != "sqlite":
+        pytest.skip("idem._speedups runs SQLite's statements")
+    table = db.create_table("items", db.id_column + ", n INTEGER NOT NULL")
+    store.execute_local(operation, "fill", {}, lambda tx: [
+        tx.execute("INSERT INTO %s (n) VALUES (?)" % table, (n,)) for n in range(10)] and 10)
+    sql = ("SELECT CASE WHEN n = 3 THEN abs(-9223372036854775807 - 1) ELSE n END "
+           "FROM %s ORDER BY n" % table)
+    effects = []
+
+    def fn(tx):
+        effects.append(tx.execute("INSERT INTO %s (n) VALUES (?)" % table, (50,)).rowcount)
+        return tx.execute(sql).fetchall()
+
+    for attempt in range(2):  # the second: a statement kept from the first?
+        with pytest.raises(idem.DatabaseError) as e:
+            store.execute_local(operation, "read", {}, fn)
+        assert e.value.code == "IDEM_ESTORE" and "overflow" in str(e.value)
+    assert effects == [1, 1]  # each ran its insert, and each was rolled back
+    assert db.count(table) == 10
+    assert [r["key"] for r in records(store_url, operation)] == ["fill"]  # released
+    _still_writable(store, db, table, operation, 10)
+
+
+def test_ctrl_c_in_a_long_read_in_c_stops_it(store, store_url, db, backend, operation):
+    # A read that never ends (each row counts 10,000 combinations), in
+    # idem._speedups' loop: SIGINT must reach Python there, as it does
+    # between rows read the Python way, roll back and leave the key free and
+    # the store writable. Without that, this test never ends.
+    if backend != "sqlite":
+        pytest.skip("idem._speedups runs SQLite's statements")
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach the main thread only")
+    table = db.create_table("items", db.id_column + ", n INTEGER NOT NULL")
+    store.execute_local(operation, "fill", {}, lambda tx: [
+        tx.execute("INSERT INTO %s (n) VALUES (?)" % table, (n,)) for n in range(10)] and 10)
+    endless = ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) "
+               "SELECT x, (SELECT count(*) FROM {t} a, {t} b, {t} d, {t} e "
+               "WHERE a.n + b.n + d.n + e.n <> x) FROM c").format(t=table)
+    started = []
+
+    def fn(tx):
+        tx.execute("INSERT INTO %s (n) VALUES (?)" % table, (50,))
+        started.append(True)
+        signal.setitimer(signal.ITIMER_REAL, 0.05)  # once the read is under way
+        return tx.execute(endless).fetchall()
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt("Ctrl-C while rows were read")
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            store.execute_local(operation, "endless", {}, fn)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert started == [True]
+    assert db.count(table) == 10  # its insert rolled back
+    # Rolled back with the record: the key is free again.
+    assert [r["key"] for r in records(store_url, operation)] == ["fill"]
+    _still_writable(store, db, table, operation, 10)
 
 
 def test_tx_from_another_thread_is_refused(store, db, operation):
