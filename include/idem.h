@@ -210,6 +210,20 @@ IDEM_API int idem_sha256_hex(const void *data, size_t len,
 IDEM_API int idem_fingerprint(const void *data, size_t len, int is_json,
                               char hex[IDEM_FINGERPRINT_SIZE]);
 
+/*
+ * A JSON request's fingerprint, as idem_fingerprint() with is_json writes
+ * it, and its canonical form, as idem_canonicalize() writes it (what
+ * idem_execute() keeps with the record for operators, to pass as
+ * idem_call_options.request to idem_execute_local() or idem_claim()), from
+ * one parse of the request where the two texts agree (every number in it an
+ * integer of at most 15 digits). *canonical, NUL-terminated, is the
+ * caller's: free it with idem_free(). Fails as idem_canonicalize() does,
+ * with *canonical NULL and hex "".
+ */
+IDEM_API int idem_fingerprint_json(const void *json, size_t len,
+                                   char hex[IDEM_FINGERPRINT_SIZE],
+                                   char **canonical, size_t *canonical_len);
+
 /* ------------------------------------------------------------------ */
 /* Stores                                                               */
 /* ------------------------------------------------------------------ */

@@ -189,37 +189,6 @@ static const char *ending_name(int how) {
  * call; on the other outcomes x does not run and *out tells the outcome.
  * On failure *out is NULL.
  */
-/*
- * Whether the fingerprint's text of a whole request (RFC 8785's form with
- * numbers exact, idem__fingerprint_text()) is also the canonical form
- * idem_canonicalize() writes. It is when every number in it is an integer
- * of at most 15 digits: a double holds such a value exactly, and both forms
- * write it as its digits. Other numbers (fractions, exponents, longer
- * integers) may differ between the two, and the canonical form is then
- * made apart. Strings are skipped whole.
- */
-static int exact_is_canonical(const char *t, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    if (t[i] == '"') {
-      for (i++; i < n && t[i] != '"'; i++)
-        if (t[i] == '\\')
-          i++;
-      continue;
-    }
-    if (t[i] == '-' || (t[i] >= '0' && t[i] <= '9')) {
-      size_t digits = 0;
-      if (t[i] == '-')
-        i++;
-      for (; i < n && t[i] >= '0' && t[i] <= '9'; i++)
-        digits++;
-      if (digits > 15 || (i < n && (t[i] == '.' || t[i] == 'e' || t[i] == 'E')))
-        return 0;
-      i--; /* the loop steps over the character after the number */
-    }
-  }
-  return 1;
-}
-
 /* exec_begin()'s checks and the fingerprint: o gets opts (call.request
  * set to *canon, the canonical form kept with the record), fp the
  * fingerprint, *budget how long an ending is retried. */
@@ -251,26 +220,8 @@ static int begin_prepare(idem_store *store, const char *request,
                       "request");
   *budget = o->finish_retry_ms ? o->finish_retry_ms : DEFAULT_FINISH_RETRY_MS;
 
-  /* The fingerprint is taken from the request as sent: its numbers exact
-   * where a double cannot hold them. The canonical form kept for operators
-   * has doubles; for most requests the two texts are the same, and one
-   * parse serves both. */
-  char *text = NULL;
-  size_t text_len = 0;
-  rc = idem__fingerprint_text(request ? request : "", request_len,
-                              o->fingerprint_pointers, &text, &text_len, NULL);
-  if (rc == IDEM_OK)
-    rc = idem__sha256_parts((const void *const *)&text, &text_len, 1, fp);
-  if (rc == IDEM_OK && !o->fingerprint_pointers &&
-      exact_is_canonical(text, text_len)) {
-    *canon = text;
-    canon_len = text_len;
-    text = NULL;
-  } else if (rc == IDEM_OK) {
-    rc = idem_canonicalize(request ? request : "", request_len, NULL, canon,
-                           &canon_len, NULL);
-  }
-  idem_free(text);
+  rc = idem__request_forms(request ? request : "", request_len,
+                           o->fingerprint_pointers, fp, canon, &canon_len);
   o->call.request = *canon;
   o->call.request_len = canon_len;
   return rc;

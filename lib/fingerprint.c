@@ -73,6 +73,81 @@ int idem__request_fingerprint(const char *json, size_t len,
   return rc;
 }
 
+/*
+ * Whether the fingerprint's text of a whole request (RFC 8785's form with
+ * numbers exact, idem__fingerprint_text()) is also the canonical form
+ * idem_canonicalize() writes. It is when every number in it is an integer
+ * of at most 15 digits: a double holds such a value exactly, and both forms
+ * write it as its digits. Other numbers (fractions, exponents, longer
+ * integers) may differ between the two, and the canonical form is then
+ * made apart. Strings are skipped whole.
+ */
+static int exact_is_canonical(const char *t, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    if (t[i] == '"') {
+      for (i++; i < n && t[i] != '"'; i++)
+        if (t[i] == '\\')
+          i++;
+      continue;
+    }
+    if (t[i] == '-' || (t[i] >= '0' && t[i] <= '9')) {
+      size_t digits = 0;
+      if (t[i] == '-')
+        i++;
+      for (; i < n && t[i] >= '0' && t[i] <= '9'; i++)
+        digits++;
+      if (digits > 15 || (i < n && (t[i] == '.' || t[i] == 'e' || t[i] == 'E')))
+        return 0;
+      i--; /* the loop steps over the character after the number */
+    }
+  }
+  return 1;
+}
+
+int idem__request_forms(const char *json, size_t len,
+                        const char *const *pointers,
+                        char fp[IDEM_FINGERPRINT_SIZE], char **canon,
+                        size_t *canon_len) {
+  /* The fingerprint is taken from the request as sent: its numbers exact
+   * where a double cannot hold them. The canonical form kept for operators
+   * has doubles; for most requests the two texts are the same, and one
+   * parse serves both. */
+  char *text = NULL;
+  size_t text_len = 0;
+  int rc;
+  *canon = NULL;
+  *canon_len = 0;
+  fp[0] = '\0';
+  rc = idem__fingerprint_text(json, len, pointers, &text, &text_len, NULL);
+  if (rc == IDEM_OK)
+    rc = idem__sha256_parts((const void *const *)&text, &text_len, 1, fp);
+  if (rc == IDEM_OK && !pointers && exact_is_canonical(text, text_len)) {
+    *canon = text;
+    *canon_len = text_len;
+    text = NULL;
+  } else if (rc == IDEM_OK) {
+    rc = idem_canonicalize(json, len, NULL, canon, canon_len, NULL);
+  }
+  idem_free(text);
+  if (rc != IDEM_OK)
+    fp[0] = '\0';
+  return rc;
+}
+
+int idem_fingerprint_json(const void *json, size_t len,
+                          char hex[IDEM_FINGERPRINT_SIZE], char **canonical,
+                          size_t *canonical_len) {
+  idem__clear_error();
+  if (canonical)
+    *canonical = NULL;
+  if (canonical_len)
+    *canonical_len = 0;
+  if (!hex || !canonical || !canonical_len || (!json && len))
+    return idem__fail(IDEM_EINVAL, "fingerprint_json: NULL argument");
+  return idem__request_forms(json ? json : "", len, NULL, hex, canonical,
+                             canonical_len);
+}
+
 int idem_fingerprint(const void *data, size_t len, int is_json,
                      char hex[IDEM_FINGERPRINT_SIZE]) {
   idem__clear_error();

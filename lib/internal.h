@@ -46,6 +46,17 @@ int idem__fingerprint_text(const char *json, size_t len,
  * SHA-256 of the canonical form (of the selected parts). fp is "" on
  * failure.
  */
+/*
+ * A request's fingerprint (as idem__request_fingerprint()) and the canonical
+ * form kept with its record (idem_canonicalize()'s, of the whole request),
+ * from one parse when the two texts agree. *canon is the caller's (NULL on
+ * failure).
+ */
+int idem__request_forms(const char *json, size_t len,
+                        const char *const *pointers,
+                        char fp[IDEM_FINGERPRINT_SIZE], char **canon,
+                        size_t *canon_len);
+
 int idem__request_fingerprint(const char *json, size_t len,
                               const char *const *pointers,
                               char fp[IDEM_FINGERPRINT_SIZE]);

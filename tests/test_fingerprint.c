@@ -548,6 +548,73 @@ static void test_fingerprints_of_0_2(void **state) {
   assert_int_equal(es6, 1);
 }
 
+/* idem_fingerprint_json(): both forms from one parse, each the same as
+ * idem_fingerprint() and idem_canonicalize() give apart. */
+static void test_fingerprint_json(void **state) {
+  static const char *const requests[] = {
+      "{}",
+      "[]",
+      "\"text\"",
+      "{\"project\":\"demo-agent\",\"title\":\"Investigate\",\"priority\":\"normal\"}",
+      "{ \"b\" : 2, \"a\" : [1, -5, 0, 123456789012345] }",
+      "{\"n\":1234567890123456}",        /* 16 digits: the forms differ */
+      "{\"n\":12345678901234567}",       /* a double cannot hold it */
+      "{\"n\":-0.0}",
+      "{\"n\":1.5,\"m\":1e3,\"k\":10E-1}",
+      "{\"s\":\"1.5 and 12345678901234567 in a string\",\"t\":\"\\\"2e5\"}",
+      "{\"\\u00e9\":\"\\ud83d\\ude00\",\"a\\\"1.5\":7}",
+      "[0.1, 0.10000000000000001, 5e-324, 1.7976931348623157e308]",
+      "{\"deep\":[[[[{\"x\":[1,2,{\"y\":3.25}]}]]]]}",
+  };
+  (void)state;
+  for (size_t i = 0; i < sizeof requests / sizeof requests[0]; i++) {
+    const char *r = requests[i];
+    char fp[IDEM_FINGERPRINT_SIZE], want_fp[IDEM_FINGERPRINT_SIZE];
+    char *canon = NULL, *want = NULL;
+    size_t canon_len = 7, want_len = 0;
+    assert_int_equal(idem_fingerprint_json(r, strlen(r), fp, &canon, &canon_len),
+                     IDEM_OK);
+    fingerprint_of(r, want_fp);
+    assert_int_equal(idem_canonicalize(r, strlen(r), NULL, &want, &want_len, NULL),
+                     IDEM_OK);
+    if (strcmp(fp, want_fp) != 0 || canon_len != want_len ||
+        memcmp(canon, want, want_len) != 0 || canon[canon_len] != '\0')
+      fail_msg("'%s': fingerprint %s / %s, canonical '%s' / '%s'", r, fp,
+               want_fp, canon, want);
+    idem_free(canon);
+    idem_free(want);
+  }
+  /* Refused as idem_canonicalize() refuses, with nothing left to free. */
+  {
+    static const char *const bad[] = {"{\"a\":", "[1,]", "{\"a\":1}x", "1e400",
+                                      ""};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+      char fp[IDEM_FINGERPRINT_SIZE] = "x";
+      char *canon = (char *)"left", *want = NULL;
+      size_t canon_len = 9, want_len = 0;
+      int want_rc = idem_canonicalize(bad[i], strlen(bad[i]), NULL, &want,
+                                      &want_len, NULL);
+      assert_int_not_equal(want_rc, IDEM_OK);
+      assert_int_equal(idem_fingerprint_json(bad[i], strlen(bad[i]), fp,
+                                             &canon, &canon_len),
+                       want_rc);
+      assert_null(canon);
+      assert_int_equal(canon_len, 0);
+      assert_string_equal(fp, "");
+    }
+  }
+  {
+    char fp[IDEM_FINGERPRINT_SIZE];
+    char *canon = NULL;
+    size_t n = 0;
+    assert_int_equal(idem_fingerprint_json(NULL, 2, fp, &canon, &n), IDEM_EINVAL);
+    assert_int_equal(idem_fingerprint_json("{}", 2, NULL, &canon, &n), IDEM_EINVAL);
+    assert_int_equal(idem_fingerprint_json("{}", 2, fp, NULL, &n), IDEM_EINVAL);
+    assert_int_equal(idem_fingerprint_json("{}", 2, fp, &canon, NULL), IDEM_EINVAL);
+    assert_null(canon);
+  }
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_equal_values_share),
@@ -559,6 +626,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_pointers_select),
       cmocka_unit_test(test_pointers_malformed),
       cmocka_unit_test(test_fingerprints_of_0_2),
+      cmocka_unit_test(test_fingerprint_json),
   };
   if (argc != 3) {
     fprintf(stderr, "usage: %s VECTORS_DIR FINGERPRINTS_0_2\n", argv[0]);

@@ -263,11 +263,8 @@ static int idem_py_local_run(idem_store *store, const char *tenant,
   char *canonical = NULL;
   size_t canonical_len = 0;
   memset(claim, 0, sizeof *claim);
-  claim->rc = idem_fingerprint(request, request_len, 1, fingerprint);
-  if (claim->rc != IDEM_OK)
-    return claim->rc;
-  claim->rc = idem_canonicalize(request, request_len, NULL, &canonical,
-                                &canonical_len, NULL);
+  claim->rc = idem_fingerprint_json(request, request_len, fingerprint,
+                                    &canonical, &canonical_len);
   if (claim->rc != IDEM_OK)
     return claim->rc;
   o.request = canonical;
