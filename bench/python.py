@@ -37,8 +37,10 @@ ones, so that both see the same machine:
 
 The store is SQLite, a new file per run in a temporary folder, with its
 defaults (synchronous=FULL, group commit); with --store postgresql://... or
-IDEM_BENCH_PG_URL set, the same rounds also run on that PostgreSQL server
-(both sides write to its bench_tickets; records and rows are left there).
+IDEM_BENCH_PG_URL set, the same rounds also run on that PostgreSQL server,
+each run in a new schema of its own (idem_schema, and bench_tickets in the
+search_path), dropped with psql after its round (a URL that sets
+idem_schema or options itself is used as it is, and its rows are left).
 Then it prints each round, the medians and the ratios Python / C against
 the targets (fresh >= 0.85x, replay >= 0.25x): PASS or MISS. A missed
 target is reported, never a failure; it exits non-zero only when a run
@@ -327,6 +329,42 @@ def redact(url: str) -> str:
     return url
 
 
+def pg_fresh(url, tag, name=False):
+    """url with a schema of its own for one run (idem's tables, with
+    idem_schema, and bench_tickets, first in the search_path), so that each
+    run starts from empty tables as SQLite's runs start from a new file: the
+    rows earlier runs left would otherwise slow every later one. A URL that
+    sets idem_schema or options itself is used as it is. name: the
+    schema's name instead (None when the URL is used as it is)."""
+    query = url.split("?", 1)[1] if "?" in url else ""
+    if any(p.split("=", 1)[0] in ("idem_schema", "options") for p in query.split("&")):
+        return None if name else url
+    schema = "idem_bench_py%d_%s" % (os.getpid(), tag)
+    if name:
+        return schema
+    return "%s%sidem_schema=%s&options=-csearch_path%%3D%s" % (
+        url, "&" if "?" in url else "?", schema, schema)
+
+
+def pg_drop(url, schemas):
+    """Drops the runs' schemas with psql (left in place, and said, without
+    it)."""
+    schemas = [s for s in schemas if s]
+    if not schemas:
+        return
+    # psql takes the URL without idem's own parameters (there are none here).
+    cmd = ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", url, "-c",
+           "DROP SCHEMA IF EXISTS %s CASCADE" % ", ".join(schemas)]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True)
+    except OSError:
+        p = None
+    if p is None or p.returncode != 0:
+        print("bench: schemas %s left in place (psql: %s)" % (
+            ", ".join(schemas), "not found" if p is None else p.stderr.strip()),
+            file=sys.stderr)
+
+
 def step(name, cmd, env=None):
     """Runs one measurement; its JSON, or None (reported) when it failed."""
     sys.stderr.write("  %-22s" % name)
@@ -474,8 +512,10 @@ def main(argv):
             for r in range(1, a.rounds + 1):
                 print("round %d (%s)" % (r, "SQLite" if url is None else
                                          "PostgreSQL " + redact(url)), file=sys.stderr)
-                c_url = url or "sqlite:" + os.path.join(work, "r%d.c.db" % r)
-                py_url = url or "sqlite:" + os.path.join(work, "r%d.py.db" % r)
+                c_url = url and pg_fresh(url, "r%d_c" % r) or \
+                    "sqlite:" + os.path.join(work, "r%d.c.db" % r)
+                py_url = url and pg_fresh(url, "r%d_py" % r) or \
+                    "sqlite:" + os.path.join(work, "r%d.py.db" % r)
                 c_cmd = [idem_bin, "bench", "--workers", "1", "--seconds", secs,
                          "--json", "--store", c_url]
                 py_cmd = [sys.executable, me, "--child", py_url, "--seconds", secs,
@@ -492,12 +532,15 @@ def main(argv):
                 for f in os.listdir(work):  # the round's SQLite files
                     if f.startswith("r%d." % r):
                         os.unlink(os.path.join(work, f))
+                if url:  # and its PostgreSQL schemas
+                    pg_drop(url, [pg_fresh(url, "r%d_%s" % (r, side), name=True)
+                                  for side in ("c", "py")])
             results[label] = (url, runs_c, runs_py)
 
         missed = 0
         for label, (url, runs_c, runs_py) in results.items():
             title = ("SQLite (a new file per run in TMPDIR, synchronous=FULL, group commit)"
-                     if url is None else "PostgreSQL %s" % redact(url))
+                     if url is None else "PostgreSQL %s (a new schema per run)" % redact(url))
             missed += report(title, runs_c, runs_py, a.rounds)
         print()
         print("%d target%s missed" % (missed, "" if missed == 1 else "s"))
