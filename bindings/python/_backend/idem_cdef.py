@@ -171,6 +171,9 @@ PGresult *PQexecPrepared(PGconn *conn, const char *stmtName, int nParams,
                          const int *paramLengths, const int *paramFormats,
                          int resultFormat);
 int PQbackendPID(const PGconn *conn);
+/* The table idem._speedups' tx.execute() calls libpq through
+ * (idem_py_sqlite.h). */
+void *idem_py_pg_fns(void);
 """
 
 
@@ -424,4 +427,35 @@ static void *idem_py_sqlite_fns(void)
   };
   return (void *)&api;
 }
-""" % ("#include <libpq-fe.h>" if has_pg else "")
+%s
+""" % ("#include <libpq-fe.h>" if has_pg else "", _PG_FNS if has_pg else "")
+
+
+_PG_FNS = r"""
+static int idem_py_pq_status(const PGresult *res)
+{
+  return (int)PQresultStatus(res); /* an enum, as an int */
+}
+
+static void *idem_py_pg_fns(void)
+{
+  static const idem_py_pg_api api = {
+      sizeof api,
+      PQexecParams,
+      PQexecPrepared,
+      idem_py_pq_status,
+      PQresultErrorMessage,
+      PQresultErrorField,
+      PQntuples,
+      PQnfields,
+      PQftype,
+      PQgetvalue,
+      PQgetlength,
+      PQgetisnull,
+      PQcmdTuples,
+      PQcmdStatus,
+      PQclear,
+  };
+  return (void *)&api;
+}
+"""

@@ -678,6 +678,344 @@ static PyObject *sp_sqlite_setup(PyObject *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+/* ----------------------------------------- tx.execute() on PostgreSQL */
+
+/*
+ * tx.execute(sql, params) on the store's PostgreSQL connection: the
+ * parameters written as text (bytes as binary), the statement sent prepared
+ * (by the name idem._tx's cache gives) or with its text, and its rows read
+ * into Python values by their type, in one crossing. The cache's
+ * bookkeeping stays in Python, told what it needs of the result.
+ */
+static const idem_py_pg_api *pq;
+
+enum { PG_COMMAND_OK = 1, PG_TUPLES_OK = 2 };
+enum { PG_BOOL = 16, PG_BYTEA = 17, PG_INT8 = 20, PG_INT2 = 21, PG_INT4 = 23,
+       PG_OID = 26, PG_FLOAT4 = 700, PG_FLOAT8 = 701, PG_NUMERIC = 1700 };
+
+/* Commands after which a session's prepared statements may mean otherwise
+ * (idem._tx._PG_RESETS). */
+static int pg_resets(const char *status) {
+  static const char *const words[] = {"CREATE", "ALTER", "DROP", "SET",
+                                      "RESET", "DISCARD", "DEALLOCATE"};
+  for (size_t i = 0; status && i < sizeof words / sizeof words[0]; i++)
+    if (strncmp(status, words[i], strlen(words[i])) == 0)
+      return 1;
+  return 0;
+}
+
+static int hex_digit(char c) {
+  if (c >= '0' && c <= '9')
+    return c - '0';
+  if (c >= 'a' && c <= 'f')
+    return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F')
+    return c - 'A' + 10;
+  return -1;
+}
+
+/* One value as idem._tx._pg_value() reads it. */
+static PyObject *pg_value(unsigned int oid, const char *raw, int len) {
+  switch (oid) {
+  case PG_INT8:
+  case PG_INT2:
+  case PG_INT4:
+  case PG_OID:
+    return PyLong_FromString(raw, NULL, 10);
+  case PG_FLOAT4:
+  case PG_FLOAT8:
+  case PG_NUMERIC: {
+    double d = PyOS_string_to_double(raw, NULL, PyExc_ValueError);
+    return d == -1.0 && PyErr_Occurred() ? NULL : PyFloat_FromDouble(d);
+  }
+  case PG_BOOL:
+    return PyBool_FromLong(len == 1 && raw[0] == 't');
+  case PG_BYTEA:
+    if (len >= 2 && raw[0] == '\\' && raw[1] == 'x') {
+      PyObject *out;
+      char *p;
+      int n = (len - 2) / 2;
+      if ((len - 2) % 2)
+        goto bad_hex;
+      if (!(out = PyBytes_FromStringAndSize(NULL, n)))
+        return NULL;
+      p = PyBytes_AS_STRING(out);
+      for (int i = 0; i < n; i++) {
+        int hi = hex_digit(raw[2 + 2 * i]), lo = hex_digit(raw[3 + 2 * i]);
+        if (hi < 0 || lo < 0) {
+          Py_DECREF(out);
+          goto bad_hex;
+        }
+        p[i] = (char)(hi << 4 | lo);
+      }
+      return out;
+    }
+    return PyBytes_FromStringAndSize(raw, len);
+  bad_hex:
+    PyErr_SetString(PyExc_ValueError, "bytea: not hex");
+    return NULL;
+  default:
+    return PyUnicode_DecodeUTF8(raw, len, "replace");
+  }
+}
+
+static PyObject *pg_rows(struct pg_result *res) {
+  int nrows = pq->ntuples(res), ncols = pq->nfields(res);
+  unsigned int types[64], *oids = types;
+  PyObject *rows = PyList_New(nrows);
+  if (!rows)
+    return NULL;
+  if (ncols > 64 && !(oids = PyMem_Malloc(sizeof *oids * (size_t)ncols))) {
+    Py_DECREF(rows);
+    return PyErr_NoMemory();
+  }
+  for (int c = 0; c < ncols; c++)
+    oids[c] = pq->ftype(res, c);
+  for (int r = 0; r < nrows; r++) {
+    PyObject *row = PyTuple_New(ncols), *v;
+    if (!row)
+      goto fail;
+    PyList_SET_ITEM(rows, r, row);
+    for (int c = 0; c < ncols; c++) {
+      if (pq->getisnull(res, r, c)) {
+        Py_INCREF(Py_None);
+        v = Py_None;
+      } else if (!(v = pg_value(oids[c], pq->getvalue(res, r, c),
+                                pq->getlength(res, r, c)))) {
+        goto fail;
+      }
+      PyTuple_SET_ITEM(row, c, v);
+    }
+  }
+  if (oids != types)
+    PyMem_Free(oids);
+  return rows;
+fail:
+  if (oids != types)
+    PyMem_Free(oids);
+  Py_DECREF(rows);
+  return NULL;
+}
+
+/*
+ * Whether every parameter is one this module writes: None, True or False,
+ * an int of 64 bits, a float, a str without NUL of valid UTF-8, or bytes,
+ * each of exactly that type. 0: leave the call to Python; -1: an error.
+ */
+static int pg_simple(PyObject *const *items, Py_ssize_t n) {
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *v = items[i];
+    if (v == Py_None || v == Py_True || v == Py_False || PyFloat_CheckExact(v) ||
+        (PyBytes_CheckExact(v) && PyBytes_GET_SIZE(v) <= INT32_MAX))
+      continue;
+    if (PyLong_CheckExact(v)) {
+      int overflow;
+      (void)PyLong_AsLongLongAndOverflow(v, &overflow);
+      if (overflow)
+        return 0;
+    } else if (PyUnicode_CheckExact(v)) {
+      Py_ssize_t len;
+      const char *p = PyUnicode_AsUTF8AndSize(v, &len);
+      if (!p) {
+        if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError))
+          return -1;
+        PyErr_Clear();
+        return 0;
+      }
+      if (len > INT32_MAX || memchr(p, '\0', (size_t)len))
+        return 0;
+    } else {
+      return 0;
+    }
+  }
+  return 1;
+}
+
+/*
+ * pg_execute(conn, sql, name, params): conn the PGconn * (an int), sql the
+ * text (bytes), name the statement's prepared name (bytes) or None to send
+ * the text. Returns:
+ *   - (Cursor, resets): the statement ran; resets whether it was a command
+ *     after which the session's prepared statements may mean otherwise;
+ *   - (None, sqlstate, message): it failed (sqlstate bytes, or None);
+ *   - NotImplemented when it leaves the call to Python, before sending
+ *     anything: params not a tuple or list, a parameter of another type (a
+ *     subclass included, but bool), an int past 64 bits, a str with a NUL
+ *     or that is not valid UTF-8.
+ */
+static PyObject *sp_pg_execute(PyObject *self, PyObject *const *args,
+                               Py_ssize_t nargs) {
+  struct pg_conn *conn;
+  struct pg_result *res;
+  PyObject *sql, *name, *params, *out = NULL;
+  PyObject *const *items;
+  Py_ssize_t n;
+  enum { SMALL = 16 };
+  const char *small_values[SMALL];
+  int small_lengths[SMALL], small_formats[SMALL];
+  char small_text[SMALL][32];
+  const char **values = small_values;
+  int *lengths = small_lengths, *formats = small_formats;
+  char(*text)[32] = small_text;
+  char **floats = NULL;
+  int simple, status;
+  (void)self;
+  if (nargs != 4) {
+    PyErr_SetString(PyExc_TypeError, "pg_execute(conn, sql, name, params)");
+    return NULL;
+  }
+  if (!pq) {
+    PyErr_SetString(PyExc_RuntimeError, "idem._speedups: pg_setup() not called");
+    return NULL;
+  }
+  sql = args[1];
+  name = args[2];
+  params = args[3];
+  if (address(args[0], (void **)&conn) < 0)
+    return NULL;
+  if (!PyBytes_CheckExact(sql) || (name != Py_None && !PyBytes_CheckExact(name))) {
+    PyErr_SetString(PyExc_TypeError, "sql and name must be bytes");
+    return NULL;
+  }
+  if (!(PyTuple_CheckExact(params) || PyList_CheckExact(params)))
+    Py_RETURN_NOTIMPLEMENTED;
+  items = PySequence_Fast_ITEMS(params);
+  n = PySequence_Fast_GET_SIZE(params);
+  if ((simple = pg_simple(items, n)) <= 0) {
+    if (simple < 0)
+      return NULL;
+    Py_RETURN_NOTIMPLEMENTED;
+  }
+  if (n > SMALL) {
+    values = PyMem_Calloc((size_t)n, sizeof *values);
+    lengths = PyMem_Calloc((size_t)n, sizeof *lengths);
+    formats = PyMem_Calloc((size_t)n, sizeof *formats);
+    text = PyMem_Calloc((size_t)n, sizeof *text);
+    if (!values || !lengths || !formats || !text) {
+      PyErr_NoMemory();
+      goto done;
+    }
+  }
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *v = items[i];
+    formats[i] = 0;
+    if (v == Py_None) {
+      values[i] = NULL;
+      lengths[i] = 0;
+    } else if (v == Py_True || v == Py_False) {
+      values[i] = v == Py_True ? "true" : "false";
+      lengths[i] = (int)strlen(values[i]);
+    } else if (PyLong_CheckExact(v)) {
+      lengths[i] = snprintf(text[i], sizeof text[i], "%lld", PyLong_AsLongLong(v));
+      values[i] = text[i];
+    } else if (PyFloat_CheckExact(v)) {
+      /* float.__repr__'s text: what the Python way sends. */
+      char *r = PyOS_double_to_string(PyFloat_AS_DOUBLE(v), 'r', 0,
+                                      Py_DTSF_ADD_DOT_0, NULL);
+      if (!r)
+        goto done;
+      if (!floats && !(floats = PyMem_Calloc((size_t)n, sizeof *floats))) {
+        PyMem_Free(r);
+        PyErr_NoMemory();
+        goto done;
+      }
+      floats[i] = r;
+      values[i] = r;
+      lengths[i] = (int)strlen(r);
+    } else if (PyUnicode_CheckExact(v)) {
+      Py_ssize_t len;
+      values[i] = PyUnicode_AsUTF8AndSize(v, &len);
+      lengths[i] = (int)len;
+    } else {
+      values[i] = PyBytes_AS_STRING(v);
+      lengths[i] = (int)PyBytes_GET_SIZE(v);
+      formats[i] = 1; /* binary: sent as it is */
+    }
+  }
+  Py_BEGIN_ALLOW_THREADS
+  res = name != Py_None
+            ? pq->exec_prepared(conn, PyBytes_AS_STRING(name), (int)n, values,
+                                lengths, formats, 0)
+            : pq->exec_params(conn, PyBytes_AS_STRING(sql), (int)n, NULL, values,
+                              lengths, formats, 0);
+  Py_END_ALLOW_THREADS
+  status = res ? pq->result_status(res) : -1;
+  if (status == PG_COMMAND_OK || status == PG_TUPLES_OK) {
+    PyObject *rows = pg_rows(res), *cursor = NULL, *count = NULL;
+    const char *tuples = pq->cmd_tuples(res);
+    if (rows && (count = PyLong_FromLongLong(tuples && *tuples
+                                                  ? strtoll(tuples, NULL, 10)
+                                                  : -1))) {
+      PyObject *cargs[3] = {rows, count, Py_None};
+      cursor = PyObject_Vectorcall(cursor_cls, cargs, 3, NULL);
+    }
+    if (cursor)
+      out = Py_BuildValue("(NO)", cursor,
+                          pg_resets(pq->cmd_status(res)) ? Py_True : Py_False);
+    Py_XDECREF(rows);
+    Py_XDECREF(count);
+  } else {
+    const char *state = res ? pq->result_error_field(res, 'C') : NULL;
+    const char *msg = res ? pq->result_error_message(res) : NULL;
+    PyObject *m;
+    size_t len = msg ? strlen(msg) : 0;
+    while (len && (msg[len - 1] == '\n' || msg[len - 1] == ' '))
+      len--; /* the Python way strips it */
+    while (len && (*msg == ' ' || *msg == '\n'))
+      msg++, len--;
+    m = msg && len ? PyUnicode_DecodeUTF8(msg, (Py_ssize_t)len, "replace")
+                   : PyUnicode_FromString(res ? "" : "no result");
+    if (m)
+      out = Py_BuildValue("(OyN)", Py_None, state, m);
+  }
+  if (res)
+    pq->clear(res);
+done:
+  if (floats) {
+    for (Py_ssize_t i = 0; i < n; i++)
+      PyMem_Free(floats[i]);
+    PyMem_Free(floats);
+  }
+  if (values != small_values) {
+    PyMem_Free(values);
+    PyMem_Free(lengths);
+    PyMem_Free(formats);
+    PyMem_Free(text);
+  }
+  return out;
+}
+
+/* pg_simple(params): whether pg_execute() sends params itself. */
+static PyObject *sp_pg_simple(PyObject *self, PyObject *params) {
+  int simple;
+  (void)self;
+  if (!(PyTuple_CheckExact(params) || PyList_CheckExact(params)))
+    Py_RETURN_FALSE;
+  simple = pg_simple(PySequence_Fast_ITEMS(params),
+                     PySequence_Fast_GET_SIZE(params));
+  if (simple < 0)
+    return NULL;
+  return PyBool_FromLong(simple);
+}
+
+static PyObject *sp_pg_setup(PyObject *self, PyObject *args) {
+  PyObject *a;
+  void *ap;
+  (void)self;
+  if (!PyArg_ParseTuple(args, "O", &a))
+    return NULL;
+  if (address(a, &ap) < 0)
+    return NULL;
+  if (!ap || ((const idem_py_pg_api *)ap)->size != sizeof *pq || !cursor_cls) {
+    PyErr_SetString(PyExc_ValueError,
+                    "pg_setup(api): api is not idem_py_pg_fns() of this "
+                    "build, or sqlite_setup() was not called first");
+    return NULL;
+  }
+  pq = ap;
+  Py_RETURN_NONE;
+}
+
 static PyObject *sp_dumps(PyObject *self, PyObject *o) {
   text t;
   int rc;
@@ -710,6 +1048,14 @@ static PyMethodDef methods[] = {
      METH_FASTCALL,
      "sqlite_execute(conn, sql, params, kept): tx.execute() on SQLite: a "
      "Cursor, (code, message), or NotImplemented."},
+    {"pg_setup", sp_pg_setup, METH_VARARGS,
+     "pg_setup(api): the address of idem._native's idem_py_pg_fns()."},
+    {"pg_execute", (PyCFunction)(void (*)(void))sp_pg_execute, METH_FASTCALL,
+     "pg_execute(conn, sql, name, params): tx.execute() on PostgreSQL: "
+     "(Cursor, resets), (None, sqlstate, message), or NotImplemented."},
+    {"pg_simple", sp_pg_simple, METH_O,
+     "pg_simple(params): whether pg_execute() sends these parameters "
+     "itself."},
     {"dumps", sp_dumps, METH_O,
      "dumps(value): the JSON this module sends for value (bytes), or "
      "NotImplemented when it leaves value to Python's json."},

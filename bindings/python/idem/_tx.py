@@ -148,30 +148,29 @@ class Statements:
             for k in [k for k in list(d) if k[0] == conn and k[1] != pid]:
                 d.pop(k, None)
 
-    def pg_ran(self, conn: Any, sql: bytes, res: Any, status: int, prepared: bool) -> bool:
-        """Forgets what a statement's result (res, of status) says may have
-        changed: its own name after a stale failure, the session's after a
-        command that changes what names mean. True after such a command:
-        until its transaction ends (a rollback undoes it, and a SET LOCAL
-        ends with it), nothing is prepared."""
-        if status in (_PGRES_COMMAND_OK, _PGRES_TUPLES_OK):
-            if not ffi.string(lib.PQcmdStatus(res)).startswith(_PG_RESETS):
+    def pg_ran(self, conn: Any, sql: bytes, ok: bool, resets: bool, state: Optional[bytes],
+               prepared: bool) -> bool:
+        """Forgets what a statement's result says may have changed: its own
+        name after a stale failure (state, its SQLSTATE, or None), the
+        session's after a command that changes what names mean (resets). True
+        after such a command: until its transaction ends (a rollback undoes
+        it, and a SET LOCAL ends with it), nothing is prepared."""
+        if ok:
+            if not resets:
                 return False
             session = (conn, lib.PQbackendPID(conn))
             keys = [k for k in list(self._pg) if k[:2] == session]
         else:
             if not prepared:
                 return False
-            state = lib.PQresultErrorField(res, _PG_DIAG_SQLSTATE) if res != ffi.NULL \
-                else ffi.NULL
-            if state != ffi.NULL and ffi.string(state)[:2] not in _PG_STALE:
+            if state is not None and state[:2] not in _PG_STALE:
                 return False
             session = (conn, lib.PQbackendPID(conn))
             keys = [session + (sql,)]
         for k in keys:
             if self._pg.pop(k, None) is not None:
                 self._pg_forgotten[session] = self._pg_forgotten.get(session, 0) + 1
-        return status in (_PGRES_COMMAND_OK, _PGRES_TUPLES_OK)
+        return ok
 
 
 class Transaction:
@@ -185,6 +184,7 @@ class Transaction:
         self._statements = statements if statements is not None else Statements()
         self._thread = threading.get_ident()
         self._pg_unsettled = False  # see Statements.pg_ran()
+        self._pg_conn: Any = None
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
         if not self._open:
@@ -201,12 +201,36 @@ class Transaction:
                 return got  # type: ignore[no-any-return]
             if got is not NotImplemented:
                 raise _sqlite_refused(got, len(params))
+        else:
+            got = self._pg_fast(sql, params)
+            if got is not NotImplemented:
+                return got  # type: ignore[no-any-return]
         if isinstance(params, (str, bytes, bytearray, dict)):
             raise TypeError("params: a sequence (a tuple or a list) of values, not %s"
                             % type(params).__name__)
         if self.backend == "sqlite":
             return _sqlite_execute(self._conn, sql, params, self._statements)
         return _pg_execute(ffi.cast("PGconn *", self._conn), sql, params, self)
+
+    def _pg_fast(self, sql: Any, params: Any) -> Any:
+        """tx.execute() on PostgreSQL in one crossing (idem._speedups): its
+        Cursor, or NotImplemented before anything was sent."""
+        if _fast_pg is None or sql.__class__ is not str or not _pg_simple(params):
+            return NotImplemented  # before the cache counts a run
+        conn = self._pg_conn
+        if conn is None:
+            conn = self._pg_conn = ffi.cast("PGconn *", self._conn)
+        encoded = sql.encode("utf-8")
+        cache = self._statements
+        name = None if self._pg_unsettled else cache.pg_name(conn, encoded)
+        got = _fast_pg(self._addr, encoded, name, params)
+        cursor = got[0]
+        if cursor is not None:
+            if got[1] and cache.pg_ran(conn, encoded, True, True, None, name is not None):
+                self._pg_unsettled = True
+            return cursor
+        cache.pg_ran(conn, encoded, False, False, got[1], name is not None)
+        raise DatabaseError("IDEM_ESTORE", got[2])
 
     def _close(self) -> None:
         self._open = False
@@ -385,9 +409,15 @@ def _pg_execute(conn: Any, sql: str, params: Sequence[Any], tx: Transaction) -> 
         res = lib.PQexecParams(conn, encoded, n, ffi.NULL, values, lengths, formats, 0)
     try:
         status = lib.PQresultStatus(res) if res != ffi.NULL else -1
-        if cache.pg_ran(conn, encoded, res, status, name is not None):
+        ok = status in (_PGRES_COMMAND_OK, _PGRES_TUPLES_OK)
+        state = lib.PQresultErrorField(res, _PG_DIAG_SQLSTATE) if res != ffi.NULL \
+            and not ok else ffi.NULL
+        if cache.pg_ran(conn, encoded, ok,
+                        ok and ffi.string(lib.PQcmdStatus(res)).startswith(_PG_RESETS),
+                        ffi.string(state) if state != ffi.NULL else None,
+                        name is not None):
             tx._pg_unsettled = True
-        if status not in (_PGRES_COMMAND_OK, _PGRES_TUPLES_OK):
+        if not ok:
             raise DatabaseError("IDEM_ESTORE", _pg_message(res))
         rows = []
         types = [lib.PQftype(res, c) for c in range(lib.PQnfields(res))]
@@ -424,3 +454,8 @@ def _pg_value(oid: int, raw: bytes) -> Any:
 _speedups.sqlite_setup(int(ffi.cast("uintptr_t", lib.idem_py_sqlite_fns())), Cursor,
                        Statements.LIMIT)
 _fast_sqlite = _speedups.sqlite_execute
+# And on PostgreSQL, when the package has libpq.
+_fast_pg = None
+if hasattr(lib, "idem_py_pg_fns"):
+    _speedups.pg_setup(int(ffi.cast("uintptr_t", lib.idem_py_pg_fns())))
+    _fast_pg, _pg_simple = _speedups.pg_execute, _speedups.pg_simple
