@@ -50,6 +50,7 @@ Environment: BENCH_SECONDS (per phase, default 1), BENCH_ROUNDS (default 9),
 IDEM_BENCH_PG_URL, TMPDIR.
 """
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -122,7 +123,7 @@ def timed(step, seconds):
             "elapsed_s": elapsed}
 
 
-def child(url: str, seconds: float, warmup: float) -> int:
+def child(url: str, seconds: float, warmup: float, floor_url: str = "") -> int:
     """Runs the Python side once against url and prints one JSON object."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -204,6 +205,15 @@ def child(url: str, seconds: float, warmup: float) -> int:
     phases["decorator_replay"] = phase(decorated, lambda n: prepared[n % PREPARED_KEYS],
                                        True, seconds)
     phases["floor_replay"] = floor(store, prepared, seconds)
+    if floor_url:
+        # The floor's fresh calls on a store of their own, new as the one
+        # execute_local's fresh phase began on (and C's): the store the
+        # phases above grew would flatter it.
+        store.close()
+        store = idem.open(floor_url)
+        store.execute_local("bench_setup", run_id, {}, create_table, tenant=TENANT)
+        if warmup > 0:
+            floor_fresh(store, payload, fresh("zw"), warmup, pg)
     phases["floor_fresh"] = floor_fresh(store, payload, fresh("z"), seconds, pg)
     store.close()
     errors = sum(p["errors"] for p in phases.values())
@@ -249,6 +259,9 @@ def floor(store, prepared, seconds):
     return timed(step, seconds)
 
 
+_FLOOR_NAMES = itertools.count(1)
+
+
 def floor_fresh(store, payload, keys, seconds, pg):
     """The least a fresh local call costs from Python: the request written
     as JSON, one call into libidem's local run whose callback, in Python,
@@ -277,14 +290,15 @@ def floor_fresh(store, payload, keys, seconds, pg):
     pg_text = ffi.new("char[]", text)
     pg_values = ffi.new("char *[]", [pg_text])
     sessions = set()
+    name = b"bench_floor_%d" % next(_FLOOR_NAMES)  # one per call: a session may outlive it
 
     def insert_pg(tx):
         conn = ffi.cast("PGconn *", tx._conn)
         pid = lib.PQbackendPID(conn)
         if pid not in sessions:
-            lib.PQclear(lib.PQprepare(conn, b"bench_floor", pg_sql, 0, ffi.NULL))
+            lib.PQclear(lib.PQprepare(conn, name, pg_sql, 0, ffi.NULL))
             sessions.add(pid)
-        res = lib.PQexecPrepared(conn, b"bench_floor", 1, pg_values, ffi.NULL, ffi.NULL, 0)
+        res = lib.PQexecPrepared(conn, name, 1, pg_values, ffi.NULL, ffi.NULL, 0)
         try:
             return {"ticket_id": int(ffi.string(lib.PQgetvalue(res, 0, 0)))}
         finally:
@@ -472,9 +486,10 @@ def main(argv):
                    default=float(os.environ.get("BENCH_SECONDS", 1)))
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--warmup", type=float, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--floor-store", default="", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.child:
-        return child(a.child, a.seconds, a.warmup)
+        return child(a.child, a.seconds, a.warmup, a.floor_store)
 
     build = os.path.abspath(a.build)
     idem_bin = os.path.join(build, "idem")
@@ -521,8 +536,10 @@ def main(argv):
                     "sqlite:" + os.path.join(work, "r%d.py.db" % r)
                 c_cmd = [idem_bin, "bench", "--workers", "1", "--seconds", secs,
                          "--json", "--store", c_url]
+                floor_url = url and pg_fresh(url, "r%d_floor" % r) or \
+                    "sqlite:" + os.path.join(work, "r%d.floor.db" % r)
                 py_cmd = [sys.executable, me, "--child", py_url, "--seconds", secs,
-                          "--warmup", "0.5" if url else "0"]
+                          "--warmup", "0.5" if url else "0", "--floor-store", floor_url]
                 order = [("c", c_cmd), ("python", py_cmd)]
                 if r % 2 == 0:
                     order.reverse()
@@ -537,7 +554,7 @@ def main(argv):
                         os.unlink(os.path.join(work, f))
                 if url:  # and its PostgreSQL schemas
                     pg_drop(url, [pg_fresh(url, "r%d_%s" % (r, side), name=True)
-                                  for side in ("c", "py")])
+                                  for side in ("c", "py", "floor")])
             results[label] = (url, runs_c, runs_py)
 
         missed = 0
