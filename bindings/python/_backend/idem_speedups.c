@@ -1,5 +1,6 @@
 /*
- * idem._speedups -- the replay of a call in one crossing from Python.
+ * idem._speedups -- the replay of a call, and tx.execute(), in one crossing
+ * from Python.
  *
  * A replay answered from libidem's cache takes about 1.5 us in C; through
  * cffi, Python spent as much again writing the arguments as JSON, reading
@@ -347,9 +348,9 @@ static PyObject *sp_setup(PyObject *self, PyObject *args) {
  * earlier run of the same text on this connection (or prepared now), its
  * parameters bound from the tuple, its rows read into tuples, and the
  * Cursor built, in one crossing. It does what idem._tx._sqlite_execute()
- * does, with the same statement cache (a dict of this module's own, kept by
- * the store's Statements), and leaves to it whatever it does not write
- * itself.
+ * does, with statements kept the same way (in a dict of its own, which the
+ * store's Statements holds and finalizes at close), and leaves to it
+ * whatever it does not write itself.
  */
 static const idem_py_sqlite_api *sq;
 static PyObject *cursor_cls; /* idem._tx.Cursor */
@@ -1062,7 +1063,7 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "idem._speedups",
-                                    "The replay of a call in one crossing.",
+                                    "The replay of a call, and tx.execute(), in one crossing.",
                                     -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__speedups(void) {
