@@ -319,7 +319,12 @@ static void deleted_replay_record(lab *L) {
                                        &call) == IDEM_OK,
               "the first call succeeds");
     lab_sleep_ms(120);
-    lab_check(L, n, idem_prune(s, &removed) == IDEM_OK && removed == 1,
+    /* The store also prunes now and then after a write: on a slow machine
+     * its own pruning, right after this call's commit, may have found the
+     * record expired already. Either way none is left (checked below). */
+    lab_check(L, n,
+              idem_prune(s, &removed) == IDEM_OK &&
+                  (removed == 1 || (removed == 0 && lab_count_records(url) == 0)),
               "prune removes the expired record, removed %lld",
               (long long)removed);
   }
