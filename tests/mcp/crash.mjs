@@ -100,6 +100,16 @@ const test = (proxy) => connect({ server: SERVERS.test,
   await client.close();
 }
 
+// The test server's pid, as it wrote it beside f. Never 0 or less: kill()
+// of those signals a whole process group (this test's, and whatever runs
+// it).
+function serverPid(f) {
+  const pid = Number(readFileSync(f + ".pid", "utf8"));
+  if (!Number.isInteger(pid) || pid <= 0)
+    throw new Error(`${f}.pid holds no pid: ${JSON.stringify(readFileSync(f + ".pid", "utf8"))}`);
+  return pid;
+}
+
 // The server killed mid-call; the proxy restarted; the retry.
 async function crash(mode, key) {
   const f = join(TMP, `crash-${mode}.txt`);
@@ -110,7 +120,7 @@ async function crash(mode, key) {
   const a = await test(opts);
   const pending = call(a.client, "append", args, { key });
   await waitFor(() => existsSync(f + ".pid"), `${mode}: the call to start`);
-  const pid = Number(readFileSync(f + ".pid", "utf8"));
+  const pid = serverPid(f);
   process.kill(pid, "SIGKILL");
   const r1 = await pending;
   eq(`${mode}: the killed call's answer`, -31903, r1.error?.code);
@@ -176,7 +186,7 @@ async function crash(mode, key) {
   const a = await test(opts);
   const pending = call(a.client, "append", args, { key: "pk-1" });
   await waitFor(() => existsSync(f + ".pid"), "proxy killed: the call to start");
-  const pid = Number(readFileSync(f + ".pid", "utf8"));
+  const pid = serverPid(f);
   a.proc.kill("SIGKILL");
   const r1 = await pending;
   check("proxy killed: the client lost the connection", r1.error !== undefined);

@@ -6,7 +6,7 @@ import { Server } from "@modelcontextprotocol/sdk/server/index.js";
 import { StdioServerTransport } from "@modelcontextprotocol/sdk/server/stdio.js";
 import { CallToolRequestSchema, ErrorCode, ListToolsRequestSchema, McpError }
   from "@modelcontextprotocol/sdk/types.js";
-import { appendFileSync, readFileSync, writeFileSync } from "node:fs";
+import { appendFileSync, readFileSync, renameSync, writeFileSync } from "node:fs";
 
 const obj = (properties) => ({ type: "object", properties });
 const tools = [
@@ -29,7 +29,10 @@ server.setRequestHandler(CallToolRequestSchema, async (req) => {
     case "append": {
       appendFileSync(a.file, a.text + "\n");
       const n = readFileSync(a.file, "utf8").split("\n").length - 1;
-      writeFileSync(a.file + ".pid", String(process.pid));
+      // Whole or not at all (written aside, then renamed): a reader that
+      // saw an empty file would signal pid 0, its own process group.
+      writeFileSync(a.file + ".pid.tmp", String(process.pid));
+      renameSync(a.file + ".pid.tmp", a.file + ".pid");
       if (a.delay_ms) await new Promise((r) => setTimeout(r, a.delay_ms));
       return { content: [{ type: "text",
         text: `appended ${a.text} as line ${n}; arguments ${JSON.stringify(a)}` }] };
