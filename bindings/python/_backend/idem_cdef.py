@@ -106,11 +106,15 @@ int64_t idem_py_begin_replay(idem_store *store, const char *tenant,
                              const char *request, size_t request_len,
                              const idem_execute_options *opts,
                              idem_py_claim *claim, char *buf, size_t cap);
-int64_t idem_py_local_replay(idem_store *store, const char *tenant,
-                             const char *operation, const char *key,
-                             const char *request, size_t request_len,
-                             const idem_call_options *opts, void *ctx,
-                             idem_py_claim *claim, char *buf, size_t cap);
+typedef int (*idem_local_fn)(void *conn, void *ctx, idem_response *response);
+#define IDEM_PY_FRESH ...
+void idem_py_respond(idem_response *response, const char *body, size_t len);
+int64_t idem_py_local_fresh(idem_store *store, const char *tenant,
+                            const char *operation, const char *key,
+                            const char *request, size_t request_len,
+                            const idem_call_options *opts, idem_local_fn fn,
+                            void *ctx, idem_py_claim *claim, char *buf,
+                            size_t cap);
 
 typedef struct sqlite3 sqlite3;
 typedef struct sqlite3_stmt sqlite3_stmt;
@@ -216,9 +220,6 @@ static void idem_py_read(idem_py_claim *claim)
   claim->body_len = r ? r->body_len : 0;
 }
 
-/* A claim that does not hold its key is done with here when its body fits
- * in buf (cap bytes): the body is copied there and the call freed, so that
- * call is NULL and body is buf. */
 /* Done with a call whose key is not held: its body is copied to buf when
  * it fits (then call is NULL and body is buf). */
 static void idem_py_done(idem_py_claim *claim, char *buf, size_t cap)
@@ -254,11 +255,12 @@ static int idem_py_local(void *conn, void *ctx, idem_response *response);
 
 /* idem_execute_local() for a JSON request: fingerprinted, and kept in its
  * canonical form for operators, as idem_execute() does. */
-static int idem_py_local_run(idem_store *store, const char *tenant,
-                             const char *operation, const char *key,
-                             const char *request, size_t request_len,
-                             const idem_call_options *opts, void *ctx,
-                             idem_py_claim *claim, char *buf, size_t cap)
+static int idem_py_local_with(idem_store *store, const char *tenant,
+                              const char *operation, const char *key,
+                              const char *request, size_t request_len,
+                              const idem_call_options *opts, idem_local_fn fn,
+                              void *ctx, idem_py_claim *claim, char *buf,
+                              size_t cap)
 {
   idem_id id = {tenant, operation, key};
   idem_call_options o = *opts;
@@ -272,14 +274,25 @@ static int idem_py_local_run(idem_store *store, const char *tenant,
     return claim->rc;
   o.request = canonical;
   o.request_len = canonical_len;
-  claim->rc = idem_execute_local(store, &id, fingerprint, &o, idem_py_local,
-                                 ctx, &claim->call);
+  claim->rc = idem_execute_local(store, &id, fingerprint, &o, fn, ctx,
+                                 &claim->call);
   idem_free(canonical);
   if (claim->rc != IDEM_OK)
     return claim->rc;
   idem_py_read(claim);
   idem_py_done(claim, buf, cap);
   return claim->rc;
+}
+
+static int idem_py_local_run(idem_store *store, const char *tenant,
+                             const char *operation, const char *key,
+                             const char *request, size_t request_len,
+                             const idem_call_options *opts, void *ctx,
+                             idem_py_claim *claim, char *buf, size_t cap)
+{
+  return idem_py_local_with(store, tenant, operation, key, request,
+                            request_len, opts, idem_py_local, ctx, claim, buf,
+                            cap);
 }
 
 /*
@@ -308,16 +321,36 @@ static int64_t idem_py_begin_replay(idem_store *store, const char *tenant,
   return idem_py_replay_of(claim);
 }
 
-static int64_t idem_py_local_replay(idem_store *store, const char *tenant,
-                                    const char *operation, const char *key,
-                                    const char *request, size_t request_len,
-                                    const idem_call_options *opts, void *ctx,
-                                    idem_py_claim *claim, char *buf,
-                                    size_t cap)
+/*
+ * idem_py_local_run() with idem._speedups' own callback (fn, ctx), answered
+ * as idem_py_begin_replay() is, and a claim whose callback ran and
+ * committed (PROCEED or RECOVER) gives IDEM_PY_FRESH - recovered, with
+ * claim->call left set (for Python to free) only when the body did not fit
+ * in buf.
+ */
+#define IDEM_PY_FRESH (-(INT64_C(1) << 40))
+static int64_t idem_py_local_fresh(idem_store *store, const char *tenant,
+                                   const char *operation, const char *key,
+                                   const char *request, size_t request_len,
+                                   const idem_call_options *opts,
+                                   idem_local_fn fn, void *ctx,
+                                   idem_py_claim *claim, char *buf, size_t cap)
 {
-  idem_py_local_run(store, tenant, operation, key, request, request_len, opts,
-                    ctx, claim, buf, cap);
+  idem_py_local_with(store, tenant, operation, key, request, request_len, opts,
+                     fn, ctx, claim, buf, cap);
+  if (claim->rc == IDEM_OK &&
+      (claim->outcome == IDEM_PROCEED || claim->outcome == IDEM_RECOVER))
+    return IDEM_PY_FRESH - (claim->recovered != 0);
   return idem_py_replay_of(claim);
+}
+
+/* The body of a local action's response, for idem._speedups' callback,
+ * which knows no struct of libidem's. */
+static void idem_py_respond(idem_response *response, const char *body,
+                            size_t len)
+{
+  response->body = body;
+  response->body_len = len;
 }
 
 typedef struct idem_py_sql {

@@ -45,14 +45,20 @@ typedef int64_t (*begin_fn)(void *store, const char *tenant,
                             const char *request, size_t request_len,
                             const void *opts, void *claim, char *buf,
                             size_t cap);
+typedef int (*callback_fn)(void *conn, void *ctx, void *response);
 typedef int64_t (*local_fn)(void *store, const char *tenant,
                             const char *operation, const char *key,
                             const char *request, size_t request_len,
-                            const void *opts, void *ctx, void *claim,
-                            char *buf, size_t cap);
+                            const void *opts, callback_fn fn, void *ctx,
+                            void *claim, char *buf, size_t cap);
+typedef void (*respond_fn)(void *response, const char *body, size_t len);
 
 static begin_fn begin_call;
 static local_fn local_call;
+static respond_fn respond;
+static int64_t fresh_mark; /* IDEM_PY_FRESH */
+static long rejected;      /* IDEM_EREJECTED */
+static PyObject *dump_body; /* idem._store._local_body: the result as JSON */
 static PyObject *outcome_cls; /* idem.Outcome */
 static PyObject *scan;        /* json's scanner: (text, 0) -> (value, end) */
 static PyObject *zero;
@@ -206,9 +212,10 @@ static int put_value(text *t, PyObject *o, int depth) {
   return 1;
 }
 
-/* The Outcome of a replay whose body (len bytes) is in buf; NULL with no
- * exception set when Python is to read it instead. */
-static PyObject *replayed(const char *buf, size_t len, int recovered) {
+/* The Outcome of a call (replayed or not) whose stored body (len bytes) is
+ * in buf; NULL with no exception set when Python is to read it instead. */
+static PyObject *outcome_of(const char *buf, size_t len, int replay,
+                            int recovered) {
   PyObject *s, *args[2], *got, *value, *out;
   s = PyUnicode_DecodeUTF8(buf, (Py_ssize_t)len, NULL);
   if (!s)
@@ -227,7 +234,8 @@ static PyObject *replayed(const char *buf, size_t len, int recovered) {
     goto python;
   }
   value = PyTuple_GET_ITEM(got, 0);
-  out = PyObject_CallFunctionObjArgs(outcome_cls, value, Py_True,
+  out = PyObject_CallFunctionObjArgs(outcome_cls, value,
+                                     replay ? Py_True : Py_False,
                                      recovered ? Py_True : Py_False, NULL);
   Py_DECREF(got);
   Py_DECREF(s);
@@ -254,34 +262,33 @@ static int bytes_arg(PyObject *o, const char **out, const char *what) {
 }
 
 /*
- * One call of either kind: args are (store, tenant, operation, key,
- * request, opts, [ctx,] claim, buf, cap), addresses as ints and names as
- * bytes.
+ * begin(store, tenant, operation, key, request, opts, claim, buf, cap):
+ * idem_py_begin_replay(), addresses as ints and names as bytes.
  */
-static PyObject *call(PyObject *const *args, Py_ssize_t nargs, int local) {
-  Py_ssize_t want = local ? 10 : 9;
-  void *store, *opts, *ctx = NULL, *claim, *bufp;
+static PyObject *sp_begin(PyObject *self, PyObject *const *args,
+                          Py_ssize_t nargs) {
+  void *store, *opts, *claim, *bufp;
   const char *tenant, *operation, *key;
   size_t cap;
   text t;
   int rc;
   int64_t got;
   PyObject *out;
-  if (nargs != want) {
-    PyErr_Format(PyExc_TypeError, "takes %zd arguments", want);
+  (void)self;
+  if (nargs != 9) {
+    PyErr_SetString(PyExc_TypeError, "begin() takes 9 arguments");
     return NULL;
   }
-  if (!begin_call || !local_call) {
+  if (!begin_call) {
     PyErr_SetString(PyExc_RuntimeError, "idem._speedups: setup() not called");
     return NULL;
   }
   if (address(args[0], &store) < 0 || bytes_arg(args[1], &tenant, "tenant") < 0 ||
       bytes_arg(args[2], &operation, "operation") < 0 ||
       bytes_arg(args[3], &key, "key") < 0 || address(args[5], &opts) < 0 ||
-      (local && address(args[6], &ctx) < 0) ||
-      address(args[want - 3], &claim) < 0 || address(args[want - 2], &bufp) < 0)
+      address(args[6], &claim) < 0 || address(args[7], &bufp) < 0)
     return NULL;
-  cap = PyLong_AsSize_t(args[want - 1]);
+  cap = PyLong_AsSize_t(args[8]);
   if (cap == (size_t)-1 && PyErr_Occurred())
     return NULL;
   text_init(&t);
@@ -293,42 +300,233 @@ static PyObject *call(PyObject *const *args, Py_ssize_t nargs, int local) {
     Py_RETURN_NOTIMPLEMENTED;
   }
   Py_BEGIN_ALLOW_THREADS
-  got = local ? local_call(store, tenant, operation, key, t.p, t.len, opts, ctx,
-                           claim, bufp, cap)
-              : begin_call(store, tenant, operation, key, t.p, t.len, opts,
-                           claim, bufp, cap);
+  got = begin_call(store, tenant, operation, key, t.p, t.len, opts, claim, bufp,
+                   cap);
   Py_END_ALLOW_THREADS
   text_free(&t);
   if (got < 0)
     return PyLong_FromLongLong(-1 - got);
-  out = replayed(bufp, (size_t)(got >> 1), (int)(got & 1));
+  out = outcome_of(bufp, (size_t)(got >> 1), 1, (int)(got & 1));
   if (out || PyErr_Occurred())
     return out;
   return PyLong_FromLong(0);
 }
 
-static PyObject *sp_begin(PyObject *self, PyObject *const *args,
-                          Py_ssize_t nargs) {
-  (void)self;
-  return call(args, nargs, 0);
+/* ------------------------------------------------ execute_local() */
+
+/*
+ * The function of an execute_local() call, as libidem runs it inside the
+ * store's transaction (on the calling thread, or on the one committing the
+ * batch): what idem._store's idem_py_local() does through cffi, without
+ * the crossing. It makes the Transaction, marks the store as running a
+ * function on this thread (a call back into it would wait for the
+ * transaction it runs in), calls fn(tx), ends tx, and writes the result as
+ * JSON (this module's encoder, or idem._store._local_body() for what it
+ * leaves to Python). What fn raised, or the result's encoding, is kept for
+ * the caller and the transaction rolls back.
+ */
+typedef struct {
+  PyObject *fn;     /* the caller's function */
+  PyObject *store;  /* the idem.Store */
+  PyObject *tx_new; /* (Transaction, backend, statements) */
+  PyObject *error;  /* what fn (or the encoding) raised: (type, value, tb) */
+  PyObject *dumped; /* the result as JSON bytes, when Python wrote it */
+  text body;        /* the result as JSON, when this module wrote it */
+} local_ctx;
+
+/* The Store whose function runs on this thread, or NULL (borrowed: the
+ * call that runs it holds it). */
+static _Thread_local PyObject *local_store;
+static PyObject *str_open; /* "_open" */
+
+static void local_clear(local_ctx *c) {
+  Py_CLEAR(c->error);
+  Py_CLEAR(c->dumped);
+  text_free(&c->body);
+  text_init(&c->body);
 }
 
+static PyObject *local_error(void) {
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyErr_NormalizeException(&type, &value, &tb);
+  if (tb && value)
+    PyException_SetTraceback(value, tb);
+  Py_XDECREF(type);
+  Py_XDECREF(tb);
+  return value;
+}
+
+static int local_run(void *conn, void *ctx, void *response) {
+  local_ctx *c = ctx;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject *outer = local_store, *addr, *tx = NULL, *value = NULL, *args[4];
+  int rc = -1;
+  local_clear(c); /* libidem runs it once; a second run would start anew */
+  local_store = c->store;
+  addr = PyLong_FromVoidPtr(conn);
+  if (addr) {
+    args[1] = PyTuple_GET_ITEM(c->tx_new, 1);
+    args[2] = addr;
+    args[3] = PyTuple_GET_ITEM(c->tx_new, 2);
+    tx = PyObject_Vectorcall(PyTuple_GET_ITEM(c->tx_new, 0), args + 1,
+                             3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    Py_DECREF(addr);
+  }
+  if (tx) {
+    PyObject *type, *exc, *tb;
+    value = PyObject_CallOneArg(c->fn, tx);
+    /* tx ends with the function, whatever it did. */
+    PyErr_Fetch(&type, &exc, &tb);
+    if (PyObject_SetAttr(tx, str_open, Py_False) < 0) {
+      Py_XDECREF(type);
+      Py_XDECREF(exc);
+      Py_XDECREF(tb);
+      Py_CLEAR(value);
+    } else {
+      PyErr_Restore(type, exc, tb);
+    }
+    Py_DECREF(tx);
+  }
+  if (value) {
+    int put_rc = put_value(&c->body, value, 0);
+    if (put_rc == 0) {
+      respond(response, c->body.p, c->body.len);
+      rc = 0;
+    } else if (put_rc > 0) {
+      c->dumped = PyObject_CallOneArg(dump_body, value);
+      if (c->dumped && !PyBytes_Check(c->dumped)) {
+        PyErr_SetString(PyExc_TypeError, "_local_body() must return bytes");
+        Py_CLEAR(c->dumped);
+      }
+      if (c->dumped) {
+        respond(response, PyBytes_AS_STRING(c->dumped),
+                (size_t)PyBytes_GET_SIZE(c->dumped));
+        rc = 0;
+      }
+    }
+    Py_DECREF(value);
+  }
+  if (rc != 0) {
+    c->error = local_error();
+    rc = 1;
+  }
+  local_store = outer;
+  PyGILState_Release(gil);
+  return rc;
+}
+
+/*
+ * local(store, tenant, operation, key, request, opts, fn, owner, tx_new,
+ * claim, buf, cap): execute_local() with fn run by local_run(), through
+ * idem_py_local_fresh(); owner is the idem.Store, tx_new (Transaction,
+ * backend, statements). It returns the Outcome of a replay or of fn's
+ * committed run (its result decoded from the JSON stored), raises what fn
+ * raised (all rolled back), or returns an int as begin() does (Python reads
+ * the claim) or NotImplemented (nothing called).
+ */
 static PyObject *sp_local(PyObject *self, PyObject *const *args,
                           Py_ssize_t nargs) {
+  void *store, *opts, *claim, *bufp;
+  const char *tenant, *operation, *key;
+  size_t cap;
+  text t;
+  int rc;
+  int64_t got;
+  PyObject *out = NULL;
+  local_ctx c;
   (void)self;
-  return call(args, nargs, 1);
+  if (nargs != 12) {
+    PyErr_SetString(PyExc_TypeError, "local() takes 12 arguments");
+    return NULL;
+  }
+  if (!local_call || !respond) {
+    PyErr_SetString(PyExc_RuntimeError,
+                    "idem._speedups: local_setup() not called");
+    return NULL;
+  }
+  if (address(args[0], &store) < 0 || bytes_arg(args[1], &tenant, "tenant") < 0 ||
+      bytes_arg(args[2], &operation, "operation") < 0 ||
+      bytes_arg(args[3], &key, "key") < 0 || address(args[5], &opts) < 0 ||
+      address(args[9], &claim) < 0 || address(args[10], &bufp) < 0)
+    return NULL;
+  if (!PyTuple_CheckExact(args[8]) || PyTuple_GET_SIZE(args[8]) != 3) {
+    PyErr_SetString(PyExc_TypeError,
+                    "tx_new: (Transaction, backend, statements)");
+    return NULL;
+  }
+  cap = PyLong_AsSize_t(args[11]);
+  if (cap == (size_t)-1 && PyErr_Occurred())
+    return NULL;
+  text_init(&t);
+  rc = put_value(&t, args[4], 0);
+  if (rc != 0) {
+    text_free(&t);
+    if (rc < 0)
+      return NULL;
+    Py_RETURN_NOTIMPLEMENTED;
+  }
+  c.fn = args[6];
+  c.store = args[7];
+  c.tx_new = args[8];
+  c.error = c.dumped = NULL;
+  text_init(&c.body);
+  Py_BEGIN_ALLOW_THREADS
+  got = local_call(store, tenant, operation, key, t.p, t.len, opts, local_run,
+                   &c, claim, bufp, cap);
+  Py_END_ALLOW_THREADS
+  text_free(&t);
+  if (c.error && got == -1 - (int64_t)rejected) {
+    /* fn raised: everything rolled back, the key released. */
+    PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(c.error)), c.error,
+                  PyException_GetTraceback(c.error));
+    c.error = NULL; /* PyErr_Restore() took it */
+  } else if (got == fresh_mark || got == fresh_mark - 1) {
+    /* The result as stored, decoded: as a replay would give it. */
+    int recovered = got != fresh_mark;
+    out = c.dumped ? outcome_of(PyBytes_AS_STRING(c.dumped),
+                                (size_t)PyBytes_GET_SIZE(c.dumped), 0, recovered)
+                   : outcome_of(c.body.p, c.body.len, 0, recovered);
+    if (!out && !PyErr_Occurred())
+      out = PyLong_FromLong(0); /* Python reads it from the claim */
+  } else if (got < 0) {
+    out = PyLong_FromLongLong(-1 - got);
+  } else {
+    out = outcome_of(bufp, (size_t)(got >> 1), 1, (int)(got & 1));
+    if (!out && !PyErr_Occurred())
+      out = PyLong_FromLong(0);
+  }
+  local_clear(&c);
+  text_free(&c.body);
+  return out;
+}
+
+/* local_store(): the Store whose function runs on this thread, or None. */
+static PyObject *sp_local_store(PyObject *self, PyObject *unused) {
+  (void)self;
+  (void)unused;
+  return Py_NewRef(local_store ? local_store : Py_None);
+}
+
+/* swap_local(store or None): marks store as running a function on this
+ * thread; the one marked before (or None), to give back after. */
+static PyObject *sp_swap_local(PyObject *self, PyObject *store) {
+  PyObject *outer = local_store ? local_store : Py_None;
+  (void)self;
+  local_store = store == Py_None ? NULL : store;
+  return Py_NewRef(outer);
 }
 
 static PyObject *sp_setup(PyObject *self, PyObject *args) {
-  PyObject *b, *l, *cls, *sc;
-  void *bp, *lp;
+  PyObject *b, *cls, *sc;
+  void *bp;
   (void)self;
-  if (!PyArg_ParseTuple(args, "OOOO", &b, &l, &cls, &sc))
+  if (!PyArg_ParseTuple(args, "OOO", &b, &cls, &sc))
     return NULL;
-  if (address(b, &bp) < 0 || address(l, &lp) < 0)
+  if (address(b, &bp) < 0)
     return NULL;
-  if (!bp || !lp || !PyCallable_Check(cls) || !PyCallable_Check(sc)) {
-    PyErr_SetString(PyExc_ValueError, "setup(begin, local, Outcome, scan)");
+  if (!bp || !PyCallable_Check(cls) || !PyCallable_Check(sc)) {
+    PyErr_SetString(PyExc_ValueError, "setup(begin, Outcome, scan)");
     return NULL;
   }
   Py_INCREF(cls);
@@ -336,7 +534,32 @@ static PyObject *sp_setup(PyObject *self, PyObject *args) {
   Py_XSETREF(outcome_cls, cls);
   Py_XSETREF(scan, sc);
   begin_call = (begin_fn)bp;
+  Py_RETURN_NONE;
+}
+
+static PyObject *sp_local_setup(PyObject *self, PyObject *args) {
+  PyObject *l, *r, *dump;
+  long long mark;
+  long rej;
+  void *lp, *rp;
+  (void)self;
+  if (!PyArg_ParseTuple(args, "OOLlO", &l, &r, &mark, &rej, &dump))
+    return NULL;
+  if (address(l, &lp) < 0 || address(r, &rp) < 0)
+    return NULL;
+  if (!lp || !rp || mark >= -1 || !PyCallable_Check(dump)) {
+    PyErr_SetString(PyExc_ValueError,
+                    "local_setup(local, respond, fresh, rejected, dump)");
+    return NULL;
+  }
+  if (!str_open && !(str_open = PyUnicode_InternFromString("_open")))
+    return NULL;
+  Py_INCREF(dump);
+  Py_XSETREF(dump_body, dump);
   local_call = (local_fn)lp;
+  respond = (respond_fn)rp;
+  fresh_mark = mark;
+  rejected = rej;
   Py_RETURN_NONE;
 }
 
@@ -1033,14 +1256,23 @@ static PyObject *sp_dumps(PyObject *self, PyObject *o) {
 
 static PyMethodDef methods[] = {
     {"setup", sp_setup, METH_VARARGS,
-     "setup(begin, local, Outcome, scan): the addresses of "
-     "idem_py_begin_replay and idem_py_local_replay, the class of a "
-     "replay's result and json's scanner."},
+     "setup(begin, Outcome, scan): the address of idem_py_begin_replay, the "
+     "class of a replay's result and json's scanner."},
     {"begin", (PyCFunction)(void (*)(void))sp_begin, METH_FASTCALL,
      "begin(store, tenant, operation, key, request, opts, claim, buf, cap)"},
+    {"local_setup", sp_local_setup, METH_VARARGS,
+     "local_setup(local, respond, fresh, rejected, dump): the addresses of "
+     "idem_py_local_fresh and idem_py_respond, IDEM_PY_FRESH, "
+     "IDEM_EREJECTED and the function that writes a result as JSON bytes "
+     "for what this module leaves to Python."},
     {"local", (PyCFunction)(void (*)(void))sp_local, METH_FASTCALL,
-     "local(store, tenant, operation, key, request, opts, ctx, claim, buf, "
-     "cap)"},
+     "local(store, tenant, operation, key, request, opts, fn, owner, tx_new, "
+     "claim, buf, cap)"},
+    {"local_store", sp_local_store, METH_NOARGS,
+     "local_store(): the Store whose function runs on this thread, or None."},
+    {"swap_local", sp_swap_local, METH_O,
+     "swap_local(store): marks store (or None) as running a function on "
+     "this thread; returns the one marked before."},
     {"sqlite_setup", sp_sqlite_setup, METH_VARARGS,
      "sqlite_setup(api, Cursor, limit): the address of idem._native's "
      "idem_py_sqlite_fns(), the class of tx.execute()'s result and how many "

@@ -210,11 +210,26 @@ def _options(lease: Seconds, retention: Seconds, wait: Seconds,
 _PLAIN = _Options(None, None, None, None)
 
 
-# idem._speedups calls libidem through idem._native's functions, and
-# answers a replay with an Outcome decoded by json's own scanner.
-_speedups.setup(_address(ffi.addressof(lib, "idem_py_begin_replay")),
-                _address(ffi.addressof(lib, "idem_py_local_replay")), Outcome, _scan)
+def _local_body(value: Any) -> bytes:
+    """What execute_local()'s function returned, as the JSON stored."""
+    try:
+        return _dump(value)
+    except (TypeError, ValueError) as e:
+        raise TypeError("the function's result cannot be stored as JSON: %s" % e) from e
+
+
+# idem._speedups calls libidem through idem._native's functions, answers a
+# replay with an Outcome decoded by json's own scanner, and runs
+# execute_local()'s function from a callback of its own.
+_speedups.setup(_address(ffi.addressof(lib, "idem_py_begin_replay")), Outcome, _scan)
+_speedups.local_setup(_address(ffi.addressof(lib, "idem_py_local_fresh")),
+                      _address(ffi.addressof(lib, "idem_py_respond")), lib.IDEM_PY_FRESH,
+                      _EREJECTED, _local_body)
 _fast_begin, _fast_local = _speedups.begin, _speedups.local
+# The Store whose execute_local() function runs on this thread (a call back
+# into it would wait for the transaction it runs in), kept in C for both
+# ways of running it.
+_local_store, _swap_local = _speedups.local_store, _speedups.swap_local
 
 
 class _Claim:
@@ -227,12 +242,6 @@ class _Claim:
         self.exec = exec_
         self.recovered = recovered
 
-
-_tls = threading.local()
-# Threads in which a function run by execute_local() is running now: only
-# they need the thread-local look-up of _handle() (a set's truth and its
-# add() and discard() are atomic).
-_in_local: "set[int]" = set()
 
 # Stores open in this process: a child of fork() marks them its parent's, so
 # that a call checks a flag rather than asking for its pid every time.
@@ -440,10 +449,10 @@ def _is_release(exc: BaseException, release_on: Tuple[Type[BaseException], ...])
 
 
 class _LocalCall:
-    """One execute_local() call, as idem_py_local() sees it through ctx (a
-    handle made once: spares are kept in _LOCALS)."""
+    """One execute_local() call run the Python way, as idem_py_local() sees
+    it through ctx (a handle made once: spares are kept in _LOCALS)."""
 
-    __slots__ = ("fn", "store", "error", "body", "keep", "ctx", "addr")
+    __slots__ = ("fn", "store", "error", "body", "keep", "ctx")
 
     def __init__(self) -> None:
         self.fn: Any = None
@@ -452,7 +461,6 @@ class _LocalCall:
         self.body: Any = None
         self.keep: Any = None
         self.ctx = ffi.new_handle(self)
-        self.addr = _address(self.ctx)
 
     def clear(self) -> None:
         self.fn = self.store = self.error = self.body = self.keep = None
@@ -464,34 +472,51 @@ _LOCALS: List[_LocalCall] = []
 
 @ffi.def_extern()
 def idem_py_local(conn, ctx, response):  # type: ignore[no-untyped-def]
-    """Runs the caller's function inside the store's transaction. It may run
-    on another thread of the process (the one committing the batch)."""
+    """Runs the caller's function inside the store's transaction, the Python
+    way (idem._speedups' local_run() is the other). It may run on another
+    thread of the process (the one committing the batch)."""
     local = ffi.from_handle(ctx)
-    tx = Transaction(local.store.backend, conn, local.store._statements)
-    outer = getattr(_tls, "local_store", None)
-    _tls.local_store = local.store  # fn must not call back into its own store
-    _in_local.add(threading.get_ident())
+    store = local.store
+    tx = Transaction(store.backend, _address(conn), store._statements)
+    outer = _swap_local(store)  # fn must not call back into its own store
     try:
-        value = local.fn(tx)
-        try:
-            body = _dump(value)
-        except (TypeError, ValueError) as e:
-            raise TypeError("the function's result cannot be stored as JSON: %s" % e) \
-                from e
+        body = _local_body(local.fn(tx))
     except BaseException as e:  # noqa: B902 - everything rolls back
         local.error = e
         return 1
     finally:
         tx._close()
-        _tls.local_store = outer
-        if outer is None:
-            _in_local.discard(threading.get_ident())
+        _swap_local(outer)
     local.error = None
     local.body = body
     local.keep = ffi.from_buffer(body)
     response.body = local.keep  # the store zeroed the rest
     response.body_len = len(body)
     return 0
+
+
+def _local_python(store: Any, owner: "Store", tenant: bytes, operation: bytes,
+                  key: bytes, request: Any, opts: "_Options", fn: Any, c: Any,
+                  buf: Any) -> int:
+    """execute_local() the Python way, for a request idem._speedups leaves
+    to Python's json: libidem's result, with c read as after
+    idem_py_local_run(); what fn raised is raised."""
+    req = _request(request)
+    try:
+        local = _LOCALS.pop()
+    except IndexError:
+        local = _LocalCall()
+    local.fn, local.store = fn, owner
+    try:
+        rc = lib.idem_py_local_run(store, tenant, operation, key, req, len(req), opts.call,
+                                   local.ctx, c, buf, _BUF_SIZE)
+        if rc == _EREJECTED and local.error is not None:
+            raise local.error
+        return rc  # type: ignore[no-any-return]
+    finally:
+        local.clear()  # then another call may take it
+        if len(_LOCALS) < 8:
+            _LOCALS.append(local)
 
 
 class Store:
@@ -534,6 +559,8 @@ class Store:
         self._closing = False
         self._pools: Optional[Tuple[ThreadPoolExecutor, ThreadPoolExecutor]] = None
         self._statements = Statements()
+        # What idem._speedups makes an execute_local() function's tx of.
+        self._tx_new = (Transaction, self.backend, self._statements)
 
     # -------------------------------------------------------------- life
 
@@ -544,7 +571,7 @@ class Store:
         it raises instead of waiting for itself."""
         if getattr(self, "_store", None) is None:
             return
-        if getattr(_tls, "local_store", None) is self:
+        if _local_store() is self:
             raise Error("IDEM_ESTATE", "close() inside a function this store runs")
         with self._lock:
             if self._calls:
@@ -588,7 +615,7 @@ class Store:
         if self._forked:
             raise Error("IDEM_ESTATE", "this store was opened by process %d: after "
                         "fork() the child opens a store of its own" % self._pid)
-        if _in_local and getattr(_tls, "local_store", None) is self:
+        if _local_store() is self:
             raise Error("IDEM_ESTATE", "a function run by execute_local() calls its own "
                         "store: it would wait for the transaction it runs in")
         return store
@@ -690,54 +717,41 @@ class Store:
             op = _name(operation, "operation")
             t = _name(tenant if tenant is not None else "", "tenant")
         k = key.encode("utf-8") if key.__class__ is str and "\x00" not in key else _key(key)
-        try:
-            local = _LOCALS.pop()
-        except IndexError:
-            local = _LocalCall()
-        local.fn, local.store = fn, self
+        pair = _take()
+        c, buf, token = pair[0], pair[1], pair[2]  # the claim's address: this call's own
         calls = self._calls
-        calls.add(local)
+        calls.add(token)
         try:
             store = self._handle()
-            pair = _take()
-            c, buf = pair[0], pair[1]
             try:
-                # The request written as JSON and the call made in one
-                # crossing, and a replay decoded there too (idem._speedups).
-                rc = _fast_local(self._addr, t, op, k, request, opts.call_addr, local.addr,
-                                 pair[2], pair[3], _BUF_SIZE)
+                # The request written as JSON, the call made, fn run and its
+                # result written and decoded, or a replay decoded, in one
+                # crossing (idem._speedups).
+                rc = _fast_local(self._addr, t, op, k, request, opts.call_addr, fn, self,
+                                 self._tx_new, token, pair[3], _BUF_SIZE)
                 if rc.__class__ is not int:
                     if rc is not NotImplemented:
                         return rc  # type: ignore[no-any-return]
-                    req = _request(request)
-                    rc = lib.idem_py_local_run(store, t, op, k, req, len(req), opts.call,
-                                               local.ctx, c, buf, _BUF_SIZE)
+                    rc = _local_python(store, self, t, op, k, request, opts, fn, c, buf)
                 call = c.call  # left only for a body too large for buf
-                if rc == _EREJECTED and local.error is not None:
-                    raise local.error
                 if rc != _OK:
                     raise _fail(rc)
                 outcome = c.outcome
                 if outcome == _REPLAY:
                     return _replayed(c, buf, call, op, k)
                 if outcome == _PROCEED or outcome == _RECOVER:  # fn's result, as stored
-                    value = _decode(local.body.decode("utf-8")) if local.body is not None \
-                        else _stored(c, op, k)
-                    return Outcome(value, False, outcome == _RECOVER)
+                    return Outcome(_stored(c, op, k), False, outcome == _RECOVER)
                 raise _refusal(c, op, k)
             finally:
                 call = c.call
                 if call:
                     lib.idem_call_free(call)
                     c.call = ffi.NULL
-                _give(pair)
         finally:
-            calls.discard(local)
+            calls.discard(token)
             if self._closing:
-                self._leave(local)
-            local.clear()  # then another call may take it
-            if len(_LOCALS) < 8:
-                _LOCALS.append(local)
+                self._leave(token)
+            _give(pair)
 
     def delete(self, operation: str, key: str, *, tenant: Optional[str] = None) -> None:
         """Deletes one record whatever its state (an operator's act: a retry

@@ -176,10 +176,10 @@ class Statements:
 class Transaction:
     """Valid only while the function it was given to runs."""
 
-    def __init__(self, backend: str, conn: Any, statements: Optional[Statements] = None) -> None:
+    def __init__(self, backend: str, addr: int,
+                 statements: Optional[Statements] = None) -> None:
         self.backend = backend
-        self._conn = conn
-        self._addr = int(ffi.cast("uintptr_t", conn))  # for idem._speedups
+        self._addr = addr  # the store's connection (sqlite3 *, PGconn *)
         self._open = True
         self._statements = statements if statements is not None else Statements()
         self._thread = threading.get_ident()
@@ -210,7 +210,7 @@ class Transaction:
                             % type(params).__name__)
         if self.backend == "sqlite":
             return _sqlite_execute(self._conn, sql, params, self._statements)
-        return _pg_execute(ffi.cast("PGconn *", self._conn), sql, params, self)
+        return _pg_execute(ffi.cast("PGconn *", self._addr), sql, params, self)
 
     def _pg_fast(self, sql: Any, params: Any) -> Any:
         """tx.execute() on PostgreSQL in one crossing (idem._speedups): its
@@ -219,7 +219,7 @@ class Transaction:
             return NotImplemented  # before the cache counts a run
         conn = self._pg_conn
         if conn is None:
-            conn = self._pg_conn = ffi.cast("PGconn *", self._conn)
+            conn = self._pg_conn = ffi.cast("PGconn *", self._addr)
         encoded = sql.encode("utf-8")
         cache = self._statements
         name = None if self._pg_unsettled else cache.pg_name(conn, encoded)
@@ -231,6 +231,12 @@ class Transaction:
             return cursor
         cache.pg_ran(conn, encoded, False, False, got[1], name is not None)
         raise DatabaseError("IDEM_ESTORE", got[2])
+
+    @property
+    def _conn(self) -> Any:
+        """The connection as a void * (cdata pointers hash and compare by
+        address: it keys the Python way's statement cache)."""
+        return ffi.cast("void *", self._addr)
 
     def _close(self) -> None:
         self._open = False

@@ -1,0 +1,233 @@
+"""execute_local() runs the caller's function one of two ways: from
+idem._speedups' own callback (the request written by its encoder) or from
+idem_py_local() through cffi (a request it leaves to Python's json). Both
+must behave alike in everything a caller sees: the value, the flags, what a
+raised exception carries, what is stored, what tx allows, and the guard
+against a function that calls back into its own store.
+
+Every case runs both ways: "c" as a user runs it (and the Python way must
+not be taken), "python" with the C way turned off.
+"""
+import json
+import threading
+
+import pytest
+
+import idem
+from idem import _store
+from helpers import records
+
+WAYS = ["c", "python"]
+
+
+@pytest.fixture(params=WAYS)
+def way(request, monkeypatch):
+    """The way execute_local() runs the function, with a count of the calls
+    each way answered."""
+    seen = {"c": 0, "python": 0}
+    real_fast, real_python = _store._fast_local, _store._local_python
+
+    def python(*args):
+        seen["python"] += 1
+        return real_python(*args)
+
+    if request.param == "c":
+        def fast(*args):
+            seen["c"] += 1  # also when it raises what fn raised
+            out = real_fast(*args)
+            assert out is not NotImplemented, "the C way left a plain request to Python"
+            return out
+    else:
+        def fast(*args):
+            return NotImplemented
+
+    monkeypatch.setattr(_store, "_fast_local", fast)
+    monkeypatch.setattr(_store, "_local_python", python)
+    return request.param, seen
+
+
+def answered(way, calls):
+    """The counts of calls each way answered, after calls calls."""
+    name, seen = way
+    assert seen == ({"c": calls, "python": 0} if name == "c"
+                    else {"c": 0, "python": calls})
+
+
+def stored(store, operation):
+    """{key: (state, response body decoded)} of the operation's records."""
+    out = {}
+    for r in records(store.url, operation):
+        body = r["response"]["body"] if r.get("response") else None
+        out[r["key"]] = (r["state"], json.loads(body) if body is not None else None)
+    return out
+
+
+RESULTS = [
+    ({"id": 7, "tags": ["a", "é"], "n": None}, {"id": 7, "tags": ["a", "é"], "n": None}),
+    ((1, 2.5, True), [1, 2.5, True]),
+    ({1: "int key", "s": "x"}, {"1": "int key", "s": "x"}),   # left to Python's json
+    (1 << 70, 1 << 70),                                        # likewise
+    ("\x00\n\u2028 𝄞", "\x00\n\u2028 𝄞"),
+    (None, None),
+    ({"blob": "y" * 100000}, {"blob": "y" * 100000}),          # past the 64 KiB buffer
+]
+
+
+@pytest.mark.parametrize("result,value", RESULTS, ids=range(len(RESULTS)))
+def test_the_result_as_stored_and_replayed(store, operation, way, result, value):
+    ran = []
+
+    def fn(tx):
+        assert isinstance(tx, idem.Transaction)
+        assert tx.backend == store.backend
+        ran.append(1)
+        return result
+
+    first = store.execute_local(operation, "k", {"a": 1}, fn)
+    again = store.execute_local(operation, "k", {"a": 1}, fn)
+    assert (first.value, first.replayed, first.recovered) == (value, False, False)
+    assert (again.value, again.replayed) == (value, True)
+    assert type(first.value) is type(value)
+    assert ran == [1]
+    assert stored(store, operation) == {"k": ("completed", value)}
+    answered(way, 2)
+
+
+class Odd(Exception):
+    def __init__(self, a, b):
+        super().__init__(a, b)
+        self.extra = b
+
+
+@pytest.mark.parametrize("raised", [ValueError("no"), Odd("x", 2), idem.NotDone("not now"),
+                                    KeyboardInterrupt(), SystemExit(3)],
+                         ids=["ValueError", "Odd", "NotDone", "KeyboardInterrupt", "SystemExit"])
+def test_what_the_function_raises_propagates_and_releases(store, operation, way, db, raised):
+    side = db.create_table("side", "v TEXT NOT NULL")
+
+    def fn(tx):
+        tx.execute(db.sql("INSERT INTO %s (v) VALUES (?)" % side), ("written",))
+        raise raised
+
+    with pytest.raises(type(raised)) as info:
+        store.execute_local(operation, "k", {"a": 1}, fn)
+    assert info.value is raised  # the very object, with its arguments
+    # The traceback reaches into fn.
+    frames = []
+    tb = info.value.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    assert "fn" in frames
+    assert db.count(side) == 0  # rolled back with the record
+    assert stored(store, operation) == {}
+    out = store.execute_local(operation, "k", {"a": 1}, lambda tx: "second")
+    assert (out.value, out.replayed) == ("second", False)
+    answered(way, 2)
+
+
+@pytest.mark.parametrize("result", [float("nan"), object(), {"s": {1}}, "\ud800"],
+                         ids=["nan", "object", "set", "surrogate"])
+def test_a_result_json_cannot_write_rolls_back(store, operation, way, db, result):
+    side = db.create_table("side", "v TEXT NOT NULL")
+
+    def fn(tx):
+        tx.execute(db.sql("INSERT INTO %s (v) VALUES (?)" % side), ("written",))
+        return result
+
+    with pytest.raises(TypeError, match="the function's result cannot be stored as JSON"):
+        store.execute_local(operation, "k", {"a": 1}, fn)
+    assert db.count(side) == 0
+    assert stored(store, operation) == {}
+    answered(way, 1)
+
+
+def test_tx_ends_with_the_function(store, operation, way):
+    kept = []
+    store.execute_local(operation, "k", {}, lambda tx: kept.append(tx) or 1)
+    with pytest.raises(idem.DatabaseError, match="the transaction has ended") as info:
+        kept[0].execute("SELECT 1")
+    assert info.value.code == "IDEM_ESTATE"
+    # Also when the function raised.
+    def fail(tx):
+        kept.append(tx)
+        raise ValueError("x")
+    with pytest.raises(ValueError):
+        store.execute_local(operation, "k2", {}, fail)
+    with pytest.raises(idem.DatabaseError, match="the transaction has ended"):
+        kept[1].execute("SELECT 1")
+    answered(way, 2)
+
+
+def test_a_function_calling_its_own_store_is_refused(store, store_url, operation, way,
+                                                      tmp_path):
+    """Its own store: refused (it would wait for the transaction it runs
+    in); another store: allowed, and the guard is the outer store's again
+    after it."""
+    other_url = "sqlite:%s/other.db" % tmp_path
+    seen = []
+    with idem.open(other_url) as other:
+        def inner(tx):
+            with pytest.raises(idem.Error, match="calls its own store"):
+                other.execute_local(operation, "nested", {}, lambda t: 1)
+            return "inner"
+
+        def fn(tx):
+            with pytest.raises(idem.Error, match="calls its own store") as e:
+                store.execute_local(operation, "nested", {}, lambda t: 1)
+            seen.append(e.value.code)
+            with pytest.raises(idem.Error, match="close\\(\\) inside a function"):
+                store.close()
+            seen.append(other.execute_local(operation, "o", {}, inner).value)
+            with pytest.raises(idem.Error, match="calls its own store"):
+                store.execute(operation, "nested2", {}, lambda: 1)
+            seen.append("after")
+            return "outer"
+
+        out = store.execute_local(operation, "k", {}, fn)
+    assert out.value == "outer"
+    assert seen == ["IDEM_ESTATE", "inner", "after"]
+    # Outside the function, the store is usable again on this thread.
+    assert store.execute_local(operation, "k3", {}, lambda tx: 3).value == 3
+    assert set(stored(store, operation)) == {"k", "k3"}
+    name, counts = way
+    assert counts[name] >= 3
+
+
+def test_threads_each_run_their_own(store, operation, way):
+    """16 threads, a key each and one shared: the guard is per thread (a
+    function running on one thread does not refuse another thread's
+    calls), and the shared key acts once."""
+    ran = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(16)
+    errors = []
+
+    def fn_for(i):
+        def fn(tx):
+            with lock:
+                ran.append(i)
+            return {"by": i}
+        return fn
+
+    def worker(i):
+        try:
+            barrier.wait()
+            own = store.execute_local(operation, "own-%d" % i, {"i": i}, fn_for(i))
+            shared = store.execute_local(operation, "shared", {}, fn_for(i), wait=30)
+            assert own.value == {"by": i} and not own.replayed
+            results.append(shared.value)
+        except BaseException as e:  # noqa: B902
+            errors.append(e)
+
+    results = []
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(results) == 16 and len({json.dumps(r) for r in results}) == 1
+    assert len(ran) == 17
+    keys = stored(store, operation)
+    assert len(keys) == 17 and keys["shared"] == ("completed", results[0])
