@@ -94,6 +94,7 @@ int idem_py_begin(idem_store *store, const char *tenant, const char *operation,
                   const char *key, const char *request, size_t request_len,
                   const idem_execute_options *opts, idem_py_claim *claim,
                   char *buf, size_t cap);
+int idem_py_end(idem_exec *exec, int result, const char *body, size_t len);
 int idem_py_local_run(idem_store *store, const char *tenant,
                       const char *operation, const char *key,
                       const char *request, size_t request_len,
@@ -249,6 +250,20 @@ static int idem_py_begin(idem_store *store, const char *tenant,
   if (!claim->exec)
     idem_py_done(claim, buf, cap);
   return claim->rc;
+}
+
+/* idem_execute_end() with the response's body (body NULL: no response),
+ * without an idem_response made in Python. */
+static int idem_py_end(idem_exec *exec, int result, const char *body,
+                       size_t len)
+{
+  idem_response r;
+  if (!body)
+    return idem_execute_end(exec, result, NULL);
+  memset(&r, 0, sizeof r);
+  r.body = body;
+  r.body_len = len;
+  return idem_execute_end(exec, result, &r);
 }
 
 static int idem_py_local(void *conn, void *ctx, idem_response *response);

@@ -383,12 +383,10 @@ def _end(claim: _Claim, result: int, body: Optional[bytes] = None) -> Tuple[int,
     rc: Optional[int] = None
     msg = ""
     try:
-        resp = ffi.NULL
         if body is not None:
-            resp = ffi.new("idem_response *")
-            buf = ffi.from_buffer(body)
-            resp.body, resp.body_len = buf, len(body)
-        rc = lib.idem_execute_end(exec_, result, resp)
+            rc = lib.idem_py_end(exec_, result, body, len(body))
+        else:
+            rc = lib.idem_execute_end(exec_, result, ffi.NULL)
         if rc:
             msg = ffi.string(lib.idem_errmsg()).decode("utf-8", "replace")
     finally:
@@ -428,7 +426,7 @@ def _settle(claim: _Claim, value: Any) -> Outcome:
     """Stores what the action returned; the Outcome of the call that ran."""
     try:
         body = _dump(value)
-        decoded = _decode(body.decode("utf-8"))
+        decoded = _scan(body.decode("utf-8"), 0)[0]  # all of it: _dump() wrote it
     except (TypeError, ValueError) as e:
         _end(claim, _MARK_UNKNOWN)
         raise TypeError("the function acted, but its result cannot be stored as JSON "
