@@ -346,7 +346,11 @@ static void local_clear(local_ctx *c) {
   text_init(&c->body);
 }
 
-static PyObject *local_error(void) {
+/* The exception set now, taken (an instance, with its traceback). */
+static PyObject *take_error(void) {
+#if PY_VERSION_HEX >= 0x030C0000
+  return PyErr_GetRaisedException();
+#else
   PyObject *type, *value, *tb;
   PyErr_Fetch(&type, &value, &tb);
   PyErr_NormalizeException(&type, &value, &tb);
@@ -355,6 +359,19 @@ static PyObject *local_error(void) {
   Py_XDECREF(type);
   Py_XDECREF(tb);
   return value;
+#endif
+}
+
+/* Sets e (taken by take_error(), or NULL: none) as the exception; steals
+ * it. */
+static void give_error(PyObject *e) {
+#if PY_VERSION_HEX >= 0x030C0000
+  PyErr_SetRaisedException(e);
+#else
+  if (e)
+    PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(e)), e,
+                  PyException_GetTraceback(e));
+#endif
 }
 
 static int local_run(void *conn, void *ctx, void *response) {
@@ -374,17 +391,15 @@ static int local_run(void *conn, void *ctx, void *response) {
     Py_DECREF(addr);
   }
   if (tx) {
-    PyObject *type, *exc, *tb;
+    PyObject *raised;
     value = PyObject_CallOneArg(c->fn, tx);
     /* tx ends with the function, whatever it did. */
-    PyErr_Fetch(&type, &exc, &tb);
+    raised = value ? NULL : take_error();
     if (PyObject_SetAttr(tx, str_open, Py_False) < 0) {
-      Py_XDECREF(type);
-      Py_XDECREF(exc);
-      Py_XDECREF(tb);
+      Py_XDECREF(raised);
       Py_CLEAR(value);
-    } else {
-      PyErr_Restore(type, exc, tb);
+    } else if (raised) {
+      give_error(raised);
     }
     Py_DECREF(tx);
   }
@@ -408,7 +423,7 @@ static int local_run(void *conn, void *ctx, void *response) {
     Py_DECREF(value);
   }
   if (rc != 0) {
-    c->error = local_error();
+    c->error = take_error();
     rc = 1;
   }
   local_store = outer;
@@ -478,9 +493,8 @@ static PyObject *sp_local(PyObject *self, PyObject *const *args,
   text_free(&t);
   if (c.error && got == -1 - (int64_t)rejected) {
     /* fn raised: everything rolled back, the key released. */
-    PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(c.error)), c.error,
-                  PyException_GetTraceback(c.error));
-    c.error = NULL; /* PyErr_Restore() took it */
+    give_error(c.error);
+    c.error = NULL; /* given */
   } else if (got == fresh_mark || got == fresh_mark - 1) {
     /* The result as stored, decoded: as a replay would give it. */
     int recovered = got != fresh_mark;
@@ -497,7 +511,6 @@ static PyObject *sp_local(PyObject *self, PyObject *const *args,
       out = PyLong_FromLong(0);
   }
   local_clear(&c);
-  text_free(&c.body);
   return out;
 }
 
