@@ -268,9 +268,10 @@ def floor_fresh(store, payload, keys, seconds, pg):
     inserts the row on a statement kept prepared (what C's fresh does) and
     returns its JSON result, and that result decoded. SQLite: one C call
     runs the statement; PostgreSQL: PQexecPrepared (the statement prepared
-    once per server session), the id read with PQgetvalue. The binding's
-    execute_local() adds its own work to this; what this costs beside C's
-    fresh is Python's."""
+    once per server session), the id read with PQgetvalue. What this costs
+    beside C's fresh is Python's; the binding's execute_local() runs its
+    function from idem._speedups' own callback instead of cffi's, and its
+    tx.execute() in C, so it may go below this."""
     from idem import _store
     from idem._native import ffi, lib
 
