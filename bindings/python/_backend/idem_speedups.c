@@ -329,7 +329,7 @@ typedef struct {
   PyObject *fn;     /* the caller's function */
   PyObject *store;  /* the idem.Store */
   PyObject *tx_new; /* (Transaction, backend, statements) */
-  PyObject *error;  /* what fn (or the encoding) raised: (type, value, tb) */
+  PyObject *error;  /* what fn (or the encoding) raised, with its traceback */
   PyObject *dumped; /* the result as JSON bytes, when Python wrote it */
   text body;        /* the result as JSON, when this module wrote it */
 } local_ctx;
