@@ -576,6 +576,48 @@ static PyObject *sp_local_setup(PyObject *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+/*
+ * Whether tx.execute() in C takes every parameter itself: None, an int of
+ * 64 bits, a float, a str of valid UTF-8 (its UTF-8 made now) or bytes,
+ * each of exactly that type and shorter than 2 GiB; on PostgreSQL (pg) also
+ * True and False, and no str holding NUL (libpq's text parameters end at
+ * one). 0: leave the call to Python; -1: an error.
+ */
+static int simple_param(PyObject *v, int pg) {
+  if (v == Py_None || PyFloat_CheckExact(v))
+    return 1;
+  if (v == Py_True || v == Py_False)
+    return pg;
+  if (PyBytes_CheckExact(v))
+    return PyBytes_GET_SIZE(v) <= INT32_MAX;
+  if (PyLong_CheckExact(v)) {
+    int overflow;
+    (void)PyLong_AsLongLongAndOverflow(v, &overflow);
+    return !overflow;
+  }
+  if (PyUnicode_CheckExact(v)) {
+    Py_ssize_t len;
+    const char *p = PyUnicode_AsUTF8AndSize(v, &len);
+    if (!p) {
+      if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError))
+        return -1;
+      PyErr_Clear();
+      return 0;
+    }
+    return len <= INT32_MAX && !(pg && memchr(p, '\0', (size_t)len));
+  }
+  return 0;
+}
+
+static int simple_params(PyObject *const *items, Py_ssize_t n, int pg) {
+  for (Py_ssize_t i = 0; i < n; i++) {
+    int rc = simple_param(items[i], pg);
+    if (rc != 1)
+      return rc;
+  }
+  return 1;
+}
+
 /* ---------------------------------------------- tx.execute() on SQLite */
 
 /*
@@ -654,7 +696,7 @@ static PyObject *sq_row(struct sqlite3_stmt *stmt, int columns) {
 }
 
 /*
- * Binds params (all of them of the kinds checked by sq_simple()) to stmt;
+ * Binds params (all of them of the kinds checked by simple_params()) to stmt;
  * SQLite's result.
  */
 static int sq_bind(struct sqlite3_stmt *stmt, PyObject *const *items,
@@ -679,39 +721,6 @@ static int sq_bind(struct sqlite3_stmt *stmt, PyObject *const *items,
     }
   }
   return rc;
-}
-
-/*
- * Whether every parameter is one this module binds: None, an int of 64
- * bits, a float, a str of valid UTF-8 (its UTF-8 made now) or bytes, each
- * of exactly that type, and each text shorter than 2 GiB. 0: leave the call
- * to Python; -1: an error.
- */
-static int sq_simple(PyObject *const *items, Py_ssize_t n) {
-  for (Py_ssize_t i = 0; i < n; i++) {
-    PyObject *v = items[i];
-    if (v == Py_None || PyFloat_CheckExact(v))
-      continue;
-    if (PyLong_CheckExact(v)) {
-      int overflow;
-      (void)PyLong_AsLongLongAndOverflow(v, &overflow);
-      if (overflow)
-        return 0;
-    } else if (PyUnicode_CheckExact(v)) {
-      Py_ssize_t len;
-      if (!PyUnicode_AsUTF8AndSize(v, &len)) {
-        if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError))
-          return -1;
-        PyErr_Clear();
-        return 0;
-      }
-      if (len > INT32_MAX)
-        return 0;
-    } else if (!PyBytes_CheckExact(v) || PyBytes_GET_SIZE(v) > INT32_MAX) {
-      return 0;
-    }
-  }
-  return 1;
 }
 
 /* Puts stmt back in kept under key, or finalizes it. */
@@ -789,7 +798,7 @@ static PyObject *sp_sqlite_execute(PyObject *self, PyObject *const *args,
     PyErr_Clear();
     Py_RETURN_NOTIMPLEMENTED;
   }
-  if (text_len > INT32_MAX || (simple = sq_simple(items, n)) == 0)
+  if (text_len > INT32_MAX || (simple = simple_params(items, n, 0)) == 0)
     Py_RETURN_NOTIMPLEMENTED;
   if (simple < 0)
     return NULL;
@@ -1035,40 +1044,6 @@ fail:
 }
 
 /*
- * Whether every parameter is one this module writes: None, True or False,
- * an int of 64 bits, a float, a str without NUL of valid UTF-8, or bytes,
- * each of exactly that type. 0: leave the call to Python; -1: an error.
- */
-static int pg_simple(PyObject *const *items, Py_ssize_t n) {
-  for (Py_ssize_t i = 0; i < n; i++) {
-    PyObject *v = items[i];
-    if (v == Py_None || v == Py_True || v == Py_False || PyFloat_CheckExact(v) ||
-        (PyBytes_CheckExact(v) && PyBytes_GET_SIZE(v) <= INT32_MAX))
-      continue;
-    if (PyLong_CheckExact(v)) {
-      int overflow;
-      (void)PyLong_AsLongLongAndOverflow(v, &overflow);
-      if (overflow)
-        return 0;
-    } else if (PyUnicode_CheckExact(v)) {
-      Py_ssize_t len;
-      const char *p = PyUnicode_AsUTF8AndSize(v, &len);
-      if (!p) {
-        if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError))
-          return -1;
-        PyErr_Clear();
-        return 0;
-      }
-      if (len > INT32_MAX || memchr(p, '\0', (size_t)len))
-        return 0;
-    } else {
-      return 0;
-    }
-  }
-  return 1;
-}
-
-/*
  * pg_execute(conn, sql, name, params): conn the PGconn * (an int), sql the
  * text (bytes), name the statement's prepared name (bytes) or None to send
  * the text. Returns:
@@ -1118,7 +1093,7 @@ static PyObject *sp_pg_execute(PyObject *self, PyObject *const *args,
     Py_RETURN_NOTIMPLEMENTED;
   items = PySequence_Fast_ITEMS(params);
   n = PySequence_Fast_GET_SIZE(params);
-  if ((simple = pg_simple(items, n)) <= 0) {
+  if ((simple = simple_params(items, n, 1)) <= 0) {
     if (simple < 0)
       return NULL;
     Py_RETURN_NOTIMPLEMENTED;
@@ -1228,8 +1203,8 @@ static PyObject *sp_pg_simple(PyObject *self, PyObject *params) {
   (void)self;
   if (!(PyTuple_CheckExact(params) || PyList_CheckExact(params)))
     Py_RETURN_FALSE;
-  simple = pg_simple(PySequence_Fast_ITEMS(params),
-                     PySequence_Fast_GET_SIZE(params));
+  simple = simple_params(PySequence_Fast_ITEMS(params),
+                         PySequence_Fast_GET_SIZE(params), 1);
   if (simple < 0)
     return NULL;
   return PyBool_FromLong(simple);
