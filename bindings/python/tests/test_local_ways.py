@@ -9,13 +9,19 @@ Every case runs both ways: "c" as a user runs it (and the Python way must
 not be taken), "python" with the C way turned off.
 """
 import json
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
 import threading
 
 import pytest
 
 import idem
 from idem import _store
-from helpers import records
+from helpers import TICKET, act_then_hang, records
+
+SPAWN = multiprocessing.get_context("spawn")
 
 WAYS = ["c", "python"]
 
@@ -231,3 +237,35 @@ def test_threads_each_run_their_own(store, operation, way):
     assert len(ran) == 17
     keys = stored(store, operation)
     assert len(keys) == 17 and keys["shared"] == ("completed", results[0])
+
+
+def test_a_takeover_is_told_recovered(store, store_url, operation, way, effects):
+    """A holder (a decorated call in another process, lease 1 s) acts and is
+    killed; execute_local() with the same request takes the key over once
+    the lease has run out and is told recovered, and so is its replay."""
+    parent_end, child_end = SPAWN.Pipe()
+    holder = SPAWN.Process(target=act_then_hang,
+                           args=(store_url, operation, "k-1", effects.path, child_end))
+    holder.start()
+    try:
+        ready = multiprocessing.connection.wait([parent_end, holder.sentinel], timeout=60)
+        assert parent_end in ready, "the holder ended (%s) before acting" % holder.exitcode
+        assert parent_end.recv() == "acting"
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.join(30)
+    assert holder.exitcode == -signal.SIGKILL
+
+    def fn(tx):
+        effects.add("retry")
+        return {"ticket": effects.count()}
+
+    request = {"title": TICKET["title"]}  # the decorated call's arguments but the key
+    retry = store.execute_local(operation, "k-1", request, fn, wait="10s")
+    later = store.execute_local(operation, "k-1", request, fn)
+    assert (retry.value, retry.replayed, retry.recovered) == ({"ticket": 2}, False, True)
+    assert (later.value, later.replayed, later.recovered) == ({"ticket": 2}, True, True)
+    assert effects.lines() == ["pid %d" % holder.pid, "retry"]
+    (record,) = records(store_url, operation)
+    assert (record["state"], record["attempt"], record["recovered"]) == ("completed", 2, True)
+    answered(way, 2)
