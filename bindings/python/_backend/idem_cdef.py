@@ -102,14 +102,16 @@ int idem_py_local_run(idem_store *store, const char *tenant,
                       idem_py_claim *claim, char *buf, size_t cap);
 /* The two above for idem._speedups, which calls them through their
  * addresses: see source(). */
-int64_t idem_py_begin_replay(idem_store *store, const char *tenant,
-                             const char *operation, const char *key,
-                             const char *request, size_t request_len,
-                             const idem_execute_options *opts,
-                             idem_py_claim *claim, char *buf, size_t cap);
 typedef int (*idem_local_fn)(void *conn, void *ctx, idem_response *response);
 #define IDEM_PY_FRESH ...
 void idem_py_respond(idem_response *response, const char *body, size_t len);
+int64_t idem_py_begin_held(idem_store *store, const char *tenant,
+                           const char *operation, const char *key,
+                           const char *request, size_t request_len,
+                           const idem_execute_options *opts,
+                           idem_py_claim *claim, char *buf, size_t cap);
+int idem_py_finish(idem_py_claim *claim, int result, const char *body,
+                   size_t len);
 int64_t idem_py_local_fresh(idem_store *store, const char *tenant,
                             const char *operation, const char *key,
                             const char *request, size_t request_len,
@@ -324,21 +326,9 @@ static int64_t idem_py_replay_of(const idem_py_claim *claim)
   return -1 - (int64_t)claim->rc;
 }
 
-static int64_t idem_py_begin_replay(idem_store *store, const char *tenant,
-                                    const char *operation, const char *key,
-                                    const char *request, size_t request_len,
-                                    const idem_execute_options *opts,
-                                    idem_py_claim *claim, char *buf,
-                                    size_t cap)
-{
-  idem_py_begin(store, tenant, operation, key, request, request_len, opts,
-                claim, buf, cap);
-  return idem_py_replay_of(claim);
-}
-
 /*
  * idem_py_local_run() with idem._speedups' own callback (fn, ctx), answered
- * as idem_py_begin_replay() is, and a claim whose callback ran and
+ * as idem_py_begin_held() is, and a claim whose callback ran and
  * committed (PROCEED or RECOVER) gives IDEM_PY_FRESH - recovered, with
  * claim->call left set (for Python to free) only when the body did not fit
  * in buf.
@@ -357,6 +347,37 @@ static int64_t idem_py_local_fresh(idem_store *store, const char *tenant,
       (claim->outcome == IDEM_PROCEED || claim->outcome == IDEM_RECOVER))
     return IDEM_PY_FRESH - (claim->recovered != 0);
   return idem_py_replay_of(claim);
+}
+
+/*
+ * idem_py_begin() for idem._speedups: a replay whose body is in buf gives
+ * (body_len << 1) | recovered (see idem_py_replay_of()), a claim this call
+ * holds (PROCEED or RECOVER) IDEM_PY_FRESH - recovered, its exec and call left in claim for
+ * idem_py_finish(): the decorator's call in idem._speedups.
+ */
+static int64_t idem_py_begin_held(idem_store *store, const char *tenant,
+                                  const char *operation, const char *key,
+                                  const char *request, size_t request_len,
+                                  const idem_execute_options *opts,
+                                  idem_py_claim *claim, char *buf, size_t cap)
+{
+  idem_py_begin(store, tenant, operation, key, request, request_len, opts,
+                claim, buf, cap);
+  if (claim->rc == IDEM_OK && claim->exec)
+    return IDEM_PY_FRESH - (claim->recovered != 0);
+  return idem_py_replay_of(claim);
+}
+
+/* Ends the key that claim holds by result (with the body, or none) and
+ * frees its call: libidem's result. */
+static int idem_py_finish(idem_py_claim *claim, int result, const char *body,
+                          size_t len)
+{
+  int rc = idem_py_end(claim->exec, result, body, len);
+  idem_call_free(claim->call);
+  claim->exec = NULL;
+  claim->call = NULL;
+  return rc;
 }
 
 /* The body of a local action's response, for idem._speedups' callback,

@@ -1,31 +1,36 @@
 /*
- * idem._speedups -- the replay of a call, and tx.execute(), in one crossing
- * from Python.
+ * idem._speedups -- the decorator's call, execute_local()'s, and
+ * tx.execute(), in one crossing from Python each.
  *
  * A replay answered from libidem's cache takes about 1.5 us in C; through
  * cffi, Python spent as much again writing the arguments as JSON, reading
- * the claim's fields one by one and decoding the stored result. This module
- * does those steps in C: it writes the request (a dict of the call's
- * arguments, or any JSON-like value) as JSON, calls libidem through the
- * functions idem._native exports for it (idem_py_begin_replay,
- * idem_py_local_replay; their addresses are given to setup()), with the GIL
- * released, and builds the Outcome of a replay itself.
+ * the claim's fields one by one and decoding the stored result, and a
+ * fresh call more: the function called back through cffi, its result
+ * written, the key ended through more crossings. This module does those
+ * steps in C: it writes the request (a dict of the call's arguments, or
+ * any JSON-like value) as JSON, calls libidem through the functions
+ * idem._native exports for it (idem_py_begin_held, idem_py_finish,
+ * idem_py_local_fresh; their addresses are given to once_setup() and
+ * local_setup()), with the GIL released, runs the caller's function, and
+ * builds the Outcome itself.
  *
  * It holds no libidem of its own (idem._native's is the one in use) and
  * knows no struct of it: the store, the options, the claim and the buffer
  * are addresses that idem._store keeps.
  *
- * begin() and local() return:
- *   - an Outcome: a replay, whose stored result decoded as JSON;
- *   - an int, libidem's result code: the claim was made and Python reads it
- *     from the idem_py_claim, as after idem_py_begin() or
- *     idem_py_local_run() (a fresh key, a refusal, an error, or a replay
- *     this module leaves to Python: a body too large for the buffer, or
- *     one with white space about it);
+ * once() and local() return:
+ *   - an Outcome: a replay, or the call that ran, its stored result
+ *     decoded as JSON;
+ *   - an int, libidem's result code: the claim was made, this call does
+ *     not hold the key, and Python reads it from the idem_py_claim, as
+ *     after idem_py_begin() or idem_py_local_run() (a refusal, an error,
+ *     or a replay this module leaves to Python: a body too large for the
+ *     buffer, or one with white space about it);
  *   - NotImplemented: the request holds a value this encoder leaves to
  *     Python's json (another type, a subclass, an int past 64 bits, a float
  *     that is not finite, a non-str dict key, a str that is not valid
- *     UTF-8, nesting deeper than 64); nothing was called.
+ *     UTF-8, nesting deeper than 64); nothing was called;
+ * or raise what the caller's function raised (see each).
  *
  * Any text the encoder writes is valid JSON for the value, which is all
  * libidem needs: the fingerprint is taken on its canonical form (RFC 8785),
@@ -40,11 +45,6 @@
 
 #include "idem_py_sqlite.h"
 
-typedef int64_t (*begin_fn)(void *store, const char *tenant,
-                            const char *operation, const char *key,
-                            const char *request, size_t request_len,
-                            const void *opts, void *claim, char *buf,
-                            size_t cap);
 typedef int (*callback_fn)(void *conn, void *ctx, void *response);
 typedef int64_t (*local_fn)(void *store, const char *tenant,
                             const char *operation, const char *key,
@@ -53,12 +53,23 @@ typedef int64_t (*local_fn)(void *store, const char *tenant,
                             void *claim, char *buf, size_t cap);
 typedef void (*respond_fn)(void *response, const char *body, size_t len);
 
-static begin_fn begin_call;
 static local_fn local_call;
 static respond_fn respond;
 static int64_t fresh_mark; /* IDEM_PY_FRESH */
 static long rejected;      /* IDEM_EREJECTED */
 static PyObject *dump_body; /* idem._store._local_body: the result as JSON */
+typedef int64_t (*held_fn)(void *store, const char *tenant,
+                           const char *operation, const char *key,
+                           const char *request, size_t request_len,
+                           const void *opts, void *claim, char *buf,
+                           size_t cap);
+typedef int (*finish_fn)(void *claim, int result, const char *body,
+                         size_t len);
+static held_fn held_call;
+static finish_fn finish_call;
+static int end_done, end_not_done, end_unknown; /* idem_exec_result */
+static PyObject *not_done_cls; /* idem.NotDone */
+static PyObject *result_body;  /* idem._store._result_body */
 static PyObject *outcome_cls; /* idem.Outcome */
 static PyObject *scan;        /* json's scanner: (text, 0) -> (value, end) */
 static PyObject *zero;
@@ -259,57 +270,6 @@ static int bytes_arg(PyObject *o, const char **out, const char *what) {
   }
   *out = PyBytes_AS_STRING(o);
   return 0;
-}
-
-/*
- * begin(store, tenant, operation, key, request, opts, claim, buf, cap):
- * idem_py_begin_replay(), addresses as ints and names as bytes.
- */
-static PyObject *sp_begin(PyObject *self, PyObject *const *args,
-                          Py_ssize_t nargs) {
-  void *store, *opts, *claim, *bufp;
-  const char *tenant, *operation, *key;
-  size_t cap;
-  text t;
-  int rc;
-  int64_t got;
-  PyObject *out;
-  (void)self;
-  if (nargs != 9) {
-    PyErr_SetString(PyExc_TypeError, "begin() takes 9 arguments");
-    return NULL;
-  }
-  if (!begin_call) {
-    PyErr_SetString(PyExc_RuntimeError, "idem._speedups: setup() not called");
-    return NULL;
-  }
-  if (address(args[0], &store) < 0 || bytes_arg(args[1], &tenant, "tenant") < 0 ||
-      bytes_arg(args[2], &operation, "operation") < 0 ||
-      bytes_arg(args[3], &key, "key") < 0 || address(args[5], &opts) < 0 ||
-      address(args[6], &claim) < 0 || address(args[7], &bufp) < 0)
-    return NULL;
-  cap = PyLong_AsSize_t(args[8]);
-  if (cap == (size_t)-1 && PyErr_Occurred())
-    return NULL;
-  text_init(&t);
-  rc = put_value(&t, args[4], 0);
-  if (rc != 0) {
-    text_free(&t);
-    if (rc < 0)
-      return NULL;
-    Py_RETURN_NOTIMPLEMENTED;
-  }
-  Py_BEGIN_ALLOW_THREADS
-  got = begin_call(store, tenant, operation, key, t.p, t.len, opts, claim, bufp,
-                   cap);
-  Py_END_ALLOW_THREADS
-  text_free(&t);
-  if (got < 0)
-    return PyLong_FromLongLong(-1 - got);
-  out = outcome_of(bufp, (size_t)(got >> 1), 1, (int)(got & 1));
-  if (out || PyErr_Occurred())
-    return out;
-  return PyLong_FromLong(0);
 }
 
 /* ------------------------------------------------ execute_local() */
@@ -514,6 +474,211 @@ static PyObject *sp_local(PyObject *self, PyObject *const *args,
   return out;
 }
 
+/*
+ * The decorator's call in one crossing each way: once(store, tenant,
+ * operation, key, request, opts, claim, buf, cap, fn, args, kwargs,
+ * release_on). The request (the call's arguments but the key) written as
+ * JSON, the key claimed (idem_py_begin_held()); when this call holds it,
+ * fn(*args, **kwargs) runs here, its result is written as JSON (or by
+ * idem._store._result_body() for what this module leaves to Python) and
+ * decoded, and the key is ended by what happened (idem_py_finish()):
+ *   - the result stored: its Outcome;
+ *   - fn raised idem.NotDone or one of release_on: the key released, the
+ *     exception raised; anything else it raised, or a result that cannot
+ *     be stored: the key marked unknown, the exception raised;
+ *   - the ending failed after fn ran: (rc, the decoded result), for Python
+ *     to raise with the value kept.
+ * A replay is its Outcome; a claim not held an int as begin() gives;
+ * NotImplemented as begin() (nothing called). Nothing runs Python code
+ * between the claim and fn, nor between fn's return and the ending but the
+ * encoder Python is left (which ends the key too when it fails).
+ */
+static int is_release(PyObject *exc, PyObject *release_on) {
+  int yes = PyObject_IsInstance(exc, not_done_cls);
+  if (yes == 0 && PyTuple_GET_SIZE(release_on) > 0)
+    yes = PyObject_IsInstance(exc, release_on);
+  if (yes < 0) { /* cannot tell: not released, the safe side */
+    PyErr_Clear();
+    yes = 0;
+  }
+  return yes;
+}
+
+static int finish(void *claim, int result, const char *body, size_t len) {
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = finish_call(claim, result, body, len);
+  Py_END_ALLOW_THREADS
+  return rc;
+}
+
+/* Ends the key as unknown (or released) and raises what was raised. */
+static PyObject *end_raising(void *claim, PyObject *release_on) {
+  PyObject *exc = take_error();
+  int release = exc && is_release(exc, release_on);
+  finish(claim, release ? end_not_done : end_unknown, NULL, 0);
+  give_error(exc);
+  return NULL;
+}
+
+static PyObject *sp_once(PyObject *self, PyObject *const *args,
+                         Py_ssize_t nargs) {
+  void *store, *opts, *claim, *bufp;
+  const char *tenant, *operation, *key, *bp;
+  size_t cap, blen;
+  text t, body;
+  int rc, recovered;
+  int64_t got;
+  PyObject *fn, *fargs, *fkwargs, *release_on, *value, *dumped = NULL, *s,
+      *scan_args[2], *scanned, *decoded, *out;
+  (void)self;
+  if (nargs != 13) {
+    PyErr_SetString(PyExc_TypeError, "once() takes 13 arguments");
+    return NULL;
+  }
+  if (!held_call || !finish_call || !outcome_cls) {
+    PyErr_SetString(PyExc_RuntimeError,
+                    "idem._speedups: once_setup() not called");
+    return NULL;
+  }
+  if (address(args[0], &store) < 0 || bytes_arg(args[1], &tenant, "tenant") < 0 ||
+      bytes_arg(args[2], &operation, "operation") < 0 ||
+      bytes_arg(args[3], &key, "key") < 0 || address(args[5], &opts) < 0 ||
+      address(args[6], &claim) < 0 || address(args[7], &bufp) < 0)
+    return NULL;
+  cap = PyLong_AsSize_t(args[8]);
+  if (cap == (size_t)-1 && PyErr_Occurred())
+    return NULL;
+  fn = args[9];
+  fargs = args[10];
+  fkwargs = args[11] == Py_None ? NULL : args[11];
+  release_on = args[12];
+  if (!PyTuple_Check(fargs) || (fkwargs && !PyDict_Check(fkwargs)) ||
+      !PyTuple_Check(release_on)) {
+    PyErr_SetString(PyExc_TypeError,
+                    "once(): args a tuple, kwargs a dict, release_on a tuple");
+    return NULL;
+  }
+  text_init(&t);
+  rc = put_value(&t, args[4], 0);
+  if (rc != 0) {
+    text_free(&t);
+    if (rc < 0)
+      return NULL;
+    Py_RETURN_NOTIMPLEMENTED;
+  }
+  Py_BEGIN_ALLOW_THREADS
+  got = held_call(store, tenant, operation, key, t.p, t.len, opts, claim, bufp,
+                  cap);
+  Py_END_ALLOW_THREADS
+  text_free(&t);
+  if (got >= 0) {
+    out = outcome_of(bufp, (size_t)(got >> 1), 1, (int)(got & 1));
+    if (out || PyErr_Occurred())
+      return out;
+    return PyLong_FromLong(0);
+  }
+  if (got != fresh_mark && got != fresh_mark - 1)
+    return PyLong_FromLongLong(-1 - got);
+  /* This call holds the key: fn runs, unless a signal came meanwhile
+   * (Ctrl-C while the claim waited): nothing ran, the key is let go. */
+  recovered = got != fresh_mark;
+  if (PyErr_CheckSignals() < 0) {
+    PyObject *exc = take_error();
+    finish(claim, end_not_done, NULL, 0);
+    give_error(exc);
+    return NULL;
+  }
+  value = PyObject_Call(fn, fargs, fkwargs);
+  if (!value)
+    return end_raising(claim, release_on);
+  text_init(&body);
+  rc = put_value(&body, value, 0);
+  if (rc > 0) {
+    dumped = PyObject_CallOneArg(result_body, value);
+    if (dumped && !PyBytes_Check(dumped)) {
+      PyErr_SetString(PyExc_TypeError, "_result_body() must return bytes");
+      Py_CLEAR(dumped);
+    }
+  }
+  Py_DECREF(value);
+  if (rc < 0 || (rc > 0 && !dumped)) {
+    text_free(&body);
+    /* It acted: a result that cannot be stored marks the key unknown,
+     * whatever was raised. */
+    {
+      PyObject *exc = take_error();
+      finish(claim, end_unknown, NULL, 0);
+      give_error(exc);
+    }
+    return NULL;
+  }
+  bp = dumped ? PyBytes_AS_STRING(dumped) : body.p;
+  blen = dumped ? (size_t)PyBytes_GET_SIZE(dumped) : body.len;
+  /* The value as stored: what every replay of it will give. */
+  decoded = NULL;
+  s = PyUnicode_DecodeUTF8(bp, (Py_ssize_t)blen, NULL);
+  if (s) {
+    scan_args[0] = s;
+    scan_args[1] = zero;
+    scanned = PyObject_Vectorcall(scan, scan_args, 2, NULL);
+    if (scanned && PyTuple_Check(scanned) && PyTuple_GET_SIZE(scanned) == 2) {
+      decoded = Py_NewRef(PyTuple_GET_ITEM(scanned, 0));
+    } else if (scanned) {
+      PyErr_SetString(PyExc_ValueError, "json's scanner answered no pair");
+    }
+    Py_XDECREF(scanned);
+    Py_DECREF(s);
+  }
+  if (!decoded) {
+    PyObject *exc = take_error();
+    finish(claim, end_unknown, NULL, 0);
+    text_free(&body);
+    Py_XDECREF(dumped);
+    give_error(exc);
+    return NULL;
+  }
+  rc = finish(claim, end_done, bp, blen);
+  text_free(&body);
+  Py_XDECREF(dumped);
+  if (rc != 0) {
+    out = Py_BuildValue("(iN)", rc, decoded);
+    return out;
+  }
+  out = PyObject_CallFunctionObjArgs(outcome_cls, decoded, Py_False,
+                                     recovered ? Py_True : Py_False, NULL);
+  Py_DECREF(decoded);
+  return out;
+}
+
+static PyObject *sp_once_setup(PyObject *self, PyObject *args) {
+  PyObject *h, *f, *nd, *rb;
+  void *hp, *fp;
+  int done, not_done, unknown;
+  (void)self;
+  if (!PyArg_ParseTuple(args, "OOiiiOO", &h, &f, &done, &not_done, &unknown,
+                        &nd, &rb))
+    return NULL;
+  if (address(h, &hp) < 0 || address(f, &fp) < 0)
+    return NULL;
+  if (!hp || !fp || !PyType_Check(nd) || !PyCallable_Check(rb)) {
+    PyErr_SetString(PyExc_ValueError,
+                    "once_setup(held, finish, done, not_done, unknown, "
+                    "NotDone, result_body)");
+    return NULL;
+  }
+  Py_INCREF(nd);
+  Py_INCREF(rb);
+  Py_XSETREF(not_done_cls, nd);
+  Py_XSETREF(result_body, rb);
+  held_call = (held_fn)hp;
+  finish_call = (finish_fn)fp;
+  end_done = done;
+  end_not_done = not_done;
+  end_unknown = unknown;
+  Py_RETURN_NONE;
+}
+
 /* local_store(): the Store whose function runs on this thread, or None. */
 static PyObject *sp_local_store(PyObject *self, PyObject *unused) {
   (void)self;
@@ -531,22 +696,18 @@ static PyObject *sp_swap_local(PyObject *self, PyObject *store) {
 }
 
 static PyObject *sp_setup(PyObject *self, PyObject *args) {
-  PyObject *b, *cls, *sc;
-  void *bp;
+  PyObject *cls, *sc;
   (void)self;
-  if (!PyArg_ParseTuple(args, "OOO", &b, &cls, &sc))
+  if (!PyArg_ParseTuple(args, "OO", &cls, &sc))
     return NULL;
-  if (address(b, &bp) < 0)
-    return NULL;
-  if (!bp || !PyCallable_Check(cls) || !PyCallable_Check(sc)) {
-    PyErr_SetString(PyExc_ValueError, "setup(begin, Outcome, scan)");
+  if (!PyCallable_Check(cls) || !PyCallable_Check(sc)) {
+    PyErr_SetString(PyExc_ValueError, "setup(Outcome, scan)");
     return NULL;
   }
   Py_INCREF(cls);
   Py_INCREF(sc);
   Py_XSETREF(outcome_cls, cls);
   Py_XSETREF(scan, sc);
-  begin_call = (begin_fn)bp;
   Py_RETURN_NONE;
 }
 
@@ -1244,10 +1405,8 @@ static PyObject *sp_dumps(PyObject *self, PyObject *o) {
 
 static PyMethodDef methods[] = {
     {"setup", sp_setup, METH_VARARGS,
-     "setup(begin, Outcome, scan): the address of idem_py_begin_replay, the "
-     "class of a replay's result and json's scanner."},
-    {"begin", (PyCFunction)(void (*)(void))sp_begin, METH_FASTCALL,
-     "begin(store, tenant, operation, key, request, opts, claim, buf, cap)"},
+     "setup(Outcome, scan): the class of a call's result and json's "
+     "scanner."},
     {"local_setup", sp_local_setup, METH_VARARGS,
      "local_setup(local, respond, fresh, rejected, dump): the addresses of "
      "idem_py_local_fresh and idem_py_respond, IDEM_PY_FRESH, "
@@ -1256,6 +1415,15 @@ static PyMethodDef methods[] = {
     {"local", (PyCFunction)(void (*)(void))sp_local, METH_FASTCALL,
      "local(store, tenant, operation, key, request, opts, fn, owner, tx_new, "
      "claim, buf, cap)"},
+    {"once_setup", sp_once_setup, METH_VARARGS,
+     "once_setup(held, finish, done, not_done, unknown, NotDone, "
+     "result_body): the addresses of idem_py_begin_held and "
+     "idem_py_finish, idem_exec_result's three values, idem.NotDone and "
+     "the function that writes a result as JSON bytes for what this module "
+     "leaves to Python."},
+    {"once", (PyCFunction)(void (*)(void))sp_once, METH_FASTCALL,
+     "once(store, tenant, operation, key, request, opts, claim, buf, cap, "
+     "fn, args, kwargs, release_on): the decorator's call."},
     {"local_store", sp_local_store, METH_NOARGS,
      "local_store(): the Store whose function runs on this thread, or None."},
     {"swap_local", sp_swap_local, METH_O,

@@ -221,11 +221,25 @@ def _local_body(value: Any) -> bytes:
 # idem._speedups calls libidem through idem._native's functions, answers a
 # replay with an Outcome decoded by json's own scanner, and runs
 # execute_local()'s function from a callback of its own.
-_speedups.setup(_address(ffi.addressof(lib, "idem_py_begin_replay")), Outcome, _scan)
+_speedups.setup(Outcome, _scan)
 _speedups.local_setup(_address(ffi.addressof(lib, "idem_py_local_fresh")),
                       _address(ffi.addressof(lib, "idem_py_respond")), lib.IDEM_PY_FRESH,
                       _EREJECTED, _local_body)
-_fast_begin, _fast_local = _speedups.begin, _speedups.local
+
+
+def _result_body(value: Any) -> bytes:
+    """What a decorated function returned, as the JSON stored."""
+    try:
+        return _dump(value)
+    except (TypeError, ValueError) as e:
+        raise TypeError("the function acted, but its result cannot be stored as JSON "
+                        "(the key is marked unknown): %s" % e) from None
+
+
+_speedups.once_setup(_address(ffi.addressof(lib, "idem_py_begin_held")),
+                     _address(ffi.addressof(lib, "idem_py_finish")), _DONE, _NOT_DONE,
+                     _MARK_UNKNOWN, NotDone, _result_body)
+_fast_local, _fast_once = _speedups.local, _speedups.once
 # The Store whose execute_local() function runs on this thread (a call back
 # into it would wait for the transaction it runs in), kept in C for both
 # ways of running it.
@@ -282,26 +296,16 @@ def _give(pair: _Pair) -> None:
         _SPARES.append(pair)
 
 
-def _begin(store: Any, tenant: bytes, operation: bytes, key: bytes, request: Any,
-           opts: "_Options", fast: int = 0) -> Any:
+def _begin(store: Any, tenant: bytes, operation: bytes, key: bytes, request: bytes,
+           opts: "_Options") -> Any:
     """Claims the key: a _Claim when this call holds it (the action runs),
     the Outcome of a replay, or the refusal raised. The request is its JSON
-    (bytes); or with fast, the store's address, the value itself, which
-    idem._speedups writes as JSON: NotImplemented then when it leaves the
-    value to Python's json (nothing was claimed). A pair goes back to
-    _SPARES with its exec and call NULL."""
+    (bytes). A pair goes back to _SPARES with its exec and call NULL."""
     pair = _take()
     c, buf = pair[0], pair[1]
     try:
-        if fast:
-            rc = _fast_begin(fast, tenant, operation, key, request, opts.addr, pair[2],
-                             pair[3], _BUF_SIZE)
-            if rc.__class__ is not int:  # a replay's Outcome, or NotImplemented
-                _give(pair)
-                return rc
-        else:
-            rc = lib.idem_py_begin(store, tenant, operation, key, request, len(request),
-                                   opts.c, c, buf, _BUF_SIZE)
+        rc = lib.idem_py_begin(store, tenant, operation, key, request, len(request),
+                               opts.c, c, buf, _BUF_SIZE)
         exec_ = c.exec
         if exec_:
             claim = _Claim(c.call, exec_, c.outcome == _RECOVER)
@@ -403,13 +407,17 @@ def _once(store: Any, tenant: bytes, operation: bytes, key: bytes, request: Any,
           fast: int = 0) -> Outcome:
     """Claims the key, runs fn when the key is this call's, and ends the key
     by what fn did. With fast (the store's address), request is the
-    decorated function's arguments, written as JSON in C when they can be
-    (see _begin())."""
+    decorated function's arguments, and all of it runs in C when the
+    arguments can be written as JSON there (_once_in_c())."""
+    if fast:
+        out = _once_in_c(fast, tenant, operation, key, request, opts, fn, args, kwargs,
+                         release_on)
+        if out is not NotImplemented:
+            return out  # type: ignore[no-any-return]
+        request = _arguments_json(request)
     got: Any = None
     try:
-        got = _begin(store, tenant, operation, key, request, opts, fast)
-        if got is NotImplemented:
-            got = _begin(store, tenant, operation, key, _arguments_json(request), opts)
+        got = _begin(store, tenant, operation, key, request, opts)
         if got.__class__ is Outcome:
             return got  # type: ignore[no-any-return]
         value = fn(*args, **kwargs)
@@ -420,6 +428,41 @@ def _once(store: Any, tenant: bytes, operation: bytes, key: bytes, request: Any,
             _end(got, _NOT_DONE if _is_release(e, release_on) else _MARK_UNKNOWN)
         raise
     return _settle(got, value)
+
+
+def _once_in_c(fast: int, tenant: bytes, operation: bytes, key: bytes, arguments: Any,
+               opts: "_Options", fn: Callable[..., Any], args: Tuple[Any, ...],
+               kwargs: Dict[str, Any], release_on: Tuple[Type[BaseException], ...]) -> Any:
+    """_once() in idem._speedups: the claim, fn, its result written and the
+    key ended in one call (see once() there); NotImplemented when the
+    arguments are left to Python's json (nothing was claimed)."""
+    pair = _take()
+    c, buf = pair[0], pair[1]
+    try:
+        got = _fast_once(fast, tenant, operation, key, arguments, opts.addr, pair[2], pair[3],
+                         _BUF_SIZE, fn, args, kwargs or None, release_on)
+        cls = got.__class__
+        if cls is Outcome or got is NotImplemented:
+            return got
+        if cls is tuple:  # fn ran and its result was written; ending the key failed
+            rc, decoded = got
+            msg = ffi.string(lib.idem_errmsg()).decode("utf-8", "replace")
+            err = _errors.from_code(ffi.string(lib.idem_rc_name(rc)).decode(), msg, decoded)
+            err.value = decoded  # the function ran: what it returned is not lost
+            raise err
+        call = c.call  # a claim this call does not hold; left only for a large body
+        try:
+            if got:
+                raise _fail(got)
+            if c.outcome == _REPLAY:
+                return _replayed(c, buf, call, operation, key)
+            raise _refusal(c, operation, key)
+        finally:
+            if call:
+                lib.idem_call_free(call)
+                c.call = ffi.NULL
+    finally:
+        _give(pair)
 
 
 def _settle(claim: _Claim, value: Any) -> Outcome:
