@@ -1286,6 +1286,15 @@ int hx_keyed_start(void) {
   return 0;
 }
 
+/* Whether a key is held for a next round of input (or being let go):
+ * under G.mu. */
+static int input_held(void) {
+  for (kcall *k = G.calls; k; k = k->next)
+    if (k->input)
+      return 1;
+  return 0;
+}
+
 int hx_keyed_drain(int64_t ms) {
   int64_t until = hx_mono_ms() + ms;
   int left;
@@ -1294,7 +1303,12 @@ int hx_keyed_drain(int64_t ms) {
   for (kcall *k = G.parked; k; k = k->pnext)
     k->retry_at = k->wait_until = 0; /* asked once more, then answered */
   pthread_cond_broadcast(&G.cond);
-  while ((G.at_server > 0 || G.parked) && hx_mono_ms() < until) {
+  /* Until the calls at the server have ended, the parked ones have been
+   * answered, and the keys held for input have been let go (the tool has
+   * not acted for them): a stop that did not wait for the last would leave
+   * such a key held in the store until its lease ran out. */
+  while ((G.at_server > 0 || G.parked || input_held()) &&
+         hx_mono_ms() < until) {
     struct timespec ts = cli_mono_deadline(50);
     pthread_cond_timedwait(&G.cond, &G.mu, &ts);
   }
