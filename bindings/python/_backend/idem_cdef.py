@@ -100,8 +100,8 @@ int idem_py_local_run(idem_store *store, const char *tenant,
                       const char *request, size_t request_len,
                       const idem_call_options *opts, void *ctx,
                       idem_py_claim *claim, char *buf, size_t cap);
-/* The two above for idem._speedups, which calls them through their
- * addresses: see source(). */
+/* What follows is for idem._speedups, which calls it through its
+ * addresses (its own callback included): see source(). */
 typedef int (*idem_local_fn)(void *conn, void *ctx, idem_response *response);
 #define IDEM_PY_FRESH ...
 void idem_py_respond(idem_response *response, const char *body, size_t len);
