@@ -320,7 +320,17 @@ def _begin(store: Any, tenant: bytes, operation: bytes, key: bytes, request: byt
         if c.call:
             lib.idem_call_free(c.call)
         raise
-    call = c.call  # left only for a body too large for buf
+    try:
+        return _unheld(rc, c, buf, operation, key)
+    finally:
+        _give(pair)
+
+
+def _unheld(rc: int, c: Any, buf: Any, operation: bytes, key: bytes) -> Outcome:
+    """A claim in c that this call does not hold: the Outcome of a replay,
+    or the error or refusal raised; its call (left only for a body too
+    large for buf) freed."""
+    call = c.call
     try:
         if rc:
             raise _fail(rc)
@@ -331,7 +341,6 @@ def _begin(store: Any, tenant: bytes, operation: bytes, key: bytes, request: byt
         if call:
             lib.idem_call_free(call)
             c.call = ffi.NULL
-        _give(pair)
 
 
 def _replayed(c: Any, buf: Any, call: Any, operation: bytes, key: bytes) -> Outcome:
@@ -450,17 +459,7 @@ def _once_in_c(fast: int, tenant: bytes, operation: bytes, key: bytes, arguments
             err = _errors.from_code(ffi.string(lib.idem_rc_name(rc)).decode(), msg, decoded)
             err.value = decoded  # the function ran: what it returned is not lost
             raise err
-        call = c.call  # a claim this call does not hold; left only for a large body
-        try:
-            if got:
-                raise _fail(got)
-            if c.outcome == _REPLAY:
-                return _replayed(c, buf, call, operation, key)
-            raise _refusal(c, operation, key)
-        finally:
-            if call:
-                lib.idem_call_free(call)
-                c.call = ffi.NULL
+        return _unheld(got, c, buf, operation, key)  # a claim this call does not hold
     finally:
         _give(pair)
 
