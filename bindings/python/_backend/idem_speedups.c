@@ -38,6 +38,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 
 #include <math.h>
 #include <stdint.h>
@@ -53,7 +54,7 @@ typedef int64_t (*local_fn)(void *store, const char *tenant,
                             void *claim, char *buf, size_t cap);
 typedef void (*respond_fn)(void *response, const char *body, size_t len);
 
-static local_fn local_call;
+static local_fn fresh_call; /* idem_py_local_fresh */
 static respond_fn respond;
 static int64_t fresh_mark; /* IDEM_PY_FRESH */
 static long rejected;      /* IDEM_EREJECTED */
@@ -223,6 +224,89 @@ static int put_value(text *t, PyObject *o, int depth) {
   return 1;
 }
 
+/* ------------------------------------------------ Outcome */
+
+/*
+ * What idem.Outcome is made of: its three fields, set in C. idem.Outcome
+ * is a Python subclass of it (its docstring, repr and pickling); a call's
+ * Outcome is made here without running Python code, as most of them are.
+ */
+typedef struct {
+  PyObject_HEAD
+  PyObject *value;
+  PyObject *replayed;
+  PyObject *recovered;
+} outcome_obj;
+
+static int outcome_traverse(outcome_obj *o, visitproc visit, void *arg) {
+  Py_VISIT(o->value);
+  Py_VISIT(o->replayed);
+  Py_VISIT(o->recovered);
+  return 0;
+}
+
+static int outcome_clear(outcome_obj *o) {
+  Py_CLEAR(o->value);
+  Py_CLEAR(o->replayed);
+  Py_CLEAR(o->recovered);
+  return 0;
+}
+
+static void outcome_dealloc(outcome_obj *o) {
+  /* idem.Outcome's own dealloc lets go of its (heap) type after this. */
+  PyObject_GC_UnTrack(o);
+  outcome_clear(o);
+  Py_TYPE(o)->tp_free((PyObject *)o);
+}
+
+static int outcome_init(outcome_obj *o, PyObject *args, PyObject *kwargs) {
+  static char *names[] = {"value", "replayed", "recovered", NULL};
+  PyObject *value, *replayed, *recovered;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO:Outcome", names, &value,
+                                   &replayed, &recovered))
+    return -1;
+  Py_XSETREF(o->value, Py_NewRef(value));
+  Py_XSETREF(o->replayed, Py_NewRef(replayed));
+  Py_XSETREF(o->recovered, Py_NewRef(recovered));
+  return 0;
+}
+
+static PyMemberDef outcome_members[] = {
+    {"value", T_OBJECT_EX, offsetof(outcome_obj, value), 0,
+     "the call's result, JSON-decoded"},
+    {"replayed", T_OBJECT_EX, offsetof(outcome_obj, replayed), 0,
+     "True when an earlier call's stored result answered this one"},
+    {"recovered", T_OBJECT_EX, offsetof(outcome_obj, recovered), 0,
+     "True when an earlier attempt may also have acted"},
+    {NULL, 0, 0, 0, NULL}};
+
+static PyTypeObject outcome_base = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "idem._speedups.OutcomeBase",
+    .tp_basicsize = sizeof(outcome_obj),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The fields of idem.Outcome.",
+    .tp_traverse = (traverseproc)outcome_traverse,
+    .tp_clear = (inquiry)outcome_clear,
+    .tp_dealloc = (destructor)outcome_dealloc,
+    .tp_members = outcome_members,
+    .tp_init = (initproc)outcome_init,
+    .tp_new = PyType_GenericNew,
+};
+
+/* An idem.Outcome of value (a new reference, stolen, also on failure). */
+static PyObject *outcome_new(PyObject *value, int replayed, int recovered) {
+  PyTypeObject *type = (PyTypeObject *)outcome_cls;
+  outcome_obj *o = (outcome_obj *)type->tp_alloc(type, 0);
+  if (!o) {
+    Py_DECREF(value);
+    return NULL;
+  }
+  o->value = value;
+  o->replayed = Py_NewRef(replayed ? Py_True : Py_False);
+  o->recovered = Py_NewRef(recovered ? Py_True : Py_False);
+  return (PyObject *)o;
+}
+
 /* The Outcome of a call (replayed or not) whose stored body (len bytes) is
  * in buf; NULL with no exception set when Python is to read it instead. */
 static PyObject *outcome_of(const char *buf, size_t len, int replay,
@@ -244,10 +328,8 @@ static PyObject *outcome_of(const char *buf, size_t len, int replay,
     Py_DECREF(s);
     goto python;
   }
-  value = PyTuple_GET_ITEM(got, 0);
-  out = PyObject_CallFunctionObjArgs(outcome_cls, value,
-                                     replay ? Py_True : Py_False,
-                                     recovered ? Py_True : Py_False, NULL);
+  value = Py_NewRef(PyTuple_GET_ITEM(got, 0));
+  out = outcome_new(value, replay, recovered);
   Py_DECREF(got);
   Py_DECREF(s);
   return out;
@@ -391,63 +473,60 @@ static int local_run(void *conn, void *ctx, void *response) {
   return rc;
 }
 
+/* The arguments local() and once() begin with: (store, tenant,
+ * operation, key, request, opts); -1 with an exception set. */
+static int call_args(PyObject *const *args, void **store, const char **tenant,
+                     const char **operation, const char **key, void **opts) {
+  return address(args[0], store) < 0 ||
+                 bytes_arg(args[1], tenant, "tenant") < 0 ||
+                 bytes_arg(args[2], operation, "operation") < 0 ||
+                 bytes_arg(args[3], key, "key") < 0 || address(args[5], opts) < 0
+             ? -1
+             : 0;
+}
+
+/* A claim's (claim, buf, cap) arguments; -1 with an exception set. */
+static int claim_args(PyObject *const *args, void **claim, void **bufp,
+                      size_t *cap) {
+  if (address(args[0], claim) < 0 || address(args[1], bufp) < 0)
+    return -1;
+  *cap = PyLong_AsSize_t(args[2]);
+  return *cap == (size_t)-1 && PyErr_Occurred() ? -1 : 0;
+}
+
 /*
- * local(store, tenant, operation, key, request, opts, fn, owner, tx_new,
- * claim, buf, cap): execute_local() with fn run by local_run(), through
+ * execute_local() with fn run by local_run(), through
  * idem_py_local_fresh(); owner is the idem.Store, tx_new (Transaction,
- * backend, statements). It returns the Outcome of a replay or of fn's
- * committed run (its result decoded from the JSON stored), raises what fn
- * raised (all rolled back), or returns an int as begin() does (Python reads
- * the claim) or NotImplemented (nothing called).
+ * backend, statements). The Outcome of a replay or of fn's committed run
+ * (its result decoded from the JSON stored); NULL with what fn raised (all
+ * rolled back); an int as once() gives (Python reads the claim); or
+ * NotImplemented (nothing called).
  */
-static PyObject *sp_local(PyObject *self, PyObject *const *args,
-                          Py_ssize_t nargs) {
-  void *store, *opts, *claim, *bufp;
-  const char *tenant, *operation, *key;
-  size_t cap;
+static PyObject *local_core(void *store, const char *tenant,
+                            const char *operation, const char *key,
+                            PyObject *request, void *opts, PyObject *fn,
+                            PyObject *owner, PyObject *tx_new, void *claim,
+                            void *bufp, size_t cap) {
   text t;
   int rc;
   int64_t got;
   PyObject *out = NULL;
   local_ctx c;
-  (void)self;
-  if (nargs != 12) {
-    PyErr_SetString(PyExc_TypeError, "local() takes 12 arguments");
-    return NULL;
-  }
-  if (!local_call || !respond) {
-    PyErr_SetString(PyExc_RuntimeError,
-                    "idem._speedups: local_setup() not called");
-    return NULL;
-  }
-  if (address(args[0], &store) < 0 || bytes_arg(args[1], &tenant, "tenant") < 0 ||
-      bytes_arg(args[2], &operation, "operation") < 0 ||
-      bytes_arg(args[3], &key, "key") < 0 || address(args[5], &opts) < 0 ||
-      address(args[9], &claim) < 0 || address(args[10], &bufp) < 0)
-    return NULL;
-  if (!PyTuple_CheckExact(args[8]) || PyTuple_GET_SIZE(args[8]) != 3) {
-    PyErr_SetString(PyExc_TypeError,
-                    "tx_new: (Transaction, backend, statements)");
-    return NULL;
-  }
-  cap = PyLong_AsSize_t(args[11]);
-  if (cap == (size_t)-1 && PyErr_Occurred())
-    return NULL;
   text_init(&t);
-  rc = put_value(&t, args[4], 0);
+  rc = put_value(&t, request, 0);
   if (rc != 0) {
     text_free(&t);
     if (rc < 0)
       return NULL;
     Py_RETURN_NOTIMPLEMENTED;
   }
-  c.fn = args[6];
-  c.store = args[7];
-  c.tx_new = args[8];
+  c.fn = fn;
+  c.store = owner;
+  c.tx_new = tx_new;
   c.error = c.dumped = NULL;
   text_init(&c.body);
   Py_BEGIN_ALLOW_THREADS
-  got = local_call(store, tenant, operation, key, t.p, t.len, opts, local_run,
+  got = fresh_call(store, tenant, operation, key, t.p, t.len, opts, local_run,
                    &c, claim, bufp, cap);
   Py_END_ALLOW_THREADS
   text_free(&t);
@@ -456,11 +535,12 @@ static PyObject *sp_local(PyObject *self, PyObject *const *args,
     give_error(c.error);
     c.error = NULL; /* given */
   } else if (got == fresh_mark || got == fresh_mark - 1) {
-    /* The result as stored, decoded: as a replay would give it. */
+    /* The result as stored, decoded: as a replay would give it. One too
+     * large for buf left the claim's call to free: Python reads it. */
     int recovered = got != fresh_mark;
-    out = c.dumped ? outcome_of(PyBytes_AS_STRING(c.dumped),
-                                (size_t)PyBytes_GET_SIZE(c.dumped), 0, recovered)
-                   : outcome_of(c.body.p, c.body.len, 0, recovered);
+    const char *bp = c.dumped ? PyBytes_AS_STRING(c.dumped) : c.body.p;
+    size_t blen = c.dumped ? (size_t)PyBytes_GET_SIZE(c.dumped) : c.body.len;
+    out = blen <= cap ? outcome_of(bp, blen, 0, recovered) : NULL;
     if (!out && !PyErr_Occurred())
       out = PyLong_FromLong(0); /* Python reads it from the claim */
   } else if (got < 0) {
@@ -472,6 +552,234 @@ static PyObject *sp_local(PyObject *self, PyObject *const *args,
   }
   local_clear(&c);
   return out;
+}
+
+static int local_ready(void) {
+  if (fresh_call && respond && outcome_cls)
+    return 1;
+  PyErr_SetString(PyExc_RuntimeError, "idem._speedups: local_setup() not called");
+  return 0;
+}
+
+/*
+ * local(store, tenant, operation, key, request, opts, fn, owner, tx_new,
+ * claim, buf, cap): local_core() with its arguments given one by one, for
+ * execute_local() with options.
+ */
+static PyObject *sp_local(PyObject *self, PyObject *const *args,
+                          Py_ssize_t nargs) {
+  void *store, *opts, *claim, *bufp;
+  const char *tenant, *operation, *key;
+  size_t cap;
+  (void)self;
+  if (nargs != 12) {
+    PyErr_SetString(PyExc_TypeError, "local() takes 12 arguments");
+    return NULL;
+  }
+  if (!local_ready() ||
+      call_args(args, &store, &tenant, &operation, &key, &opts) < 0 ||
+      claim_args(args + 9, &claim, &bufp, &cap) < 0)
+    return NULL;
+  if (!PyTuple_CheckExact(args[8]) || PyTuple_GET_SIZE(args[8]) != 3) {
+    PyErr_SetString(PyExc_TypeError,
+                    "tx_new: (Transaction, backend, statements)");
+    return NULL;
+  }
+  return local_core(store, tenant, operation, key, args[4], opts, args[6],
+                    args[7], args[8], claim, bufp, cap);
+}
+
+/*
+ * What local_call() reads of idem._store (see calls_setup()), and the
+ * names it reads of a Store.
+ */
+static PyObject *names;     /* _NAMES: an operation or tenant -> its bytes */
+static PyObject *spares;    /* _SPARES: (claim, buf, their addresses) */
+static PyObject *new_pair;  /* _take(): a pair when there is no spare */
+static void *plain_opts;    /* _PLAIN's idem_call_options */
+static size_t spare_cap;    /* a pair's buffer's size */
+static PyObject *str_fast, *str_store, *str_forked, *str_closing, *str_leave,
+    *str_empty;
+
+/* The bytes of an operation or tenant named before, or NULL (none set). */
+static const char *name_of(PyObject *s) {
+  PyObject *b = PyDict_GetItemWithError(names, s); /* kept there for good */
+  if (!b || !PyBytes_Check(b)) {
+    PyErr_Clear(); /* not there, or not hashable: Python's way says */
+    return NULL;
+  }
+  return PyBytes_AS_STRING(b);
+}
+
+/* A spare pair, as _take(): list.pop() in C, with nothing run between. */
+static PyObject *pair_take(void) {
+  Py_ssize_t n = PyList_GET_SIZE(spares);
+  PyObject *p;
+  if (n == 0)
+    return PyObject_CallNoArgs(new_pair);
+  p = Py_NewRef(PyList_GET_ITEM(spares, n - 1));
+  if (PyList_SetSlice(spares, n - 1, n, NULL) < 0)
+    Py_CLEAR(p);
+  return p;
+}
+
+/* The end of a local_call() (the call's token let go as Store._leave()
+ * does, its pair kept as _give() does), whatever is raised meanwhile. */
+static void call_done(PyObject *owner, PyObject *calls, PyObject *pair) {
+  PyObject *raised = PyErr_Occurred() ? take_error() : NULL, *token, *closing;
+  token = PyTuple_GET_ITEM(pair, 2);
+  if (PySet_Discard(calls, token) < 0)
+    PyErr_Clear();
+  closing = PyObject_GetAttr(owner, str_closing);
+  if (closing && PyObject_IsTrue(closing) > 0) /* close() waits for it */
+    Py_XDECREF(PyObject_CallMethodOneArg(owner, str_leave, token));
+  Py_XDECREF(closing);
+  PyErr_Clear();
+  if (PyList_GET_SIZE(spares) < 8 && PyList_Append(spares, pair) < 0)
+    PyErr_Clear();
+  if (raised)
+    give_error(raised);
+}
+
+/*
+ * local_call(owner, operation, key, request, fn, tenant): a Store's
+ * execute_local() with no options, whole, as Store._handle(), _take() and
+ * the rest do it in Python: the names looked up in _NAMES, the key's UTF-8,
+ * the call counted in the Store's _calls for close(), a spare pair taken,
+ * local_core() run, all let go. It gives local_core()'s Outcome or raises
+ * what fn raised; (rc, pair) for Python to read the claim from (the call
+ * still counted and the pair still taken, as Python's way leaves them);
+ * NotImplemented, with nothing called or held, for all that Python's way
+ * tells better: a name not seen before, a key that is not a str or holds
+ * NUL, a request this module leaves to Python, a Store closed, forked or
+ * called from its own function.
+ */
+static PyObject *sp_local_call(PyObject *self, PyObject *const *args,
+                               Py_ssize_t nargs) {
+  PyObject *owner, *fast, *calls, *pair, *handle, *forked, *out;
+  const char *operation, *tenant, *key;
+  Py_ssize_t klen;
+  void *store, *claim, *bufp;
+  int refused;
+  (void)self;
+  if (nargs != 6) {
+    PyErr_SetString(PyExc_TypeError, "local_call() takes 6 arguments");
+    return NULL;
+  }
+  if (!local_ready())
+    return NULL;
+  if (!names) {
+    PyErr_SetString(PyExc_RuntimeError,
+                    "idem._speedups: calls_setup() not called");
+    return NULL;
+  }
+  owner = args[0];
+  operation = name_of(args[1]);
+  tenant = name_of(args[5] == Py_None ? str_empty : args[5]);
+  if (!operation || !tenant || !PyUnicode_CheckExact(args[2]))
+    Py_RETURN_NOTIMPLEMENTED;
+  key = PyUnicode_AsUTF8AndSize(args[2], &klen);
+  if (!key || strlen(key) != (size_t)klen) {
+    PyErr_Clear();
+    Py_RETURN_NOTIMPLEMENTED;
+  }
+  fast = PyObject_GetAttr(owner, str_fast);
+  if (!fast)
+    return NULL;
+  if (!PyTuple_CheckExact(fast) || PyTuple_GET_SIZE(fast) != 3 ||
+      !PySet_Check(PyTuple_GET_ITEM(fast, 1)) ||
+      !PyTuple_CheckExact(PyTuple_GET_ITEM(fast, 2)) ||
+      PyTuple_GET_SIZE(PyTuple_GET_ITEM(fast, 2)) != 3) {
+    Py_DECREF(fast);
+    PyErr_SetString(PyExc_TypeError, "Store._fast: (address, calls, tx_new)");
+    return NULL;
+  }
+  calls = PyTuple_GET_ITEM(fast, 1);
+  if (address(PyTuple_GET_ITEM(fast, 0), &store) < 0 ||
+      !(pair = pair_take())) {
+    Py_DECREF(fast);
+    return NULL;
+  }
+  if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 4 ||
+      address(PyTuple_GET_ITEM(pair, 2), &claim) < 0 ||
+      address(PyTuple_GET_ITEM(pair, 3), &bufp) < 0) {
+    if (!PyErr_Occurred())
+      PyErr_SetString(PyExc_TypeError, "a pair: (claim, buf, addresses)");
+    Py_DECREF(pair);
+    Py_DECREF(fast);
+    return NULL;
+  }
+  /* Counted before the Store is asked whether it is open, as Python's way
+   * does: close() then either refuses this call or waits for it. */
+  if (PySet_Add(calls, PyTuple_GET_ITEM(pair, 2)) < 0) {
+    Py_DECREF(pair);
+    Py_DECREF(fast);
+    return NULL;
+  }
+  handle = PyObject_GetAttr(owner, str_store);
+  forked = handle ? PyObject_GetAttr(owner, str_forked) : NULL;
+  refused = !forked || handle == Py_None || PyObject_IsTrue(forked) != 0 ||
+            local_store == owner;
+  Py_XDECREF(handle);
+  Py_XDECREF(forked);
+  if (refused) {
+    PyErr_Clear(); /* _handle() says why */
+    out = Py_NewRef(Py_NotImplemented);
+  } else {
+    out = local_core(store, tenant, operation, key, args[3], plain_opts,
+                     args[4], owner, PyTuple_GET_ITEM(fast, 2), claim, bufp,
+                     spare_cap);
+  }
+  if (out && PyLong_CheckExact(out)) {
+    PyObject *both = PyTuple_Pack(2, out, pair);
+    Py_DECREF(out);
+    if (both) {
+      Py_DECREF(pair);
+      Py_DECREF(fast);
+      return both;
+    }
+    out = NULL;
+  }
+  call_done(owner, calls, pair);
+  Py_DECREF(pair);
+  Py_DECREF(fast);
+  return out;
+}
+
+/* calls_setup(names, spares, take, plain, cap): what local_call() reads of
+ * idem._store: _NAMES, _SPARES, _take, the address of _PLAIN's
+ * idem_call_options and _BUF_SIZE. */
+static PyObject *sp_calls_setup(PyObject *self, PyObject *args) {
+  PyObject *n, *sp, *tk, *pl;
+  Py_ssize_t cap;
+  void *plain;
+  (void)self;
+  if (!PyArg_ParseTuple(args, "O!O!OOn", &PyDict_Type, &n, &PyList_Type, &sp,
+                        &tk, &pl, &cap))
+    return NULL;
+  if (address(pl, &plain) < 0)
+    return NULL;
+  if (!plain || cap <= 0 || !PyCallable_Check(tk)) {
+    PyErr_SetString(PyExc_ValueError,
+                    "calls_setup(names, spares, take, plain, cap)");
+    return NULL;
+  }
+#define INTERN(var, s)                                                         \
+  if (!var && !(var = PyUnicode_InternFromString(s)))                          \
+    return NULL;
+  INTERN(str_fast, "_fast")
+  INTERN(str_store, "_store")
+  INTERN(str_forked, "_forked")
+  INTERN(str_closing, "_closing")
+  INTERN(str_leave, "_leave")
+  INTERN(str_empty, "")
+#undef INTERN
+  Py_XSETREF(names, Py_NewRef(n));
+  Py_XSETREF(spares, Py_NewRef(sp));
+  Py_XSETREF(new_pair, Py_NewRef(tk));
+  plain_opts = plain;
+  spare_cap = (size_t)cap;
+  Py_RETURN_NONE;
 }
 
 /*
@@ -541,13 +849,8 @@ static PyObject *sp_once(PyObject *self, PyObject *const *args,
                     "idem._speedups: once_setup() not called");
     return NULL;
   }
-  if (address(args[0], &store) < 0 || bytes_arg(args[1], &tenant, "tenant") < 0 ||
-      bytes_arg(args[2], &operation, "operation") < 0 ||
-      bytes_arg(args[3], &key, "key") < 0 || address(args[5], &opts) < 0 ||
-      address(args[6], &claim) < 0 || address(args[7], &bufp) < 0)
-    return NULL;
-  cap = PyLong_AsSize_t(args[8]);
-  if (cap == (size_t)-1 && PyErr_Occurred())
+  if (call_args(args, &store, &tenant, &operation, &key, &opts) < 0 ||
+      claim_args(args + 6, &claim, &bufp, &cap) < 0)
     return NULL;
   fn = args[9];
   fargs = args[10];
@@ -645,10 +948,7 @@ static PyObject *sp_once(PyObject *self, PyObject *const *args,
     out = Py_BuildValue("(iN)", rc, decoded);
     return out;
   }
-  out = PyObject_CallFunctionObjArgs(outcome_cls, decoded, Py_False,
-                                     recovered ? Py_True : Py_False, NULL);
-  Py_DECREF(decoded);
-  return out;
+  return outcome_new(decoded, 0, recovered);
 }
 
 static PyObject *sp_once_setup(PyObject *self, PyObject *args) {
@@ -700,8 +1000,13 @@ static PyObject *sp_setup(PyObject *self, PyObject *args) {
   (void)self;
   if (!PyArg_ParseTuple(args, "OO", &cls, &sc))
     return NULL;
-  if (!PyCallable_Check(cls) || !PyCallable_Check(sc)) {
-    PyErr_SetString(PyExc_ValueError, "setup(Outcome, scan)");
+  if (!PyType_Check(cls) ||
+      !PyType_IsSubtype((PyTypeObject *)cls, &outcome_base) ||
+      ((PyTypeObject *)cls)->tp_basicsize != outcome_base.tp_basicsize ||
+      !PyCallable_Check(sc)) {
+    PyErr_SetString(PyExc_ValueError,
+                    "setup(Outcome, scan): Outcome a subclass of OutcomeBase "
+                    "with __slots__ = ()");
     return NULL;
   }
   Py_INCREF(cls);
@@ -730,7 +1035,7 @@ static PyObject *sp_local_setup(PyObject *self, PyObject *args) {
     return NULL;
   Py_INCREF(dump);
   Py_XSETREF(dump_body, dump);
-  local_call = (local_fn)lp;
+  fresh_call = (local_fn)lp;
   respond = (respond_fn)rp;
   fresh_mark = mark;
   rejected = rej;
@@ -1415,6 +1720,12 @@ static PyMethodDef methods[] = {
     {"local", (PyCFunction)(void (*)(void))sp_local, METH_FASTCALL,
      "local(store, tenant, operation, key, request, opts, fn, owner, tx_new, "
      "claim, buf, cap)"},
+    {"calls_setup", sp_calls_setup, METH_VARARGS,
+     "calls_setup(names, spares, take, plain, cap): what local_call() reads "
+     "of idem._store."},
+    {"local_call", (PyCFunction)(void (*)(void))sp_local_call, METH_FASTCALL,
+     "local_call(owner, operation, key, request, fn, tenant): "
+     "Store.execute_local() with no options, whole."},
     {"once_setup", sp_once_setup, METH_VARARGS,
      "once_setup(held, finish, done, not_done, unknown, NotDone, "
      "result_body): the addresses of idem_py_begin_held and "
@@ -1455,7 +1766,13 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "idem._speedups",
                                     -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__speedups(void) {
+  PyObject *m;
   if (!zero && !(zero = PyLong_FromLong(0)))
     return NULL;
-  return PyModule_Create(&module);
+  if (PyType_Ready(&outcome_base) < 0)
+    return NULL;
+  m = PyModule_Create(&module);
+  if (m && PyModule_AddObjectRef(m, "OutcomeBase", (PyObject *)&outcome_base) < 0)
+    Py_CLEAR(m);
+  return m;
 }

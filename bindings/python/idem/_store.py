@@ -139,23 +139,27 @@ def _fail(rc: int, value: Any = None) -> Error:
                              value)
 
 
-class Outcome:
+class Outcome(_speedups.OutcomeBase):  # type: ignore[misc]
     """What a call returned: .value (JSON-decoded, the same on the first call
     and on every replay), .replayed (True when the function did not run
     because an earlier call's result was stored) and .recovered (True when
     an earlier attempt may also have acted: its holder died or raised and
     this call, or the one whose result is replayed, took the key over)."""
 
-    __slots__ = ("value", "replayed", "recovered")
-
-    def __init__(self, value: Any, replayed: bool, recovered: bool) -> None:
-        self.value = value
-        self.replayed = replayed
-        self.recovered = recovered
+    # The fields are idem._speedups.OutcomeBase's: made in C, as most
+    # Outcomes are, with no Python code run. Outcome(value, replayed,
+    # recovered) makes one too.
+    __slots__ = ()
+    value: Any
+    replayed: bool
+    recovered: bool
 
     def __repr__(self) -> str:
         return "Outcome(value=%r, replayed=%r, recovered=%r)" % (
             self.value, self.replayed, self.recovered)
+
+    def __reduce__(self) -> Tuple[Any, Tuple[Any, bool, bool]]:
+        return Outcome, (self.value, self.replayed, self.recovered)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Outcome) and (self.value, self.replayed, self.recovered) \
@@ -239,7 +243,7 @@ def _result_body(value: Any) -> bytes:
 _speedups.once_setup(_address(ffi.addressof(lib, "idem_py_begin_held")),
                      _address(ffi.addressof(lib, "idem_py_finish")), _DONE, _NOT_DONE,
                      _MARK_UNKNOWN, NotDone, _result_body)
-_fast_local, _fast_once = _speedups.local, _speedups.once
+_fast_local, _fast_once, _local_call = _speedups.local, _speedups.once, _speedups.local_call
 # The Store whose execute_local() function runs on this thread (a call back
 # into it would wait for the transaction it runs in), kept in C for both
 # ways of running it.
@@ -294,6 +298,11 @@ def _take() -> _Pair:
 def _give(pair: _Pair) -> None:
     if len(_SPARES) < 8:
         _SPARES.append(pair)
+
+
+# What idem._speedups.local_call() takes of this module: it looks names up,
+# and takes and keeps pairs, as execute_local() does here.
+_speedups.calls_setup(_NAMES, _SPARES, _take, _PLAIN.call_addr, _BUF_SIZE)
 
 
 def _begin(store: Any, tenant: bytes, operation: bytes, key: bytes, request: bytes,
@@ -488,6 +497,19 @@ def _is_release(exc: BaseException, release_on: Tuple[Type[BaseException], ...])
     return isinstance(exc, NotDone) or (bool(release_on) and isinstance(exc, release_on))
 
 
+def _local_answer(rc: int, c: Any, buf: Any, operation: bytes, key: bytes) -> Outcome:
+    """What an execute_local() call whose claim is in c answers: an Outcome,
+    or the error or refusal raised (Store._done() frees its call)."""
+    if rc != _OK:
+        raise _fail(rc)
+    outcome = c.outcome
+    if outcome == _REPLAY:
+        return _replayed(c, buf, c.call, operation, key)
+    if outcome == _PROCEED or outcome == _RECOVER:  # fn's result, as stored
+        return Outcome(_stored(c, operation, key), False, outcome == _RECOVER)
+    raise _refusal(c, operation, key)
+
+
 class _LocalCall:
     """One execute_local() call run the Python way, as idem_py_local() sees
     it through ctx (a handle made once: spares are kept in _LOCALS)."""
@@ -601,6 +623,7 @@ class Store:
         self._statements = Statements()
         # What idem._speedups makes an execute_local() function's tx of.
         self._tx_new = (Transaction, self.backend, self._statements)
+        self._fast = (self._addr, self._calls, self._tx_new)  # for local_call()
 
     # -------------------------------------------------------------- life
 
@@ -748,50 +771,52 @@ class Store:
         so that what fn writes through tx.execute() commits together with
         the record; an Outcome. An exception in fn rolls both back, releases
         the key and propagates."""
-        opts = _PLAIN if lease is None and retention is None and wait is None \
-            else _options(lease, retention, wait)
-        try:  # _name(), inlined: the names repeat from call to call
-            op = _NAMES[operation]
-            t = _NAMES[tenant if tenant is not None else ""]
-        except (KeyError, TypeError):
-            op = _name(operation, "operation")
-            t = _name(tenant if tenant is not None else "", "tenant")
+        if lease is None and retention is None and wait is None:
+            # As it is mostly called: all of it in one crossing
+            # (idem._speedups.local_call()), but for reading a claim not held.
+            got = _local_call(self, operation, key, request, fn, tenant)
+            if got.__class__ is Outcome:
+                return got  # type: ignore[no-any-return]
+            if got is not NotImplemented:
+                rc, pair = got
+                try:
+                    return _local_answer(rc, pair[0], pair[1], _NAMES[operation],
+                                         key.encode("utf-8"))
+                finally:
+                    self._done(pair)
+            opts = _PLAIN
+        else:
+            opts = _options(lease, retention, wait)
+        op = _name(operation, "operation")
+        t = _name(tenant if tenant is not None else "", "tenant")
         k = key.encode("utf-8") if key.__class__ is str and "\x00" not in key else _key(key)
         pair = _take()
-        c, buf, token = pair[0], pair[1], pair[2]  # the claim's address: this call's own
-        calls = self._calls
-        calls.add(token)
+        c, buf = pair[0], pair[1]
+        self._calls.add(pair[2])  # the claim's address: this call's own token
         try:
             store = self._handle()
-            try:
-                # The request written as JSON, the call made, fn run and its
-                # result written and decoded, or a replay decoded, in one
-                # crossing (idem._speedups).
-                rc = _fast_local(self._addr, t, op, k, request, opts.call_addr, fn, self,
-                                 self._tx_new, token, pair[3], _BUF_SIZE)
-                if rc.__class__ is not int:
-                    if rc is not NotImplemented:
-                        return rc  # type: ignore[no-any-return]
-                    rc = _local_python(store, self, t, op, k, request, opts, fn, c, buf)
-                call = c.call  # left only for a body too large for buf
-                if rc != _OK:
-                    raise _fail(rc)
-                outcome = c.outcome
-                if outcome == _REPLAY:
-                    return _replayed(c, buf, call, op, k)
-                if outcome == _PROCEED or outcome == _RECOVER:  # fn's result, as stored
-                    return Outcome(_stored(c, op, k), False, outcome == _RECOVER)
-                raise _refusal(c, op, k)
-            finally:
-                call = c.call
-                if call:
-                    lib.idem_call_free(call)
-                    c.call = ffi.NULL
+            rc = _fast_local(self._addr, t, op, k, request, opts.call_addr, fn, self,
+                             self._tx_new, pair[2], pair[3], _BUF_SIZE)
+            if rc.__class__ is not int:
+                if rc is not NotImplemented:
+                    return rc  # type: ignore[no-any-return]
+                rc = _local_python(store, self, t, op, k, request, opts, fn, c, buf)
+            return _local_answer(rc, c, buf, op, k)
         finally:
-            calls.discard(token)
-            if self._closing:
-                self._leave(token)
-            _give(pair)
+            self._done(pair)
+
+    def _done(self, pair: _Pair) -> None:
+        """The end of an execute_local() call counted by its pair's token:
+        its claim's call (left only for a body too large for the buffer)
+        freed, the call no longer counted, the pair kept for another."""
+        c = pair[0]
+        if c.call:
+            lib.idem_call_free(c.call)
+            c.call = ffi.NULL
+        self._calls.discard(pair[2])
+        if self._closing:
+            self._leave(pair[2])
+        _give(pair)
 
     def delete(self, operation: str, key: str, *, tenant: Optional[str] = None) -> None:
         """Deletes one record whatever its state (an operator's act: a retry

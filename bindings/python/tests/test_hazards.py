@@ -266,6 +266,42 @@ def test_close_waits_for_a_running_call(store_url, operation):
         assert (out.value, out.replayed) == ({"done": "k"}, True)
 
 
+def test_close_waits_for_a_running_execute_local(store_url, operation):
+    """The same with execute_local() whole in C (its names seen before):
+    the call is counted for close(), which waits for it, and calls made
+    while it closes are refused."""
+    s = idem.open(store_url)
+    s.execute_local(operation, "k-0", {}, lambda tx: 0)
+    entered, release = threading.Event(), threading.Event()
+    results = []
+
+    def slow(tx):
+        entered.set()
+        release.wait(60)
+        return {"done": "k"}
+
+    worker = threading.Thread(target=lambda: results.append(
+        s.execute_local(operation, "k", {}, slow)))
+    worker.start()
+    assert entered.wait(60)
+    closer = threading.Thread(target=s.close)
+    closer.start()
+    while not s._closing:  # close() has begun (and waits for the call)
+        threading.Event().wait(0.001)
+    with pytest.raises(idem.Error, match="the store is closed"):
+        s.execute_local(operation, "other", {}, lambda tx: 1)
+    assert closer.is_alive()  # still waiting for the running call
+    release.set()
+    worker.join(60)
+    closer.join(60)
+    assert not closer.is_alive()
+    assert [(o.value, o.replayed) for o in results] == [({"done": "k"}, False)]
+    with idem.open(store_url) as again:  # stored before the store closed
+        out = again.execute_local(operation, "k", {}, lambda tx: "ran again")
+        assert (out.value, out.replayed) == ({"done": "k"}, True)
+    assert sorted(r["key"] for r in records(store_url, operation)) == ["k", "k-0"]
+
+
 class Color(enum.IntEnum):
     RED = 1
 

@@ -2,6 +2,9 @@
 store's own connection, in the store's parameter style, and the values
 that come back from each store.
 """
+import json
+import os
+
 import pytest
 
 import idem
@@ -22,12 +25,68 @@ def test_store_is_a_context_manager(store_url, operation):
 
 def test_closed_store_refuses_calls(store_url, operation):
     s = idem.open(store_url)
+    # Its names seen before, as in a running program: execute_local() then
+    # goes whole in C, which must refuse as Python does.
+    s.execute_local(operation, "k-0", {}, lambda tx: 0)
+
+    @s.idempotent(operation, key="key")
+    def act(n, key):
+        return {"done": n}
+
     s.close()
     s.close()  # harmless
 
-    with pytest.raises(idem.Error):
-        s.execute(operation, "k-1", {"n": 1}, lambda: {"done": True})
-    assert records(store_url, operation) == []
+    for call in (lambda: s.execute(operation, "k-1", {"n": 1}, lambda: {"done": True}),
+                 lambda: s.execute_local(operation, "k-1", {}, lambda tx: 1),
+                 lambda: s.execute_local(operation, "k-0", {}, lambda tx: 0),
+                 lambda: act(1, key="k-1")):
+        with pytest.raises(idem.Error, match="the store is closed") as e:
+            call()
+        assert e.value.code == "IDEM_ESTATE"
+    assert [r["key"] for r in records(store_url, operation)] == ["k-0"]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork()")
+def test_a_child_of_fork_is_refused_its_parents_store(store_url, operation):
+    """A store crosses fork() as a copy of the parent's connections: the
+    child's calls are refused, whichever way they go, and the parent's
+    store goes on."""
+    s = idem.open(store_url)
+    try:
+        s.execute_local(operation, "k-0", {}, lambda tx: 0)  # names seen: whole in C
+
+        @s.idempotent(operation, key="key")
+        def act(n, key):
+            return {"done": n}
+
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into pytest
+            try:
+                said = []
+                for call in (lambda: s.execute_local(operation, "k-1", {}, lambda tx: 1),
+                             lambda: s.execute_local(operation, "k-0", {}, lambda tx: 0),
+                             lambda: s.execute(operation, "k-2", {}, lambda: 2),
+                             lambda: act(3, key="k-3")):
+                    try:
+                        call()
+                        said.append("ran")
+                    except idem.Error as e:
+                        said.append("%s %s" % (e.code, "opened by process %d" % os.getppid()
+                                               in str(e)))
+                os.write(w, json.dumps(said).encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        with os.fdopen(r, "rb") as f:
+            said = json.loads(f.read().decode() or "null")
+        assert os.waitpid(pid, 0)[1] == 0
+        assert said == ["IDEM_ESTATE True"] * 4
+        out = s.execute_local(operation, "k-1", {}, lambda tx: 1)
+        assert (out.value, out.replayed) == (1, False)
+        assert sorted(r["key"] for r in records(store_url, operation)) == ["k-0", "k-1"]
+    finally:
+        s.close()
 
 
 def test_cursor_fetches_counts_and_numbers_rows(store, db, backend, operation):

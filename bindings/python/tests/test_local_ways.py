@@ -5,8 +5,9 @@ must behave alike in everything a caller sees: the value, the flags, what a
 raised exception carries, what is stored, what tx allows, and the guard
 against a function that calls back into its own store.
 
-Every case runs both ways: "c" as a user runs it (and the Python way must
-not be taken), "python" with the C way turned off.
+Every case runs each way (see the way fixture): "whole" and "c" as a user
+runs it (and the Python way must not be taken), "python" with the C way
+turned off.
 """
 import json
 import multiprocessing
@@ -23,40 +24,74 @@ from helpers import TICKET, act_then_hang, records
 
 SPAWN = multiprocessing.get_context("spawn")
 
-WAYS = ["c", "python"]
+WAYS = ["whole", "c", "python"]
 
 
 @pytest.fixture(params=WAYS)
-def way(request, monkeypatch):
+def way(request, monkeypatch, operation):
     """The way execute_local() runs the function, with a count of the calls
-    each way answered."""
-    seen = {"c": 0, "python": 0}
+    each way answered: "whole", the call whole in C (local_call(): no
+    options, and the names seen before, as in a running program), counted
+    as "c" and as "whole"; "c", that way off, so that C runs the function
+    from the call made in Python (local()); "python", both off."""
+    seen = {"c": 0, "python": 0, "whole": 0, "way": request.param}
     real_fast, real_python = _store._fast_local, _store._local_python
+    real_whole = _store._local_call
 
     def python(*args):
         seen["python"] += 1
         return real_python(*args)
 
-    if request.param == "c":
-        def fast(*args):
-            seen["c"] += 1  # also when it raises what fn raised
-            out = real_fast(*args)
-            assert out is not NotImplemented, "the C way left a plain request to Python"
-            return out
-    else:
-        def fast(*args):
-            return NotImplemented
+    def kept_clean():
+        # No call left its claim's call to free in a spare pair (a result
+        # too large for the buffer leaves one until Python has read it):
+        # the next call would overwrite it.
+        assert [p for p in _store._SPARES if p[0].call != _store.ffi.NULL] == []
 
-    monkeypatch.setattr(_store, "_fast_local", fast)
+    def fast(*args):
+        seen["c"] += 1  # also when it raises what fn raised
+        out = real_fast(*args)
+        assert out is not NotImplemented, "the C way left a plain request to Python"
+        return out
+
+    def whole(*args):
+        # Counted when it answered, or raised what fn raised.
+        try:
+            out = real_whole(*args)
+        except BaseException:
+            seen["c"] += 1
+            seen["whole"] += 1
+            raise
+        finally:
+            kept_clean()
+        if out is not NotImplemented:
+            seen["c"] += 1
+            seen["whole"] += 1
+        return out
+
+    def off(*args):
+        return NotImplemented
+
+    if request.param == "whole":
+        _store._name(operation, "operation")
+        _store._name("", "tenant")
+    monkeypatch.setattr(_store, "_fast_local", off if request.param == "python" else fast)
     monkeypatch.setattr(_store, "_local_python", python)
-    return request.param, seen
+    monkeypatch.setattr(_store, "_local_call", whole if request.param == "whole" else off)
+    yield ("python" if request.param == "python" else "c"), seen
+    if request.param == "whole":
+        assert seen["whole"] > 0, "no call went whole in C"
+    kept_clean()
 
 
-def answered(way, calls):
-    """The counts of calls each way answered, after calls calls."""
+def answered(way, calls, options=0):
+    """The counts of calls each way answered, after calls calls (of which
+    options passed options: they go the "c" way when the "whole" one is
+    on)."""
     name, seen = way
-    assert seen == ({"c": calls, "python": 0} if name == "c"
-                    else {"c": 0, "python": calls})
+    assert (seen["c"], seen["python"]) == ((calls, 0) if name == "c" else (0, calls))
+    if seen["way"] == "whole":
+        assert seen["whole"] == calls - options
 
 
 def stored(store, operation):
@@ -268,4 +303,4 @@ def test_a_takeover_is_told_recovered(store, store_url, operation, way, effects)
     assert effects.lines() == ["pid %d" % holder.pid, "retry"]
     (record,) = records(store_url, operation)
     assert (record["state"], record["attempt"], record["recovered"]) == ("completed", 2, True)
-    answered(way, 2)
+    answered(way, 2, options=1)

@@ -154,9 +154,10 @@ def test_execute_local_replays_by_either_path(store, operation, monkeypatch):
     for request in ({"a": 1, "b": [1.5, "é"]}, {1: "int key"}, {"big": 1 << 70}):
         key = "k%d" % len(calls)
         first = store.execute_local(operation, key, request, fn)
-        seen = counting(monkeypatch, "_fast_local")
+        seen = counting(monkeypatch, "_local_call")  # the whole call in C
         again = store.execute_local(operation, key, request, fn)
         monkeypatch.undo()
+        monkeypatch.setattr(_store, "_local_call", lambda *a: NotImplemented)
         monkeypatch.setattr(_store, "_fast_local", lambda *a: NotImplemented)
         python = store.execute_local(operation, key, request, fn)
         monkeypatch.undo()
