@@ -30,7 +30,11 @@
  *     Python's json (another type, a subclass, an int past 64 bits, a float
  *     that is not finite, a non-str dict key, a str that is not valid
  *     UTF-8, nesting deeper than 64); nothing was called;
- * or raise what the caller's function raised (see each).
+ * or raise what the caller's function raised, or the error of an ending
+ * that failed after it ran (see each). local_call() and once_call(), the
+ * same calls made whole from the Store (its call counted, a spare claim
+ * taken), answer alike, but an int comes as (int, the spare pair) for
+ * Python to read and then give back (Store._done()).
  *
  * Any text the encoder writes is valid JSON for the value, which is all
  * libidem needs: the fingerprint is taken on its canonical form (RFC 8785),
@@ -70,6 +74,7 @@ static held_fn held_call;
 static finish_fn finish_call;
 static int end_done, end_not_done, end_unknown; /* idem_exec_result */
 static PyObject *not_done_cls; /* idem.NotDone */
+static PyObject *end_failed;   /* idem._store._end_failed: (rc, value) -> error */
 static PyObject *result_body;  /* idem._store._result_body */
 static PyObject *outcome_cls; /* idem.Outcome */
 static PyObject *scan;        /* json's scanner: (text, 0) -> (value, end) */
@@ -642,79 +647,62 @@ static void call_done(PyObject *owner, PyObject *calls, PyObject *pair) {
 }
 
 /*
- * local_call(owner, operation, key, request, fn, tenant): a Store's
- * execute_local() with no options, whole, as Store._handle(), _take() and
- * the rest do it in Python: the names looked up in _NAMES, the key's UTF-8,
- * the call counted in the Store's _calls for close(), a spare pair taken,
- * local_core() run, all let go. It gives local_core()'s Outcome or raises
- * what fn raised; (rc, pair) for Python to read the claim from (the call
- * still counted and the pair still taken, as Python's way leaves them);
- * NotImplemented, with nothing called or held, for all that Python's way
- * tells better: a name not seen before, a key that is not a str or holds
- * NUL, a request this module leaves to Python, a Store closed, forked or
- * called from its own function.
+ * A Store's call made whole in C (local_call(), once_call()), begun and
+ * ended as Python's way does it: counted in the Store's _calls for close()
+ * before the Store is asked whether it is open, a spare pair taken, and
+ * both let go at the end, whatever was raised.
  */
-static PyObject *sp_local_call(PyObject *self, PyObject *const *args,
-                               Py_ssize_t nargs) {
-  PyObject *owner, *fast, *calls, *pair, *handle, *forked, *out;
-  const char *operation, *tenant, *key;
-  Py_ssize_t klen;
+typedef struct {
+  PyObject *fast;  /* Store._fast: (address, calls, tx_new) */
+  PyObject *calls; /* borrowed from fast */
+  PyObject *pair;  /* (claim, buf, their addresses) */
   void *store, *claim, *bufp;
+} store_call;
+
+/* 1: begun; 0: not begun, nothing held, for Python's way to say why (a
+ * Store closed, forked or called from its own function); -1: an error. */
+static int call_begin(PyObject *owner, store_call *sc) {
+  PyObject *fast, *pair, *handle, *forked;
   int refused;
-  (void)self;
-  if (nargs != 6) {
-    PyErr_SetString(PyExc_TypeError, "local_call() takes 6 arguments");
-    return NULL;
-  }
-  if (!local_ready())
-    return NULL;
   if (!names) {
     PyErr_SetString(PyExc_RuntimeError,
                     "idem._speedups: calls_setup() not called");
-    return NULL;
-  }
-  owner = args[0];
-  operation = name_of(args[1]);
-  tenant = name_of(args[5] == Py_None ? str_empty : args[5]);
-  if (!operation || !tenant || !PyUnicode_CheckExact(args[2]))
-    Py_RETURN_NOTIMPLEMENTED;
-  key = PyUnicode_AsUTF8AndSize(args[2], &klen);
-  if (!key || strlen(key) != (size_t)klen) {
-    PyErr_Clear();
-    Py_RETURN_NOTIMPLEMENTED;
+    return -1;
   }
   fast = PyObject_GetAttr(owner, str_fast);
   if (!fast)
-    return NULL;
+    return -1;
   if (!PyTuple_CheckExact(fast) || PyTuple_GET_SIZE(fast) != 3 ||
       !PySet_Check(PyTuple_GET_ITEM(fast, 1)) ||
       !PyTuple_CheckExact(PyTuple_GET_ITEM(fast, 2)) ||
       PyTuple_GET_SIZE(PyTuple_GET_ITEM(fast, 2)) != 3) {
     Py_DECREF(fast);
     PyErr_SetString(PyExc_TypeError, "Store._fast: (address, calls, tx_new)");
-    return NULL;
+    return -1;
   }
-  calls = PyTuple_GET_ITEM(fast, 1);
-  if (address(PyTuple_GET_ITEM(fast, 0), &store) < 0 ||
+  if (address(PyTuple_GET_ITEM(fast, 0), &sc->store) < 0 ||
       !(pair = pair_take())) {
     Py_DECREF(fast);
-    return NULL;
+    return -1;
   }
   if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 4 ||
-      address(PyTuple_GET_ITEM(pair, 2), &claim) < 0 ||
-      address(PyTuple_GET_ITEM(pair, 3), &bufp) < 0) {
+      address(PyTuple_GET_ITEM(pair, 2), &sc->claim) < 0 ||
+      address(PyTuple_GET_ITEM(pair, 3), &sc->bufp) < 0) {
     if (!PyErr_Occurred())
       PyErr_SetString(PyExc_TypeError, "a pair: (claim, buf, addresses)");
     Py_DECREF(pair);
     Py_DECREF(fast);
-    return NULL;
+    return -1;
   }
-  /* Counted before the Store is asked whether it is open, as Python's way
-   * does: close() then either refuses this call or waits for it. */
-  if (PySet_Add(calls, PyTuple_GET_ITEM(pair, 2)) < 0) {
+  sc->fast = fast;
+  sc->calls = PyTuple_GET_ITEM(fast, 1);
+  sc->pair = pair;
+  /* Counted before the Store is asked whether it is open: close() then
+   * either refuses this call or waits for it. */
+  if (PySet_Add(sc->calls, PyTuple_GET_ITEM(pair, 2)) < 0) {
     Py_DECREF(pair);
     Py_DECREF(fast);
-    return NULL;
+    return -1;
   }
   handle = PyObject_GetAttr(owner, str_store);
   forked = handle ? PyObject_GetAttr(owner, str_forked) : NULL;
@@ -722,28 +710,89 @@ static PyObject *sp_local_call(PyObject *self, PyObject *const *args,
             local_store == owner;
   Py_XDECREF(handle);
   Py_XDECREF(forked);
-  if (refused) {
-    PyErr_Clear(); /* _handle() says why */
-    out = Py_NewRef(Py_NotImplemented);
-  } else {
-    out = local_core(store, tenant, operation, key, args[3], plain_opts,
-                     args[4], owner, PyTuple_GET_ITEM(fast, 2), claim, bufp,
-                     spare_cap);
-  }
+  if (!refused)
+    return 1;
+  PyErr_Clear(); /* Store._handle() says why */
+  call_done(owner, sc->calls, pair);
+  Py_DECREF(pair);
+  Py_DECREF(fast);
+  return 0;
+}
+
+/* Ends what call_begin() began with the call's answer out (NULL: raised);
+ * an int answer (a claim not held) becomes (rc, pair), the call still
+ * counted and the pair still taken, for Python to read the claim and then
+ * let both go (Store._done()). */
+static PyObject *call_end(PyObject *owner, store_call *sc, PyObject *out) {
   if (out && PyLong_CheckExact(out)) {
-    PyObject *both = PyTuple_Pack(2, out, pair);
+    PyObject *both = PyTuple_Pack(2, out, sc->pair);
     Py_DECREF(out);
     if (both) {
-      Py_DECREF(pair);
-      Py_DECREF(fast);
+      Py_DECREF(sc->pair);
+      Py_DECREF(sc->fast);
       return both;
     }
     out = NULL;
   }
-  call_done(owner, calls, pair);
-  Py_DECREF(pair);
-  Py_DECREF(fast);
+  call_done(owner, sc->calls, sc->pair);
+  Py_DECREF(sc->pair);
+  Py_DECREF(sc->fast);
   return out;
+}
+
+/* The UTF-8 of a key given as a str without NUL, or NULL (none set): for
+ * Python's way to check. */
+static const char *key_of(PyObject *k) {
+  Py_ssize_t n;
+  const char *key = PyUnicode_CheckExact(k) ? PyUnicode_AsUTF8AndSize(k, &n)
+                                            : NULL;
+  if (!key || strlen(key) != (size_t)n) {
+    PyErr_Clear();
+    return NULL;
+  }
+  return key;
+}
+
+/*
+ * local_call(owner, operation, key, request, fn, tenant): a Store's
+ * execute_local() with no options, whole, as execute_local() does it in
+ * Python: the names looked up in _NAMES, the key's UTF-8, and local_core()
+ * run between call_begin() and call_end(). It gives local_core()'s Outcome
+ * or raises what fn raised; (rc, pair) for a claim not held (see
+ * call_end()); NotImplemented, with nothing called or held, for all that
+ * Python's way tells better: a name not seen before, a key that is not a
+ * str or holds NUL, a request this module leaves to Python, a Store
+ * closed, forked or called from its own function.
+ */
+static PyObject *sp_local_call(PyObject *self, PyObject *const *args,
+                               Py_ssize_t nargs) {
+  const char *operation, *tenant, *key;
+  store_call sc;
+  int begun;
+  (void)self;
+  if (nargs != 6) {
+    PyErr_SetString(PyExc_TypeError, "local_call() takes 6 arguments");
+    return NULL;
+  }
+  if (!local_ready() || !names) {
+    if (!PyErr_Occurred())
+      PyErr_SetString(PyExc_RuntimeError,
+                      "idem._speedups: calls_setup() not called");
+    return NULL;
+  }
+  operation = name_of(args[1]);
+  tenant = name_of(args[5] == Py_None ? str_empty : args[5]);
+  key = key_of(args[2]);
+  if (!operation || !tenant || !key)
+    Py_RETURN_NOTIMPLEMENTED;
+  begun = call_begin(args[0], &sc);
+  if (begun <= 0)
+    return begun < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+  return call_end(args[0], &sc,
+                  local_core(sc.store, tenant, operation, key, args[3],
+                             plain_opts, args[4], args[0],
+                             PyTuple_GET_ITEM(sc.fast, 2), sc.claim, sc.bufp,
+                             spare_cap));
 }
 
 /* calls_setup(names, spares, take, plain, cap): what local_call() reads of
@@ -794,10 +843,11 @@ static PyObject *sp_calls_setup(PyObject *self, PyObject *args) {
  *   - fn raised idem.NotDone or one of release_on: the key released, the
  *     exception raised; anything else it raised, or a result that cannot
  *     be stored: the key marked unknown, the exception raised;
- *   - the ending failed after fn ran: (rc, the decoded result), for Python
- *     to raise with the value kept.
- * A replay is its Outcome; a claim not held an int as begin() gives;
- * NotImplemented as begin() (nothing called). Nothing runs Python code
+ *   - the ending failed after fn ran: the error idem._store._end_failed()
+ *     makes of it raised, with the decoded result kept as its .value.
+ * A replay is its Outcome; a claim not held an int, for Python to read the
+ * claim; NotImplemented for arguments left to Python's json (nothing
+ * called). Nothing runs Python code
  * between the claim and fn, nor between fn's return and the ending but the
  * encoder Python is left (which ends the key too when it fails).
  */
@@ -829,41 +879,22 @@ static PyObject *end_raising(void *claim, PyObject *release_on) {
   return NULL;
 }
 
-static PyObject *sp_once(PyObject *self, PyObject *const *args,
-                         Py_ssize_t nargs) {
-  void *store, *opts, *claim, *bufp;
-  const char *tenant, *operation, *key, *bp;
-  size_t cap, blen;
+/* The decorator's call, its arguments read (fkwargs NULL: none). */
+static PyObject *once_core(void *store, const char *tenant,
+                           const char *operation, const char *key,
+                           PyObject *request, void *opts, void *claim,
+                           void *bufp, size_t cap, PyObject *fn,
+                           PyObject *fargs, PyObject *fkwargs,
+                           PyObject *release_on) {
+  const char *bp;
+  size_t blen;
   text t, body;
   int rc, recovered;
   int64_t got;
-  PyObject *fn, *fargs, *fkwargs, *release_on, *value, *dumped = NULL, *s,
-      *scan_args[2], *scanned, *decoded, *out;
-  (void)self;
-  if (nargs != 13) {
-    PyErr_SetString(PyExc_TypeError, "once() takes 13 arguments");
-    return NULL;
-  }
-  if (!held_call || !finish_call || !outcome_cls) {
-    PyErr_SetString(PyExc_RuntimeError,
-                    "idem._speedups: once_setup() not called");
-    return NULL;
-  }
-  if (call_args(args, &store, &tenant, &operation, &key, &opts) < 0 ||
-      claim_args(args + 6, &claim, &bufp, &cap) < 0)
-    return NULL;
-  fn = args[9];
-  fargs = args[10];
-  fkwargs = args[11] == Py_None ? NULL : args[11];
-  release_on = args[12];
-  if (!PyTuple_Check(fargs) || (fkwargs && !PyDict_Check(fkwargs)) ||
-      !PyTuple_Check(release_on)) {
-    PyErr_SetString(PyExc_TypeError,
-                    "once(): args a tuple, kwargs a dict, release_on a tuple");
-    return NULL;
-  }
+  PyObject *value, *dumped = NULL, *s, *scan_args[2], *scanned, *decoded,
+      *out;
   text_init(&t);
-  rc = put_value(&t, args[4], 0);
+  rc = put_value(&t, request, 0);
   if (rc != 0) {
     text_free(&t);
     if (rc < 0)
@@ -945,32 +976,118 @@ static PyObject *sp_once(PyObject *self, PyObject *const *args,
   text_free(&body);
   Py_XDECREF(dumped);
   if (rc != 0) {
-    out = Py_BuildValue("(iN)", rc, decoded);
-    return out;
+    /* It acted and its result is known: the error keeps it. */
+    PyObject *err = PyObject_CallFunction(end_failed, "iO", rc, decoded);
+    Py_DECREF(decoded);
+    if (err) {
+      PyErr_SetObject((PyObject *)Py_TYPE(err), err);
+      Py_DECREF(err);
+    }
+    return NULL;
   }
   return outcome_new(decoded, 0, recovered);
 }
 
+static int once_ready(void) {
+  if (held_call && finish_call && end_failed && outcome_cls)
+    return 1;
+  PyErr_SetString(PyExc_RuntimeError, "idem._speedups: once_setup() not called");
+  return 0;
+}
+
+/* The arguments of fn's call and release_on, checked: 0, or -1 with an
+ * exception set. */
+static int fn_args(PyObject *fargs, PyObject *fkwargs, PyObject *release_on) {
+  if (PyTuple_Check(fargs) && (!fkwargs || PyDict_Check(fkwargs)) &&
+      PyTuple_Check(release_on))
+    return 0;
+  PyErr_SetString(PyExc_TypeError,
+                  "once(): args a tuple, kwargs a dict, release_on a tuple");
+  return -1;
+}
+
+/* once(store, tenant, operation, key, request, opts, claim, buf, cap, fn,
+ * args, kwargs, release_on): once_core() with its arguments given one by
+ * one, for a decorator whose key or tenant a function gives. */
+static PyObject *sp_once(PyObject *self, PyObject *const *args,
+                         Py_ssize_t nargs) {
+  void *store, *opts, *claim, *bufp;
+  const char *tenant, *operation, *key;
+  size_t cap;
+  PyObject *fkwargs;
+  (void)self;
+  if (nargs != 13) {
+    PyErr_SetString(PyExc_TypeError, "once() takes 13 arguments");
+    return NULL;
+  }
+  fkwargs = args[11] == Py_None ? NULL : args[11];
+  if (!once_ready() ||
+      call_args(args, &store, &tenant, &operation, &key, &opts) < 0 ||
+      claim_args(args + 6, &claim, &bufp, &cap) < 0 ||
+      fn_args(args[10], fkwargs, args[12]) < 0)
+    return NULL;
+  return once_core(store, tenant, operation, key, args[4], opts, claim, bufp,
+                   cap, args[9], args[10], fkwargs, args[12]);
+}
+
+/*
+ * once_call(owner, tenant, operation, key, arguments, opts, fn, args,
+ * kwargs, release_on): a decorated call whose key is an argument, whole:
+ * the key's UTF-8 (tenant and operation are the decorator's bytes) and
+ * once_core() run between call_begin() and call_end(). Answers as
+ * local_call() does: an Outcome, what fn raised (or an ending's error),
+ * (rc, pair) for a claim not held, or NotImplemented with nothing called
+ * or held (a key that is not a str or holds NUL, arguments left to
+ * Python's json, a Store closed, forked or called from its own function).
+ */
+static PyObject *sp_once_call(PyObject *self, PyObject *const *args,
+                              Py_ssize_t nargs) {
+  const char *tenant, *operation, *key;
+  void *opts;
+  PyObject *fkwargs;
+  store_call sc;
+  int begun;
+  (void)self;
+  if (nargs != 10) {
+    PyErr_SetString(PyExc_TypeError, "once_call() takes 10 arguments");
+    return NULL;
+  }
+  fkwargs = args[8] == Py_None ? NULL : args[8];
+  if (!once_ready() || bytes_arg(args[1], &tenant, "tenant") < 0 ||
+      bytes_arg(args[2], &operation, "operation") < 0 ||
+      address(args[5], &opts) < 0 || fn_args(args[7], fkwargs, args[9]) < 0)
+    return NULL;
+  if (!(key = key_of(args[3])))
+    Py_RETURN_NOTIMPLEMENTED;
+  begun = call_begin(args[0], &sc);
+  if (begun <= 0)
+    return begun < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+  return call_end(args[0], &sc,
+                  once_core(sc.store, tenant, operation, key, args[4], opts,
+                            sc.claim, sc.bufp, spare_cap, args[6], args[7],
+                            fkwargs, args[9]));
+}
+
 static PyObject *sp_once_setup(PyObject *self, PyObject *args) {
-  PyObject *h, *f, *nd, *rb;
+  PyObject *h, *f, *nd, *rb, *ef;
   void *hp, *fp;
   int done, not_done, unknown;
   (void)self;
-  if (!PyArg_ParseTuple(args, "OOiiiOO", &h, &f, &done, &not_done, &unknown,
-                        &nd, &rb))
+  if (!PyArg_ParseTuple(args, "OOiiiOOO", &h, &f, &done, &not_done, &unknown,
+                        &nd, &rb, &ef))
     return NULL;
   if (address(h, &hp) < 0 || address(f, &fp) < 0)
     return NULL;
-  if (!hp || !fp || !PyType_Check(nd) || !PyCallable_Check(rb)) {
+  if (!hp || !fp || !PyType_Check(nd) || !PyCallable_Check(rb) ||
+      !PyCallable_Check(ef)) {
     PyErr_SetString(PyExc_ValueError,
                     "once_setup(held, finish, done, not_done, unknown, "
-                    "NotDone, result_body)");
+                    "NotDone, result_body, end_failed)");
     return NULL;
   }
-  Py_INCREF(nd);
-  Py_INCREF(rb);
-  Py_XSETREF(not_done_cls, nd);
-  Py_XSETREF(result_body, rb);
+  Py_XSETREF(not_done_cls, Py_NewRef(nd));
+  Py_XSETREF(result_body, Py_NewRef(rb));
+  Py_XSETREF(end_failed, Py_NewRef(ef));
   held_call = (held_fn)hp;
   finish_call = (finish_fn)fp;
   end_done = done;
@@ -1728,13 +1845,18 @@ static PyMethodDef methods[] = {
      "Store.execute_local() with no options, whole."},
     {"once_setup", sp_once_setup, METH_VARARGS,
      "once_setup(held, finish, done, not_done, unknown, NotDone, "
-     "result_body): the addresses of idem_py_begin_held and "
-     "idem_py_finish, idem_exec_result's three values, idem.NotDone and "
+     "result_body, end_failed): the addresses of idem_py_begin_held and "
+     "idem_py_finish, idem_exec_result's three values, idem.NotDone, "
      "the function that writes a result as JSON bytes for what this module "
-     "leaves to Python."},
+     "leaves to Python, and the one that makes the error of an ending that "
+     "failed."},
     {"once", (PyCFunction)(void (*)(void))sp_once, METH_FASTCALL,
      "once(store, tenant, operation, key, request, opts, claim, buf, cap, "
      "fn, args, kwargs, release_on): the decorator's call."},
+    {"once_call", (PyCFunction)(void (*)(void))sp_once_call, METH_FASTCALL,
+     "once_call(owner, tenant, operation, key, arguments, opts, fn, args, "
+     "kwargs, release_on): a decorated call whose key is an argument, "
+     "whole."},
     {"local_store", sp_local_store, METH_NOARGS,
      "local_store(): the Store whose function runs on this thread, or None."},
     {"swap_local", sp_swap_local, METH_O,

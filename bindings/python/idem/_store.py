@@ -240,10 +240,21 @@ def _result_body(value: Any) -> bytes:
                         "(the key is marked unknown): %s" % e) from None
 
 
+def _end_failed(rc: int, value: Any) -> Error:
+    """The error of an ending that failed after the function ran (read on
+    the thread that made it): what it returned is not lost, .value keeps
+    it."""
+    msg = ffi.string(lib.idem_errmsg()).decode("utf-8", "replace")
+    err = _errors.from_code(ffi.string(lib.idem_rc_name(rc)).decode(), msg, value)
+    err.value = value
+    return err
+
+
 _speedups.once_setup(_address(ffi.addressof(lib, "idem_py_begin_held")),
                      _address(ffi.addressof(lib, "idem_py_finish")), _DONE, _NOT_DONE,
-                     _MARK_UNKNOWN, NotDone, _result_body)
-_fast_local, _fast_once, _local_call = _speedups.local, _speedups.once, _speedups.local_call
+                     _MARK_UNKNOWN, NotDone, _result_body, _end_failed)
+_fast_local, _fast_once = _speedups.local, _speedups.once
+_local_call, _once_call = _speedups.local_call, _speedups.once_call
 # The Store whose execute_local() function runs on this thread (a call back
 # into it would wait for the transaction it runs in), kept in C for both
 # ways of running it.
@@ -459,15 +470,8 @@ def _once_in_c(fast: int, tenant: bytes, operation: bytes, key: bytes, arguments
     try:
         got = _fast_once(fast, tenant, operation, key, arguments, opts.addr, pair[2], pair[3],
                          _BUF_SIZE, fn, args, kwargs or None, release_on)
-        cls = got.__class__
-        if cls is Outcome or got is NotImplemented:
+        if got.__class__ is Outcome or got is NotImplemented:
             return got
-        if cls is tuple:  # fn ran and its result was written; ending the key failed
-            rc, decoded = got
-            msg = ffi.string(lib.idem_errmsg()).decode("utf-8", "replace")
-            err = _errors.from_code(ffi.string(lib.idem_rc_name(rc)).decode(), msg, decoded)
-            err.value = decoded  # the function ran: what it returned is not lost
-            raise err
         return _unheld(got, c, buf, operation, key)  # a claim this call does not hold
     finally:
         _give(pair)
@@ -909,10 +913,20 @@ class _Spec:
         if self.simple:  # the usual decorator: prepare() inlined
             arguments = self.bind(*args, **kwargs)
             key = arguments.pop(self.key_name)
-            if key.__class__ is not str or "\x00" in key:
-                key = _key(key)
-            else:
-                key = key.encode("utf-8")
+            # All of it in one crossing (idem._speedups.once_call()), but
+            # for reading a claim not held.
+            got = _once_call(self.store, self.tenant_fixed, self.operation, key, arguments,
+                             self.opts.addr, self.fn, args, kwargs or None, self.release_on)
+            if got.__class__ is Outcome:
+                return got  # type: ignore[no-any-return]
+            if got is not NotImplemented:
+                rc, pair = got
+                try:
+                    return _unheld(rc, pair[0], pair[1], self.operation, key.encode("utf-8"))
+                finally:
+                    self.store._done(pair)
+            key = _key(key) if key.__class__ is not str or "\x00" in key \
+                else key.encode("utf-8")
             tenant = self.tenant_fixed
         else:
             tenant, key, arguments = self.prepare(args, kwargs)

@@ -63,6 +63,16 @@ def db(backend, store_url, store):
     d.drop_tables()
 
 
+@pytest.fixture(autouse=True)
+def spares_kept_clean():
+    """After every test, no spare claim holds a call: a call made whole in
+    C leaves one there only until Python has read it, and the next call
+    would overwrite it (a leak, or a result read from another call)."""
+    yield
+    from idem import _store
+    assert [p for p in _store._SPARES if p[0].call != _store.ffi.NULL] == []
+
+
 @pytest.fixture
 def operation():
     """An operation name of this test alone."""

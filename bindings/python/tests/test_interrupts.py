@@ -32,7 +32,7 @@ CHILD = textwrap.dedent('''
             # key: SIGINT it, then let the key go without acting.
             while True:
                 frame = sys._current_frames().get(main)
-                if frame is not None and frame.f_code.co_name in ("_begin", "_once_in_c"):
+                if frame is not None and frame.f_code.co_name in ("_begin", "_once_in_c", "run"):
                     break
                 threading.Event().wait(0.005)
             os.kill(os.getpid(), signal.SIGINT)

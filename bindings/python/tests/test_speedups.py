@@ -89,6 +89,12 @@ def counting(monkeypatch, name):
     return seen
 
 
+def once_in_python(monkeypatch):
+    """The decorator's call made in Python, both C ways turned off."""
+    monkeypatch.setattr(_store, "_once_call", lambda *a: NotImplemented)
+    monkeypatch.setattr(_store, "_fast_once", lambda *a: NotImplemented)
+
+
 @pytest.mark.parametrize("value", WRITTEN_IN_C + LEFT_TO_PYTHON + [Color.RED, Name("n")],
                          ids=range(len(WRITTEN_IN_C) + len(LEFT_TO_PYTHON) + 2))
 def test_a_retry_by_either_path_replays_the_first(store, operation, monkeypatch, value):
@@ -99,7 +105,7 @@ def test_a_retry_by_either_path_replays_the_first(store, operation, monkeypatch,
         ran.append(key)
         return {"ran": key, "n": len(ran)}
 
-    seen = counting(monkeypatch, "_fast_once")
+    seen = counting(monkeypatch, "_once_call")  # the whole call in C
     first = act.outcome(value, key="c-first")
     again = act.outcome(value, key="c-first")
     assert (first.value, first.replayed) == ({"ran": "c-first", "n": 1}, False)
@@ -109,15 +115,14 @@ def test_a_retry_by_either_path_replays_the_first(store, operation, monkeypatch,
 
     # The same arguments the other way: Python's json for the C-written
     # call's retry, and C for the one Python wrote (when C can write it).
-    monkeypatch.setattr(_store, "_fast_once", lambda *a: NotImplemented)
+    once_in_python(monkeypatch)
     out = act.outcome(value, key="c-first")
     assert (out.value, out.replayed) == ({"ran": "c-first", "n": 1}, True)
     monkeypatch.undo()
-    seen = counting(monkeypatch, "_fast_once")
-    monkeypatch.setattr(_store, "_fast_once", lambda *a: NotImplemented)
+    once_in_python(monkeypatch)
     act.outcome(value, key="py-first")
     monkeypatch.undo()
-    seen = counting(monkeypatch, "_fast_once")
+    seen = counting(monkeypatch, "_once_call")
     out = act.outcome(value, key="py-first")
     assert (out.value, out.replayed) == ({"ran": "py-first", "n": 2}, True)
     assert seen["replays"] == (1 if in_c else 0)
@@ -177,7 +182,7 @@ def test_large_requests_and_results(store, operation, monkeypatch):
     def act(arg, size, key):
         return {"blob": "y" * size, "len": len(arg["text"])}
 
-    seen = counting(monkeypatch, "_fast_once")
+    seen = counting(monkeypatch, "_once_call")
     for size, key in ((10, "small"), (200000, "large")):
         first = act.outcome(big_arg, size, key=key)
         again = act.outcome(big_arg, size, key=key)
@@ -194,7 +199,7 @@ def test_an_ending_that_fails_keeps_the_value(store, operation, monkeypatch, way
     operator's act): storing the result fails, and the error raised carries
     what the function returned, decoded as stored, by either path."""
     if way == "python":
-        monkeypatch.setattr(_store, "_fast_once", lambda *a: NotImplemented)
+        once_in_python(monkeypatch)
     ran = []
 
     @store.idempotent(operation, key="key")
