@@ -77,12 +77,24 @@ static int stopping_input; /* under G.mu: release keys held for input */
 
 static struct {
   pthread_mutex_t mu;
-  pthread_cond_t cond; /* a call ended; or the ticker's wake-up */
+  pthread_cond_t cond; /* a call ended (the drain waits on it) */
+  pthread_cond_t tick; /* the ticker's wake-up */
+  int64_t tick_at;     /* when the ticker wakes; 0 while it is not waiting
+                          (it looks at every call before it waits again) */
   kcall *calls;
   kcall *parked; /* claims that found the key held elsewhere */
   int at_server; /* calls holding a key */
   pthread_t ticker;
 } G = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* Under G.mu: something is due at when (monotonic ms). The ticker is woken
+ * only if it would sleep past it: a call is not a wake-up of its own. */
+static void tick_by(int64_t when) {
+  if (G.tick_at && when < G.tick_at) {
+    G.tick_at = when;
+    pthread_cond_signal(&G.tick);
+  }
+}
 
 static void kcall_unref(kcall *k) {
   int left;
@@ -639,7 +651,7 @@ static void input_wait(kcall *k) {
   k->next_round = NULL;
   if (next)
     k->input = 0;
-  pthread_cond_broadcast(&G.cond); /* the ticker times the wait */
+  tick_by(k->input_until); /* the ticker times the wait */
   pthread_mutex_unlock(&G.mu);
   if (old)
     hx_unref(old);
@@ -853,7 +865,8 @@ static void forward(kcall *k) {
   k->stop_at = hx_opts->call_timeout_ms
                    ? hx_mono_ms() + hx_opts->call_timeout_ms
                    : 0;
-  pthread_cond_broadcast(&G.cond); /* the ticker watches it */
+  /* The ticker watches it: at its limit, and every second for its lease. */
+  tick_by(k->stop_at ? k->stop_at : hx_mono_ms() + 1000);
   pthread_mutex_unlock(&G.mu);
   hx_identity(o); /* the answer is read: not compressed */
   hx_prepare_request(o);
@@ -948,7 +961,7 @@ static void claim(void *arg) {
       k->retry_at = hx_mono_ms() + (ms > 0 && ms < 200 ? ms : 200);
       k->pnext = G.parked;
       G.parked = k;
-      pthread_cond_broadcast(&G.cond);
+      tick_by(k->retry_at);
       pthread_mutex_unlock(&G.mu);
       return;
     }
@@ -1166,7 +1179,7 @@ static void enter(kcall *k, hx *h) {
     h->deadline = now + hx_opts->attach_wait_ms;
     h->wnext = same->waiters;
     same->waiters = h;
-    pthread_cond_broadcast(&G.cond); /* the ticker times it */
+    tick_by(h->deadline); /* the ticker times it */
     pthread_mutex_unlock(&G.mu);
     kcall_unref(k);
     return;
@@ -1270,7 +1283,9 @@ static void *ticker(void *arg) {
     if (stop_due)
       upstream_check_aborts();
     struct timespec ts = cli_mono_deadline(next - now);
-    pthread_cond_timedwait(&G.cond, &G.mu, &ts);
+    G.tick_at = next;
+    pthread_cond_timedwait(&G.tick, &G.mu, &ts);
+    G.tick_at = 0;
   }
   return NULL;
 }
@@ -1278,7 +1293,7 @@ static void *ticker(void *arg) {
 int hx_keyed_start(void) {
   /* Its waits are timed by the monotonic clock: a wall clock stepped back
    * must not hold an attached retry past its --attach-wait. */
-  if (cli_cond_init_mono(&G.cond) != 0)
+  if (cli_cond_init_mono(&G.cond) != 0 || cli_cond_init_mono(&G.tick) != 0)
     return -1;
   if (pthread_create(&G.ticker, NULL, ticker, NULL) != 0)
     return -1;
@@ -1302,7 +1317,7 @@ int hx_keyed_drain(int64_t ms) {
   stopping_input = 1; /* the ticker frees the keys held for input */
   for (kcall *k = G.parked; k; k = k->pnext)
     k->retry_at = k->wait_until = 0; /* asked once more, then answered */
-  pthread_cond_broadcast(&G.cond);
+  pthread_cond_signal(&G.tick);
   /* Until the calls at the server have ended, the parked ones have been
    * answered, and the keys held for input have been let go (the tool has
    * not acted for them): a stop that did not wait for the last would leave
