@@ -79,8 +79,10 @@ int pool_submit(void (*fn)(void *arg), void *arg) {
     P.head = t;
   P.tail = t;
   P.queued++;
-  pthread_cond_signal(&P.cv);
   pthread_mutex_unlock(&P.mu);
+  /* After the unlock: a worker woken under the lock would only wait for
+   * it again. */
+  pthread_cond_signal(&P.cv);
   return 0;
 }
 
