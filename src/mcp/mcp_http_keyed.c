@@ -1,13 +1,14 @@
 /*
  * mcp_http_keyed.c -- keyed tools/call over Streamable HTTP.
  *
- * A keyed call (struct kcall) is claimed by a store worker
- * (idem_execute_begin()). On PROCEED or RECOVER the client's request goes
+ * A keyed call (struct kcall) is claimed on the store's queue
+ * (idem_execute_begin_async(): no thread waits for it). On PROCEED or
+ * RECOVER the client's request goes
  * to the server unchanged, under the client's own id; its answer streams
  * back to that client as it arrives, events of progress, logging and
  * requests for input included, except the final response, which is picked
- * out of the stream (or is the whole application/json body), recorded by a
- * store worker (idem_execute_end()) and only then passed on. The client
+ * out of the stream (or is the whole application/json body), recorded
+ * (idem_execute_end_async()) and only then passed on. The client
  * may go away meanwhile (its request timed out, its stream was cut, it
  * cancelled): the call goes on at the server and its result is recorded,
  * never sent twice while the server may still act. A retry of a call in
@@ -23,6 +24,13 @@
 #include <string.h>
 #include <strings.h>
 #include <time.h>
+
+typedef struct end_arg {
+  int why;
+  int recovered;
+  const char *result; /* WHY_RESULT: the stored body */
+  size_t result_len;
+} end_arg;
 
 typedef struct kcall {
   struct kcall *next; /* the table */
@@ -69,6 +77,12 @@ typedef struct kcall {
   int stopped;
   int stale_retry; /* sent again after a stale task handle: its answer is
                       marked recovered */
+  /* The ending queued on the store (end_call() to ended()). */
+  idem_exec_result how;
+  idem_response resp;
+  end_arg end;
+  idem_exec *ending_exec; /* only when it must wait on a worker */
+  char *marked;
 } kcall;
 
 enum { STOP_NONE, STOP_TIMEOUT, STOP_LEASE };
@@ -83,6 +97,7 @@ static struct {
                           (it looks at every call before it waits again) */
   kcall *calls;
   kcall *parked; /* claims that found the key held elsewhere */
+  int claiming;  /* claims queued on the store, not yet decided */
   int at_server; /* calls holding a key */
   pthread_t ticker;
 } G = {.mu = PTHREAD_MUTEX_INITIALIZER};
@@ -114,6 +129,7 @@ static void kcall_unref(kcall *k) {
   free(k->body);
   free(k->final);
   free(k->final_event);
+  free(k->marked);
   free(k);
 }
 
@@ -297,15 +313,15 @@ static int64_t retention(void) {
   return hx_opts->retention_ms ? hx_opts->retention_ms : 24 * 3600 * 1000LL;
 }
 
-static void end_call(void *arg);
+static void end_call(kcall *k);
 
-/* The final response is in: recorded by a worker. */
+/* The final response is in (or the transfer ended without it): its
+ * ending is queued on the store. */
 static void hand_over(kcall *k) {
   if (k->ending)
     return;
   k->ending = 1;
-  if (pool_submit(end_call, k) != 0)
-    end_call(k); /* stopping: recorded here */
+  end_call(k);
 }
 
 static void k_head(void *ctx, up_response *rs) {
@@ -443,7 +459,7 @@ static void k_done(void *ctx, up_result r) {
   kcall_unref(k);
 }
 
-/* ---- recording and answering (a store worker)
+/* ---- recording and answering
  * ---------------------------------- */
 
 enum {
@@ -484,13 +500,6 @@ static char *mark_recovered(const char *text, size_t n, size_t *out_len) {
   free(marked);
   return all;
 }
-
-typedef struct end_arg {
-  int why;
-  int recovered;
-  const char *result; /* WHY_RESULT: the stored body */
-  size_t result_len;
-} end_arg;
 
 static void resubmit(const kcall *k, hx *h);
 
@@ -720,17 +729,54 @@ static void input_left(void *arg) {
   kcall_unref(k);
 }
 
-static void end_call(void *arg) {
+/* The record ended (rc): the call's requests are answered. On a thread of
+ * the store's, or a worker's. */
+static void ended(void *ctx, int rc) {
+  kcall *k = ctx;
+  const end_arg *a = &k->end;
+  if (rc != IDEM_OK)
+    cli_error("mcp",
+              "key '%s' (tool %s): the call's record could not be "
+              "ended: %s (%s)",
+              k->key, k->tool, idem_errmsg(), idem_rc_name(rc));
+  else if (a->why == WHY_RESULT)
+    cache_put(k, a->result, a->result_len, a->recovered, retention());
+  else if (a->why == WHY_LOST || a->why == WHY_HTTP_UNSURE)
+    cli_error("mcp",
+              "key '%s' (tool %s): the server did not answer (%s); "
+              "the key is held in progress for one lease",
+              k->key, k->tool, up_error(&k->owner->rs));
+  answer_all(k, answer_end, &k->end);
+  pthread_mutex_lock(&G.mu);
+  G.at_server--;
+  pthread_cond_broadcast(&G.cond);
+  pthread_mutex_unlock(&G.mu);
+  kcall_unref(k);
+}
+
+/* The ending on a worker, when the store would not queue it (out of
+ * memory). */
+static void end_waiting(void *arg) {
   kcall *k = arg;
-  idem_response resp;
-  idem_exec_result how;
-  end_arg a;
+  idem_exec *x = k->ending_exec;
+  k->ending_exec = NULL;
+  ended(k, idem_execute_end(x, k->how, &k->resp));
+}
+
+/*
+ * Decides how the call's record ends, from its final response or from how
+ * its transfer ended, and queues that ending on the store; ended() answers
+ * once it is written. Mostly on the upstream loop's thread, which must not
+ * wait for the store.
+ */
+static void end_call(kcall *k) {
+  idem_response *resp = &k->resp;
+  end_arg *a = &k->end;
   size_t rf = 0, rt = 0, marked_len = 0;
-  char *marked = NULL;
-  int rc;
-  memset(&resp, 0, sizeof resp);
-  memset(&a, 0, sizeof a);
-  a.recovered = idem_call_outcome(k->call) == IDEM_RECOVER || k->stale_retry;
+  idem_exec *x;
+  memset(resp, 0, sizeof *resp);
+  memset(a, 0, sizeof *a);
+  a->recovered = idem_call_outcome(k->call) == IDEM_RECOVER || k->stale_retry;
   if (k->final) {
     int dup = 0;
     json_t *m = mcp_parse(k->final, k->final_len, &dup);
@@ -739,104 +785,96 @@ static void end_call(void *arg) {
         json_string_value(json_object_get(result, "resultType"));
     int is_error = json_is_true(json_object_get(result, "isError"));
     if (!result || !mcp_member(k->final, k->final_len, 0, "result", &rf, &rt))
-      a.why = WHY_RPC_ERROR;
+      a->why = WHY_RPC_ERROR;
     else if (rtype && strcmp(rtype, "input_required") == 0)
-      a.why = WHY_INPUT;
+      a->why = WHY_INPUT;
     else if (is_error && !hx_opts->store_tool_errors)
-      a.why = WHY_TOOL_ERROR;
+      a->why = WHY_TOOL_ERROR;
     else if (rt - rf > hx_opts->max_result)
-      a.why = WHY_TOO_BIG;
+      a->why = WHY_TOO_BIG;
     else {
-      a.why = WHY_RESULT;
-      resp.status = is_error;
+      a->why = WHY_RESULT;
+      resp->status = is_error;
     }
     json_decref(m);
   } else if (k->result == UP_NOT_SENT || k->result == UP_NO_FDS) {
-    a.why = WHY_NOT_SENT;
+    a->why = WHY_NOT_SENT;
   } else if (k->result == UP_OK && not_acted(k->status)) {
-    a.why = WHY_HTTP_ERROR;
+    a->why = WHY_HTTP_ERROR;
   } else if (k->result == UP_OK && (k->status < 200 || k->status >= 300)) {
-    a.why = WHY_HTTP_UNSURE;
+    a->why = WHY_HTTP_UNSURE;
   } else if (k->too_big) {
-    a.why = WHY_TOO_BIG;
+    a->why = WHY_TOO_BIG;
   } else {
-    a.why = WHY_LOST;
+    a->why = WHY_LOST;
   }
-  if (a.why == WHY_INPUT) {
+  if (a->why == WHY_INPUT) {
     ask_for_input(k);
     return;
   }
-  switch (a.why) {
+  switch (a->why) {
   case WHY_RESULT:
-    how = IDEM_EXEC_DONE;
-    resp.body = k->final + rf;
-    resp.body_len = rt - rf;
+    k->how = IDEM_EXEC_DONE;
+    resp->body = k->final + rf;
+    resp->body_len = rt - rf;
     if (k->stale_retry &&
-        (marked = mcp_mark_result(resp.body, resp.body_len, 0, 1,
-                                  &marked_len))) {
+        (k->marked = mcp_mark_result(resp->body, resp->body_len, 0, 1,
+                                     &marked_len))) {
       /* Sent again after a stale task handle: no takeover the store knows
        * of, so the mark is kept in the result itself, for its replays. */
-      resp.body = marked;
-      resp.body_len = marked_len;
+      resp->body = k->marked;
+      resp->body_len = marked_len;
     }
-    a.result = resp.body;
-    a.result_len = resp.body_len;
+    a->result = resp->body;
+    a->result_len = resp->body_len;
     break;
   case WHY_TOO_BIG:
-    how = IDEM_EXEC_UNKNOWN;
+    k->how = IDEM_EXEC_UNKNOWN;
     break;
   case WHY_LOST:
   case WHY_HTTP_UNSURE:
-    how = IDEM_EXEC_LEAVE_IN_PROGRESS;
+    k->how = IDEM_EXEC_LEAVE_IN_PROGRESS;
     break;
   default:
-    how = IDEM_EXEC_NOT_DONE;
+    k->how = IDEM_EXEC_NOT_DONE;
     break;
   }
-  if (a.why == WHY_LOST && k->stopped == STOP_TIMEOUT)
+  if (a->why == WHY_LOST && k->stopped == STOP_TIMEOUT)
     up_set_error(&k->owner->rs, "no answer within --call-timeout, %.1f s",
                  (double)hx_opts->call_timeout_ms / 1000);
-  else if (a.why == WHY_LOST && k->stopped == STOP_LEASE)
+  else if (a->why == WHY_LOST && k->stopped == STOP_LEASE)
     up_set_error(&k->owner->rs,
                  "this proxy lost the key's lease: the store could not "
                  "renew it in time, so the proxy stopped waiting");
-  else if (a.why == WHY_LOST && !*up_error(&k->owner->rs))
+  else if (a->why == WHY_LOST && !*up_error(&k->owner->rs))
     up_set_error(&k->owner->rs,
                  "its answer (HTTP %d) held no response to this call",
                  k->status);
-  if (a.why == WHY_HTTP_UNSURE)
+  if (a->why == WHY_HTTP_UNSURE)
     up_set_error(&k->owner->rs, "it answered HTTP %d", k->status);
-  rc = idem_execute_end(k->exec, how, &resp);
-  k->exec = NULL;
-  if (rc != IDEM_OK)
-    cli_error("mcp",
-              "key '%s' (tool %s): the call's record could not be "
-              "ended: %s (%s)",
-              k->key, k->tool, idem_errmsg(), idem_rc_name(rc));
-  else if (a.why == WHY_RESULT)
-    cache_put(k, a.result, a.result_len, a.recovered, retention());
-  else if (a.why == WHY_LOST || a.why == WHY_HTTP_UNSURE)
-    cli_error("mcp",
-              "key '%s' (tool %s): the server did not answer (%s); "
-              "the key is held in progress for one lease",
-              k->key, k->tool, up_error(&k->owner->rs));
+  /* The ticker asks stop_call() under G.mu: it must not see the action
+   * once the store may have freed it. */
   pthread_mutex_lock(&G.mu);
-  G.at_server--;
+  x = k->exec;
+  k->exec = NULL;
   pthread_mutex_unlock(&G.mu);
-  answer_all(k, answer_end, &a);
-  free(marked);
-  kcall_unref(k);
+  if (idem_execute_end_async(x, k->how, resp, ended, k) == IDEM_OK)
+    return;
+  k->ending_exec = x;
+  if (pool_submit(end_waiting, k) != 0)
+    end_waiting(k); /* stopping: recorded here */
 }
 
-/* ---- claiming (a store worker)
+/* ---- claiming
  * ------------------------------------------------- */
 
-static void claim(void *arg);
+static int claim(kcall *k);
 
 /*
  * The transfer's abort check, asked while the transfer is active (so
- * k->exec and k->stop_at hold still): by the upstream loop's thread, often,
- * and by the ticker. It takes no lock.
+ * k->stop_at holds still): by the upstream loop's thread, often, and by
+ * the ticker under G.mu. It takes no lock: k->exec is taken out under G.mu
+ * by end_call(), on the loop's thread when a transfer is active.
  * A call past --call-timeout, or whose lease this proxy lost, is stopped.
  * The server may have acted, or still act: end_call() holds the key for one
  * lease.
@@ -904,21 +942,21 @@ static int task_stale(const kcall *k, const idem_response *r, int64_t ttl) {
   return stale;
 }
 
-static void claim(void *arg) {
-  kcall *k = arg;
-  idem_id id = {k->tenant, k->tool, k->key};
-  idem_execute_options eo;
-  idem_call *call = NULL;
-  idem_exec *x = NULL;
-  char msg[1200];
-  int rc;
-  memset(&eo, 0, sizeof eo);
-  eo.call.lease_ms = hx_opts->lease_ms;
-  eo.call.retention_ms = retention();
-  eo.call.on_expired_lease =
+static void claim_options(idem_execute_options *eo) {
+  memset(eo, 0, sizeof *eo);
+  eo->call.lease_ms = hx_opts->lease_ms;
+  eo->call.retention_ms = retention();
+  eo->call.on_expired_lease =
       hx_opts->on_unknown_fail ? IDEM_EXPIRED_REPORT : IDEM_EXPIRED_TAKE_OVER;
-  rc = idem_execute_begin(hx_store, &id, k->request, k->request_len, &eo, &x,
-                          &call);
+}
+
+static void replay_task(void *arg);
+static void claim_or_refuse(kcall *k);
+
+/* The claim's answer (rc, x, call): on a thread of the store's, a
+ * worker's, or the claimer's when the store knew it at once. */
+static void decided(kcall *k, int rc, idem_exec *x, idem_call *call) {
+  char msg[1200];
   if (rc != IDEM_OK || !call) {
     int busy = rc == IDEM_EBUSY || rc == IDEM_EUNAVAILABLE;
     int bad = rc == IDEM_EINVAL;
@@ -989,31 +1027,15 @@ static void claim(void *arg) {
       answer_all(k, answer_replay, &ra);
       break;
     }
-    if (!ttl || !task_stale(k, r, ttl)) {
+    if (!ttl) {
       answer_all(k, answer_task_replay, &ra);
       break;
     }
-    if (!hx_opts->on_unknown_fail && !k->stale_retry &&
-        idem_delete(hx_store, &id) == IDEM_OK) {
-      /* The record is gone: the call is claimed again, as a call of its
-       * own, and its answer marked recovered. */
-      cli_error("mcp",
-                "key '%s' (tool %s): its task's ttl has passed, so it may "
-                "have acted; sending the call again (--on-unknown forward); "
-                "its result will be marked recovered",
-                k->key, k->tool);
-      k->stale_retry = 1;
-      claim(k);
-      return;
-    }
-    {
-      error_arg e = {MCP_E_UNKNOWN, msg, "unknown",
-                     "idempotency_outcome_unknown", 0};
-      mcp_stale_task_message(msg, sizeof msg, k->key, k->tool, k->tenant,
-                             "the task's ttl has passed");
-      answer_all(k, answer_error, &e);
-    }
-    break;
+    /* Whether the handle is stale is read from the store: on a worker,
+     * not on the store's own thread. */
+    if (pool_submit(replay_task, k) != 0)
+      replay_task(k);
+    return;
   }
   case IDEM_CONFLICT: {
     error_arg e = {MCP_E_CONFLICT, msg, "conflict", "idempotency_key_conflict",
@@ -1043,6 +1065,98 @@ static void claim(void *arg) {
   }
   }
   kcall_unref(k);
+}
+
+
+/* A replayed task handle with a ttl: the same handle while the task may
+ * live, and the call sent again (or refused) once its ttl has passed. */
+static void replay_task(void *arg) {
+  kcall *k = arg;
+  idem_id id = {k->tenant, k->tool, k->key};
+  const idem_response *r = idem_call_response(k->call);
+  replay_arg ra = {r->body, r->body_len,
+                   idem_call_recovered(k->call) || k->stale_retry};
+  char msg[1200];
+  int64_t ttl = 0;
+  is_task(r->body, r->body_len, &ttl);
+  if (!task_stale(k, r, ttl)) {
+    answer_all(k, answer_task_replay, &ra);
+  } else if (!hx_opts->on_unknown_fail && !k->stale_retry &&
+             idem_delete(hx_store, &id) == IDEM_OK) {
+    /* The record is gone: the call is claimed again, as a call of its
+     * own, and its answer marked recovered. */
+    cli_error("mcp",
+              "key '%s' (tool %s): its task's ttl has passed, so it may "
+              "have acted; sending the call again (--on-unknown forward); "
+              "its result will be marked recovered",
+              k->key, k->tool);
+    k->stale_retry = 1;
+    claim_or_refuse(k);
+    return;
+  } else {
+    error_arg e = {MCP_E_UNKNOWN, msg, "unknown",
+                   "idempotency_outcome_unknown", 0};
+    mcp_stale_task_message(msg, sizeof msg, k->key, k->tool, k->tenant,
+                           "the task's ttl has passed");
+    answer_all(k, answer_error, &e);
+  }
+  kcall_unref(k);
+}
+
+static void claimed(void *ctx, int rc, idem_exec *x, idem_call *call) {
+  decided(ctx, rc, x, call);
+  /* Counted until decided, for the drain: a call sent on has been counted
+   * at the server by now. */
+  pthread_mutex_lock(&G.mu);
+  G.claiming--;
+  pthread_cond_broadcast(&G.cond);
+  pthread_mutex_unlock(&G.mu);
+}
+
+/* The claim on a worker, when the store would not queue it (out of memory,
+ * or an argument it refuses: the blocking call then says why). */
+static void claim_waiting(void *arg) {
+  kcall *k = arg;
+  idem_id id = {k->tenant, k->tool, k->key};
+  idem_execute_options eo;
+  idem_call *call = NULL;
+  idem_exec *x = NULL;
+  int rc;
+  claim_options(&eo);
+  rc = idem_execute_begin(hx_store, &id, k->request, k->request_len, &eo, &x,
+                          &call);
+  claimed(k, rc, x, call);
+}
+
+/* Queues k's claim on the store (no thread waits for it): claimed() goes
+ * on once it is decided. 0, or -1 when the proxy is stopping. */
+static int claim(kcall *k) {
+  idem_id id = {k->tenant, k->tool, k->key};
+  idem_execute_options eo;
+  claim_options(&eo);
+  pthread_mutex_lock(&G.mu);
+  G.claiming++;
+  pthread_mutex_unlock(&G.mu);
+  if (idem_execute_begin_async(hx_store, &id, k->request, k->request_len, &eo,
+                               claimed, k) == IDEM_OK ||
+      pool_submit(claim_waiting, k) == 0)
+    return 0;
+  pthread_mutex_lock(&G.mu);
+  G.claiming--;
+  pthread_cond_broadcast(&G.cond);
+  pthread_mutex_unlock(&G.mu);
+  return -1;
+}
+
+static void claim_or_refuse(kcall *k) {
+  if (claim(k) != 0) {
+    error_arg e = {MCP_E_INTERNAL,
+                   "idem mcp: the proxy is stopping; nothing "
+                   "was sent to the server",
+                   "internal", NULL, 0};
+    answer_all(k, answer_error, &e);
+    kcall_unref(k);
+  }
 }
 
 /* ---- the entry
@@ -1194,14 +1308,7 @@ static void enter(kcall *k, hx *h) {
     G.calls = k;
   }
   pthread_mutex_unlock(&G.mu);
-  if (pool_submit(claim, k) != 0) {
-    error_arg e = {MCP_E_INTERNAL,
-                   "idem mcp: the proxy is stopping; nothing "
-                   "was sent to the server",
-                   "internal", NULL, 0};
-    answer_all(k, answer_error, &e);
-    kcall_unref(k);
-  }
+  claim_or_refuse(k);
 }
 
 /* Answers attached retries whose --attach-wait has run out. */
@@ -1230,8 +1337,7 @@ static void *ticker(void *arg) {
       if (k->retry_at <= now) {
         *pp = k->pnext;
         pthread_mutex_unlock(&G.mu);
-        if (pool_submit(claim, k) != 0)
-          claim(k);
+        claim_or_refuse(k);
         pthread_mutex_lock(&G.mu);
         pp = &G.parked; /* the list may have changed meanwhile */
         now = hx_mono_ms();
@@ -1318,11 +1424,12 @@ int hx_keyed_drain(int64_t ms) {
   for (kcall *k = G.parked; k; k = k->pnext)
     k->retry_at = k->wait_until = 0; /* asked once more, then answered */
   pthread_cond_signal(&G.tick);
-  /* Until the calls at the server have ended, the parked ones have been
+  /* Until the claims queued have been decided, the calls at the server
+   * have ended (their records written), the parked ones have been
    * answered, and the keys held for input have been let go (the tool has
    * not acted for them): a stop that did not wait for the last would leave
    * such a key held in the store until its lease ran out. */
-  while ((G.at_server > 0 || G.parked || input_held()) &&
+  while ((G.at_server > 0 || G.claiming > 0 || G.parked || input_held()) &&
          hx_mono_ms() < until) {
     struct timespec ts = cli_mono_deadline(50);
     pthread_cond_timedwait(&G.cond, &G.mu, &ts);
