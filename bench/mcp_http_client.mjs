@@ -134,7 +134,14 @@ const clients = Array.from({ length: Number(nclients) }, (_, n) => new Client(n)
 await Promise.all(clients.map((c) => c.open()));
 // Warm up (connections, JIT, the proxy's and the server's caches); for
 // replay the first call of each client is the one that runs and is stored.
-await Promise.all(clients.map(async (c) => { for (let i = 0; i < 50; i++) await c.call(); }));
+// By a count of calls, 1,500 in all (at least 50 a client), not by time:
+// every run starts a new server, whose JIT speeds its calls up over its
+// first thousand or so, and a warm-up of 50 left a slow mode (fresh, one
+// client) measuring a server still half cold, twice as slow a call as the
+// direct run's (bench/mcp.sh, 1 client: fresh 184, 211, 306 calls/s in
+// three runs of 3 s in a row on one new server; 501 and 506 after 1,500).
+const WARMUP = Math.max(50, Math.ceil(1500 / clients.length));
+await Promise.all(clients.map(async (c) => { for (let i = 0; i < WARMUP; i++) await c.call(); }));
 
 const lat = [];
 const cpu0 = process.cpuUsage();
