@@ -1018,18 +1018,26 @@ int mcp_http_run(const mcp_opts *o, idem_store *store) {
     if (ls != MHD_INVALID_SOCKET)
       close(ls);
   }
-  int n = hx_keyed_drain(o->shutdown_wait_ms);
+  int n = hx_keyed_drain(o->shutdown_wait_ms), settled = n == 0;
   if (n > 0)
     cli_error("mcp",
               "%d keyed call(s) still at the server after "
               "--shutdown-wait; their keys are left in progress",
               n);
   upstream_abort();
+  if (!settled)
+    /* The calls cut off now are recorded (held in progress) on the
+     * store's threads, which then answer their requests: the daemon and
+     * the store must outlive that. A store that hangs past this leaves
+     * both to the process's exit, as idem serve does. */
+    settled = hx_keyed_drain(10000) == 0;
   upstream_cleanup();
   pool_stop();
-  MHD_stop_daemon(d);
+  if (settled)
+    MHD_stop_daemon(d);
   guard_stop();
-  idem_store_close(store);
+  if (settled)
+    idem_store_close(store);
   fprintf(stderr, "idem mcp: stopped\n");
   return EXIT_OK;
 }

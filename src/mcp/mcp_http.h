@@ -117,8 +117,9 @@ void hx_keyed_call(hx *h, const char *tool, const char *key, int in_arg);
  * server and its result is recorded), 0 when it passes on. h->tenant is
  * set. */
 int hx_keyed_cancel(hx *h, json_t *params);
-/* Waits up to ms for the keyed calls at the server to end; how many are
- * left. */
+/* Waits up to ms for the keyed calls at the server to end (their records
+ * written and their requests answered) and the claims queued on the store
+ * to be decided; how many are left. */
 int hx_keyed_drain(int64_t ms);
 
 #endif

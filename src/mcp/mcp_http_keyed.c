@@ -1434,7 +1434,7 @@ int hx_keyed_drain(int64_t ms) {
     struct timespec ts = cli_mono_deadline(50);
     pthread_cond_timedwait(&G.cond, &G.mu, &ts);
   }
-  left = G.at_server;
+  left = G.at_server + G.claiming;
   pthread_mutex_unlock(&G.mu);
   return left;
 }

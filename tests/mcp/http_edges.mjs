@@ -682,6 +682,45 @@ console.error("-- scenario 11");
   await new Promise((r) => fp.p.on("exit", r));
 }
 
+// 12. A stop past --shutdown-wait: the keyed call still at the server is cut
+console.error("-- scenario 12");
+// off and recorded as held (the server may have acted), and its client is
+// answered -31903 before the proxy goes; the proxy exits 0, and another on
+// the same store sends the retry again only after the lease, marked
+// recovered: the record was kept in progress, not let go.
+{
+  reset();
+  const db = join(TMP, "stop.db");
+  const sp = await startProxy(["--shutdown-wait", "300ms", "--lease", "1s",
+    "--attach-wait", "0"], db);
+  mode.t = "acthang";
+  const sent = hung.length;
+  const pending = post(sp.port, call(1, "t", { n: 12 }, "k-stop"))
+    .catch((e) => ({ status: 0, text: String(e?.cause ?? e) }));
+  await until("stop: the call reached the server", () => hung.length === sent + 1);
+  sp.stop("SIGTERM");
+  const code = await new Promise((r) => sp.p.on("exit", (c, sig) => r(c ?? sig)));
+  const r = await pending;
+  eq("stop: the client is answered (HTTP 200)", 200, r.status);
+  const a = r.status === 200 ? outcome(r, 1) : {};
+  eq("stop: outcome unknown", -31903, a.code);
+  eq("stop: the proxy exits 0", 0, code);
+  check("stop: says the call was left in progress",
+    /still at the server after --shutdown-wait/.test(sp.stderr()), sp.stderr());
+  check("stop: says it stopped", /idem mcp: stopped/.test(sp.stderr()), sp.stderr());
+  eq("stop: one effect", 1, effects.t);
+  mode.t = "json";
+  const np = await startProxy(["--lease", "1s", "--attach-wait", "0"], db);
+  const b = await retryPastLease(np.port, call(2, "t", { n: 12 }, "k-stop"), 2);
+  eq("stop: the retry after the lease acts, marked recovered", true, b.recovered);
+  eq("stop: two effects in all", 2, effects.t);
+  const c = outcome(await post(np.port, call(3, "t", { n: 12 }, "k-stop")), 3);
+  eq("stop: a later retry replays the recovered ticket", b.ticket, c.ticket);
+  eq("stop: no third effect", 2, effects.t);
+  np.stop("SIGTERM");
+  await new Promise((r) => np.p.on("exit", r));
+}
+
 px.stop("SIGTERM");
 const code = await new Promise((r) => px.p.on("exit", (c) => r(c)));
 eq("proxy exits 0 on SIGTERM", 0, code);
