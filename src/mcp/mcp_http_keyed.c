@@ -684,8 +684,11 @@ static void ask_for_input(kcall *k) {
   pthread_mutex_lock(&G.mu);
   G.at_server--;
   now = k->transfer_done;
-  if (!now)
-    k->input = 1;
+  /* Held for input from now on, while the answer goes out too: a next
+   * round that comes meanwhile waits as one (next_round), not as a retry
+   * of a call in flight, and a stop waits to let the key go
+   * (input_held()). */
+  k->input = 1;
   pthread_mutex_unlock(&G.mu);
   for (; h; h = next) {
     next = h->wnext;
@@ -725,7 +728,15 @@ static void input_left(void *arg) {
             "key '%s' (tool %s): the tool asked for input and no next round "
             "of the call came within --input-wait; the key is %s",
             k->key, k->tool, rc == IDEM_OK ? "released" : idem_errmsg());
-  take_all(k); /* out of the table; no request waits */
+  /* Out of the table. A retry that came while the key was let go waited
+   * on this call: it is a call of its own now, as after a call that did
+   * not act. */
+  for (hx *h = take_all(k), *next; h; h = next) {
+    next = h->wnext;
+    h->wnext = NULL;
+    resubmit(k, h);
+    hx_unref(h);
+  }
   kcall_unref(k);
 }
 
@@ -987,6 +998,17 @@ static void decided(kcall *k, int rc, idem_exec *x, idem_call *call) {
   k->call = call;
   k->exec = x;
   if (x) {
+    pthread_mutex_lock(&G.mu);
+    if (!k->in_table) {
+      /* Claimed with other arguments than the call here that held the key,
+       * which let it go meanwhile and has yet to leave the table: this one
+       * holds it now, and goes first in the table, where retries attach,
+       * a wait for input is timed and a stop looks. */
+      k->in_table = 1;
+      k->next = G.calls;
+      G.calls = k;
+    }
+    pthread_mutex_unlock(&G.mu);
     forward(k);
     return;
   }

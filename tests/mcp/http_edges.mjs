@@ -432,7 +432,18 @@ console.error("-- scenario 5a");
   }
   eq("mrtr left: the key freed, the tool never acted for it", "input_required", freed?.result?.resultType);
   check("mrtr left: said so", /no next round/.test(px3.stderr()), px3.stderr());
+  // Stopped at once: the key its last answer holds for input is let go
+  // before the proxy goes (the tool has not acted), not left in progress.
   px3.stop("SIGTERM");
+  eq("mrtr left: exits 0 on SIGTERM", 0, await new Promise((r) => px3.p.on("exit", (c, sig) => r(c ?? sig))));
+  eq("mrtr left: both keys held for input let go",
+    2, (px3.stderr().match(/no next round/g) ?? []).length);
+  const px4 = await startProxy([], join(TMP, "mrtr.db"));
+  const after = final(await post(px4.port, call(200, "pay", { amount: 8 }, "k-left")), 200);
+  eq("mrtr left: after the stop the key is free", "input_required", after?.result?.resultType);
+  eq("mrtr left: the tool never acted", 1, effects.pay);
+  px4.stop("SIGTERM");
+  await new Promise((r) => px4.p.on("exit", r));
 }
 
 // 5c. --require-key: an unkeyed call is refused unless tools/list (read on
