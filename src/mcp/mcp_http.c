@@ -39,6 +39,7 @@ static serve_config sc;
 static char origin[2048];   /* scheme://host[:port] of --upstream */
 static char mcp_path[2048]; /* its path: the MCP endpoint */
 static int stopping;
+static int unfinished; /* requests decided whose answer has not all gone */
 
 int64_t hx_mono_ms(void) { return (int64_t)cli_now_ms(); }
 
@@ -857,6 +858,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
     return MHD_YES;
   }
   h->decided = 1;
+  __atomic_add_fetch(&unfinished, 1, __ATOMIC_RELAXED);
   h->suspended = 1;
   MHD_suspend_connection(c);
   pthread_mutex_unlock(&h->mu);
@@ -910,6 +912,8 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
   watch_remove(h);
   pthread_mutex_lock(&h->mu);
   h->gone = 1;
+  if (h->decided)
+    __atomic_sub_fetch(&unfinished, 1, __ATOMIC_RELEASE);
   pthread_mutex_unlock(&h->mu);
   if (h->passing)
     upstream_check_aborts(); /* its forward ends now */
@@ -1031,6 +1035,17 @@ int mcp_http_run(const mcp_opts *o, idem_store *store) {
      * the store must outlive that. A store that hangs past this leaves
      * both to the process's exit, as idem serve does. */
     settled = hx_keyed_drain(10000) == 0;
+  /* An answer made is not yet sent: libmicrohttpd's thread sends it, and
+   * stopping the daemon would cut it off (or abort, with a connection
+   * still suspended). */
+  for (int64_t until = hx_mono_ms() + 10000;
+       settled && __atomic_load_n(&unfinished, __ATOMIC_ACQUIRE) > 0;) {
+    struct timespec step = {0, 10 * 1000 * 1000};
+    if (hx_mono_ms() >= until)
+      settled = 0;
+    else
+      nanosleep(&step, NULL);
+  }
   upstream_cleanup();
   pool_stop();
   if (settled)
