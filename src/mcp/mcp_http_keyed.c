@@ -1054,7 +1054,11 @@ static void decided(kcall *k, int rc, idem_exec *x, idem_call *call) {
       break;
     }
     /* Whether the handle is stale is read from the store: on a worker,
-     * not on the store's own thread. */
+     * not on the store's own thread; still counted as a claim, for the
+     * drain. */
+    pthread_mutex_lock(&G.mu);
+    G.claiming++;
+    pthread_mutex_unlock(&G.mu);
     if (pool_submit(replay_task, k) != 0)
       replay_task(k);
     return;
@@ -1089,11 +1093,9 @@ static void decided(kcall *k, int rc, idem_exec *x, idem_call *call) {
   kcall_unref(k);
 }
 
-
 /* A replayed task handle with a ttl: the same handle while the task may
  * live, and the call sent again (or refused) once its ttl has passed. */
-static void replay_task(void *arg) {
-  kcall *k = arg;
+static void task_replay(kcall *k) {
   idem_id id = {k->tenant, k->tool, k->key};
   const idem_response *r = idem_call_response(k->call);
   replay_arg ra = {r->body, r->body_len,
@@ -1123,6 +1125,14 @@ static void replay_task(void *arg) {
     answer_all(k, answer_error, &e);
   }
   kcall_unref(k);
+}
+
+static void replay_task(void *arg) {
+  task_replay(arg);
+  pthread_mutex_lock(&G.mu);
+  G.claiming--;
+  pthread_cond_broadcast(&G.cond);
+  pthread_mutex_unlock(&G.mu);
 }
 
 static void claimed(void *ctx, int rc, idem_exec *x, idem_call *call) {
