@@ -328,15 +328,16 @@ static void call_answered(mcp_proxy *p, mcp_waiter *ws) {
 
 enum { REPLAY_OK, REPLAY_NO_TASK, REPLAY_STALE };
 
-/* Whether the stored result body can be replayed to c. */
-static int replay_verdict(mcp_proxy *p, const mcp_call *c, const char *body,
+/* Whether the stored result body can be replayed to a call that asks
+ * (asks_task) or does not ask for a task. */
+static int replay_verdict(mcp_proxy *p, int asks_task, const char *body,
                           size_t len) {
   char *task;
   int64_t ttl;
   int v = REPLAY_OK;
   if (!mcp_task_handle(body, len, &task, &ttl))
     return REPLAY_OK;
-  if (!c->asks_task) {
+  if (!asks_task) {
     v = REPLAY_NO_TASK;
   } else {
     json_t *e;
@@ -362,11 +363,12 @@ static void task_made(mcp_proxy *p, const char *body, size_t len) {
   free(task);
 }
 
-static void answer_no_task(mcp_proxy *p, const mcp_call *c, const char *id) {
+static void answer_no_task(mcp_proxy *p, const char *key, const char *tool,
+                           const char *id) {
   char msg[1024];
-  mcp_no_task_message(msg, sizeof msg, c->key, c->tool);
+  mcp_no_task_message(msg, sizeof msg, key, tool);
   mcp_answer_error_text(p, id, -32602, msg,
-                        error_data(c, "task_expected", NULL));
+                        mcp_error_data(key, tool, "task_expected", NULL));
 }
 
 static void answer_stale_task(mcp_proxy *p, const mcp_call *c, const char *id) {
@@ -553,7 +555,7 @@ static void do_claim(mcp_proxy *p, mcp_call *c) {
   case IDEM_REPLAY: {
     const idem_response *r = idem_call_response(call);
     int recovered = idem_call_recovered(call);
-    int v = replay_verdict(p, c, r->body, r->body_len);
+    int v = replay_verdict(p, c->asks_task, r->body, r->body_len);
     if (v == REPLAY_STALE && !o->on_unknown_fail && !c->stale_retry) {
       retry_stale(p, c, r);
       return;
@@ -564,7 +566,7 @@ static void do_claim(mcp_proxy *p, mcp_call *c) {
     ws = call_finish(p, c);
     for (mcp_waiter *w = ws; w; w = w->next)
       if (v == REPLAY_NO_TASK)
-        answer_no_task(p, c, w->id);
+        answer_no_task(p, c->key, c->tool, w->id);
       else if (v == REPLAY_STALE)
         answer_stale_task(p, c, w->id);
       else
@@ -983,12 +985,12 @@ void mcp_keyed_call(mcp_proxy *p, json_t *msg, const char *line, size_t len,
   size_t idf, idt;
   mcp_call *c, *same = NULL;
   mcp_waiter *w;
-  char *body;
-  size_t blen;
-  int recovered;
-  char *idtext = mcp_id_text(id);
-  int readable = idtext != NULL;
-  free(idtext);
+  char *body, *request, *idtext;
+  size_t blen, request_len;
+  int recovered, asks_task;
+  char fp[IDEM_FINGERPRINT_SIZE];
+  /* What mcp_id_text() reads: a string or a number. */
+  int readable = json_is_string(id) || json_is_number(id);
   if (!readable || !mcp_member(line, len, 0, "id", &idf, &idt)) {
     mcp_answer_error(p, id, -32600,
                      "idem mcp: a request id must be a string or a number",
@@ -1012,18 +1014,56 @@ void mcp_keyed_call(mcp_proxy *p, json_t *msg, const char *line, size_t len,
     free(idtext);
     return;
   }
-  c = calloc(1, sizeof *c);
-  if (!c) {
+  /* The request's fingerprint, then a retry whose result is kept in
+   * memory answered here, before anything of the call is made (a stale
+   * task handle goes to the workers, who settle it). */
+  request = mcp_request_text(line, len, tool,
+                             key_in_argument ? p->o->key_argument : NULL,
+                             &request_len);
+  if (!request) {
     free(idtext);
     goto oom;
   }
+  if (idem_fingerprint(request, request_len, 1, fp) != IDEM_OK) {
+    char m[800];
+    snprintf(m, sizeof m,
+             "idem mcp: the arguments of this call cannot be fingerprinted "
+             "(%s); nothing was sent to the server.",
+             idem_errmsg());
+    mcp_answer_error_text(p, idtext, MCP_E_INTERNAL, m,
+                          mcp_error_data(key, tool, "internal", NULL));
+    free(request);
+    free(idtext);
+    return;
+  }
+  asks_task = mcp_asks_task(json_object_get(msg, "params"));
+  if (mcp_cache_get(tool, key, fp, wall_ms(), &body, &blen, &recovered)) {
+    int v = replay_verdict(p, asks_task, body, blen);
+    if (v == REPLAY_OK)
+      answer_replay(p, idtext, body, blen, recovered);
+    else if (v == REPLAY_NO_TASK)
+      answer_no_task(p, key, tool, idtext);
+    free(body);
+    if (v != REPLAY_STALE) {
+      free(request);
+      free(idtext);
+      return;
+    }
+  }
+  c = calloc(1, sizeof *c);
+  if (!c) {
+    free(request);
+    free(idtext);
+    goto oom;
+  }
+  c->request = request;
+  c->request_len = request_len;
+  memcpy(c->fp, fp, sizeof fp);
+  c->asks_task = asks_task;
   c->line = malloc(len + 1);
   c->key = strdup(key);
   c->tool = strdup(tool);
-  c->request = mcp_request_text(line, len, tool,
-                                key_in_argument ? p->o->key_argument : NULL,
-                                &c->request_len);
-  if (!c->line || !c->key || !c->tool || !c->request) {
+  if (!c->line || !c->key || !c->tool) {
     call_free(c);
     free(idtext);
     goto oom;
@@ -1033,35 +1073,6 @@ void mcp_keyed_call(mcp_proxy *p, json_t *msg, const char *line, size_t len,
   c->len = len;
   c->id_from = idf;
   c->id_to = idt;
-  if (idem_fingerprint(c->request, c->request_len, 1, c->fp) != IDEM_OK) {
-    char m[800];
-    snprintf(m, sizeof m,
-             "idem mcp: the arguments of this call cannot be fingerprinted "
-             "(%s); nothing was sent to the server.",
-             idem_errmsg());
-    mcp_answer_error_text(p, idtext, MCP_E_INTERNAL, m,
-                          error_data(c, "internal", NULL));
-    call_free(c);
-    free(idtext);
-    return;
-  }
-  c->asks_task = mcp_asks_task(json_object_get(msg, "params"));
-  /* A retry whose result is kept in memory: answered here (a stale task
-   * handle goes to the workers, who settle it). */
-  if (mcp_cache_get(c->tool, c->key, c->fp, wall_ms(), &body, &blen,
-                    &recovered)) {
-    int v = replay_verdict(p, c, body, blen);
-    if (v == REPLAY_OK)
-      answer_replay(p, idtext, body, blen, recovered);
-    else if (v == REPLAY_NO_TASK)
-      answer_no_task(p, c, idtext);
-    free(body);
-    if (v != REPLAY_STALE) {
-      call_free(c);
-      free(idtext);
-      return;
-    }
-  }
   pthread_mutex_lock(&p->lock);
   for (mcp_call *q = p->calls; q; q = q->next)
     if (strcmp(q->tool, c->tool) == 0 && strcmp(q->key, c->key) == 0) {

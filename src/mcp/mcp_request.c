@@ -271,28 +271,38 @@ static int empty_object(const char *s, size_t n, size_t at) {
   return i < n && s[i] == '}';
 }
 
-char *mcp_mark_result(const char *body, size_t len, int replayed, int recovered,
-                      size_t *out_len) {
+/* Where and what mcp_mark_result() inserts into body: 0 with *at and ins
+ * (NUL-terminated, ins_size at least 128) set, or -1 when nothing is
+ * inserted (no marks, or a result that is not an object). */
+static int mark_point(const char *body, size_t len, int replayed,
+                      int recovered, size_t *at, char *ins, size_t ins_size) {
   char marks[80];
-  size_t at = skip_ws(body, len, 0), from, to;
+  size_t i = skip_ws(body, len, 0), from, to;
   snprintf(marks, sizeof marks, "%s%s%s",
            replayed ? "\"idem/replayed\":true" : "",
            replayed && recovered ? "," : "",
            recovered ? "\"idem/recovered\":true" : "");
-  if (at >= len || body[at] != '{' || !marks[0])
-    return mcp_splice(body, len, 0, 0, "", 0, out_len);
-  if (mcp_member(body, len, at, "_meta", &from, &to) && body[from] == '{') {
-    char ins[96];
-    snprintf(ins, sizeof ins, "%s%s", marks,
+  if (i >= len || body[i] != '{' || !marks[0])
+    return -1;
+  if (mcp_member(body, len, i, "_meta", &from, &to) && body[from] == '{') {
+    snprintf(ins, ins_size, "%s%s", marks,
              empty_object(body, len, from) ? "" : ",");
-    return mcp_splice(body, len, from + 1, from + 1, ins, strlen(ins), out_len);
+    *at = from + 1;
+  } else {
+    snprintf(ins, ins_size, "\"_meta\":{%s}%s", marks,
+             empty_object(body, len, i) ? "" : ",");
+    *at = i + 1;
   }
-  {
-    char ins[128];
-    snprintf(ins, sizeof ins, "\"_meta\":{%s}%s", marks,
-             empty_object(body, len, at) ? "" : ",");
-    return mcp_splice(body, len, at + 1, at + 1, ins, strlen(ins), out_len);
-  }
+  return 0;
+}
+
+char *mcp_mark_result(const char *body, size_t len, int replayed, int recovered,
+                      size_t *out_len) {
+  char ins[128];
+  size_t at;
+  if (mark_point(body, len, replayed, recovered, &at, ins, sizeof ins) != 0)
+    return mcp_splice(body, len, 0, 0, "", 0, out_len);
+  return mcp_splice(body, len, at, at, ins, strlen(ins), out_len);
 }
 
 /* The string at s[from, to) decoded, when it is one jansson can read. */
@@ -411,16 +421,34 @@ void mcp_stale_task_message(char *buf, size_t size, const char *key,
 
 char *mcp_replay_text(const char *id, const char *body, size_t len,
                       int recovered, size_t *out_len) {
-  size_t mlen, n;
-  char *marked = mcp_mark_result(body, len, 1, recovered, &mlen);
-  char *text = NULL;
-  if (marked) {
-    n = mlen + strlen(id) + 48;
-    if ((text = malloc(n)))
-      *out_len = (size_t)snprintf(
-          text, n, "{\"jsonrpc\":\"2.0\",\"id\":%s,\"result\":%s}", id, marked);
-  }
-  free(marked);
+  static const char head[] = "{\"jsonrpc\":\"2.0\",\"id\":";
+  static const char mid[] = ",\"result\":";
+  char ins[128];
+  size_t at = 0, il = 0, idl = strlen(id), n;
+  char *text, *o;
+  /* Made in one buffer: a replay is answered on the client reader's
+   * thread, and every copy of the result is on the caller's clock. */
+  if (mark_point(body, len, 1, recovered, &at, ins, sizeof ins) == 0)
+    il = strlen(ins);
+  n = sizeof head - 1 + idl + sizeof mid - 1 + len + il + 1;
+  if (!(text = malloc(n + 1)))
+    return NULL;
+  o = text;
+  memcpy(o, head, sizeof head - 1);
+  o += sizeof head - 1;
+  memcpy(o, id, idl);
+  o += idl;
+  memcpy(o, mid, sizeof mid - 1);
+  o += sizeof mid - 1;
+  memcpy(o, body, at);
+  o += at;
+  memcpy(o, ins, il);
+  o += il;
+  memcpy(o, body + at, len - at);
+  o += len - at;
+  *o++ = '}';
+  *o = '\0';
+  *out_len = n;
   return text;
 }
 
