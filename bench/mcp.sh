@@ -35,9 +35,11 @@
 # Then the HTTP part: the same server on MCP's Streamable HTTP transport
 # (`node dist/index.js streamableHttp`, stateful sessions) and
 # `idem mcp --listen 127.0.0.1:0 --upstream URL` in front of it, the client
-# bench/mcp_http_client.mjs (node's fetch, keep-alive, one session per
-# client). Each round, for 1 and for 32 clients each making one call at a
-# time, every run with its own server, proxy and store:
+# bench/mcp_http_client.mjs (node:http, keep-alive, one session per client
+# and target). Each round, for 1 and for 32 clients each making one call at
+# a time, starts a new server, nginx and proxy (and store) and runs the
+# targets below in turns of 300 ms inside one client process until each has
+# had BENCH_SECONDS, so that all see the same moments of the machine:
 #   direct   the clients talk to the server itself (no key)
 #   nginx    through nginx as a plain reverse proxy (one process, keep-alive
 #            to the server, events unbuffered), no key: the least a proxy
@@ -48,8 +50,9 @@
 #            timing: every timed call is answered by the proxy
 #   floor    `idem bench --workers CLIENTS`: claim + complete on the same
 #            kind of store, no network
-# It prints the medians (calls/s, p50 and p99 latency, the client's CPU
-# per call) and the ratios against the targets (replay >= 2x direct,
+# It prints the medians (calls/s, p50 and p99 latency, the CPU time per
+# call of the client, the proxy and the server during each target's turns)
+# and the ratios against the targets (replay >= 2x direct,
 # unkeyed >= 0.8x direct, fresh >= 0.8x floor, for 1 and 32 clients).
 # A missed target is reported, never a failure; it exits non-zero only
 # when a run failed. A target that nginx itself misses beside it (unkeyed
@@ -75,12 +78,13 @@ SECS=${BENCH_SECONDS:-3}
 ROUNDS=${BENCH_ROUNDS:-3}
 HTTP_ONLY=${BENCH_MCP_HTTP_ONLY:-0}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/idem-bench-mcp.XXXXXX")
-# The HTTP part's server and proxy, while they run.
+# The HTTP part's server, nginx and proxy, while they run.
 SRV_PID=""
+NG_PID=""
 PX_PID=""
 cleanup() {
-  for p in $PX_PID $SRV_PID; do kill "$p" 2>/dev/null || true; done
-  for p in $PX_PID $SRV_PID; do wait "$p" 2>/dev/null || true; done
+  for p in $PX_PID $NG_PID $SRV_PID; do kill "$p" 2>/dev/null || true; done
+  for p in $PX_PID $NG_PID $SRV_PID; do wait "$p" 2>/dev/null || true; done
   rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -376,67 +380,66 @@ stop() {
   return $st
 }
 
-# ticks PID: the CPU time (user + system, clock ticks) PID has used so far,
-# from /proc (empty where there is none).
-ticks() {
-  if [ -n "$1" ]; then
-    awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || true
-  fi
-}
-
-# http_run NAME MODE CLIENTS direct|proxy: one measurement with its own
-# server (and proxy and store).
-http_run() {
+# http_round NAME CLIENTS: one server, nginx in front of it (when there is
+# one) and idem mcp --listen in front of it, all new; the clients take
+# turns on them (mcp_http_client.mjs turns), each target charged with the
+# CPU time the server and the proxy spent during its own turns; then each
+# target's line goes to NAME.LABEL.json.
+http_round() {
   hname=$1
+  hclients=$2
   if ! start_server "$hname"; then
     failed=1
     printf '  %-16sFAILED (the server did not start)\n' "$hname" >&2
     sed 's/^/    /' "$WORK/out/$hname.server.err" >&2
     return 0
   fi
-  url=$SRV_URL
-  if [ "$4" = nginx ]; then
-    if ! start_nginx "$hname" "$SRV_URL"; then
+  set -- "direct:unkeyed=$SRV_URL"
+  watch=server=$SRV_PID
+  if [ -n "$NGINX" ]; then
+    if ! start_nginx "$hname.nginx" "$SRV_URL"; then
       failed=1
       printf '  %-16sFAILED (nginx did not start)\n' "$hname" >&2
-      sed 's/^/    /' "$WORK/out/$hname.proxy.err" >&2
+      sed 's/^/    /' "$WORK/out/$hname.nginx.proxy.err" >&2
       stop $SRV_PID || true
       SRV_PID=""
       return 0
     fi
-    url=$PX_URL
-  elif [ "$4" = proxy ]; then
-    if ! start_proxy "$hname" "$SRV_URL" "$WORK/$hname.db"; then
-      failed=1
-      printf '  %-16sFAILED (the proxy did not start)\n' "$hname" >&2
-      sed 's/^/    /' "$WORK/out/$hname.proxy.err" >&2
-      stop $PX_PID 2>/dev/null || true
-      PX_PID=""
-      stop $SRV_PID || true
-      SRV_PID=""
-      return 0
-    fi
-    url=$PX_URL
-  fi
-  p0=$(ticks "$PX_PID")
-  s0=$(ticks "$SRV_PID")
-  step "$hname" node "$WORK/mcp_http_client.mjs" "$2" "$SECS" "$3" "$url"
-  # The proxy's and the server's CPU time during the client's run.
-  p1=$(ticks "$PX_PID")
-  s1=$(ticks "$SRV_PID")
-  echo "${p0:--} ${p1:--} ${s0:--} ${s1:--}" >"$WORK/out/$hname.cpu"
-  if [ -n "$PX_PID" ]; then
-    st=0
-    stop $PX_PID || st=$?
+    NG_PID=$PX_PID
     PX_PID=""
-    # Anything the proxy said besides its first and last lines is shown.
-    if [ $st -ne 0 ]; then
-      failed=1
-      echo "    the proxy exited with status $st" >&2
-    fi
-    grep -v -e '^idem mcp: listening on ' -e '^idem mcp: stopped' \
-      -e 'signal 15 (SIGTERM) received' -e 'exiting' \
-      "$WORK/out/$hname.proxy.err" | sed 's/^/    proxy: /' >&2 || true
+    set -- "$@" "nginx:unkeyed=$PX_URL"
+    watch=$watch,nginx=$NG_PID
+  fi
+  if ! start_proxy "$hname" "$SRV_URL" "$WORK/$hname.db"; then
+    failed=1
+    printf '  %-16sFAILED (the proxy did not start)\n' "$hname" >&2
+    sed 's/^/    /' "$WORK/out/$hname.proxy.err" >&2
+    for p in $PX_PID $NG_PID $SRV_PID; do stop $p 2>/dev/null || true; done
+    PX_PID="" NG_PID="" SRV_PID=""
+    return 0
+  fi
+  watch=$watch,idem=$PX_PID
+  step "$hname" env WATCH="$watch" CLK_TCK="$(getconf CLK_TCK 2>/dev/null || echo 100)" \
+    node "$WORK/mcp_http_client.mjs" turns "$SECS" "$hclients" "$@" \
+    "unkeyed:unkeyed=$PX_URL" "fresh:fresh=$PX_URL" "replay:replay=$PX_URL"
+  for m in direct nginx unkeyed fresh replay; do
+    grep "\"mode\":\"$m\"" "$WORK/out/$hname.json" >"$WORK/out/$hname.$m.json" ||
+      rm -f "$WORK/out/$hname.$m.json"
+  done
+  st=0
+  stop $PX_PID || st=$?
+  PX_PID=""
+  # Anything the proxy said besides its first and last lines is shown.
+  if [ $st -ne 0 ]; then
+    failed=1
+    echo "    the proxy exited with status $st" >&2
+  fi
+  grep -v -e '^idem mcp: listening on ' -e '^idem mcp: stopped' \
+    -e 'signal 15 (SIGTERM) received' -e 'exiting' \
+    "$WORK/out/$hname.proxy.err" | sed 's/^/    proxy: /' >&2 || true
+  if [ -n "$NG_PID" ]; then
+    stop $NG_PID || true
+    NG_PID=""
   fi
   stop $SRV_PID || true
   SRV_PID=""
@@ -456,35 +459,25 @@ r=1
 while [ $r -le "$ROUNDS" ]; do
   echo "round $r (HTTP)" >&2
   for c in 1 32; do
-    http_run "r$r.h$c.direct" unkeyed $c direct
-    if [ -n "$NGINX" ]; then
-      http_run "r$r.h$c.nginx" unkeyed $c nginx
-    fi
-    http_run "r$r.h$c.unkeyed" unkeyed $c proxy
-    http_run "r$r.h$c.fresh" fresh $c proxy
-    http_run "r$r.h$c.replay" replay $c proxy
+    http_round "r$r.h$c" $c
     step "r$r.h$c.floor" "$IDEM" bench --store "$WORK/r$r.h$c.floor.db" \
       --workers $c --seconds 1 --json
   done
   r=$((r + 1))
 done
 
-python3 - "$WORK/out" "$ROUNDS" "$(getconf CLK_TCK 2>/dev/null || echo 100)" <<'PY'
+python3 - "$WORK/out" "$ROUNDS" <<'PY'
 import json, os, statistics, sys
-out, rounds, hz = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+out, rounds = sys.argv[1], int(sys.argv[2])
 def docs(n, mode):
     xs = []
     for r in range(1, rounds + 1):
         p = os.path.join(out, 'r%d.h%d.%s.json' % (r, n, mode))
         if os.path.exists(p):
             d = json.load(open(p))
-            c = os.path.join(out, 'r%d.h%d.%s.cpu' % (r, n, mode))
-            if os.path.exists(c) and d.get('all_calls'):
-                v = open(c).read().split()
-                for i, who in ((0, 'proxy'), (2, 'server')):
-                    if len(v) == 4 and '-' not in v[i:i + 2]:
-                        d[who + '_cpu_ms_per_call'] = ((float(v[i + 1]) - float(v[i]))
-                                                       * 1000 / hz / d['all_calls'])
+            # The proxy: nginx for nginx's turns, idem for its own.
+            who = {'nginx': 'nginx', 'direct': None}.get(mode, 'idem')
+            d['proxy_cpu_ms_per_call'] = d.get('%s_cpu_ms_per_call' % who) if who else None
             xs.append(d)
     return xs
 def med(n, mode, field):
@@ -514,8 +507,8 @@ for n in (1, 32):
               ', '.join('%.0f' % x for x in xs)))
 print('  nginx: the clients through nginx as a plain reverse proxy (one process, no key).')
 print('  floor: idem bench claim + complete, --workers CLIENTS, no network.')
-print('  cpu ms/call: CPU time of each process per call it saw (the client:')
-print('  timed calls; the proxy and the server: the warm-up too).')
+print('  the targets take turns of 300 ms on one server, nginx and proxy per round;')
+print('  cpu ms/call: CPU time of each process during a target\'s turns per call.')
 missed = 0
 # A fresh call cannot beat the server's own call and the store's two
 # commits made one after the other: that is its floor (the store's floor

@@ -1,3 +1,4 @@
+import { readFileSync } from "node:fs";
 import { Agent, request as httpRequest } from "node:http";
 // mcp_http_client.mjs -- one measurement for bench/mcp.sh's HTTP part:
 // tools/call round trips per second to server-everything's echo tool over
@@ -21,10 +22,28 @@ import { Agent, request as httpRequest } from "node:http";
 // client's own CPU time per timed call (a client is not free: on a small
 // machine the client can be what limits the fastest modes) and all_calls
 // (the warm-up's too).
-const [mode, secs, nclients, url] = process.argv.slice(2);
-if (!["unkeyed", "fresh", "replay"].includes(mode) || !(Number(secs) > 0) ||
-    !(Number(nclients) >= 1) || !url) {
-  console.error("usage: node mcp_http_client.mjs unkeyed|fresh|replay SECONDS CLIENTS URL");
+//
+//   node mcp_http_client.mjs turns SECONDS CLIENTS LABEL:MODE=URL...
+// Several targets side by side: each gets its own CLIENTS sessions, all
+// are warmed up, then they take turns of 300 ms (the order rotating) until
+// each has had SECONDS, each timed over its own turns only; one JSON line
+// each, "mode" being its LABEL. On a shared machine whose speed drifts
+// within seconds, runs made one after the other compare moments of the
+// machine as much as the targets. With WATCH=NAME=PID,... (and CLK_TCK,
+// default 100) the CPU time of those processes during a target's turns is
+// charged to it: NAME_cpu_ms_per_call.
+const argv = process.argv.slice(2);
+const turns = argv[0] === "turns";
+const [secs, nclients] = argv.slice(1, 3);
+// The targets: LABEL:MODE=URL each in turns, else the one of the arguments.
+const targets = (turns ? argv.slice(3) : [`${argv[0]}:${argv[0]}=${argv[3]}`]).map((t) => {
+  const m = /^([a-z]+):(unkeyed|fresh|replay)=(http:\/\/.+)$/.exec(t);
+  return m ? { label: m[1], mode: m[2], url: m[3] } : null;
+});
+if (!(Number(secs) > 0) || !(Number(nclients) >= 1) || !targets.length ||
+    targets.includes(null)) {
+  console.error("usage: node mcp_http_client.mjs unkeyed|fresh|replay SECONDS CLIENTS URL\n" +
+    "       node mcp_http_client.mjs turns SECONDS CLIENTS LABEL:MODE=URL...");
   process.exit(2);
 }
 const PROTOCOL = "2025-06-18";
@@ -60,8 +79,10 @@ function answer(ctype, text, id) {
 }
 
 class Client {
-  constructor(n) {
+  constructor(n, target) {
     this.n = n;
+    this.url = target.url;
+    this.mode = target.mode;
     this.session = null;
     this.id = 0;
     this.calls = 0;
@@ -79,7 +100,7 @@ class Client {
     const data = JSON.stringify(body);
     const headers = { ...this.headers(), "content-length": Buffer.byteLength(data) };
     return new Promise((resolve, reject) => {
-      const rq = httpRequest(url, { method: "POST", headers, agent }, (res) => {
+      const rq = httpRequest(this.url, { method: "POST", headers, agent }, (res) => {
         const chunks = [];
         res.on("data", (d) => chunks.push(d));
         res.on("end", () => resolve({
@@ -117,6 +138,7 @@ class Client {
   async call() {
     const message = `hello ${this.n}`;
     const params = { name: "echo", arguments: { message } };
+    const mode = this.mode;
     if (mode === "fresh") params._meta = { idempotencyKey: `fresh-${tag}-${this.n}-${this.calls}` };
     else if (mode === "replay") params._meta = { idempotencyKey: `replay-${tag}-${this.n}` };
     this.calls++;
@@ -130,37 +152,81 @@ class Client {
   }
 }
 
-const clients = Array.from({ length: Number(nclients) }, (_, n) => new Client(n));
-await Promise.all(clients.map((c) => c.open()));
+// The CPU time (clock ticks) of each process named in WATCH
+// ("NAME=PID,..."), read at the start and end of every turn, so that each
+// target is charged with what the processes spent during its own turns.
+const watch = (process.env.WATCH || "").split(",").filter(Boolean).map((w) => {
+  const [name, pid] = w.split("=");
+  return { name, pid };
+});
+const HZ = Number(process.env.CLK_TCK || 100);
+function ticks() {
+  return watch.map(({ pid }) => {
+    try {
+      const f = readFileSync(`/proc/${pid}/stat`, "utf8");
+      const v = f.slice(f.lastIndexOf(")") + 2).split(" ");
+      return Number(v[11]) + Number(v[12]); // utime + stime
+    } catch {
+      return NaN;
+    }
+  });
+}
+
+const TURN_NS = 300_000_000n;
+const sets = targets.map((t) => ({ ...t,
+  clients: Array.from({ length: Number(nclients) }, (_, n) => new Client(n, t)),
+  lat: [], ns: 0n, cpu: 0, ticks: watch.map(() => 0) }));
+for (const set of sets) await Promise.all(set.clients.map((c) => c.open()));
 // Warm up (connections, JIT, the proxy's and the server's caches); for
 // replay the first call of each client is the one that runs and is stored.
 // By a count of calls, 1,500 in all (at least 50 a client), not by time:
-// every run starts a new server, whose JIT speeds its calls up over its
-// first thousand or so, and a warm-up of 50 left a slow mode (fresh, one
-// client) measuring a server still half cold, twice as slow a call as the
-// direct run's (bench/mcp.sh, 1 client: fresh 184, 211, 306 calls/s in
-// three runs of 3 s in a row on one new server; 501 and 506 after 1,500).
-const WARMUP = Math.max(50, Math.ceil(1500 / clients.length));
-await Promise.all(clients.map(async (c) => { for (let i = 0; i < WARMUP; i++) await c.call(); }));
+// a new server's JIT speeds its calls up over its first thousand or so,
+// and a warm-up of 50 left a slow mode (fresh, one client) measuring a
+// server still half cold, twice as slow a call as the direct run's
+// (bench/mcp.sh, 1 client: fresh 184, 211, 306 calls/s in three runs of
+// 3 s in a row on one new server; 501 and 506 after 1,500).
+const WARMUP = Math.max(50, Math.ceil(1500 / Number(nclients)));
+for (const set of sets)
+  await Promise.all(set.clients.map(async (c) => { for (let i = 0; i < WARMUP; i++) await c.call(); }));
 
-const lat = [];
-const cpu0 = process.cpuUsage();
-const start = process.hrtime.bigint();
-const until = start + BigInt(Math.round(Number(secs) * 1e9));
-await Promise.all(clients.map(async (c) => {
-  for (;;) {
-    const t0 = process.hrtime.bigint();
-    if (t0 >= until) break;
-    await c.call();
-    lat.push(Number(process.hrtime.bigint() - t0) / 1e6);
+// Turns of 300 ms, the order rotating, until every target has had SECONDS:
+// its clients call until the turn's end, then the calls under way finish
+// before the next target's turn (charged to this one).
+const total = BigInt(Math.round(Number(secs) * 1e9));
+for (let t = 0; sets.some((s) => s.ns < total); t++)
+  for (let k = 0; k < sets.length; k++) {
+    const set = sets[(t + k) % sets.length];
+    if (set.ns >= total) continue;
+    const cpu0 = process.cpuUsage();
+    const t0 = ticks();
+    const start = process.hrtime.bigint();
+    const left = total - set.ns;
+    const until = start + (left < TURN_NS ? left : TURN_NS);
+    await Promise.all(set.clients.map(async (c) => {
+      for (;;) {
+        const c0 = process.hrtime.bigint();
+        if (c0 >= until) break;
+        await c.call();
+        set.lat.push(Number(process.hrtime.bigint() - c0) / 1e6);
+      }
+    }));
+    set.ns += process.hrtime.bigint() - start;
+    const cpu = process.cpuUsage(cpu0);
+    set.cpu += (cpu.user + cpu.system) / 1000;
+    ticks().forEach((v, i) => { set.ticks[i] += v - t0[i]; });
   }
-}));
-const seconds = Number(process.hrtime.bigint() - start) / 1e9;
-const cpu = process.cpuUsage(cpu0);
-lat.sort((a, b) => a - b);
-const pct = (p) => lat.length ? lat[Math.min(lat.length - 1, Math.floor(p * lat.length))] : null;
-console.log(JSON.stringify({ mode, clients: clients.length, calls: lat.length,
-  seconds, ops_per_s: lat.length / seconds, p50_ms: pct(0.5), p99_ms: pct(0.99),
-  client_cpu_ms_per_call: lat.length ? (cpu.user + cpu.system) / 1000 / lat.length : null,
-  all_calls: clients.reduce((a, c) => a + c.calls, 0) }));
+for (const set of sets) {
+  const lat = set.lat.sort((a, b) => a - b);
+  const seconds = Number(set.ns) / 1e9;
+  const pct = (p) => lat.length ? lat[Math.min(lat.length - 1, Math.floor(p * lat.length))] : null;
+  const doc = { mode: set.label, clients: set.clients.length, calls: lat.length,
+    seconds, ops_per_s: lat.length / seconds, p50_ms: pct(0.5), p99_ms: pct(0.99),
+    client_cpu_ms_per_call: lat.length ? set.cpu / lat.length : null,
+    all_calls: set.clients.reduce((a, c) => a + c.calls, 0) };
+  watch.forEach(({ name }, i) => {
+    if (lat.length && !Number.isNaN(set.ticks[i]))
+      doc[`${name}_cpu_ms_per_call`] = set.ticks[i] * 1000 / HZ / lat.length;
+  });
+  console.log(JSON.stringify(doc));
+}
 process.exit(0);
