@@ -815,11 +815,24 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
   }
   pthread_mutex_lock(&h->mu);
   if (h->ready) {
-    struct MHD_Response *r;
+    struct MHD_Response *r = NULL;
+    int bodiless = h->status < 200 || h->status == 204 || h->status == 304;
+    /* The whole answer is here already (a short one, read in one go, or a
+     * replay): one buffer, which libmicrohttpd sends with its head in one
+     * write, instead of a chunked stream of head, body and end in three
+     * (each of which may wake the client). */
+    int whole = !bodiless && h->out_end && !h->out_broken && !h->peer_closed;
     h->answered = 1;
-    h->refs++; /* the reader's */
+    if (whole)
+      r = MHD_create_response_from_buffer(h->out_len - h->out_off,
+                                          h->out + h->out_off,
+                                          MHD_RESPMEM_MUST_COPY);
+    else
+      h->refs++; /* the reader's */
     pthread_mutex_unlock(&h->mu);
-    if (h->status < 200 || h->status == 204 || h->status == 304) {
+    if (whole) {
+      /* made above */
+    } else if (bodiless) {
       /* Answers without a body (RFC 9110 6.4.1): no chunked framing
        * either, or the next answer on the connection would be misread. */
       hx_unref(h);
