@@ -126,6 +126,17 @@ step() {
   fi
 }
 
+# split_modes FILE PREFIX SUFFIX MODE...: each MODE's line of FILE (one
+# JSON line per mode, from a client's turns) into PREFIX.MODESUFFIX.json;
+# none where the mode has no line.
+split_modes() {
+  sf=$1 sp=$2 ss=$3
+  shift 3
+  for m in "$@"; do
+    grep "\"mode\":\"$m\"" "$sf" >"$sp.$m$ss.json" || rm -f "$sp.$m$ss.json"
+  done
+}
+
 if [ "$HTTP_ONLY" != 1 ]; then
 if ! ${CC:-cc} -std=c11 -O2 -o "$WORK/mcp_null" "$HERE/mcp_null.c" 2>"$WORK/null.err"; then
   cat "$WORK/null.err" >&2
@@ -157,10 +168,7 @@ while [ $r -le "$ROUNDS" ]; do
     step "r$r.turns.$pl" env ${peer:+PEER_CPU=$peer} $pin node "$WORK/mcp_client.mjs" turns \
       "$(awk "BEGIN{print 3*$SECS}")" "$SERVER" "$IDEM" "$WORK/r$r.$pl.replay.db" \
       "$WORK/mcp_null"
-    for m in direct replay null; do
-      grep "\"mode\":\"$m\"" "$WORK/out/r$r.turns.$pl.json" \
-        >"$WORK/out/r$r.$m.$pl.json" || rm -f "$WORK/out/r$r.$m.$pl.json"
-    done
+    split_modes "$WORK/out/r$r.turns.$pl.json" "$WORK/out/r$r" ".$pl" direct replay null
   done
   step "r$r.fresh" node "$WORK/mcp_client.mjs" fresh "$SECS" "$SERVER" \
     "$IDEM" "$WORK/r$r.fresh.db"
@@ -422,10 +430,7 @@ http_round() {
   step "$hname" env WATCH="$watch" CLK_TCK="$(getconf CLK_TCK 2>/dev/null || echo 100)" \
     node "$WORK/mcp_http_client.mjs" turns "$SECS" "$hclients" "$@" \
     "unkeyed:unkeyed=$PX_URL" "fresh:fresh=$PX_URL" "replay:replay=$PX_URL"
-  for m in direct nginx unkeyed fresh replay; do
-    grep "\"mode\":\"$m\"" "$WORK/out/$hname.json" >"$WORK/out/$hname.$m.json" ||
-      rm -f "$WORK/out/$hname.$m.json"
-  done
+  split_modes "$WORK/out/$hname.json" "$WORK/out/$hname" "" direct nginx unkeyed fresh replay
   st=0
   stop $PX_PID || st=$?
   PX_PID=""

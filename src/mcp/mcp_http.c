@@ -830,15 +830,13 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
     else
       h->refs++; /* the reader's */
     pthread_mutex_unlock(&h->mu);
-    if (whole) {
-      /* made above */
-    } else if (bodiless) {
+    if (bodiless) {
       /* Answers without a body (RFC 9110 6.4.1): no chunked framing
        * either, or the next answer on the connection would be misread. */
       hx_unref(h);
       r = MHD_create_response_from_buffer(0, (void *)"",
                                           MHD_RESPMEM_PERSISTENT);
-    } else {
+    } else if (!whole) {
       r = MHD_create_response_from_callback(h->length >= 0 ? (uint64_t)h->length
                                                            : MHD_SIZE_UNKNOWN,
                                             16384, reader, h, reader_done);
