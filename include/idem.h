@@ -451,6 +451,21 @@ IDEM_API int idem_claim(idem_store *store, const idem_id *id,
                         const char *fingerprint,
                         const idem_call_options *opts, idem_call **out);
 
+/*
+ * idem_claim() answered from this handle's memory alone: its replay cache,
+ * the completed records it wrote or read (idem_store_options'
+ * replay_cache_entries). IDEM_OK with *out a REPLAY or a CONFLICT, as
+ * idem_claim() would answer now; IDEM_ENOTFOUND, with *out NULL, when the
+ * handle keeps no completed record of id: a new key, a key in flight, a
+ * record completed through another handle or process, one past its
+ * retention or no longer kept. Reads and writes nothing and never waits for
+ * the store, so a server may call it on its event loop to answer a retry
+ * at once, and leave every other case to idem_claim() or
+ * idem_execute_begin_async(), which decide it.
+ */
+IDEM_API int idem_claim_cached(idem_store *store, const idem_id *id,
+                               const char *fingerprint, idem_call **out);
+
 IDEM_API idem_outcome idem_call_outcome(const idem_call *call);
 /* The stored response on REPLAY (and after execute_local's PROCEED or
  * RECOVER, the new one); NULL otherwise. Owned by the call. */

@@ -831,6 +831,29 @@ int idem_claim(idem_store *store, const idem_id *id, const char *fingerprint,
   return start(store, IDEM__OP_CLAIM, id, fingerprint, opts, NULL, NULL, out);
 }
 
+int idem_claim_cached(idem_store *store, const idem_id *id,
+                      const char *fingerprint, idem_call **out) {
+  const idem__store_methods *m;
+  idem__op op;
+  int rc;
+  idem__clear_error();
+  if (!out)
+    return idem__fail(IDEM_EINVAL, "claim_cached: NULL output");
+  *out = NULL;
+  if ((rc = idem__claim_prepare(store, IDEM__OP_CLAIM, id, fingerprint, NULL,
+                                NULL, NULL, &op)))
+    return rc;
+  m = store->methods;
+  if (!(m->version >= 6 && m->cached && m->cached(store->state, &op))) {
+    idem_call_free(op.claim);
+    return idem__fail(IDEM_ENOTFOUND,
+                      "no completed record of (%s, %s, %s) kept in memory",
+                      id->tenant ? id->tenant : "", id->operation, id->key);
+  }
+  *out = op.claim;
+  return IDEM_OK;
+}
+
 int idem_execute_local(idem_store *store, const idem_id *id,
                        const char *fingerprint, const idem_call_options *opts,
                        idem_local_fn fn, void *ctx, idem_call **out) {

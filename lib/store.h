@@ -19,7 +19,7 @@
 
 #include <pthread.h>
 
-#define IDEM__STORE_METHODS_VERSION 5
+#define IDEM__STORE_METHODS_VERSION 6
 
 /* Defaults and rates every backend shares. */
 #define IDEM__DEFAULT_LEASE_MS 30000
@@ -166,6 +166,13 @@ typedef struct idem__store_methods {
    * thread of its own). NULL: the engine always does.
    */
   int (*queue)(void *state, idem__op *op);
+  /*
+   * Version 6. Answers a prepared claim from the backend's replay cache
+   * alone (idem__cache_get() on the backend's clock): 1 with op->claim
+   * filled in, 0 when it keeps no completed record of op->id. Reads and
+   * writes nothing. NULL: nothing is kept.
+   */
+  int (*cached)(void *state, idem__op *op);
 } idem__store_methods;
 
 /* A store handle. */

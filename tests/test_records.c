@@ -491,6 +491,120 @@ static void test_response_too_large(void **state) {
   free(big);
 }
 
+/* ------------------------------------------------------------------ */
+/* Claims answered from memory                                          */
+/* ------------------------------------------------------------------ */
+
+/* idem_claim_cached() of id: its return code, and the call on IDEM_OK. */
+static idem_call *cached(idem_store *s, const idem_id *id, const char *fp,
+                         int want_rc) {
+  idem_call *c = (idem_call *)&c;
+  EXPECT_RC(want_rc, idem_claim_cached(s, id, fp, &c));
+  if (want_rc != IDEM_OK)
+    assert_null(c);
+  return c;
+}
+
+/*
+ * idem_claim_cached() answers what idem_claim() would, REPLAY or CONFLICT,
+ * for the completed records this handle keeps, and IDEM_ENOTFOUND for
+ * everything else (a new key, a key in flight, a record completed through
+ * another handle or past its retention, a deleted one), without reading or
+ * writing the store.
+ */
+static void test_claim_cached(void **state) {
+  fixture *f = *state;
+  char fp[IDEM_FINGERPRINT_SIZE], fp2[IDEM_FINGERPRINT_SIZE];
+  idem_id id = {"tenant-a", OPERATION, KEY};
+  idem_id flying = {"tenant-a", OPERATION, "in-flight"};
+  idem_id brief = {"tenant-a", OPERATION, "kept-briefly"};
+  idem_id bad = {"tenant-a", OPERATION, "no spaces"};
+  idem_call_options keep_briefly = {.retention_ms = SHORT_MS};
+  idem_store_options no_cache = {.replay_cache_entries = -1};
+  ticket_action act = {.payload = PAYLOAD}, act2 = {.payload = PAYLOAD};
+  idem_store *other = NULL, *uncached = NULL;
+  idem_record *rec = NULL;
+  idem_call *c, *held;
+  fp_of(PAYLOAD, fp);
+  fp_of(PAYLOAD_URGENT, fp2);
+
+  /* A new key: nothing kept, and nothing written. */
+  cached(f->store, &id, fp, IDEM_ENOTFOUND);
+  assert_absent(f->store, &id);
+
+  c = LOCAL(f->store, &id, fp, NULL, &act, IDEM_PROCEED);
+  assert_int_equal(ticket_id_of(idem_call_response(c)), 1);
+  idem_call_free(c);
+
+  /* Completed here: the replay, and a conflict for another request. */
+  c = cached(f->store, &id, fp, IDEM_OK);
+  assert_int_equal(idem_call_outcome(c), IDEM_REPLAY);
+  assert_int_equal(idem_call_state(c), IDEM_STATE_COMPLETED);
+  assert_int_equal(idem_call_attempt(c), 1);
+  assert_int_equal(idem_call_recovered(c), 0);
+  assert_int_equal(ticket_id_of(idem_call_response(c)), 1);
+  /* A replay holds nothing: there is nothing to end. */
+  EXPECT_RC(IDEM_ESTATE, idem_release(f->store, c));
+  idem_call_free(c);
+  c = cached(f->store, &id, fp2, IDEM_OK);
+  assert_int_equal(idem_call_outcome(c), IDEM_CONFLICT);
+  assert_null(idem_call_response(c));
+  idem_call_free(c);
+  assert_int_equal(act.runs, 1);
+  assert_int_equal(count_tickets(f->url), 1);
+
+  /* A key in flight is the store's to decide. */
+  held = CLAIM(f->store, &flying, fp, NULL, IDEM_PROCEED);
+  cached(f->store, &flying, fp, IDEM_ENOTFOUND);
+  EXPECT_RC(IDEM_OK, idem_release(f->store, held));
+  idem_call_free(held);
+  cached(f->store, &flying, fp, IDEM_ENOTFOUND);
+
+  /* Another handle keeps only what it wrote or read itself. */
+  EXPECT_RC(IDEM_OK, idem_store_open(f->url, NULL, &other));
+  EXPECT_RC(IDEM_OK, idem_get(other, &id, &rec));
+  assert_int_equal(rec->state, IDEM_STATE_COMPLETED);
+  idem_record_free(rec);
+  cached(other, &id, fp, IDEM_ENOTFOUND);
+  c = CLAIM(other, &id, fp, NULL, IDEM_REPLAY);
+  idem_call_free(c);
+  c = cached(other, &id, fp, IDEM_OK);
+  assert_int_equal(idem_call_outcome(c), IDEM_REPLAY);
+  assert_int_equal(ticket_id_of(idem_call_response(c)), 1);
+  idem_call_free(c);
+  idem_store_close(other);
+
+  /* A handle without a replay cache keeps nothing. */
+  EXPECT_RC(IDEM_OK, idem_store_open(f->url, &no_cache, &uncached));
+  c = CLAIM(uncached, &id, fp, NULL, IDEM_REPLAY);
+  idem_call_free(c);
+  cached(uncached, &id, fp, IDEM_ENOTFOUND);
+  idem_store_close(uncached);
+
+  /* Past its retention a record counts as absent. */
+  c = LOCAL(f->store, &brief, fp, &keep_briefly, &act2, IDEM_PROCEED);
+  assert_int_equal(ticket_id_of(idem_call_response(c)), 2);
+  idem_call_free(c);
+  c = cached(f->store, &brief, fp, IDEM_OK);
+  assert_int_equal(ticket_id_of(idem_call_response(c)), 2);
+  idem_call_free(c);
+  sleep_ms(PAST_SHORT_MS);
+  cached(f->store, &brief, fp, IDEM_ENOTFOUND);
+
+  /* A record this handle deleted is gone from its memory too. */
+  EXPECT_RC(IDEM_OK, idem_delete(f->store, &id));
+  cached(f->store, &id, fp, IDEM_ENOTFOUND);
+
+  /* Bad arguments, as idem_claim() says them. */
+  cached(f->store, &bad, fp, IDEM_EKEY);
+  cached(f->store, &id, "not-a-fingerprint", IDEM_EINVAL);
+  cached(NULL, &id, fp, IDEM_EINVAL);
+  EXPECT_RC(IDEM_EINVAL, idem_claim_cached(f->store, &id, fp, NULL));
+  assert_int_equal(act.runs, 1);
+  assert_int_equal(act2.runs, 1);
+  assert_int_equal(count_tickets(f->url), 2);
+}
+
 #define STORE_TEST(fn)                                                         \
   cmocka_unit_test_setup_teardown(fn, setup_store, teardown_store)
 
@@ -503,6 +617,7 @@ int main(void) {
       STORE_TEST(test_tenant_isolation),
       STORE_TEST(test_failure_before_commit),
       STORE_TEST(test_response_too_large),
+      STORE_TEST(test_claim_cached),
   };
   const struct CMUnitTest *sqlite_only = NULL;
   const struct CMUnitTest *pg_only = NULL;

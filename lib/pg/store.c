@@ -1009,6 +1009,12 @@ fail:
   idem__pg_rollback(c);
 }
 
+/* Expiries in the cache are deadlines on this process's monotonic clock. */
+static int pg_cached(void *state, idem__op *op) {
+  pg_store *s = state;
+  return idem__cache_get(s->cache, op, mono_ms());
+}
+
 static void pg_run(void *state, idem__op *op) {
   pg_store *s = state;
   conn *c = NULL;
@@ -1165,4 +1171,5 @@ const idem__store_methods idem__pg_methods = {
     idem__pg_check,
     NULL, /* queue: the engine's runner threads run the calls, one
              connection each */
+    pg_cached,
 };

@@ -195,6 +195,8 @@ void idem__sq_run(void *state, idem__op *op);
  * (at once for a replay from the cache). 0, or -1 when this store cannot
  * queue (no writer): the caller runs it. */
 int idem__sq_queue(void *state, idem__op *op);
+/* A claim answered from the replay cache alone (store.h's cached). */
+int idem__sq_cached(void *state, idem__op *op);
 
 /* ---- maintenance.c ------------------------------------------------------- */
 

@@ -204,4 +204,5 @@ const idem__store_methods idem__sqlite_methods = {
     idem__sq_clock_ahead,
     idem__sq_check,
     idem__sq_queue,
+    idem__sq_cached,
 };

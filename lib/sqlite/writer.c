@@ -371,6 +371,11 @@ int idem__sq_queue(void *state, idem__op *op) {
   return 0;
 }
 
+int idem__sq_cached(void *state, idem__op *op) {
+  sq_store *s = state;
+  return idem__cache_get(s->cache, op, idem__now_ms());
+}
+
 /* Renewals of many leases: one group commit (or one transaction per
  * BATCH_MAX of them without group commit). */
 void idem__sq_run_many(void *state, idem__op **ops, int n) {
