@@ -30,7 +30,10 @@
 #            (target: at most 50)
 # The store is SQLite with its default, durable settings (synchronous=FULL)
 # in TMPDIR. Then it prints the median of the rounds and the ratios against
-# the targets (replay >= 2x direct, fresh >= 0.7x direct).
+# the targets (replay >= 2x direct, fresh >= 0.7x direct, fresh >= 0.8x the
+# fresh floor: the server's call and the store's two commits one after the
+# other, as in the HTTP part). A target that null (replay) or the store's
+# floor (fresh / direct) misses by itself is said to be above the floor.
 #
 # Then the HTTP part: the same server on MCP's Streamable HTTP transport
 # (`node dist/index.js streamableHttp`, stateful sessions) and
@@ -239,14 +242,31 @@ med = {m: median(m) for m in ('fresh', 'floor')}
 med['direct'] = median('direct.any')
 if med['fresh'] and med['direct']:
     x = med['fresh'] / med['direct']
-    ok = x >= 0.7
-    missed += not ok
-    print('%-36s %8.2f %8s  %s' % ('fresh / direct', x, '>= 0.7',
-                                   'met' if ok else 'MISSED'))
+    verdict = 'met'
+    if x < 0.7:
+        missed += 1
+        verdict = 'MISSED'
+        # A fresh call makes the store's two commits: where they alone
+        # take longer than the target allows, so must any fresh call.
+        if med['floor'] and med['floor'] / med['direct'] < 0.7:
+            verdict = 'MISSED, above the floor (floor / direct %.2f)' % (
+                med['floor'] / med['direct'])
+            above += 1
+    print('%-36s %8.2f %8s  %s' % ('fresh / direct', x, '>= 0.7', verdict))
 if med['floor'] and med['fresh'] and med['direct']:
-    print('%-36s %8.2f %8s  %s' % ('fresh / floor (two durable commits)',
+    # The server's call and the store's two commits one after the other:
+    # what a fresh call through any proxy costs at least (the HTTP part's
+    # fresh floor).
+    ff = 1 / (1 / med['direct'] + 1 / med['floor'])
+    x = med['fresh'] / ff
+    missed += x < 0.8
+    print('%-36s %8.2f %8s  %s' % ('fresh / fresh floor', x, '>= 0.8',
+                                   'met' if x >= 0.8 else 'MISSED'))
+    print('%-36s %8.0f %8s  %s' % ('  fresh floor, calls/s', ff, '-',
+                                   '1 / (1/direct + 1/floor)'))
+    print('%-36s %8.2f %8s  %s' % ('  fresh / floor (two durable commits)',
                                    med['fresh'] / med['floor'], '-', ''))
-    print('%-36s %8.2f %8s  %s' % ('floor / direct', med['floor'] / med['direct'],
+    print('%-36s %8.2f %8s  %s' % ('  floor / direct', med['floor'] / med['direct'],
                                    '-', 'the best fresh / direct this disk allows'))
 att = []
 for r in range(1, rounds + 1):
