@@ -196,6 +196,14 @@ void mcp_notify(mcp_proxy *p);
 void mcp_keyed_call(mcp_proxy *p, json_t *msg, const char *line, size_t len,
                     const char *key, const char *tool, int key_in_argument);
 
+/*
+ * A client line that differs from one answered from memory before only in
+ * its id (a plain number or string) is the same keyed call: answered from
+ * memory again without being read (mcp_keyed.c says why that is exact).
+ * 1 when answered; 0 when the line must go the whole way.
+ */
+int mcp_keyed_replay_seen(mcp_proxy *p, const char *line, size_t len);
+
 /* Starts the store workers; 0 or -1. */
 int mcp_keyed_start(mcp_proxy *p);
 /* A notifications/cancelled from the client: 1 when it names a keyed

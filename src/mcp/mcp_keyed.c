@@ -351,6 +351,160 @@ static int replay_verdict(mcp_proxy *p, int asks_task, const char *body,
   return v;
 }
 
+/* ---- lines seen before ------------------------------------------------------
+ *
+ * A client that retries sends its line again, most often under a new id.
+ * Once a keyed call was answered from memory (or its result recorded), the
+ * text of its line apart from the id's value is kept, with the tool, key
+ * and fingerprint the line was read as. A later line that is that text with
+ * a plain number or string as its id is the same call: it is valid JSON
+ * (one scalar replaced by another in a line jansson read, with no member
+ * named twice), its method, params, key, tool and arguments are the same,
+ * and the whole way would answer it from memory as before. So it is, without
+ * being read again (mcp_parse(), the request text and the fingerprint are
+ * most of a replay's own time). Where it lands is checked byte for byte, so
+ * however the id's place was found, only such a line is taken. What the
+ * proxy's memory no longer holds, a task handle (replay_verdict()) and any
+ * other line go the whole way.
+ */
+
+#define SEEN_MAX 256       /* lines kept, the oldest replaced first */
+#define SEEN_LINE_MAX 4096 /* longer lines are not kept */
+#define SEEN_ID_MAX 128    /* longer ids go the whole way */
+
+typedef struct seen_line {
+  char *text;     /* the line without its id's value */
+  size_t len, at; /* where the id's value was */
+  uint64_t hash;
+  char *tool, *key;
+  char fp[IDEM_FINGERPRINT_SIZE];
+  int asks_task;
+} seen_line;
+
+static pthread_mutex_t seen_mu = PTHREAD_MUTEX_INITIALIZER;
+static seen_line seen[SEEN_MAX];
+static size_t seen_next;
+
+/* An id written plainly: an integer of at most 15 digits, or a string of
+ * printable ASCII without escapes. Anything else goes the whole way. */
+static int id_plain(const char *s, size_t n) {
+  size_t i = 0, digits;
+  if (n >= 2 && s[0] == '"' && s[n - 1] == '"') {
+    for (i = 1; i + 1 < n; i++)
+      if (s[i] < 0x20 || s[i] > 0x7e || s[i] == '"' || s[i] == '\\')
+        return 0;
+    return 1;
+  }
+  if (i < n && s[i] == '-')
+    i++;
+  digits = n - i;
+  if (digits == 0 || digits > 15 || (s[i] == '0' && digits > 1))
+    return 0;
+  for (; i < n; i++)
+    if (s[i] < '0' || s[i] > '9')
+      return 0;
+  return 1;
+}
+
+/* FNV-1a of line without [from, to). */
+static uint64_t seen_hash(const char *line, size_t len, size_t from,
+                          size_t to) {
+  uint64_t h = 1469598103934665603ULL;
+  for (size_t i = 0; i < len; i++) {
+    if (i == from)
+      i = to;
+    if (i >= len)
+      break;
+    h = (h ^ (unsigned char)line[i]) * 1099511628211ULL;
+  }
+  return h;
+}
+
+/* The entry of line with its id at [from, to), or NULL. Under seen_mu. */
+static seen_line *seen_find(const char *line, size_t len, size_t from,
+                            size_t to, uint64_t h) {
+  size_t rest = len - (to - from);
+  for (size_t i = 0; i < SEEN_MAX; i++) {
+    seen_line *e = &seen[i];
+    if (e->text && e->hash == h && e->len == rest && e->at == from &&
+        memcmp(e->text, line, from) == 0 &&
+        memcmp(e->text + from, line + to, len - to) == 0)
+      return e;
+  }
+  return NULL;
+}
+
+/* Keeps line (read whole, its id's value at [from, to)) as the call of
+ * tool, key and fp. */
+static void seen_put(const char *line, size_t len, size_t from, size_t to,
+                     const char *tool, const char *key, const char *fp,
+                     int asks_task) {
+  seen_line fresh, old;
+  uint64_t h;
+  if (to < from || to > len || len - (to - from) > SEEN_LINE_MAX)
+    return;
+  memset(&fresh, 0, sizeof fresh);
+  fresh.len = len - (to - from);
+  fresh.at = from;
+  fresh.text = malloc(fresh.len + 1);
+  fresh.tool = strdup(tool);
+  fresh.key = strdup(key);
+  if (!fresh.text || !fresh.tool || !fresh.key) {
+    free(fresh.text);
+    free(fresh.tool);
+    free(fresh.key);
+    return;
+  }
+  memcpy(fresh.text, line, from);
+  memcpy(fresh.text + from, line + to, len - to);
+  memcpy(fresh.fp, fp, IDEM_FINGERPRINT_SIZE);
+  fresh.asks_task = asks_task;
+  h = fresh.hash = seen_hash(line, len, from, to);
+  pthread_mutex_lock(&seen_mu);
+  seen_line *e = seen_find(line, len, from, to, h);
+  if (!e) {
+    e = &seen[seen_next];
+    seen_next = (seen_next + 1) % SEEN_MAX;
+  }
+  old = *e;
+  *e = fresh;
+  pthread_mutex_unlock(&seen_mu);
+  free(old.text);
+  free(old.tool);
+  free(old.key);
+}
+
+int mcp_keyed_replay_seen(mcp_proxy *p, const char *line, size_t len) {
+  size_t from, to;
+  char id[SEEN_ID_MAX + 1], *body = NULL;
+  size_t blen;
+  int recovered, found = 0, asks_task = 0;
+  seen_line *e;
+  if (len > SEEN_LINE_MAX + SEEN_ID_MAX ||
+      !mcp_member(line, len, 0, "id", &from, &to) || to - from > SEEN_ID_MAX ||
+      !id_plain(line + from, to - from))
+    return 0;
+  pthread_mutex_lock(&seen_mu);
+  e = seen_find(line, len, from, to, seen_hash(line, len, from, to));
+  if (e) {
+    asks_task = e->asks_task;
+    found = mcp_cache_get(e->tool, e->key, e->fp, wall_ms(), &body, &blen,
+                          &recovered);
+  }
+  pthread_mutex_unlock(&seen_mu);
+  if (!found)
+    return 0;
+  if (replay_verdict(p, asks_task, body, blen) != REPLAY_OK) {
+    free(body);
+    return 0;
+  }
+  memcpy(id, line + from, to - from);
+  id[to - from] = '\0';
+  answer_replay(p, id, body, blen, recovered);
+  free(body);
+  return 1;
+}
+
 /* A task handle a keyed call's result names: made by this server. */
 static void task_made(mcp_proxy *p, const char *body, size_t len) {
   char *task;
@@ -1039,9 +1193,10 @@ void mcp_keyed_call(mcp_proxy *p, json_t *msg, const char *line, size_t len,
   asks_task = mcp_asks_task(json_object_get(msg, "params"));
   if (mcp_cache_get(tool, key, fp, wall_ms(), &body, &blen, &recovered)) {
     int v = replay_verdict(p, asks_task, body, blen);
-    if (v == REPLAY_OK)
+    if (v == REPLAY_OK) {
       answer_replay(p, idtext, body, blen, recovered);
-    else if (v == REPLAY_NO_TASK)
+      seen_put(line, len, idf, idt, tool, key, fp, asks_task);
+    } else if (v == REPLAY_NO_TASK)
       answer_no_task(p, key, tool, idtext);
     free(body);
     if (v != REPLAY_STALE) {

@@ -406,9 +406,12 @@ static int client_unreadable(mcp_proxy *p, const char *line, size_t len,
 
 static void client_line(mcp_proxy *p, const char *line, size_t len, int open) {
   int dup;
-  json_t *msg = mcp_parse(line, len, &dup);
+  json_t *msg;
   const char *method;
   json_t *id;
+  if (!open && mcp_keyed_replay_seen(p, line, len))
+    return;
+  msg = mcp_parse(line, len, &dup);
   if (!msg) {
     if (!open && client_unreadable(p, line, len, dup))
       return;

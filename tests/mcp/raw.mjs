@@ -144,6 +144,70 @@ const J = JSON.stringify;
   eq("retention: ends", { code: 0, signal: null }, await s.exited);
 }
 {
+  // A retry that repeats its line but for the id is answered from memory
+  // without being read again (mcp_keyed_replay_seen()): under its own id,
+  // whatever the id, and only when the line is the same call but for a
+  // plainly written id. Every other line is read whole and decided as
+  // before: other arguments, a name given twice, trailing bytes, other
+  // spacing, an id written with escapes, a fraction or too many digits.
+  const s = start();
+  const adds = () => s.log().filter((l) => l.includes('"seen-1"')).length;
+  const base = call(1, "add", { a: 4, b: 5 }, "seen-1");
+  const as = (idText) => base.replace('"id":1,', `"id":${idText},`);
+  const byText = (idText) => s.got.find((l) => l.startsWith(`{"jsonrpc":"2.0","id":${idText},`));
+  s.send(base);
+  await s.until(() => answer(s.got, 1), "the first call");
+  eq("seen: the first call ran", ["9", undefined],
+    [answer(s.got, 1)?.result?.content?.[0]?.text, answer(s.got, 1)?.result?._meta]);
+  // The ids as the client wrote them, each answered under its own text.
+  const ids = ["2", "3", "-4", "0", '"s-5"', '""', "123456789012345",
+    "1234567890123456", "1.5", "1e3", '"a\\"b"', '"\\u00e9"', "-0", "07"];
+  for (const idText of ids) {
+    s.send(as(idText));
+    if (idText === "07") continue; // not JSON: answered below
+    await s.until(() => byText(idText), `the retry with id ${idText}`);
+    const m = JSON.parse(byText(idText));
+    eq(`seen: id ${idText}: replayed under its own id`,
+      [JSON.parse(idText), "9", true],
+      [m.id, m.result?.content?.[0]?.text, m.result?._meta?.["idem/replayed"]]);
+  }
+  // "07" is no JSON number: the line is not JSON, a keyed call the proxy
+  // cannot read, refused under no id.
+  await s.until(() => parsed(s.got).some((m) => m?.error?.code === -32700),
+    "the refusal of id 07");
+  eq("seen: id 07: not JSON, refused", [-32700, null],
+    [parsed(s.got).find((m) => m?.error?.code === -32700)?.error?.code,
+      parsed(s.got).find((m) => m?.error?.code === -32700)?.id]);
+  s.got.length = 0;
+  // Other arguments under the key: a conflict, nothing sent.
+  s.send(call(30, "add", { a: 4, b: 6 }, "seen-1"));
+  await s.until(() => answer(s.got, 30), "the conflict");
+  eq("seen: other arguments: conflict", -31901, answer(s.got, 30)?.error?.code);
+  // The id given twice (the line is the remembered one up to its first id):
+  // refused as any name given twice.
+  s.send(base.replace('"id":1,', '"id":31,"id":32,'));
+  await s.until(() => parsed(s.got).some((m) => m?.error?.code === -32600),
+    "the refusal of two ids");
+  check("seen: the id given twice: refused",
+    /twice/.test(parsed(s.got).find((m) => m?.error?.code === -32600)?.error?.message));
+  // Trailing bytes after the line: not JSON, refused.
+  s.got.length = 0;
+  s.send(as("33") + " x");
+  await s.until(() => parsed(s.got).some((m) => m?.error?.code === -32700),
+    "the refusal of trailing bytes");
+  eq("seen: trailing bytes: refused, under the id read from the line", -32700,
+    parsed(s.got).find((m) => m?.error?.code === -32700)?.error?.code);
+  // Other spacing: the same call, read whole: replayed.
+  s.send(as("34").replace('"method":', ' "method" : '));
+  await s.until(() => answer(s.got, 34), "the retry spaced otherwise");
+  eq("seen: other spacing: replayed", ["9", true],
+    [answer(s.got, 34)?.result?.content?.[0]?.text,
+      answer(s.got, 34)?.result?._meta?.["idem/replayed"]]);
+  eq("seen: the server saw one call of the key", 1, adds());
+  s.p.stdin.end();
+  eq("seen: ends", { code: 0, signal: null }, await s.exited);
+}
+{
   // --require-key learns the annotations from every page of tools/list.
   const s = start(["--require-key"]);
   const ask = async (id, name, key) => {
