@@ -441,7 +441,7 @@ static void seen_put(const char *line, size_t len, size_t from, size_t to,
                      int asks_task) {
   seen_line fresh, old;
   uint64_t h;
-  if (to < from || to > len || len - (to - from) > SEEN_LINE_MAX)
+  if (!line || to < from || to > len || len - (to - from) > SEEN_LINE_MAX)
     return;
   memset(&fresh, 0, sizeof fresh);
   fresh.len = len - (to - from);
@@ -884,9 +884,17 @@ static void do_end(mcp_proxy *p, mcp_call *c) {
                 "key '%s' (tool %s): the result was passed on but not "
                 "recorded: %s",
                 c->key, c->tool, detail);
-    else
+    else {
       mcp_cache_put(c->tool, c->key, c->fp, resp.body, resp.body_len, recovered,
                     wall_ms() + retention_ms(p));
+      /* Its line, read whole when it came: a retry of it with another id
+       * is answered from memory without being read. Not a result naming a
+       * task, whose replay depends on what the line asks (which a later
+       * round of the call may have changed): such a retry is read whole. */
+      if (replay_verdict(p, 0, resp.body, resp.body_len) == REPLAY_OK)
+        seen_put(c->line, c->len, c->id_from, c->id_to, c->tool, c->key,
+                 c->fp, 0);
+    }
     task_made(p, resp.body, resp.body_len);
     break;
   case WHY_TOOL_ERROR:
