@@ -892,8 +892,8 @@ static void do_end(mcp_proxy *p, mcp_call *c) {
        * task, whose replay depends on what the line asks (which a later
        * round of the call may have changed): such a retry is read whole. */
       if (replay_verdict(p, 0, resp.body, resp.body_len) == REPLAY_OK)
-        seen_put(c->line, c->len, c->id_from, c->id_to, c->tool, c->key,
-                 c->fp, 0);
+        seen_put(c->line, c->len, c->id_from, c->id_to, c->tool, c->key, c->fp,
+                 0);
     }
     task_made(p, resp.body, resp.body_len);
     break;
