@@ -255,6 +255,15 @@ int mcp_cache_get(const char *tool, const char *key, const char *fp,
  * text is stepped over, not checked: strings may hold anything. */
 int mcp_member(const char *s, size_t n, size_t at, const char *name,
                size_t *from, size_t *to);
+/* Whether s[0, n) is an id written plainly: an integer of at most 15
+ * digits, or a string of printable ASCII without escapes. Put in the place
+ * of the id of a line that mcp_parse() read, it leaves a line that reads
+ * the same but for the id (tests/fuzz/fuzz_mcp_call.c checks it). */
+int mcp_plain_id(const char *s, size_t n);
+/* Whether line is kept (a line without its id's value, which was at at)
+ * with [from, to) as its id's value. */
+int mcp_same_but_id(const char *kept, size_t kept_len, size_t at,
+                    const char *line, size_t len, size_t from, size_t to);
 /* s with [from, to) replaced by ins; NULL when out of memory. */
 char *mcp_splice(const char *s, size_t n, size_t from, size_t to,
                  const char *ins, size_t ins_len, size_t *out_len);

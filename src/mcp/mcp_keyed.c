@@ -385,27 +385,6 @@ static pthread_mutex_t seen_mu = PTHREAD_MUTEX_INITIALIZER;
 static seen_line seen[SEEN_MAX];
 static size_t seen_next;
 
-/* An id written plainly: an integer of at most 15 digits, or a string of
- * printable ASCII without escapes. Anything else goes the whole way. */
-static int id_plain(const char *s, size_t n) {
-  size_t i = 0, digits;
-  if (n >= 2 && s[0] == '"' && s[n - 1] == '"') {
-    for (i = 1; i + 1 < n; i++)
-      if (s[i] < 0x20 || s[i] > 0x7e || s[i] == '"' || s[i] == '\\')
-        return 0;
-    return 1;
-  }
-  if (i < n && s[i] == '-')
-    i++;
-  digits = n - i;
-  if (digits == 0 || digits > 15 || (s[i] == '0' && digits > 1))
-    return 0;
-  for (; i < n; i++)
-    if (s[i] < '0' || s[i] > '9')
-      return 0;
-  return 1;
-}
-
 /* FNV-1a of line without [from, to). */
 static uint64_t seen_hash(const char *line, size_t len, size_t from,
                           size_t to) {
@@ -426,9 +405,8 @@ static seen_line *seen_find(const char *line, size_t len, size_t from,
   size_t rest = len - (to - from);
   for (size_t i = 0; i < SEEN_MAX; i++) {
     seen_line *e = &seen[i];
-    if (e->text && e->hash == h && e->len == rest && e->at == from &&
-        memcmp(e->text, line, from) == 0 &&
-        memcmp(e->text + from, line + to, len - to) == 0)
+    if (e->text && e->hash == h && e->len == rest &&
+        mcp_same_but_id(e->text, e->len, e->at, line, len, from, to))
       return e;
   }
   return NULL;
@@ -482,7 +460,7 @@ int mcp_keyed_replay_seen(mcp_proxy *p, const char *line, size_t len) {
   seen_line *e;
   if (len > SEEN_LINE_MAX + SEEN_ID_MAX ||
       !mcp_member(line, len, 0, "id", &from, &to) || to - from > SEEN_ID_MAX ||
-      !id_plain(line + from, to - from))
+      !mcp_plain_id(line + from, to - from))
     return 0;
   pthread_mutex_lock(&seen_mu);
   e = seen_find(line, len, from, to, seen_hash(line, len, from, to));

@@ -251,6 +251,32 @@ int mcp_member(const char *s, size_t n, size_t at, const char *name,
   return 1;
 }
 
+int mcp_plain_id(const char *s, size_t n) {
+  size_t i = 0, digits;
+  if (n >= 2 && s[0] == '"' && s[n - 1] == '"') {
+    for (i = 1; i + 1 < n; i++)
+      if (s[i] < 0x20 || s[i] > 0x7e || s[i] == '"' || s[i] == '\\')
+        return 0;
+    return 1;
+  }
+  if (i < n && s[i] == '-')
+    i++;
+  digits = n - i;
+  if (digits == 0 || digits > 15 || (s[i] == '0' && digits > 1))
+    return 0;
+  for (; i < n; i++)
+    if (s[i] < '0' || s[i] > '9')
+      return 0;
+  return 1;
+}
+
+int mcp_same_but_id(const char *kept, size_t kept_len, size_t at,
+                    const char *line, size_t len, size_t from, size_t to) {
+  return from <= to && to <= len && at == from &&
+         kept_len == len - (to - from) && memcmp(kept, line, from) == 0 &&
+         memcmp(kept + from, line + to, len - to) == 0;
+}
+
 char *mcp_splice(const char *s, size_t n, size_t from, size_t to,
                  const char *ins, size_t ins_len, size_t *out_len) {
   size_t len = n - (to - from) + ins_len;

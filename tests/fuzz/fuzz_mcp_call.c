@@ -14,7 +14,12 @@
  *    jansson's tree (as 0.2 built it), and its arguments are the line's
  *    own text, whose numbers reach the fingerprint exact;
  *  - the request does not depend on where the key was: the same call with
- *    its key in _meta, in params or nowhere canonicalises alike.
+ *    its key in _meta, in params or nowhere canonicalises alike;
+ *  - a plainly written id (mcp_plain_id()) put in the place of the id of a
+ *    line the proxy reads leaves a line that reads the same but for the
+ *    id, found where it was put and taken for the kept line
+ *    (mcp_same_but_id()): what lets idem mcp answer a retry's line seen
+ *    before without reading it.
  */
 #include <jansson.h>
 #include <stdint.h>
@@ -134,6 +139,64 @@ static void check_call(const char *line, size_t size, json_t *params,
   free(req);
 }
 
+/* The id of msg (read from line) replaced by each plain id in turn. */
+static void check_plain_ids(const char *line, size_t size, json_t *msg) {
+  static const char *const ids[] = {
+      "7",    "-12",           "0", "-0", "123456789012345", "\"x\"",
+      "\"\"", "\"a b~{}[]:,\""};
+  /* Both lines read alike (numbers as doubles): a line whose id alone is
+   * past 64 bits reads its other integers as doubles too. */
+  const size_t flags =
+      JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL;
+  size_t from, to;
+  char *kept;
+  json_t *rest;
+  if (!json_is_object(msg) || !mcp_member(line, size, 0, "id", &from, &to))
+    return;
+  kept = malloc(size - (to - from) + 1);
+  rest = json_loadb(line, size, flags, NULL);
+  check(kept != NULL && rest != NULL);
+  memcpy(kept, line, from);
+  memcpy(kept + from, line + to, size - to);
+  json_object_del(rest, "id");
+  for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
+    size_t il = strlen(ids[i]), len = size - (to - from) + il, f2, t2;
+    char *again = malloc(len);
+    int dup = 0;
+    json_t *m2, *want;
+    check(again != NULL);
+    check(mcp_plain_id(ids[i], il));
+    memcpy(again, line, from);
+    memcpy(again + from, ids[i], il);
+    memcpy(again + from + il, line + to, size - to);
+    check(mcp_same_but_id(kept, size - (to - from), from, again, len, from,
+                          from + il));
+    check(mcp_member(again, len, 0, "id", &f2, &t2) && f2 == from &&
+          t2 == from + il);
+    m2 = mcp_parse(again, len, &dup);
+    check(m2 != NULL && !dup);
+    json_decref(m2);
+    m2 = json_loadb(again, len, flags, NULL);
+    check(m2 != NULL);
+    want =
+        json_loadb(ids[i], il, JSON_DECODE_ANY | JSON_DECODE_INT_AS_REAL, NULL);
+    check(want != NULL);
+    if (json_is_string(want))
+      check(json_equal(json_object_get(m2, "id"), want));
+    else
+      check(json_is_number(json_object_get(m2, "id")) &&
+            json_number_value(json_object_get(m2, "id")) ==
+                json_number_value(want));
+    json_object_del(m2, "id");
+    check(json_equal(m2, rest));
+    json_decref(want);
+    json_decref(m2);
+    free(again);
+  }
+  json_decref(rest);
+  free(kept);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   int dup = 0;
   json_t *msg = mcp_parse((const char *)data, size, &dup), *params;
@@ -150,6 +213,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     json_decref(back);
     free(id);
   }
+  check_plain_ids((const char *)data, size, msg);
   params = json_object_get(msg, "params");
   if (json_is_object(params)) {
     check_call((const char *)data, size, params, NULL);
