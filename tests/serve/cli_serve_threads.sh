@@ -24,6 +24,11 @@ named() {
   done
   echo $n
 }
+# Every thread by name with its count, for a failure to say which.
+names() {
+  for t in /proc/"$GW_PID"/task/*/comm; do cat "$t" 2>/dev/null; done |
+    sort | uniq -c | awk '{printf "%s%s x%s", NR > 1 ? ", " : "", $2, $1}'
+}
 held() {
   curl -s "$UP/_held" | python3 -c 'import json,sys; print(json.load(sys.stdin)["held"].get(sys.argv[1], 0))' "$1"
 }
@@ -44,7 +49,7 @@ wait_eq $N held crowd
 expect_eq "all $N forwards reached the upstream and wait there" $N "$(held crowd)"
 busy=$(threads)
 echo "threads with $N forwards in flight: $busy"
-expect_eq "threads with $N in flight: at most $MAX" yes "$([ "$busy" -le $MAX ] && echo yes || echo "no ($busy)")"
+expect_eq "threads with $N in flight: at most $MAX" yes "$([ "$busy" -le $MAX ] && echo yes || echo "no ($busy: $(names))")"
 expect_eq "threads idle: at most $MAX" yes "$([ "$idle" -le $MAX ] && echo yes || echo "no ($idle)")"
 # Each thread says whose it is: libmicrohttpd's workers are its pool (2 a
 # core by default) and no more; the store's threads made on a request's
@@ -75,7 +80,12 @@ for i in 0 47 95; do
   expect_eq "replay $i: the first ticket" "$(json "k$i" ticket_id)" "$(json "r$i" ticket_id)"
   expect_eq "replay $i: one effect" 1 "$(effects "key-$i")"
 done
-expect_eq "threads after: at most $MAX" yes "$([ "$(threads)" -le $MAX ] && echo yes || echo "no ($(threads))")"
+# The store's runner threads (libidem's idem-runner, at most 16) are made
+# only for the calls its queue cannot take; on a loaded machine, where the
+# upstream held the forwards past a third of their lease, a completion can
+# meet its lease's renewal and wait on one. They are counted apart.
+runners=$(named idem-runner)
+expect_eq "threads after: at most $MAX, the store's runners aside" yes "$([ $(($(threads) - runners)) -le $MAX ] && [ "$runners" -le 16 ] && echo yes || echo "no ($(threads): $(names))")"
 
 stop_gateway "$GW_PID"
 expect_eq "SIGTERM: exit 0" 0 "$STOPPED"
