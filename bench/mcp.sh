@@ -483,7 +483,7 @@ echo "idem mcp --listen: $ROUNDS rounds of ${SECS}s per run, 1 and 32 clients" >
 r=1
 while [ $r -le "$ROUNDS" ]; do
   echo "round $r (HTTP)" >&2
-  for c in 1 32; do
+  for c in ${BENCH_MCP_HTTP_CLIENTS:-1 32}; do
     http_round "r$r.h$c" $c
     step "r$r.h$c.floor" "$IDEM" bench --store "$WORK/r$r.h$c.floor.db" \
       --workers $c --seconds 1 --json

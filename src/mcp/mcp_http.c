@@ -148,6 +148,7 @@ static void wake(hx *h) {
   if (h->suspended && !h->gone) {
     h->suspended = 0;
     MHD_resume_connection(h->c);
+    upstream_driven_due(); /* the daemon runs on the upstream loop */
   }
 }
 
@@ -512,6 +513,7 @@ static void pass_done(void *ctx, up_result r) {
   int head;
   pthread_mutex_lock(&h->mu);
   head = h->ready;
+  h->pass_ended = 1;
   pthread_mutex_unlock(&h->mu);
   if (h->watch_tools && r == UP_OK && h->seen)
     learn_from(h->seen, h->seen_len);
@@ -916,6 +918,7 @@ static void *uri_log(void *cls, const char *uri, struct MHD_Connection *c) {
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
                       enum MHD_RequestTerminationCode toe) {
   hx *h = *con_cls;
+  int in_flight;
   (void)cls, (void)toe;
   guard_request_done(c);
   if (!h)
@@ -925,9 +928,13 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
   h->gone = 1;
   if (h->decided)
     __atomic_sub_fetch(&unfinished, 1, __ATOMIC_RELEASE);
+  in_flight = h->passing && !h->pass_ended;
   pthread_mutex_unlock(&h->mu);
-  if (h->passing)
-    upstream_check_aborts(); /* its forward ends now */
+  /* A forward still in flight ends now. One whose answer has ended (the
+   * usual case: the client read it all) needs nothing, and waking the
+   * upstream loop for it would cost a thread's wake-up per call. */
+  if (in_flight)
+    upstream_check_aborts();
   hx_unref(h);
   *con_cls = NULL;
 }
@@ -1008,10 +1015,19 @@ int mcp_http_run(const mcp_opts *o, idem_store *store) {
       {MHD_OPTION_CONNECTION_LIMIT, (intptr_t)guard_max_connections(&sc), NULL},
       {MHD_OPTION_END, 0, NULL},
   };
+  /* The daemon runs on the upstream loop's thread (upstream_drive()): a
+   * call passed through wakes no other thread on its way to the server and
+   * back, where a thread of libmicrohttpd's own would be woken twice per
+   * call (the forward handed to the loop, the answer handed back). */
   d = listen_on("--listen", o->listen,
-                MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME |
+                MHD_USE_EPOLL | MHD_USE_ITC | MHD_ALLOW_SUSPEND_RESUME |
                     MHD_USE_ERROR_LOG,
                 handle, NULL, opts, bound, sizeof bound);
+  if (d && upstream_drive(d) != 0) {
+    cli_error("mcp", "cannot start: %s", strerror(errno));
+    MHD_stop_daemon(d);
+    d = NULL;
+  }
   if (!d) {
     upstream_cleanup();
     idem_store_close(store);
@@ -1026,13 +1042,9 @@ int mcp_http_run(const mcp_opts *o, idem_store *store) {
    * --shutdown-wait) so that their results are recorded; then every
    * stream ends. */
   __atomic_store_n(&stopping, 1, __ATOMIC_RELEASE);
-  {
-    /* No new connection is accepted while the calls drain: the listening
-     * socket is closed, so that clients go to another proxy at once. */
-    MHD_socket ls = MHD_quiesce_daemon(d);
-    if (ls != MHD_INVALID_SOCKET)
-      close(ls);
-  }
+  /* No new connection is accepted while the calls drain: the listening
+   * socket is closed, so that clients go to another proxy at once. */
+  upstream_quiesce();
   int n = hx_keyed_drain(o->shutdown_wait_ms), settled = n == 0;
   if (n > 0)
     cli_error("mcp",
@@ -1046,7 +1058,7 @@ int mcp_http_run(const mcp_opts *o, idem_store *store) {
      * the store must outlive that. A store that hangs past this leaves
      * both to the process's exit, as idem serve does. */
     settled = hx_keyed_drain(10000) == 0;
-  /* An answer made is not yet sent: libmicrohttpd's thread sends it, and
+  /* An answer made is not yet sent: the loop (running the daemon) sends it, and
    * stopping the daemon would cut it off (or abort, with a connection
    * still suspended). */
   for (int64_t until = hx_mono_ms() + 10000;

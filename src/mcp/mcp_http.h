@@ -50,7 +50,8 @@ typedef struct hx {
   int fd;                   /* the connection's socket */
   struct hx *rprev, *rnext; /* the streams watched for a closing client */
   int watched;
-  int passing; /* its forward passes through (ended when it leaves) */
+  int passing;    /* its forward passes through (ended when it leaves) */
+  int pass_ended; /* under mu: that forward's done callback has run */
 
   /* A forward of its own (passing through, or a keyed call's). */
   up_request rq;

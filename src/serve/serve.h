@@ -200,6 +200,21 @@ void up_set_error(up_response *rs, const char *fmt, ...)
 const char *up_error(const up_response *rs);
 /* Waits for the forwards in flight to end, stops the loop, frees it. */
 void upstream_cleanup(void);
+/*
+ * Runs d (started with MHD_USE_EPOLL, without a thread of its own) on the
+ * loop's thread from now on, beside the forwards: a request passed through
+ * then wakes no other thread on its way to the upstream and back. d's
+ * callbacks run on the loop's thread, so they must not block. Once, after
+ * upstream_init(). 0, or -1.
+ */
+int upstream_drive(struct MHD_Daemon *d);
+/* The daemon given to upstream_drive() has work that no descriptor shows
+ * (a connection resumed): the loop runs it before it waits again. Any
+ * thread. */
+void upstream_driven_due(void);
+/* MHD_quiesce_daemon() of the daemon given to upstream_drive(), on the
+ * loop's thread (where d runs), and close() of its listening socket. */
+void upstream_quiesce(void);
 
 /* Non-zero for headers that a proxy does not pass on (RFC 9110 7.6.1), and
  * those it sets itself (Host, Content-Length). */

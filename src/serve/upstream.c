@@ -606,9 +606,20 @@ static struct {
   long timeout_ms;   /* libcurl's timer: -1 none */
   double deadline;
   int active;
+  /* upstream_drive(): the daemon run on this thread, its epoll descriptor
+   * (nested in epfd), and forwards that its callbacks handed over here
+   * (they need no wake-up: the loop takes them before it waits). */
+  struct MHD_Daemon *mhd;
+  int mhd_fd;
+  int local_pending;
+  int mhd_due; /* upstream_driven_due() on the loop's thread */
+  int quiesce; /* upstream_quiesce(): 1 asked, 2 done (under mu) */
+  pthread_cond_t quiesced;
 } L = {.mu = PTHREAD_MUTEX_INITIALIZER,
+       .quiesced = PTHREAD_COND_INITIALIZER,
        .epfd = -1,
        .wakefd = -1,
+       .mhd_fd = -1,
        .timeout_ms = -1};
 
 static int on_socket(CURL *e, curl_socket_t fd, int what, void *userp,
@@ -708,15 +719,53 @@ static void take_pending(void) {
   curl_multi_socket_action(L.multi, CURL_SOCKET_TIMEOUT, 0, &running);
 }
 
+/* The daemon of upstream_drive(): its quiescence when asked, then its
+ * events (run_it), and the forwards its callbacks handed over. */
+static void drive_mhd(struct MHD_Daemon *d, int run_it) {
+  if (__atomic_load_n(&L.quiesce, __ATOMIC_ACQUIRE) == 1) {
+    MHD_socket ls = MHD_quiesce_daemon(d);
+    if (ls != MHD_INVALID_SOCKET)
+      close(ls);
+    pthread_mutex_lock(&L.mu);
+    L.quiesce = 2;
+    pthread_cond_broadcast(&L.quiesced);
+    pthread_mutex_unlock(&L.mu);
+  }
+  if (run_it || L.mhd_due) {
+    L.mhd_due = 0;
+    MHD_run(d);
+  }
+  if (L.local_pending) {
+    L.local_pending = 0;
+    take_pending();
+  }
+}
+
 static void *loop(void *arg) {
   struct epoll_event ev[256];
   int running;
+  double mhd_deadline = 0;
   (void)arg;
   for (;;) {
-    int wait = -1, n;
+    int wait = -1, n, run_mhd = 0;
+    struct MHD_Daemon *mhd = __atomic_load_n(&L.mhd, __ATOMIC_ACQUIRE);
     if (L.timeout_ms >= 0) {
       double left = L.deadline - now_ms();
       wait = left <= 0 ? 0 : (int)left + 1;
+    }
+    if (mhd) {
+      /* The daemon's own timeouts (idle connections) come due here too. */
+      MHD_UNSIGNED_LONG_LONG t;
+      mhd_deadline = 0;
+      if (MHD_get_timeout(mhd, &t) == MHD_YES) {
+        if (t > 60000)
+          t = 60000;
+        mhd_deadline = now_ms() + (double)t;
+        if (wait < 0 || (int)t < wait)
+          wait = (int)t;
+      }
+      if (L.mhd_due || L.local_pending)
+        wait = 0;
     }
     n = epoll_wait(L.epfd, ev, 256, wait);
     if (n < 0) {
@@ -732,6 +781,11 @@ static void *loop(void *arg) {
           /* spurious: nothing to read */
         }
         take_pending();
+        run_mhd = 1; /* upstream_driven_due() from another thread */
+        continue;
+      }
+      if (mhd && ev[i].data.fd == L.mhd_fd) {
+        run_mhd = 1;
         continue;
       }
       int flags =
@@ -745,6 +799,9 @@ static void *loop(void *arg) {
       curl_multi_socket_action(L.multi, CURL_SOCKET_TIMEOUT, 0, &running);
     }
     reap();
+    if (mhd)
+      drive_mhd(mhd,
+                run_mhd || (mhd_deadline > 0 && now_ms() >= mhd_deadline));
     /* Before the check below: an abort and a stop asked together (one
      * wake-up) must not leave the loop asleep with nothing left. */
     if (__atomic_load_n(&L.aborting, __ATOMIC_ACQUIRE))
@@ -768,6 +825,7 @@ static void *loop(void *arg) {
       int more = L.pending != NULL;
       if (!more)
         L.closed = 1;
+      pthread_cond_broadcast(&L.quiesced);
       pthread_mutex_unlock(&L.mu);
       if (!more)
         break;
@@ -831,6 +889,12 @@ int upstream_start(const up_request *rq, up_response *rs, up_done_fn done,
   }
   x->next = L.pending;
   L.pending = x;
+  if (L.mhd && pthread_equal(pthread_self(), L.thread)) {
+    /* From the daemon's callbacks, on the loop itself. */
+    L.local_pending = 1;
+    pthread_mutex_unlock(&L.mu);
+    return 0;
+  }
   /* Under the lock: the loop closes (and upstream_cleanup() the
    * descriptor) only after taking it. */
   if (write(L.wakefd, &one, sizeof one) < 0) {
@@ -858,6 +922,61 @@ void upstream_check_aborts(void) {
   if (!L.closed && write(L.wakefd, &one, sizeof one) < 0) {
     /* see upstream_start() */
   }
+  pthread_mutex_unlock(&L.mu);
+}
+
+int upstream_drive(struct MHD_Daemon *d) {
+  const union MHD_DaemonInfo *di =
+      MHD_get_daemon_info(d, MHD_DAEMON_INFO_EPOLL_FD);
+  struct epoll_event ev;
+  uint64_t one = 1;
+  if (!di || di->epoll_fd < 0 || !L.started)
+    return -1;
+  memset(&ev, 0, sizeof ev);
+  ev.events = EPOLLIN;
+  ev.data.fd = di->epoll_fd;
+  pthread_mutex_lock(&L.mu);
+  if (epoll_ctl(L.epfd, EPOLL_CTL_ADD, di->epoll_fd, &ev) != 0) {
+    pthread_mutex_unlock(&L.mu);
+    return -1;
+  }
+  /* The loop reads these only after its wake-up below (the lock orders
+   * them): until then it has not looked at the daemon at all. */
+  L.mhd_fd = di->epoll_fd;
+  __atomic_store_n(&L.mhd, d, __ATOMIC_RELEASE);
+  if (write(L.wakefd, &one, sizeof one) < 0) {
+    /* see upstream_start() */
+  }
+  pthread_mutex_unlock(&L.mu);
+  return 0;
+}
+
+void upstream_driven_due(void) {
+  uint64_t one = 1;
+  if (pthread_equal(pthread_self(), L.thread)) {
+    L.mhd_due = 1;
+    return;
+  }
+  pthread_mutex_lock(&L.mu);
+  if (!L.closed && write(L.wakefd, &one, sizeof one) < 0) {
+    /* see upstream_start() */
+  }
+  pthread_mutex_unlock(&L.mu);
+}
+
+void upstream_quiesce(void) {
+  uint64_t one = 1;
+  pthread_mutex_lock(&L.mu);
+  if (!L.mhd || L.closed) {
+    pthread_mutex_unlock(&L.mu);
+    return;
+  }
+  __atomic_store_n(&L.quiesce, 1, __ATOMIC_RELEASE);
+  if (write(L.wakefd, &one, sizeof one) < 0) {
+    /* see upstream_start() */
+  }
+  while (L.quiesce == 1 && !L.closed)
+    pthread_cond_wait(&L.quiesced, &L.mu);
   pthread_mutex_unlock(&L.mu);
 }
 
