@@ -1,0 +1,292 @@
+/*
+ * mcp_floor.c -- the floor of a fresh keyed tools/call through any proxy
+ * that keeps idem's records (bench/mcp.sh's "serial floor").
+ *
+ * One thread does the least such a call needs, one call after the other:
+ * it claims a new key in the store (a durable commit), makes the call to
+ * the server itself and reads its answer, and records the answer (a second
+ * durable commit). No client, no proxy, no parsing, no fingerprint: what
+ * is left is the server's round trip and the store's two commits, each made
+ * after a wait on the server, as a proxy's are.
+ *
+ * Why bench/mcp.sh needs it beside `idem bench` (claim + complete back to
+ * back): on a virtual machine a commit made by a thread that has just slept
+ * costs more than one made by a thread that stayed busy, because the sync
+ * of the log waits on a processor woken from idle. With idem's SQLite store
+ * at synchronous=FULL on this machine, a claim took 213-300 us back to
+ * back, 382-428 us after a 1 ms sleep and 280 us after a 1 ms busy wait
+ * (medians of 1,500). Adding the back-to-back floor to the server's round
+ * trip therefore asks a proxy for commits that no program waiting on a
+ * server gets.
+ *
+ *   mcp_floor STORE SECONDS http URL        (Streamable HTTP, one session)
+ *   mcp_floor STORE SECONDS stdio CMD ARG...  (a stdio server it starts)
+ *
+ * The server must have server-everything's echo tool. Every answer is
+ * checked (its id and the echo's text); a wrong one ends the run with exit
+ * 1. Prints one JSON line: ops_per_s, p50_ms, calls, seconds.
+ */
+#define _GNU_SOURCE
+#include <curl/curl.h>
+#include <idem.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+static void die(const char *what, const char *why) {
+  fprintf(stderr, "mcp_floor: %s: %s\n", what, why);
+  exit(1);
+}
+
+/* ---- the server -------------------------------------------------------- */
+
+typedef struct {
+  char *buf;
+  size_t len, cap;
+} text;
+
+static void text_add(text *t, const char *p, size_t n) {
+  if (t->len + n + 1 > t->cap) {
+    size_t cap = (t->len + n + 1) * 2;
+    char *b = realloc(t->buf, cap);
+    if (!b)
+      die("memory", "out of memory");
+    t->buf = b;
+    t->cap = cap;
+  }
+  memcpy(t->buf + t->len, p, n);
+  t->len += n;
+  t->buf[t->len] = '\0';
+}
+
+/* HTTP: one easy handle (one kept-alive connection) and the session. */
+static CURL *http;
+static const char *http_url;
+static char session[256];
+
+static size_t on_body(char *p, size_t size, size_t n, void *ctx) {
+  text_add(ctx, p, size * n);
+  return size * n;
+}
+
+static size_t on_header(char *p, size_t size, size_t n, void *ctx) {
+  size_t len = size * n;
+  static const char name[] = "mcp-session-id:";
+  (void)ctx;
+  if (len > sizeof name && strncasecmp(p, name, sizeof name - 1) == 0) {
+    const char *v = p + sizeof name - 1;
+    size_t vl = len - (sizeof name - 1);
+    while (vl && (*v == ' ' || *v == '\t'))
+      v++, vl--;
+    while (vl && (v[vl - 1] == '\r' || v[vl - 1] == '\n' || v[vl - 1] == ' '))
+      vl--;
+    if (vl < sizeof session) {
+      memcpy(session, v, vl);
+      session[vl] = '\0';
+    }
+  }
+  return len;
+}
+
+static void http_post(const char *body, text *answer) {
+  struct curl_slist *h = NULL;
+  char sh[300];
+  CURLcode cc;
+  long status = 0;
+  h = curl_slist_append(h, "Content-Type: application/json");
+  h = curl_slist_append(h, "Accept: application/json, text/event-stream");
+  h = curl_slist_append(h, "MCP-Protocol-Version: 2025-06-18");
+  if (session[0]) {
+    snprintf(sh, sizeof sh, "Mcp-Session-Id: %s", session);
+    h = curl_slist_append(h, sh);
+  }
+  answer->len = 0;
+  curl_easy_setopt(http, CURLOPT_URL, http_url);
+  curl_easy_setopt(http, CURLOPT_HTTPHEADER, h);
+  curl_easy_setopt(http, CURLOPT_POSTFIELDS, body);
+  curl_easy_setopt(http, CURLOPT_WRITEFUNCTION, on_body);
+  curl_easy_setopt(http, CURLOPT_WRITEDATA, answer);
+  curl_easy_setopt(http, CURLOPT_HEADERFUNCTION, on_header);
+  if ((cc = curl_easy_perform(http)) != CURLE_OK)
+    die(http_url, curl_easy_strerror(cc));
+  curl_easy_getinfo(http, CURLINFO_RESPONSE_CODE, &status);
+  curl_slist_free_all(h);
+  if (status != 200 && status != 202)
+    die(http_url, answer->len ? answer->buf : "not 200 or 202");
+  text_add(answer, "", 0); /* "" when nothing came */
+}
+
+/* stdio: the server's pipes. */
+static FILE *to_server, *from_server;
+static pid_t server_pid;
+
+static void stdio_start(char **argv) {
+  int in[2], out[2];
+  if (pipe(in) != 0 || pipe(out) != 0)
+    die("pipe", "cannot make one");
+  if ((server_pid = fork()) < 0)
+    die("fork", "cannot");
+  if (server_pid == 0) {
+    dup2(in[0], 0);
+    dup2(out[1], 1);
+    close(in[0]), close(in[1]), close(out[0]), close(out[1]);
+    execvp(argv[0], argv);
+    _exit(127);
+  }
+  close(in[0]);
+  close(out[1]);
+  to_server = fdopen(in[1], "w");
+  from_server = fdopen(out[0], "r");
+  if (!to_server || !from_server)
+    die("fdopen", "cannot");
+}
+
+/* Sends a line and reads lines up to the answer whose id is id (the
+ * server's notifications are skipped); id < 0: a notification, no answer. */
+static void stdio_call(const char *line, long id, text *answer) {
+  static char *buf;
+  static size_t cap;
+  char want[2][48];
+  fputs(line, to_server);
+  fputc('\n', to_server);
+  fflush(to_server);
+  answer->len = 0;
+  if (id < 0)
+    return;
+  snprintf(want[0], sizeof want[0], "\"id\":%ld,", id);
+  snprintf(want[1], sizeof want[1], "\"id\":%ld}", id);
+  for (;;) {
+    ssize_t n = getline(&buf, &cap, from_server);
+    if (n < 0)
+      die("stdio server", "its output ended");
+    if (strstr(buf, want[0]) || strstr(buf, want[1])) {
+      text_add(answer, buf, (size_t)n);
+      return;
+    }
+  }
+}
+
+static int use_http;
+
+static void call(const char *line, long id, text *answer) {
+  if (use_http)
+    http_post(line, answer);
+  else
+    stdio_call(line, id, answer);
+}
+
+static void handshake(void) {
+  text a = {0};
+  call("{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"initialize\",\"params\":{"
+       "\"protocolVersion\":\"2025-06-18\",\"capabilities\":{},"
+       "\"clientInfo\":{\"name\":\"mcp_floor\",\"version\":\"1\"}}}",
+       0, &a);
+  if (!strstr(a.buf, "\"result\""))
+    die("initialize", a.buf);
+  call("{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}", -1,
+       &a);
+  free(a.buf);
+}
+
+/* ---- the calls ----------------------------------------------------------- */
+
+static int cmp(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+int main(int argc, char **argv) {
+  idem_store *store;
+  double secs, t0, end;
+  double *lat = NULL;
+  size_t nlat = 0, caplat = 0;
+  long calls = 0;
+  text a = {0};
+  static const char fp[] =
+      "6d6f7265207468616e206120666c6f6f722c20612066696e6765727072696e74";
+  if (argc < 5 || (strcmp(argv[3], "http") != 0 && strcmp(argv[3], "stdio")))
+    die("usage",
+        "mcp_floor STORE SECONDS http URL | mcp_floor STORE SECONDS stdio CMD "
+        "ARG...");
+  secs = atof(argv[2]);
+  use_http = strcmp(argv[3], "http") == 0;
+  signal(SIGPIPE, SIG_IGN);
+  if (idem_store_open(argv[1], NULL, &store) != IDEM_OK)
+    die(argv[1], idem_errmsg());
+  if (use_http) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    if (!(http = curl_easy_init()))
+      die("curl", "cannot start");
+    http_url = argv[4];
+  } else {
+    stdio_start(argv + 4);
+  }
+  handshake();
+  /* Warm: the server's first calls and the store's first pages. */
+  t0 = now_ms();
+  end = t0 + 1000 * secs + 500;
+  for (long i = 1; now_ms() < end; i++) {
+    char key[64], line[256], want[64];
+    idem_id id = {"bench", "echo", key};
+    idem_call *c = NULL;
+    idem_response r;
+    double s = now_ms();
+    snprintf(key, sizeof key, "floor-%ld-%ld", (long)getpid(), i);
+    if (idem_claim(store, &id, fp, NULL, &c) != IDEM_OK ||
+        idem_call_outcome(c) != IDEM_PROCEED)
+      die("claim", idem_errmsg());
+    snprintf(line, sizeof line,
+             "{\"jsonrpc\":\"2.0\",\"id\":%ld,\"method\":\"tools/call\","
+             "\"params\":{\"name\":\"echo\",\"arguments\":{\"message\":"
+             "\"hello %ld\"}}}",
+             i, i);
+    call(line, i, &a);
+    snprintf(want, sizeof want, "Echo: hello %ld\"", i);
+    if (!strstr(a.buf, want))
+      die("tools/call", a.buf);
+    memset(&r, 0, sizeof r);
+    r.status = 200;
+    r.body = a.buf;
+    r.body_len = a.len;
+    if (idem_complete(store, c, &r) != IDEM_OK)
+      die("complete", idem_errmsg());
+    idem_call_free(c);
+    if (s - t0 >= 500) { /* timed after the first half second */
+      if (nlat == caplat) {
+        caplat = caplat ? caplat * 2 : 4096;
+        if (!(lat = realloc(lat, caplat * sizeof *lat)))
+          die("memory", "out of memory");
+      }
+      lat[nlat++] = now_ms() - s;
+      calls++;
+    }
+  }
+  qsort(lat, nlat, sizeof *lat, cmp);
+  printf("{\"mode\":\"serial floor\",\"calls\":%ld,\"seconds\":%.3f,"
+         "\"ops_per_s\":%.1f,\"p50_ms\":%.3f}\n",
+         calls, secs, (double)calls / secs, nlat ? lat[nlat / 2] : 0.0);
+  free(lat);
+  free(a.buf);
+  if (use_http) {
+    curl_easy_cleanup(http);
+    curl_global_cleanup();
+  } else {
+    fclose(to_server);
+    fclose(from_server);
+    kill(server_pid, SIGTERM);
+    waitpid(server_pid, NULL, 0);
+  }
+  idem_store_close(store);
+  return 0;
+}
