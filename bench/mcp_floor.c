@@ -10,17 +10,19 @@
  * after a wait on the server, as a proxy's are.
  *
  * Why bench/mcp.sh needs it beside `idem bench` (claim + complete back to
- * back): on a virtual machine a commit made by a thread that has just slept
- * costs more than one made by a thread that stayed busy, because the sync
- * of the log waits on a processor woken from idle. With idem's SQLite store
- * at synchronous=FULL on this machine, a claim took 213-300 us back to
- * back, 382-428 us after a 1 ms sleep and 280 us after a 1 ms busy wait
- * (medians of 1,500). Adding the back-to-back floor to the server's round
- * trip therefore asks a proxy for commits that no program waiting on a
- * server gets.
+ * back): a commit that follows a pause costs more than one that follows
+ * another commit. Part of it is the processor woken from idle, part the
+ * disk: with idem's SQLite store at synchronous=FULL on the 2-core virtual
+ * machine these figures come from, a claim took 248-263 us back to back,
+ * 373-403 us after 1 ms asleep and 317-356 us after 1 ms of busy waiting
+ * (completions alike; medians of 950-1,000 calls, two runs of `mcp_floor
+ * STORE 6 gaps`). Adding the back-to-back floor to the server's round trip
+ * therefore asks a proxy for commits that no program waiting on a server
+ * gets.
  *
  *   mcp_floor STORE SECONDS http URL        (Streamable HTTP, one session)
  *   mcp_floor STORE SECONDS stdio CMD ARG...  (a stdio server it starts)
+ *   mcp_floor STORE SECONDS gaps            (no server: the figures above)
  *
  * The server must have server-everything's echo tool. Every answer is
  * checked (its id and the echo's text); a wrong one ends the run with exit
@@ -206,6 +208,73 @@ static int cmp(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+static const char fp[] =
+    "6d6f7265207468616e206120666c6f6f722c20612066696e6765727072696e74";
+
+/* Waits 1 ms: asleep, or busy (the processor kept awake). */
+static void pause_1ms(int busy) {
+  if (busy) {
+    double until = now_ms() + 1;
+    while (now_ms() < until)
+      ;
+  } else {
+    struct timespec t = {0, 1000000};
+    nanosleep(&t, NULL);
+  }
+}
+
+/*
+ * gaps: a claim and its completion, each timed, with nothing between
+ * calls, with 1 ms asleep before each, and with 1 ms of busy waiting
+ * before each, in turns of 50 calls until SECONDS have passed; the medians.
+ */
+static int gaps(idem_store *store, double secs) {
+  static const char *const names[3] = {"back to back", "after 1 ms asleep",
+                                       "after 1 ms busy"};
+  size_t cap = 1 << 16, n[3] = {0, 0, 0};
+  double *lat[3][2];
+  double end = now_ms() + 1000 * secs;
+  long k = 0;
+  for (int m = 0; m < 3; m++)
+    for (int j = 0; j < 2; j++)
+      if (!(lat[m][j] = malloc(cap * sizeof(double))))
+        die("memory", "out of memory");
+  while (now_ms() < end)
+    for (int m = 0; m < 3; m++)
+      for (int i = 0; i < 50 && n[m] < cap; i++) {
+        char key[64];
+        idem_id id = {"bench", "gaps", key};
+        idem_call *c = NULL;
+        idem_response r = {200, NULL, 0, "{}", 2};
+        double t;
+        snprintf(key, sizeof key, "gap-%ld-%ld", (long)getpid(), ++k);
+        if (m)
+          pause_1ms(m == 2);
+        t = now_ms();
+        if (idem_claim(store, &id, fp, NULL, &c) != IDEM_OK)
+          die("claim", idem_errmsg());
+        lat[m][0][n[m]] = now_ms() - t;
+        if (m)
+          pause_1ms(m == 2);
+        t = now_ms();
+        if (idem_complete(store, c, &r) != IDEM_OK)
+          die("complete", idem_errmsg());
+        lat[m][1][n[m]++] = now_ms() - t;
+        idem_call_free(c);
+      }
+  for (int m = 0; m < 3; m++) {
+    qsort(lat[m][0], n[m], sizeof(double), cmp);
+    qsort(lat[m][1], n[m], sizeof(double), cmp);
+    printf("%-18s claim p50 %4.0f us, complete p50 %4.0f us (%zu calls)\n",
+           names[m], n[m] ? 1000 * lat[m][0][n[m] / 2] : 0,
+           n[m] ? 1000 * lat[m][1][n[m] / 2] : 0, n[m]);
+    free(lat[m][0]);
+    free(lat[m][1]);
+  }
+  idem_store_close(store);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   idem_store *store;
   double secs, t0, end;
@@ -213,17 +282,19 @@ int main(int argc, char **argv) {
   size_t nlat = 0, caplat = 0;
   long calls = 0;
   text a = {0};
-  static const char fp[] =
-      "6d6f7265207468616e206120666c6f6f722c20612066696e6765727072696e74";
-  if (argc < 5 || (strcmp(argv[3], "http") != 0 && strcmp(argv[3], "stdio")))
+  int gap_mode = argc == 4 && strcmp(argv[3], "gaps") == 0;
+  if (!gap_mode &&
+      (argc < 5 || (strcmp(argv[3], "http") != 0 && strcmp(argv[3], "stdio"))))
     die("usage",
         "mcp_floor STORE SECONDS http URL | mcp_floor STORE SECONDS stdio CMD "
-        "ARG...");
+        "ARG... | mcp_floor STORE SECONDS gaps");
   secs = atof(argv[2]);
   use_http = strcmp(argv[3], "http") == 0;
   signal(SIGPIPE, SIG_IGN);
   if (idem_store_open(argv[1], NULL, &store) != IDEM_OK)
     die(argv[1], idem_errmsg());
+  if (gap_mode)
+    return gaps(store, secs);
   if (use_http) {
     curl_global_init(CURL_GLOBAL_DEFAULT);
     if (!(http = curl_easy_init()))

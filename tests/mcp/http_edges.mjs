@@ -497,6 +497,25 @@ console.error("-- scenario 6");
   eq("not JSON: the server's answer", 400, nj.status);
   eq("not JSON: reached the server as sent", "{not json", seen.at(-1)?.body);
   eq("no effect from any of them", undefined, effects.t);
+  // A head that never ends (slowloris) holds nothing up: the proxy's one
+  // event loop, which runs libmicrohttpd and libcurl, answers a keyed call
+  // on another connection meanwhile, and the head is cut after its 10 s.
+  const seenBefore = seen.length;
+  const slow = netConnect(px.port, "127.0.0.1");
+  const slowEnd = new Promise((resolve) => {
+    slow.on("close", () => resolve(Date.now()));
+    slow.on("error", () => {});
+  });
+  const slowStart = Date.now();
+  slow.write("POST /mcp HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n");
+  const during = final(await post(px.port, call(11, "t", {}, "k-slowhead")), 11);
+  check("slow head: a keyed call meanwhile acts", during?.result?.structuredContent?.id !== undefined,
+    JSON.stringify(during));
+  eq("slow head: one effect meanwhile", 1, effects.t);
+  const cutAt = await slowEnd;
+  check("slow head: cut after about 10 s", cutAt - slowStart >= 9000 && cutAt - slowStart < 60000,
+    cutAt - slowStart);
+  eq("slow head: only the keyed call reached the upstream", seenBefore + 1, seen.length);
 }
 
 // 7. The GET stream passes through as it comes (the upstream holds it
