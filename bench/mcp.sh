@@ -609,10 +609,8 @@ for n in (1, 32):
     if rate[n, 'sfloor'] and rate[n, 'nginx'] and rate[n, 'direct']:
         hop = max(0.0, 1 / rate[n, 'nginx'] - 1 / rate[n, 'direct'])
         rate[n, 'proxied serial floor'] = 1 / (1 / rate[n, 'sfloor'] + hop)
-        print('  %7d %-8s %s   (1 / (1/sfloor + 1/nginx - 1/direct): the least proxy, claim, call, record)'
+        print('  %7d %s %6s   (1 / (1/sfloor + 1/nginx - 1/direct): the least proxy, claim, call, record)'
               % (n, 'proxied serial floor', fmt(rate[n, 'proxied serial floor'], '%.0f')))
-        print('  %7d %-8s %s   (bench/mcp_floor: claim, call, record on one thread, no proxy)'
-              % (n, 'serial floor', fmt(rate[n, 'sfloor'], '%.0f')))
 above = 0
 print('%-42s %8s %8s  %s' % ('ratio', 'x', 'target', 'result'))
 for n in (1, 32):
