@@ -1058,9 +1058,9 @@ int mcp_http_run(const mcp_opts *o, idem_store *store) {
      * the store must outlive that. A store that hangs past this leaves
      * both to the process's exit, as idem serve does. */
     settled = hx_keyed_drain(10000) == 0;
-  /* An answer made is not yet sent: the loop (running the daemon) sends it, and
-   * stopping the daemon would cut it off (or abort, with a connection
-   * still suspended). */
+  /* An answer made is not yet sent: the loop (which runs the daemon) sends
+   * it, and stopping the daemon would cut it off (or abort, with a
+   * connection still suspended). */
   for (int64_t until = hx_mono_ms() + 10000;
        settled && __atomic_load_n(&unfinished, __ATOMIC_ACQUIRE) > 0;) {
     struct timespec step = {0, 10 * 1000 * 1000};

@@ -800,8 +800,7 @@ static void *loop(void *arg) {
     }
     reap();
     if (mhd)
-      drive_mhd(mhd,
-                run_mhd || (mhd_deadline > 0 && now_ms() >= mhd_deadline));
+      drive_mhd(mhd, run_mhd || (mhd_deadline > 0 && now_ms() >= mhd_deadline));
     /* Before the check below: an abort and a stop asked together (one
      * wake-up) must not leave the loop asleep with nothing left. */
     if (__atomic_load_n(&L.aborting, __ATOMIC_ACQUIRE))
