@@ -270,9 +270,25 @@ while [ $i -lt 60 ]; do
   i=$((i + 1))
 done
 # The held calls keep their descriptors; the rest find none. Once the
-# gateway says so, the held ones are let go.
-wait_eq 1 grep -c -m1 'out of file descriptors' "$TMP/fd.err" ||
-  fail "no descriptors: never ran out: $(head -c 600 "$TMP/fd.err")"
+# gateway says so, the held ones are let go. What runs out first depends
+# on what else holds a descriptor at that moment (the store's files, a
+# resolver's): when only accept() has, every accepted call holding its
+# pair, one descriptor more lets one more call in, and its forward then
+# finds none (a fresh clone under stress-ng, ASan build: only accept()
+# ran out, and all 60 were answered 201).
+ran_out() {
+  grep -c -m1 -e 'out of file descriptors' -e 'Error accepting connection' "$TMP/fd.err"
+}
+wait_eq 1 ran_out || fail "no descriptors: never ran out: $(head -c 600 "$TMP/fd.err")"
+extra=0
+while ! grep -q 'out of file descriptors' "$TMP/fd.err" && [ $extra -lt 3 ]; do
+  extra=$((extra + 1))
+  prlimit --pid "$FD_PID" --nofile=$((spare + extra)):$((spare + extra)) ||
+    fail "prlimit failed"
+  wait_eq 1 grep -c -m1 'out of file descriptors' "$TMP/fd.err" && break
+done
+grep -q 'out of file descriptors' "$TMP/fd.err" ||
+  fail "no descriptors: no forward ran out: $(head -c 600 "$TMP/fd.err")"
 touch "$DDIR/release"
 wait $SENDS
 n503=0; nra=0; n201=0; other=0; i=0
