@@ -162,7 +162,11 @@ static pid_t start_watchdog(pid_t pgid, int *stand_down) {
     ssize_t n;
     int null_fd;
     setsid();
-    prctl(PR_SET_NAME, "idem-watchdog");
+    /* The system call itself: a child of a process with threads may only
+     * make async-signal-safe calls, and a sanitizer's prctl() takes a lock
+     * that another thread may have held at the fork (an ASan build's
+     * watchdog hung there forever under stress-ng). */
+    syscall(SYS_prctl, PR_SET_NAME, "idem-watchdog", 0, 0, 0);
     default_handlers(&held);
     /* Its one job is to outlive idem run: a signal meant to stop idem run
      * (pkill, killall) leaves it be, and idem run stops the group. */
@@ -228,7 +232,7 @@ static pid_t start(const run_child_opts *o, int stdin_fd, int out[2],
     int e;
     setpgid(0, 0);
     /* Killed with idem run, even when idem run is killed with SIGKILL. */
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    syscall(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
     if (getppid() != parent)
       _exit(EXIT_SETUP_FAILED);
     default_handlers(&held);
