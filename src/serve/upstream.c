@@ -41,6 +41,12 @@ static const serve_config *cfg;
 /* Idle connections to the upstream kept open for reuse. */
 #define UP_KEEP_CONNECTIONS 256
 
+/* Easy handles kept for the next forwards once theirs ended: a new one is a
+ * few allocations of several KB each (its state and receive buffer), and
+ * under load they were the largest share of the loop's malloc() and free()
+ * (see docs/bench.md). */
+#define UP_SPARE_HANDLES 64
+
 int header_is_hop_by_hop(const char *n) {
   static const char *const hop[] = {
       "connection",
@@ -615,6 +621,8 @@ static struct {
   int mhd_due; /* upstream_driven_due() on the loop's thread */
   int quiesce; /* upstream_quiesce(): 1 asked, 2 done (under mu) */
   pthread_cond_t quiesced;
+  CURL *spare[UP_SPARE_HANDLES]; /* under mu: reset, for the next forwards */
+  int nspare;
 } L = {.mu = PTHREAD_MUTEX_INITIALIZER,
        .quiesced = PTHREAD_COND_INITIALIZER,
        .epfd = -1,
@@ -651,6 +659,33 @@ static int on_timer(CURLM *m, long timeout_ms, void *userp) {
   return 0;
 }
 
+/* An easy handle for a new forward: a spare one, or a new one. */
+static CURL *handle_get(void) {
+  CURL *c = NULL;
+  pthread_mutex_lock(&L.mu);
+  if (L.nspare)
+    c = L.spare[--L.nspare];
+  pthread_mutex_unlock(&L.mu);
+  return c ? c : curl_easy_init();
+}
+
+/* Keeps a handle whose transfer ended (removed from the multi handle) for
+ * the next forward. curl_easy_reset() forgets every option, so nothing of
+ * this forward (its headers, its body, its callbacks' data) can reach the
+ * next one; the connection went back to the multi handle's pool. */
+static void handle_put(CURL *c) {
+  if (!c)
+    return;
+  curl_easy_reset(c);
+  pthread_mutex_lock(&L.mu);
+  if (L.nspare < UP_SPARE_HANDLES) {
+    L.spare[L.nspare++] = c;
+    c = NULL;
+  }
+  pthread_mutex_unlock(&L.mu);
+  curl_easy_cleanup(c);
+}
+
 static void finish(xfer *x, CURLcode cc) {
   up_result r = classify(x, cc);
   x->rs->ms = now_ms() - x->t0;
@@ -662,7 +697,7 @@ static void finish(xfer *x, CURLcode cc) {
     L.active_list = x->next_active;
   if (x->next_active)
     x->next_active->prev_active = x->prev_active;
-  curl_easy_cleanup(x->curl);
+  handle_put(x->curl);
   free(x->hdrs); /* request_headers() */
   __atomic_fetch_sub(&L.active, 1, __ATOMIC_RELAXED);
   x->done(x->ctx, r);
@@ -872,8 +907,8 @@ int upstream_start(const up_request *rq, up_response *rs, up_done_fn done,
   x->s.rq = rq;
   x->s.ctx = ctx;
   x->t0 = now_ms();
-  if (!(x->curl = curl_easy_init()) || setup(x) != 0) {
-    curl_easy_cleanup(x->curl);
+  if (!(x->curl = handle_get()) || setup(x) != 0) {
+    handle_put(x->curl);
     free(x->hdrs); /* request_headers() */
     free(x);
     return -1;
@@ -881,7 +916,7 @@ int upstream_start(const up_request *rq, up_response *rs, up_done_fn done,
   pthread_mutex_lock(&L.mu);
   if (L.closed) {
     pthread_mutex_unlock(&L.mu);
-    curl_easy_cleanup(x->curl);
+    handle_put(x->curl);
     free(x->hdrs); /* request_headers() */
     free(x);
     return -1;
@@ -995,6 +1030,8 @@ void upstream_cleanup(void) {
     pthread_join(L.thread, NULL);
     L.started = 0;
   }
+  while (L.nspare)
+    curl_easy_cleanup(L.spare[--L.nspare]);
   if (L.multi)
     curl_multi_cleanup(L.multi);
   L.multi = NULL;
