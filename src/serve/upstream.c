@@ -436,6 +436,8 @@ static int on_progress(void *arg, curl_off_t dt, curl_off_t dn, curl_off_t ut,
   return x->rq->abort_check(x->rq->abort_ctx) ? 1 : 0;
 }
 
+static int close_socket(void *arg, curl_socket_t fd);
+
 static int setup(xfer *x) {
   CURL *c = x->curl;
   const up_request *rq = x->rq;
@@ -479,6 +481,7 @@ static int setup(xfer *x) {
   curl_easy_setopt(c, CURLOPT_PREREQDATA, x);
   curl_easy_setopt(c, CURLOPT_OPENSOCKETFUNCTION, open_socket);
   curl_easy_setopt(c, CURLOPT_OPENSOCKETDATA, x);
+  curl_easy_setopt(c, CURLOPT_CLOSESOCKETFUNCTION, close_socket);
   curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
   if (cfg->upstream_cacert)
     curl_easy_setopt(c, CURLOPT_CAINFO, cfg->upstream_cacert);
@@ -623,6 +626,14 @@ static struct {
   pthread_cond_t quiesced;
   CURL *spare[UP_SPARE_HANDLES]; /* under mu: reset, for the next forwards */
   int nspare;
+  /* The loop's own: the epoll events each upstream socket is registered
+   * for, by descriptor (0: not in epfd), and whether libcurl let go of it
+   * (CURL_POLL_REMOVE: a connection back in the pool, see on_socket()). */
+  struct reg {
+    uint32_t events;
+    int parked;
+  } * reg;
+  int nreg;
 } L = {.mu = PTHREAD_MUTEX_INITIALIZER,
        .quiesced = PTHREAD_COND_INITIALIZER,
        .epfd = -1,
@@ -630,26 +641,91 @@ static struct {
        .mhd_fd = -1,
        .timeout_ms = -1};
 
+/* The registration of fd (NULL when the table cannot grow). */
+static struct reg *reg_of(int fd) {
+  if (fd < 0)
+    return NULL;
+  if (fd >= L.nreg) {
+    int n = L.nreg ? L.nreg : 64;
+    while (n <= fd)
+      n *= 2;
+    struct reg *r = realloc(L.reg, (size_t)n * sizeof *r);
+    if (!r)
+      return NULL;
+    memset(r + L.nreg, 0, (size_t)(n - L.nreg) * sizeof *r);
+    L.reg = r;
+    L.nreg = n;
+  }
+  return &L.reg[fd];
+}
+
+/*
+ * libcurl's wishes for a socket, made epoll registrations. A connection that
+ * goes back to the pool (CURL_POLL_REMOVE) stays registered, parked: the
+ * next forward on it mostly wants what it had (EPOLLIN), and two epoll_ctl()
+ * calls a forward were a tenth of the loop's system calls. An event on a
+ * parked socket (the upstream closed an idle connection) removes it then:
+ * libcurl ignores events on a socket it does not watch, and level-triggered
+ * epoll would report it again and again. close_socket() forgets a socket
+ * before its descriptor can be reused.
+ */
 static int on_socket(CURL *e, curl_socket_t fd, int what, void *userp,
                      void *socketp) {
   struct epoll_event ev;
-  (void)e, (void)userp;
+  struct reg *r = reg_of(fd);
+  (void)e, (void)userp, (void)socketp;
   if (what == CURL_POLL_REMOVE) {
-    epoll_ctl(L.epfd, EPOLL_CTL_DEL, fd, NULL);
+    if (r && r->events) {
+      r->parked = 1;
+    } else {
+      epoll_ctl(L.epfd, EPOLL_CTL_DEL, fd, NULL);
+      if (r)
+        r->events = 0;
+    }
     return 0;
   }
   memset(&ev, 0, sizeof ev);
   ev.data.fd = fd;
   ev.events = ((what & CURL_POLL_IN) ? EPOLLIN : 0u) |
               ((what & CURL_POLL_OUT) ? EPOLLOUT : 0u);
-  if (socketp) {
-    epoll_ctl(L.epfd, EPOLL_CTL_MOD, fd, &ev);
-  } else {
-    if (epoll_ctl(L.epfd, EPOLL_CTL_ADD, fd, &ev) != 0 && errno == EEXIST)
-      epoll_ctl(L.epfd, EPOLL_CTL_MOD, fd, &ev);
-    curl_multi_assign(L.multi, fd, &L);
+  if (r) {
+    r->parked = 0;
+    if (r->events == ev.events)
+      return 0;
   }
+  if (epoll_ctl(L.epfd, EPOLL_CTL_MOD, fd, &ev) != 0 &&
+      epoll_ctl(L.epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+    if (r)
+      r->events = 0;
+    return -1;
+  }
+  if (r)
+    r->events = ev.events;
   return 0;
+}
+
+/* An event on fd: libcurl's, or a parked socket's, which leaves epoll
+ * (1). */
+static int parked_event(int fd) {
+  struct reg *r = fd >= 0 && fd < L.nreg ? &L.reg[fd] : NULL;
+  if (!r || !r->parked)
+    return 0;
+  epoll_ctl(L.epfd, EPOLL_CTL_DEL, fd, NULL);
+  r->events = 0;
+  r->parked = 0;
+  return 1;
+}
+
+/* libcurl closes an upstream socket: out of epoll and the table first, so
+ * that a socket opened later on the same descriptor is registered anew. */
+static int close_socket(void *arg, curl_socket_t fd) {
+  (void)arg;
+  if (fd >= 0 && fd < L.nreg && L.reg[fd].events) {
+    epoll_ctl(L.epfd, EPOLL_CTL_DEL, fd, NULL);
+    L.reg[fd].events = 0;
+    L.reg[fd].parked = 0;
+  }
+  return close(fd);
 }
 
 static int on_timer(CURLM *m, long timeout_ms, void *userp) {
@@ -823,6 +899,8 @@ static void *loop(void *arg) {
         run_mhd = 1;
         continue;
       }
+      if (parked_event(ev[i].data.fd))
+        continue;
       int flags =
           ((ev[i].events & EPOLLIN) ? CURL_CSELECT_IN : 0) |
           ((ev[i].events & EPOLLOUT) ? CURL_CSELECT_OUT : 0) |
@@ -1035,6 +1113,9 @@ void upstream_cleanup(void) {
   if (L.multi)
     curl_multi_cleanup(L.multi);
   L.multi = NULL;
+  free(L.reg);
+  L.reg = NULL;
+  L.nreg = 0;
   if (L.epfd >= 0)
     close(L.epfd);
   if (L.wakefd >= 0)
