@@ -324,4 +324,32 @@ if [ -n "$first503" ]; then
 fi
 kill -TERM "$FD_PID"
 
+# 12. The upstream closes a connection idle in the gateway's pool: the loop
+#     lets go of its socket (a socket left in epoll after libcurl let go of
+#     it would wake the loop for ever, a core busy while nothing happens),
+#     and the next forward opens a new connection and acts once.
+start_raw idle || { finish; exit 1; }
+start_gateway idle --upstream "$RAW" --store "$TMP/idle.db" || { finish; exit 1; }
+send ci1 k-ci1 /x/closeidle
+touch "$RAW_DIR/closenow"
+wait_for "$RAW_DIR/closed" || fail "closeidle: the upstream did not close"
+ticks() { awk '{print $14 + $15}' "/proc/$GW_PID/stat"; }
+t0=$(ticks)
+curl -s -o /dev/null "$ADMIN/metrics" # the gateway's other threads at work
+sleep 1
+t1=$(ticks)
+if [ $((t1 - t0)) -lt 30 ]; then ok; else
+  fail "closeidle: the gateway used $((t1 - t0)) ticks of CPU in 1 s while idle"; fi
+send ci2 k-ci2 /x/closeidle
+expect_eq "closeidle: both answered, one effect each, two tickets" \
+  "201 201 1 1 $(($(json ci1 ticket_id) + 1))" \
+  "$(code ci1) $(code ci2) $(raw_effects "$RAW" k-ci1) $(raw_effects "$RAW" k-ci2) $(json ci2 ticket_id)"
+# An upstream that closes after every answer: each forward opens a new
+# socket, mostly on the descriptor of the one closed before it, which the
+# loop must watch anew.
+for i in 1 2 3; do send "cc$i" "k-cc$i" /x/closeeach --max-time 10; done
+expect_eq "closeeach: three answered, one effect each, consecutive tickets" \
+  "201 201 201 1 1 1 $(($(json cc1 ticket_id) + 1)) $(($(json cc1 ticket_id) + 2))" \
+  "$(code cc1) $(code cc2) $(code cc3) $(raw_effects "$RAW" k-cc1) $(raw_effects "$RAW" k-cc2) $(raw_effects "$RAW" k-cc3) $(json cc2 ticket_id) $(json cc3 ticket_id)"
+
 finish

@@ -28,6 +28,9 @@ kept. CASE says how to answer:
              ?first=1 only the key's first call waits
   len        200 to HEAD with Content-Length: 1234 and no body
   nm         304 Not Modified with Content-Length: 1234
+  closeeach  201 with Connection: close, then closes the connection
+  closeidle  201, keep-alive; then, once DIR/closenow exists, closes the
+             connection idle in the gateway's pool and writes DIR/closed
 
 Control (never counted, never captured):
   GET /_counts     {"effects": {key: n}, "requests": n}
@@ -135,6 +138,11 @@ def answer(case, query, key, ticket, conn, method):
         if method == "HEAD":
             return b"HTTP/1.1 200 OK\r\nContent-Length: 1234\r\n\r\n"
         return b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
+    if case == "closeidle":
+        return final(ticket)
+    if case == "closeeach":
+        conn.sendall(final(ticket, b"Connection: close\r\n"))
+        return None
     if case == "nm":
         return (b"HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\n"
                 b"Content-Length: 1234\r\n\r\n")
@@ -184,6 +192,12 @@ def serve(conn):
             if out is None:
                 return
             conn.sendall(out)
+            if case == "closeidle":
+                while not os.path.exists(os.path.join(DIR, "closenow")):
+                    threading.Event().wait(0.02)
+                conn.close()
+                write(os.path.join(DIR, "closed"), "1")
+                return
     except (ConnectionError, ValueError, IndexError):
         return
     finally:
