@@ -1008,6 +1008,7 @@ int upstream_start(const up_request *rq, up_response *rs, up_done_fn done,
     free(x);
     return -1;
   }
+  int woken = L.pending != NULL;
   x->next = L.pending;
   L.pending = x;
   if (L.mhd && pthread_equal(pthread_self(), L.thread)) {
@@ -1016,9 +1017,12 @@ int upstream_start(const up_request *rq, up_response *rs, up_done_fn done,
     pthread_mutex_unlock(&L.mu);
     return 0;
   }
-  /* Under the lock: the loop closes (and upstream_cleanup() the
+  /* A list that was not empty has its wake-up on the way (the loop takes
+   * the whole list at once, under the lock): a batch of claims answered
+   * together (idem serve) costs the loop one wake-up, not one each.
+   * Under the lock: the loop closes (and upstream_cleanup() the
    * descriptor) only after taking it. */
-  if (write(L.wakefd, &one, sizeof one) < 0) {
+  if (!woken && write(L.wakefd, &one, sizeof one) < 0) {
     /* The counter is full only with 2^64 - 1 wakeups pending: the loop
      * will run anyway. */
   }
