@@ -360,8 +360,9 @@ typedef struct canon {
    * those of the object at depth d start at open[bases[d]]. */
   uint32_t *open;
   size_t open_len, open_cap;
-  size_t *bases;
-  int nbases;
+  size_t *bases; /* bases_small until more are open at once */
+  int nbases, bases_cap;
+  size_t bases_small[16];
   /* Closed objects of two or more members, and their names, sorted. */
   uint32_t *names;
   size_t names_len, names_cap;
@@ -667,6 +668,19 @@ static int parse_object(canon *c, int depth) {
   if (depth > c->max_depth)
     return fail_at(c, IDEM_EDEPTH, c->i,
                    "arrays and objects nested deeper than %d", c->max_depth);
+  if (c->nbases == c->bases_cap) {
+    /* Deeper than most requests go: a larger array, up to max_depth + 1. */
+    int cap = c->bases_cap * 2 > c->max_depth + 1 ? c->max_depth + 1
+                                                  : c->bases_cap * 2;
+    size_t *b = malloc((size_t)cap * sizeof *b);
+    if (b == NULL)
+      return idem__fail(IDEM_ENOMEM, "canonicalize: out of memory");
+    memcpy(b, c->bases, (size_t)c->nbases * sizeof *b);
+    if (c->bases != c->bases_small)
+      free(c->bases);
+    c->bases = b;
+    c->bases_cap = cap;
+  }
   c->bases[c->nbases++] = c->open_len;
   c->i++;
   skip_ws(c);
@@ -1243,11 +1257,11 @@ static int canon_text(const char *json, size_t len,
   c.s = (const unsigned char *)json;
   c.n = len;
   c.max_depth = max_depth;
-  c.bases = malloc(((size_t)max_depth + 1) * sizeof *c.bases);
-  if (c.bases == NULL) {
-    rc = idem__fail(IDEM_ENOMEM, "canonicalize: out of memory");
-    goto cleanup;
-  }
+  /* Most requests nest a few objects deep: their bases stay on the stack
+   * (a 2 KB array for the deepest allowed, malloc()ed for every request,
+   * made glibc consolidate its free chunks each time). */
+  c.bases = c.bases_small;
+  c.bases_cap = (int)(sizeof c.bases_small / sizeof c.bases_small[0]);
   rc = parse_value(&c, 0);
   if (rc == IDEM_OK) {
     skip_ws(&c);
@@ -1268,7 +1282,8 @@ static int canon_text(const char *json, size_t len,
     goto cleanup;
   free(c.open);
   c.open = NULL;
-  free(c.bases);
+  if (c.bases != c.bases_small)
+    free(c.bases);
   c.bases = NULL;
   if (c.objects_len > 1)
     qsort(c.objects, c.objects_len, sizeof *c.objects, compare_object_starts);
@@ -1323,7 +1338,8 @@ cleanup:
   free(sorted);
   free(b.data);
   free(c.open);
-  free(c.bases);
+  if (c.bases != c.bases_small)
+    free(c.bases);
   free(c.names);
   free(c.objects);
   return rc;

@@ -109,6 +109,34 @@ static char *nested_arrays(int depth, size_t *len) {
   return s;
 }
 
+/* depth objects nested, each with its members out of order:
+ * {"b":1,"a":{"b":1,"a":...{}}}, and (sorted) its canonical form:
+ * {"a":{"a":...{},"b":1},"b":1}. */
+static void nested_objects(int depth, char **in, char **canonical) {
+  size_t cap = (size_t)depth * 12 + 3, i = 0, j = 0;
+  char *s = malloc(cap), *c = malloc(cap);
+  assert_non_null(s);
+  assert_non_null(c);
+  for (int d = 0; d < depth; d++) {
+    memcpy(s + i, "{\"b\":1,\"a\":", 11);
+    i += 11;
+    memcpy(c + j, "{\"a\":", 5);
+    j += 5;
+  }
+  memcpy(s + i, "{}", 2);
+  memcpy(c + j, "{}", 2);
+  i += 2;
+  j += 2;
+  for (int d = 0; d < depth; d++) {
+    s[i++] = '}';
+    memcpy(c + j, ",\"b\":1}", 7);
+    j += 7;
+  }
+  s[i] = c[j] = '\0';
+  *in = s;
+  *canonical = c;
+}
+
 /* ------------------------------------------------------------------ */
 /* RFC 8785 vectors                                                     */
 /* ------------------------------------------------------------------ */
@@ -338,6 +366,25 @@ static void test_depth(void **state) {
   s = nested_arrays(3000, &len);
   expect_reject_n(s, len, &huge, IDEM_EDEPTH, 2047);
   free(s);
+
+  /* Objects nested past the few whose members the parser keeps track of
+   * without allocating (16), each sorted on its own: up to the limit
+   * (255 with the empty innermost one makes 256 levels), then one too
+   * many. */
+  for (int depth = 1; depth <= 255; depth += depth < 40 ? 1 : 107) {
+    char *in, *want;
+    nested_objects(depth, &in, &want);
+    expect_canon(in, want);
+    free(in);
+    free(want);
+  }
+  {
+    char *in, *want;
+    nested_objects(256, &in, &want);
+    expect_reject(in, IDEM_EDEPTH, 256 * 11);
+    free(in);
+    free(want);
+  }
 }
 
 static void test_malformed(void **state) {
