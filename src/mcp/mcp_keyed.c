@@ -273,14 +273,22 @@ static void call_free(mcp_call *c) {
   free(c);
 }
 
-/* Called with p->lock held. */
-static void enqueue(mcp_proxy *p, mcp_call *c) {
+/* Queues c for a worker without waking one: the caller holds p->lock and
+ * signals p->work once it has released it, so that the worker woken does
+ * not find the lock still held and sleep on it again (two futex calls and a
+ * wake-up more per hand-over, on the path of every keyed call). */
+static void enqueue_quiet(mcp_proxy *p, mcp_call *c) {
   c->qnext = NULL;
   if (p->qtail)
     p->qtail->qnext = c;
   else
     p->qhead = c;
   p->qtail = c;
+}
+
+/* Called with p->lock held. */
+static void enqueue(mcp_proxy *p, mcp_call *c) {
+  enqueue_quiet(p, c);
   pthread_cond_signal(&p->work);
 }
 
@@ -614,6 +622,18 @@ static void end_queue(mcp_proxy *p, mcp_call *c) {
     c->deferred = 1;
   else
     enqueue(p, c);
+}
+
+/* end_queue() without waking a worker: 1 when the caller must signal
+ * p->work once it has released p->lock (see enqueue_quiet()). */
+static int end_queue_quiet(mcp_proxy *p, mcp_call *c) {
+  c->state = CALL_END;
+  if (c->sending) {
+    c->deferred = 1;
+    return 0;
+  }
+  enqueue_quiet(p, c);
+  return 1;
 }
 
 static void do_end(mcp_proxy *p, mcp_call *c);
@@ -995,6 +1015,7 @@ int mcp_keyed_answer(mcp_proxy *p, json_t *msg, const char *line, size_t len) {
   char *id = NULL;
   size_t f, t;
   mcp_call *found = NULL;
+  int wake = 0;
   if (msg)
     id = mcp_id_text(json_object_get(msg, "id"));
   else if (mcp_member(line, len, 0, "id", &f, &t)) {
@@ -1026,9 +1047,11 @@ int mcp_keyed_answer(mcp_proxy *p, json_t *msg, const char *line, size_t len) {
     /* Out of memory for the copy: the answer cannot be kept, as if the
      * server had not answered. */
     found->gone = copy == NULL;
-    end_queue(p, found);
+    wake = end_queue_quiet(p, found);
   }
   pthread_mutex_unlock(&p->lock);
+  if (wake)
+    pthread_cond_signal(&p->work);
   free(id);
   return found != NULL;
 }
@@ -1296,8 +1319,9 @@ void mcp_keyed_call(mcp_proxy *p, json_t *msg, const char *line, size_t len,
   c->next = p->calls;
   p->calls = c;
   p->ncalls++;
-  enqueue(p, c);
+  enqueue_quiet(p, c);
   pthread_mutex_unlock(&p->lock);
+  pthread_cond_signal(&p->work);
   free(idtext);
   return;
 oom:
