@@ -695,9 +695,10 @@ static int on_socket(CURL *e, curl_socket_t fd, int what, void *userp,
   }
   if (epoll_ctl(L.epfd, EPOLL_CTL_MOD, fd, &ev) != 0 &&
       epoll_ctl(L.epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+    /* As before the table: the transfer then ends at its timeout. */
     if (r)
       r->events = 0;
-    return -1;
+    return 0;
   }
   if (r)
     r->events = ev.events;
