@@ -616,14 +616,6 @@ static void to_server_state(mcp_proxy *p, mcp_call *c) {
 
 /* Queues an ended call for a worker, or leaves it to the thread that is
  * still writing it. Called with p->lock held. */
-static void end_queue(mcp_proxy *p, mcp_call *c) {
-  c->state = CALL_END;
-  if (c->sending)
-    c->deferred = 1;
-  else
-    enqueue(p, c);
-}
-
 /* end_queue() without waking a worker: 1 when the caller must signal
  * p->work once it has released p->lock (see enqueue_quiet()). */
 static int end_queue_quiet(mcp_proxy *p, mcp_call *c) {
@@ -634,6 +626,11 @@ static int end_queue_quiet(mcp_proxy *p, mcp_call *c) {
   }
   enqueue_quiet(p, c);
   return 1;
+}
+
+static void end_queue(mcp_proxy *p, mcp_call *c) {
+  if (end_queue_quiet(p, c))
+    pthread_cond_signal(&p->work);
 }
 
 static void do_end(mcp_proxy *p, mcp_call *c);

@@ -675,13 +675,10 @@ static int on_socket(CURL *e, curl_socket_t fd, int what, void *userp,
   struct reg *r = reg_of(fd);
   (void)e, (void)userp, (void)socketp;
   if (what == CURL_POLL_REMOVE) {
-    if (r && r->events) {
-      r->parked = 1;
-    } else {
+    if (!r)
       epoll_ctl(L.epfd, EPOLL_CTL_DEL, fd, NULL);
-      if (r)
-        r->events = 0;
-    }
+    else if (r->events)
+      r->parked = 1;
     return 0;
   }
   memset(&ev, 0, sizeof ev);
@@ -705,27 +702,35 @@ static int on_socket(CURL *e, curl_socket_t fd, int what, void *userp,
   return 0;
 }
 
-/* An event on fd: libcurl's, or a parked socket's, which leaves epoll
- * (1). */
-static int parked_event(int fd) {
-  struct reg *r = fd >= 0 && fd < L.nreg ? &L.reg[fd] : NULL;
-  if (!r || !r->parked)
-    return 0;
+/* fd's entry when the table has one and it is registered, else NULL. */
+static struct reg *registered(int fd) {
+  return fd >= 0 && fd < L.nreg && L.reg[fd].events ? &L.reg[fd] : NULL;
+}
+
+/* Out of epoll and the table. */
+static void unwatch(struct reg *r, int fd) {
   epoll_ctl(L.epfd, EPOLL_CTL_DEL, fd, NULL);
   r->events = 0;
   r->parked = 0;
+}
+
+/* An event on fd: libcurl's, or a parked socket's, which leaves epoll
+ * (1). */
+static int parked_event(int fd) {
+  struct reg *r = registered(fd);
+  if (!r || !r->parked)
+    return 0;
+  unwatch(r, fd);
   return 1;
 }
 
 /* libcurl closes an upstream socket: out of epoll and the table first, so
  * that a socket opened later on the same descriptor is registered anew. */
 static int close_socket(void *arg, curl_socket_t fd) {
+  struct reg *r = registered(fd);
   (void)arg;
-  if (fd >= 0 && fd < L.nreg && L.reg[fd].events) {
-    epoll_ctl(L.epfd, EPOLL_CTL_DEL, fd, NULL);
-    L.reg[fd].events = 0;
-    L.reg[fd].parked = 0;
-  }
+  if (r)
+    unwatch(r, fd);
   return close(fd);
 }
 
