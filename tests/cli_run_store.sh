@@ -37,7 +37,28 @@ expect_eq "removed: one start" 1 "$(lines "$TMP/removed.start")"
 "$IDEM" run --key taken --lease 500ms -- sh -c "$ticker" x "$TMP/taken.start" "$TMP/taken.ticks" </dev/null 2>"$TMP/taken.err" &
 pid=$!
 wait_lines "$TMP/taken.ticks" 2 || fail "taken: the command did not start"
-kill -STOP $pid
+# Stopped while it holds the store's write lock (its renewal's commit), it
+# would keep every other writer out, the takeover included: each try then
+# waited out the busy timeout (10 s, 100 tries), as seen under stress-ng.
+# So it is stopped at a moment when a writer can get in.
+unlocked() {
+  python3 -c '
+import sqlite3, sys
+c = sqlite3.connect(sys.argv[1], timeout=0, isolation_level=None)
+try:
+    c.execute("BEGIN IMMEDIATE")
+    c.execute("ROLLBACK")
+except sqlite3.OperationalError:
+    sys.exit(1)' "$IDEM_STORE"
+}
+n=0
+while :; do
+  kill -STOP $pid
+  unlocked && break
+  kill -CONT $pid
+  n=$((n + 1))
+  [ $n -lt 100 ] || { fail "taken: the store stayed locked"; break; }
+done
 n=0
 while :; do
   out=$(TICKS=1 "$IDEM" run --key taken --lease 500ms --on-unknown rerun -- sh -c "$ticker" x "$TMP/taken.start" "$TMP/taken.ticks" </dev/null 2>/dev/null)
