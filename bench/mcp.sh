@@ -30,6 +30,11 @@
 #            records the answer, one call after the other: the least a fresh
 #            call through any proxy with idem's store costs, each commit
 #            made after a wait on the server as a proxy's is
+#   relay    (the relay floor) `mcp_floor STORE relay node SERVER` behind
+#            the same client, taking turns with fresh in one client process:
+#            the serial floor's work plus the client's hop (reading the
+#            client's line and writing the answer back), which any proxy
+#            pays, on one thread that blocks where a proxy must not
 #   attach   a keyed call of 2 s to tests/mcp/slow_server.mjs and a retry
 #            sent while it runs: the milliseconds between the two answers
 #            (target: at most 50)
@@ -39,9 +44,9 @@
 # fresh floor: the server's call and the store's two commits one after the
 # other, 1 / (1/direct + 1/floor), as in the HTTP part). A target that null
 # (replay) or the store's floor (fresh / direct) misses by itself is said to
-# be above the floor; so is fresh / fresh floor where the serial floor,
+# be above the floor; so is fresh / fresh floor where the relay floor,
 # which does that least work for real, misses 0.8 of the fresh floor itself
-# and fresh reaches 0.8 of the serial floor.
+# and fresh reaches 0.8 of the relay floor.
 #
 # Then the HTTP part: the same server on MCP's Streamable HTTP transport
 # (`node dist/index.js streamableHttp`, stateful sessions) and
@@ -192,8 +197,12 @@ while [ $r -le "$ROUNDS" ]; do
       "$WORK/mcp_null"
     split_modes "$WORK/out/r$r.turns.$pl.json" "$WORK/out/r$r" ".$pl" direct replay null
   done
-  step "r$r.fresh" node "$WORK/mcp_client.mjs" fresh "$SECS" "$SERVER" \
-    "$IDEM" "$WORK/r$r.fresh.db"
+  # fresh and, with bench/mcp_floor, the relay floor take turns in one
+  # client, SECS each.
+  step "r$r.freshturns" node "$WORK/mcp_client.mjs" fresh \
+    "$(awk "BEGIN{print ${FLOOR_BIN:+2*}$SECS}")" "$SERVER" "$IDEM" \
+    "$WORK/r$r.fresh.db" ${FLOOR_BIN:+"$FLOOR_BIN"}
+  split_modes "$WORK/out/r$r.freshturns.json" "$WORK/out/r$r" "" fresh relay
   step "r$r.floor" "$IDEM" bench --store "$WORK/r$r.floor.db" --workers 1 \
     --seconds 1 --json
   if [ -n "$FLOOR_BIN" ]; then
@@ -232,7 +241,7 @@ for m in ('direct', 'replay', 'null'):
         print('  %-8s %-10s %10s   rounds: %s' % (m, NAMES[pl],
               '%.0f' % median(k) if median(k) else '-',
               ', '.join('%.0f' % x for x in runs(k))))
-for m in ('fresh', 'floor', 'sfloor'):
+for m in ('fresh', 'relay', 'floor', 'sfloor'):
     print('  %-8s %-10s %10s   rounds: %s' % (m, NAMES['any'],
           '%.0f' % median(m) if median(m) else '-',
           ', '.join('%.0f' % x for x in runs(m))))
@@ -261,7 +270,7 @@ for pl in places:
                                        'idem against the least any answer costs'))
         print('%-36s %8.2f %8s  %s' % ('  null / direct', nl / d, '-',
                                        'the best replay / direct here'))
-med = {m: median(m) for m in ('fresh', 'floor', 'sfloor')}
+med = {m: median(m) for m in ('fresh', 'relay', 'floor', 'sfloor')}
 med['direct'] = median('direct.any')
 if med['fresh'] and med['direct']:
     x = med['fresh'] / med['direct']
@@ -286,26 +295,35 @@ if med['floor'] and med['fresh'] and med['direct']:
     if x < 0.8:
         missed += 1
         verdict = 'MISSED'
-        # The serial floor does that least work for real, with no proxy:
-        # where it misses the target itself, and fresh comes within 0.8 of
-        # it, the target is above this machine's floor.
-        if (med['sfloor'] and med['sfloor'] / ff < 0.8 and
-                med['fresh'] / med['sfloor'] >= 0.8):
-            verdict = ('MISSED, above the floor (serial floor / fresh floor '
-                       '%.2f, fresh / serial floor %.2f)'
-                       % (med['sfloor'] / ff, med['fresh'] / med['sfloor']))
+        # The relay floor does that least work for real, the client's hop
+        # included (the serial floor where there is no relay floor): where
+        # it misses the target itself, and fresh comes within 0.8 of it,
+        # the target is above this machine's floor.
+        ref, name = ((med['relay'], 'relay floor') if med['relay'] else
+                     (med['sfloor'], 'serial floor'))
+        if ref and ref / ff < 0.8 and med['fresh'] / ref >= 0.8:
+            verdict = ('MISSED, above the floor (%s / fresh floor '
+                       '%.2f, fresh / %s %.2f)'
+                       % (name, ref / ff, name, med['fresh'] / ref))
             above += 1
     print('%-36s %8.2f %8s  %s' % ('fresh / fresh floor', x, '>= 0.8',
                                    verdict))
     print('%-36s %8.0f %8s  %s' % ('  fresh floor, calls/s', ff, '-',
                                    '1 / (1/direct + 1/floor)'))
+    if med['relay']:
+        print('%-36s %8.2f %8s  %s' % ('  fresh / relay floor',
+                                       med['fresh'] / med['relay'], '-',
+                                       'the serial floor and the client\'s hop'))
+        print('%-36s %8.2f %8s  %s' % ('  relay floor / fresh floor',
+                                       med['relay'] / ff, '-',
+                                       'the most fresh / fresh floor here'))
     if med['sfloor']:
         print('%-36s %8.2f %8s  %s' % ('  fresh / serial floor',
                                        med['fresh'] / med['sfloor'], '-',
                                        'claim, call, record on one thread'))
         print('%-36s %8.2f %8s  %s' % ('  serial floor / fresh floor',
                                        med['sfloor'] / ff, '-',
-                                       'the most fresh / fresh floor here'))
+                                       'no client: less than a proxy\'s least'))
     print('%-36s %8.2f %8s  %s' % ('  fresh / floor (two durable commits)',
                                    med['fresh'] / med['floor'], '-', ''))
     print('%-36s %8.2f %8s  %s' % ('  floor / direct', med['floor'] / med['direct'],

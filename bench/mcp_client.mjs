@@ -3,6 +3,7 @@
 // SECONDS seconds.
 //   node mcp_client.mjs direct SECONDS SERVER
 //   node mcp_client.mjs fresh|replay SECONDS SERVER IDEM STORE
+//   node mcp_client.mjs fresh SECONDS SERVER IDEM STORE FLOOR
 //   node mcp_client.mjs null SECONDS NULL_SERVER
 //   node mcp_client.mjs turns SECONDS SERVER IDEM STORE NULL_SERVER
 // direct: the client talks to the server itself; fresh: through idem mcp, a
@@ -21,6 +22,12 @@
 // moment, and one client process means the same client JIT for all three.
 // Prints one JSON line per mode.
 //
+// fresh with FLOOR (bench/mcp_floor): fresh and relay take turns in the
+// same way. relay: the client talks to `mcp_floor STORE.relay relay node
+// SERVER`, one thread that claims each call's key, forwards it, records
+// the answer and writes it back (the least a proxy with idem's store does
+// for a fresh call, the client's hop included).
+//
 // With PEER_CPU set, the peers run on that CPU only (bench/mcp.sh pins the
 // client too): on the same CPU as the client or on another. Where a peer
 // runs decides most of a round trip's cost on a virtual machine, where
@@ -36,6 +43,7 @@
 import { spawn as spawnAnywhere } from "node:child_process";
 
 const [mode, secs, server, idem, store, nullServer] = process.argv.slice(2);
+const floorBin = mode === "fresh" ? nullServer : undefined;
 // PEER_CPU=N: the peers (and what they start) run on CPU N only, through
 // taskset; bench/mcp.sh pins this client with taskset too.
 const spawn = (cmd, args, o) => process.env.PEER_CPU
@@ -48,6 +56,8 @@ const tag = `${process.pid}-${Date.now()}`;
 function peer(kind) {
   const child = kind === "direct" ? spawn("node", [server], { stdio: ["pipe", "pipe", "ignore"] })
     : kind === "null" ? spawn(mode === "turns" ? nullServer : server, [],
+      { stdio: ["pipe", "pipe", "ignore"] })
+    : kind === "relay" ? spawn(floorBin, [`sqlite:${store}.relay`, "relay", "node", server],
       { stdio: ["pipe", "pipe", "ignore"] })
     : spawn(idem, ["mcp", "--store", store, "--", "node", server],
       { stdio: ["pipe", "pipe", "ignore"] });
@@ -117,7 +127,8 @@ async function turn(p, until) {
   return p.replays - r0;
 }
 
-const kinds = mode === "turns" ? ["direct", "replay", "null"] : [mode];
+const kinds = mode === "turns" ? ["direct", "replay", "null"]
+  : floorBin ? ["fresh", "relay"] : [mode];
 const peers = kinds.map(peer);
 for (const p of peers) await open(p);
 for (const p of peers) await warm(p);

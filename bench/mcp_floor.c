@@ -23,6 +23,7 @@
  *   mcp_floor STORE SECONDS http URL        (Streamable HTTP, one session)
  *   mcp_floor STORE SECONDS stdio CMD ARG...  (a stdio server it starts)
  *   mcp_floor STORE SECONDS gaps            (no server: the figures above)
+ *   mcp_floor STORE relay CMD ARG...        (a proxy: see relay() below)
  *
  * The server must have server-everything's echo tool. Every answer is
  * checked (its id and the echo's text); a wrong one ends the run with exit
@@ -275,6 +276,69 @@ static int gaps(idem_store *store, double secs) {
   return 0;
 }
 
+/*
+ * relay: the least a proxy in front of a stdio server does for a fresh
+ * keyed call, on one thread, with the client's own pipes: it reads the
+ * client's line, claims the key it finds in it, writes the line to the
+ * server unchanged, reads the answer, records it and writes it to the
+ * client, until the client closes its end. bench/mcp.sh drives it with the
+ * same client as `idem mcp` ("relay floor"): the serial floor plus the
+ * client's hop, which a proxy cannot avoid. No parsing (the key and the id
+ * are found by their text), no fingerprint, no second thread: it blocks on
+ * the store and on the server where a proxy must not, and answers only
+ * the call it waits for (the server's other lines are dropped).
+ */
+static int relay(idem_store *store, char **cmd) {
+  static const char mark[] = "\"idempotencyKey\":\"";
+  char *line = NULL;
+  size_t cap = 0;
+  ssize_t n;
+  text a = {0};
+  stdio_start(cmd);
+  while ((n = getline(&line, &cap, stdin)) > 0) {
+    const char *at = strstr(line, "\"id\":");
+    const char *k = strstr(line, mark);
+    long id = at ? strtol(at + 5, NULL, 10) : -1;
+    idem_call *c = NULL;
+    if (line[n - 1] == '\n')
+      line[--n] = '\0';
+    if (k) {
+      char key[256];
+      const char *e = strchr(k + sizeof mark - 1, '"');
+      size_t kl = e ? (size_t)(e - (k + sizeof mark - 1)) : 0;
+      idem_id iid = {"bench", "echo", key};
+      if (!kl || kl >= sizeof key)
+        die("relay", "a key it cannot read");
+      memcpy(key, k + sizeof mark - 1, kl);
+      key[kl] = '\0';
+      if (idem_claim(store, &iid, fp, NULL, &c) != IDEM_OK ||
+          idem_call_outcome(c) != IDEM_PROCEED)
+        die("claim", idem_errmsg());
+    }
+    stdio_call(line, id, &a);
+    if (c) {
+      idem_response r;
+      memset(&r, 0, sizeof r);
+      r.status = 200;
+      r.body = a.buf;
+      r.body_len = a.len;
+      if (idem_complete(store, c, &r) != IDEM_OK)
+        die("complete", idem_errmsg());
+      idem_call_free(c);
+    }
+    if (a.len && (fwrite(a.buf, 1, a.len, stdout) != a.len || fflush(stdout)))
+      break;
+  }
+  free(line);
+  free(a.buf);
+  fclose(to_server);
+  fclose(from_server);
+  kill(server_pid, SIGTERM);
+  waitpid(server_pid, NULL, 0);
+  idem_store_close(store);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   idem_store *store;
   double secs, t0, end;
@@ -283,11 +347,18 @@ int main(int argc, char **argv) {
   long calls = 0;
   text a = {0};
   int gap_mode = argc == 4 && strcmp(argv[3], "gaps") == 0;
+  if (argc >= 4 && strcmp(argv[2], "relay") == 0) {
+    signal(SIGPIPE, SIG_IGN);
+    if (idem_store_open(argv[1], NULL, &store) != IDEM_OK)
+      die(argv[1], idem_errmsg());
+    return relay(store, argv + 3);
+  }
   if (!gap_mode &&
       (argc < 5 || (strcmp(argv[3], "http") != 0 && strcmp(argv[3], "stdio"))))
     die("usage",
         "mcp_floor STORE SECONDS http URL | mcp_floor STORE SECONDS stdio CMD "
-        "ARG... | mcp_floor STORE SECONDS gaps");
+        "ARG... | mcp_floor STORE SECONDS gaps | mcp_floor STORE relay CMD "
+        "ARG...");
   secs = atof(argv[2]);
   use_http = strcmp(argv[3], "http") == 0;
   signal(SIGPIPE, SIG_IGN);
