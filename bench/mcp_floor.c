@@ -155,6 +155,14 @@ static void stdio_start(char **argv) {
     die("fdopen", "cannot");
 }
 
+/* Closes the server's pipes, ends it and waits for it. */
+static void stdio_stop(void) {
+  fclose(to_server);
+  fclose(from_server);
+  kill(server_pid, SIGTERM);
+  waitpid(server_pid, NULL, 0);
+}
+
 /* Sends a line and reads lines up to the answer whose id is id (the
  * server's notifications are skipped); id < 0: a notification, no answer. */
 static void stdio_call(const char *line, long id, text *answer) {
@@ -276,6 +284,28 @@ static int gaps(idem_store *store, double secs) {
   return 0;
 }
 
+/* Claims a new key of the echo tool: its call, or the run ends. */
+static idem_call *claim_new(idem_store *store, const char *key) {
+  idem_id id = {"bench", "echo", key};
+  idem_call *c = NULL;
+  if (idem_claim(store, &id, fp, NULL, &c) != IDEM_OK ||
+      idem_call_outcome(c) != IDEM_PROCEED)
+    die("claim", idem_errmsg());
+  return c;
+}
+
+/* Records the server's answer as c's result, and frees c. */
+static void record(idem_store *store, idem_call *c, const text *answer) {
+  idem_response r;
+  memset(&r, 0, sizeof r);
+  r.status = 200;
+  r.body = answer->buf;
+  r.body_len = answer->len;
+  if (idem_complete(store, c, &r) != IDEM_OK)
+    die("complete", idem_errmsg());
+  idem_call_free(c);
+}
+
 /*
  * relay: the least a proxy in front of a stdio server does for a fresh
  * keyed call, on one thread, with the client's own pipes: it reads the
@@ -306,35 +336,21 @@ static int relay(idem_store *store, char **cmd) {
       char key[256];
       const char *e = strchr(k + sizeof mark - 1, '"');
       size_t kl = e ? (size_t)(e - (k + sizeof mark - 1)) : 0;
-      idem_id iid = {"bench", "echo", key};
       if (!kl || kl >= sizeof key)
         die("relay", "a key it cannot read");
       memcpy(key, k + sizeof mark - 1, kl);
       key[kl] = '\0';
-      if (idem_claim(store, &iid, fp, NULL, &c) != IDEM_OK ||
-          idem_call_outcome(c) != IDEM_PROCEED)
-        die("claim", idem_errmsg());
+      c = claim_new(store, key);
     }
     stdio_call(line, id, &a);
-    if (c) {
-      idem_response r;
-      memset(&r, 0, sizeof r);
-      r.status = 200;
-      r.body = a.buf;
-      r.body_len = a.len;
-      if (idem_complete(store, c, &r) != IDEM_OK)
-        die("complete", idem_errmsg());
-      idem_call_free(c);
-    }
+    if (c)
+      record(store, c, &a);
     if (a.len && (fwrite(a.buf, 1, a.len, stdout) != a.len || fflush(stdout)))
       break;
   }
   free(line);
   free(a.buf);
-  fclose(to_server);
-  fclose(from_server);
-  kill(server_pid, SIGTERM);
-  waitpid(server_pid, NULL, 0);
+  stdio_stop();
   idem_store_close(store);
   return 0;
 }
@@ -380,14 +396,10 @@ int main(int argc, char **argv) {
   end = t0 + 1000 * secs + 500;
   for (long i = 1; now_ms() < end; i++) {
     char key[64], line[256], want[64];
-    idem_id id = {"bench", "echo", key};
-    idem_call *c = NULL;
-    idem_response r;
+    idem_call *c;
     double s = now_ms();
     snprintf(key, sizeof key, "floor-%ld-%ld", (long)getpid(), i);
-    if (idem_claim(store, &id, fp, NULL, &c) != IDEM_OK ||
-        idem_call_outcome(c) != IDEM_PROCEED)
-      die("claim", idem_errmsg());
+    c = claim_new(store, key);
     snprintf(line, sizeof line,
              "{\"jsonrpc\":\"2.0\",\"id\":%ld,\"method\":\"tools/call\","
              "\"params\":{\"name\":\"echo\",\"arguments\":{\"message\":"
@@ -397,13 +409,7 @@ int main(int argc, char **argv) {
     snprintf(want, sizeof want, "Echo: hello %ld\"", i);
     if (!strstr(a.buf, want))
       die("tools/call", a.buf);
-    memset(&r, 0, sizeof r);
-    r.status = 200;
-    r.body = a.buf;
-    r.body_len = a.len;
-    if (idem_complete(store, c, &r) != IDEM_OK)
-      die("complete", idem_errmsg());
-    idem_call_free(c);
+    record(store, c, &a);
     if (s - t0 >= 500) { /* timed after the first half second */
       if (nlat == caplat) {
         caplat = caplat ? caplat * 2 : 4096;
@@ -424,10 +430,7 @@ int main(int argc, char **argv) {
     curl_easy_cleanup(http);
     curl_global_cleanup();
   } else {
-    fclose(to_server);
-    fclose(from_server);
-    kill(server_pid, SIGTERM);
-    waitpid(server_pid, NULL, 0);
+    stdio_stop();
   }
   idem_store_close(store);
   return 0;

@@ -615,9 +615,9 @@ static void to_server_state(mcp_proxy *p, mcp_call *c) {
 }
 
 /* Queues an ended call for a worker, or leaves it to the thread that is
- * still writing it. Called with p->lock held. */
-/* end_queue() without waking a worker: 1 when the caller must signal
- * p->work once it has released p->lock (see enqueue_quiet()). */
+ * still writing it, without waking a worker: 1 when the caller must signal
+ * p->work once it has released p->lock (see enqueue_quiet()). Called with
+ * p->lock held. */
 static int end_queue_quiet(mcp_proxy *p, mcp_call *c) {
   c->state = CALL_END;
   if (c->sending) {
@@ -628,6 +628,7 @@ static int end_queue_quiet(mcp_proxy *p, mcp_call *c) {
   return 1;
 }
 
+/* end_queue_quiet() and the signal, under p->lock. */
 static void end_queue(mcp_proxy *p, mcp_call *c) {
   if (end_queue_quiet(p, c))
     pthread_cond_signal(&p->work);
