@@ -68,15 +68,20 @@
 #            kind of store, no network
 #   serial floor  (1 client) bench/mcp_floor against the same server: claim,
 #            the call, record, on one thread, as in the stdio part
+#   relay    (1 client; the relay floor) `mcp_floor STORE httprelay URL`
+#            in front of the same server, a new key per call, in turns with
+#            the others: the serial floor's work plus the client's hop (the
+#            request read whole, the answer written back in one write), on
+#            one thread that blocks where a proxy must not
 # It prints the medians (calls/s, p50 and p99 latency, the CPU time per
 # call of the client, the proxy and the server during each target's turns)
 # and the ratios against the targets (replay >= 2x direct,
 # unkeyed >= 0.8x direct, fresh >= 0.8x floor, for 1 and 32 clients).
 # A missed target is reported, never a failure; it exits non-zero only
 # when a run failed. A target that nginx itself misses beside it (unkeyed
-# against nginx / direct; fresh against the proxied floor, nginx and the
-# store's two commits one after the other, and against the serial floor)
-# is said to be above the floor.
+# against nginx / direct; fresh against the relay floor where there is
+# one, else the serial floor through nginx's hop) is said to be above the
+# floor.
 #
 # Environment: BENCH_SECONDS (default 3), BENCH_ROUNDS (default 3), TMPDIR,
 # BENCH_MCP_HTTP_ONLY=1 (only the HTTP part), BENCH_MCP_STDIO_ONLY=1 (only
@@ -101,9 +106,10 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/idem-bench-mcp.XXXXXX")
 SRV_PID=""
 NG_PID=""
 PX_PID=""
+RL_PID=""
 cleanup() {
-  for p in $PX_PID $NG_PID $SRV_PID; do kill "$p" 2>/dev/null || true; done
-  for p in $PX_PID $NG_PID $SRV_PID; do wait "$p" 2>/dev/null || true; done
+  for p in $PX_PID $RL_PID $NG_PID $SRV_PID; do kill "$p" 2>/dev/null || true; done
+  for p in $PX_PID $RL_PID $NG_PID $SRV_PID; do wait "$p" 2>/dev/null || true; done
   rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -507,10 +513,36 @@ http_round() {
     return 0
   fi
   watch=$watch,idem=$PX_PID
+  # One client: the relay floor in front of the same server, its own store.
+  if [ "$hclients" = 1 ] && [ -n "$FLOOR_BIN" ]; then
+    "$FLOOR_BIN" "sqlite:$WORK/$hname.relay.db" httprelay "$SRV_URL" \
+      2>"$WORK/out/$hname.relay.err" &
+    RL_PID=$!
+    if wait_line "$WORK/out/$hname.relay.err" "^mcp_floor: listening on http://" $RL_PID; then
+      set -- "$@" "relay:fresh=$(sed -n 's|^mcp_floor: listening on ||p' \
+        "$WORK/out/$hname.relay.err" | head -n 1)"
+      watch=$watch,relay=$RL_PID
+    else
+      failed=1
+      printf '  %-16sFAILED (the relay floor did not start)\n' "$hname" >&2
+      sed 's/^/    /' "$WORK/out/$hname.relay.err" >&2
+      stop $RL_PID || true
+      RL_PID=""
+    fi
+  fi
   step "$hname" env WATCH="$watch" CLK_TCK="$(getconf CLK_TCK 2>/dev/null || echo 100)" \
     node "$WORK/mcp_http_client.mjs" turns "$SECS" "$hclients" "$@" \
     "unkeyed:unkeyed=$PX_URL" "fresh:fresh=$PX_URL" "replay:replay=$PX_URL"
-  split_modes "$WORK/out/$hname.json" "$WORK/out/$hname" "" direct nginx unkeyed fresh replay
+  split_modes "$WORK/out/$hname.json" "$WORK/out/$hname" "" direct nginx unkeyed fresh replay relay
+  if [ -n "$RL_PID" ]; then
+    st=0
+    stop $RL_PID || st=$?
+    if [ $st -ne 0 ]; then
+      failed=1
+      echo "    the relay floor exited with status $st" >&2
+    fi
+    RL_PID=""
+  fi
   # One client: the serial floor against the same server, in the same
   # round (it is one thread: no such floor for 32 clients).
   if [ "$hclients" = 1 ] && [ -n "$FLOOR_BIN" ]; then
@@ -566,15 +598,16 @@ def docs(n, mode):
         p = os.path.join(out, 'r%d.h%d.%s.json' % (r, n, mode))
         if os.path.exists(p):
             d = json.load(open(p))
-            # The proxy: nginx for nginx's turns, idem for its own.
-            who = {'nginx': 'nginx', 'direct': None}.get(mode, 'idem')
+            # The proxy: nginx for nginx's turns, the relay floor for its
+            # own, idem for its own.
+            who = {'nginx': 'nginx', 'relay': 'relay', 'direct': None}.get(mode, 'idem')
             d['proxy_cpu_ms_per_call'] = d.get('%s_cpu_ms_per_call' % who) if who else None
             xs.append(d)
     return xs
 def med(n, mode, field):
     xs = [d[field] for d in docs(n, mode) if d.get(field) is not None]
     return statistics.median(xs) if xs else None
-MODES = ('direct', 'nginx', 'unkeyed', 'fresh', 'replay', 'floor', 'sfloor')
+MODES = ('direct', 'nginx', 'unkeyed', 'fresh', 'replay', 'relay', 'floor', 'sfloor')
 rate = {}
 print()
 print('idem mcp --listen: tools/call round trips over Streamable HTTP, each client one call at a time')
@@ -599,6 +632,7 @@ for n in (1, 32):
 print('  nginx: the clients through nginx as a plain reverse proxy (one process, no key).')
 print('  floor: idem bench claim + complete, --workers CLIENTS, no network.')
 print('  sfloor: bench/mcp_floor (1 client): claim, the call to the server, record, one thread.')
+print('  relay: the relay floor (1 client): sfloor plus the client\'s hop, one thread, in turns.')
 print('  the targets take turns of 300 ms on one server, nginx and proxy per round;')
 print('  cpu ms/call: CPU time of each process during a target\'s turns per call.')
 missed = 0
@@ -645,7 +679,9 @@ for n in (1, 32):
         # beside it, while the proxy comes within 0.8 of the reference, is
         # above this machine's floor: said so, with the figures.
         ref = {'unkeyed': 'nginx', 'fresh': 'proxied floor'}.get(a)
-        if a == 'fresh' and rate[n, 'proxied serial floor']:
+        if a == 'fresh' and rate[n, 'relay']:
+            ref = 'relay'
+        elif a == 'fresh' and rate[n, 'proxied serial floor']:
             ref = 'proxied serial floor'
         best = rate[n, ref] / rate[n, b] if ref and rate[n, ref] else None
         if ok:
@@ -661,6 +697,8 @@ for n in (1, 32):
         print('%-42s %8.2f %8s  %s' % (label, x, '>= %.1f' % target, verdict))
     for a, b, note in (('unkeyed', 'nginx', 'a call passed through, against nginx'),
                        ('fresh', 'proxied floor', 'a fresh call, against the least proxy and the store'),
+                       ('fresh', 'relay', 'fresh / relay floor: the least proxy that keeps records'),
+                       ('relay', 'fresh floor', 'the most fresh / fresh floor here'),
                        ('fresh', 'proxied serial floor', 'against the least proxy, claim, call and record'),
                        ('fresh', 'sfloor', 'fresh / serial floor: claim, call, record on one thread'),
                        ('nginx', 'direct', 'the best unkeyed / direct a proxy reaches here'),

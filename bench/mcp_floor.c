@@ -24,6 +24,8 @@
  *   mcp_floor STORE SECONDS stdio CMD ARG...  (a stdio server it starts)
  *   mcp_floor STORE SECONDS gaps            (no server: the figures above)
  *   mcp_floor STORE relay CMD ARG...        (a proxy: see relay() below)
+ *   mcp_floor STORE httprelay URL           (a proxy over Streamable HTTP:
+ *                                            see http_relay() below)
  *
  * The server must have server-everything's echo tool. Every answer is
  * checked (its id and the echo's text); a wrong one ends the run with exit
@@ -32,11 +34,15 @@
 #define _GNU_SOURCE
 #include <curl/curl.h>
 #include <idem.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -73,36 +79,49 @@ static void text_add(text *t, const char *p, size_t n) {
   t->buf[t->len] = '\0';
 }
 
-/* HTTP: one easy handle (one kept-alive connection) and the session. */
+/* HTTP: one easy handle (one kept-alive connection), the session and the
+ * last answer's content type. */
 static CURL *http;
 static const char *http_url;
 static char session[256];
+static char content_type[128];
 
 static size_t on_body(char *p, size_t size, size_t n, void *ctx) {
   text_add(ctx, p, size * n);
   return size * n;
 }
 
+/* Copies the value of header line p (len bytes) into out when its name is
+ * name (with the colon, lower case); 1 if it was. */
+static int header_value(const char *p, size_t len, const char *name,
+                        char *out, size_t cap) {
+  size_t nl = strlen(name);
+  const char *v = p + nl;
+  size_t vl = len - nl;
+  if (len <= nl || strncasecmp(p, name, nl) != 0)
+    return 0;
+  while (vl && (*v == ' ' || *v == '\t'))
+    v++, vl--;
+  while (vl && (v[vl - 1] == '\r' || v[vl - 1] == '\n' || v[vl - 1] == ' '))
+    vl--;
+  if (vl >= cap)
+    return 0;
+  memcpy(out, v, vl);
+  out[vl] = '\0';
+  return 1;
+}
+
 static size_t on_header(char *p, size_t size, size_t n, void *ctx) {
   size_t len = size * n;
-  static const char name[] = "mcp-session-id:";
   (void)ctx;
-  if (len > sizeof name && strncasecmp(p, name, sizeof name - 1) == 0) {
-    const char *v = p + sizeof name - 1;
-    size_t vl = len - (sizeof name - 1);
-    while (vl && (*v == ' ' || *v == '\t'))
-      v++, vl--;
-    while (vl && (v[vl - 1] == '\r' || v[vl - 1] == '\n' || v[vl - 1] == ' '))
-      vl--;
-    if (vl < sizeof session) {
-      memcpy(session, v, vl);
-      session[vl] = '\0';
-    }
-  }
+  if (!header_value(p, len, "mcp-session-id:", session, sizeof session))
+    header_value(p, len, "content-type:", content_type, sizeof content_type);
   return len;
 }
 
-static void http_post(const char *body, text *answer) {
+/* Posts body in the session; the answer's body in answer, its status
+ * returned (200 or 202, or the run ends). */
+static long http_post(const char *body, text *answer) {
   struct curl_slist *h = NULL;
   char sh[300];
   CURLcode cc;
@@ -115,6 +134,7 @@ static void http_post(const char *body, text *answer) {
     h = curl_slist_append(h, sh);
   }
   answer->len = 0;
+  content_type[0] = '\0';
   curl_easy_setopt(http, CURLOPT_URL, http_url);
   curl_easy_setopt(http, CURLOPT_HTTPHEADER, h);
   curl_easy_setopt(http, CURLOPT_POSTFIELDS, body);
@@ -128,6 +148,7 @@ static void http_post(const char *body, text *answer) {
   if (status != 200 && status != 202)
     die(http_url, answer->len ? answer->buf : "not 200 or 202");
   text_add(answer, "", 0); /* "" when nothing came */
+  return status;
 }
 
 /* stdio: the server's pipes. */
@@ -306,6 +327,25 @@ static void record(idem_store *store, idem_call *c, const text *answer) {
   idem_call_free(c);
 }
 
+/* Claims the key that message holds in its "idempotencyKey" (found by its
+ * text, not parsed): the call, or NULL where it holds none. */
+static idem_call *claim_marked(idem_store *store, const char *message) {
+  static const char mark[] = "\"idempotencyKey\":\"";
+  const char *k = strstr(message, mark), *e;
+  char key[256];
+  size_t kl;
+  if (!k)
+    return NULL;
+  k += sizeof mark - 1;
+  e = strchr(k, '"');
+  kl = e ? (size_t)(e - k) : 0;
+  if (!kl || kl >= sizeof key)
+    die("relay", "a key it cannot read");
+  memcpy(key, k, kl);
+  key[kl] = '\0';
+  return claim_new(store, key);
+}
+
 /*
  * relay: the least a proxy in front of a stdio server does for a fresh
  * keyed call, on one thread, with the client's own pipes: it reads the
@@ -319,7 +359,6 @@ static void record(idem_store *store, idem_call *c, const text *answer) {
  * the call it waits for (the server's other lines are dropped).
  */
 static int relay(idem_store *store, char **cmd) {
-  static const char mark[] = "\"idempotencyKey\":\"";
   char *line = NULL;
   size_t cap = 0;
   ssize_t n;
@@ -327,21 +366,11 @@ static int relay(idem_store *store, char **cmd) {
   stdio_start(cmd);
   while ((n = getline(&line, &cap, stdin)) > 0) {
     const char *at = strstr(line, "\"id\":");
-    const char *k = strstr(line, mark);
     long id = at ? strtol(at + 5, NULL, 10) : -1;
-    idem_call *c = NULL;
+    idem_call *c;
     if (line[n - 1] == '\n')
       line[--n] = '\0';
-    if (k) {
-      char key[256];
-      const char *e = strchr(k + sizeof mark - 1, '"');
-      size_t kl = e ? (size_t)(e - (k + sizeof mark - 1)) : 0;
-      if (!kl || kl >= sizeof key)
-        die("relay", "a key it cannot read");
-      memcpy(key, k + sizeof mark - 1, kl);
-      key[kl] = '\0';
-      c = claim_new(store, key);
-    }
+    c = claim_marked(store, line);
     stdio_call(line, id, &a);
     if (c)
       record(store, c, &a);
@@ -351,6 +380,177 @@ static int relay(idem_store *store, char **cmd) {
   free(line);
   free(a.buf);
   stdio_stop();
+  idem_store_close(store);
+  return 0;
+}
+
+/* ---- the relay over Streamable HTTP ------------------------------------ */
+
+static volatile sig_atomic_t stopping;
+
+static void on_term(int sig) {
+  (void)sig;
+  stopping = 1;
+}
+
+/* Reads from fd into t until t begins with one whole request: its headers'
+ * length in *head, its body's (Content-Length) in *blen, the request's
+ * Mcp-Session-Id in session ("" without one). 0 at the end of the
+ * connection (or a signal). */
+static int read_request(int fd, text *t, size_t *head, size_t *blen) {
+  for (;;) {
+    const char *end = t->len ? strstr(t->buf, "\r\n\r\n") : NULL;
+    char buf[16384];
+    ssize_t n;
+    if (end) {
+      const char *l = strstr(t->buf, "\r\n") + 2;
+      char v[32];
+      *head = (size_t)(end + 4 - t->buf);
+      *blen = 0;
+      session[0] = '\0';
+      for (; l < end + 2; l = strstr(l, "\r\n") + 2) {
+        size_t ll = strcspn(l, "\r\n");
+        if (header_value(l, ll, "content-length:", v, sizeof v))
+          *blen = strtoul(v, NULL, 10);
+        header_value(l, ll, "mcp-session-id:", session, sizeof session);
+      }
+      if (t->len >= *head + *blen)
+        return 1;
+    }
+    if ((n = read(fd, buf, sizeof buf)) <= 0)
+      return 0;
+    text_add(t, buf, (size_t)n);
+  }
+}
+
+/* Writes all of p (n bytes) to fd; 0 if the connection broke. */
+static int write_all(int fd, const char *p, size_t n) {
+  while (n) {
+    ssize_t w = write(fd, p, n);
+    if (w <= 0)
+      return 0;
+    p += w, n -= (size_t)w;
+  }
+  return 1;
+}
+
+/* Answers one whole request at the start of in (head and blen from
+ * read_request()) on fd, and takes it off in; 0 if fd broke. */
+static int relay_request(idem_store *store, int fd, text *in, size_t head,
+                         size_t blen) {
+  static text body, a, out;
+  idem_call *c;
+  long status;
+  char line[512];
+  int ok;
+  if (strncmp(in->buf, "POST ", 5) != 0) {
+    static const char no[] =
+        "HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\n\r\n";
+    ok = write_all(fd, no, sizeof no - 1);
+  } else {
+    body.len = 0;
+    text_add(&body, in->buf + head, blen);
+    c = claim_marked(store, body.buf);
+    status = http_post(body.buf, &a);
+    if (c)
+      record(store, c, &a);
+    out.len = 0;
+    snprintf(line, sizeof line, "HTTP/1.1 %ld %s\r\n", status,
+             status == 200 ? "OK" : "Accepted");
+    text_add(&out, line, strlen(line));
+    if (content_type[0]) {
+      snprintf(line, sizeof line, "Content-Type: %s\r\n", content_type);
+      text_add(&out, line, strlen(line));
+    }
+    if (session[0]) {
+      snprintf(line, sizeof line, "Mcp-Session-Id: %s\r\n", session);
+      text_add(&out, line, strlen(line));
+    }
+    snprintf(line, sizeof line, "Content-Length: %zu\r\n\r\n", a.len);
+    text_add(&out, line, strlen(line));
+    text_add(&out, a.buf, a.len);
+    ok = write_all(fd, out.buf, out.len);
+  }
+  in->len -= head + blen;
+  memmove(in->buf, in->buf + head + blen, in->len + 1);
+  return ok;
+}
+
+/*
+ * http_relay: relay() over Streamable HTTP. One thread listens on a free
+ * port of 127.0.0.1 (its URL on stderr: "mcp_floor: listening on URL")
+ * and, for each request a client sends (keep-alive, any number of
+ * connections, one request at a time each), reads it whole, claims the key
+ * it finds in the body, posts the body to URL on one kept-alive connection
+ * (libcurl, as the serial floor; the request's Mcp-Session-Id passed on),
+ * reads the whole answer, records it and writes it back in one write with
+ * the upstream's status, Content-Type and Mcp-Session-Id, until SIGTERM.
+ * No streaming, no parsing, no GET stream: the least a proxy does for a
+ * fresh call over HTTP, blocking where a proxy must not.
+ */
+static int http_relay(idem_store *store, const char *url) {
+  enum { MAXC = 64 };
+  struct pollfd pf[MAXC + 1];
+  text in[MAXC + 1];
+  struct sockaddr_in sa;
+  socklen_t sl = sizeof sa;
+  struct sigaction st;
+  int one = 1, nc = 0;
+  int ls = socket(AF_INET, SOCK_STREAM, 0);
+  memset(&sa, 0, sizeof sa);
+  memset(in, 0, sizeof in);
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (ls < 0 || bind(ls, (struct sockaddr *)&sa, sizeof sa) != 0 ||
+      listen(ls, 64) != 0 || getsockname(ls, (struct sockaddr *)&sa, &sl))
+    die("httprelay", "cannot listen on 127.0.0.1");
+  memset(&st, 0, sizeof st);
+  st.sa_handler = on_term; /* no SA_RESTART: poll() and read() return */
+  sigaction(SIGTERM, &st, NULL);
+  sigaction(SIGINT, &st, NULL);
+  curl_global_init(CURL_GLOBAL_DEFAULT);
+  if (!(http = curl_easy_init()))
+    die("curl", "cannot start");
+  http_url = url;
+  fprintf(stderr, "mcp_floor: listening on http://127.0.0.1:%d/mcp\n",
+          ntohs(sa.sin_port));
+  pf[0].fd = ls;
+  pf[0].events = POLLIN;
+  while (!stopping) {
+    if (poll(pf, (nfds_t)nc + 1, -1) < 0)
+      continue;
+    for (int i = 1; i <= nc; i++) {
+      size_t head, blen;
+      if (!pf[i].revents)
+        continue;
+      if (read_request(pf[i].fd, &in[i], &head, &blen) &&
+          relay_request(store, pf[i].fd, &in[i], head, blen))
+        continue;
+      close(pf[i].fd); /* the connection ended: the last one takes its place */
+      free(in[i].buf);
+      pf[i] = pf[nc];
+      in[i] = in[nc];
+      memset(&in[nc], 0, sizeof in[nc]);
+      nc--, i--;
+    }
+    if ((pf[0].revents & POLLIN) && nc < MAXC) {
+      int fd = accept(ls, NULL, NULL);
+      if (fd >= 0) {
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        nc++;
+        pf[nc].fd = fd;
+        pf[nc].events = POLLIN;
+        pf[nc].revents = 0;
+      }
+    }
+  }
+  for (int i = 1; i <= nc; i++) {
+    close(pf[i].fd);
+    free(in[i].buf);
+  }
+  close(ls);
+  curl_easy_cleanup(http);
+  curl_global_cleanup();
   idem_store_close(store);
   return 0;
 }
@@ -369,12 +569,18 @@ int main(int argc, char **argv) {
       die(argv[1], idem_errmsg());
     return relay(store, argv + 3);
   }
+  if (argc == 4 && strcmp(argv[2], "httprelay") == 0) {
+    signal(SIGPIPE, SIG_IGN);
+    if (idem_store_open(argv[1], NULL, &store) != IDEM_OK)
+      die(argv[1], idem_errmsg());
+    return http_relay(store, argv[3]);
+  }
   if (!gap_mode &&
       (argc < 5 || (strcmp(argv[3], "http") != 0 && strcmp(argv[3], "stdio"))))
     die("usage",
         "mcp_floor STORE SECONDS http URL | mcp_floor STORE SECONDS stdio CMD "
         "ARG... | mcp_floor STORE SECONDS gaps | mcp_floor STORE relay CMD "
-        "ARG...");
+        "ARG... | mcp_floor STORE httprelay URL");
   secs = atof(argv[2]);
   use_http = strcmp(argv[3], "http") == 0;
   signal(SIGPIPE, SIG_IGN);
