@@ -143,8 +143,10 @@ void hx_unref(hx *h) {
     hx_free(h);
 }
 
-/* Wakes the connection when it is suspended; h->mu held. */
+/* Wakes the connection when it is suspended (a head held goes out with
+ * it); h->mu held. */
 static void wake(hx *h) {
+  h->head_held = 0;
   if (h->suspended && !h->gone) {
     h->suspended = 0;
     MHD_resume_connection(h->c);
@@ -170,8 +172,73 @@ static int keep_headers(hx *h, const up_header *hs, size_t n) {
   return 0;
 }
 
+/*
+ * Heads held. A keyed call's answer has its head first (as soon as the
+ * server's event stream begins) and its message only after the record. Sent
+ * at once, the head goes out alone, and the message and the end of the
+ * chunked stream follow in two more writes after the record (libmicrohttpd
+ * reads the end in a second run): three wake-ups of the client where one
+ * does. So a keyed call's head waits for the answer's first bytes (an event
+ * passed on as it comes) or its end (then the whole answer goes out in one
+ * write, with its length), HX_HEAD_HOLD_MS at most: after that it goes
+ * alone, so that a slow tool's client still sees its stream open. One
+ * client, fresh keys, alternating with the proxy that did not hold: 1.03
+ * to 1.08x the calls/s in five runs. Calls passed through do not hold:
+ * there the client's wake-up for the head overlaps the server's work, and
+ * holding gained nothing (0.84 to 1.10x, median 1.0, in eight runs). The
+ * list is the upstream loop's own (heads are made there and the daemon
+ * runs there), oldest first; a head woken sooner stays on it until its
+ * time or the end of its request.
+ */
+static hx *held_first, *held_last;
+
+static void held_unlink(hx *h) {
+  if (h->hprev)
+    h->hprev->hnext = h->hnext;
+  else
+    held_first = h->hnext;
+  if (h->hnext)
+    h->hnext->hprev = h->hprev;
+  else
+    held_last = h->hprev;
+  h->hprev = h->hnext = NULL;
+  h->in_held = 0;
+}
+
+/* upstream_after()'s: the heads whose time has come go out alone. */
+static void held_due(void) {
+  int64_t now = hx_mono_ms();
+  while (held_first && held_first->held_until <= now) {
+    hx *h = held_first;
+    held_unlink(h);
+    pthread_mutex_lock(&h->mu);
+    if (h->head_held)
+      wake(h);
+    pthread_mutex_unlock(&h->mu);
+  }
+  if (held_first)
+    upstream_after((int)(held_first->held_until - now), held_due);
+}
+
+/* Holds h's head (h->mu held): see above. */
+static void hold(hx *h) {
+  h->head_held = 1;
+  h->held_until = hx_mono_ms() + HX_HEAD_HOLD_MS;
+  if (!h->in_held) {
+    h->in_held = 1;
+    h->hnext = NULL;
+    h->hprev = held_last;
+    if (held_last)
+      held_last->hnext = h;
+    else
+      held_first = h;
+    held_last = h;
+  }
+  upstream_after(HX_HEAD_HOLD_MS, held_due);
+}
+
 int hx_answer_head(hx *h, int status, const up_header *hs, size_t n,
-                   int64_t length) {
+                   int64_t length, int held) {
   int rc;
   pthread_mutex_lock(&h->mu);
   rc = keep_headers(h, hs, n);
@@ -183,7 +250,10 @@ int hx_answer_head(hx *h, int status, const up_header *hs, size_t n,
   h->streaming = 1;
   h->length = length;
   h->ready = 1;
-  wake(h);
+  if (held && h->out_len == h->out_off && !h->out_end && !h->peer_closed)
+    hold(h);
+  else
+    wake(h);
   pthread_mutex_unlock(&h->mu);
   return rc;
 }
@@ -487,7 +557,7 @@ static void pass_head(void *ctx, up_response *rs) {
   int64_t len = -1;
   if (rs->content_length)
     len = strtoll(rs->content_length, NULL, 10);
-  hx_answer_head(h, rs->status, rs->headers, rs->nheaders, len);
+  hx_answer_head(h, rs->status, rs->headers, rs->nheaders, len, 0);
 }
 
 static int pass_data(void *ctx, const char *p, size_t n) {
@@ -924,6 +994,8 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
   if (!h)
     return;
   watch_remove(h);
+  if (h->in_held)
+    held_unlink(h);
   pthread_mutex_lock(&h->mu);
   h->gone = 1;
   if (h->decided)

@@ -10,6 +10,10 @@
 #include "../serve/serve.h"
 #include "mcp.h"
 
+/* The longest the head of a keyed call's answer waits for the answer's
+ * first bytes (see hold() in mcp_http.c). */
+#define HX_HEAD_HOLD_MS 10
+
 /* The most a stream holds for a client that does not read it. */
 #define HX_MAX_BUFFERED (8u * 1024 * 1024)
 
@@ -45,6 +49,10 @@ typedef struct hx {
   size_t out_len, out_off, out_cap;
   int out_end, out_broken;
   int suspended;            /* its connection is suspended */
+  int head_held;            /* the head waits for its body (see hold()) */
+  int64_t held_until;       /* the loop's: then it goes alone */
+  struct hx *hprev, *hnext; /* the loop's: the heads held around it */
+  int in_held;              /* the loop's: on the list of heads held */
   int gone;                 /* libmicrohttpd is done with it: never resume */
   int peer_closed;          /* the client closed its side while suspended */
   int fd;                   /* the connection's socket */
@@ -92,9 +100,11 @@ void hx_identity(hx *h);
 void hx_prepare_request(hx *h);
 
 /* The answer's head; its body then comes by hx_stream() and ends with
- * hx_stream_end(). length -1 when unknown. 0, or -1 when out of memory. */
+ * hx_stream_end(). length -1 when unknown. 0, or -1 when out of memory.
+ * On the upstream loop's thread only. held: the head waits for the body's
+ * first bytes or its end, HX_HEAD_HOLD_MS at most (a keyed call's). */
 int hx_answer_head(hx *h, int status, const up_header *hs, size_t n,
-                   int64_t length);
+                   int64_t length, int held);
 /* 0, or -1 when the client is gone or cut off. */
 int hx_stream(hx *h, const char *p, size_t n);
 void hx_stream_end(hx *h, int broken);

@@ -333,9 +333,10 @@ static void k_head(void *ctx, up_response *rs) {
       type = rs->headers[i].value;
   if (rs->status == 200 && type &&
       strncasecmp(type, "text/event-stream", 17) == 0) {
-    /* Events pass on as they come: the head goes out now. */
+    /* Events pass on as they come; the head goes out with the first of
+     * them, or with the answer (see hold() in mcp_http.c). */
     k->sse = 1;
-    hx_answer_head(k->owner, 200, rs->headers, rs->nheaders, -1);
+    hx_answer_head(k->owner, 200, rs->headers, rs->nheaders, -1, 1);
   }
 }
 

@@ -212,6 +212,10 @@ int upstream_drive(struct MHD_Daemon *d);
  * (a connection resumed): the loop runs it before it waits again. Any
  * thread. */
 void upstream_driven_due(void);
+/* On the loop's thread only: the loop calls fn (there) once, at least ms
+ * from now and about then, before it runs the daemon. One fn for all
+ * callers; a later time than one already asked for changes nothing. */
+void upstream_after(int ms, void (*fn)(void));
 /* MHD_quiesce_daemon() of the daemon given to upstream_drive(), on the
  * loop's thread (where d runs), and close() of its listening socket. */
 void upstream_quiesce(void);

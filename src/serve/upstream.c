@@ -622,6 +622,8 @@ static struct {
   int mhd_fd;
   int local_pending;
   int mhd_due; /* upstream_driven_due() on the loop's thread */
+  double tick_at;         /* upstream_after(): when (0: none) */
+  void (*tick_fn)(void);  /* and what then */
   int quiesce; /* upstream_quiesce(): 1 asked, 2 done (under mu) */
   pthread_cond_t quiesced;
   CURL *spare[UP_SPARE_HANDLES]; /* under mu: reset, for the next forwards */
@@ -893,6 +895,12 @@ static void *loop(void *arg) {
       if (L.mhd_due || L.local_pending)
         wait = 0;
     }
+    if (L.tick_at > 0) {
+      double left = L.tick_at - now_ms();
+      int w = left <= 0 ? 0 : (int)left + 1;
+      if (wait < 0 || w < wait)
+        wait = w;
+    }
     n = epoll_wait(L.epfd, ev, 256, wait);
     if (n < 0) {
       if (errno != EINTR)
@@ -927,6 +935,10 @@ static void *loop(void *arg) {
       curl_multi_socket_action(L.multi, CURL_SOCKET_TIMEOUT, 0, &running);
     }
     reap();
+    if (L.tick_at > 0 && now_ms() >= L.tick_at) {
+      L.tick_at = 0;
+      L.tick_fn(); /* before the daemon runs: what it wakes goes out now */
+    }
     if (mhd)
       drive_mhd(mhd, run_mhd || (mhd_deadline > 0 && now_ms() >= mhd_deadline));
     /* Before the check below: an abort and a stop asked together (one
@@ -1080,6 +1092,13 @@ int upstream_drive(struct MHD_Daemon *d) {
   }
   pthread_mutex_unlock(&L.mu);
   return 0;
+}
+
+void upstream_after(int ms, void (*fn)(void)) {
+  double at = now_ms() + ms;
+  L.tick_fn = fn;
+  if (L.tick_at <= 0 || at < L.tick_at)
+    L.tick_at = at;
 }
 
 void upstream_driven_due(void) {

@@ -21,6 +21,7 @@ let getClosed = 0; // GET streams that ended at the upstream
 const hung = []; // requests the upstream never answers
 let hungClosed = 0;
 const held404 = []; // answers the test lets go
+const heldMessages = []; // event streams whose message the test lets go
 const sockets = new Set();
 
 function act(name) {
@@ -139,6 +140,15 @@ const upstream = createServer((req, res) => {
     const n = act(name);
     const result = { content: [{ type: "text", text: `ticket-${n}` }],
       structuredContent: { id: n } };
+    if (how === "held") {
+      // A slow tool without progress: the head at once, the message when
+      // the test lets it go.
+      res.writeHead(200, { "content-type": "text/event-stream", ...hdrs });
+      res.flushHeaders();
+      heldMessages.push(() => res.end(`event: message\ndata: ${JSON.stringify(
+        { jsonrpc: "2.0", id: msg.id, result })}\n\n`));
+      return;
+    }
     if (how === "sse") {
       // CRLF line ends, a comment, a priming event, an id, and the final
       // response's JSON split over two data lines.
@@ -540,6 +550,41 @@ console.error("-- scenario 7");
   // The client's close reaches the upstream: its stream is not held.
   for (let i = 0; i < 200 && getClosed === 0; i++) await new Promise((r) => setTimeout(r, 50));
   eq("GET stream: closed at the upstream once the client closed it", 1, getClosed);
+}
+
+// 7a. The head of an answer to a POST waits only briefly for the answer's
+console.error("-- scenario 7a");
+// first bytes: when the server sends its head at once and its message only
+// later (a slow tool without progress), the client's stream opens while
+// the server still holds the message, keyed or not; the message then
+// arrives whole, and a keyed call's retry replays it.
+{
+  reset();
+  mode.held = "held";
+  let keyed = null; // the keyed call's ticket
+  for (const [label, key, id] of [["unkeyed", null, 71], ["keyed", "held-1", 72]]) {
+    const r = await Promise.race([
+      fetch(`http://127.0.0.1:${px.port}/mcp`, { method: "POST",
+        headers: { "content-type": "application/json",
+          accept: "application/json, text/event-stream", "mcp-session-id": "S7a" },
+        body: JSON.stringify(call(id, "held", {}, key)) }),
+      new Promise((r) => setTimeout(() => r(null), 10000))]);
+    check(`held head, ${label}: the stream opened before the message`, r !== null, r);
+    if (!r) break;
+    eq(`held head, ${label}: an event stream`, "text/event-stream", r.headers.get("content-type"));
+    eq(`held head, ${label}: the message still held at the server`, 1, heldMessages.length);
+    heldMessages.shift()();
+    const got = { status: r.status, headers: r.headers, text: await r.text() };
+    eq(`held head, ${label}: the server's ticket`, `ticket-${tickets}`,
+      final(got, id)?.result?.content?.[0]?.text);
+    keyed = `ticket-${tickets}`;
+  }
+  eq("held head: the server acted once for each call", 2, effects.held);
+  const again = await post(px.port, call(73, "held", {}, "held-1"), { "mcp-session-id": "S7a" });
+  const m = final(again, 73);
+  eq("held head: the keyed retry replays the ticket", keyed, m?.result?.content?.[0]?.text);
+  eq("held head: the retry is marked a replay", true, m?.result?._meta?.["idem/replayed"]);
+  eq("held head: the retry did not act", 2, effects.held);
 }
 
 // 8. The upstream is unreachable: nothing was sent; the key is free.
