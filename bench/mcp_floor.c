@@ -32,6 +32,8 @@
  * 1. Prints one JSON line: ops_per_s, p50_ms, calls, seconds.
  */
 #define _GNU_SOURCE
+#include "floor_io.h"
+
 #include <curl/curl.h>
 #include <idem.h>
 #include <netinet/in.h>
@@ -53,31 +55,7 @@ static double now_ms(void) {
   return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
 }
 
-static void die(const char *what, const char *why) {
-  fprintf(stderr, "mcp_floor: %s: %s\n", what, why);
-  exit(1);
-}
-
 /* ---- the server -------------------------------------------------------- */
-
-typedef struct {
-  char *buf;
-  size_t len, cap;
-} text;
-
-static void text_add(text *t, const char *p, size_t n) {
-  if (t->len + n + 1 > t->cap) {
-    size_t cap = (t->len + n + 1) * 2;
-    char *b = realloc(t->buf, cap);
-    if (!b)
-      die("memory", "out of memory");
-    t->buf = b;
-    t->cap = cap;
-  }
-  memcpy(t->buf + t->len, p, n);
-  t->len += n;
-  t->buf[t->len] = '\0';
-}
 
 /* HTTP: one easy handle (one kept-alive connection), the session and the
  * last answer's content type. */
@@ -89,26 +67,6 @@ static char content_type[128];
 static size_t on_body(char *p, size_t size, size_t n, void *ctx) {
   text_add(ctx, p, size * n);
   return size * n;
-}
-
-/* Copies the value of header line p (len bytes) into out when its name is
- * name (with the colon, lower case); 1 if it was. */
-static int header_value(const char *p, size_t len, const char *name,
-                        char *out, size_t cap) {
-  size_t nl = strlen(name);
-  const char *v = p + nl;
-  size_t vl = len - nl;
-  if (len <= nl || strncasecmp(p, name, nl) != 0)
-    return 0;
-  while (vl && (*v == ' ' || *v == '\t'))
-    v++, vl--;
-  while (vl && (v[vl - 1] == '\r' || v[vl - 1] == '\n' || v[vl - 1] == ' '))
-    vl--;
-  if (vl >= cap)
-    return 0;
-  memcpy(out, v, vl);
-  out[vl] = '\0';
-  return 1;
 }
 
 static size_t on_header(char *p, size_t size, size_t n, void *ctx) {
@@ -142,11 +100,11 @@ static long http_post(const char *body, text *answer) {
   curl_easy_setopt(http, CURLOPT_WRITEDATA, answer);
   curl_easy_setopt(http, CURLOPT_HEADERFUNCTION, on_header);
   if ((cc = curl_easy_perform(http)) != CURLE_OK)
-    die(http_url, curl_easy_strerror(cc));
+    floor_die(http_url, curl_easy_strerror(cc));
   curl_easy_getinfo(http, CURLINFO_RESPONSE_CODE, &status);
   curl_slist_free_all(h);
   if (status != 200 && status != 202)
-    die(http_url, answer->len ? answer->buf : "not 200 or 202");
+    floor_die(http_url, answer->len ? answer->buf : "not 200 or 202");
   text_add(answer, "", 0); /* "" when nothing came */
   return status;
 }
@@ -158,9 +116,9 @@ static pid_t server_pid;
 static void stdio_start(char **argv) {
   int in[2], out[2];
   if (pipe(in) != 0 || pipe(out) != 0)
-    die("pipe", "cannot make one");
+    floor_die("pipe", "cannot make one");
   if ((server_pid = fork()) < 0)
-    die("fork", "cannot");
+    floor_die("fork", "cannot");
   if (server_pid == 0) {
     dup2(in[0], 0);
     dup2(out[1], 1);
@@ -173,7 +131,7 @@ static void stdio_start(char **argv) {
   to_server = fdopen(in[1], "w");
   from_server = fdopen(out[0], "r");
   if (!to_server || !from_server)
-    die("fdopen", "cannot");
+    floor_die("fdopen", "cannot");
 }
 
 /* Closes the server's pipes, ends it and waits for it. */
@@ -201,7 +159,7 @@ static void stdio_call(const char *line, long id, text *answer) {
   for (;;) {
     ssize_t n = getline(&buf, &cap, from_server);
     if (n < 0)
-      die("stdio server", "its output ended");
+      floor_die("stdio server", "its output ended");
     if (strstr(buf, want[0]) || strstr(buf, want[1])) {
       text_add(answer, buf, (size_t)n);
       return;
@@ -225,7 +183,7 @@ static void handshake(void) {
        "\"clientInfo\":{\"name\":\"mcp_floor\",\"version\":\"1\"}}}",
        0, &a);
   if (!strstr(a.buf, "\"result\""))
-    die("initialize", a.buf);
+    floor_die("initialize", a.buf);
   call("{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}", -1,
        &a);
   free(a.buf);
@@ -237,9 +195,6 @@ static int cmp(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
 }
-
-static const char fp[] =
-    "6d6f7265207468616e206120666c6f6f722c20612066696e6765727072696e74";
 
 /* Waits 1 ms: asleep, or busy (the processor kept awake). */
 static void pause_1ms(int busy) {
@@ -268,29 +223,24 @@ static int gaps(idem_store *store, double secs) {
   for (int m = 0; m < 3; m++)
     for (int j = 0; j < 2; j++)
       if (!(lat[m][j] = malloc(cap * sizeof(double))))
-        die("memory", "out of memory");
+        floor_die("memory", "out of memory");
   while (now_ms() < end)
     for (int m = 0; m < 3; m++)
       for (int i = 0; i < 50 && n[m] < cap; i++) {
         char key[64];
-        idem_id id = {"bench", "gaps", key};
-        idem_call *c = NULL;
-        idem_response r = {200, NULL, 0, "{}", 2};
+        idem_call *c;
         double t;
         snprintf(key, sizeof key, "gap-%ld-%ld", (long)getpid(), ++k);
         if (m)
           pause_1ms(m == 2);
         t = now_ms();
-        if (idem_claim(store, &id, fp, NULL, &c) != IDEM_OK)
-          die("claim", idem_errmsg());
+        c = floor_claim(store, "gaps", key);
         lat[m][0][n[m]] = now_ms() - t;
         if (m)
           pause_1ms(m == 2);
         t = now_ms();
-        if (idem_complete(store, c, &r) != IDEM_OK)
-          die("complete", idem_errmsg());
+        floor_record(store, c, 200, "{}", 2);
         lat[m][1][n[m]++] = now_ms() - t;
-        idem_call_free(c);
       }
   for (int m = 0; m < 3; m++) {
     qsort(lat[m][0], n[m], sizeof(double), cmp);
@@ -303,28 +253,6 @@ static int gaps(idem_store *store, double secs) {
   }
   idem_store_close(store);
   return 0;
-}
-
-/* Claims a new key of the echo tool: its call, or the run ends. */
-static idem_call *claim_new(idem_store *store, const char *key) {
-  idem_id id = {"bench", "echo", key};
-  idem_call *c = NULL;
-  if (idem_claim(store, &id, fp, NULL, &c) != IDEM_OK ||
-      idem_call_outcome(c) != IDEM_PROCEED)
-    die("claim", idem_errmsg());
-  return c;
-}
-
-/* Records the server's answer as c's result, and frees c. */
-static void record(idem_store *store, idem_call *c, const text *answer) {
-  idem_response r;
-  memset(&r, 0, sizeof r);
-  r.status = 200;
-  r.body = answer->buf;
-  r.body_len = answer->len;
-  if (idem_complete(store, c, &r) != IDEM_OK)
-    die("complete", idem_errmsg());
-  idem_call_free(c);
 }
 
 /* Claims the key that message holds in its "idempotencyKey" (found by its
@@ -340,10 +268,10 @@ static idem_call *claim_marked(idem_store *store, const char *message) {
   e = strchr(k, '"');
   kl = e ? (size_t)(e - k) : 0;
   if (!kl || kl >= sizeof key)
-    die("relay", "a key it cannot read");
+    floor_die("relay", "a key it cannot read");
   memcpy(key, k, kl);
   key[kl] = '\0';
-  return claim_new(store, key);
+  return floor_claim(store, "echo", key);
 }
 
 /*
@@ -373,7 +301,7 @@ static int relay(idem_store *store, char **cmd) {
     c = claim_marked(store, line);
     stdio_call(line, id, &a);
     if (c)
-      record(store, c, &a);
+      floor_record(store, c, 200, a.buf, a.len);
     if (a.len && (fwrite(a.buf, 1, a.len, stdout) != a.len || fflush(stdout)))
       break;
   }
@@ -393,47 +321,6 @@ static void on_term(int sig) {
   stopping = 1;
 }
 
-/* Reads from fd into t until t begins with one whole request: its headers'
- * length in *head, its body's (Content-Length) in *blen, the request's
- * Mcp-Session-Id in session ("" without one). 0 at the end of the
- * connection (or a signal). */
-static int read_request(int fd, text *t, size_t *head, size_t *blen) {
-  for (;;) {
-    const char *end = t->len ? strstr(t->buf, "\r\n\r\n") : NULL;
-    char buf[16384];
-    ssize_t n;
-    if (end) {
-      const char *l = strstr(t->buf, "\r\n") + 2;
-      char v[32];
-      *head = (size_t)(end + 4 - t->buf);
-      *blen = 0;
-      session[0] = '\0';
-      for (; l < end + 2; l = strstr(l, "\r\n") + 2) {
-        size_t ll = strcspn(l, "\r\n");
-        if (header_value(l, ll, "content-length:", v, sizeof v))
-          *blen = strtoul(v, NULL, 10);
-        header_value(l, ll, "mcp-session-id:", session, sizeof session);
-      }
-      if (t->len >= *head + *blen)
-        return 1;
-    }
-    if ((n = read(fd, buf, sizeof buf)) <= 0)
-      return 0;
-    text_add(t, buf, (size_t)n);
-  }
-}
-
-/* Writes all of p (n bytes) to fd; 0 if the connection broke. */
-static int write_all(int fd, const char *p, size_t n) {
-  while (n) {
-    ssize_t w = write(fd, p, n);
-    if (w <= 0)
-      return 0;
-    p += w, n -= (size_t)w;
-  }
-  return 1;
-}
-
 /* Answers one whole request at the start of in (head and blen from
  * read_request()) on fd, and takes it off in; 0 if fd broke. */
 static int relay_request(idem_store *store, int fd, text *in, size_t head,
@@ -443,6 +330,8 @@ static int relay_request(idem_store *store, int fd, text *in, size_t head,
   long status;
   char line[512];
   int ok;
+  if (!find_header(in, head, "mcp-session-id:", session, sizeof session))
+    session[0] = '\0';
   if (strncmp(in->buf, "POST ", 5) != 0) {
     static const char no[] =
         "HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\n\r\n";
@@ -453,7 +342,7 @@ static int relay_request(idem_store *store, int fd, text *in, size_t head,
     c = claim_marked(store, body.buf);
     status = http_post(body.buf, &a);
     if (c)
-      record(store, c, &a);
+      floor_record(store, c, 200, a.buf, a.len);
     out.len = 0;
     snprintf(line, sizeof line, "HTTP/1.1 %ld %s\r\n", status,
              status == 200 ? "OK" : "Accepted");
@@ -471,8 +360,7 @@ static int relay_request(idem_store *store, int fd, text *in, size_t head,
     text_add(&out, a.buf, a.len);
     ok = write_all(fd, out.buf, out.len);
   }
-  in->len -= head + blen;
-  memmove(in->buf, in->buf + head + blen, in->len + 1);
+  text_drop(in, head + blen);
   return ok;
 }
 
@@ -503,14 +391,14 @@ static int http_relay(idem_store *store, const char *url) {
   sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (ls < 0 || bind(ls, (struct sockaddr *)&sa, sizeof sa) != 0 ||
       listen(ls, 64) != 0 || getsockname(ls, (struct sockaddr *)&sa, &sl))
-    die("httprelay", "cannot listen on 127.0.0.1");
+    floor_die("httprelay", "cannot listen on 127.0.0.1");
   memset(&st, 0, sizeof st);
   st.sa_handler = on_term; /* no SA_RESTART: poll() and read() return */
   sigaction(SIGTERM, &st, NULL);
   sigaction(SIGINT, &st, NULL);
   curl_global_init(CURL_GLOBAL_DEFAULT);
   if (!(http = curl_easy_init()))
-    die("curl", "cannot start");
+    floor_die("curl", "cannot start");
   http_url = url;
   fprintf(stderr, "mcp_floor: listening on http://127.0.0.1:%d/mcp\n",
           ntohs(sa.sin_port));
@@ -523,7 +411,7 @@ static int http_relay(idem_store *store, const char *url) {
       size_t head, blen;
       if (!pf[i].revents)
         continue;
-      if (read_request(pf[i].fd, &in[i], &head, &blen) &&
+      if (read_message(pf[i].fd, &in[i], &head, &blen) &&
           relay_request(store, pf[i].fd, &in[i], head, blen))
         continue;
       close(pf[i].fd); /* the connection ended: the last one takes its place */
@@ -566,18 +454,18 @@ int main(int argc, char **argv) {
   if (argc >= 4 && strcmp(argv[2], "relay") == 0) {
     signal(SIGPIPE, SIG_IGN);
     if (idem_store_open(argv[1], NULL, &store) != IDEM_OK)
-      die(argv[1], idem_errmsg());
+      floor_die(argv[1], idem_errmsg());
     return relay(store, argv + 3);
   }
   if (argc == 4 && strcmp(argv[2], "httprelay") == 0) {
     signal(SIGPIPE, SIG_IGN);
     if (idem_store_open(argv[1], NULL, &store) != IDEM_OK)
-      die(argv[1], idem_errmsg());
+      floor_die(argv[1], idem_errmsg());
     return http_relay(store, argv[3]);
   }
   if (!gap_mode &&
       (argc < 5 || (strcmp(argv[3], "http") != 0 && strcmp(argv[3], "stdio"))))
-    die("usage",
+    floor_die("usage",
         "mcp_floor STORE SECONDS http URL | mcp_floor STORE SECONDS stdio CMD "
         "ARG... | mcp_floor STORE SECONDS gaps | mcp_floor STORE relay CMD "
         "ARG... | mcp_floor STORE httprelay URL");
@@ -585,13 +473,13 @@ int main(int argc, char **argv) {
   use_http = strcmp(argv[3], "http") == 0;
   signal(SIGPIPE, SIG_IGN);
   if (idem_store_open(argv[1], NULL, &store) != IDEM_OK)
-    die(argv[1], idem_errmsg());
+    floor_die(argv[1], idem_errmsg());
   if (gap_mode)
     return gaps(store, secs);
   if (use_http) {
     curl_global_init(CURL_GLOBAL_DEFAULT);
     if (!(http = curl_easy_init()))
-      die("curl", "cannot start");
+      floor_die("curl", "cannot start");
     http_url = argv[4];
   } else {
     stdio_start(argv + 4);
@@ -605,7 +493,7 @@ int main(int argc, char **argv) {
     idem_call *c;
     double s = now_ms();
     snprintf(key, sizeof key, "floor-%ld-%ld", (long)getpid(), i);
-    c = claim_new(store, key);
+    c = floor_claim(store, "echo", key);
     snprintf(line, sizeof line,
              "{\"jsonrpc\":\"2.0\",\"id\":%ld,\"method\":\"tools/call\","
              "\"params\":{\"name\":\"echo\",\"arguments\":{\"message\":"
@@ -614,13 +502,13 @@ int main(int argc, char **argv) {
     call(line, i, &a);
     snprintf(want, sizeof want, "Echo: hello %ld\"", i);
     if (!strstr(a.buf, want))
-      die("tools/call", a.buf);
-    record(store, c, &a);
+      floor_die("tools/call", a.buf);
+    floor_record(store, c, 200, a.buf, a.len);
     if (s - t0 >= 500) { /* timed after the first half second */
       if (nlat == caplat) {
         caplat = caplat ? caplat * 2 : 4096;
         if (!(lat = realloc(lat, caplat * sizeof *lat)))
-          die("memory", "out of memory");
+          floor_die("memory", "out of memory");
       }
       lat[nlat++] = now_ms() - s;
       calls++;
