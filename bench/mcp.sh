@@ -68,11 +68,12 @@
 #            kind of store, no network
 #   serial floor  (1 client) bench/mcp_floor against the same server: claim,
 #            the call, record, on one thread, as in the stdio part
-#   relay    (1 client; the relay floor) `mcp_floor STORE httprelay URL`
-#            in front of the same server, a new key per call, in turns with
-#            the others: the serial floor's work plus the client's hop (the
+#   relay    (the relay floor) `mcp_floor STORE httprelay URL` in front
+#            of the same server, a new key per call, in turns with the
+#            others: the serial floor's work plus the client's hop (the
 #            request read whole, the answer written back in one write), on
-#            one thread that blocks where a proxy must not
+#            a thread per client connection that blocks where a proxy must
+#            not, the threads sharing the store as a proxy's calls do
 # It prints the medians (calls/s, p50 and p99 latency, the CPU time per
 # call of the client, the proxy and the server during each target's turns)
 # and the ratios against the targets (replay >= 2x direct,
@@ -513,8 +514,8 @@ http_round() {
     return 0
   fi
   watch=$watch,idem=$PX_PID
-  # One client: the relay floor in front of the same server, its own store.
-  if [ "$hclients" = 1 ] && [ -n "$FLOOR_BIN" ]; then
+  # The relay floor in front of the same server, its own store.
+  if [ -n "$FLOOR_BIN" ]; then
     "$FLOOR_BIN" "sqlite:$WORK/$hname.relay.db" httprelay "$SRV_URL" \
       2>"$WORK/out/$hname.relay.err" &
     RL_PID=$!
@@ -632,7 +633,7 @@ for n in (1, 32):
 print('  nginx: the clients through nginx as a plain reverse proxy (one process, no key).')
 print('  floor: idem bench claim + complete, --workers CLIENTS, no network.')
 print('  sfloor: bench/mcp_floor (1 client): claim, the call to the server, record, one thread.')
-print('  relay: the relay floor (1 client): sfloor plus the client\'s hop, one thread, in turns.')
+print('  relay: the relay floor: sfloor plus the client\'s hop, a thread per client, in turns.')
 print('  the targets take turns of 300 ms on one server, nginx and proxy per round;')
 print('  cpu ms/call: CPU time of each process during a target\'s turns per call.')
 missed = 0

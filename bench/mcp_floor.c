@@ -38,7 +38,7 @@
 #include <idem.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,10 +59,10 @@ static double now_ms(void) {
 
 /* HTTP: one easy handle (one kept-alive connection), the session and the
  * last answer's content type. */
-static CURL *http;
+static __thread CURL *http;
 static const char *http_url;
-static char session[256];
-static char content_type[128];
+static __thread char session[256];
+static __thread char content_type[128];
 
 static size_t on_body(char *p, size_t size, size_t n, void *ctx) {
   text_add(ctx, p, size * n);
@@ -321,126 +321,132 @@ static void on_term(int sig) {
   stopping = 1;
 }
 
-/* Answers one whole request at the start of in (head and blen from
- * read_request()) on fd, and takes it off in; 0 if fd broke. */
-static int relay_request(idem_store *store, int fd, text *in, size_t head,
+/* One client connection of the relay over HTTP, on a thread of its own:
+ * its socket, what it sent, the upstream's answer and the answer made. */
+typedef struct {
+  int fd;
+  text in, body, a, out;
+} rconn;
+
+/* Answers the whole request at the start of r->in (head and blen from
+ * read_message()) and takes it off; 0 if the client's connection broke. */
+static int relay_request(idem_store *store, rconn *r, size_t head,
                          size_t blen) {
-  static text body, a, out;
   idem_call *c;
   long status;
   char line[512];
   int ok;
-  if (!find_header(in, head, "mcp-session-id:", session, sizeof session))
+  if (!find_header(&r->in, head, "mcp-session-id:", session, sizeof session))
     session[0] = '\0';
-  if (strncmp(in->buf, "POST ", 5) != 0) {
+  if (strncmp(r->in.buf, "POST ", 5) != 0) {
     static const char no[] =
         "HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\n\r\n";
-    ok = write_all(fd, no, sizeof no - 1);
+    ok = write_all(r->fd, no, sizeof no - 1);
   } else {
-    body.len = 0;
-    text_add(&body, in->buf + head, blen);
-    c = claim_marked(store, body.buf);
-    status = http_post(body.buf, &a);
+    r->body.len = 0;
+    text_add(&r->body, r->in.buf + head, blen);
+    c = claim_marked(store, r->body.buf);
+    status = http_post(r->body.buf, &r->a);
     if (c)
-      floor_record(store, c, 200, a.buf, a.len);
-    out.len = 0;
+      floor_record(store, c, 200, r->a.buf, r->a.len);
+    r->out.len = 0;
     snprintf(line, sizeof line, "HTTP/1.1 %ld %s\r\n", status,
              status == 200 ? "OK" : "Accepted");
-    text_add(&out, line, strlen(line));
+    text_add(&r->out, line, strlen(line));
     if (content_type[0]) {
       snprintf(line, sizeof line, "Content-Type: %s\r\n", content_type);
-      text_add(&out, line, strlen(line));
+      text_add(&r->out, line, strlen(line));
     }
     if (session[0]) {
       snprintf(line, sizeof line, "Mcp-Session-Id: %s\r\n", session);
-      text_add(&out, line, strlen(line));
+      text_add(&r->out, line, strlen(line));
     }
-    snprintf(line, sizeof line, "Content-Length: %zu\r\n\r\n", a.len);
-    text_add(&out, line, strlen(line));
-    text_add(&out, a.buf, a.len);
-    ok = write_all(fd, out.buf, out.len);
+    snprintf(line, sizeof line, "Content-Length: %zu\r\n\r\n", r->a.len);
+    text_add(&r->out, line, strlen(line));
+    text_add(&r->out, r->a.buf, r->a.len);
+    ok = write_all(r->fd, r->out.buf, r->out.len);
   }
-  text_drop(in, head + blen);
+  text_drop(&r->in, head + blen);
   return ok;
 }
 
+static idem_store *relay_store;
+
+/* A client connection's thread: its own kept-alive connection to the
+ * server (one easy handle), until the client's ends. */
+static void *relay_conn(void *arg) {
+  rconn *r = arg;
+  size_t head, blen;
+  if (!(http = curl_easy_init()))
+    floor_die("curl", "cannot start");
+  while (read_message(r->fd, &r->in, &head, &blen) &&
+         relay_request(relay_store, r, head, blen))
+    ;
+  curl_easy_cleanup(http);
+  close(r->fd);
+  free(r->in.buf);
+  free(r->body.buf);
+  free(r->a.buf);
+  free(r->out.buf);
+  free(r);
+  return NULL;
+}
+
 /*
- * http_relay: relay() over Streamable HTTP. One thread listens on a free
- * port of 127.0.0.1 (its URL on stderr: "mcp_floor: listening on URL")
- * and, for each request a client sends (keep-alive, any number of
- * connections, one request at a time each), reads it whole, claims the key
- * it finds in the body, posts the body to URL on one kept-alive connection
+ * http_relay: relay() over Streamable HTTP. It listens on a free port of
+ * 127.0.0.1 (its URL on stderr: "mcp_floor: listening on URL") and gives
+ * each client connection a thread of its own, which, for each request on
+ * it (keep-alive, one at a time), reads it whole, claims the key it finds
+ * in the body, posts the body to URL on its own kept-alive connection
  * (libcurl, as the serial floor; the request's Mcp-Session-Id passed on),
  * reads the whole answer, records it and writes it back in one write with
  * the upstream's status, Content-Type and Mcp-Session-Id, until SIGTERM.
  * No streaming, no parsing, no GET stream: the least a proxy does for a
- * fresh call over HTTP, blocking where a proxy must not.
+ * fresh call over HTTP, blocking where a proxy must not; with many
+ * clients, their threads share the store (and its group commit) as a
+ * proxy's calls do.
  */
 static int http_relay(idem_store *store, const char *url) {
-  enum { MAXC = 64 };
-  struct pollfd pf[MAXC + 1];
-  text in[MAXC + 1];
   struct sockaddr_in sa;
   socklen_t sl = sizeof sa;
   struct sigaction st;
-  int one = 1, nc = 0;
+  pthread_attr_t attr;
+  int one = 1;
   int ls = socket(AF_INET, SOCK_STREAM, 0);
   memset(&sa, 0, sizeof sa);
-  memset(in, 0, sizeof in);
   sa.sin_family = AF_INET;
   sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (ls < 0 || bind(ls, (struct sockaddr *)&sa, sizeof sa) != 0 ||
-      listen(ls, 64) != 0 || getsockname(ls, (struct sockaddr *)&sa, &sl))
+      listen(ls, 512) != 0 || getsockname(ls, (struct sockaddr *)&sa, &sl))
     floor_die("httprelay", "cannot listen on 127.0.0.1");
   memset(&st, 0, sizeof st);
-  st.sa_handler = on_term; /* no SA_RESTART: poll() and read() return */
+  st.sa_handler = on_term; /* no SA_RESTART: accept() returns */
   sigaction(SIGTERM, &st, NULL);
   sigaction(SIGINT, &st, NULL);
   curl_global_init(CURL_GLOBAL_DEFAULT);
-  if (!(http = curl_easy_init()))
-    floor_die("curl", "cannot start");
+  relay_store = store;
   http_url = url;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
   fprintf(stderr, "mcp_floor: listening on http://127.0.0.1:%d/mcp\n",
           ntohs(sa.sin_port));
-  pf[0].fd = ls;
-  pf[0].events = POLLIN;
   while (!stopping) {
-    if (poll(pf, (nfds_t)nc + 1, -1) < 0)
+    pthread_t t;
+    rconn *r;
+    int fd = accept(ls, NULL, NULL);
+    if (fd < 0)
       continue;
-    for (int i = 1; i <= nc; i++) {
-      size_t head, blen;
-      if (!pf[i].revents)
-        continue;
-      if (read_message(pf[i].fd, &in[i], &head, &blen) &&
-          relay_request(store, pf[i].fd, &in[i], head, blen))
-        continue;
-      close(pf[i].fd); /* the connection ended: the last one takes its place */
-      free(in[i].buf);
-      pf[i] = pf[nc];
-      in[i] = in[nc];
-      memset(&in[nc], 0, sizeof in[nc]);
-      nc--, i--;
-    }
-    if ((pf[0].revents & POLLIN) && nc < MAXC) {
-      int fd = accept(ls, NULL, NULL);
-      if (fd >= 0) {
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        nc++;
-        pf[nc].fd = fd;
-        pf[nc].events = POLLIN;
-        pf[nc].revents = 0;
-      }
-    }
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (!(r = calloc(1, sizeof *r)))
+      floor_die("memory", "out of memory");
+    r->fd = fd;
+    if (pthread_create(&t, &attr, relay_conn, r) != 0)
+      floor_die("httprelay", "cannot start a thread");
   }
-  for (int i = 1; i <= nc; i++) {
-    close(pf[i].fd);
-    free(in[i].buf);
-  }
-  close(ls);
-  curl_easy_cleanup(http);
-  curl_global_cleanup();
-  idem_store_close(store);
-  return 0;
+  /* The connections' threads may be in a call: the process ends under
+   * them (the store is the bench's, and its log keeps what was
+   * committed). */
+  _exit(0);
 }
 
 int main(int argc, char **argv) {
