@@ -411,8 +411,12 @@ static int http_relay(idem_store *store, const char *url) {
   socklen_t sl = sizeof sa;
   struct sigaction st;
   pthread_attr_t attr;
+  sigset_t stop_sigs, was;
   int one = 1;
   int ls = socket(AF_INET, SOCK_STREAM, 0);
+  sigemptyset(&stop_sigs);
+  sigaddset(&stop_sigs, SIGTERM);
+  sigaddset(&stop_sigs, SIGINT);
   memset(&sa, 0, sizeof sa);
   sa.sin_family = AF_INET;
   sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -440,8 +444,12 @@ static int http_relay(idem_store *store, const char *url) {
     if (!(r = calloc(1, sizeof *r)))
       floor_die("memory", "out of memory");
     r->fd = fd;
+    /* The connection's thread blocks SIGTERM and SIGINT (it inherits this
+     * mask): they go to this thread, whose accept() they end. */
+    pthread_sigmask(SIG_BLOCK, &stop_sigs, &was);
     if (pthread_create(&t, &attr, relay_conn, r) != 0)
       floor_die("httprelay", "cannot start a thread");
+    pthread_sigmask(SIG_SETMASK, &was, NULL);
   }
   /* The connections' threads may be in a call: the process ends under
    * them (the store is the bench's, and its log keeps what was
