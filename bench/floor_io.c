@@ -2,11 +2,15 @@
 #define _GNU_SOURCE
 #include "floor_io.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 void floor_die(const char *what, const char *why) {
@@ -90,6 +94,27 @@ int write_all(int fd, const char *p, size_t n) {
     p += w, n -= (size_t)w;
   }
   return 1;
+}
+
+int floor_listen(int *port) {
+  struct sockaddr_in sa;
+  socklen_t sl = sizeof sa;
+  int ls = socket(AF_INET, SOCK_STREAM, 0);
+  memset(&sa, 0, sizeof sa);
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (ls < 0 || bind(ls, (struct sockaddr *)&sa, sizeof sa) != 0 ||
+      listen(ls, 512) != 0 || getsockname(ls, (struct sockaddr *)&sa, &sl))
+    floor_die("listen", "cannot listen on 127.0.0.1");
+  *port = ntohs(sa.sin_port);
+  return ls;
+}
+
+int floor_accept(int ls) {
+  int one = 1, fd = accept(ls, NULL, NULL);
+  if (fd >= 0)
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  return fd;
 }
 
 static const char fp[] =

@@ -38,6 +38,13 @@ void text_drop(text *t, size_t n);
 /* Writes all of p[0..n) to fd; 0 if the connection broke. */
 int write_all(int fd, const char *p, size_t n);
 
+/* A socket listening on a free port of 127.0.0.1, its port in *port; a
+ * failure ends the run. */
+int floor_listen(int *port);
+/* The next connection on ls, without Nagle's delay; -1 when accept()
+ * failed (a signal, a client gone). */
+int floor_accept(int ls);
+
 /* Claims key (operation op) with a fixed fingerprint: the call, which
  * must be new, or the run ends. */
 idem_call *floor_claim(idem_store *store, const char *op, const char *key);

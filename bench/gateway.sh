@@ -221,6 +221,16 @@ function request()
 end
 EOF
 
+# wait_listening FILE PID: waits until FILE says where PID listens ("listening
+# on"), as long as PID lives and for a minute at most.
+wait_listening() {
+  n=0
+  while ! grep -qs 'listening on' "$1" && [ $n -lt 1200 ]; do
+    kill -0 "$2" 2>/dev/null || break
+    sleep 0.05; n=$((n + 1))
+  done
+}
+
 # gateway NAME STORE [UPSTREAM_PORT]: starts idem serve; sets GW_URL and
 # GW_PID. It waits up to a minute for the gateway to say where it listens
 # (a busy machine, a store on a slow disk).
@@ -232,11 +242,7 @@ gateway() {
   "$IDEM" serve --listen 127.0.0.1:0 --upstream "http://127.0.0.1:${3:-$UP_PORT}" \
     --store "$2" 2>"$W/$1.err" &
   GW_PID=$!
-  n=0
-  while ! grep -qs 'listening on' "$W/$1.err" && [ $n -lt 1200 ]; do
-    kill -0 $GW_PID 2>/dev/null || break
-    sleep 0.05; n=$((n + 1))
-  done
+  wait_listening "$W/$1.err" $GW_PID
   GW_URL=$(sed -n 's/.*listening on \(http:[^,]*\),.*/\1/p' "$W/$1.err")
   [ -n "$GW_URL" ] || {
     cat "$W/$1.err" >&2
@@ -260,11 +266,7 @@ gateway_floor() {
   "$GW_FLOOR" "$1" "$UP_PORT" 2>"$W/gf.err" &
   GF_PID=$!
   PIDS="$PIDS $GF_PID"
-  n=0
-  while ! grep -qs 'listening on' "$W/gf.err" && [ $n -lt 1200 ]; do
-    kill -0 $GF_PID 2>/dev/null || break
-    sleep 0.05; n=$((n + 1))
-  done
+  wait_listening "$W/gf.err" $GF_PID
   GF_URL=$(sed -n 's/.*listening on \(http:.*\)/\1/p' "$W/gf.err")
   [ -n "$GF_URL" ] || { cat "$W/gf.err" >&2; echo "bench: gateway_floor did not start" >&2; exit 1; }
 }

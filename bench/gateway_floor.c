@@ -79,10 +79,8 @@ static void *serve(void *arg) {
 }
 
 int main(int argc, char **argv) {
-  struct sockaddr_in sa;
-  socklen_t sl = sizeof sa;
   pthread_attr_t attr;
-  int one = 1, ls;
+  int port, ls;
   if (argc != 3)
     floor_die("usage", "gateway_floor STORE UPSTREAM_PORT");
   signal(SIGPIPE, SIG_IGN);
@@ -92,15 +90,8 @@ int main(int argc, char **argv) {
   upstream.sin_family = AF_INET;
   upstream.sin_port = htons((uint16_t)atoi(argv[2]));
   upstream.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  memset(&sa, 0, sizeof sa);
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ls = socket(AF_INET, SOCK_STREAM, 0);
-  if (ls < 0 || bind(ls, (struct sockaddr *)&sa, sizeof sa) != 0 ||
-      listen(ls, 512) != 0 || getsockname(ls, (struct sockaddr *)&sa, &sl))
-    floor_die("listen", "cannot listen on 127.0.0.1");
-  fprintf(stderr, "gateway_floor: listening on http://127.0.0.1:%d\n",
-          ntohs(sa.sin_port));
+  ls = floor_listen(&port);
+  fprintf(stderr, "gateway_floor: listening on http://127.0.0.1:%d\n", port);
   pthread_attr_init(&attr);
   pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
   pthread_attr_setstacksize(&attr, 256 * 1024);
@@ -108,10 +99,9 @@ int main(int argc, char **argv) {
    * after the run, and SQLite's log keeps every commit made. */
   for (;;) {
     pthread_t t;
-    int fd = accept(ls, NULL, NULL);
+    int fd = floor_accept(ls);
     if (fd < 0)
       continue;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     if (pthread_create(&t, &attr, serve, (void *)(intptr_t)fd) != 0)
       close(fd);
   }

@@ -36,15 +36,11 @@
 
 #include <curl/curl.h>
 #include <idem.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -407,22 +403,13 @@ static void *relay_conn(void *arg) {
  * proxy's calls do.
  */
 static int http_relay(idem_store *store, const char *url) {
-  struct sockaddr_in sa;
-  socklen_t sl = sizeof sa;
   struct sigaction st;
   pthread_attr_t attr;
   sigset_t stop_sigs, was;
-  int one = 1;
-  int ls = socket(AF_INET, SOCK_STREAM, 0);
+  int port, ls = floor_listen(&port);
   sigemptyset(&stop_sigs);
   sigaddset(&stop_sigs, SIGTERM);
   sigaddset(&stop_sigs, SIGINT);
-  memset(&sa, 0, sizeof sa);
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (ls < 0 || bind(ls, (struct sockaddr *)&sa, sizeof sa) != 0 ||
-      listen(ls, 512) != 0 || getsockname(ls, (struct sockaddr *)&sa, &sl))
-    floor_die("httprelay", "cannot listen on 127.0.0.1");
   memset(&st, 0, sizeof st);
   st.sa_handler = on_term; /* no SA_RESTART: accept() returns */
   sigaction(SIGTERM, &st, NULL);
@@ -433,14 +420,13 @@ static int http_relay(idem_store *store, const char *url) {
   pthread_attr_init(&attr);
   pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
   fprintf(stderr, "mcp_floor: listening on http://127.0.0.1:%d/mcp\n",
-          ntohs(sa.sin_port));
+          port);
   while (!stopping) {
     pthread_t t;
     rconn *r;
-    int fd = accept(ls, NULL, NULL);
+    int fd = floor_accept(ls);
     if (fd < 0)
       continue;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     if (!(r = calloc(1, sizeof *r)))
       floor_die("memory", "out of memory");
     r->fd = fd;
