@@ -74,15 +74,20 @@
 #            request read whole, the answer written back in one write), on
 #            a thread per client connection that blocks where a proxy must
 #            not, the threads sharing the store as a proxy's calls do
+#   pass     (the pass floor) `mcp_floor STORE mhdrelay URL`, no key: a
+#            call passed through libmicrohttpd and libcurl, the two
+#            libraries idem's proxy is built on, at their cheapest (a
+#            thread per client connection, a blocking transfer, the answer
+#            queued whole), no parsing, no streaming
 # It prints the medians (calls/s, p50 and p99 latency, the CPU time per
 # call of the client, the proxy and the server during each target's turns)
 # and the ratios against the targets (replay >= 2x direct,
 # unkeyed >= 0.8x direct, fresh >= 0.8x floor, for 1 and 32 clients).
 # A missed target is reported, never a failure; it exits non-zero only
-# when a run failed. A target that nginx itself misses beside it (unkeyed
-# against nginx / direct; fresh against the relay floor where there is
-# one, else the serial floor through nginx's hop) is said to be above the
-# floor.
+# when a run failed. A target that its floor misses beside it, while the
+# proxy comes within 0.8 of that floor, is said to be above the floor:
+# unkeyed against the pass floor (nginx where there is none), fresh against
+# the relay floor (else the serial floor through nginx's hop).
 #
 # Environment: BENCH_SECONDS (default 3), BENCH_ROUNDS (default 3), TMPDIR,
 # BENCH_MCP_HTTP_ONLY=1 (only the HTTP part), BENCH_MCP_STDIO_ONLY=1 (only
@@ -108,9 +113,10 @@ SRV_PID=""
 NG_PID=""
 PX_PID=""
 RL_PID=""
+PF_PID=""
 cleanup() {
-  for p in $PX_PID $RL_PID $NG_PID $SRV_PID; do kill "$p" 2>/dev/null || true; done
-  for p in $PX_PID $RL_PID $NG_PID $SRV_PID; do wait "$p" 2>/dev/null || true; done
+  for p in $PX_PID $RL_PID $PF_PID $NG_PID $SRV_PID; do kill "$p" 2>/dev/null || true; done
+  for p in $PX_PID $RL_PID $PF_PID $NG_PID $SRV_PID; do wait "$p" 2>/dev/null || true; done
   rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -475,6 +481,27 @@ stop() {
   return $st
 }
 
+# start_floor NAME LABEL MCP_FLOOR_MODE CLIENT_MODE: bench/mcp_floor in
+# MCP_FLOOR_MODE (httprelay, mhdrelay) in front of the round's server, its
+# own store, its CPU watched. Sets FL_PID ("" when it did not start, which
+# fails the run) and FL_ARG, its target for the turns (LABEL:CLIENT_MODE=URL).
+start_floor() {
+  FL_PID=""
+  [ -n "$FLOOR_BIN" ] || return 0
+  "$FLOOR_BIN" "sqlite:$WORK/$1.$2.db" "$3" "$SRV_URL" 2>"$WORK/out/$1.$2.err" &
+  FL_PID=$!
+  if wait_line "$WORK/out/$1.$2.err" "^mcp_floor: listening on http://" $FL_PID; then
+    FL_ARG="$2:$4=$(sed -n 's|^mcp_floor: listening on ||p' "$WORK/out/$1.$2.err" | head -n 1)"
+    watch=$watch,$2=$FL_PID
+  else
+    failed=1
+    printf '  %-16sFAILED (the %s floor did not start)\n' "$1" "$2" >&2
+    sed 's/^/    /' "$WORK/out/$1.$2.err" >&2
+    stop $FL_PID || true
+    FL_PID=""
+  fi
+}
+
 # http_round NAME CLIENTS: one server, nginx in front of it (when there is
 # one) and idem mcp --listen in front of it, all new; the clients take
 # turns on them (mcp_http_client.mjs turns), each target charged with the
@@ -514,36 +541,27 @@ http_round() {
     return 0
   fi
   watch=$watch,idem=$PX_PID
-  # The relay floor in front of the same server, its own store.
-  if [ -n "$FLOOR_BIN" ]; then
-    "$FLOOR_BIN" "sqlite:$WORK/$hname.relay.db" httprelay "$SRV_URL" \
-      2>"$WORK/out/$hname.relay.err" &
-    RL_PID=$!
-    if wait_line "$WORK/out/$hname.relay.err" "^mcp_floor: listening on http://" $RL_PID; then
-      set -- "$@" "relay:fresh=$(sed -n 's|^mcp_floor: listening on ||p' \
-        "$WORK/out/$hname.relay.err" | head -n 1)"
-      watch=$watch,relay=$RL_PID
-    else
-      failed=1
-      printf '  %-16sFAILED (the relay floor did not start)\n' "$hname" >&2
-      sed 's/^/    /' "$WORK/out/$hname.relay.err" >&2
-      stop $RL_PID || true
-      RL_PID=""
-    fi
-  fi
+  # The relay floor and the pass floor in front of the same server, each
+  # with its own store.
+  start_floor "$hname" relay httprelay fresh
+  RL_PID=$FL_PID
+  [ -z "$RL_PID" ] || set -- "$@" "$FL_ARG"
+  start_floor "$hname" pass mhdrelay unkeyed
+  PF_PID=$FL_PID
+  [ -z "$PF_PID" ] || set -- "$@" "$FL_ARG"
   step "$hname" env WATCH="$watch" CLK_TCK="$(getconf CLK_TCK 2>/dev/null || echo 100)" \
     node "$WORK/mcp_http_client.mjs" turns "$SECS" "$hclients" "$@" \
     "unkeyed:unkeyed=$PX_URL" "fresh:fresh=$PX_URL" "replay:replay=$PX_URL"
-  split_modes "$WORK/out/$hname.json" "$WORK/out/$hname" "" direct nginx unkeyed fresh replay relay
-  if [ -n "$RL_PID" ]; then
+  split_modes "$WORK/out/$hname.json" "$WORK/out/$hname" "" direct nginx unkeyed fresh replay relay pass
+  for p in $RL_PID $PF_PID; do
     st=0
-    stop $RL_PID || st=$?
+    stop $p || st=$?
     if [ $st -ne 0 ]; then
       failed=1
-      echo "    the relay floor exited with status $st" >&2
+      echo "    a floor (pid $p) exited with status $st" >&2
     fi
-    RL_PID=""
-  fi
+  done
+  RL_PID="" PF_PID=""
   # One client: the serial floor against the same server, in the same
   # round (it is one thread: no such floor for 32 clients).
   if [ "$hclients" = 1 ] && [ -n "$FLOOR_BIN" ]; then
@@ -601,14 +619,16 @@ def docs(n, mode):
             d = json.load(open(p))
             # The proxy: nginx for nginx's turns, the relay floor for its
             # own, idem for its own.
-            who = {'nginx': 'nginx', 'relay': 'relay', 'direct': None}.get(mode, 'idem')
+            who = {'nginx': 'nginx', 'relay': 'relay', 'pass': 'pass',
+                   'direct': None}.get(mode, 'idem')
             d['proxy_cpu_ms_per_call'] = d.get('%s_cpu_ms_per_call' % who) if who else None
             xs.append(d)
     return xs
 def med(n, mode, field):
     xs = [d[field] for d in docs(n, mode) if d.get(field) is not None]
     return statistics.median(xs) if xs else None
-MODES = ('direct', 'nginx', 'unkeyed', 'fresh', 'replay', 'relay', 'floor', 'sfloor')
+MODES = ('direct', 'nginx', 'unkeyed', 'fresh', 'replay', 'relay', 'pass', 'floor',
+         'sfloor')
 rate = {}
 print()
 print('idem mcp --listen: tools/call round trips over Streamable HTTP, each client one call at a time')
@@ -634,6 +654,8 @@ print('  nginx: the clients through nginx as a plain reverse proxy (one process,
 print('  floor: idem bench claim + complete, --workers CLIENTS, no network.')
 print('  sfloor: bench/mcp_floor (1 client): claim, the call to the server, record, one thread.')
 print('  relay: the relay floor: sfloor plus the client\'s hop, a thread per client, in turns.')
+print('  pass: the pass floor: a call passed through libmicrohttpd (a thread per client) and')
+print('        libcurl, no key, no parsing: the least a proxy built on them costs.')
 print('  the targets take turns of 300 ms on one server, nginx and proxy per round;')
 print('  cpu ms/call: CPU time of each process during a target\'s turns per call.')
 missed = 0
@@ -680,6 +702,8 @@ for n in (1, 32):
         # beside it, while the proxy comes within 0.8 of the reference, is
         # above this machine's floor: said so, with the figures.
         ref = {'unkeyed': 'nginx', 'fresh': 'proxied floor'}.get(a)
+        if a == 'unkeyed' and rate[n, 'pass']:
+            ref = 'pass'
         if a == 'fresh' and rate[n, 'relay']:
             ref = 'relay'
         elif a == 'fresh' and rate[n, 'proxied serial floor']:
@@ -702,6 +726,8 @@ for n in (1, 32):
                        ('relay', 'fresh floor', 'the most fresh / fresh floor here'),
                        ('fresh', 'proxied serial floor', 'against the least proxy, claim, call and record'),
                        ('fresh', 'sfloor', 'fresh / serial floor: claim, call, record on one thread'),
+                       ('unkeyed', 'pass', 'unkeyed / pass floor: against libmicrohttpd and libcurl at their least'),
+                       ('pass', 'direct', 'the most unkeyed / direct on those two libraries here'),
                        ('nginx', 'direct', 'the best unkeyed / direct a proxy reaches here'),
                        ('fresh', 'direct', 'a fresh call waits for the server'),
                        ('floor', 'direct', 'the store alone')):

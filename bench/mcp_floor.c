@@ -26,6 +26,8 @@
  *   mcp_floor STORE relay CMD ARG...        (a proxy: see relay() below)
  *   mcp_floor STORE httprelay URL           (a proxy over Streamable HTTP:
  *                                            see http_relay() below)
+ *   mcp_floor STORE mhdrelay URL            (the same on libmicrohttpd: see
+ *                                            mhd_relay() below)
  *
  * The server must have server-everything's echo tool. Every answer is
  * checked (its id and the echo's text); a wrong one ends the run with exit
@@ -36,6 +38,7 @@
 
 #include <curl/curl.h>
 #include <idem.h>
+#include <microhttpd.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -443,6 +446,112 @@ static int http_relay(idem_store *store, const char *url) {
   _exit(0);
 }
 
+/*
+ * mhd_relay: http_relay() with libmicrohttpd on the client's side, as idem
+ * mcp --listen has, in the cheapest way that library offers: a thread of
+ * its own per client connection (MHD_USE_THREAD_PER_CONNECTION), whose
+ * request handler, once the body is in, claims the key it finds, posts the
+ * body to URL with the thread's own libcurl handle (blocking, kept alive),
+ * records the answer and queues it whole, with the upstream's status,
+ * Content-Type and Mcp-Session-Id. No suspension, no event loop, no
+ * parsing, no streaming: the least a proxy built on the two libraries that
+ * idem's proxy is built on (libmicrohttpd and libcurl) costs a call.
+ */
+typedef struct {
+  text body;
+} mreq;
+
+static __thread text mhd_answer;
+
+static enum MHD_Result mhd_handle(void *cls, struct MHD_Connection *conn,
+                                  const char *url, const char *method,
+                                  const char *version, const char *upload,
+                                  size_t *upload_size, void **con_cls) {
+  mreq *q = *con_cls;
+  struct MHD_Response *r;
+  enum MHD_Result ok;
+  const char *sid;
+  idem_call *c;
+  long status;
+  (void)cls, (void)url, (void)version;
+  if (!q) {
+    if (!(q = calloc(1, sizeof *q)))
+      return MHD_NO;
+    *con_cls = q;
+    return MHD_YES;
+  }
+  if (*upload_size) {
+    text_add(&q->body, upload, *upload_size);
+    *upload_size = 0;
+    return MHD_YES;
+  }
+  if (strcmp(method, "POST") != 0) {
+    r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    ok = MHD_queue_response(conn, MHD_HTTP_METHOD_NOT_ALLOWED, r);
+    MHD_destroy_response(r);
+    return ok;
+  }
+  if (!http && !(http = curl_easy_init()))
+    floor_die("curl", "cannot start");
+  sid = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Mcp-Session-Id");
+  snprintf(session, sizeof session, "%s", sid ? sid : "");
+  text_add(&q->body, "", 0); /* "" when nothing came */
+  c = claim_marked(relay_store, q->body.buf);
+  status = http_post(q->body.buf, &mhd_answer);
+  if (c)
+    floor_record(relay_store, c, 200, mhd_answer.buf, mhd_answer.len);
+  r = MHD_create_response_from_buffer(mhd_answer.len, mhd_answer.buf,
+                                      MHD_RESPMEM_MUST_COPY);
+  if (!r)
+    return MHD_NO;
+  if (content_type[0])
+    MHD_add_response_header(r, "Content-Type", content_type);
+  if (session[0])
+    MHD_add_response_header(r, "Mcp-Session-Id", session);
+  ok = MHD_queue_response(conn, (unsigned)status, r);
+  MHD_destroy_response(r);
+  return ok;
+}
+
+static void mhd_completed(void *cls, struct MHD_Connection *conn,
+                          void **con_cls, enum MHD_RequestTerminationCode t) {
+  mreq *q = *con_cls;
+  (void)cls, (void)conn, (void)t;
+  if (q) {
+    free(q->body.buf);
+    free(q);
+  }
+  *con_cls = NULL;
+}
+
+static int mhd_relay(idem_store *store, const char *url) {
+  sigset_t stop_sigs;
+  int port, sig, ls = floor_listen(&port);
+  struct MHD_Daemon *d;
+  sigemptyset(&stop_sigs);
+  sigaddset(&stop_sigs, SIGTERM);
+  sigaddset(&stop_sigs, SIGINT);
+  /* Blocked before the daemon's threads start: they inherit the mask, and
+   * sigwait() below takes the stop. */
+  pthread_sigmask(SIG_BLOCK, &stop_sigs, NULL);
+  curl_global_init(CURL_GLOBAL_DEFAULT);
+  relay_store = store;
+  http_url = url;
+  d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION |
+                           MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL,
+                       0, NULL, NULL, mhd_handle, NULL,
+                       MHD_OPTION_LISTEN_SOCKET, ls,
+                       MHD_OPTION_NOTIFY_COMPLETED, mhd_completed, NULL,
+                       MHD_OPTION_END);
+  if (!d)
+    floor_die("mhdrelay", "libmicrohttpd did not start");
+  fprintf(stderr, "mcp_floor: listening on http://127.0.0.1:%d/mcp\n",
+          port);
+  sigwait(&stop_sigs, &sig);
+  /* As http_relay(): the connections' threads may be in a call. */
+  _exit(0);
+}
+
 int main(int argc, char **argv) {
   idem_store *store;
   double secs, t0, end;
@@ -463,12 +572,18 @@ int main(int argc, char **argv) {
       floor_die(argv[1], idem_errmsg());
     return http_relay(store, argv[3]);
   }
+  if (argc == 4 && strcmp(argv[2], "mhdrelay") == 0) {
+    signal(SIGPIPE, SIG_IGN);
+    if (idem_store_open(argv[1], NULL, &store) != IDEM_OK)
+      floor_die(argv[1], idem_errmsg());
+    return mhd_relay(store, argv[3]);
+  }
   if (!gap_mode &&
       (argc < 5 || (strcmp(argv[3], "http") != 0 && strcmp(argv[3], "stdio"))))
     floor_die("usage",
         "mcp_floor STORE SECONDS http URL | mcp_floor STORE SECONDS stdio CMD "
         "ARG... | mcp_floor STORE SECONDS gaps | mcp_floor STORE relay CMD "
-        "ARG... | mcp_floor STORE httprelay URL");
+        "ARG... | mcp_floor STORE httprelay URL | mcp_floor STORE mhdrelay URL");
   secs = atof(argv[2]);
   use_http = strcmp(argv[3], "http") == 0;
   signal(SIGPIPE, SIG_IGN);
