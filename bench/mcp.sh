@@ -617,8 +617,8 @@ def docs(n, mode):
         p = os.path.join(out, 'r%d.h%d.%s.json' % (r, n, mode))
         if os.path.exists(p):
             d = json.load(open(p))
-            # The proxy: nginx for nginx's turns, the relay floor for its
-            # own, idem for its own.
+            # The proxy: nginx for nginx's turns, each floor for its own,
+            # idem for its own.
             who = {'nginx': 'nginx', 'relay': 'relay', 'pass': 'pass',
                    'direct': None}.get(mode, 'idem')
             d['proxy_cpu_ms_per_call'] = d.get('%s_cpu_ms_per_call' % who) if who else None
