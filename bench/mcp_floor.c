@@ -320,6 +320,17 @@ static void on_term(int sig) {
   stopping = 1;
 }
 
+/* What both relays over HTTP do with a request's body: claim the key it
+ * holds (if any), post it to the server in the session, record the answer
+ * under the key; the server's status. */
+static long relay_post(idem_store *store, const char *body, text *answer) {
+  idem_call *c = claim_marked(store, body);
+  long status = http_post(body, answer);
+  if (c)
+    floor_record(store, c, 200, answer->buf, answer->len);
+  return status;
+}
+
 /* One client connection of the relay over HTTP, on a thread of its own:
  * its socket, what it sent, the upstream's answer and the answer made. */
 typedef struct {
@@ -331,7 +342,6 @@ typedef struct {
  * read_message()) and takes it off; 0 if the client's connection broke. */
 static int relay_request(idem_store *store, rconn *r, size_t head,
                          size_t blen) {
-  idem_call *c;
   long status;
   char line[512];
   int ok;
@@ -344,10 +354,7 @@ static int relay_request(idem_store *store, rconn *r, size_t head,
   } else {
     r->body.len = 0;
     text_add(&r->body, r->in.buf + head, blen);
-    c = claim_marked(store, r->body.buf);
-    status = http_post(r->body.buf, &r->a);
-    if (c)
-      floor_record(store, c, 200, r->a.buf, r->a.len);
+    status = relay_post(store, r->body.buf, &r->a);
     r->out.len = 0;
     snprintf(line, sizeof line, "HTTP/1.1 %ld %s\r\n", status,
              status == 200 ? "OK" : "Accepted");
@@ -422,8 +429,7 @@ static int http_relay(idem_store *store, const char *url) {
   http_url = url;
   pthread_attr_init(&attr);
   pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  fprintf(stderr, "mcp_floor: listening on http://127.0.0.1:%d/mcp\n",
-          port);
+  fprintf(stderr, "mcp_floor: listening on http://127.0.0.1:%d/mcp\n", port);
   while (!stopping) {
     pthread_t t;
     rconn *r;
@@ -471,7 +477,6 @@ static enum MHD_Result mhd_handle(void *cls, struct MHD_Connection *conn,
   struct MHD_Response *r;
   enum MHD_Result ok;
   const char *sid;
-  idem_call *c;
   long status;
   (void)cls, (void)url, (void)version;
   if (!q) {
@@ -496,10 +501,7 @@ static enum MHD_Result mhd_handle(void *cls, struct MHD_Connection *conn,
   sid = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Mcp-Session-Id");
   snprintf(session, sizeof session, "%s", sid ? sid : "");
   text_add(&q->body, "", 0); /* "" when nothing came */
-  c = claim_marked(relay_store, q->body.buf);
-  status = http_post(q->body.buf, &mhd_answer);
-  if (c)
-    floor_record(relay_store, c, 200, mhd_answer.buf, mhd_answer.len);
+  status = relay_post(relay_store, q->body.buf, &mhd_answer);
   r = MHD_create_response_from_buffer(mhd_answer.len, mhd_answer.buf,
                                       MHD_RESPMEM_MUST_COPY);
   if (!r)
@@ -537,16 +539,14 @@ static int mhd_relay(idem_store *store, const char *url) {
   curl_global_init(CURL_GLOBAL_DEFAULT);
   relay_store = store;
   http_url = url;
-  d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION |
-                           MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL,
-                       0, NULL, NULL, mhd_handle, NULL,
-                       MHD_OPTION_LISTEN_SOCKET, ls,
-                       MHD_OPTION_NOTIFY_COMPLETED, mhd_completed, NULL,
-                       MHD_OPTION_END);
+  d = MHD_start_daemon(
+      MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+          MHD_USE_POLL,
+      0, NULL, NULL, mhd_handle, NULL, MHD_OPTION_LISTEN_SOCKET, ls,
+      MHD_OPTION_NOTIFY_COMPLETED, mhd_completed, NULL, MHD_OPTION_END);
   if (!d)
     floor_die("mhdrelay", "libmicrohttpd did not start");
-  fprintf(stderr, "mcp_floor: listening on http://127.0.0.1:%d/mcp\n",
-          port);
+  fprintf(stderr, "mcp_floor: listening on http://127.0.0.1:%d/mcp\n", port);
   sigwait(&stop_sigs, &sig);
   /* As http_relay(): the connections' threads may be in a call. */
   _exit(0);
@@ -580,10 +580,12 @@ int main(int argc, char **argv) {
   }
   if (!gap_mode &&
       (argc < 5 || (strcmp(argv[3], "http") != 0 && strcmp(argv[3], "stdio"))))
-    floor_die("usage",
+    floor_die(
+        "usage",
         "mcp_floor STORE SECONDS http URL | mcp_floor STORE SECONDS stdio CMD "
         "ARG... | mcp_floor STORE SECONDS gaps | mcp_floor STORE relay CMD "
-        "ARG... | mcp_floor STORE httprelay URL | mcp_floor STORE mhdrelay URL");
+        "ARG... | mcp_floor STORE httprelay URL | mcp_floor STORE mhdrelay "
+        "URL");
   secs = atof(argv[2]);
   use_http = strcmp(argv[3], "http") == 0;
   signal(SIGPIPE, SIG_IGN);
