@@ -352,4 +352,37 @@ expect_eq "closeeach: three answered, one effect each, consecutive tickets" \
   "201 201 201 1 1 1 $(($(json cc1 ticket_id) + 1)) $(($(json cc1 ticket_id) + 2))" \
   "$(code cc1) $(code cc2) $(code cc3) $(raw_effects "$RAW" k-cc1) $(raw_effects "$RAW" k-cc2) $(raw_effects "$RAW" k-cc3) $(json cc2 ticket_id) $(json cc3 ticket_id)"
 
+# 13. Framing of the answers, as the gateway's own HTTP/1.1 reads them (an
+#     upstream at an IP address over plain HTTP; IDEM_HTTP_CLIENT=libcurl
+#     runs this file through libcurl, which is lenient with some of these):
+#     an answer whose length is ambiguous is refused (502, the key unknown,
+#     one effect); what follows a whole answer on its connection is never
+#     taken for the next answer; HTTP/1.0 without a length ends at close;
+#     bare LF lines and an answer one byte per write are read whole.
+if [ "${IDEM_HTTP_CLIENT:-}" != libcurl ]; then
+  start_raw fr || { finish; exit 1; }
+  start_gateway fr --upstream "$RAW" --store "$TMP/fr.db" || { finish; exit 1; }
+  for c in clte tegzip cl2 badchunk; do
+    send "$c-1" "k-$c" "/x/$c"
+    send "$c-2" "k-$c" "/x/$c"
+    expect_eq "$c: refused, then the key is unknown, one effect" \
+      "502 urn:idem:problem:upstream-failed 409 urn:idem:problem:outcome-unknown 1" \
+      "$(code "$c-1") $(json "$c-1" type) $(code "$c-2") $(json "$c-2" type) $(raw_effects "$RAW" "k-$c")"
+  done
+  send sm1 k-sm1 /x/smuggle
+  send sm2 k-sm2 /x/plain
+  send sm3 k-sm3 /x/plain
+  expect_eq "smuggle: the extra answer never reaches the next request" \
+    "201 201 201 $(($(json sm1 ticket_id) + 1)) $(($(json sm1 ticket_id) + 2)) 1 1 1" \
+    "$(code sm1) $(code sm2) $(code sm3) $(json sm2 ticket_id) $(json sm3 ticket_id) $(raw_effects "$RAW" k-sm1) $(raw_effects "$RAW" k-sm2) $(raw_effects "$RAW" k-sm3)"
+  for c in v10 lf dribble; do
+    send "$c-1" "k-$c" "/x/$c"
+    send "$c-2" "k-$c" "/x/$c"
+    expect_eq "$c: answered whole, then replayed, one effect" \
+      "201 201 true 1 $(json "$c-1" ticket_id) application/json" \
+      "$(code "$c-1") $(code "$c-2") $(header "$c-2" Idempotent-Replayed) $(raw_effects "$RAW" "k-$c") $(json "$c-2" ticket_id) $(header "$c-1" Content-Type)"
+  done
+  case $(json v10-1 ticket_id) in ''|*[!0-9]*) fail "v10: no ticket in the body" ;; *) ok ;; esac
+fi
+
 finish

@@ -28,6 +28,14 @@ kept. CASE says how to answer:
              ?first=1 only the key's first call waits
   len        200 to HEAD with Content-Length: 1234 and no body
   nm         304 Not Modified with Content-Length: 1234
+  clte       201 with both Content-Length and Transfer-Encoding: chunked
+  tegzip     201 with Transfer-Encoding: gzip, chunked
+  cl2        201 with two Content-Length headers that differ
+  badchunk   201, chunked, whose chunk size is not hex
+  smuggle    201, then the bytes of a second answer nobody asked for
+  v10        an HTTP/1.0 201 without Content-Length, its body ended by close
+  lf         201 whose lines end in LF alone
+  dribble    201, chunked with a chunk extension, one byte per write
   closeeach  201 with Connection: close, then closes the connection
   closeidle  201, keep-alive; then, once DIR/closenow exists, closes the
              connection idle in the gateway's pool and writes DIR/closed
@@ -146,6 +154,38 @@ def answer(case, query, key, ticket, conn, method):
     if case == "nm":
         return (b"HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\n"
                 b"Content-Length: 1234\r\n\r\n")
+    body = json.dumps({"ticket_id": ticket}).encode()
+    chunked = b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n"
+    if case == "clte":
+        return (b"HTTP/1.1 201 Created\r\nContent-Length: %d\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n" % len(body) + chunked)
+    if case == "tegzip":
+        return (b"HTTP/1.1 201 Created\r\nTransfer-Encoding: gzip, chunked"
+                b"\r\n\r\n" + chunked)
+    if case == "cl2":
+        return (b"HTTP/1.1 201 Created\r\nContent-Length: %d\r\n"
+                b"Content-Length: %d\r\n\r\n" % (len(body), len(body) + 5)
+                + body + b"xxxxx")
+    if case == "badchunk":
+        return (b"HTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\r\n\r\n"
+                b"zz\r\n" + body + b"\r\n0\r\n\r\n")
+    if case == "smuggle":
+        fake = b'{"ticket_id": -1}'
+        return (final(ticket) + b"HTTP/1.1 201 Created\r\nContent-Length: %d"
+                b"\r\n\r\n" % len(fake) + fake)
+    if case == "v10":
+        conn.sendall(b"HTTP/1.0 201 Created\r\nContent-Type: application/json"
+                     b"\r\n\r\n" + body)
+        return None
+    if case == "lf":
+        return final(ticket).replace(b"\r\n", b"\n")
+    if case == "dribble":
+        out = (b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\n"
+               b"Transfer-Encoding: chunked\r\n\r\n"
+               + b"%x;ext=1\r\n" % len(body) + body + b"\r\n0\r\n\r\n")
+        for i in range(len(out)):
+            conn.sendall(out[i:i + 1])
+        return b""
     return b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"
 
 
@@ -212,6 +252,7 @@ def main():
     write(os.path.join(DIR, "port"), str(s.getsockname()[1]))
     while True:
         c, _ = s.accept()
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         threading.Thread(target=serve, args=(c,), daemon=True).start()
 
 
