@@ -14,14 +14,10 @@
  * answer": the first lets the gateway release the key, the second means the
  * upstream may have acted.
  */
-#include "serve.h"
+#include "upstream_int.h"
 
-#include <ctype.h>
 #include <curl/curl.h>
 #include <errno.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -35,15 +31,8 @@
 #include <unistd.h>
 
 static const serve_config *cfg;
-
-/* Headers of an upstream answer larger than this are refused (502): the
- * gateway could not send them on (libmicrohttpd builds a response's head in
- * the connection's memory pool, see gateway.c) and must not store what it
- * cannot send. */
-#define UP_MAX_HEADER_BYTES (16 * 1024)
-
-/* Idle connections to the upstream kept open for reuse. */
-#define UP_KEEP_CONNECTIONS 256
+/* Forwards go over the loop's own HTTP/1.1 (upstream_h1.c). */
+static int h1_on;
 
 /* Easy handles kept for the next forwards once theirs ended: a new one is a
  * few allocations of several KB each (its state and receive buffer), and
@@ -89,22 +78,7 @@ int header_named_by(const char *connection, const char *name) {
 
 /* ---- the response as it arrives ------------------------------------------ */
 
-typedef struct sink {
-  up_response *rs;
-  const up_request *rq; /* its head and data callbacks */
-  void *ctx;
-  size_t cap, hcap;
-  size_t header_bytes;
-  int too_large;
-  int headers_too_large;
-  int interim;      /* inside a 1xx response's header block */
-  int upgrade;      /* 101 Switching Protocols: refused */
-  int in_body;      /* past the final header block: lines now are trailers */
-  int bad_status;   /* a status line whose code is not 1xx-5xx */
-  char *connection; /* the response's Connection header: more hop-by-hop */
-} sink;
-
-static void free_headers(up_response *rs, sink *s) {
+void up_free_headers(up_response *rs, sink *s) {
   for (size_t i = 0; i < rs->nheaders; i++) {
     free(rs->headers[i].name);
     free(rs->headers[i].value);
@@ -118,7 +92,7 @@ static void free_headers(up_response *rs, sink *s) {
 
 /* Drops the headers that the response's Connection header names: they are
  * hop-by-hop too. */
-static void drop_named(up_response *rs, const char *connection) {
+void up_drop_named(up_response *rs, const char *connection) {
   size_t k = 0;
   if (!connection)
     return;
@@ -155,7 +129,7 @@ static int status_code(const char *p, size_t len) {
  * continues the field before it, and fields after the body (trailers) are
  * dropped: they are not headers and a replay must not make them so.
  */
-static size_t on_header(char *p, size_t size, size_t n, void *arg) {
+size_t up_on_header(char *p, size_t size, size_t n, void *arg) {
   sink *s = arg;
   up_response *rs = s->rs;
   size_t len = size * n, nl, vl;
@@ -168,7 +142,7 @@ static size_t on_header(char *p, size_t size, size_t n, void *arg) {
   }
   if (len >= 5 && strncmp(p, "HTTP/", 5) == 0) {
     int code = status_code(p, len);
-    free_headers(rs, s);
+    up_free_headers(rs, s);
     free(s->connection);
     s->connection = NULL;
     if (code < 100 || code > 599) {
@@ -195,7 +169,7 @@ static size_t on_header(char *p, size_t size, size_t n, void *arg) {
     if (!s->interim && !s->in_body) {
       s->in_body = 1;
       if (s->rq->head) {
-        drop_named(rs, s->connection);
+        up_drop_named(rs, s->connection);
         s->rq->head(s->ctx, rs);
       }
     }
@@ -265,7 +239,7 @@ static size_t on_header(char *p, size_t size, size_t n, void *arg) {
   return size * n;
 }
 
-static size_t on_body(char *p, size_t size, size_t n, void *arg) {
+size_t up_on_body(char *p, size_t size, size_t n, void *arg) {
   sink *s = arg;
   up_response *rs = s->rs;
   size_t len = size * n;
@@ -290,7 +264,7 @@ static size_t on_body(char *p, size_t size, size_t n, void *arg) {
   return len;
 }
 
-static double now_ms(void) {
+double up_now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
@@ -341,7 +315,10 @@ static void add_line(lines *l, const char *p0, const char *p1, const char *p2,
   l->n++;
 }
 
-static void header_lines(const up_request *rq, lines *l) {
+void up_each_forwarded(const up_request *rq,
+                       void (*fn)(void *ctx, const char *name,
+                                  const char *value, const char *append),
+                       void *ctx) {
   int had_xff = 0;
   for (size_t i = 0; i < rq->nheaders; i++) {
     const up_header *h = &rq->headers[i];
@@ -355,16 +332,30 @@ static void header_lines(const up_request *rq, lines *l) {
       continue;
     if (strcasecmp(h->name, "X-Forwarded-For") == 0 && rq->client_addr) {
       had_xff = 1;
-      add_line(l, h->name, ": ", h->value, ", ", rq->client_addr);
-    } else if (!*h->value) {
-      /* "Name;" is curl's way to send a header with an empty value. */
-      add_line(l, h->name, ";", NULL, NULL, NULL);
+      fn(ctx, h->name, h->value, rq->client_addr);
     } else {
-      add_line(l, h->name, ": ", h->value, NULL, NULL);
+      fn(ctx, h->name, h->value, NULL);
     }
   }
   if (!had_xff && rq->client_addr)
-    add_line(l, "X-Forwarded-For: ", rq->client_addr, NULL, NULL, NULL);
+    fn(ctx, "X-Forwarded-For", "", rq->client_addr);
+}
+
+/* up_each_forwarded()'s: the header as a line for libcurl. */
+static void curl_line(void *ctx, const char *name, const char *value,
+                      const char *append) {
+  lines *l = ctx;
+  if (append)
+    add_line(l, name, ": ", value, *value ? ", " : "", append);
+  else if (!*value)
+    /* "Name;" is curl's way to send a header with an empty value. */
+    add_line(l, name, ";", NULL, NULL, NULL);
+  else
+    add_line(l, name, ": ", value, NULL, NULL);
+}
+
+static void header_lines(const up_request *rq, lines *l) {
+  up_each_forwarded(rq, curl_line, l);
   /* The upstream gets the client's request, no more: libcurl would add
    * Accept: * / * and, to a POST, Content-Type:
    * application/x-www-form-urlencoded; "Name:" tells it not to. The gateway
@@ -389,22 +380,6 @@ static struct curl_slist *request_headers(const up_request *rq) {
 
 /* ---- one transfer ----------------------------------------------------------
  */
-
-typedef struct xfer {
-  CURL *curl;
-  struct curl_slist *hdrs;
-  sink s;
-  const up_request *rq;
-  up_response *rs;
-  up_done_fn done;
-  void *ctx;
-  double t0;
-  int no_fds;        /* socket() failed for want of descriptors */
-  int sends;         /* times libcurl was about to send the request */
-  struct xfer *next; /* in the pending list */
-  struct xfer *prev_active, *next_active; /* on the loop: L.active_list */
-  struct h1x *h1; /* non-NULL: over the loop's own HTTP/1.1 (curl NULL) */
-} xfer;
 
 /* An upstream socket of the transfer's own, so that running out of
  * descriptors is told apart from an upstream that refuses connections. */
@@ -478,9 +453,9 @@ static int setup(xfer *x) {
    * default (16 KB) would be most of what a forward in flight costs, and
    * tool calls answer in a few hundred bytes. */
   curl_easy_setopt(c, CURLOPT_BUFFERSIZE, rq->head ? 16384L : 1024L);
-  curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
+  curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, up_on_header);
   curl_easy_setopt(c, CURLOPT_HEADERDATA, &x->s);
-  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, up_on_body);
   curl_easy_setopt(c, CURLOPT_WRITEDATA, &x->s);
   curl_easy_setopt(c, CURLOPT_PREREQFUNCTION, before_send);
   curl_easy_setopt(c, CURLOPT_PREREQDATA, x);
@@ -592,9 +567,9 @@ static up_result classify(xfer *x, CURLcode cc) {
     r = UP_LOST;
   }
   if (r == UP_OK)
-    drop_named(rs, s->connection);
+    up_drop_named(rs, s->connection);
   if (r != UP_OK && !x->rq->head) {
-    free_headers(rs, s);
+    up_free_headers(rs, s);
     free(rs->body);
     rs->body = NULL;
     rs->body_len = 0;
@@ -665,6 +640,28 @@ static struct reg *reg_of(int fd) {
     L.nreg = n;
   }
   return &L.reg[fd];
+}
+
+int up_epfd(void) { return L.epfd; }
+
+int up_fd_route(int fd, struct h1conn *c) {
+  struct reg *r = c ? reg_of(fd) : (fd >= 0 && fd < L.nreg ? &L.reg[fd] : NULL);
+  if (!r)
+    return c ? -1 : 0;
+  r->h1 = c;
+  return 0;
+}
+
+xfer *up_first_active(void) { return L.active_list; }
+
+void up_unlink_active(xfer *x) {
+  if (x->prev_active)
+    x->prev_active->next_active = x->next_active;
+  else if (L.active_list == x)
+    L.active_list = x->next_active;
+  if (x->next_active)
+    x->next_active->prev_active = x->prev_active;
+  __atomic_fetch_sub(&L.active, 1, __ATOMIC_RELAXED);
 }
 
 /*
@@ -745,7 +742,7 @@ static int close_socket(void *arg, curl_socket_t fd) {
 static int on_timer(CURLM *m, long timeout_ms, void *userp) {
   (void)m, (void)userp;
   L.timeout_ms = timeout_ms;
-  L.deadline = timeout_ms >= 0 ? now_ms() + (double)timeout_ms : 0;
+  L.deadline = timeout_ms >= 0 ? up_now_ms() + (double)timeout_ms : 0;
   return 0;
 }
 
@@ -778,18 +775,12 @@ static void handle_put(CURL *c) {
 
 static void finish(xfer *x, CURLcode cc) {
   up_result r = classify(x, cc);
-  x->rs->ms = now_ms() - x->t0;
+  x->rs->ms = up_now_ms() - x->t0;
   free(x->s.connection);
   curl_multi_remove_handle(L.multi, x->curl);
-  if (x->prev_active)
-    x->prev_active->next_active = x->next_active;
-  else if (L.active_list == x)
-    L.active_list = x->next_active;
-  if (x->next_active)
-    x->next_active->prev_active = x->prev_active;
+  up_unlink_active(x);
   handle_put(x->curl);
   free(x->hdrs); /* request_headers() */
-  __atomic_fetch_sub(&L.active, 1, __ATOMIC_RELAXED);
   x->done(x->ctx, r);
   free(x);
 }
@@ -804,858 +795,6 @@ static void reap(void) {
     curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&x);
     finish(x, m->data.result);
   }
-}
-
-/* ---- HTTP/1.1 of the loop's own ---------------------------------------------
- *
- * For an upstream reached over plain HTTP at an IP address (http://127.0.0.1:
- * 8080, http://[::1]:8080), the loop speaks HTTP/1.1 itself on its own
- * kept-alive connections, instead of handing the transfer to libcurl: a
- * call passed through costs libcurl more than everything else in the proxy
- * together (its per-transfer set-up, its connection checks and state
- * machine: docs/bench.md, "The upstream's HTTP/1.1"), and on a small
- * machine that was what kept calls passed through below 0.8x of direct. The
- * response is read strictly (RFC 9112 §4-§7): a status line "HTTP/1.x NNN",
- * header lines "token: value" without CR or NUL, one Transfer-Encoding
- * that is exactly "chunked" or none, never with Content-Length, repeated
- * Content-Lengths only with one value, chunk sizes in hex of at most 15
- * digits; anything else ends the forward as UP_INVALID and closes the
- * connection. The header lines go through on_header() and the body through
- * on_body(), as libcurl's do, so that 1xx answers, 101, folded lines,
- * trailers, hop-by-hop headers, the header bound and max_pass are treated
- * the same way on both paths. A connection serves one request at a time and
- * goes back to the pool only after a whole answer, with nothing after it.
- * Host names (which may resolve differently from one day to the next),
- * user info, https:// and IDEM_HTTP_CLIENT=libcurl stay with libcurl.
- */
-
-#define H1_READ 16384          /* the most read by one recv() */
-#define H1_MAX_CHUNK_LINE 1024 /* a chunk's size line, extensions included */
-#define H1_SCAN_MS 250 /* how often deadlines and aborts are looked at */
-
-typedef struct h1conn {
-  int fd;
-  uint32_t events;            /* registered in L.epfd */
-  int served;                 /* answers read whole on it */
-  struct h1conn *prev, *next; /* in the idle list */
-  struct xfer *x;             /* the forward on it; NULL when idle */
-  char *in;                   /* read, from in_off to in_len not yet used */
-  size_t in_off, in_len, in_cap;
-} h1conn;
-
-enum { H1_NONE, H1_LEN, H1_CHUNKED, H1_CLOSE };
-enum { C_SIZE, C_DATA, C_CRLF, C_TRAILER };
-
-typedef struct h1x {
-  h1conn *c;
-  char *out; /* the request's bytes */
-  size_t out_len, out_off;
-  int connecting, retried;
-  int got_any;     /* a byte of an answer came */
-  int want_status; /* the next line starts a header block */
-  int framed;      /* past the final header block */
-  int mode, cstate;
-  uint64_t left; /* H1_LEN: body bytes; C_DATA: chunk bytes */
-  size_t trailer_bytes;
-  int keep; /* the connection may serve again */
-  int is_head;
-  double connect_by, answer_by; /* 0: none */
-  /* The framing headers of the header block being read. */
-  int v10, cl_n, cl_bad, te_n, te_chunked, conn_close, last_framing;
-  uint64_t cl;
-} h1x;
-
-static struct {
-  int on; /* the upstream can be reached so */
-  struct sockaddr_storage addr;
-  socklen_t addrlen;
-  char *authority; /* Host */
-  char *base;      /* the base URL's path ("" for none) */
-  h1conn *idle;    /* most recently used first */
-  int nidle;
-  int timed; /* forwards with a deadline or an abort check */
-  double scan_at;
-} H;
-
-/* cfg->upstream, when h1 may reach it: 0 and H set up, else -1. */
-static int h1_init(void) {
-  const char *u = cfg->upstream, *auth, *end, *e = getenv("IDEM_HTTP_CLIENT");
-  char host[64], port[8] = "80";
-  struct addrinfo hints, *ai = NULL;
-  size_t n;
-  if (e && strcmp(e, "libcurl") == 0)
-    return -1;
-  if (strncasecmp(u, "http://", 7) != 0)
-    return -1;
-  auth = u + 7;
-  end = auth + strcspn(auth, "/?#");
-  if (*end == '?' || *end == '#' || memchr(auth, '@', (size_t)(end - auth)))
-    return -1;
-  if (*auth == '[') {
-    const char *rb = memchr(auth, ']', (size_t)(end - auth));
-    if (!rb || (size_t)(rb - auth - 1) >= sizeof host)
-      return -1;
-    memcpy(host, auth + 1, (size_t)(rb - auth - 1));
-    host[rb - auth - 1] = '\0';
-    if (rb + 1 < end && rb[1] != ':')
-      return -1;
-    if (rb + 1 < end)
-      auth = rb + 1;
-    else
-      auth = end;
-  } else {
-    n = strcspn(auth, ":/?#");
-    if (n == 0 || n >= sizeof host)
-      return -1;
-    memcpy(host, auth, n);
-    host[n] = '\0';
-    auth += n;
-  }
-  if (*auth == ':') {
-    n = (size_t)(end - auth - 1);
-    if (n == 0 || n >= sizeof port || strspn(auth + 1, "0123456789") < n)
-      return -1;
-    memcpy(port, auth + 1, n);
-    port[n] = '\0';
-  }
-  memset(&hints, 0, sizeof hints);
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
-  if (getaddrinfo(host, port, &hints, &ai) != 0 || !ai)
-    return -1; /* a host name: libcurl resolves it */
-  memcpy(&H.addr, ai->ai_addr, ai->ai_addrlen);
-  H.addrlen = ai->ai_addrlen;
-  freeaddrinfo(ai);
-  auth = u + 7;
-  if (!(H.authority = strndup(auth, (size_t)(end - auth))) ||
-      !(H.base = strdup(end)))
-    return -1;
-  H.on = 1;
-  return 0;
-}
-
-static int h1_watch(h1conn *c, uint32_t events) {
-  struct epoll_event ev;
-  struct reg *r;
-  if (c->events == events)
-    return 0;
-  memset(&ev, 0, sizeof ev);
-  ev.events = events;
-  ev.data.fd = c->fd;
-  if (epoll_ctl(L.epfd, c->events ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, c->fd,
-                &ev) != 0)
-    return -1;
-  if (!c->events) {
-    if (!(r = reg_of(c->fd))) {
-      epoll_ctl(L.epfd, EPOLL_CTL_DEL, c->fd, NULL);
-      return -1;
-    }
-    r->h1 = c;
-  }
-  c->events = events;
-  return 0;
-}
-
-static void h1_close(h1conn *c) {
-  if (c->events) {
-    epoll_ctl(L.epfd, EPOLL_CTL_DEL, c->fd, NULL);
-    L.reg[c->fd].h1 = NULL;
-  }
-  close(c->fd);
-  free(c->in);
-  free(c);
-}
-
-static void idle_unlink(h1conn *c) {
-  if (c->prev)
-    c->prev->next = c->next;
-  else
-    H.idle = c->next;
-  if (c->next)
-    c->next->prev = c->prev;
-  c->prev = c->next = NULL;
-  H.nidle--;
-}
-
-/* The request's bytes: request line, Host, the client's end-to-end headers
- * (as header_lines() passes them to libcurl), X-Forwarded-For,
- * Content-Length, the body. 0, or -1 when out of memory. */
-static int h1_request(xfer *x) {
-  const up_request *rq = x->rq;
-  h1x *h = x->h1;
-  int had_xff = 0,
-      body = !h->is_head && (rq->body_len || strcmp(rq->method, "POST") == 0 ||
-                             strcmp(rq->method, "PUT") == 0 ||
-                             strcmp(rq->method, "PATCH") == 0);
-  char len[48];
-  size_t cap = strlen(rq->method) + strlen(H.base) + strlen(rq->uri) +
-               strlen(H.authority) + 64 + sizeof len +
-               (rq->client_addr ? strlen(rq->client_addr) + 24 : 0) +
-               (body ? rq->body_len : 0);
-  char *o;
-  for (size_t i = 0; i < rq->nheaders; i++)
-    cap += strlen(rq->headers[i].name) + strlen(rq->headers[i].value) + 8;
-  if (!(o = h->out = malloc(cap)))
-    return -1;
-#define PUT(str)                                                               \
-  do {                                                                         \
-    size_t k_ = strlen(str);                                                   \
-    memcpy(o, str, k_);                                                        \
-    o += k_;                                                                   \
-  } while (0)
-  PUT(rq->method);
-  PUT(" ");
-  PUT(H.base);
-  PUT(rq->uri);
-  PUT(" HTTP/1.1\r\nHost: ");
-  PUT(H.authority);
-  PUT("\r\n");
-  for (size_t i = 0; i < rq->nheaders; i++) {
-    const up_header *hd = &rq->headers[i];
-    int named = 0;
-    for (size_t k = 0; k < rq->nheaders && !named; k++)
-      named = strcasecmp(rq->headers[k].name, "Connection") == 0 &&
-              header_named_by(rq->headers[k].value, hd->name);
-    if (header_is_hop_by_hop(hd->name) || named)
-      continue;
-    PUT(hd->name);
-    PUT(":");
-    if (*hd->value) {
-      PUT(" ");
-      PUT(hd->value);
-    }
-    if (strcasecmp(hd->name, "X-Forwarded-For") == 0 && rq->client_addr) {
-      had_xff = 1;
-      PUT(", ");
-      PUT(rq->client_addr);
-    }
-    PUT("\r\n");
-  }
-  if (!had_xff && rq->client_addr) {
-    PUT("X-Forwarded-For: ");
-    PUT(rq->client_addr);
-    PUT("\r\n");
-  }
-  if (body) {
-    snprintf(len, sizeof len, "Content-Length: %zu\r\n", rq->body_len);
-    PUT(len);
-  }
-  PUT("\r\n");
-#undef PUT
-  if (body && rq->body_len) {
-    memcpy(o, rq->body, rq->body_len);
-    o += rq->body_len;
-  }
-  h->out_len = (size_t)(o - h->out);
-  return 0;
-}
-
-static void h1_finish(xfer *x, up_result r);
-
-/* Ends x with r and a message (printf-style). */
-static void h1_fail(xfer *x, up_result r, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void h1_fail(xfer *x, up_result r, const char *fmt, ...) {
-  char *text = NULL;
-  va_list ap;
-  va_start(ap, fmt);
-  if (vasprintf(&text, fmt, ap) < 0)
-    text = NULL;
-  va_end(ap);
-  up_set_error(x->rs, "%s", text ? text : "out of memory");
-  free(text);
-  h1_finish(x, r);
-}
-
-/* The answer broke off: before any answer (the upstream may have acted),
- * or after a final answer began (it has). */
-static void h1_broke(xfer *x, const char *how) {
-  h1x *h = x->h1;
-  if (!h->got_any)
-    h1_fail(x, UP_LOST,
-            "the connection closed after the request was sent, before any "
-            "answer (%s)",
-            how);
-  else if (h->framed || x->rs->status >= 200)
-    h1_fail(x, UP_INVALID, "the answer (%d) broke off: %s", x->rs->status, how);
-  else
-    h1_fail(x, UP_LOST, "the answer broke off before its status: %s", how);
-}
-
-static int h1_send(xfer *x);
-static void h1_begin(xfer *x);
-
-/* A connection for x: an idle one still open, or a new one (connecting). 0,
- * or -1 with x ended. */
-static int h1_connect(xfer *x) {
-  h1x *h = x->h1;
-  h1conn *c;
-  int fd, one = 1;
-  while ((c = H.idle) != NULL) {
-    char b;
-    ssize_t k;
-    idle_unlink(c);
-    /* Closed (or written to) while idle: the upstream's keep-alive ended
-     * it. Its event may not have been read yet. */
-    k = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-      break;
-    h1_close(c);
-  }
-  if (!c) {
-    fd =
-        socket(H.addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-      int e = errno;
-      h1_fail(x, e == EMFILE || e == ENFILE ? UP_NO_FDS : UP_NOT_SENT,
-              e == EMFILE || e == ENFILE
-                  ? "the gateway ran out of file descriptors"
-                  : "nothing was sent: socket: %s",
-              strerror(e));
-      return -1;
-    }
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    if (!(c = calloc(1, sizeof *c))) {
-      close(fd);
-      h1_fail(x, UP_NOT_SENT, "nothing was sent: out of memory");
-      return -1;
-    }
-    c->fd = fd;
-    if (connect(fd, (struct sockaddr *)&H.addr, H.addrlen) != 0) {
-      if (errno != EINPROGRESS) {
-        int e = errno;
-        h1_close(c);
-        h1_fail(x, UP_NOT_SENT, "nothing was sent: could not connect: %s",
-                strerror(e));
-        return -1;
-      }
-      h->connecting = 1;
-      h->connect_by = now_ms() + (double)(cfg->upstream_timeout_ms < 10000
-                                              ? cfg->upstream_timeout_ms
-                                              : 10000);
-    }
-  }
-  c->x = x;
-  h->c = c;
-  if (h1_watch(c, h->connecting ? EPOLLOUT : EPOLLIN) != 0) {
-    h->c = NULL;
-    h1_close(c);
-    h1_fail(x, UP_NOT_SENT, "nothing was sent: epoll: %s", strerror(errno));
-    return -1;
-  }
-  return 0;
-}
-
-/* Writes what is left of the request: 1 while x goes on on the same
- * connection, 0 when it has ended or moved to a new one. */
-static int h1_send(xfer *x) {
-  h1x *h = x->h1;
-  while (h->out_off < h->out_len) {
-    ssize_t k = send(h->c->fd, h->out + h->out_off, h->out_len - h->out_off,
-                     MSG_NOSIGNAL);
-    if (k > 0) {
-      h->out_off += (size_t)k;
-      continue;
-    }
-    if (k < 0 && errno == EINTR)
-      continue;
-    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      if (h1_watch(h->c, EPOLLIN | EPOLLOUT) != 0) {
-        h1_fail(x, h->out_off ? UP_LOST : UP_NOT_SENT, "epoll: %s",
-                strerror(errno));
-        return 0;
-      }
-      return 1;
-    }
-    if (h->out_off == 0 && h->c->served && !h->retried) {
-      /* A kept connection that the upstream had closed: not a byte left,
-       * so the request goes on a new one. */
-      h1conn *c = h->c;
-      h->c = NULL;
-      c->x = NULL;
-      h1_close(c);
-      h->retried = 1;
-      h1_begin(x);
-      return 0;
-    }
-    if (h->out_off == 0)
-      h1_fail(x, UP_NOT_SENT, "nothing was sent: %s",
-              k < 0 ? strerror(errno) : "the connection closed");
-    else
-      h1_broke(x, k < 0 ? strerror(errno) : "the connection closed");
-    return 0;
-  }
-  if (h->c->events != EPOLLIN && h1_watch(h->c, EPOLLIN) != 0) {
-    h1_fail(x, UP_LOST, "epoll: %s", strerror(errno));
-    return 0;
-  }
-  return 1;
-}
-
-static void h1_begin(xfer *x) {
-  if (h1_connect(x) != 0)
-    return;
-  if (!x->h1->connecting)
-    (void)h1_send(x);
-}
-
-/* Non-zero for a token (RFC 9110 5.6.2) of n > 0 bytes. */
-static int h1_token(const char *p, size_t n) {
-  static const char extra[] = "!#$%&'*+-.^_`|~";
-  if (!n)
-    return 0;
-  for (size_t i = 0; i < n; i++)
-    if (!((p[i] >= '0' && p[i] <= '9') || (p[i] >= 'a' && p[i] <= 'z') ||
-          (p[i] >= 'A' && p[i] <= 'Z') || (p[i] && strchr(extra, p[i]))))
-      return 0;
-  return 1;
-}
-
-/* One header line p[0..l) of the block being read (not its status line,
- * not its end): checked, and its framing noted. 0, or -1 with x ended. */
-static int h1_field(xfer *x, const char *p, size_t l) {
-  h1x *h = x->h1;
-  const char *colon = memchr(p, ':', l), *v;
-  size_t nl, vl;
-  if (*p == ' ' || *p == '\t') {
-    /* obs-fold: on_header() joins it to the field before; a framing field
-     * must not be continued so. */
-    if (h->last_framing) {
-      h1_fail(x, UP_INVALID, "the answer's framing header is folded");
-      return -1;
-    }
-    return 0;
-  }
-  if (!colon || !h1_token(p, (size_t)(colon - p))) {
-    h1_fail(x, UP_INVALID,
-            "the answer has a header line that is not "
-            "\"name: value\"");
-    return -1;
-  }
-  nl = (size_t)(colon - p);
-  v = colon + 1;
-  vl = l - nl - 1;
-  while (vl && (*v == ' ' || *v == '\t'))
-    v++, vl--;
-  while (vl && (v[vl - 1] == ' ' || v[vl - 1] == '\t'))
-    vl--;
-  h->last_framing = 0;
-  if (nl == 14 && strncasecmp(p, "content-length", 14) == 0) {
-    uint64_t n = 0;
-    h->last_framing = 1;
-    if (vl == 0 || vl > 18 || strspn(v, "0123456789") < vl) {
-      h->cl_bad = 1;
-    } else {
-      for (size_t i = 0; i < vl; i++)
-        n = n * 10 + (uint64_t)(v[i] - '0');
-      if (h->cl_n && n != h->cl)
-        h->cl_bad = 1;
-      h->cl = n;
-    }
-    h->cl_n++;
-  } else if (nl == 17 && strncasecmp(p, "transfer-encoding", 17) == 0) {
-    h->last_framing = 1;
-    h->te_n++;
-    h->te_chunked = vl == 7 && strncasecmp(v, "chunked", 7) == 0;
-  } else if (nl == 10 && strncasecmp(p, "connection", 10) == 0) {
-    /* "close" among its tokens */
-    for (size_t i = 0; i + 5 <= vl; i++)
-      if (strncasecmp(v + i, "close", 5) == 0 &&
-          (i == 0 || v[i - 1] == ',' || v[i - 1] == ' ' || v[i - 1] == '\t') &&
-          (i + 5 == vl || v[i + 5] == ',' || v[i + 5] == ' ' ||
-           v[i + 5] == '\t'))
-        h->conn_close = 1;
-  }
-  return 0;
-}
-
-/* The end of the final header block: how the body is framed. 0, or -1
- * with x ended. */
-static int h1_frame(xfer *x) {
-  h1x *h = x->h1;
-  int code = x->rs->status;
-  if (h->te_n && h->cl_n) {
-    h1_fail(x, UP_INVALID,
-            "the answer has both Content-Length and Transfer-Encoding");
-    return -1;
-  }
-  if (h->te_n > 1 || (h->te_n && !h->te_chunked)) {
-    h1_fail(x, UP_INVALID,
-            "the answer's Transfer-Encoding is not \"chunked\" alone");
-    return -1;
-  }
-  if (h->cl_bad) {
-    h1_fail(x, UP_INVALID, "the answer's Content-Length is not one number");
-    return -1;
-  }
-  if (h->is_head || code == 204 || code == 304)
-    h->mode = H1_NONE;
-  else if (h->te_n)
-    h->mode = H1_CHUNKED, h->cstate = C_SIZE;
-  else if (h->cl_n)
-    h->mode = h->cl ? H1_LEN : H1_NONE, h->left = h->cl;
-  else
-    h->mode = H1_CLOSE;
-  h->keep = !h->v10 && !h->conn_close && h->mode != H1_CLOSE;
-  return 0;
-}
-
-/* Hands n body bytes to on_body(). 0, or -1 with x ended. */
-static int h1_body(xfer *x, const char *p, size_t n) {
-  if (!n)
-    return 0;
-  if (on_body((char *)p, 1, n, &x->s) == n)
-    return 0;
-  if (x->s.too_large)
-    h1_fail(x, UP_TOO_LARGE, "the response body is larger than %zu bytes",
-            cfg->max_pass);
-  else
-    h1_fail(x, UP_INVALID, "the answer (%d) broke off: it was not taken",
-            x->rs->status);
-  return -1;
-}
-
-/* Reads what the connection holds: 1 when the answer is whole, 0 when more
- * is needed, -1 when x has ended. */
-static int h1_parse(xfer *x) {
-  h1x *h = x->h1;
-  h1conn *c = h->c;
-  while (!h->framed) {
-    char *p = c->in + c->in_off, *lf;
-    size_t avail = c->in_len - c->in_off, n, l, rc;
-    if (!(lf = memchr(p, '\n', avail))) {
-      if (avail > UP_MAX_HEADER_BYTES) {
-        h1_fail(x, UP_TOO_LARGE,
-                "the response's headers are larger than %d bytes",
-                UP_MAX_HEADER_BYTES);
-        return -1;
-      }
-      return 0;
-    }
-    h->got_any = 1;
-    n = (size_t)(lf - p) + 1;
-    l = n - 1;
-    if (l && p[l - 1] == '\r')
-      l--;
-    if (memchr(p, '\r', l) || memchr(p, '\0', l)) {
-      h1_fail(x, UP_INVALID, "the answer has a header line with CR or NUL");
-      return -1;
-    }
-    if (h->want_status) {
-      if (l < 12 || strncmp(p, "HTTP/1.", 7) != 0 ||
-          (p[7] != '0' && p[7] != '1') || p[8] != ' ') {
-        h1_fail(x, UP_INVALID, "the answer's status line is not HTTP/1.x");
-        return -1;
-      }
-      h->want_status = 0;
-      h->v10 = p[7] == '0';
-      h->cl_n = h->cl_bad = h->te_n = h->te_chunked = h->conn_close = 0;
-      h->last_framing = 0;
-      h->cl = 0;
-    } else if (l == 0) {
-      if (!x->s.interim && h1_frame(x) != 0)
-        return -1;
-    } else if (h1_field(x, p, l) != 0) {
-      return -1;
-    }
-    c->in_off += n;
-    rc = on_header(p, 1, n, &x->s);
-    if (rc != n) {
-      if (x->s.headers_too_large)
-        h1_fail(x, UP_TOO_LARGE,
-                "the response's headers are larger than %d bytes",
-                UP_MAX_HEADER_BYTES);
-      else if (x->s.bad_status)
-        h1_fail(x, UP_INVALID,
-                "the response's status is not an HTTP status (100-599)");
-      else if (x->s.upgrade)
-        h1_fail(x, UP_INVALID, "the upstream switched protocols (101) unasked");
-      else
-        h1_fail(x, UP_INVALID, "the answer could not be kept: out of memory");
-      return -1;
-    }
-    if (l == 0) {
-      if (x->s.interim)
-        h->want_status = 1;
-      else
-        h->framed = 1;
-    }
-  }
-  for (;;) {
-    char *p = c->in + c->in_off, *lf;
-    size_t avail = c->in_len - c->in_off, n;
-    switch (h->mode) {
-    case H1_NONE:
-      return 1;
-    case H1_CLOSE:
-      c->in_off = c->in_len;
-      return h1_body(x, p, avail) == 0 ? 0 : -1;
-    case H1_LEN:
-      n = avail < h->left ? avail : (size_t)h->left;
-      c->in_off += n;
-      h->left -= n;
-      if (h1_body(x, p, n) != 0)
-        return -1;
-      return h->left == 0;
-    default:
-      break;
-    }
-    /* chunked */
-    if (h->cstate == C_DATA) {
-      n = avail < h->left ? avail : (size_t)h->left;
-      c->in_off += n;
-      h->left -= n;
-      if (h1_body(x, p, n) != 0)
-        return -1;
-      if (h->left)
-        return 0;
-      h->cstate = C_CRLF;
-      continue;
-    }
-    if (!(lf = memchr(p, '\n', avail))) {
-      if (avail > (h->cstate == C_TRAILER ? (size_t)UP_MAX_HEADER_BYTES
-                                          : (size_t)H1_MAX_CHUNK_LINE)) {
-        h1_fail(x, UP_INVALID, "the answer's chunked framing is broken");
-        return -1;
-      }
-      return 0;
-    }
-    n = (size_t)(lf - p) + 1;
-    size_t l = n - 1;
-    if (l && p[l - 1] == '\r')
-      l--;
-    c->in_off += n;
-    if (h->cstate == C_CRLF) {
-      if (l != 0) {
-        h1_fail(x, UP_INVALID, "the answer's chunk does not end its line");
-        return -1;
-      }
-      h->cstate = C_SIZE;
-    } else if (h->cstate == C_SIZE) {
-      size_t d = 0;
-      uint64_t v = 0;
-      while (d < l && d < 16 && isxdigit((unsigned char)p[d])) {
-        int k = p[d] <= '9' ? p[d] - '0' : (p[d] | 0x20) - 'a' + 10;
-        v = v * 16 + (uint64_t)k;
-        d++;
-      }
-      size_t e = d;
-      while (e < l && (p[e] == ' ' || p[e] == '\t'))
-        e++;
-      if (d == 0 || d > 15 || (e < l && p[e] != ';') || memchr(p, '\r', l) ||
-          memchr(p, '\0', l)) {
-        h1_fail(x, UP_INVALID, "the answer's chunk size is not hex");
-        return -1;
-      }
-      h->left = v;
-      h->cstate = v ? C_DATA : C_TRAILER;
-    } else { /* C_TRAILER: on_header() drops trailer fields */
-      h->trailer_bytes += n;
-      if (h->trailer_bytes > UP_MAX_HEADER_BYTES) {
-        h1_fail(x, UP_INVALID, "the answer's trailers are too large");
-        return -1;
-      }
-      if (l == 0)
-        return 1;
-    }
-  }
-}
-
-/* Reads from x's connection and goes on with its answer. */
-static void h1_read(xfer *x) {
-  h1x *h = x->h1;
-  h1conn *c = h->c;
-  for (;;) {
-    ssize_t k;
-    int r;
-    if (c->in_off == c->in_len)
-      c->in_off = c->in_len = 0;
-    if (c->in_cap - c->in_len < H1_READ / 4) {
-      if (c->in_off) {
-        memmove(c->in, c->in + c->in_off, c->in_len - c->in_off);
-        c->in_len -= c->in_off;
-        c->in_off = 0;
-      }
-      if (c->in_cap - c->in_len < H1_READ / 4) {
-        size_t cap = c->in_cap ? c->in_cap * 2 : 4096;
-        char *b = realloc(c->in, cap);
-        if (!b) {
-          h1_broke(x, "out of memory");
-          return;
-        }
-        c->in = b;
-        c->in_cap = cap;
-      }
-    }
-    size_t room = c->in_cap - c->in_len;
-    if (room > H1_READ)
-      room = H1_READ;
-    k = recv(c->fd, c->in + c->in_len, room, 0);
-    if (k < 0 && errno == EINTR)
-      continue;
-    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-      return;
-    if (k <= 0) {
-      if (k == 0 && h->framed && h->mode == H1_CLOSE) {
-        h->keep = 0;
-        h1_finish(x, UP_OK);
-      } else {
-        h1_broke(x, k == 0 ? "the connection closed" : strerror(errno));
-      }
-      return;
-    }
-    c->in_len += (size_t)k;
-    r = h1_parse(x);
-    if (r < 0)
-      return;
-    if (r > 0) {
-      if (c->in_off != c->in_len)
-        h->keep = 0; /* bytes after the answer: not HTTP we can follow */
-      h1_finish(x, UP_OK);
-      return;
-    }
-    if ((size_t)k < room)
-      return; /* read all there was */
-  }
-}
-
-/* An event on one of h1's connections. */
-static void h1_event(h1conn *c, uint32_t events) {
-  xfer *x = c->x;
-  if (!x) {
-    /* Idle: the upstream closed it, or wrote what no request asked for. */
-    idle_unlink(c);
-    h1_close(c);
-    return;
-  }
-  if (x->h1->connecting) {
-    int err = 0;
-    socklen_t el = sizeof err;
-    if (!(events & (EPOLLOUT | EPOLLERR | EPOLLHUP)))
-      return;
-    if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0)
-      err = errno;
-    if (err) {
-      h1_fail(x, UP_NOT_SENT, "nothing was sent: could not connect: %s",
-              strerror(err));
-      return;
-    }
-    x->h1->connecting = 0;
-    x->h1->connect_by = 0;
-    (void)h1_send(x);
-    return;
-  }
-  if ((events & EPOLLOUT) && x->h1->out_off < x->h1->out_len && !h1_send(x))
-    return; /* ended, or moved to a new connection */
-  if (events & (EPOLLIN | EPOLLERR | EPOLLHUP))
-    h1_read(x);
-}
-
-static void h1_finish(xfer *x, up_result r) {
-  h1x *h = x->h1;
-  h1conn *c = h->c;
-  x->rs->ms = now_ms() - x->t0;
-  if (r == UP_OK)
-    drop_named(x->rs, x->s.connection);
-  if (r != UP_OK && !x->rq->head) {
-    free_headers(x->rs, &x->s);
-    free(x->rs->body);
-    x->rs->body = NULL;
-    x->rs->body_len = 0;
-  }
-  free(x->s.connection);
-  if (c) {
-    c->x = NULL;
-    if (r == UP_OK && h->keep && H.nidle < UP_KEEP_CONNECTIONS &&
-        h1_watch(c, EPOLLIN) == 0) {
-      c->served++;
-      c->in_off = c->in_len = 0;
-      c->prev = NULL;
-      c->next = H.idle;
-      if (H.idle)
-        H.idle->prev = c;
-      H.idle = c;
-      H.nidle++;
-    } else {
-      h1_close(c);
-    }
-  }
-  if (x->prev_active)
-    x->prev_active->next_active = x->next_active;
-  else if (L.active_list == x)
-    L.active_list = x->next_active;
-  if (x->next_active)
-    x->next_active->prev_active = x->prev_active;
-  if (x->rq->abort_check || h->answer_by > 0)
-    H.timed--;
-  __atomic_fetch_sub(&L.active, 1, __ATOMIC_RELAXED);
-  free(h->out);
-  free(h);
-  x->done(x->ctx, r);
-  free(x);
-}
-
-/* On the loop, from take_pending(): x starts. */
-static void h1_start(xfer *x) {
-  h1x *h = x->h1;
-  h->want_status = 1;
-  h->is_head = strcmp(x->rq->method, "HEAD") == 0;
-  if (!x->rq->head)
-    h->answer_by = x->t0 + (double)cfg->upstream_timeout_ms;
-  if (x->rq->abort_check || h->answer_by > 0) {
-    if (H.timed++ == 0)
-      H.scan_at = now_ms() + H1_SCAN_MS;
-  }
-  if (h1_request(x) != 0) {
-    h1_fail(x, UP_NOT_SENT, "nothing was sent: out of memory");
-    return;
-  }
-  h1_begin(x);
-}
-
-/* Ends x as libcurl's path ends a transfer that timed out (shutting down
- * too) or whose abort_check asked. */
-static void h1_stop(xfer *x, int aborted) {
-  h1x *h = x->h1;
-  if (h->out_off == 0)
-    h1_fail(x, UP_NOT_SENT, "nothing was sent: %s",
-            aborted ? "the forward was stopped" : "no connection in time");
-  else if (h->framed || x->rs->status >= 200)
-    h1_fail(x, UP_INVALID, "the answer (%d) broke off: %s", x->rs->status,
-            aborted ? "the forward was stopped" : "it took too long");
-  else if (aborted)
-    h1_fail(x, UP_ABORTED, "the key's lease was lost");
-  else
-    h1_fail(x, UP_TIMEOUT, "no answer within %lld ms",
-            (long long)cfg->upstream_timeout_ms);
-}
-
-/* Deadlines and abort checks, every H1_SCAN_MS while any forward has one. */
-static void h1_scan(double now) {
-  xfer *x, *next;
-  H.scan_at = now + H1_SCAN_MS;
-  for (x = L.active_list; x; x = next) {
-    next = x->next_active;
-    if (!x->h1)
-      continue;
-    if ((x->h1->connect_by > 0 && now >= x->h1->connect_by) ||
-        (x->h1->answer_by > 0 && now >= x->h1->answer_by))
-      h1_stop(x, 0);
-    else if (x->rq->abort_check && x->rq->abort_check(x->rq->abort_ctx))
-      h1_stop(x, 1);
-  }
-}
-
-static void h1_cleanup(void) {
-  while (H.idle) {
-    h1conn *c = H.idle;
-    idle_unlink(c);
-    h1_close(c);
-  }
-  free(H.authority);
-  free(H.base);
-  H.authority = H.base = NULL;
-  H.on = 0;
 }
 
 /* Ends every forward in flight as lost (they were sent) and every one
@@ -1742,7 +881,7 @@ static void *loop(void *arg) {
     int wait = -1, n, run_mhd = 0;
     struct MHD_Daemon *mhd = __atomic_load_n(&L.mhd, __ATOMIC_ACQUIRE);
     if (L.timeout_ms >= 0) {
-      double left = L.deadline - now_ms();
+      double left = L.deadline - up_now_ms();
       wait = left <= 0 ? 0 : (int)left + 1;
     }
     if (mhd) {
@@ -1752,21 +891,20 @@ static void *loop(void *arg) {
       if (MHD_get_timeout(mhd, &t) == MHD_YES) {
         if (t > 60000)
           t = 60000;
-        mhd_deadline = now_ms() + (double)t;
+        mhd_deadline = up_now_ms() + (double)t;
         if (wait < 0 || (int)t < wait)
           wait = (int)t;
       }
       if (L.mhd_due || L.local_pending)
         wait = 0;
     }
-    if (H.timed > 0) {
-      double left = H.scan_at - now_ms();
-      int w = left <= 0 ? 0 : (int)left + 1;
-      if (wait < 0 || w < wait)
+    {
+      int w = h1_wait_ms(up_now_ms());
+      if (w >= 0 && (wait < 0 || w < wait))
         wait = w;
     }
     if (L.tick_at > 0) {
-      double left = L.tick_at - now_ms();
+      double left = L.tick_at - up_now_ms();
       int w = left <= 0 ? 0 : (int)left + 1;
       if (wait < 0 || w < wait)
         wait = w;
@@ -1804,19 +942,19 @@ static void *loop(void *arg) {
           ((ev[i].events & (EPOLLERR | EPOLLHUP)) ? CURL_CSELECT_ERR : 0);
       curl_multi_socket_action(L.multi, ev[i].data.fd, flags, &running);
     }
-    if (L.timeout_ms >= 0 && now_ms() >= L.deadline) {
+    if (L.timeout_ms >= 0 && up_now_ms() >= L.deadline) {
       L.timeout_ms = -1;
       curl_multi_socket_action(L.multi, CURL_SOCKET_TIMEOUT, 0, &running);
     }
     reap();
-    if (H.timed > 0 && now_ms() >= H.scan_at)
-      h1_scan(now_ms());
-    if (L.tick_at > 0 && now_ms() >= L.tick_at) {
+    h1_tick(up_now_ms());
+    if (L.tick_at > 0 && up_now_ms() >= L.tick_at) {
       L.tick_at = 0;
       L.tick_fn(); /* before the daemon runs: what it wakes goes out now */
     }
     if (mhd)
-      drive_mhd(mhd, run_mhd || (mhd_deadline > 0 && now_ms() >= mhd_deadline));
+      drive_mhd(mhd,
+                run_mhd || (mhd_deadline > 0 && up_now_ms() >= mhd_deadline));
     /* Before the check below: an abort and a stop asked together (one
      * wake-up) must not leave the loop asleep with nothing left. */
     if (__atomic_load_n(&L.aborting, __ATOMIC_ACQUIRE))
@@ -1870,7 +1008,7 @@ int upstream_init(const serve_config *c) {
   curl_multi_setopt(L.multi, CURLMOPT_SOCKETFUNCTION, on_socket);
   curl_multi_setopt(L.multi, CURLMOPT_TIMERFUNCTION, on_timer);
   curl_multi_setopt(L.multi, CURLMOPT_MAXCONNECTS, (long)UP_KEEP_CONNECTIONS);
-  (void)h1_init(); /* else every forward goes through libcurl */
+  h1_on = h1_init(c) == 0; /* else every forward goes through libcurl */
   if (pthread_create(&L.thread, NULL, loop, NULL) != 0)
     return -1;
   pthread_setname_np(L.thread, "idem-upstream");
@@ -1892,9 +1030,9 @@ int upstream_start(const up_request *rq, up_response *rs, up_done_fn done,
   x->s.rs = rs;
   x->s.rq = rq;
   x->s.ctx = ctx;
-  x->t0 = now_ms();
-  if (H.on) {
-    if (!(x->h1 = calloc(1, sizeof *x->h1))) {
+  x->t0 = up_now_ms();
+  if (h1_on) {
+    if (!(x->h1 = h1_new())) {
       free(x);
       return -1;
     }
@@ -1982,7 +1120,7 @@ int upstream_drive(struct MHD_Daemon *d) {
 }
 
 void upstream_after(int ms, void (*fn)(void)) {
-  double at = now_ms() + ms;
+  double at = up_now_ms() + ms;
   L.tick_fn = fn;
   if (L.tick_at <= 0 || at < L.tick_at)
     L.tick_at = at;
@@ -2075,7 +1213,7 @@ void upstream_response_free(up_response *rs) {
   if (rs->error != no_memory)
     free(rs->error);
   rs->error = NULL;
-  free_headers(rs, NULL);
+  up_free_headers(rs, NULL);
   free(rs->body);
   rs->body = NULL;
   free(rs->content_length);
