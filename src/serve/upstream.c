@@ -440,6 +440,10 @@ static int setup(xfer *x) {
   /* The environment's http_proxy and friends are not the gateway's
    * configuration: a forward goes straight to --upstream. */
   curl_easy_setopt(c, CURLOPT_PROXY, "");
+  /* A connection idle for a whole second is not used again: see
+   * H1_IDLE_MS in upstream_h1.c. libcurl counts whole seconds of idleness
+   * and reuses up to the value (its default: 118). */
+  curl_easy_setopt(c, CURLOPT_MAXAGE_CONN, 0L);
   /* A stream (an MCP GET stream, a long tool call's events) may stay open
    * for as long as its client reads it. */
   curl_easy_setopt(c, CURLOPT_TIMEOUT_MS,
@@ -813,7 +817,7 @@ static void abort_all(void) {
 
 static void take_pending(void) {
   xfer *list, *next;
-  int running;
+  int running, curls = 0;
   pthread_mutex_lock(&L.mu);
   list = L.pending;
   L.pending = NULL;
@@ -837,8 +841,11 @@ static void take_pending(void) {
       h1_start(x);
     else if (curl_multi_add_handle(L.multi, x->curl) != CURLM_OK)
       finish(x, CURLE_OUT_OF_MEMORY);
+    else
+      curls++;
   }
-  curl_multi_socket_action(L.multi, CURL_SOCKET_TIMEOUT, 0, &running);
+  if (curls)
+    curl_multi_socket_action(L.multi, CURL_SOCKET_TIMEOUT, 0, &running);
 }
 
 /* The daemon of upstream_drive(): its quiescence when asked, then its
@@ -857,6 +864,12 @@ static void drive_mhd(struct MHD_Daemon *d, int run_it) {
     MHD_UNSIGNED_LONG_LONG t;
     L.mhd_due = 0;
     MHD_run(d);
+    /* The forwards its callbacks handed over go out first: the server
+     * works on them while the daemon finishes its turn. */
+    if (L.local_pending) {
+      L.local_pending = 0;
+      take_pending();
+    }
     /* A connection that has just answered is still on the daemon's ready
      * list (its timeout is then 0): the end of its request, then a read
      * that finds nothing. Run at once, rather than through another turn

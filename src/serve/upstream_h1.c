@@ -42,11 +42,20 @@ static const serve_config *cfg;
 #define H1_READ 16384          /* the most read by one recv() */
 #define H1_MAX_CHUNK_LINE 1024 /* a chunk's size line, extensions included */
 #define H1_SCAN_MS 250 /* how often deadlines and aborts are looked at */
+/* A connection idle longer than this is closed, not used again: a server
+ * closes its idle connections after a few seconds (Node's http after 5 s,
+ * gunicorn's after 2 s), and a request sent just as it does meets a closed
+ * socket: the server never read it, but from here that cannot be told
+ * from a server that read it and died, so the forward ends as lost (an
+ * unkeyed call gets 502, a keyed one is unknown). One second of idleness
+ * is below the keep-alive of every server we know of. */
+#define H1_IDLE_MS 1000
 
 typedef struct h1conn {
   int fd;
   uint32_t events;            /* registered in the loop's epoll */
   int served;                 /* answers read whole on it */
+  double idle_at;             /* when it last went idle */
   struct h1conn *prev, *next; /* in the idle list */
   struct xfer *x;             /* the forward on it; NULL when idle */
   char *in;                   /* read, from in_off to in_len not yet used */
@@ -278,7 +287,8 @@ static int h1_connect(xfer *x) {
     /* Closed (or written to) while idle: the upstream's keep-alive ended
      * it. Its event may not have been read yet. */
     k = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) &&
+        up_now_ms() - c->idle_at <= H1_IDLE_MS)
       break;
     h1_close(c);
   }
@@ -791,6 +801,7 @@ static void h1_finish(xfer *x, up_result r) {
     if (r == UP_OK && h->keep && H.nidle < UP_KEEP_CONNECTIONS &&
         h1_watch(c, EPOLLIN) == 0) {
       c->served++;
+      c->idle_at = up_now_ms();
       c->in_off = c->in_len = 0;
       c->prev = NULL;
       c->next = H.idle;

@@ -385,4 +385,18 @@ if [ "${IDEM_HTTP_CLIENT:-}" != libcurl ]; then
   case $(json v10-1 ticket_id) in ''|*[!0-9]*) fail "v10: no ticket in the body" ;; *) ok ;; esac
 fi
 
+# 14. A connection to the upstream idle for more than a second is not used
+#     again (on either path): a server that closes idle connections (Node's
+#     http after 5 s, gunicorn after 2 s) would otherwise meet a request
+#     just as it closes, which must then end as lost (502, the key
+#     unknown). The wait is the rule's own second, with a margin.
+start_raw ia || { finish; exit 1; }
+start_gateway ia --upstream "$RAW" --store "$TMP/ia.db" || { finish; exit 1; }
+send ia1 k-ia1 /x/connid
+sleep 1.5
+send ia2 k-ia2 /x/connid
+expect_eq "idle a second: a new connection, both answered, one effect each" \
+  "201 201 yes 1 1" \
+  "$(code ia1) $(code ia2) $([ "$(header ia1 X-Conn)" != "$(header ia2 X-Conn)" ] && [ -n "$(header ia2 X-Conn)" ] && echo yes || echo no) $(raw_effects "$RAW" k-ia1) $(raw_effects "$RAW" k-ia2)"
+
 finish

@@ -36,6 +36,7 @@ kept. CASE says how to answer:
   v10        an HTTP/1.0 201 without Content-Length, its body ended by close
   lf         201 whose lines end in LF alone
   dribble    201, chunked with a chunk extension, one byte per write
+  connid     201 with X-Conn: the number of the connection it came on
   closeeach  201 with Connection: close, then closes the connection
   closeidle  201, keep-alive; then, once DIR/closenow exists, closes the
              connection idle in the gateway's pool and writes DIR/closed
@@ -97,9 +98,11 @@ def final(ticket, extra=b""):
             + extra + b"Content-Length: %d\r\n\r\n" % len(body) + body)
 
 
-def answer(case, query, key, ticket, conn, method):
+def answer(case, query, key, ticket, conn, method, cid=0):
     if case == "plain":
         return final(ticket)
+    if case == "connid":
+        return final(ticket, b"X-Conn: %d\r\n" % cid)
     if case == "early103":
         return (b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload"
                 b"\r\n\r\n" + final(ticket))
@@ -195,7 +198,7 @@ def write(path, text):
     os.replace(path + ".tmp", path)
 
 
-def serve(conn):
+def serve(conn, cid):
     f = conn.makefile("rb")
     try:
         while True:
@@ -228,7 +231,7 @@ def serve(conn):
                 state["tickets"] += 1
                 ticket = state["tickets"]
             case = path.rsplit("/", 1)[-1]
-            out = answer(case, query, key, ticket, conn, method)
+            out = answer(case, query, key, ticket, conn, method, cid)
             if out is None:
                 return
             conn.sendall(out)
@@ -250,10 +253,12 @@ def main():
     s.bind(("127.0.0.1", 0))
     s.listen(512)
     write(os.path.join(DIR, "port"), str(s.getsockname()[1]))
+    cid = 0
     while True:
         c, _ = s.accept()
         c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        threading.Thread(target=serve, args=(c,), daemon=True).start()
+        cid += 1
+        threading.Thread(target=serve, args=(c, cid), daemon=True).start()
 
 
 main()
