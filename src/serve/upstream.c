@@ -1,14 +1,15 @@
 /*
- * upstream.c -- forwarding requests to the upstream with libcurl's multi
- * interface, on one event loop thread.
+ * upstream.c -- forwarding requests to the upstream on one event loop
+ * thread: over the loop's own HTTP/1.1 (upstream_h1.c) for an upstream at
+ * an IP address over plain HTTP, else with libcurl's multi interface.
  *
  * A forward holds no thread while it waits: the gateway's threads hand a
  * request to upstream_start() and go back to other connections, and this
- * file's one thread drives every transfer in flight through epoll and
- * curl_multi_socket_action(). When a transfer ends, its done callback runs
- * on the loop's thread; it must not block (the gateway queues the record on
- * the store). The multi handle keeps the connections to the upstream
- * open from one request to the next (HTTP/1.1 keep-alive).
+ * file's one thread drives every transfer in flight through epoll (and
+ * curl_multi_socket_action() for libcurl's). When a transfer ends, its done
+ * callback runs on the loop's thread; it must not block (the gateway queues
+ * the record on the store). Both paths keep the connections to the
+ * upstream open from one request to the next (HTTP/1.1 keep-alive).
  *
  * What matters most here is telling "nothing was sent" from "sent, no
  * answer": the first lets the gateway release the key, the second means the
