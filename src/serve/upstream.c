@@ -1206,12 +1206,16 @@ void upstream_cleanup(void) {
 static char no_memory[] = "out of memory";
 
 void up_set_error(up_response *rs, const char *fmt, ...) {
-  char *text = NULL;
   va_list ap;
   va_start(ap, fmt);
+  up_set_errorv(rs, fmt, ap);
+  va_end(ap);
+}
+
+void up_set_errorv(up_response *rs, const char *fmt, va_list ap) {
+  char *text = NULL;
   if (vasprintf(&text, fmt, ap) < 0)
     text = NULL;
-  va_end(ap);
   if (rs->error != no_memory)
     free(rs->error);
   rs->error = text ? text : no_memory;

@@ -245,14 +245,10 @@ static void h1_finish(xfer *x, up_result r);
 static void h1_fail(xfer *x, up_result r, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static void h1_fail(xfer *x, up_result r, const char *fmt, ...) {
-  char *text = NULL;
   va_list ap;
   va_start(ap, fmt);
-  if (vasprintf(&text, fmt, ap) < 0)
-    text = NULL;
+  up_set_errorv(x->rs, fmt, ap);
   va_end(ap);
-  up_set_error(x->rs, "%s", text ? text : "out of memory");
-  free(text);
   h1_finish(x, r);
 }
 

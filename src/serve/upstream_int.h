@@ -10,6 +10,7 @@
 #include "serve.h"
 
 #include <curl/curl.h>
+#include <stdarg.h>
 #include <stdint.h>
 
 /* Headers of an upstream answer larger than this are refused (502): the
@@ -70,6 +71,9 @@ size_t up_on_body(char *p, size_t size, size_t n, void *arg);
 void up_free_headers(up_response *rs, sink *s);
 /* Drops the headers that the answer's Connection header names. */
 void up_drop_named(up_response *rs, const char *connection);
+/* up_set_error() with a va_list. */
+void up_set_errorv(up_response *rs, const char *fmt, va_list ap)
+    __attribute__((format(printf, 2, 0)));
 /* CLOCK_MONOTONIC in ms. */
 double up_now_ms(void);
 /* For each of the client's headers that goes upstream (the end-to-end ones:
