@@ -940,7 +940,7 @@ static int finish(idem_store *store, idem_call *claim, idem__op_kind kind,
                   const idem_response *response, int64_t lease_ms) {
   idem__op op;
   idem_id id;
-  idem__finish f;
+  idem__finish f = {0};
   int rc;
   idem__clear_error();
   if ((rc = idem__finish_prepare(store, claim, kind, response, lease_ms, &op,

@@ -22,11 +22,12 @@ static int64_t duration(const char *s) {
 /* Asserts that s is refused with errno e, and that *ms is left alone. */
 static void duration_refused(const char *s, int e) {
   int64_t ms = -12345;
+  const char *shown = s ? s : "(NULL)";
   errno = 0;
   if (cli_parse_duration(s, &ms) != -1)
-    fail_msg("'%s' was accepted as %lld ms", s, (long long)ms);
+    fail_msg("'%s' was accepted as %lld ms", shown, (long long)ms);
   if (errno != e)
-    fail_msg("'%s': errno %d, expected %d", s, errno, e);
+    fail_msg("'%s': errno %d, expected %d", shown, errno, e);
   assert_int_equal(ms, -12345);
 }
 
