@@ -1,7 +1,8 @@
 /*
  * upstream.c -- forwarding requests to the upstream on one event loop
  * thread: over the loop's own HTTP/1.1 (upstream_h1.c) for an upstream at
- * an IP address over plain HTTP, else with libcurl's multi interface.
+ * an IP address or localhost over plain HTTP, else with libcurl's multi
+ * interface.
  *
  * A forward holds no thread while it waits: the gateway's threads hand a
  * request to upstream_start() and go back to other connections, and this

@@ -18,8 +18,12 @@
  * trailers, hop-by-hop headers, the header bound and max_pass are treated
  * the same way on both paths. A connection serves one request at a time and
  * goes back to the pool only after a whole answer, with nothing after it.
- * Host names (which may resolve differently from one day to the next),
- * user info, https:// and IDEM_HTTP_CLIENT=libcurl stay with libcurl.
+ * "localhost" is taken too, as libcurl takes it (RFC 6761 6.3: always the
+ * loopback, never looked up): ::1 first, then 127.0.0.1, the next tried
+ * when a connection to one fails (nothing was sent), and the one that
+ * answered tried first from then on. Other host names (which may resolve
+ * differently from one day to the next), user info, https:// and
+ * IDEM_HTTP_CLIENT=libcurl stay with libcurl.
  */
 #include "upstream_int.h"
 
@@ -70,6 +74,7 @@ typedef struct h1x {
   char *out; /* the request's bytes */
   size_t out_len, out_off;
   int connecting, retried;
+  int addr, tries; /* the address connected to; how many were tried */
   int got_any;     /* a byte of an answer came */
   int want_status; /* the next line starts a header block */
   int framed;      /* past the final header block */
@@ -84,9 +89,12 @@ typedef struct h1x {
   uint64_t cl;
 } h1x;
 
+#define H1_ADDRS 2
 static struct {
-  struct sockaddr_storage addr;
-  socklen_t addrlen;
+  struct sockaddr_storage addr[H1_ADDRS];
+  socklen_t addrlen[H1_ADDRS];
+  int naddr;
+  int pref; /* the address that took the last new connection */
   char *authority; /* Host */
   char *base;      /* the base URL's path ("" for none) */
   h1conn *idle;    /* most recently used first */
@@ -141,11 +149,20 @@ int h1_init(const serve_config *c) {
   memset(&hints, 0, sizeof hints);
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
-  if (getaddrinfo(host, port, &hints, &ai) != 0 || !ai)
-    return -1; /* a host name: libcurl resolves it */
-  memcpy(&H.addr, ai->ai_addr, ai->ai_addrlen);
-  H.addrlen = ai->ai_addrlen;
-  freeaddrinfo(ai);
+  H.naddr = H.pref = 0;
+  for (int i = 0; i < H1_ADDRS; i++) {
+    const char *a = strcasecmp(host, "localhost") != 0 ? (i ? NULL : host)
+                    : i                                 ? "127.0.0.1"
+                                                        : "::1";
+    if (!a)
+      break;
+    if (getaddrinfo(a, port, &hints, &ai) != 0 || !ai)
+      return -1; /* a host name: libcurl resolves it */
+    memcpy(&H.addr[i], ai->ai_addr, ai->ai_addrlen);
+    H.addrlen[i] = ai->ai_addrlen;
+    H.naddr++;
+    freeaddrinfo(ai);
+  }
   auth = u + 7;
   if (!(H.authority = strndup(auth, (size_t)(end - auth))) ||
       !(H.base = strdup(end)))
@@ -289,8 +306,10 @@ static int h1_connect(xfer *x) {
     h1_close(c);
   }
   if (!c) {
-    fd =
-        socket(H.addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (!h->tries++)
+      h->addr = H.pref;
+    fd = socket(H.addr[h->addr].ss_family,
+                SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
       h1_fail(x, UP_NO_FDS, "the gateway ran out of file descriptors");
       return -1;
@@ -306,10 +325,15 @@ static int h1_connect(xfer *x) {
       return -1;
     }
     c->fd = fd;
-    if (connect(fd, (struct sockaddr *)&H.addr, H.addrlen) != 0) {
+    if (connect(fd, (struct sockaddr *)&H.addr[h->addr], H.addrlen[h->addr]) !=
+        0) {
       if (errno != EINPROGRESS) {
         int e = errno;
         h1_close(c);
+        if (h->tries < H.naddr) {
+          h->addr = (h->addr + 1) % H.naddr;
+          return h1_connect(x);
+        }
         h1_fail(x, UP_NOT_SENT, "nothing was sent: could not connect: %s",
                 strerror(e));
         return -1;
@@ -318,6 +342,8 @@ static int h1_connect(xfer *x) {
       h->connect_by = up_now_ms() + (double)(cfg->upstream_timeout_ms < 10000
                                                  ? cfg->upstream_timeout_ms
                                                  : 10000);
+    } else {
+      H.pref = h->addr;
     }
   }
   c->x = x;
@@ -763,11 +789,23 @@ void h1_event(h1conn *c, uint32_t events) {
       return;
     if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0)
       err = errno;
+    if (err && x->h1->tries < H.naddr) {
+      /* localhost's other address: nothing was sent on this one. */
+      x->h1->c = NULL;
+      c->x = NULL;
+      h1_close(c);
+      x->h1->connecting = 0;
+      x->h1->connect_by = 0;
+      x->h1->addr = (x->h1->addr + 1) % H.naddr;
+      h1_begin(x);
+      return;
+    }
     if (err) {
       h1_fail(x, UP_NOT_SENT, "nothing was sent: could not connect: %s",
               strerror(err));
       return;
     }
+    H.pref = x->h1->addr;
     x->h1->connecting = 0;
     x->h1->connect_by = 0;
     (void)h1_send(x);

@@ -10,14 +10,18 @@ IDEM=$1
 . "$(dirname "$0")/../lib.sh"
 . "$(dirname "$0")/serve_lib.sh"
 
-# start_raw NAME: a raw upstream in $TMP/NAME/; sets RAW and RAW_DIR.
+# start_raw NAME [ADDRESS]: a raw upstream in $TMP/NAME/, on 127.0.0.1 or
+# ADDRESS; sets RAW and RAW_DIR.
 start_raw() {
   RAW_DIR=$TMP/$1
   mkdir -p "$RAW_DIR"
-  python3 "$HERE_SERVE/raw_upstream.py" "$RAW_DIR" &
+  python3 "$HERE_SERVE/raw_upstream.py" "$RAW_DIR" ${2:-} &
   PIDS="$PIDS $!"
   wait_for "$RAW_DIR/port" || { fail "raw upstream $1 did not start"; return 1; }
-  RAW="http://127.0.0.1:$(cat "$RAW_DIR/port")"
+  case ${2:-} in
+    *:*) RAW="http://[$2]:$(cat "$RAW_DIR/port")" ;;
+    *) RAW="http://127.0.0.1:$(cat "$RAW_DIR/port")" ;;
+  esac
 }
 raw_effects() { # raw_effects URL KEY
   curl -s "$1/_counts" | python3 -c 'import json,sys; print(json.load(sys.stdin)["effects"].get(sys.argv[1], 0))' "$2"
@@ -403,5 +407,30 @@ send ia2 k-ia2 /x/connid
 expect_eq "idle a second: a new connection, both answered, one effect each" \
   "201 201 yes 1 1" \
   "$(code ia1) $(code ia2) $([ "$(header ia1 X-Conn)" != "$(header ia2 X-Conn)" ] && [ -n "$(header ia2 X-Conn)" ] && echo yes || echo no) $(raw_effects "$RAW" k-ia1) $(raw_effects "$RAW" k-ia2)"
+
+# 15. An upstream at http://localhost:PORT is the loop's own HTTP/1.1's
+#     too, as libcurl takes it: ::1 first, then 127.0.0.1, whichever the
+#     server listens on (nothing was sent to the one that refused), and
+#     kept connections to the one that answered. That it is the own client
+#     shows in the framing it refuses (clte, which libcurl lets through).
+if [ "${IDEM_HTTP_CLIENT:-}" != libcurl ]; then
+  for addr in 127.0.0.1 ::1; do
+    v=4; case $addr in *:*) v=6 ;; esac
+    start_raw "lh$v" "$addr" || { finish; exit 1; }
+    port=$(cat "$RAW_DIR/port")
+    start_gateway "lh$v" --upstream "http://localhost:$port" \
+      --store "$TMP/lh$v.db" || { finish; exit 1; }
+    send lh1 "k-lh1-$addr" /x/connid
+    send lh2 "k-lh2-$addr" /x/connid
+    send lh3 "k-lh3-$addr" /x/clte
+    expect_eq "localhost on $addr: answered on one kept connection, one effect each" \
+      "201 201 $(header lh1 X-Conn) $(($(json lh1 ticket_id) + 1)) 1 1" \
+      "$(code lh1) $(code lh2) $(header lh2 X-Conn) $(json lh2 ticket_id) $(raw_effects "$RAW" "k-lh1-$addr") $(raw_effects "$RAW" "k-lh2-$addr")"
+    expect_eq "localhost on $addr: the own client's framing (clte refused)" \
+      "502 urn:idem:problem:upstream-failed 1" \
+      "$(code lh3) $(json lh3 type) $(raw_effects "$RAW" "k-lh3-$addr")"
+    case $(header lh1 X-Conn) in ''|*[!0-9]*) fail "localhost on $addr: no X-Conn" ;; *) ok ;; esac
+  done
+fi
 
 finish

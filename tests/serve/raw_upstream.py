@@ -3,10 +3,10 @@
 answers no well-behaved server library would send can be tried, and that
 captures the raw request it receives.
 
-Usage: raw_upstream.py DIR
+Usage: raw_upstream.py DIR [ADDRESS]
 
-Listens on 127.0.0.1, port chosen by the kernel, written to DIR/port once it
-accepts. One thread per connection, HTTP/1.1 keep-alive.
+Listens on ADDRESS (127.0.0.1, or ::1), port chosen by the kernel, written
+to DIR/port once it accepts. One thread per connection, HTTP/1.1 keep-alive.
 
 Any method on /x/CASE is an effect, counted for its Idempotency-Key header
 ("" without one) and numbered (the ticket); the raw head of the request is
@@ -52,6 +52,7 @@ import sys
 import threading
 
 DIR = sys.argv[1]
+ADDRESS = sys.argv[2] if len(sys.argv) > 2 else "127.0.0.1"
 lock = threading.Lock()
 effects = {}
 state = {"requests": 0, "tickets": 0, "held": 0, "last": b""}
@@ -248,9 +249,9 @@ def serve(conn, cid):
 
 
 def main():
-    s = socket.socket()
+    s = socket.socket(socket.AF_INET6 if ":" in ADDRESS else socket.AF_INET)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("127.0.0.1", 0))
+    s.bind((ADDRESS, 0))
     s.listen(512)
     write(os.path.join(DIR, "port"), str(s.getsockname()[1]))
     cid = 0
