@@ -278,10 +278,15 @@ static void test_sqlite_log_bounded_without_checkpointer(void **state) {
     idem_store_options o = {.sqlite_synchronous = IDEM_SYNC_NORMAL};
     idem_store *s = NULL;
     struct stat st;
+    struct rlimit rl;
     int fds;
-    /* The fewest descriptors with which the store opens. */
+    /* The fewest descriptors with which the store opens. Only the soft
+     * limit is set: a hard one above the current would need privilege. */
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+      _exit(10);
     for (fds = 4; fds < 64 && !s; fds++) {
-      if (setrlimit(RLIMIT_NOFILE, &(struct rlimit){(rlim_t)fds, 1024}) != 0)
+      rl.rlim_cur = (rlim_t)fds;
+      if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
         _exit(10);
       if (idem_store_open(url, &o, &s) != IDEM_OK)
         s = NULL;
