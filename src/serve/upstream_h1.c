@@ -149,14 +149,12 @@ int h1_init(const serve_config *c) {
   memset(&hints, 0, sizeof hints);
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
+  const char *addrs[H1_ADDRS] = {host, NULL};
+  if (strcasecmp(host, "localhost") == 0)
+    addrs[0] = "::1", addrs[1] = "127.0.0.1";
   H.naddr = H.pref = 0;
-  for (int i = 0; i < H1_ADDRS; i++) {
-    const char *a = strcasecmp(host, "localhost") != 0 ? (i ? NULL : host)
-                    : i                                 ? "127.0.0.1"
-                                                        : "::1";
-    if (!a)
-      break;
-    if (getaddrinfo(a, port, &hints, &ai) != 0 || !ai)
+  for (int i = 0; i < H1_ADDRS && addrs[i]; i++) {
+    if (getaddrinfo(addrs[i], port, &hints, &ai) != 0 || !ai)
       return -1; /* a host name: libcurl resolves it */
     memcpy(&H.addr[i], ai->ai_addr, ai->ai_addrlen);
     H.addrlen[i] = ai->ai_addrlen;
@@ -287,6 +285,18 @@ static void h1_broke(xfer *x, const char *how) {
 static int h1_send(xfer *x);
 static void h1_begin(xfer *x);
 
+/* x lets go of its connection, on which nothing of it was sent, and
+ * begins again on another. */
+static void h1_again(xfer *x) {
+  h1conn *c = x->h1->c;
+  x->h1->c = NULL;
+  c->x = NULL;
+  h1_close(c);
+  x->h1->connecting = 0;
+  x->h1->connect_by = 0;
+  h1_begin(x);
+}
+
 /* A connection for x: an idle one still open, or a new one (connecting). 0,
  * or -1 with x ended. */
 static int h1_connect(xfer *x) {
@@ -381,12 +391,8 @@ static int h1_send(xfer *x) {
     if (h->out_off == 0 && h->c->served && !h->retried) {
       /* A kept connection that the upstream had closed: not a byte left,
        * so the request goes on a new one. */
-      h1conn *c = h->c;
-      h->c = NULL;
-      c->x = NULL;
-      h1_close(c);
       h->retried = 1;
-      h1_begin(x);
+      h1_again(x);
       return 0;
     }
     if (h->out_off == 0)
@@ -791,13 +797,8 @@ void h1_event(h1conn *c, uint32_t events) {
       err = errno;
     if (err && x->h1->tries < H.naddr) {
       /* localhost's other address: nothing was sent on this one. */
-      x->h1->c = NULL;
-      c->x = NULL;
-      h1_close(c);
-      x->h1->connecting = 0;
-      x->h1->connect_by = 0;
       x->h1->addr = (x->h1->addr + 1) % H.naddr;
-      h1_begin(x);
+      h1_again(x);
       return;
     }
     if (err) {
