@@ -607,8 +607,9 @@ int idem_store_open(const char *url, const idem_store_options *opts,
 void idem_store_close(idem_store *store) {
   if (!store)
     return;
-  /* The runner first (its calls end leases), then the scheduler: both use
-   * the backend. */
+  /* The runners first (their calls end leases; a waiter's may hand the
+   * other runner a task), then the scheduler: all use the backend. */
+  idem__runner_free(store->wait_runner);
   idem__runner_free(store->runner);
   idem__sched_free(store->sched);
   store->methods->close(store->state);

@@ -478,7 +478,8 @@ typedef struct async_call {
   idem_execute_options o;
   char fp[IDEM_FINGERPRINT_SIZE];
   char *canon;
-  idem_id id;
+  idem_id id; /* points into id_buf (begin) or the held call (end) */
+  char *id_buf;
   int64_t asked;
   /* end */
   idem_end_done_fn ended;
@@ -535,6 +536,7 @@ static void begin_answer(async_call *a, int rc, idem_call *call) {
     idem__clear_error();
   a->begun(a->ctx, rc, x, rc == IDEM_OK ? call : NULL);
   idem_free(a->canon);
+  free(a->id_buf);
   free(a);
 }
 
@@ -571,10 +573,31 @@ static void begin_queued(idem__op *op) {
   begin_claimed(a, op_result(op));
 }
 
-/* A claim that waits for a key in flight: on a runner thread. */
+/* A claim that waits for a key in flight: on the waiters' runner. Its
+ * wait counts from the call, not from when a thread took it. */
 static void begin_waiting(void *arg) {
   async_call *a = arg;
+  int64_t waited = idem__mono_ms() - a->asked;
+  a->op.opts.wait_ms =
+      waited >= a->op.opts.wait_ms ? 1 : a->op.opts.wait_ms - waited;
   begin_claimed(a, idem__claim_run(a->store, &a->op));
+}
+
+/* *id pointing into *buf, one allocation holding copies of c's parts. */
+static int copy_id(const idem_call *c, idem_id *id, char **buf) {
+  size_t t = strlen(c->tenant) + 1, o = strlen(c->operation) + 1,
+         k = strlen(c->key) + 1;
+  char *b = malloc(t + o + k);
+  if (!b)
+    return idem__fail(IDEM_ENOMEM, "execute_begin_async: out of memory");
+  memcpy(b, c->tenant, t);
+  memcpy(b + t, c->operation, o);
+  memcpy(b + t + o, c->key, k);
+  id->tenant = b;
+  id->operation = b + t;
+  id->key = b + t + o;
+  *buf = b;
+  return IDEM_OK;
 }
 
 int idem_execute_begin_async(idem_store *store, const idem_id *id,
@@ -605,15 +628,21 @@ int idem_execute_begin_async(idem_store *store, const idem_id *id,
     free(a);
     return rc;
   }
-  /* The caller's id may go once this returns: the claim holds copies. */
-  a->id.tenant = a->op.claim->tenant;
-  a->id.operation = a->op.claim->operation;
-  a->id.key = a->op.claim->key;
+  /* The caller's id may go once this returns, and a claim that waits
+   * replaces a->op.claim each time it asks: the id is a copy of its own. */
+  if ((rc = copy_id(a->op.claim, &a->id, &a->id_buf)) != IDEM_OK) {
+    idem_call_free(a->op.claim);
+    idem_free(a->canon);
+    free(a->x);
+    free(a);
+    return rc;
+  }
   a->op.id = &a->id;
   a->op.fingerprint = a->fp;
   a->asked = idem__mono_ms();
   if (a->o.call.wait_ms) {
-    on_runner(a, begin_waiting);
+    if (idem__runner_submit_wait(store, begin_waiting, a) != 0)
+      begin_waiting(a);
     return IDEM_OK;
   }
   a->op.on_done = begin_queued;

@@ -8,12 +8,17 @@
  * store is busy) runs here, on threads made when first needed, at most
  * RUNNER_MAX of them; later tasks wait their turn in order. Idle threads
  * stay until the store closes.
+ *
+ * Claims that wait on a key in flight have a runner of their own, with
+ * room for more of them: a waiter holds its thread until the key's holder
+ * ends, and that ending must never queue behind its own waiters.
  */
 #include "lease.h"
 
 #include <stdlib.h>
 
 #define RUNNER_MAX 16
+#define WAIT_RUNNER_MAX 64
 
 typedef struct task {
   void (*fn)(void *arg);
@@ -25,8 +30,8 @@ struct idem__runner {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   task *head, *tail;
-  int threads, idle, stop;
-  pthread_t tid[RUNNER_MAX];
+  int threads, idle, stop, max;
+  pthread_t tid[WAIT_RUNNER_MAX];
 };
 
 static void *runner_main(void *arg) {
@@ -53,20 +58,33 @@ static void *runner_main(void *arg) {
   return NULL;
 }
 
-static idem__runner *runner_get(idem_store *store) {
+static idem__runner *runner_get(idem_store *store, idem__runner **slot,
+                                int max) {
   idem__runner *r;
   pthread_mutex_lock(&store->sched_mu);
-  if (!(r = store->runner) && (r = calloc(1, sizeof *r))) {
+  if (!(r = *slot) && (r = calloc(1, sizeof *r))) {
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->cv, NULL);
-    store->runner = r;
+    r->max = max;
+    *slot = r;
   }
   pthread_mutex_unlock(&store->sched_mu);
   return r;
 }
 
+static int submit(idem__runner *r, void (*fn)(void *arg), void *arg);
+
 int idem__runner_submit(idem_store *store, void (*fn)(void *arg), void *arg) {
-  idem__runner *r = runner_get(store);
+  return submit(runner_get(store, &store->runner, RUNNER_MAX), fn, arg);
+}
+
+int idem__runner_submit_wait(idem_store *store, void (*fn)(void *arg),
+                             void *arg) {
+  return submit(runner_get(store, &store->wait_runner, WAIT_RUNNER_MAX), fn,
+                arg);
+}
+
+static int submit(idem__runner *r, void (*fn)(void *arg), void *arg) {
   task *t = malloc(sizeof *t);
   if (!r || !t) {
     free(t);
@@ -83,7 +101,7 @@ int idem__runner_submit(idem_store *store, void (*fn)(void *arg), void *arg) {
   r->tail = t;
   if (r->idle)
     pthread_cond_signal(&r->cv);
-  else if (r->threads < RUNNER_MAX &&
+  else if (r->threads < r->max &&
            idem__thread_start(&r->tid[r->threads], "idem-runner",
                               runner_main, r) == 0)
     r->threads++;

@@ -184,6 +184,8 @@ struct idem_store {
                                 first needed */
   struct idem__runner *runner; /* runs the asynchronous calls that the
                                   backend cannot queue; likewise */
+  struct idem__runner *wait_runner; /* the asynchronous claims that wait on
+                                       a key in flight; likewise */
 };
 
 /* idem_claim()'s checks: fills op for a claim (op->claim allocated, op->id
@@ -215,6 +217,9 @@ typedef struct idem__runner idem__runner;
 /* Runs fn(arg) on one of store's runner threads (runner.c). 0, or -1 when
  * none can start: the caller then runs it. */
 int idem__runner_submit(idem_store *store, void (*fn)(void *arg), void *arg);
+/* The same on the runner for claims that wait on a key in flight. */
+int idem__runner_submit_wait(idem_store *store, void (*fn)(void *arg),
+                             void *arg);
 /* Runs what is queued, then ends the threads (idem_store_close()). */
 void idem__runner_free(idem__runner *r);
 

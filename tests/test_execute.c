@@ -1116,6 +1116,91 @@ static void test_execute_async(void **state) {
   }
 }
 
+/*
+ * idem_execute_begin_async() with call.wait_ms on a key another holder
+ * has: each waiter waits out the holder, then replays its ticket. None
+ * proceeds while the key is held, no record but the holder's appears, and
+ * the action ran once. (The claim's id once pointed into a claim that the
+ * wait freed each round.)
+ */
+static void test_execute_async_waits(void **state) {
+  fixture *f = *state;
+  enum { N = 20 };
+  static async_slot holder, waiters[N], end;
+  async_waiter w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+  async_waiter ww = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+  idem_execute_options o = {.call = {.lease_ms = 20000}};
+  idem_execute_options ow = {.call = {.lease_ms = 20000, .wait_ms = 20000}};
+  char tenant[32], operation[32], key[32];
+  idem_response r = {0};
+  char body[64];
+
+  snprintf(tenant, sizeof tenant, "tenant-a");
+  snprintf(operation, sizeof operation, "%s", OPERATION);
+  snprintf(key, sizeof key, "async-wait");
+  {
+    idem_id id = {tenant, operation, key};
+    holder.w = &w;
+    EXPECT_RC(IDEM_OK, idem_execute_begin_async(f->store, &id, REQ,
+                                                strlen(REQ), &o, async_begun,
+                                                &holder));
+    async_wait(&w, 1);
+    assert_int_equal(holder.rc, IDEM_OK);
+    assert_int_equal(idem_call_outcome(holder.c), IDEM_PROCEED);
+  }
+  for (int i = 0; i < N; i++) {
+    idem_id id = {tenant, operation, key};
+    waiters[i].w = &ww;
+    EXPECT_RC(IDEM_OK, idem_execute_begin_async(f->store, &id, REQ,
+                                                strlen(REQ), &ow, async_begun,
+                                                &waiters[i]));
+  }
+  /* The caller's id may go once the call returns. */
+  memset(tenant, 'T', sizeof tenant - 1);
+  memset(operation, 'O', sizeof operation - 1);
+  memset(key, 'K', sizeof key - 1);
+  /* While the holder holds the key, no waiter is answered: each asks the
+   * store several times meanwhile. */
+  sleep_ms(600);
+  pthread_mutex_lock(&ww.mu);
+  int early = ww.answered;
+  pthread_mutex_unlock(&ww.mu);
+  for (int i = 0; i < N && early; i++)
+    if (waiters[i].rc || waiters[i].c)
+      print_error("waiter %d answered while held: %s, %s (%s)\n", i,
+                  idem_rc_name(waiters[i].rc),
+                  idem_outcome_name(idem_call_outcome(waiters[i].c)),
+                  waiters[i].msg);
+  assert_int_equal(early, 0);
+
+  snprintf(body, sizeof body, "{\"ticket_id\":%d}", 77);
+  r.status = 201;
+  r.meta = TICKET_META;
+  r.meta_len = strlen(TICKET_META);
+  r.body = body;
+  r.body_len = strlen(body);
+  end.w = &w;
+  end.c = holder.c;
+  EXPECT_RC(IDEM_OK, idem_execute_end_async(holder.x, IDEM_EXEC_DONE, &r,
+                                            async_ended, &end));
+  async_wait(&w, 1);
+  assert_int_equal(end.rc, IDEM_OK);
+  async_wait(&ww, N);
+  for (int i = 0; i < N; i++) {
+    if (waiters[i].rc != IDEM_OK)
+      print_error("waiter %d: %s: %s\n", i, idem_rc_name(waiters[i].rc),
+                  waiters[i].msg);
+    assert_int_equal(waiters[i].rc, IDEM_OK);
+    assert_int_equal(idem_call_outcome(waiters[i].c), IDEM_REPLAY);
+    assert_null(waiters[i].x);
+    assert_int_equal(ticket_id_of(idem_call_response(waiters[i].c)), 77);
+    idem_call_free(waiters[i].c);
+  }
+  idem_call_free(holder.c);
+  /* One record, the holder's. */
+  assert_int_equal(list_count(f->store, NULL), 1);
+}
+
 #define STORE_TEST(fn)                                                         \
   cmocka_unit_test_setup_teardown(fn, setup_store, teardown_store)
 
@@ -1136,6 +1221,7 @@ int main(void) {
       STORE_TEST(test_execute_in_two_halves),
       STORE_TEST(test_execute_canonical_request_kept),
       STORE_TEST(test_execute_async),
+      STORE_TEST(test_execute_async_waits),
   };
   const struct CMUnitTest sqlite_only[] = {
       STORE_TEST(test_execute_renews_from_the_write),

@@ -620,6 +620,132 @@ static void test_wait_after_holder_died(void **state) {
   idem_call_free(c);
 }
 
+/*
+ * Every public path that can wait on a key in flight, each from a thread
+ * of its own with wait_ms, on one held key: idem_claim(), idem_execute(),
+ * idem_execute_begin(), idem_execute_local() and
+ * idem_execute_begin_async(). Each waits out the holder and replays its
+ * ticket; no action but the holder's runs. The ids they were given are
+ * overwritten once the calls have started, as a caller's stack would be.
+ */
+enum { PATH_CLAIM, PATH_EXECUTE, PATH_BEGIN, PATH_LOCAL, PATH_ASYNC, PATHS };
+
+typedef struct path_waiter {
+  fixture *f;
+  int path;
+  char tenant[16], operation[32], key[32];
+  counted n;
+  int rc;
+  idem_call *call;
+  idem_exec *x;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int answered;
+} path_waiter;
+
+static int local_not_run(void *conn, void *ctx, idem_response *r) {
+  (void)conn;
+  (void)r;
+  ((counted *)ctx)->runs++;
+  return IDEM_OK;
+}
+
+static void path_begun(void *ctx, int rc, idem_exec *x, idem_call *c) {
+  path_waiter *w = ctx;
+  pthread_mutex_lock(&w->mu);
+  w->rc = rc;
+  w->x = x;
+  w->call = c;
+  w->answered = 1;
+  pthread_cond_broadcast(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+}
+
+static void *path_main(void *arg) {
+  path_waiter *w = arg;
+  idem_id id = {w->tenant, w->operation, w->key};
+  idem_execute_options o = {.call = {.wait_ms = 60000}};
+  char fp[IDEM_FINGERPRINT_SIZE];
+  idem_store *s = w->f->store;
+  int rc = IDEM_OK;
+  req_fp(fp);
+  switch (w->path) {
+  case PATH_CLAIM:
+    rc = idem_claim(s, &id, fp, &o.call, &w->call);
+    break;
+  case PATH_EXECUTE:
+    rc = idem_execute(s, &id, REQ, strlen(REQ), count_and_store, &w->n, &o,
+                      &w->call);
+    break;
+  case PATH_BEGIN:
+    rc = idem_execute_begin(s, &id, REQ, strlen(REQ), &o, &w->x, &w->call);
+    break;
+  case PATH_LOCAL:
+    rc = idem_execute_local(s, &id, fp, &o.call, local_not_run, &w->n,
+                            &w->call);
+    break;
+  case PATH_ASYNC:
+    rc = idem_execute_begin_async(s, &id, REQ, strlen(REQ), &o, path_begun, w);
+    /* The id is the caller's no longer. */
+    memset(w->key, 'K', sizeof w->key - 1);
+    memset(w->tenant, 'T', sizeof w->tenant - 1);
+    if (rc != IDEM_OK)
+      path_begun(w, rc, NULL, NULL);
+    return NULL;
+  }
+  path_begun(w, rc, w->x, w->call);
+  return NULL;
+}
+
+static void test_wait_on_every_path(void **state) {
+  fixture *f = *state;
+  idem_id id = {"tenant-a", OPERATION, "wait-every-path"};
+  path_waiter w[PATHS];
+  pthread_t t[PATHS];
+  holder h;
+  int before;
+
+  holder_start(&h, f, &id, IDEM_EXEC_DONE);
+  before = idem__wait_count(&id);
+  for (int i = 0; i < PATHS; i++) {
+    memset(&w[i], 0, sizeof w[i]);
+    w[i].f = f;
+    w[i].path = i;
+    snprintf(w[i].tenant, sizeof w[i].tenant, "%s", id.tenant);
+    snprintf(w[i].operation, sizeof w[i].operation, "%s", id.operation);
+    snprintf(w[i].key, sizeof w[i].key, "%s", id.key);
+    pthread_mutex_init(&w[i].mu, NULL);
+    pthread_cond_init(&w[i].cv, NULL);
+    assert_int_equal(pthread_create(&t[i], NULL, path_main, &w[i]), 0);
+  }
+  /* Every path waits in the room before the holder ends. */
+  while (idem__wait_count(&id) < before + PATHS)
+    sleep_ms(1);
+  for (int i = 0; i < PATHS; i++)
+    assert_int_equal(w[i].answered, 0);
+  holder_finish(&h);
+  for (int i = 0; i < PATHS; i++) {
+    pthread_join(t[i], NULL);
+    pthread_mutex_lock(&w[i].mu);
+    while (!w[i].answered)
+      pthread_cond_wait(&w[i].cv, &w[i].mu);
+    pthread_mutex_unlock(&w[i].mu);
+    if (w[i].rc != IDEM_OK)
+      print_error("path %d: %s\n", i, idem_rc_name(w[i].rc));
+    EXPECT_RC(IDEM_OK, w[i].rc);
+    assert_int_equal(idem_call_outcome(w[i].call), IDEM_REPLAY);
+    assert_int_equal(ticket_id_of(idem_call_response(w[i].call)), 1);
+    assert_null(w[i].x);
+    assert_int_equal(w[i].n.runs, 0);
+    idem_call_free(w[i].call);
+    pthread_mutex_destroy(&w[i].mu);
+    pthread_cond_destroy(&w[i].cv);
+  }
+  assert_int_equal(h.runs, 1);
+  assert_int_equal(list_count(f->store, NULL), 1);
+  assert_int_equal(idem__wait_count(&id), 0);
+}
+
 /* The holder is another process, with a store handle of its own. */
 static void test_wait_on_another_process(void **state) {
   fixture *f = *state;
@@ -639,7 +765,10 @@ static void test_wait_on_another_process(void **state) {
     idem_call *c = NULL;
     idem_response r = {.status = 201, .body = "{\"ticket_id\":7}",
                        .body_len = 15};
-    int ok = idem_store_open(f->url, NULL, &s) == IDEM_OK &&
+    int ok;
+    close(up[0]);
+    close(down[1]);
+    ok = idem_store_open(f->url, NULL, &s) == IDEM_OK &&
              idem_fingerprint(REQ, strlen(REQ), 1, fp) == IDEM_OK &&
              idem_claim(s, &id, fp, NULL, &c) == IDEM_OK &&
              idem_call_outcome(c) == IDEM_PROCEED;
@@ -651,6 +780,10 @@ static void test_wait_on_another_process(void **state) {
     idem_store_close(s);
     _exit(ok ? 0 : 3);
   }
+  /* The child's ends closed here: if it dies, the reads below end. */
+  close(up[1]);
+  close(down[0]);
+  signal(SIGPIPE, SIG_IGN);
   unsigned long reports = idem__wait_reports();
   assert_int_equal(read(up[0], &byte, 1), 1);
   assert_int_equal(byte, 'h');
@@ -661,8 +794,10 @@ static void test_wait_on_another_process(void **state) {
          side_sql(f->url,
                   "SELECT count(*) FROM {S}.idem_records WHERE key = $1::text "
                   "AND watched",
-                  id.key) != 1)
+                  id.key) != 1) {
+    assert_int_equal(waitpid(pid, &status, WNOHANG), 0);
     sleep_ms(1);
+  }
   byte = 'g';
   assert_int_equal(write(down[1], &byte, 1), 1);
   assert_int_equal(waitpid(pid, &status, 0), pid);
@@ -679,8 +814,6 @@ static void test_wait_on_another_process(void **state) {
   else
     assert_int_equal(idem__wait_reports(), reports);
   close(up[0]);
-  close(up[1]);
-  close(down[0]);
   close(down[1]);
 }
 
@@ -742,6 +875,7 @@ int main(void) {
       STORE_TEST(test_wait_after_release_proceeds),
       STORE_TEST(test_wait_after_unknown),
       STORE_TEST(test_wait_after_holder_died),
+      STORE_TEST(test_wait_on_every_path),
       STORE_TEST(test_wait_on_another_process),
   };
   const struct CMUnitTest pg_only[] = {
