@@ -41,6 +41,10 @@ if [ "$major" = 0 ]; then
 fi
 
 export PKG_CONFIG_PATH="$(dirname "$pc")"
+# The licence: the text installed with the library, its name in idem.pc.
+grep -q '^MIT License' "$TMP/prefix/share/doc/idem/LICENSE" && ok ||
+  fail "the MIT licence installed as share/doc/idem/LICENSE"
+grep -q '^License: MIT$' "$pc" && ok || fail "idem.pc declares License: MIT"
 # A user's flags hold idem's include folder only: nothing of the libraries
 # libidem uses inside (no -I/usr/include/postgresql), and no .pc file of
 # theirs is needed to build against the shared library.
@@ -69,6 +73,15 @@ expect_match "it needs the SONAME" "NEEDED.*\\[$soname\\]" \
 mkdir "$TMP/s1" "$TMP/s2"
 out=$("$TMP/user_shared" "sqlite:$TMP/s1/store.db" 2>&1)
 expect_eq "and runs against the installed library" "0 $want" "$? $out"
+
+# libidem parses JSON itself: neither the library nor a static link of it
+# needs jansson (the idem program does).
+readelf -d "$libdir/libidem.so.$VERSION" | grep -q 'NEEDED.*jansson' &&
+  fail "libidem.so needs libjansson" || ok
+case " $(pkg-config --static --libs idem) " in
+  *" -ljansson "*) fail "pkg-config --static --libs idem names -ljansson" ;;
+  *) ok ;;
+esac
 
 # Linked with libidem.a: `pkg-config --static --libs idem`, with libidem.a
 # taken for -lidem (-l:libidem.a; the system's libraries stay shared).

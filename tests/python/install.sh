@@ -24,14 +24,20 @@ with idem.open("sqlite:" + sys.argv[1]) as store:
         return {"ticket_id": len(effects)}
     first = create_ticket.outcome("disk full", request_id="req-1")
     again = create_ticket.outcome("disk full", request_id="req-1")
+import importlib.metadata as md
+meta = md.metadata("idem")
+licensed = (meta["License"] == "MIT" and
+            "License :: OSI Approved :: MIT License" in meta.get_all("Classifier")
+            and "MIT License" in md.distribution("idem").read_text("LICENSE"))
 print(len(effects), first.value["ticket_id"], again.value["ticket_id"],
-      first.replayed, again.replayed, idem.__file__)
+      first.replayed, again.replayed, idem.__file__, licensed)
 PY
 ) || fail "$2: the installed package does not run"
   set -- "$@" $out
   [ "$3" = 1 ] && [ "$4" = 1 ] && [ "$5" = 1 ] && [ "$6" = False ] && [ "$7" = True ] \
     || fail "$2: effects, ticket ids, replayed: got $3 $4 $5 $6 $7, want 1 1 1 False True"
   case "$8" in "$WORK"/*) ;; *) fail "$2: imported $8, not the venv's copy" ;; esac
+  [ "$9" = True ] || fail "$2: the installed package does not declare the MIT licence"
   echo "ok: $2 ($("$1" -c 'import sys; print(sys.executable, sys.version.split()[0])'))"
 }
 

@@ -54,6 +54,23 @@ def _project():
     return field("version"), field("description"), field("requires-python"), requires
 
 
+def _licence():
+    """The licence's name and its classifiers, from pyproject.toml."""
+    text = open(os.path.join(PKG_ROOT, "pyproject.toml"), encoding="utf-8").read()
+    m = re.search(r'^license\s*=\s*\{\s*text\s*=\s*"([^"]*)"', text, re.M)
+    classifiers = re.findall(r'^\s*"(License :: [^"]+)"', text, re.M)
+    return (m.group(1) if m else ""), classifiers
+
+
+def _licence_file():
+    """The project's LICENSE: beside the package in an sdist, else the
+    tree's."""
+    for p in (os.path.join(PKG_ROOT, "LICENSE"), os.path.join(TREE, "LICENSE")):
+        if os.path.exists(p):
+            return p
+    return None
+
+
 def _import_cffi():
     try:
         import cffi
@@ -163,6 +180,12 @@ def _metadata():
     version, summary, requires_python, requires = _project()
     lines = ["Metadata-Version: 2.1", "Name: " + NAME, "Version: " + version,
              "Summary: " + summary]
+    licence, classifiers = _licence()
+    if licence:
+        lines.append("License: " + licence)
+    lines += ["Classifier: " + c for c in classifiers]
+    if _licence_file():
+        lines.append("License-File: LICENSE")
     if requires_python:
         lines.append("Requires-Python: " + requires_python)
     lines += ["Requires-Dist: " + r for r in requires]
@@ -209,6 +232,8 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
         os.makedirs(info)
         with open(os.path.join(info, "METADATA"), "w", encoding="utf-8") as f:
             f.write(_metadata())
+        if _licence_file():
+            shutil.copy2(_licence_file(), os.path.join(info, "LICENSE"))
         with open(os.path.join(info, "WHEEL"), "w", encoding="utf-8") as f:
             f.write("Wheel-Version: 1.0\nGenerator: idem_backend\n"
                     "Root-Is-Purelib: false\nTag: %s\n" % tag)
@@ -241,6 +266,8 @@ def build_sdist(sdist_directory, config_settings=None):
             if os.path.exists(full):
                 tf.add(full, arcname=base + "/" + entry,
                        filter=lambda t: None if "__pycache__" in t.name else t)
+        if _licence_file():
+            tf.add(_licence_file(), arcname=base + "/LICENSE")
         info = tarfile.TarInfo(base + "/PKG-INFO")
         data = _metadata().encode()
         info.size = len(data)
