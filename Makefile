@@ -6,7 +6,9 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 PREFIX ?= /usr/local
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build demo check check-asan crash chaos fuzz bench bench-gateway bench-mcp install clean format
+TSAN_BUILD ?= build-tsan
+
+.PHONY: all deps build demo check check-asan tsan crash chaos fuzz bench bench-gateway bench-mcp install clean format
 
 all: build
 
@@ -20,10 +22,17 @@ build: deps
 demo: build
 	@sh scripts/demo.sh $(BUILD)/idem
 
-# Two builds, both tested: the normal one, then one with ASan and UBSan.
+# Two builds, both tested: the normal one, then one with ASan and UBSan; then
+# the engine's tests in a ThreadSanitizer build (make tsan).
 check:
 	@sh scripts/deps.sh check
-	sh scripts/check.sh $(BUILD) $(ASAN_BUILD) $(JOBS)
+	sh scripts/check.sh $(BUILD) $(ASAN_BUILD) $(JOBS) $(TSAN_BUILD)
+
+# The engine's tests on both stores in a ThreadSanitizer build (make check
+# runs them too).
+tsan:
+	@sh scripts/deps.sh check
+	sh scripts/tsan.sh $(TSAN_BUILD) $(JOBS)
 
 # The long fault campaigns (docs/reliability.md): CRASH_TRIALS simulated
 # power losses with synchronous=FULL, as many with NORMAL, then the I/O

@@ -183,9 +183,24 @@ static void renew_batch(idem_store *store, idem__lease **ls, renewal *rn,
                         idem__op **pp, int n) {
   for (int i = 0; i < n; i++) {
     idem__op *op = &rn[i].op;
-    rn[i].shadow = *ls[i]->call;
-    rn[i].shadow.resp_buf = NULL;
-    rn[i].shadow.has_response = 0;
+    const idem_call *c = ls[i]->call;
+    idem_call *sh = &rn[i].shadow;
+    /* Only what a renewal reads and writes: the holder may write the
+     * call's response meanwhile (idem_execute()'s ending keeps it there
+     * before it holds renewals off), and those fields are not ours. */
+    memset(sh, 0, sizeof *sh);
+    sh->outcome = c->outcome;
+    sh->tenant = c->tenant;
+    sh->operation = c->operation;
+    sh->key = c->key;
+    memcpy(sh->fingerprint, c->fingerprint, sizeof sh->fingerprint);
+    memcpy(sh->token, c->token, sizeof sh->token);
+    sh->attempt = c->attempt;
+    sh->lease_expires_ms =
+        __atomic_load_n(&c->lease_expires_ms, __ATOMIC_RELAXED);
+    sh->retention_ms = c->retention_ms;
+    sh->held = c->held;
+    sh->took_over_unknown = c->took_over_unknown;
     memset(op, 0, sizeof *op);
     op->kind = IDEM__OP_RENEW;
     op->id = &ls[i]->id;
