@@ -59,6 +59,14 @@
  *  - idem_store_check(): whether the store can take a write now. An SQLite
  *    handle whose database file is deleted, moved or replaced while it is
  *    open now writes nothing more (IDEM_ESTORE), as one whose -wal file is.
+ *  - IDEM_EFORK (21): a child of fork() that uses its parent's store
+ *    handle is refused, and closing that handle in the child neither
+ *    waits for the parent's threads nor touches its connections (it hung,
+ *    or answered on the parent's sessions).
+ *  - idem_execute_options.ran (a new last member): whether idem_execute()
+ *    called the action, on every return.
+ *  - idem_call_state() is never COMPLETED after an ending that failed
+ *    (0 after IDEM_ESTALE: the key is another holder's).
  *
  * Changes in 0.2.0 (source-compatible where noted; rebuild against this
  * header, the ABI of 0.1 is not kept):
@@ -135,7 +143,8 @@ IDEM_API const char *idem_version(void);
   X(ECORRUPT, 17, "stored record is corrupted")                               \
   X(EREJECTED, 18, "the action was rejected; nothing was stored")             \
   X(ESTATE, 19, "record is not in a state that allows this")                  \
-  X(EIO, 20, "input/output error")
+  X(EIO, 20, "input/output error")                                            \
+  X(EFORK, 21, "the store handle was opened in another process (fork)")
 
 typedef enum idem_rc {
 #define IDEM__RC_ENUM(name, num, msg) IDEM_##name = num,
@@ -291,9 +300,22 @@ IDEM_API int idem_store_open(const char *url, const idem_store_options *opts,
  * Closes the store. NULL is a no-op. No call may be in progress.
  *
  * A store handle belongs to the process that opened it: after fork() the
- * child opens a handle of its own and neither uses nor closes the parent's
- * (SQLite connections, PostgreSQL sockets and the SQLite store's checkpoint
- * thread do not survive a fork).
+ * child opens a handle of its own. SQLite connections, PostgreSQL sessions
+ * and the library's threads (the lease scheduler, the SQLite store's
+ * checkpointer) do not survive a fork: in the child, every call that takes
+ * the parent's handle, or a call or an idem_exec made through it, fails
+ * with IDEM_EFORK ("the store was opened by process P; after fork() a
+ * child must open its own store") and touches nothing of the parent's. In
+ * the child, idem_store_close() of the parent's handle lets it go without
+ * harm to the parent: it waits for no thread and makes no call of
+ * SQLite's or libpq's on the parent's connections (the SQLite files stay
+ * open in the child, close-on-exec, and the parent's locks on them stay
+ * held; nothing is sent on the PostgreSQL sessions). It closes the
+ * child's copies of the sockets of the PostgreSQL pool, by number: call it
+ * before the child reuses descriptor numbers (after closefrom(), say), or
+ * not at all. Only the handle itself is freed; the rest of its memory
+ * stays allocated in the child, shared with the parent until one of them
+ * writes it.
  */
 IDEM_API void idem_store_close(idem_store *store);
 
@@ -467,8 +489,18 @@ IDEM_API int idem_claim_cached(idem_store *store, const idem_id *id,
                                const char *fingerprint, idem_call **out);
 
 IDEM_API idem_outcome idem_call_outcome(const idem_call *call);
-/* The stored response on REPLAY (and after execute_local's PROCEED or
- * RECOVER, the new one); NULL otherwise. Owned by the call. */
+/*
+ * The response: on REPLAY the stored one; after idem_execute_local()'s
+ * PROCEED or RECOVER the one its action stored; after idem_execute()'s or
+ * idem_execute_end()'s DONE the action's. That one is stored only when
+ * the ending succeeded, and idem_call_state() then says
+ * IDEM_STATE_COMPLETED. After an ending that failed (IDEM_ESTALE,
+ * IDEM_EBUSY...) it is kept so that the caller learns what the action
+ * answered, but it is not the record's: no claim replays it (after
+ * IDEM_ESTALE a claim replays the newer holder's, if any), and
+ * idem_call_state() is not IDEM_STATE_COMPLETED. NULL otherwise. Owned by
+ * the call.
+ */
 IDEM_API const idem_response *idem_call_response(const idem_call *call);
 /*
  * The state of the record as this call last saw or left it: COMPLETED on
@@ -478,6 +510,16 @@ IDEM_API const idem_response *idem_call_response(const idem_call *call);
  * IDEM_EXEC_LEAVE_IN_PROGRESS); 0 after a release deleted it, and on
  * CONFLICT (the record is another request's). idem_call_outcome() is the
  * claim's outcome and does not change when the record ends.
+ *
+ * COMPLETED only once this call's response was stored. After an ending
+ * that failed (idem_complete(), idem_release(), idem_mark_unknown(),
+ * idem_execute() or idem_execute_end() returning an error) it says what
+ * the record holds for this call: IN_PROGRESS while the record stays in
+ * progress under this holder (nothing was written; the caller still holds
+ * it, or its last lease runs out), UNKNOWN when idem_execute() marked it
+ * unknown instead, and 0 after IDEM_ESTALE: the key was taken over,
+ * nothing of this call's was stored, and the record is another holder's
+ * (as on CONFLICT); the call then holds nothing.
  */
 IDEM_API int idem_call_state(const idem_call *call);
 /* On IN_FLIGHT: milliseconds until the holder's lease ends (at least 1). */
@@ -711,7 +753,8 @@ typedef struct idem_exec idem_exec;
  * for a renewal. The action should then stop acting and return
  * IDEM_EXEC_UNKNOWN (or NOT_DONE when it had not acted). Owned by the
  * library (a timerfd: poll it, do not read or close it); -1 when none
- * could be made (idem_exec_lost() still tells).
+ * could be made (idem_exec_lost() still tells), and in a child of fork()
+ * (the lease is the parent's).
  */
 IDEM_API int idem_exec_lost_fd(idem_exec *exec);
 /* Non-zero once the lease is lost (as the descriptor above); it never
@@ -745,6 +788,17 @@ typedef struct idem_execute_options {
   /* How long to keep retrying a completion, release or mark-unknown that
    * fails with IDEM_EBUSY or IDEM_EUNAVAILABLE; default 30000 ms. */
   int64_t finish_retry_ms;
+  /*
+   * Not NULL: where idem_execute() says whether it called the action. It
+   * sets *ran to 0 as the call begins and to 1 just before it calls fn,
+   * so that on every return, success or failure, *ran is 1 exactly when
+   * fn ran (whatever fn answered). idem_execute_begin() and
+   * idem_execute_begin_async() run no action and set it to 0: the caller
+   * runs the action between the halves and knows that it did. Written on
+   * the caller's thread during the call only; NULL: not told. (The last
+   * member: added in 0.3.0.)
+   */
+  int *ran;
 } idem_execute_options;
 
 /*
@@ -764,13 +818,30 @@ typedef struct idem_execute_options {
  *    IDEM_OK once the record says what fn answered; idem_call_response(*out)
  *    is fn's response on DONE.
  *
- * When fn ran but its result could not be recorded (the lease was taken
- * over: IDEM_ESTALE; a response too large to keep: IDEM_ETOOBIG; the store
- * failing past the retries), idem_execute() returns that code and still
- * sets *out (outcome PROCEED or RECOVER, fn's response on DONE), since the
- * action did run. It marks the key unknown where it still can (not after
- * IDEM_ESTALE: the key is another holder's), and idem_errmsg() says
- * whether it did. On any other failure *out is NULL and fn did not run.
+ * On failure, whether fn ran is told by opts->ran (above), and by *out:
+ * the code alone does not tell, since the same code (IDEM_EINVAL,
+ * IDEM_ENOMEM, IDEM_EBUSY, IDEM_EUNAVAILABLE, IDEM_ESTORE, IDEM_EIO,
+ * IDEM_ESCHEMA, IDEM_ESTALE) may come from before fn or after it.
+ *  - fn did not run (*ran 0, *out NULL, and nothing is held for this
+ *    call): the argument errors (IDEM_EINVAL; IDEM_EKEY; the request's
+ *    IDEM_EJSON, IDEM_EDUPKEY, IDEM_EUTF8, IDEM_ERANGE, IDEM_EDEPTH and
+ *    IDEM_ETOOBIG), IDEM_EFORK, IDEM_ENOMEM, every failure of the claim
+ *    (IDEM_EBUSY, IDEM_EUNAVAILABLE, IDEM_ESTORE, IDEM_EIO, IDEM_ESCHEMA,
+ *    IDEM_ECORRUPT), and a claim that came back with its lease nearly
+ *    over and could not renew it before fn started (the store's error, or
+ *    IDEM_ESTALE; the key was released where it still could be).
+ *  - fn ran but its result could not be recorded (*ran 1, *out set:
+ *    outcome PROCEED or RECOVER, and on DONE idem_call_response() is fn's
+ *    response when it could be kept in memory, stored or not): the lease
+ *    was taken over (IDEM_ESTALE); fn's response cannot be kept
+ *    (IDEM_ETOOBIG, IDEM_EINVAL for NULL data with a length, IDEM_ENOMEM);
+ *    the store failed past the retries (IDEM_EBUSY, IDEM_EUNAVAILABLE,
+ *    IDEM_ESTORE, IDEM_EIO, IDEM_ESCHEMA). It marks the key unknown where
+ *    it still can (not after IDEM_ESTALE: the key is another holder's),
+ *    idem_errmsg() says whether it did, and idem_call_state(*out) says
+ *    what the record holds for this call: IDEM_STATE_UNKNOWN when marked,
+ *    IDEM_STATE_IN_PROGRESS while it stays in progress (its last lease
+ *    runs out), 0 after IDEM_ESTALE; never IDEM_STATE_COMPLETED.
  */
 IDEM_API int idem_execute(idem_store *store, const idem_id *id,
                           const char *request, size_t request_len,
@@ -794,6 +865,16 @@ IDEM_API int idem_execute(idem_store *store, const idem_id *id,
  * finish_retry_ms), updates the call (idem_call_state(), and
  * idem_call_response() on DONE), and frees exec. It returns what
  * idem_execute() would have returned after its action ran.
+ *
+ * Whether the action ran: the halves never run it. The caller runs it
+ * between them, and so knows; idem_execute_begin() sets opts->ran to 0.
+ * Every failure of idem_execute_begin() comes before the action (*out
+ * and *exec NULL, nothing held), as idem_execute()'s with *ran 0 do.
+ * Every failure of idem_execute_end() comes after it: the codes, and what
+ * the call then says, are idem_execute()'s after fn ran (*ran 1). Two
+ * exceptions end nothing: IDEM_EINVAL for a NULL exec, and IDEM_EFORK in
+ * a child of fork(), where only the child's copy of exec is freed and
+ * the key stays the parent's to end.
  */
 IDEM_API int idem_execute_begin(idem_store *store, const idem_id *id,
                                 const char *request, size_t request_len,
@@ -808,8 +889,12 @@ IDEM_API int idem_execute_end(idem_exec *exec, idem_exec_result result,
  * blocking call would have returned (idem_errmsg() tells the detail inside
  * done), on one of libidem's threads, or on the caller's before the call
  * returns when the answer is known at once (a replay held in memory). On
- * an error return (IDEM_EINVAL, IDEM_ENOMEM) done is never called and,
- * for the ending, exec is still the caller's to end.
+ * an error return (IDEM_EINVAL, IDEM_ENOMEM, IDEM_EFORK) done is never
+ * called and, for the ending, exec is still the caller's to end. As for
+ * the blocking halves, idem_execute_begin_async() sets opts->ran to 0
+ * during the call; an error its done gets comes before the action (no
+ * exec, no call, nothing held), and one idem_execute_end_async()'s done
+ * gets comes after it, as idem_execute_end()'s.
  *
  * The SQLite store queues the claims and completions into its group
  * commit, so any number in flight take no thread; other stores, and what

@@ -13,6 +13,7 @@
 #include <strings.h>
 #include <sys/random.h>
 #include <time.h>
+#include <unistd.h>
 
 #define MAX_ID_PART 255
 
@@ -110,7 +111,8 @@ int idem__response_checksum(const char *fingerprint, int status,
 /* ---- the decision ---------------------------------------------------- */
 
 idem_outcome idem__decide(const idem__row *row, const char *fingerprint,
-                          int64_t now_ms, const idem_call_options *opts,
+                          int64_t now_ms, int64_t lease_now_ms,
+                          const idem_call_options *opts,
                           idem__action *action, int64_t *retry_after_ms) {
   int may_take_over;
   *action = IDEM__ACT_NONE;
@@ -129,8 +131,8 @@ idem_outcome idem__decide(const idem__row *row, const char *fingerprint,
   case IDEM_STATE_COMPLETED:
     return IDEM_REPLAY;
   case IDEM_STATE_IN_PROGRESS:
-    if (row->lease_expires_ms > now_ms) {
-      *retry_after_ms = row->lease_expires_ms - now_ms;
+    if (row->lease_expires_ms > lease_now_ms) {
+      *retry_after_ms = row->lease_expires_ms - lease_now_ms;
       return IDEM_IN_FLIGHT;
     }
     may_take_over = opts->on_expired_lease != IDEM_EXPIRED_REPORT;
@@ -147,11 +149,11 @@ idem_outcome idem__decide(const idem__row *row, const char *fingerprint,
 }
 
 idem__action idem__decide_op(idem__op *op, const idem__row *row,
-                             int64_t now_ms) {
+                             int64_t now_ms, int64_t lease_now_ms) {
   idem_call *cl = op->claim;
   idem__action action;
-  cl->outcome = idem__decide(row, op->fingerprint, now_ms, &op->opts, &action,
-                             &cl->retry_after_ms);
+  cl->outcome = idem__decide(row, op->fingerprint, now_ms, lease_now_ms,
+                             &op->opts, &action, &cl->retry_after_ms);
   cl->attempt = row->attempt;
   cl->took_over_unknown =
       cl->outcome == IDEM_RECOVER && row->state == IDEM_STATE_UNKNOWN;
@@ -455,6 +457,21 @@ static int fill_options(const idem_call_options *in, idem_call_options *out) {
 
 /* ---- stores ----------------------------------------------------------- */
 
+/* Set while idem_store_close() closes a handle in a child of fork(). */
+static _Thread_local int closing_forked;
+
+int idem__closing_forked(void) { return closing_forked; }
+
+int idem__store_owned(const idem_store *store, const char *who) {
+  pid_t self = getpid();
+  if (store->pid == self)
+    return IDEM_OK;
+  return idem__fail(IDEM_EFORK,
+                    "%s: the store was opened by process %ld; after fork() "
+                    "a child must open its own store (this is process %ld)",
+                    who, (long)store->pid, (long)self);
+}
+
 /* The length of a URL scheme at the start of url ("sqlite" in
  * "sqlite:x"), or 0 when url does not start with one followed by ':'. */
 static size_t scheme_len(const char *url) {
@@ -592,6 +609,7 @@ int idem_store_open(const char *url, const idem_store_options *opts,
     return idem__fail(IDEM_ENOMEM, "store: out of memory");
   }
   s->methods = m;
+  s->pid = getpid();
   pthread_mutex_init(&s->sched_mu, NULL);
   rc = m->open(target, &o, &s->state);
   free(owned);
@@ -607,6 +625,18 @@ int idem_store_open(const char *url, const idem_store_options *opts,
 void idem_store_close(idem_store *store) {
   if (!store)
     return;
+  if (store->pid != getpid()) {
+    /* A child of fork() lets go of its parent's handle: memory only. The
+     * runners' and the scheduler's threads are not in the child, and a
+     * mutex or a condition that one of them held or waited on at the fork
+     * would block the child for ever: they are left as they are, with the
+     * little memory they hold. */
+    closing_forked = 1;
+    store->methods->close(store->state);
+    closing_forked = 0;
+    free(store);
+    return;
+  }
   /* The runners first (their calls end leases; a waiter's may hand the
    * other runner a task), then the scheduler: all use the backend. */
   idem__runner_free(store->wait_runner);
@@ -632,6 +662,8 @@ int idem_store_check(idem_store *store) {
   idem__clear_error();
   if (!store)
     return idem__fail(IDEM_EINVAL, "store: NULL store");
+  if ((rc = idem__store_owned(store, "store_check")) != IDEM_OK)
+    return rc;
   if (store->methods->version >= 4 && store->methods->check)
     return store->methods->check(store->state);
   /* A backend without the method: a read that finds nothing is the most
@@ -677,12 +709,11 @@ int idem_call_state(const idem_call *c) {
     return IDEM_STATE_UNKNOWN;
   case IDEM_PROCEED:
   case IDEM_RECOVER:
-    if (c->held)
-      return IDEM_STATE_IN_PROGRESS;
-    /* idem_execute_local() completes the record in the claim itself. */
-    if (!c->ended_state && c->has_response)
-      return IDEM_STATE_COMPLETED;
-    return c->ended_state;
+    /* What the holder's ending left (idem_execute_local()'s claim is its
+     * own ending): a response kept in the call is no proof, since
+     * idem_execute() keeps its action's response also when the ending
+     * failed. */
+    return c->held ? IDEM_STATE_IN_PROGRESS : c->ended_state;
   default:
     return 0;
   }
@@ -697,7 +728,12 @@ int idem_call_attempt(const idem_call *c) { return c ? c->attempt : 0; }
 int idem_call_recovered(const idem_call *c) { return c ? c->recovered : 0; }
 
 int64_t idem_call_lease_expires_ms(const idem_call *c) {
-  return c && c->held ? c->lease_expires_ms : 0;
+  int64_t at;
+  if (!c || !c->held)
+    return 0;
+  at = __atomic_load_n(&c->lease_expires_ms, __ATOMIC_RELAXED);
+  /* Leases on the boot-time clock are told in Unix ms, as documented. */
+  return c->lease_on_boot ? idem__lease_to_wall(at) : at;
 }
 
 static idem_call *new_claim(const idem_id *id, const char *fp,
@@ -786,6 +822,9 @@ int idem__claim_prepare(idem_store *store, idem__op_kind kind,
   memset(op, 0, sizeof *op);
   if (!store)
     return idem__fail(IDEM_EINVAL, "claim: NULL store");
+  if ((rc = idem__store_owned(store, kind == IDEM__OP_LOCAL ? "execute_local"
+                                                            : "claim")))
+    return rc;
   if ((rc = check_id(id, 1)) || (rc = check_fingerprint(fp)))
     return rc;
   if ((rc = fill_options(opts, &op->opts)))
@@ -823,6 +862,11 @@ static int start(idem_store *store, idem__op_kind kind, const idem_id *id,
     idem_call_free(op.claim);
     return rc;
   }
+  /* A local action that ran completed the record in the claim's own
+   * transaction. */
+  if (kind == IDEM__OP_LOCAL &&
+      (op.claim->outcome == IDEM_PROCEED || op.claim->outcome == IDEM_RECOVER))
+    op.claim->ended_state = IDEM_STATE_COMPLETED;
   *out = op.claim;
   return IDEM_OK;
 }
@@ -874,6 +918,12 @@ int idem__finish_prepare(idem_store *store, idem_call *claim,
   memset(op, 0, sizeof *op);
   if (!store || !claim)
     return idem__fail(IDEM_EINVAL, "NULL store or claim");
+  if ((rc = idem__store_owned(store, kind == IDEM__OP_COMPLETE  ? "complete"
+                                     : kind == IDEM__OP_RELEASE ? "release"
+                                     : kind == IDEM__OP_MARK_UNKNOWN
+                                         ? "mark_unknown"
+                                         : "renew")))
+    return rc;
   f->deadline = claim->lease_expires_ms;
   f->ends = 0;
   if (!claim->held)
@@ -992,7 +1042,7 @@ int idem_get(idem_store *store, const idem_id *id, idem_record **out) {
   *out = NULL;
   if (!store)
     return idem__fail(IDEM_EINVAL, "get: NULL store");
-  if ((rc = check_id(id, 0)))
+  if ((rc = idem__store_owned(store, "get")) || (rc = check_id(id, 0)))
     return rc;
   return store->methods->get(store->state, id, out);
 }
@@ -1004,6 +1054,8 @@ int idem_list(idem_store *store, const idem_filter *filter, idem_record_fn fn,
   idem__clear_error();
   if (!store || !fn)
     return idem__fail(IDEM_EINVAL, "list: NULL store or function");
+  if ((rc = idem__store_owned(store, "list")) != IDEM_OK)
+    return rc;
   memset(&f, 0, sizeof f);
   if (filter)
     f = *filter;
@@ -1022,6 +1074,8 @@ int idem_prune(idem_store *store, int64_t *removed) {
     *removed = 0;
   if (!store)
     return idem__fail(IDEM_EINVAL, "prune: NULL store");
+  if ((rc = idem__store_owned(store, "prune")) != IDEM_OK)
+    return rc;
   rc = store->methods->prune(store->state, &n);
   if (removed)
     *removed = n;
@@ -1036,7 +1090,7 @@ int idem_resolve_with(idem_store *store, const idem_id *id,
   idem__clear_error();
   if (!store)
     return idem__fail(IDEM_EINVAL, "resolve: NULL store");
-  if ((rc = check_id(id, 0)))
+  if ((rc = idem__store_owned(store, "resolve")) || (rc = check_id(id, 0)))
     return rc;
   if (response && (rc = check_response(response)))
     return rc;
@@ -1065,7 +1119,7 @@ int idem_delete(idem_store *store, const idem_id *id) {
   idem__clear_error();
   if (!store)
     return idem__fail(IDEM_EINVAL, "delete: NULL store");
-  if ((rc = check_id(id, 0)))
+  if ((rc = idem__store_owned(store, "delete")) || (rc = check_id(id, 0)))
     return rc;
   if (store->methods->version < 2 || !store->methods->remove)
     return idem__fail(IDEM_ESTATE, "delete: the %s store cannot delete",

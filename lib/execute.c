@@ -42,7 +42,11 @@ static void sleep_ms(int64_t ms) {
 /* ---- what the action sees -------------------------------------------- */
 
 int idem_exec_lost_fd(idem_exec *x) {
-  return x && x->running ? idem__lease_lost_fd(&x->lease) : -1;
+  /* In a child of fork() the lease is the parent's, and so is the lock
+   * that guards its descriptor. */
+  return x && x->running && x->store->pid == getpid()
+             ? idem__lease_lost_fd(&x->lease)
+             : -1;
 }
 
 int idem_exec_lost(const idem_exec *x) {
@@ -150,6 +154,11 @@ static int end_record(idem_exec *x, int how, const idem_response *r,
                                                    : IDEM_STATE_UNKNOWN;
         rc = IDEM_OK;
       } else {
+        /* The key is another holder's: this call holds nothing and left
+         * nothing (idem_call_state() 0), as after a completion the store
+         * refused as stale (idem__finish_after()). */
+        x->call->held = 0;
+        x->call->lease_expires_ms = 0;
         rc = idem__fail(IDEM_ESTALE, "%s", why);
       }
       idem__lease_unhold(&x->lease, 1);
@@ -203,6 +212,8 @@ static int begin_prepare(idem_store *store, const char *request,
   *canon = NULL;
   if (!store || (!request && request_len))
     return idem__fail(IDEM_EINVAL, "execute: NULL store or request");
+  if ((rc = idem__store_owned(store, "execute")) != IDEM_OK)
+    return rc;
   memset(o, 0, sizeof *o);
   if (opts)
     *o = *opts;
@@ -403,9 +414,12 @@ int idem_execute(idem_store *store, const idem_id *id, const char *request,
   idem_exec x;
   idem_response resp;
   idem_exec_result result;
+  int *ran = opts ? opts->ran : NULL;
   int rc;
 
   idem__clear_error();
+  if (ran)
+    *ran = 0;
   if (!out)
     return idem__fail(IDEM_EINVAL, "execute: NULL output");
   *out = NULL;
@@ -418,6 +432,9 @@ int idem_execute(idem_store *store, const idem_id *id, const char *request,
     return rc;
   }
   memset(&resp, 0, sizeof resp);
+  /* From here on every return comes after the action, with *out set. */
+  if (ran)
+    *ran = 1;
   result = fn(&x, ctx, &resp);
   rc = exec_end(&x, result, &resp);
   if (rc == IDEM_OK)
@@ -433,6 +450,8 @@ int idem_execute_begin(idem_store *store, const idem_id *id,
   int rc;
 
   idem__clear_error();
+  if (opts && opts->ran)
+    *opts->ran = 0; /* the caller runs the action, not the library */
   if (!out || !exec)
     return idem__fail(IDEM_EINVAL, "execute_begin: NULL output");
   *out = NULL;
@@ -457,6 +476,12 @@ int idem_execute_end(idem_exec *exec, idem_exec_result result,
   idem__clear_error();
   if (!exec)
     return idem__fail(IDEM_EINVAL, "execute_end: NULL action");
+  if ((rc = idem__store_owned(exec->store, "execute_end")) != IDEM_OK) {
+    /* A child of fork(): the lease, its scheduler and the key are the
+     * parent's, which ends them. Only the child's copy of exec goes. */
+    free(exec);
+    return rc;
+  }
   rc = exec_end(exec, result, response);
   free(exec);
   if (rc == IDEM_OK)
@@ -608,6 +633,8 @@ int idem_execute_begin_async(idem_store *store, const idem_id *id,
   int rc;
 
   idem__clear_error();
+  if (opts && opts->ran)
+    *opts->ran = 0; /* the caller runs the action, not the library */
   if (!done)
     return idem__fail(IDEM_EINVAL, "execute_begin_async: NULL done");
   if (!(a = calloc(1, sizeof *a)) || !(a->x = calloc(1, sizeof *a->x))) {
@@ -708,6 +735,8 @@ int idem_execute_end_async(idem_exec *exec, idem_exec_result result,
   idem__clear_error();
   if (!exec || !done)
     return idem__fail(IDEM_EINVAL, "execute_end_async: NULL action or done");
+  if (idem__store_owned(exec->store, "execute_end_async") != IDEM_OK)
+    return IDEM_EFORK;
   if (!(a = calloc(1, sizeof *a)))
     return idem__fail(IDEM_ENOMEM, "execute_end_async: out of memory");
   a->store = exec->store;

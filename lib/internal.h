@@ -16,6 +16,26 @@ int idem__fail(int rc, const char *fmt, ...) IDEM__PRINTF(2, 3);
  * and one that succeeds leaves idem_errmsg() empty. */
 void idem__clear_error(void);
 
+/*
+ * IDEM_OK when store was opened by this process; otherwise (a child of
+ * fork() using its parent's handle) IDEM_EFORK, with a detail that begins
+ * with who, names the process that opened it and says that after fork() a
+ * child must open its own store. The child must not touch the parent's
+ * connections, whose sessions and locks are the parent's, nor wait on its
+ * threads, which are not in the child.
+ */
+int idem__store_owned(const idem_store *store, const char *who);
+/*
+ * Non-zero while idem_store_close() closes a handle in a child of the
+ * process that opened it (see idem_store_close() in idem.h). The backend's
+ * close then waits for none of its threads, which are not in the child,
+ * destroys no mutex or condition that one of them may have held or waited
+ * on at the fork, and makes no call of SQLite's or libpq's on the parent's
+ * connections: it may close the child's copies of their descriptors, and
+ * leaves the rest as it is.
+ */
+int idem__closing_forked(void);
+
 /* SHA-256 of the concatenation of n parts, in lowercase hex. */
 int idem__sha256_parts(const void *const *parts, const size_t *sizes, int n,
                        char hex[IDEM_FINGERPRINT_SIZE]);

@@ -21,6 +21,50 @@ int64_t idem__mono_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+int64_t idem__boot_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_BOOTTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* The wall clock's offset from the boot clock, as last taken: kept while
+ * the two agree within a second, so that a lease shown twice reads the
+ * same both times (two readings a millisecond apart would not); a step of
+ * the wall clock is taken up at once. __atomic. */
+static int64_t wall_offset = INT64_MIN;
+
+int64_t idem__lease_to_wall(int64_t boot_ms) {
+  struct timespec w, b;
+  int64_t off, kept = __atomic_load_n(&wall_offset, __ATOMIC_RELAXED);
+  clock_gettime(CLOCK_BOOTTIME, &b);
+  clock_gettime(CLOCK_REALTIME, &w);
+  off = ((int64_t)(w.tv_sec - b.tv_sec) * 1000000000LL +
+         (w.tv_nsec - b.tv_nsec) + 500000) /
+        1000000;
+  if (kept == INT64_MIN || off - kept > 1000 || kept - off > 1000) {
+    __atomic_store_n(&wall_offset, off, __ATOMIC_RELAXED);
+    kept = off;
+  }
+  return boot_ms + kept;
+}
+
+int idem__boot_id(char id[40]) {
+  FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
+  size_t n = 0;
+  if (f) {
+    n = fread(id, 1, 39, f);
+    fclose(f);
+  }
+  while (n > 0 && (id[n - 1] == '\n' || id[n - 1] == ' '))
+    n--;
+  id[n] = '\0';
+  if (n < 8)
+    return idem__fail(IDEM_EIO,
+                      "cannot read this boot's id from "
+                      "/proc/sys/kernel/random/boot_id (is /proc mounted?)");
+  return IDEM_OK;
+}
+
 int idem__thread_start(pthread_t *t, const char *name, void *(*fn)(void *),
                        void *arg) {
   sigset_t all, old;
@@ -43,17 +87,17 @@ static void to_timespec(int64_t mono_ms, struct timespec *ts) {
 
 /*
  * When a lease written as lease_expires_ms ends, on the monotonic clock:
- * never later than the store ends it. The SQLite store writes leases by
- * this process's own clock, read under the write lock: the deadline is
- * exact, however long the call waited in a queue before the write. The
- * PostgreSQL server's clock may differ from ours: the store bounds how far
- * it may be ahead (every statement that reads it, sent at a known time of
- * ours, bounds that), and the lease ends no earlier than its deadline less
- * that bound. The lease also ends no earlier than lease_ms after
- * asked_mono, a moment before its write was asked: the later of the two
- * bounds is used, and without a bound of the clock, the second alone. (A
- * step of the wall clock between the write and this reading moves the
- * first; the second never moves.)
+ * never later than the store ends it. Takeovers are decided by the clock
+ * that writes leases, and the holder's signal is read from this one, so
+ * the store says how the two relate: how far its lease clock may be ahead
+ * of this process's CLOCK_MONOTONIC, at most. The SQLite store writes
+ * leases on the kernel's boot-time clock, which differs from the monotonic
+ * one only by the time spent suspended: exact. The PostgreSQL server
+ * writes them on its own clock: every statement that reads it, sent at a
+ * known monotonic time of ours, bounds that. Neither moves when this
+ * machine's wall clock steps. The lease also ends no earlier than lease_ms
+ * after asked_mono, a moment before its write was asked: the later of the
+ * two bounds is used, and without a bound of the clock, the second alone.
  */
 int64_t idem__lease_deadline(const idem_store *store, int64_t lease_expires_ms,
                              int64_t asked_mono, int64_t lease_ms) {
@@ -62,8 +106,7 @@ int64_t idem__lease_deadline(const idem_store *store, int64_t lease_expires_ms,
       store->methods->clock_ahead) {
     int64_t ahead = store->methods->clock_ahead(store->state);
     if (ahead != INT64_MAX) {
-      int64_t mono = idem__mono_ms(), real = idem__now_ms();
-      int64_t d = mono + (lease_expires_ms - ahead - real);
+      int64_t d = lease_expires_ms - ahead;
       /* A bound loose enough to say less than counting from the ask
        * (a slow first reading) is of no use. */
       return d > from_ask ? d : from_ask;
@@ -367,10 +410,38 @@ int idem__lease_start(idem_store *store, idem__lease *l) {
   return IDEM_OK;
 }
 
+/* How long an ending waits behind a renewal in flight before it cuts the
+ * renewal short: a renewal takes milliseconds; one that has not come back
+ * by then waits on a stalled server or network, and the ending must not
+ * wait with it past its own lease. A quarter of what is left of the lease,
+ * between HOLD_PATIENCE_MIN_MS and HOLD_PATIENCE_MAX_MS. */
+#define HOLD_PATIENCE_MIN_MS 10
+#define HOLD_PATIENCE_MAX_MS 1000
+
 int idem__lease_hold(idem__lease *l, char *why, size_t size) {
   idem__sched *s = l->sched;
+  const idem__store_methods *m = s->store->methods;
   int stale;
   pthread_mutex_lock(&s->mu);
+  if (l->busy) {
+    int64_t now = idem__mono_ms(),
+            left = __atomic_load_n(&l->deadline_mono, __ATOMIC_RELAXED) - now,
+            patience = left / 4;
+    struct timespec until;
+    if (patience > HOLD_PATIENCE_MAX_MS)
+      patience = HOLD_PATIENCE_MAX_MS;
+    if (patience < HOLD_PATIENCE_MIN_MS)
+      patience = HOLD_PATIENCE_MIN_MS;
+    to_timespec(now + patience, &until);
+    while (l->busy)
+      if (pthread_cond_timedwait(&s->idle_cv, &s->mu, &until) == ETIMEDOUT)
+        break;
+    /* Still in flight: the renewal is given up, as a lost connection's
+     * would be (its lease keeps the deadline it had), and the ending goes
+     * on. */
+    if (l->busy && m->version >= 7 && m->interrupt_renewals)
+      m->interrupt_renewals(s->store->state);
+  }
   while (l->busy)
     pthread_cond_wait(&s->idle_cv, &s->mu);
   l->ending = 1;

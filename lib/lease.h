@@ -106,6 +106,18 @@ int idem__wait_count(const idem_id *id);
 
 /* A monotonic clock in milliseconds. */
 int64_t idem__mono_ms(void);
+/* The kernel's boot-time clock in milliseconds (CLOCK_BOOTTIME): monotonic,
+ * counting suspend, and the same in every process of the machine until it
+ * restarts; steps of the wall clock never move it. The SQLite store's
+ * leases are on it. */
+int64_t idem__boot_ms(void);
+/* This boot's id (/proc/sys/kernel/random/boot_id, 36 characters and a
+ * NUL): a lease on the boot clock means something only in the boot that
+ * wrote it. IDEM_OK, or IDEM_EIO with the detail set. */
+int idem__boot_id(char id[40]);
+/* A time on the boot-time clock, in Unix ms by this process's wall clock
+ * now. */
+int64_t idem__lease_to_wall(int64_t boot_ms);
 /* pthread_create() for the library's own threads: all signals blocked in
  * the new thread, so that process signals are delivered to the program's
  * threads, never to ours. name ("idem-...", at most 15 bytes) is what ps

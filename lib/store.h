@@ -19,7 +19,7 @@
 
 #include <pthread.h>
 
-#define IDEM__STORE_METHODS_VERSION 6
+#define IDEM__STORE_METHODS_VERSION 7
 
 /* Defaults and rates every backend shares. */
 #define IDEM__DEFAULT_LEASE_MS 30000
@@ -49,6 +49,8 @@ struct idem_call {
   int ended_state; /* idem_state the holder's ending left, 0 when released
                       (see idem_call_state()) */
   int recovered; /* RECOVER, or REPLAY of a record marked recovered */
+  int lease_on_boot; /* lease_expires_ms is on the boot-time clock (the
+                        SQLite store's), not in Unix ms */
 };
 
 typedef enum idem__op_kind {
@@ -110,7 +112,8 @@ typedef enum idem__action {
 
 /* The decision table of docs/design.md: what a claim of fingerprint at time now does to row. */
 idem_outcome idem__decide(const idem__row *row, const char *fingerprint,
-                          int64_t now_ms, const idem_call_options *opts,
+                          int64_t now_ms, int64_t lease_now_ms,
+                          const idem_call_options *opts,
                           idem__action *action, int64_t *retry_after_ms);
 
 typedef struct idem__store_methods {
@@ -147,9 +150,11 @@ typedef struct idem__store_methods {
   int (*watch)(void *state, const idem_id *id);
   /*
    * Version 3. How far the clock that writes leases (the store's) may be
-   * ahead of this process's CLOCK_REALTIME, at most, in ms; INT64_MAX when
-   * not known yet (or NULL). A lease written as lease_expires_ms then ends
-   * no earlier than lease_expires_ms - that bound by our clock.
+   * ahead of this process's CLOCK_MONOTONIC (idem__mono_ms()), at most, in
+   * ms; INT64_MAX when not known yet (or NULL). A lease written as
+   * lease_expires_ms then ends no earlier than lease_expires_ms - that
+   * bound on the monotonic clock. (Before version 7 the bound was against
+   * CLOCK_REALTIME, which a step of the wall clock moves.)
    */
   int64_t (*clock_ahead)(void *state);
   /*
@@ -173,6 +178,14 @@ typedef struct idem__store_methods {
    * writes nothing. NULL: nothing is kept.
    */
   int (*cached)(void *state, idem__op *op);
+  /*
+   * Version 7. Ends the batch of renewals in flight now, if any, as if its
+   * connection had broken: each of its ops fails with IDEM_EUNAVAILABLE
+   * and its leases keep the deadlines they had. A holder calls it when its
+   * ending has waited too long behind a renewal that does not come back.
+   * Any thread. NULL: renewals end by themselves in time.
+   */
+  void (*interrupt_renewals)(void *state);
 } idem__store_methods;
 
 /* A store handle. */
@@ -186,6 +199,8 @@ struct idem_store {
                                   backend cannot queue; likewise */
   struct idem__runner *wait_runner; /* the asynchronous claims that wait on
                                        a key in flight; likewise */
+  pid_t pid; /* the process that opened the store: after fork() the child's
+                calls on it fail with IDEM_EFORK (idem__store_owned()) */
 };
 
 /* idem_claim()'s checks: fills op for a claim (op->claim allocated, op->id
@@ -239,10 +254,13 @@ int idem__op_fail(idem__op *op, int rc, const char *fmt, ...)
  * Fills op's claim from the decision on row at now: its outcome, attempt and
  * (in flight) the time until the lease ends, at least 1 ms. Returns the
  * write the outcome needs. Every backend reads the row its own way, then
- * calls this, so that all answer the same question the same way.
+ * calls this, so that all answer the same question the same way. now_ms
+ * is on the clock of retention (Unix ms), lease_now_ms on the clock of
+ * leases, which a backend may keep apart (the SQLite store's leases are
+ * on the boot-time clock, so that a step of the wall clock moves none).
  */
 idem__action idem__decide_op(idem__op *op, const idem__row *row,
-                             int64_t now_ms);
+                             int64_t now_ms, int64_t lease_now_ms);
 /*
  * For a REPLAY: checks the stored response against its checksum (sum_len
  * bytes at sum; NULL when none was stored) and copies it into op's claim,

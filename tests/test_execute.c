@@ -2,9 +2,11 @@
  * test_execute.c -- idem_execute(), the one call for remote actions: the
  * outcomes, the three endings the action chooses, the lease renewed while
  * it runs, a lease lost to a takeover, a response too large to keep, a
- * completion retried while the store is busy, and fingerprints of a chosen
- * part of the request. The action's side effect is a counter and a ticket
- * number, and the tests check both. One suite for every backend.
+ * completion retried while the store is busy, fingerprints of a chosen
+ * part of the request, what the call says after an ending that failed,
+ * and whether the action ran (idem_execute_options.ran). The action's
+ * side effect is a counter and a ticket number, and the tests check both.
+ * One suite for every backend.
  */
 #include "engine_harness.c"
 
@@ -745,6 +747,122 @@ static void test_execute_ending_already_stored(void **state) {
   idem_record_free(rec);
 }
 
+/*
+ * Another caller takes id over after its holder's lease ended: the lease
+ * is ended behind the holder's back (its scheduler would renew it), then a
+ * claim finds it expired and takes the key (RECOVER, attempt 2). Asked
+ * again should a renewal come between the two. The new holder's call.
+ */
+static idem_call *take_over(fixture *f, const idem_id *id) {
+  char fp[IDEM_FINGERPRINT_SIZE];
+  EXPECT_RC(IDEM_OK, idem_fingerprint(REQ, strlen(REQ), 1, fp));
+  for (int i = 0; i < 100; i++) {
+    idem_call *c = NULL;
+    assert_int_equal(
+        side_sql(f->url,
+                 is_pg_url(f->url)
+                     ? "UPDATE {S}.idem_records SET lease_expires_ms = 0 "
+                       "WHERE key = $1::text"
+                     : "UPDATE idem_records SET lease_expires_ms = 0 WHERE "
+                       "key = ?1",
+                 id->key),
+        1);
+    EXPECT_RC(IDEM_OK, idem_claim(f->store, id, fp, NULL, &c));
+    if (idem_call_outcome(c) == IDEM_RECOVER)
+      return c;
+    assert_int_equal(idem_call_outcome(c), IDEM_IN_FLIGHT);
+    idem_call_free(c);
+    sleep_ms(10);
+  }
+  fail_msg("key '%s': never taken over", id->key);
+  return NULL;
+}
+
+/*
+ * A holder of idem_execute_begin() whose key another caller took over
+ * ends with IDEM_ESTALE, and its call then says what is true: nothing of
+ * its own was stored, the record is another holder's (idem_call_state()
+ * 0, as on CONFLICT), it holds no lease, and the response it still offers
+ * is its action's, which no claim replays: claims replay the new holder's.
+ * Twice: with a long lease, the ending is sent before any renewal and the
+ * store refuses it; with a short one, the scheduler found the takeover
+ * first and the ending is never sent.
+ */
+static void test_execute_end_after_takeover(void **state) {
+  fixture *f = *state;
+  idem_id ids[2] = {{"tenant-a", OPERATION, "taken-before-noticed"},
+                    {"tenant-a", OPERATION, "taken-and-noticed"}};
+  idem_execute_options o[2] = {{.call = {.lease_ms = 60000}},
+                               {.call = {.lease_ms = 600}}};
+  int runs = 0, ticket = 0;
+  remote again = {0};
+
+  for (int i = 0; i < 2; i++) {
+    idem_exec *x = NULL;
+    idem_call *c = NULL, *newer, *r;
+    idem_record *rec;
+    char body[32], taker_body[32];
+    idem_response mine = {201, NULL, 0, body, 0};
+    idem_response theirs = {201, NULL, 0, taker_body, 0};
+    int my_ticket, their_ticket;
+
+    EXPECT_RC(IDEM_OK, idem_execute_begin(f->store, &ids[i], REQ, strlen(REQ),
+                                          &o[i], &x, &c));
+    assert_non_null(x);
+    assert_int_equal(idem_call_outcome(c), IDEM_PROCEED);
+    assert_int_equal(idem_call_state(c), IDEM_STATE_IN_PROGRESS);
+    /* The holder's action: one ticket. */
+    runs++;
+    my_ticket = ++ticket;
+    snprintf(body, sizeof body, "{\"ticket_id\":%d}", my_ticket);
+    mine.body_len = strlen(body);
+    /* The key is taken over, and its new holder acts and completes. */
+    newer = take_over(f, &ids[i]);
+    assert_int_equal(idem_call_attempt(newer), 2);
+    runs++;
+    their_ticket = ++ticket;
+    snprintf(taker_body, sizeof taker_body, "{\"ticket_id\":%d}", their_ticket);
+    theirs.body_len = strlen(taker_body);
+    EXPECT_RC(IDEM_OK, idem_complete(f->store, newer, &theirs));
+    idem_call_free(newer);
+    if (i == 1) {
+      /* The scheduler's renewal is refused: the lease is lost at once. */
+      struct pollfd p = {idem_exec_lost_fd(x), POLLIN, 0};
+      assert_int_equal(poll(&p, 1, 10000), 1);
+      assert_true(idem_exec_lost(x));
+    }
+
+    EXPECT_RC(IDEM_ESTALE, idem_execute_end(x, IDEM_EXEC_DONE, &mine));
+    assert_non_null(strstr(idem_errmsg(), "another holder"));
+    assert_int_equal(idem_call_outcome(c), IDEM_PROCEED);
+    if (idem_call_state(c) != 0)
+      fail_msg("key '%s': idem_call_state() is %s after IDEM_ESTALE, "
+               "expected 0 (nothing of the holder's was stored)",
+               ids[i].key, idem_state_name(idem_call_state(c)));
+    assert_int_equal(idem_call_lease_expires_ms(c), 0);
+    /* What the action answered, not what the record holds. */
+    assert_int_equal(ticket_id_of(idem_call_response(c)), my_ticket);
+    idem_call_free(c);
+
+    /* The record is the new holder's, untouched by the stale ending. */
+    rec = get_record(f->store, &ids[i]);
+    assert_int_equal(rec->state, IDEM_STATE_COMPLETED);
+    assert_int_equal(rec->attempt, 2);
+    assert_int_equal(rec->recovered, 1);
+    assert_int_equal(ticket_id_of(&rec->response), their_ticket);
+    idem_record_free(rec);
+    r = EXECUTE(f->store, &ids[i], REQ, &again, NULL, IDEM_OK, IDEM_REPLAY);
+    assert_int_equal(ticket_id_of(idem_call_response(r)), their_ticket);
+    assert_int_equal(idem_call_state(r), IDEM_STATE_COMPLETED);
+    assert_int_equal(idem_call_recovered(r), 1);
+    idem_call_free(r);
+  }
+  /* Two actions per key, and no retry acted again. */
+  assert_int_equal(runs, 4);
+  assert_int_equal(again.runs, 0);
+  assert_int_equal(list_count(f->store, NULL), 2);
+}
+
 /* idem_execute_begin()/idem_execute_end(): 200 keys held at once by one
  * thread, their leases renewed past their length with no thread of the
  * caller's, then ended from another thread in each of the four ways. */
@@ -1201,6 +1319,182 @@ static void test_execute_async_waits(void **state) {
   assert_int_equal(list_count(f->store, NULL), 1);
 }
 
+/* An action during which another caller takes its key over (and acts,
+ * and completes): its own ending then fails with IDEM_ESTALE. */
+typedef struct overtaken {
+  fixture *f;
+  const idem_id *id;
+  int runs, newer_attempt, newer_rc;
+} overtaken;
+
+static idem_exec_result act_while_taken_over(idem_exec *x, void *ctx,
+                                             idem_response *r) {
+  overtaken *u = ctx;
+  idem_response theirs = {201, NULL, 0, "{\"ticket_id\":2}", 15};
+  idem_call *newer;
+  (void)x;
+  u->runs++;
+  newer = take_over(u->f, u->id);
+  u->newer_attempt = idem_call_attempt(newer);
+  u->newer_rc = idem_complete(u->f->store, newer, &theirs);
+  idem_call_free(newer);
+  r->status = 201;
+  r->body = "{\"ticket_id\":1}";
+  r->body_len = 15;
+  return IDEM_EXEC_DONE;
+}
+
+/*
+ * idem_execute_options.ran tells, on every return, whether the action
+ * ran: 0 when the arguments were refused or the claim failed (*out NULL,
+ * the action never called), 1 when the ending failed after it (a response
+ * too large to keep, the key taken over while it ran: *out set, the
+ * action called once), and on success 1 exactly when it ran (PROCEED, not
+ * REPLAY). The same code (IDEM_EINVAL, IDEM_EBUSY...) can come from
+ * either side, so the code alone cannot tell. The halves never run an
+ * action: idem_execute_begin() and its asynchronous form say 0.
+ */
+static void test_execute_says_whether_it_ran(void **state) {
+  fixture *f = *state;
+  idem_id bad_key = {"tenant-a", OPERATION, "bad key"};
+  idem_id busy_id = {"tenant-a", OPERATION, "claim-fails"};
+  idem_id big_id = {"tenant-a", OPERATION, "too-large-to-keep"};
+  idem_id stale_id = {"tenant-a", OPERATION, "taken-while-running"};
+  idem_id fresh_id = {"tenant-a", OPERATION, "ran-and-stored"};
+  idem_id halves_id = {"tenant-a", OPERATION, "in-two-halves"};
+  idem_id async_id = {"tenant-a", OPERATION, "in-two-async-halves"};
+  idem_store_options quick = {.busy_timeout_ms = 100, .group_commit = -1};
+  int ran = -1;
+  idem_execute_options o = {.call = {.lease_ms = 60000}, .ran = &ran};
+  overtaken u = {f, &stale_id, 0, 0, 0};
+  remote a = {0};
+  idem_store *s = NULL;
+  idem_record *rec;
+  idem_exec *x = NULL;
+  idem_call *c;
+  blocker b;
+
+  /* Refused before anything is claimed. */
+  c = EXECUTE(f->store, &bad_key, REQ, &a, &o, IDEM_EKEY, 0);
+  assert_null(c);
+  assert_int_equal(ran, 0);
+  ran = -1;
+  c = EXECUTE(f->store, &busy_id, "{\"a\":", &a, &o, IDEM_EJSON, 0);
+  assert_null(c);
+  assert_int_equal(ran, 0);
+  assert_int_equal(a.runs, 0);
+
+  /* The claim fails: the store is locked past its busy timeout. */
+  EXPECT_RC(IDEM_OK, idem_store_open(f->url, &quick, &s));
+  blocker_start(&b, f->url, 1000);
+  ran = -1;
+  c = EXECUTE(s, &busy_id, REQ, &a, &o, IDEM_EBUSY, 0);
+  blocker_join(&b);
+  assert_null(c);
+  assert_int_equal(ran, 0);
+  assert_int_equal(a.runs, 0);
+  assert_absent(s, &busy_id);
+  idem_store_close(s);
+  if (!is_pg_url(f->url)) {
+    /* SQLite: a store opened for reading refuses the claim's write. */
+    idem_store_options ro = {.read_only = 1};
+    EXPECT_RC(IDEM_OK, idem_store_open(f->url, &ro, &s));
+    ran = -1;
+    c = EXECUTE(s, &busy_id, REQ, &a, &o, IDEM_ESTORE, 0);
+    assert_null(c);
+    assert_int_equal(ran, 0);
+    assert_int_equal(a.runs, 0);
+    idem_store_close(s);
+  }
+
+  /* The ending fails after the action: a response too large to keep. */
+  a.big = IDEM_MAX_RESPONSE + 1;
+  ran = -1;
+  c = EXECUTE(f->store, &big_id, REQ, &a, &o, IDEM_ETOOBIG, IDEM_PROCEED);
+  assert_int_equal(ran, 1);
+  assert_int_equal(a.runs, 1);
+  assert_int_equal(idem_call_state(c), IDEM_STATE_UNKNOWN);
+  idem_call_free(c);
+  free(a.big_body);
+  a.big_body = NULL;
+  a.big = 0;
+
+  /* ...and the key taken over while the action ran. */
+  ran = -1;
+  c = NULL;
+  EXPECT_RC(IDEM_ESTALE, idem_execute(f->store, &stale_id, REQ, strlen(REQ),
+                                      act_while_taken_over, &u, &o, &c));
+  assert_int_equal(ran, 1);
+  assert_int_equal(u.runs, 1);
+  assert_int_equal(u.newer_attempt, 2);
+  EXPECT_RC(IDEM_OK, u.newer_rc);
+  assert_non_null(c);
+  assert_int_equal(idem_call_outcome(c), IDEM_PROCEED);
+  assert_int_equal(idem_call_state(c), 0);
+  assert_int_equal(ticket_id_of(idem_call_response(c)), 1);
+  idem_call_free(c);
+  rec = get_record(f->store, &stale_id);
+  assert_int_equal(rec->state, IDEM_STATE_COMPLETED);
+  assert_int_equal(rec->attempt, 2);
+  assert_int_equal(ticket_id_of(&rec->response), 2);
+  idem_record_free(rec);
+
+  /* Success: 1 when the action ran, 0 when a replay answered. The
+   * remote's second ticket: the first went with the response too large. */
+  ran = -1;
+  c = EXECUTE(f->store, &fresh_id, REQ, &a, &o, IDEM_OK, IDEM_PROCEED);
+  assert_int_equal(ran, 1);
+  assert_int_equal(a.runs, 2);
+  assert_int_equal(ticket_id_of(idem_call_response(c)), 2);
+  idem_call_free(c);
+  ran = -1;
+  c = EXECUTE(f->store, &fresh_id, REQ, &a, &o, IDEM_OK, IDEM_REPLAY);
+  assert_int_equal(ran, 0);
+  assert_int_equal(a.runs, 2);
+  assert_int_equal(a.next_ticket, 2);
+  assert_int_equal(ticket_id_of(idem_call_response(c)), 2);
+  idem_call_free(c);
+
+  /* The halves: the caller runs the action, the library says 0. */
+  ran = -1;
+  c = NULL;
+  EXPECT_RC(IDEM_OK, idem_execute_begin(f->store, &halves_id, REQ, strlen(REQ),
+                                        &o, &x, &c));
+  assert_int_equal(ran, 0);
+  assert_non_null(x);
+  {
+    idem_response r = {201, NULL, 0, "{\"ticket_id\":3}", 15};
+    EXPECT_RC(IDEM_OK, idem_execute_end(x, IDEM_EXEC_DONE, &r));
+  }
+  assert_int_equal(idem_call_state(c), IDEM_STATE_COMPLETED);
+  idem_call_free(c);
+  {
+    async_waiter w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+    async_slot begun = {.w = &w}, ended = {.w = &w};
+    idem_response r = {201, NULL, 0, "{\"ticket_id\":4}", 15};
+    ran = -1;
+    EXPECT_RC(IDEM_OK,
+              idem_execute_begin_async(f->store, &async_id, REQ, strlen(REQ),
+                                       &o, async_begun, &begun));
+    assert_int_equal(ran, 0);
+    async_wait(&w, 1);
+    EXPECT_RC(IDEM_OK, begun.rc);
+    assert_non_null(begun.x);
+    ended.c = begun.c;
+    EXPECT_RC(IDEM_OK, idem_execute_end_async(begun.x, IDEM_EXEC_DONE, &r,
+                                              async_ended, &ended));
+    async_wait(&w, 1);
+    EXPECT_RC(IDEM_OK, ended.rc);
+    assert_int_equal(idem_call_state(begun.c), IDEM_STATE_COMPLETED);
+    idem_call_free(begun.c);
+  }
+  /* Records of what ran and ended: the stale key's (the newer holder's),
+   * the stored ticket and the two halves'; the too large response's key
+   * marked unknown. Nothing of the claims that failed. */
+  assert_absent(f->store, &busy_id);
+  assert_int_equal(list_count(f->store, NULL), 5);
+}
+
 #define STORE_TEST(fn)                                                         \
   cmocka_unit_test_setup_teardown(fn, setup_store, teardown_store)
 
@@ -1219,6 +1513,8 @@ int main(void) {
       STORE_TEST(test_execute_abandon),
       STORE_TEST(test_execute_ending_already_stored),
       STORE_TEST(test_execute_in_two_halves),
+      STORE_TEST(test_execute_end_after_takeover),
+      STORE_TEST(test_execute_says_whether_it_ran),
       STORE_TEST(test_execute_canonical_request_kept),
       STORE_TEST(test_execute_async),
       STORE_TEST(test_execute_async_waits),

@@ -63,267 +63,7 @@
 #define MAX_PAIRS 32
 #define URL_MAX 1024
 
-/* ---- the proxy ------------------------------------------------------------ */
-
-typedef enum cut_kind { CUT_NONE, CUT_REQUEST, CUT_REPLY } cut_kind;
-
-#define TAIL 63 /* a pattern is at most this long */
-
-typedef struct proxy {
-  char dir[64];      /* holds the listening socket .s.PGSQL.<port> */
-  char port[16];     /* the server's port, which the socket name carries */
-  char target[256];  /* the server: a socket path, or a TCP host */
-  int target_is_tcp;
-  int lfd;           /* listening */
-  int wake[2];       /* a byte here ends the loop */
-  pthread_t thread;
-  int pairs[MAX_PAIRS][2]; /* client, server; -1 when unused */
-  /* The last bytes each side sent, so that a pattern split between two
-   * reads is still found. */
-  char tail[MAX_PAIRS][2][TAIL];
-  size_t tail_len[MAX_PAIRS][2];
-  char scratch[TAIL + 65536];
-  pthread_mutex_t mu;
-  cut_kind armed;    /* one cut at a time, disarmed when it happens */
-  char pattern[TAIL];
-  size_t pattern_len;
-  int refuse;        /* close new connections at once */
-  int cuts;          /* cuts made */
-  int accepted;      /* connections forwarded */
-} proxy;
-
-static int connect_target(proxy *p) {
-  int fd = -1;
-  if (!p->target_is_tcp) {
-    struct sockaddr_un a = {.sun_family = AF_UNIX};
-    if ((size_t)snprintf(a.sun_path, sizeof a.sun_path, "%s/.s.PGSQL.%s",
-                         p->target, p->port) >= sizeof a.sun_path)
-      return -1;
-    fd = socket(AF_UNIX, SOCK_STREAM, 0);
-    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-      close(fd);
-      fd = -1;
-    }
-    return fd;
-  }
-  struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai, *i;
-  if (getaddrinfo(p->target, p->port, &hints, &ai) != 0)
-    return -1;
-  for (i = ai; i && fd < 0; i = i->ai_next) {
-    fd = socket(i->ai_family, i->ai_socktype, i->ai_protocol);
-    if (fd >= 0 && connect(fd, i->ai_addr, i->ai_addrlen) != 0) {
-      close(fd);
-      fd = -1;
-    }
-  }
-  freeaddrinfo(ai);
-  return fd;
-}
-
-static int write_all(int fd, const char *b, size_t n) {
-  while (n > 0) {
-    ssize_t w = send(fd, b, n, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR)
-      continue;
-    if (w <= 0)
-      return -1;
-    b += w;
-    n -= (size_t)w;
-  }
-  return 0;
-}
-
-static void close_pair(proxy *p, int i) {
-  close(p->pairs[i][0]);
-  close(p->pairs[i][1]);
-  p->pairs[i][0] = p->pairs[i][1] = -1;
-}
-
-static void accept_one(proxy *p) {
-  int c = accept(p->lfd, NULL, NULL), s, i, refuse;
-  if (c < 0)
-    return;
-  pthread_mutex_lock(&p->mu);
-  refuse = p->refuse;
-  pthread_mutex_unlock(&p->mu);
-  if (refuse || (s = connect_target(p)) < 0) {
-    close(c);
-    return;
-  }
-  for (i = 0; i < MAX_PAIRS; i++)
-    if (p->pairs[i][0] < 0) {
-      p->pairs[i][0] = c;
-      p->pairs[i][1] = s;
-      p->tail_len[i][0] = p->tail_len[i][1] = 0;
-      pthread_mutex_lock(&p->mu);
-      p->accepted++;
-      pthread_mutex_unlock(&p->mu);
-      return;
-    }
-  close(c);
-  close(s);
-}
-
-/* Forwards what side `from` of pair i has, unless the armed cut matches. */
-static void forward(proxy *p, int i, int from) {
-  size_t kept = p->tail_len[i][from], all;
-  char *buf = p->scratch + kept;
-  ssize_t n = recv(p->pairs[i][from], buf, sizeof p->scratch - TAIL, 0);
-  int cut = 0;
-  if (n <= 0) {
-    close_pair(p, i);
-    return;
-  }
-  /* Searched with the bytes before it: the part already forwarded holds
-   * no whole match, or it would have been cut then. */
-  memcpy(p->scratch, p->tail[i][from], kept);
-  all = kept + (size_t)n;
-  pthread_mutex_lock(&p->mu);
-  if (p->armed == (from == 0 ? CUT_REQUEST : CUT_REPLY) &&
-      memmem(p->scratch, all, p->pattern, p->pattern_len)) {
-    p->armed = CUT_NONE;
-    p->cuts++;
-    cut = 1;
-  }
-  pthread_mutex_unlock(&p->mu);
-  if (cut || write_all(p->pairs[i][!from], buf, (size_t)n) != 0) {
-    close_pair(p, i);
-    return;
-  }
-  kept = all < TAIL ? all : TAIL;
-  memcpy(p->tail[i][from], p->scratch + all - kept, kept);
-  p->tail_len[i][from] = kept;
-}
-
-static void *proxy_main(void *arg) {
-  proxy *p = arg;
-  for (;;) {
-    struct pollfd fds[2 + 2 * MAX_PAIRS];
-    int where[2 + 2 * MAX_PAIRS], n = 0, i;
-    fds[n] = (struct pollfd){.fd = p->wake[0], .events = POLLIN};
-    where[n++] = -1;
-    fds[n] = (struct pollfd){.fd = p->lfd, .events = POLLIN};
-    where[n++] = -2;
-    for (i = 0; i < MAX_PAIRS; i++)
-      if (p->pairs[i][0] >= 0) {
-        fds[n] = (struct pollfd){.fd = p->pairs[i][0], .events = POLLIN};
-        where[n++] = 2 * i;
-        fds[n] = (struct pollfd){.fd = p->pairs[i][1], .events = POLLIN};
-        where[n++] = 2 * i + 1;
-      }
-    if (poll(fds, (nfds_t)n, -1) < 0) {
-      if (errno == EINTR)
-        continue;
-      break;
-    }
-    if (fds[0].revents)
-      break;
-    if (fds[1].revents)
-      accept_one(p);
-    for (i = 2; i < n; i++) {
-      int pair = where[i] / 2;
-      /* A pair closed earlier in this pass has nothing more to say. */
-      if (fds[i].revents && p->pairs[pair][0] >= 0)
-        forward(p, pair, where[i] % 2);
-    }
-  }
-  return NULL;
-}
-
-/* Starts the proxy for the server of `url`. 0, or -1 with the reason. */
-static int proxy_start(proxy *p, const char *url) {
-  PQconninfoOption *o = PQconninfoParse(url, NULL), *i;
-  const char *host = NULL, *port = NULL;
-  struct sockaddr_un a = {.sun_family = AF_UNIX};
-  memset(p, 0, sizeof *p);
-  for (int k = 0; k < MAX_PAIRS; k++)
-    p->pairs[k][0] = p->pairs[k][1] = -1;
-  p->lfd = p->wake[0] = p->wake[1] = -1;
-  if (!o) {
-    fprintf(stderr, "proxy: cannot parse IDEM_TEST_PG_URL\n");
-    return -1;
-  }
-  for (i = o; i->keyword; i++) {
-    if (!strcmp(i->keyword, "host") && i->val && *i->val)
-      host = i->val;
-    if (!strcmp(i->keyword, "port") && i->val && *i->val)
-      port = i->val;
-  }
-  snprintf(p->target, sizeof p->target, "%s", host ? host : "/tmp");
-  snprintf(p->port, sizeof p->port, "%s", port ? port : "5432");
-  PQconninfoFree(o);
-  p->target_is_tcp = p->target[0] != '/';
-  pthread_mutex_init(&p->mu, NULL);
-  snprintf(p->dir, sizeof p->dir, "/tmp/idem-link.XXXXXX");
-  if (!mkdtemp(p->dir) || pipe(p->wake) != 0) {
-    fprintf(stderr, "proxy: %s\n", strerror(errno));
-    return -1;
-  }
-  snprintf(a.sun_path, sizeof a.sun_path, "%s/.s.PGSQL.%s", p->dir, p->port);
-  p->lfd = socket(AF_UNIX, SOCK_STREAM, 0);
-  if (p->lfd < 0 || bind(p->lfd, (struct sockaddr *)&a, sizeof a) != 0 ||
-      listen(p->lfd, 16) != 0 ||
-      pthread_create(&p->thread, NULL, proxy_main, p) != 0) {
-    fprintf(stderr, "proxy: listen on %s: %s\n", a.sun_path, strerror(errno));
-    return -1;
-  }
-  return 0;
-}
-
-static void proxy_stop(proxy *p) {
-  char sock[128];
-  if (write(p->wake[1], "x", 1) == 1)
-    pthread_join(p->thread, NULL);
-  for (int i = 0; i < MAX_PAIRS; i++)
-    if (p->pairs[i][0] >= 0)
-      close_pair(p, i);
-  close(p->lfd);
-  close(p->wake[0]);
-  close(p->wake[1]);
-  snprintf(sock, sizeof sock, "%s/.s.PGSQL.%s", p->dir, p->port);
-  unlink(sock);
-  rmdir(p->dir);
-  pthread_mutex_destroy(&p->mu);
-}
-
-/* Arms one cut on the first bytes containing pattern (len bytes, which
- * may hold NULs). */
-static void proxy_arm_bytes(proxy *p, cut_kind kind, const char *pattern,
-                            size_t len) {
-  pthread_mutex_lock(&p->mu);
-  p->armed = kind;
-  if (len > sizeof p->pattern)
-    len = sizeof p->pattern;
-  memcpy(p->pattern, pattern, len);
-  p->pattern_len = len;
-  pthread_mutex_unlock(&p->mu);
-}
-
-static void proxy_arm(proxy *p, cut_kind kind, const char *pattern) {
-  proxy_arm_bytes(p, kind, pattern, strlen(pattern));
-}
-
-static void proxy_refuse(proxy *p, int refuse) {
-  pthread_mutex_lock(&p->mu);
-  p->refuse = refuse;
-  pthread_mutex_unlock(&p->mu);
-}
-
-static int proxy_cuts(proxy *p) {
-  int n;
-  pthread_mutex_lock(&p->mu);
-  n = p->cuts;
-  pthread_mutex_unlock(&p->mu);
-  return n;
-}
-
-static int proxy_accepted(proxy *p) {
-  int n;
-  pthread_mutex_lock(&p->mu);
-  n = p->accepted;
-  pthread_mutex_unlock(&p->mu);
-  return n;
-}
+#include "link_proxy.c"
 
 /* ---- fixture ---------------------------------------------------------------- */
 
@@ -972,6 +712,401 @@ static void test_claim_answer_lost_no_reconnect(void **state) {
   assert_int_equal(count_records(f), 1);
 }
 
+/* ---- a server or network that stops answering ------------------------------ */
+
+/*
+ * The proxy holds a statement or its answer with the connection up, as a
+ * stalled server or middlebox does: neither statement_timeout (the server
+ * never hears the statement, or answered already) nor TCP's timeouts
+ * (packets are acknowledged) end the wait. Each call must still end, by
+ * its connection's deadline (the session's statement_timeout, 1 s here,
+ * and a grace), with the outcome a lost connection has. Every call runs
+ * on a thread of its own, bounded: one that has not returned by BOUND_S is
+ * a failure (the proxy then lets go, so that it can end).
+ */
+#define BOUND_S 30
+#define QUICK "&options=-c%20statement_timeout%3D1000"
+
+typedef struct bounded {
+  void (*run)(struct bounded *b);
+  fixture *f;
+  idem_store *store;
+  idem_id id;
+  char fp[IDEM_FINGERPRINT_SIZE];
+  idem_call_options o;
+  idem_call *c;
+  idem_exec *x;
+  idem_response resp;
+  ticket t;
+  int rc;
+  char msg[512];
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int done;
+  int64_t t_done; /* the monotonic ms it ended at */
+} bounded;
+
+static void *bounded_main(void *arg) {
+  bounded *b = arg;
+  b->run(b);
+  snprintf(b->msg, sizeof b->msg, "%s", idem_errmsg());
+  {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    b->t_done = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+  }
+  pthread_mutex_lock(&b->mu);
+  b->done = 1;
+  pthread_cond_broadcast(&b->cv);
+  pthread_mutex_unlock(&b->mu);
+  return NULL;
+}
+
+/* Waits up to s seconds for b; whether it ended. */
+static int bounded_wait(bounded *b, int s) {
+  struct timespec until;
+  int done;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += s;
+  pthread_mutex_lock(&b->mu);
+  while (!b->done &&
+         pthread_cond_timedwait(&b->cv, &b->mu, &until) != ETIMEDOUT)
+    ;
+  done = b->done;
+  pthread_mutex_unlock(&b->mu);
+  return done;
+}
+
+/* Runs b->run on a thread; fails the test when it does not end within
+ * BOUND_S seconds (after letting the proxy go, and joining). */
+static void run_bounded(bounded *b) {
+  pthread_t t;
+  pthread_mutex_init(&b->mu, NULL);
+  pthread_cond_init(&b->cv, NULL);
+  b->done = 0;
+  assert_int_equal(pthread_create(&t, NULL, bounded_main, b), 0);
+  int done = bounded_wait(b, BOUND_S);
+  if (!done)
+    proxy_release(&b->f->px);
+  pthread_join(t, NULL);
+  pthread_mutex_destroy(&b->mu);
+  pthread_cond_destroy(&b->cv);
+  if (!done)
+    fail_msg("the call did not return within %d s of a stalled connection",
+             BOUND_S);
+}
+
+/* A store through the proxy whose sessions have a statement_timeout of
+ * 1 s. */
+static idem_store *quick_store(const fixture *f) {
+  char url[URL_MAX + 64];
+  idem_store *s = NULL;
+  snprintf(url, sizeof url, "%s%s", f->linked, QUICK);
+  EXPECT_RC(IDEM_OK, idem_store_open(url, NULL, &s));
+  return s;
+}
+
+static void run_claim(bounded *b) {
+  b->rc = idem_claim(b->store, &b->id, b->fp, &b->o, &b->c);
+}
+
+/* The claim's insert, or its answer, held: the claim gives the connection
+ * up at its deadline, sends the insert again on a new one, and holds the
+ * key (PROCEED, attempt 1, one record). */
+static void run_claim_stall(fixture *f, cut_kind kind, const char *pattern,
+                            const char *key) {
+  bounded b = {.run = run_claim, .f = f};
+  const char body[] = "{\"ticket_id\":202}";
+  b.store = quick_store(f);
+  b.id = (idem_id){TENANT, OPERATION, key};
+  fp_of(PAYLOAD, b.fp);
+  /* A connection in the pool first: the claim's statements go out on it. */
+  assert_int_equal(idem_store_check(b.store), IDEM_OK);
+  proxy_arm(&f->px, kind, pattern);
+  run_bounded(&b);
+  if (b.rc != IDEM_OK)
+    fail_msg("claim: %s: %s", idem_rc_name(b.rc), b.msg);
+  assert_int_equal(idem_call_outcome(b.c), IDEM_PROCEED);
+  assert_int_equal(idem_call_attempt(b.c), 1);
+  assert_int_equal(proxy_stalls(&f->px), 1);
+  assert_int_equal(proxy_closed_held(&f->px), 1);
+  assert_int_equal(count_records(f), 1);
+  {
+    idem_response resp = {201, META, strlen(META), body, strlen(body)};
+    EXPECT_RC(IDEM_OK, idem_complete(b.store, b.c, &resp));
+  }
+  idem_call_free(b.c);
+  assert_replays(f, &b.id, b.fp, body, 1);
+  idem_store_close(b.store);
+}
+
+static void test_claim_request_stalls(void **state) {
+  run_claim_stall(*state, STALL_REQUEST, "stall-claim-request",
+                  "stall-claim-request");
+}
+
+static void test_claim_answer_stalls(void **state) {
+  run_claim_stall(*state, STALL_REPLY, "INSERT 0 1", "stall-claim-answer");
+}
+
+static void run_local(bounded *b) {
+  b->rc = idem_execute_local(b->store, &b->id, b->fp, NULL, create_ticket,
+                             &b->t, &b->c);
+}
+
+/* A local action's COMMIT answered, and the answer held: given up at the
+ * deadline, unknown whether it committed (IDEM_EUNAVAILABLE, as for a lost
+ * connection); it had, so the retry replays the one ticket. */
+static void test_local_commit_answer_stalls(void **state) {
+  fixture *f = *state;
+  bounded b = {.run = run_local, .f = f};
+  ticket retry = {.f = f};
+  idem_call *c = NULL;
+  char want[64];
+  b.store = quick_store(f);
+  b.id = (idem_id){TENANT, OPERATION, "stall-local-commit"};
+  b.t.f = f;
+  fp_of(PAYLOAD, b.fp);
+  assert_int_equal(idem_store_check(b.store), IDEM_OK);
+  proxy_arm(&f->px, STALL_REPLY, "COMMIT");
+  run_bounded(&b);
+  EXPECT_RC(IDEM_EUNAVAILABLE, b.rc);
+  assert_null(b.c);
+  if (!strstr(b.msg, "whether it committed is unknown") ||
+      !strstr(b.msg, "no answer within"))
+    fail_msg("message: %s", b.msg);
+  assert_int_equal(proxy_stalls(&f->px), 1);
+  assert_int_equal(b.t.runs, 1);
+  assert_int_equal(count_tickets(f), 1);
+  EXPECT_RC(IDEM_OK, idem_execute_local(b.store, &b.id, b.fp, NULL,
+                                        create_ticket, &retry, &c));
+  assert_int_equal(idem_call_outcome(c), IDEM_REPLAY);
+  assert_int_equal(retry.runs, 0);
+  snprintf(want, sizeof want, "{\"ticket_id\":%ld}", b.t.id);
+  assert_body(c, want);
+  idem_call_free(c);
+  assert_int_equal(count_tickets(f), 1);
+  assert_int_equal(count_records(f), 1);
+  idem_store_close(b.store);
+}
+
+/* Claims the key again and again through the direct handle until told to
+ * stop, counting what it was answered: while the holder's ending is
+ * pending, nobody may take the key over. */
+typedef struct taker {
+  fixture *f;
+  const idem_id *id;
+  const char *fp;
+  int stop, claims, took, replays;
+  pthread_mutex_t mu;
+} taker;
+
+static void *taker_main(void *arg) {
+  taker *t = arg;
+  idem_call_options o = {.lease_ms = 9000};
+  for (;;) {
+    idem_call *c = NULL;
+    pthread_mutex_lock(&t->mu);
+    int stop = t->stop;
+    pthread_mutex_unlock(&t->mu);
+    if (stop)
+      break;
+    if (idem_claim(t->f->other, t->id, t->fp, &o, &c) == IDEM_OK) {
+      idem_outcome out = idem_call_outcome(c);
+      t->claims++;
+      if (out == IDEM_PROCEED || out == IDEM_RECOVER) {
+        t->took++;
+        idem_release(t->f->other, c);
+      }
+      t->replays += out == IDEM_REPLAY;
+    }
+    idem_call_free(c);
+  }
+  return NULL;
+}
+
+static void run_end(bounded *b) {
+  b->rc = idem_execute_end(b->x, IDEM_EXEC_DONE, &b->resp);
+}
+
+/* The holder's renewal is held (the renewer's connection up, no answer)
+ * when its action ends: the ending does not wait for it past its own
+ * lease. It gives the renewal up and stores the response while the lease
+ * holds, and no other caller ever takes the key over. */
+static void test_renewal_stalls_ending_in_time(void **state) {
+  fixture *f = *state;
+  bounded b = {.run = run_end, .f = f};
+  idem_execute_options o = {.call = {.lease_ms = 9000}};
+  const char body[] = "{\"ticket_id\":303}";
+  taker t = {.f = f};
+  pthread_t tt;
+  b.store = quick_store(f);
+  b.id = (idem_id){TENANT, OPERATION, "stall-renewal"};
+  fp_of(PAYLOAD, b.fp);
+  EXPECT_RC(IDEM_OK, idem_execute_begin(b.store, &b.id, PAYLOAD,
+                                        strlen(PAYLOAD), &o, &b.x, &b.c));
+  assert_non_null(b.x);
+  assert_int_equal(idem_call_outcome(b.c), IDEM_PROCEED);
+  /* The first renewal (a third into the lease) is held. */
+  proxy_arm(&f->px, STALL_REQUEST, "unnest(");
+  while (proxy_stalls(&f->px) == 0)
+    usleep(1000);
+  t.id = &b.id;
+  t.fp = b.fp;
+  pthread_mutex_init(&t.mu, NULL);
+  assert_int_equal(pthread_create(&tt, NULL, taker_main, &t), 0);
+  b.resp = (idem_response){201, META, strlen(META), body, strlen(body)};
+  run_bounded(&b);
+  pthread_mutex_lock(&t.mu);
+  t.stop = 1;
+  pthread_mutex_unlock(&t.mu);
+  pthread_join(tt, NULL);
+  pthread_mutex_destroy(&t.mu);
+  if (b.rc != IDEM_OK)
+    fail_msg("execute_end: %s: %s", idem_rc_name(b.rc), b.msg);
+  assert_int_equal(idem_call_state(b.c), IDEM_STATE_COMPLETED);
+  if (t.took)
+    fail_msg("another caller took the key over %d times of %d claims while "
+             "the ending was pending", t.took, t.claims);
+  idem_call_free(b.c);
+  assert_replays(f, &b.id, b.fp, body, 1);
+  {
+    idem_record *r = record_of(f, &b.id);
+    assert_int_equal(r->attempt, 1);
+    assert_int_equal(r->recovered, 0);
+    idem_record_free(r);
+  }
+  assert_int_equal(count_records(f), 1);
+  idem_store_close(b.store);
+}
+
+static void run_wait(bounded *b) {
+  b->rc = idem_claim(b->store, &b->id, b->fp, &b->o, &b->c);
+}
+
+/* The waiters' LISTEN connection goes silent (the notification of the
+ * ending is held): its heartbeat finds it within seconds, and the waiter
+ * asks again and replays the holder's response, long before the holder's
+ * lease (a minute) would have told it anything. */
+static void test_listener_stalls(void **state) {
+  fixture *f = *state;
+  bounded b = {.run = run_wait, .f = f};
+  idem_call_options lease = {.lease_ms = 60000};
+  const char body[] = "{\"ticket_id\":404}";
+  idem_call *holder;
+  b.store = quick_store(f);
+  b.id = (idem_id){TENANT, OPERATION, "stall-listener"};
+  b.o.wait_ms = 120000;
+  fp_of(PAYLOAD, b.fp);
+  holder = claim(f->other, &b.id, b.fp, &lease, IDEM_PROCEED, 1);
+  proxy_arm(&f->px, STALL_REPLY, "idem_ended");
+  pthread_mutex_init(&b.mu, NULL);
+  pthread_cond_init(&b.cv, NULL);
+  {
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, bounded_main, &b), 0);
+    /* The waiter asked to be told: its listener is in force. */
+    while (side_sql(f, "SELECT count(*) FROM {S}.idem_records WHERE watched") !=
+           1) {
+      assert_int_equal(b.done, 0);
+      usleep(1000);
+    }
+    complete_then_replay(f, holder, &b.id, b.fp, body, 1);
+    int done = bounded_wait(&b, BOUND_S);
+    if (!done)
+      proxy_release(&f->px);
+    pthread_join(t, NULL);
+    if (!done)
+      fail_msg("the waiter was not answered within %d s of the ending",
+               BOUND_S);
+  }
+  pthread_mutex_destroy(&b.mu);
+  pthread_cond_destroy(&b.cv);
+  EXPECT_RC(IDEM_OK, b.rc);
+  assert_int_equal(idem_call_outcome(b.c), IDEM_REPLAY);
+  assert_body(b.c, body);
+  assert_int_equal(proxy_stalls(&f->px), 1);
+  idem_call_free(b.c);
+  idem_store_close(b.store);
+}
+
+/* The holder's wall clock steps 30 s back, a renewal lands after it, and
+ * the next one is held. The holder's lease signal is read on its monotonic
+ * clock against the server's: it must come no later than another caller
+ * (deciding by the server's clock) takes the key over, not 30 s after. */
+int clockshift_set(int64_t ms);
+
+static void run_recover_wait(bounded *b) {
+  b->rc = idem_claim(b->store, &b->id, b->fp, &b->o, &b->c);
+}
+
+static void test_holder_clock_step_back(void **state) {
+  fixture *f = *state;
+  idem_execute_options o = {.call = {.lease_ms = 3000}};
+  bounded rival = {.run = run_recover_wait, .f = f};
+  idem_store *quick = quick_store(f);
+  idem_id id = {TENANT, OPERATION, "clock-step-holder"};
+  const char body[] = "{\"ticket_id\":505}";
+  idem_response resp = {201, META, strlen(META), body, strlen(body)};
+  idem_exec *x = NULL;
+  idem_call *held = NULL;
+  int64_t first, t_lost = 0, t_rec = 0;
+  struct timespec ts;
+  pthread_t t;
+
+  EXPECT_RC(IDEM_OK, idem_execute_begin(quick, &id, PAYLOAD, strlen(PAYLOAD),
+                                        &o, &x, &held));
+  assert_int_equal(idem_call_outcome(held), IDEM_PROCEED);
+  first = idem_call_lease_expires_ms(held);
+  assert_int_equal(clockshift_set(-30000), 0);
+  /* One renewal lands after the step (the lease moves on), then the next
+   * is held. */
+  while (idem_call_lease_expires_ms(held) == first)
+    usleep(2000);
+  proxy_arm(&f->px, STALL_REQUEST, "unnest(");
+  while (proxy_stalls(&f->px) == 0)
+    usleep(1000);
+  /* Another caller waits for the key and takes it over at the lease's end,
+   * by the server's clock. */
+  rival.store = f->other;
+  rival.id = id;
+  EXPECT_RC(IDEM_OK, idem_fingerprint(PAYLOAD, strlen(PAYLOAD), 1, rival.fp));
+  rival.o.wait_ms = 60000;
+  pthread_mutex_init(&rival.mu, NULL);
+  pthread_cond_init(&rival.cv, NULL);
+  assert_int_equal(pthread_create(&t, NULL, bounded_main, &rival), 0);
+  {
+    struct pollfd p = {idem_exec_lost_fd(x), POLLIN, 0};
+    if (poll(&p, 1, 60000) == 1 && idem_exec_lost(x)) {
+      clock_gettime(CLOCK_MONOTONIC, &ts);
+      t_lost = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    }
+  }
+  pthread_mutex_lock(&rival.mu);
+  while (!rival.done)
+    pthread_cond_wait(&rival.cv, &rival.mu);
+  pthread_mutex_unlock(&rival.mu);
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  pthread_join(t, NULL);
+  pthread_mutex_destroy(&rival.mu);
+  pthread_cond_destroy(&rival.cv);
+  EXPECT_RC(IDEM_OK, rival.rc);
+  assert_int_equal(idem_call_outcome(rival.c), IDEM_RECOVER);
+  assert_int_equal(idem_call_attempt(rival.c), 2);
+  t_rec = rival.t_done;
+  if (!t_lost)
+    fail_msg("the holder was never told its lease was lost");
+  if (t_lost > t_rec)
+    fail_msg("the holder was told %lld ms after another caller took its key "
+             "over", (long long)(t_lost - t_rec));
+  EXPECT_RC(IDEM_ESTALE, idem_execute_end(x, IDEM_EXEC_DONE, &resp));
+  idem_call_free(held);
+  complete_then_replay(f, rival.c, &id, rival.fp, body, 2);
+  clockshift_set(0);
+  proxy_release(&f->px);
+  idem_store_close(quick);
+}
+
 /* ---- a server that accepts no writes --------------------------------------- */
 
 /*
@@ -1160,6 +1295,12 @@ int main(void) {
       LINK_TEST(test_synchronous_commit_after_reconnect),
       LINK_TEST(test_open_link_closed),
       LINK_TEST(test_secret_in_later_messages),
+      LINK_TEST(test_claim_request_stalls),
+      LINK_TEST(test_claim_answer_stalls),
+      LINK_TEST(test_local_commit_answer_stalls),
+      LINK_TEST(test_renewal_stalls_ending_in_time),
+      LINK_TEST(test_listener_stalls),
+      LINK_TEST(test_holder_clock_step_back),
   };
   if (!url || (strncmp(url, "postgresql://", 13) != 0 &&
                strncmp(url, "postgres://", 11) != 0)) {
@@ -1169,5 +1310,19 @@ int main(void) {
                     "`. scripts/pg.sh && pg_start`)\n");
     return 1;
   }
-  return cmocka_run_group_tests_name("postgresql link", tests, NULL, NULL);
+  {
+    /* clockshift.c steps this process's wall clock when a test says. */
+    static char shift_file[] = "/tmp/idem-clockshift.XXXXXX";
+    int64_t zero = 0;
+    int fd = mkstemp(shift_file), failed;
+    if (fd < 0 || write(fd, &zero, sizeof zero) != (ssize_t)sizeof zero) {
+      perror("clock shift file");
+      return 1;
+    }
+    close(fd);
+    setenv("IDEM_CLOCK_SHIFT_FILE", shift_file, 1);
+    failed = cmocka_run_group_tests_name("postgresql link", tests, NULL, NULL);
+    unlink(shift_file);
+    return failed;
+  }
 }

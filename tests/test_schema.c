@@ -174,7 +174,7 @@ static void make_0_2_store(const char *url, const char *fp) {
   put_0_2_record(url, "old-held", fp, 0, 1);
 }
 
-static int the_schema_version(void) { return is_pg() ? 4 : 2; }
+static int the_schema_version(void) { return is_pg() ? 4 : 3; }
 
 /*
  * A store written by idem 0.2 opened by this one: migrated in place on

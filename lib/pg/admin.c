@@ -141,7 +141,7 @@ static int read_version(pg_store *s, conn *c, int *version, char *err) {
   int exists, rc = IDEM_OK;
   *version = 0;
   snprintf(meta, sizeof meta, "\"%s\".idem_meta", s->schema);
-  res = PQexecParams(c->pg, "SELECT to_regclass($1) IS NOT NULL", 1, NULL, v,
+  res = idem__pg_exec_params(c, "SELECT to_regclass($1) IS NOT NULL", 1, v,
                      NULL, NULL, 0);
   if (PQresultStatus(res) != PGRES_TUPLES_OK) {
     rc = idem__pg_fail(c, res, "schema", err);
@@ -152,7 +152,7 @@ static int read_version(pg_store *s, conn *c, int *version, char *err) {
   PQclear(res);
   if (!exists)
     return IDEM_OK;
-  res = PQexec(c->pg, s->sql_version);
+  res = idem__pg_exec(c, s->sql_version);
   if (PQresultStatus(res) != PGRES_TUPLES_OK)
     rc = idem__pg_fail(c, res, "schema", err);
   else if (PQntuples(res) > 0)
@@ -194,10 +194,10 @@ int idem__pg_ensure_schema(pg_store *s, conn *c, char *err) {
 
   if ((rc = idem__pg_begin(c, err)) != IDEM_OK)
     return rc;
-  res = PQexecParams(c->pg,
+  res = idem__pg_exec_params(c,
                      "SELECT pg_advisory_xact_lock(" SCHEMA_LOCK_CLASS
                      ", hashtext($1))",
-                     1, NULL, v, NULL, NULL, 0);
+                     1, v, NULL, NULL, 0);
   if (PQresultStatus(res) != PGRES_TUPLES_OK) {
     rc = idem__pg_fail(c, res, "schema lock", err);
     PQclear(res);
@@ -299,7 +299,7 @@ int idem__pg_schema_check(const pg_store *s, int version, char *err) {
 
 /* Reads the version on c: IDEM_OK, IDEM_ESCHEMA or the store's error. */
 static int schema_read(pg_store *s, conn *c, char *err) {
-  PGresult *res = PQexec(c->pg, s->sql_version);
+  PGresult *res = idem__pg_exec(c, s->sql_version);
   int rc, version = 0;
   if (PQresultStatus(res) != PGRES_TUPLES_OK) {
     rc = idem__pg_fail(c, res, "read the schema version", err);
@@ -335,10 +335,10 @@ static int operator_begin(pg_store *s, conn *c, char *err) {
     rc = idem__pg_begin(c, err);
   if (rc != IDEM_OK)
     return rc;
-  res = PQexecParams(c->pg,
+  res = idem__pg_exec_params(c,
                      "SELECT pg_advisory_xact_lock_shared(" SCHEMA_LOCK_CLASS
                      ", hashtext($1))",
-                     1, NULL, v, NULL, NULL, 0);
+                     1, v, NULL, NULL, 0);
   if (PQresultStatus(res) != PGRES_TUPLES_OK)
     rc = idem__pg_fail(c, res, "schema lock", err);
   PQclear(res);
@@ -350,7 +350,7 @@ static int operator_begin(pg_store *s, conn *c, char *err) {
 }
 
 int idem__pg_server_version(pg_store *s, conn *c, char *err) {
-  PGresult *res = PQexec(c->pg, "SHOW server_version");
+  PGresult *res = idem__pg_exec(c, "SHOW server_version");
   int rc = IDEM_OK;
   if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
     rc = idem__pg_fail(c, res, "server version", err);
@@ -452,7 +452,7 @@ int idem__pg_check(void *state) {
   if (idem__pg_revived(s, c, &rc, err))
     rc = schema_read(s, c, err);
   if (rc == IDEM_OK) {
-    res = PQexec(c->pg, "SHOW transaction_read_only");
+    res = idem__pg_exec(c, "SHOW transaction_read_only");
     if (PQresultStatus(res) != PGRES_TUPLES_OK) {
       rc = idem__pg_fail(c, res, "check", err);
     } else if (PQntuples(res) > 0 &&

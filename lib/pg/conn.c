@@ -7,11 +7,16 @@
 
 #include "pg.h"
 
+#include "lease.h"
+
 #include <ctype.h>
+#include <errno.h>
+#include <limits.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 /* Leases and retention are capped so that now + period stays a bigint
  * (about 73 million years; "forever" for any caller). */
@@ -24,6 +29,18 @@
 static int standby(const conn *c) {
   const char *v = PQparameterStatus(c->pg, "in_hot_standby");
   return v && !strcmp(v, "on");
+}
+
+/* Why c's connection is gone, as one line: given up at its deadline, or
+ * libpq's text. */
+static void lost_text(const conn *c, char *text, size_t size) {
+  if (c->timed_out)
+    snprintf(text, size,
+             "no answer within %lld ms; the connection was given up (the "
+             "server or the network stopped answering)",
+             (long long)c->deadline_ms);
+  else
+    idem__pg_oneline(text, size, PQerrorMessage(c->pg));
 }
 
 /*
@@ -42,7 +59,7 @@ int idem__pg_fail(conn *c, const PGresult *res, const char *what, char *err) {
 
   snprintf(c->sqlstate, sizeof c->sqlstate, "%s", state ? state : "");
   if (PQstatus(c->pg) == CONNECTION_BAD) {
-    idem__pg_oneline(text, sizeof text, PQerrorMessage(c->pg));
+    lost_text(c, text, sizeof text);
     return idem__pg_failf(err, IDEM_EUNAVAILABLE, "postgresql: %s: %s", what,
                           text[0] ? text : "the connection was lost");
   }
@@ -417,10 +434,16 @@ static int session_setup(pg_store *s, conn *c, char *err) {
   const char *v[1] = {ms};
   PGresult *res;
   int rc = IDEM_OK;
-  int64_t asked = idem__now_ms();
+  int64_t asked = idem__mono_ms();
+  /* Non-blocking, so that no send waits on a server that stopped reading
+   * (idem__pg_await() sends); the setup itself has the bound of a
+   * connection's start. */
+  PQsetnonblocking(c->pg, 1);
+  c->timed_out = 0;
+  c->deadline_ms = IDEM__PG_SETUP_DEADLINE_MS;
   snprintf(ms, sizeof ms, "%d", s->o.busy_timeout_ms);
-  res = PQexecParams(
-      c->pg,
+  res = idem__pg_exec_params(
+      c,
       "SELECT CASE WHEN current_setting('lock_timeout') = '0' THEN "
       "set_config('lock_timeout', $1, false) END, CASE WHEN "
       "current_setting('statement_timeout') = '0' THEN "
@@ -428,13 +451,23 @@ static int session_setup(pg_store *s, conn *c, char *err) {
       "', false) END, CASE WHEN "
       "current_setting('synchronous_commit') IN ('off', 'local', "
       "'remote_write') THEN set_config('synchronous_commit', 'on', false) "
-      "END, (floor(extract(epoch FROM clock_timestamp()) * 1000))::bigint",
-      1, NULL, v, NULL, NULL, 0);
-  if (PQresultStatus(res) != PGRES_TUPLES_OK)
+      "END, (floor(extract(epoch FROM clock_timestamp()) * 1000))::bigint, "
+      "CASE WHEN current_setting('statement_timeout') = '0' THEN 0 ELSE "
+      "(SELECT setting::bigint FROM pg_settings WHERE name = "
+      "'statement_timeout') END",
+      1, v, NULL, NULL, 0);
+  if (PQresultStatus(res) != PGRES_TUPLES_OK) {
     rc = idem__pg_fail(c, res, "session setup", err);
-  else
+  } else {
+    int64_t timeout = strtoll(PQgetvalue(res, 0, 4), NULL, 10);
     idem__pg_clock_reading(s, asked,
                            strtoll(PQgetvalue(res, 0, 3), NULL, 10));
+    if (timeout <= 0)
+      timeout = IDEM__PG_STATEMENT_TIMEOUT_MS;
+    c->deadline_ms = timeout + (timeout / 4 > IDEM__PG_GRACE_MS
+                                    ? timeout / 4
+                                    : IDEM__PG_GRACE_MS);
+  }
   PQclear(res);
   memset(c->prepared, 0, sizeof c->prepared);
   return rc;
@@ -573,12 +606,13 @@ void idem__pg_rollback(conn *c) {
   PGTransactionStatusType ts = PQtransactionStatus(c->pg);
   PGresult *res;
   if (ts == PQTRANS_ACTIVE) {
-    while ((res = PQgetResult(c->pg)))
+    int64_t until = idem__pg_deadline(c);
+    while ((res = idem__pg_result(c, until)))
       PQclear(res);
     ts = PQtransactionStatus(c->pg);
   }
   if (ts == PQTRANS_INTRANS || ts == PQTRANS_INERROR)
-    PQclear(PQexec(c->pg, "ROLLBACK"));
+    PQclear(idem__pg_exec(c, "ROLLBACK"));
 }
 
 void idem__pg_pool_put(pg_store *s, conn *c) {
@@ -598,6 +632,93 @@ void idem__pg_pool_put(pg_store *s, conn *c) {
 
 static const params no_params;
 
+int64_t idem__pg_deadline(const conn *c) {
+  return idem__mono_ms() +
+         (c->deadline_ms > 0 ? c->deadline_ms : IDEM__PG_SETUP_DEADLINE_MS);
+}
+
+/* The deadline passed: the connection is given up. Shutting its socket
+ * down makes libpq read the end of it, as when the server goes: the
+ * statement's result is an error, and every caller's path for a lost
+ * connection (reconnect, "unknown" for a COMMIT) takes over. */
+static void give_up(conn *c) {
+  c->timed_out = 1;
+  if (PQsocket(c->pg) >= 0) {
+    shutdown(PQsocket(c->pg), SHUT_RDWR);
+    PQconsumeInput(c->pg);
+  }
+}
+
+void idem__pg_await(conn *c, int64_t until) {
+  PGconn *pg = c->pg;
+  for (;;) {
+    int flushing = PQflush(pg);
+    struct pollfd p;
+    int64_t left;
+    if (flushing < 0 || PQstatus(pg) == CONNECTION_BAD)
+      return;
+    if (!flushing && !PQisBusy(pg))
+      return;
+    if ((left = until - idem__mono_ms()) <= 0) {
+      give_up(c);
+      return;
+    }
+    p.fd = PQsocket(pg);
+    p.events = (short)(POLLIN | (flushing ? POLLOUT : 0));
+    p.revents = 0;
+    if (p.fd < 0)
+      return;
+    if (poll(&p, 1, left > INT_MAX ? INT_MAX : (int)left) < 0 &&
+        errno != EINTR) {
+      give_up(c);
+      return;
+    }
+    if ((p.revents & (POLLIN | POLLERR | POLLHUP)) && !PQconsumeInput(pg))
+      return; /* lost: PQgetResult() says so at once */
+  }
+}
+
+PGresult *idem__pg_result(conn *c, int64_t until) {
+  idem__pg_await(c, until);
+  return PQgetResult(c->pg);
+}
+
+/* Every result of what was sent, read within until: the first failed one,
+ * else the last. */
+static PGresult *all_results(conn *c, int64_t until) {
+  PGresult *keep = NULL, *r;
+  while ((r = idem__pg_result(c, until))) {
+    ExecStatusType st = PQresultStatus(keep);
+    if (keep && st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK &&
+        st != PGRES_EMPTY_QUERY) {
+      PQclear(r);
+      continue;
+    }
+    PQclear(keep);
+    keep = r;
+    if (PQstatus(c->pg) == CONNECTION_BAD)
+      break;
+  }
+  return keep;
+}
+
+PGresult *idem__pg_exec(conn *c, const char *sql) {
+  int64_t until = idem__pg_deadline(c);
+  if (!PQsendQuery(c->pg, sql))
+    return NULL;
+  return all_results(c, until);
+}
+
+PGresult *idem__pg_exec_params(conn *c, const char *sql, int n,
+                               const char *const *values, const int *lengths,
+                               const int *formats, int binary) {
+  int64_t until = idem__pg_deadline(c);
+  if (!PQsendQueryParams(c->pg, sql, n, NULL, values, lengths, formats,
+                         binary))
+    return NULL;
+  return all_results(c, until);
+}
+
 /*
  * Runs prepared statement which (preparing it first in this session) with
  * binary results. On success *out holds a TUPLES_OK or COMMAND_OK result.
@@ -608,7 +729,9 @@ static int prepare(pg_store *s, conn *c, int which, char name[32], char *err) {
   snprintf(name, 32, "idem__%d", which);
   if (c->prepared[which])
     return IDEM_OK;
-  res = PQprepare(c->pg, name, s->sql[which], 0, NULL);
+  res = PQsendPrepare(c->pg, name, s->sql[which], 0, NULL)
+            ? all_results(c, idem__pg_deadline(c))
+            : NULL;
   if (PQresultStatus(res) != PGRES_COMMAND_OK) {
     rc = idem__pg_fail(c, res, "prepare", err);
     PQclear(res);
@@ -628,7 +751,9 @@ int idem__pg_run_stmt(pg_store *s, conn *c, int which, const params *p,
   *out = NULL;
   if ((rc = prepare(s, c, which, name, err)) != IDEM_OK)
     return rc;
-  res = PQexecPrepared(c->pg, name, p->n, p->v, p->len, p->fmt, 1);
+  res = PQsendQueryPrepared(c->pg, name, p->n, p->v, p->len, p->fmt, 1)
+            ? all_results(c, idem__pg_deadline(c))
+            : NULL;
   st = PQresultStatus(res);
   if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {
     rc = idem__pg_fail(c, res, what, err);
@@ -653,6 +778,7 @@ int idem__pg_run_steps(pg_store *s, conn *c, const step *st, int n, int keep,
   PGresult *res[MAX_STEPS] = {NULL}, *r;
   char name[MAX_STEPS][32];
   int rc = IDEM_OK, i;
+  int64_t until;
 
   *out = NULL;
   c->failed_step = -1;
@@ -671,13 +797,14 @@ int idem__pg_run_steps(pg_store *s, conn *c, const step *st, int n, int keep,
   if (!PQpipelineSync(c->pg))
     goto broken;
   /* Each query's result is followed by a NULL; then the sync's result. */
+  until = idem__pg_deadline(c);
   for (i = 0; i < n; i++) {
-    if (!(res[i] = PQgetResult(c->pg)))
+    if (!(res[i] = idem__pg_result(c, until)))
       goto broken;
-    while ((r = PQgetResult(c->pg)) != NULL)
+    while ((r = idem__pg_result(c, until)) != NULL)
       PQclear(r);
   }
-  r = PQgetResult(c->pg);
+  r = idem__pg_result(c, until);
   if (!r || PQresultStatus(r) != PGRES_PIPELINE_SYNC) {
     PQclear(r);
     goto broken;
@@ -715,16 +842,17 @@ broken:
    * pipeline has results bound the loop. A connection that cannot leave it
    * (the server ended the session, and libpq has not yet read the end) is
    * replaced before its next use, as a broken one is. */
+  until = idem__pg_deadline(c);
   for (i = 0; i < 2 * MAX_STEPS + 4 && PQstatus(c->pg) != CONNECTION_BAD &&
               !PQexitPipelineMode(c->pg);
        i++)
-    if ((r = PQgetResult(c->pg)))
+    if ((r = idem__pg_result(c, until)))
       PQclear(r);
   if (PQpipelineStatus(c->pg) != PQ_PIPELINE_OFF)
     c->unusable = 1;
   if (PQstatus(c->pg) == CONNECTION_BAD || c->unusable) {
     char text[ERR_SIZE];
-    idem__pg_oneline(text, sizeof text, PQerrorMessage(c->pg));
+    lost_text(c, text, sizeof text);
     return idem__pg_failf(
         err, IDEM_EUNAVAILABLE, "postgresql: %s: the connection was lost%s: %s",
         what,
@@ -762,7 +890,7 @@ int idem__pg_run_stmt_retry(pg_store *s, conn *c, int which, const params *p,
 
 /* Transaction control: no data, so a simple query. */
 int idem__pg_run_simple(conn *c, const char *sql, const char *what, char *err) {
-  PGresult *res = PQexec(c->pg, sql);
+  PGresult *res = idem__pg_exec(c, sql);
   int rc = IDEM_OK;
   if (PQresultStatus(res) != PGRES_COMMAND_OK)
     rc = idem__pg_fail(c, res, what, err);
@@ -783,12 +911,12 @@ int idem__pg_begin(conn *c, char *err) {
  * the transaction committed, and the caller must not believe it did.
  */
 int idem__pg_commit(conn *c, char *err) {
-  PGresult *res = PQexec(c->pg, "COMMIT");
+  PGresult *res = idem__pg_exec(c, "COMMIT");
   char text[ERR_SIZE];
   int rc = IDEM_OK;
   if (PQresultStatus(res) != PGRES_COMMAND_OK) {
     if (PQstatus(c->pg) == CONNECTION_BAD) {
-      idem__pg_oneline(text, sizeof text, PQerrorMessage(c->pg));
+      lost_text(c, text, sizeof text);
       rc = idem__pg_failf(err, IDEM_EUNAVAILABLE,
                           "postgresql: the connection was lost during commit; "
                           "whether it committed is unknown: %s",

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 /* One statement for a batch: the arrays name each lease's row and owner. */
@@ -63,63 +64,56 @@ static void put_elem(buf *b, const char *s, int first) {
   put(b, "\"", 1);
 }
 
-void idem__pg_clock_reading(pg_store *s, int64_t asked_ms, int64_t server_ms) {
-  int64_t ahead = server_ms - asked_ms,
-          cur = __atomic_load_n(&s->clock_ahead, __ATOMIC_RELAXED);
-  while (ahead < cur &&
-         !__atomic_compare_exchange_n(&s->clock_ahead, &cur, ahead, 0,
-                                      __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-    ;
+/*
+ * The bound is the latest reading's (the one asked last), not the least
+ * of them: the server's clock may step, and only a reading taken since
+ * knows. Each reading bounds the server's offset from our monotonic clock
+ * from above (the server read its clock after we asked), loosely by the
+ * round trip: a lease then counts as ending that much early, never late.
+ */
+void idem__pg_clock_reading(pg_store *s, int64_t asked_mono,
+                            int64_t server_ms) {
+  pthread_mutex_lock(&s->clock_mu);
+  if (asked_mono >= s->clock_asked) {
+    s->clock_asked = asked_mono;
+    s->clock_ahead = server_ms - asked_mono;
+  }
+  pthread_mutex_unlock(&s->clock_mu);
 }
 
 int64_t idem__pg_clock_ahead(void *state) {
   pg_store *s = state;
-  return __atomic_load_n(&s->clock_ahead, __ATOMIC_RELAXED);
+  int64_t ahead;
+  pthread_mutex_lock(&s->clock_mu);
+  ahead = s->clock_ahead;
+  pthread_mutex_unlock(&s->clock_mu);
+  return ahead;
 }
 
-/* Waits for the statement's result for at most ms; past that it is
- * cancelled. Returns the result, or NULL when it timed out or failed. */
-static PGresult *result_within(PGconn *pg, int64_t ms, int *timed_out) {
+/* The renewal's result, read within ms; past that, or when a holder cuts
+ * it short, the renewer's connection is given up (a renewal that comes
+ * back after its lease ended is of no use: the holder already counts it
+ * lost). */
+static PGresult *renewal_result(conn *c, int64_t ms) {
   int64_t until = idem__mono_ms() + ms;
   PGresult *res, *last = NULL;
-  *timed_out = 0;
-  for (;;) {
-    while (!PQisBusy(pg)) {
-      if (!(res = PQgetResult(pg)))
-        return last;
-      PQclear(last);
-      last = res;
-    }
-    int64_t left = until - idem__mono_ms();
-    if (left <= 0 || *timed_out) {
-      if (!*timed_out) {
-        /* A renewal that comes back after its lease ended is of no use:
-         * the holder already counts it lost. */
-        char msg[256];
-        PGcancel *cancel = PQgetCancel(pg);
-        if (cancel) {
-          PQcancel(cancel, msg, sizeof msg);
-          PQfreeCancel(cancel);
-        }
-        *timed_out = 1;
-      }
-      /* The server answers a cancel at once; then drain as usual. */
-      while ((res = PQgetResult(pg)))
-        PQclear(res);
-      PQclear(last);
-      return NULL;
-    }
-    struct pollfd p = {PQsocket(pg), POLLIN, 0};
-    if (poll(&p, 1, (int)(left > 1000 ? 1000 : left)) < 0 &&
-        errno != EINTR) {
-      PQclear(last);
-      return NULL;
-    }
-    if (!PQconsumeInput(pg)) {
-      PQclear(last);
-      return NULL;
-    }
+  while ((res = idem__pg_result(c, until))) {
+    PQclear(last);
+    last = res;
+    if (PQstatus(c->pg) == CONNECTION_BAD)
+      break;
   }
+  return last;
+}
+
+void idem__pg_interrupt_renewals(void *state) {
+  pg_store *s = state;
+  pthread_mutex_lock(&s->renew_mu);
+  if (s->renew_fd >= 0 && !s->renew_cut) {
+    s->renew_cut = 1;
+    shutdown(s->renew_fd, SHUT_RDWR);
+  }
+  pthread_mutex_unlock(&s->renew_mu);
 }
 
 void idem__pg_run_many(void *state, idem__op **ops, int n) {
@@ -129,7 +123,7 @@ void idem__pg_run_many(void *state, idem__op **ops, int n) {
   conn *c = NULL;
   PGresult *res = NULL;
   int64_t shortest = INT64_MAX, asked = 0;
-  int rc, timed_out = 0;
+  int rc, cut = 0;
 
   put(&t, "{", 1);
   put(&o, "{", 1);
@@ -170,20 +164,29 @@ void idem__pg_run_many(void *state, idem__op **ops, int n) {
   if (!s->renewer && (rc = idem__pg_conn_open(s, &s->renewer, err)) != IDEM_OK)
     goto out;
   c = s->renewer;
-  asked = idem__now_ms();
+  asked = idem__mono_ms();
+  pthread_mutex_lock(&s->renew_mu);
+  s->renew_fd = PQsocket(c->pg);
+  s->renew_cut = 0;
+  pthread_mutex_unlock(&s->renew_mu);
   {
     const char *v[5] = {t.p, o.p, k.p, w.p, l.p};
-    if (!PQsendQueryParams(c->pg, sql, 5, NULL, v, NULL, NULL, 0)) {
-      rc = idem__pg_fail(c, NULL, "renew", err);
-      goto out;
-    }
+    if (PQsendQueryParams(c->pg, sql, 5, NULL, v, NULL, NULL, 0))
+      res = renewal_result(c, shortest);
   }
-  res = result_within(c->pg, shortest, &timed_out);
+  pthread_mutex_lock(&s->renew_mu);
+  s->renew_fd = -1;
+  cut = s->renew_cut;
+  pthread_mutex_unlock(&s->renew_mu);
   if (!res || PQresultStatus(res) != PGRES_TUPLES_OK) {
-    if (timed_out)
+    if (cut)
+      rc = idem__pg_failf(err, IDEM_EUNAVAILABLE,
+                          "postgresql: the renewal had not come back when "
+                          "its holder ended the lease; given up");
+    else if (c->timed_out)
       rc = idem__pg_failf(err, IDEM_EUNAVAILABLE,
                           "postgresql: the renewal did not come back within "
-                          "the lease (%lld ms); cancelled",
+                          "the lease (%lld ms); given up",
                           (long long)shortest);
     else
       rc = idem__pg_fail(c, res, "renew", err);
@@ -247,6 +250,11 @@ out:
  * endings nobody waits for never take the server's notification lock.
  */
 #define CHANNEL "idem_ended"
+/* A listening connection quiet this long is asked a round trip, which
+ * must come back within the deadline: a silent connection is found within
+ * the sum, and its waiters ask the store again. */
+#define HEARTBEAT_MS 2000
+#define HEARTBEAT_DEADLINE_MS 2000
 
 struct idem__pg_listener {
   pg_store *s;
@@ -288,6 +296,21 @@ static int listen_on(idem__pg_listener *l, char *err) {
   return 0;
 }
 
+/* One round trip on a quiet listening connection within
+ * HEARTBEAT_DEADLINE_MS: non-zero when it came back. */
+static int heartbeat(conn *c) {
+  int64_t until = idem__mono_ms() + HEARTBEAT_DEADLINE_MS;
+  PGresult *r;
+  int ok = 0;
+  if (!PQsendQuery(c->pg, "SELECT 1"))
+    return 0;
+  while ((r = idem__pg_result(c, until))) {
+    ok = PQresultStatus(r) == PGRES_TUPLES_OK;
+    PQclear(r);
+  }
+  return ok && PQstatus(c->pg) == CONNECTION_OK;
+}
+
 static void *listener_thread(void *arg) {
   idem__pg_listener *l = arg;
   char err[ERR_SIZE];
@@ -320,18 +343,26 @@ static void *listener_thread(void *arg) {
     }
     struct pollfd p[2] = {{PQsocket(l->c->pg), POLLIN, 0},
                           {l->wake[0], POLLIN, 0}};
-    if (poll(p, 2, -1) < 0 && errno != EINTR)
+    int ready = poll(p, 2, HEARTBEAT_MS);
+    if (ready < 0 && errno != EINTR)
       break;
     if (p[1].revents)
       break;
-    if (p[0].revents) {
-      PGnotify *n;
-      if (!PQconsumeInput(l->c->pg))
-        continue; /* the connection is gone: reconnect above */
-      while ((n = PQnotifies(l->c->pg))) {
-        idem__wait_reported(idem__wait_bucket(n->extra, strlen(n->extra)));
-        PQfreemem(n);
-      }
+    if (ready == 0) {
+      /* Quiet: a connection that went silent (a stalled server or
+       * middlebox, TCP still up) would deliver nothing, and its waiters
+       * would hear nothing. A statement that does not come back in time
+       * gives the connection up: reconnected above, and everyone asks
+       * again meanwhile. */
+      if (!heartbeat(l->c))
+        continue;
+    } else if (p[0].revents && !PQconsumeInput(l->c->pg)) {
+      continue; /* the connection is gone: reconnect above */
+    }
+    PGnotify *n;
+    while ((n = PQnotifies(l->c->pg))) {
+      idem__wait_reported(idem__wait_bucket(n->extra, strlen(n->extra)));
+      PQfreemem(n);
     }
   }
   listener_set(l, 0, 0);
@@ -410,7 +441,7 @@ int idem__pg_watch(void *state, const idem_id *id) {
   {
     const char *v[3] = {id->tenant ? id->tenant : "", id->operation,
                         id->key};
-    res = PQexecParams(c->pg, sql, 3, NULL, v, NULL, NULL, 0);
+    res = idem__pg_exec_params(c, sql, 3, v, NULL, NULL, 0);
     rc = PQresultStatus(res) == PGRES_COMMAND_OK ? IDEM_OK : IDEM_ESTORE;
     PQclear(res);
   }

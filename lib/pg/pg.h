@@ -34,6 +34,13 @@
 #define ERR_SIZE 512
 /* The statement timeout of the store's sessions, unless one was set. */
 #define IDEM__PG_STATEMENT_TIMEOUT "60s"
+#define IDEM__PG_STATEMENT_TIMEOUT_MS 60000
+/* A statement's deadline on our side is the session's statement_timeout
+ * and a quarter of it more, at least this (conn.c). */
+#define IDEM__PG_GRACE_MS 1000
+/* The deadline of a session's setup, before its statement_timeout is
+ * known. */
+#define IDEM__PG_SETUP_DEADLINE_MS 20000
 #define MAX_PARAMS 12
 /* The most statements idem__pg_run_steps() sends in one round trip. */
 #define MAX_STEPS 4
@@ -80,6 +87,13 @@ typedef struct conn {
   /* A pipeline could not be read to its end: what the session holds is
    * unknown, so it is replaced before the next use. */
   int unusable;
+  /* How long a statement may go unanswered before the connection is given
+   * up (ms; idem__pg_await()): the session's statement_timeout, which the
+   * server keeps itself, and a grace for its answer to arrive. */
+  int64_t deadline_ms;
+  /* The last statement was given up at its deadline: the server or the
+   * network stopped answering (idem__pg_fail() says so). */
+  int timed_out;
   struct conn *next;
 } conn;
 
@@ -111,10 +125,16 @@ typedef struct pg_store {
                                   needed (lease.c) */
   conn *renewer; /* the lease scheduler's own connection, so that its
                     renewals never wait behind claims for the pool's */
-  /* How far the server's clock may be ahead of ours, at most (ms; may be
-   * negative): the least of (server time - our time before asking) over
-   * every reading. INT64_MAX until the first. __atomic. */
-  int64_t clock_ahead;
+  /* The renewer's socket while a batch is in flight (-1 otherwise), and
+   * whether a holder cut it short (idem__pg_interrupt_renewals()). */
+  pthread_mutex_t renew_mu;
+  int renew_fd, renew_cut;
+  /* How far the server's clock may be ahead of our monotonic clock, at
+   * most (ms): server time - our monotonic time before asking, of the
+   * reading asked last (clock_asked). INT64_MAX until the first. Under
+   * clock_mu. */
+  pthread_mutex_t clock_mu;
+  int64_t clock_ahead, clock_asked;
 } pg_store;
 
 /* Text parameters go in text format, bytea in binary (no escaping). */
@@ -170,6 +190,31 @@ void idem__pg_rollback(conn *c);
 
 /* ---- conn.c: statements -------------------------------------------- */
 
+/* Every statement idem sends is bounded on this side too: a server or a
+ * middlebox that stops answering with the connection up (which neither
+ * statement_timeout nor TCP timeouts catch) costs a call at most the
+ * connection's deadline_ms, after which the connection is given up as if
+ * it had broken: a write is then "not run" or, for a COMMIT that may have
+ * landed, "unknown", as for any lost connection. */
+
+/* A monotonic deadline deadline_ms from now. */
+int64_t idem__pg_deadline(const conn *c);
+/* Waits until c's next result can be read without blocking, or until the
+ * monotonic time until: then the connection is given up (its socket shut
+ * down, so libpq reads its end: every result after is an error at once,
+ * and the connection reads as lost). Sends what libpq has queued meanwhile
+ * (connections are in non-blocking mode). */
+void idem__pg_await(conn *c, int64_t until);
+/* PQgetResult() bounded by until. */
+PGresult *idem__pg_result(conn *c, int64_t until);
+/* PQexec() and PQexecParams() bounded by c's deadline: sent, then every
+ * result read; returns the first failed result, else the last (NULL only
+ * when nothing could be sent and nothing is known). */
+PGresult *idem__pg_exec(conn *c, const char *sql);
+PGresult *idem__pg_exec_params(conn *c, const char *sql, int n,
+                               const char *const *values, const int *lengths,
+                               const int *formats, int binary);
+
 int idem__pg_run_stmt(pg_store *s, conn *c, int which, const params *p,
                       const char *what, PGresult **out, char *err);
 int idem__pg_run_steps(pg_store *s, conn *c, const step *st, int n, int keep,
@@ -219,10 +264,12 @@ int idem__pg_remove(void *state, const idem_id *id);
 /* ---- lease.c: renewals in batches, watching keys in flight ---------- */
 
 void idem__pg_run_many(void *state, idem__op **ops, int n);
+void idem__pg_interrupt_renewals(void *state);
 int idem__pg_watch(void *state, const idem_id *id);
 /* A reading of the server's clock: server_ms, read by a statement sent at
- * our asked_ms (CLOCK_REALTIME). */
-void idem__pg_clock_reading(pg_store *s, int64_t asked_ms, int64_t server_ms);
+ * our asked_mono (idem__mono_ms()). */
+void idem__pg_clock_reading(pg_store *s, int64_t asked_mono,
+                            int64_t server_ms);
 int64_t idem__pg_clock_ahead(void *state);
 void idem__pg_listener_free(idem__pg_listener *l);
 

@@ -71,6 +71,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 /* Retries of the insert-or-lock step when the row vanishes in between. */
 #define CLAIM_TRIES 8
@@ -379,7 +380,8 @@ static int load_and_decide(pg_store *s, conn *c, idem__op *op, int which,
     now = idem__pg_col_int(res, 0, 9);
     row->recovered = (int)idem__pg_col_int(res, 0, 10);
   }
-  *action = idem__decide_op(op, row, now);
+  /* The server's clock decides both. */
+  *action = idem__decide_op(op, row, now, now);
   if (cl->outcome == IDEM_REPLAY) {
     int status = (int)idem__pg_col_int(res, 0, 5);
     size_t meta_len, body_len, sum_len;
@@ -433,7 +435,7 @@ static int still_held(pg_store *s, conn *c, idem__op *op, int *held) {
  * connection by run_fenced(), or reported IDEM_EUNAVAILABLE when the
  * server could not be reached again, and then retried by the caller. The
  * row tells. ST_COMPLETE: it is completed with this fingerprint and this
- * response (checksum sum). ST_UNKNOWN: it is marked unknown at this
+ * response (checksum sum), at this claim's attempt. ST_UNKNOWN: it is marked unknown at this
  * claim's attempt (a newer holder's mark is not this claim's). ST_RELEASE:
  * it is gone. A renewal that changes nothing has lost the lease.
  */
@@ -462,9 +464,12 @@ static int wrote_before_loss(pg_store *s, conn *c, idem__op *op, int which,
       *done = state == IDEM_STATE_UNKNOWN &&
               (int)idem__pg_col_int(res, 0, 3) == op->claim->attempt;
     else if (which == ST_COMPLETE)
+      /* At this claim's attempt too: the same bytes completed by a newer
+       * holder are that holder's, and this one's write is stale. */
       *done = state == IDEM_STATE_COMPLETED && sum && v && n == strlen(sum) &&
               memcmp(v, sum, n) == 0 && fp && fn == strlen(op->fingerprint) &&
-              memcmp(fp, op->fingerprint, fn) == 0;
+              memcmp(fp, op->fingerprint, fn) == 0 &&
+              (int)idem__pg_col_int(res, 0, 3) == op->claim->attempt;
   }
   PQclear(res);
   return IDEM_OK;
@@ -1065,6 +1070,25 @@ static void pg_close(void *state) {
   conn *c;
   if (!s)
     return;
+  if (idem__closing_forked()) {
+    /* A child of fork() lets go of its parent's handle: PQfinish() would
+     * send a Terminate on the parent's sessions. The child only closes its
+     * own copies of their sockets, so that it never keeps a session of the
+     * parent's open; the memory stays (shared with the parent until one of
+     * them writes it). The listener's thread is not in the child: it is
+     * left, with its socket (close-on-exec, as libpq makes them all). The
+     * pool is read only when no thread of the parent's held it at the
+     * fork. */
+    if (s->renewer && PQsocket(s->renewer->pg) >= 0)
+      close(PQsocket(s->renewer->pg));
+    if (pthread_mutex_trylock(&s->mu) == 0) {
+      for (c = s->idle; c; c = c->next)
+        if (PQsocket(c->pg) >= 0)
+          close(PQsocket(c->pg));
+      pthread_mutex_unlock(&s->mu);
+    }
+    return;
+  }
   idem__pg_listener_free(s->listener);
   idem__pg_conn_close(s->renewer);
   while ((c = s->idle)) {
@@ -1080,6 +1104,8 @@ static void pg_close(void *state) {
   free(s->sql_v4);
   free(s->sql_version);
   pthread_mutex_destroy(&s->mu);
+  pthread_mutex_destroy(&s->renew_mu);
+  pthread_mutex_destroy(&s->clock_mu);
   pthread_cond_destroy(&s->cv);
   free(s->conninfo);
   for (int i = 0; i < s->nsecret; i++)
@@ -1101,6 +1127,10 @@ static int pg_open(const char *target, const idem_store_options *opts,
   if (!s)
     return idem__fail(IDEM_ENOMEM, "postgresql: out of memory");
   pthread_mutex_init(&s->mu, NULL);
+  pthread_mutex_init(&s->renew_mu, NULL);
+  pthread_mutex_init(&s->clock_mu, NULL);
+  s->clock_asked = INT64_MIN;
+  s->renew_fd = -1;
   pthread_cond_init(&s->cv, NULL);
   s->o = *opts;
   if (s->o.busy_timeout_ms <= 0)
@@ -1172,4 +1202,5 @@ const idem__store_methods idem__pg_methods = {
     NULL, /* queue: the engine's runner threads run the calls, one
              connection each */
     pg_cached,
+    idem__pg_interrupt_renewals,
 };

@@ -347,13 +347,14 @@ int idem__sq_resolve(void *state, const idem_id *id, const idem_response *r,
                     id->tenant ? id->tenant : "", id->operation, id->key);
     goto out;
   }
-  if (st == IDEM_STATE_IN_PROGRESS && lease > now && !o->force) {
+  /* Leases are on the boot-time clock. */
+  if (st == IDEM_STATE_IN_PROGRESS && lease > idem__boot_ms() && !o->force) {
     rc = idem__fail(IDEM_ESTATE,
                     "record (%s, %s, %s) is held by a run whose lease ends "
                     "in %.1f s: it may still be acting; wait for the lease "
                     "to end, or force it",
                     id->tenant ? id->tenant : "", id->operation, id->key,
-                    (double)(lease - now) / 1000.0);
+                    (double)(lease - idem__boot_ms()) / 1000.0);
     goto out;
   }
   if (r) {

@@ -204,7 +204,8 @@ int idem__sq_load_and_decide(conn *c, idem__op *op, int64_t now, idem__row *row,
     sqlite3_reset(q);
     return idem__sq_op_read_failed(c, op, "read record");
   }
-  *action = idem__decide_op(op, row, now);
+  /* Leases on the boot-time clock, retention on the wall clock. */
+  *action = idem__decide_op(op, row, now, idem__boot_ms());
   if (op->claim->outcome == IDEM_REPLAY) {
     /* Each pointer first, then its length, as SQLite asks. */
     const void *meta = sqlite3_column_blob(q, 6);
@@ -237,6 +238,7 @@ void idem__sq_cache_later(idem__op *op, int64_t expires_ms, int attempt) {
 static int write_claim(conn *c, idem__op *op, const idem__row *row,
                        idem__action action, int64_t now) {
   idem_call *cl = op->claim;
+  int64_t lease_now = idem__boot_ms();
   sqlite3_stmt *q;
   if (idem__new_token(cl->token) != IDEM_OK)
     return idem__op_fail(op, IDEM_EIO, "%s", idem_errmsg());
@@ -251,7 +253,7 @@ static int write_claim(conn *c, idem__op *op, const idem__row *row,
                         SQLITE_STATIC);
     sqlite3_bind_text(q, 6, cl->token, -1, SQLITE_STATIC);
     sqlite3_bind_int64(q, 7, now);
-    sqlite3_bind_int64(q, 8, idem__deadline(now, op->opts.lease_ms));
+    sqlite3_bind_int64(q, 8, idem__deadline(lease_now, op->opts.lease_ms));
     sqlite3_bind_int64(q, 9, idem__deadline(now, op->opts.retention_ms));
     cl->attempt = 1;
   } else {
@@ -261,7 +263,7 @@ static int write_claim(conn *c, idem__op *op, const idem__row *row,
     idem__sq_bind_id(q, op->id, 1);
     sqlite3_bind_text(q, 4, cl->token, -1, SQLITE_STATIC);
     sqlite3_bind_int64(q, 5, now);
-    sqlite3_bind_int64(q, 6, idem__deadline(now, op->opts.lease_ms));
+    sqlite3_bind_int64(q, 6, idem__deadline(lease_now, op->opts.lease_ms));
     sqlite3_bind_int64(q, 7, idem__deadline(now, op->opts.retention_ms));
     cl->attempt = row->attempt + 1;
   }
@@ -271,7 +273,8 @@ static int write_claim(conn *c, idem__op *op, const idem__row *row,
     return op->rc;
   }
   sqlite3_reset(q);
-  cl->lease_expires_ms = idem__deadline(now, op->opts.lease_ms);
+  cl->lease_expires_ms = idem__deadline(lease_now, op->opts.lease_ms);
+  cl->lease_on_boot = 1;
   return IDEM_OK;
 }
 
@@ -316,6 +319,7 @@ static int write_complete(conn *c, idem__op *op, const idem_response *r,
 /* Release, mark unknown and renew: one fenced statement each. */
 static int write_fenced(conn *c, idem__op *op, int which, int64_t now) {
   sqlite3_stmt *q = idem__sq_stmt(c, which);
+  int64_t lease_now = idem__boot_ms();
   int changed;
   if (!q)
     return idem__sq_op_sqlite_fail(op, c, "prepare");
@@ -324,7 +328,7 @@ static int write_fenced(conn *c, idem__op *op, int which, int64_t now) {
   if (which == ST_UNKNOWN) {
     sqlite3_bind_int64(q, 5, now);
   } else if (which == ST_RENEW) {
-    sqlite3_bind_int64(q, 5, idem__deadline(now, op->lease_ms));
+    sqlite3_bind_int64(q, 5, idem__deadline(lease_now, op->lease_ms));
     sqlite3_bind_int64(q, 6, now);
   }
   if (sqlite3_step(q) != SQLITE_DONE) {
@@ -340,7 +344,7 @@ static int write_fenced(conn *c, idem__op *op, int which, int64_t now) {
                          "attempt or the record was removed",
                          op->id->key);
   if (which == ST_RENEW)
-    op->claim->lease_expires_ms = idem__deadline(now, op->lease_ms);
+    op->claim->lease_expires_ms = idem__deadline(lease_now, op->lease_ms);
   return IDEM_OK;
 }
 
@@ -532,8 +536,9 @@ static const void *col_bytes(sqlite3_stmt *q, int i, size_t *len) {
   return b ? b : "";
 }
 
-/* Columns in RECORD_COLUMNS order. */
-static int row_to_record(sqlite3_stmt *q, idem_record **out) {
+/* Columns in RECORD_COLUMNS order. A lease on the boot-time clock (schema
+ * 3) is shown in Unix ms, as every other time of a record. */
+static int row_to_record(const conn *c, sqlite3_stmt *q, idem_record **out) {
   idem__row_parts p;
   memset(&p, 0, sizeof p);
   p.tenant = col_bytes(q, 0, &p.tenant_len);
@@ -545,6 +550,8 @@ static int row_to_record(sqlite3_stmt *q, idem_record **out) {
   p.created_ms = sqlite3_column_int64(q, 6);
   p.updated_ms = sqlite3_column_int64(q, 7);
   p.lease_expires_ms = sqlite3_column_int64(q, 8);
+  if (p.lease_expires_ms > 0 && c->store->schema_min >= 3)
+    p.lease_expires_ms = idem__lease_to_wall(p.lease_expires_ms);
   p.expires_ms = sqlite3_column_int64(q, 9);
   p.request = col_bytes(q, 10, &p.request_len);
   p.status = sqlite3_column_int(q, 11);
@@ -572,7 +579,7 @@ int idem__sq_get(void *state, const idem_id *id, idem_record **out) {
   if (step == SQLITE_ROW) {
     int version = sqlite3_column_int(q, RECORD_VERSION);
     rc = idem__sq_schema_known(s, version)
-             ? row_to_record(q, out)
+             ? row_to_record(c, q, out)
              : idem__sq_schema_refused(s, version);
   } else if (step == SQLITE_DONE) {
     /* No row read the version: read it on its own. */
@@ -636,7 +643,7 @@ int idem__sq_list(void *state, const idem_filter *f, idem_record_fn fn,
         rc = idem__sq_schema_refused(s, version);
         break;
       }
-      if ((rc = row_to_record(q, &page[n])) != IDEM_OK)
+      if ((rc = row_to_record(c, q, &page[n])) != IDEM_OK)
         break;
       n++;
     }

@@ -33,6 +33,59 @@ static const char schema_v1[] =
 static const char schema_v2[] = "ALTER TABLE idem_records ADD COLUMN "
                                 "recovered INTEGER NOT NULL DEFAULT 0";
 
+/*
+ * Version 3: leases on the boot-time clock (idem__boot_ms()), which no step
+ * of the wall clock moves and every process of the machine shares, so that
+ * a takeover and the holder's own signal of a lost lease are decided on
+ * one time base. Such a lease means something only in the boot that wrote
+ * it: idem_meta's lease_boot names that boot, and the first open after a
+ * restart ends every lease of the boot before (no holder of it is alive).
+ * The migration moves the leases in progress onto the boot clock.
+ */
+static int leases_to_boot_clock(conn *c) {
+  sqlite3_stmt *q = NULL;
+  int rc;
+  int64_t wall = idem__now_ms(), boot = idem__boot_ms();
+  if ((rc = sqlite3_prepare_v2(
+           c->db,
+           "UPDATE idem_records SET lease_expires_ms = lease_expires_ms - ?1 "
+           "+ ?2 WHERE state = 1 AND lease_expires_ms > 0",
+           -1, &q, NULL)) != SQLITE_OK)
+    return rc;
+  sqlite3_bind_int64(q, 1, wall);
+  sqlite3_bind_int64(q, 2, boot);
+  rc = sqlite3_step(q) == SQLITE_DONE ? SQLITE_OK : SQLITE_ERROR;
+  sqlite3_finalize(q);
+  return rc;
+}
+
+/* idem_meta's lease_boot into boot (empty when there is none). */
+static void read_lease_boot(conn *c, char boot[40]) {
+  sqlite3_stmt *q = NULL;
+  boot[0] = '\0';
+  if (sqlite3_prepare_v2(c->db,
+                         "SELECT value FROM idem_meta WHERE name = "
+                         "'lease_boot'",
+                         -1, &q, NULL) == SQLITE_OK &&
+      sqlite3_step(q) == SQLITE_ROW && sqlite3_column_text(q, 0))
+    snprintf(boot, 40, "%s", (const char *)sqlite3_column_text(q, 0));
+  sqlite3_finalize(q);
+}
+
+static int write_lease_boot(conn *c, const char *boot) {
+  sqlite3_stmt *q = NULL;
+  int rc;
+  if ((rc = sqlite3_prepare_v2(c->db,
+                               "INSERT OR REPLACE INTO idem_meta VALUES "
+                               "('lease_boot', ?1)",
+                               -1, &q, NULL)) != SQLITE_OK)
+    return rc;
+  sqlite3_bind_text(q, 1, boot, -1, SQLITE_STATIC);
+  rc = sqlite3_step(q) == SQLITE_DONE ? SQLITE_OK : SQLITE_ERROR;
+  sqlite3_finalize(q);
+  return rc;
+}
+
 /* ---- schema ------------------------------------------------------------ */
 
 /* The schema version, or 0 when the store has none yet. */
@@ -52,17 +105,24 @@ static int read_version(conn *c) {
 int idem__sq_ensure_schema(sq_store *s, conn *c) {
   sqlite3_stmt *q = NULL;
   int version = 0, rc;
+  char boot[40], lease_boot[40];
+  if ((rc = idem__boot_id(boot)) != IDEM_OK)
+    return rc;
   /* The common case reads only: many processes opening one store at once
    * do not queue for the write lock just to find the schema in place. */
   s->schema_min = SCHEMA_VERSION;
   version = read_version(c);
-  if (version == SCHEMA_VERSION)
-    return IDEM_OK;
+  if (version == SCHEMA_VERSION) {
+    read_lease_boot(c, lease_boot);
+    if (!strcmp(lease_boot, boot) || s->o.read_only)
+      return IDEM_OK;
+  }
   /* A reader may not migrate: a store of version 1 (idem 0.2) is read as
-   * it is, without recovered marks. */
-  if (s->o.read_only && version == 1) {
-    s->schema_min = 1;
-    c->v1 = 1;
+   * it is, without recovered marks; one of version 2, with its leases on
+   * the wall clock. */
+  if (s->o.read_only && version >= 1 && version < SCHEMA_VERSION) {
+    s->schema_min = version;
+    c->v1 = version == 1;
     return IDEM_OK;
   }
   if (s->o.read_only)
@@ -106,6 +166,21 @@ int idem__sq_ensure_schema(sq_store *s, conn *c) {
   }
   if (version < 2) {
     if (idem__sq_exec(c, schema_v2) != SQLITE_OK)
+      goto fail;
+  }
+  if (version < 3) {
+    if (leases_to_boot_clock(c) != SQLITE_OK ||
+        write_lease_boot(c, boot) != SQLITE_OK)
+      goto fail;
+  } else {
+    /* The machine restarted since the store's leases were written (read
+     * again under the write lock: another process may have seen to it):
+     * every lease of the boot before has ended. */
+    read_lease_boot(c, lease_boot);
+    if (strcmp(lease_boot, boot) != 0 &&
+        (idem__sq_exec(c, "UPDATE idem_records SET lease_expires_ms = 0 "
+                          "WHERE state = 1") != SQLITE_OK ||
+         write_lease_boot(c, boot) != SQLITE_OK))
       goto fail;
   }
   if (version < SCHEMA_VERSION) {

@@ -48,8 +48,9 @@
 #include <sqlite3.h>
 #include <sys/types.h>
 
-/* 1: idem 0.2; 2: the recovered mark (idem_record.recovered). */
-#define SCHEMA_VERSION 2
+/* 1: idem 0.2; 2: the recovered mark (idem_record.recovered); 3: leases
+ * on the boot-time clock of the boot named in idem_meta's lease_boot. */
+#define SCHEMA_VERSION 3
 #define BATCH_MAX 64
 #define ASYNC_LEADERS 2
 #define CKPT_FRAMES 1000    /* as SQLite's own automatic checkpoint */
@@ -98,7 +99,8 @@ typedef struct sq_store {
   idem_store_options o;
   char version[32];
   /* The oldest schema version this handle's statements read right:
-   * SCHEMA_VERSION, or 1 for a read-only handle on a store of version 1. */
+   * SCHEMA_VERSION, or the store's own for a read-only handle on an older
+   * one (which it may not migrate). */
   int schema_min;
 
   pthread_mutex_t pool_mu;

@@ -18,6 +18,16 @@ static void sq_close(void *state) {
   conn *c;
   if (!s)
     return;
+  /* A child of fork() lets go of its parent's handle and leaves it as it
+   * is: sqlite3_close() there could checkpoint or remove the log of the
+   * parent's connections, or wait on a mutex of SQLite's that a thread of
+   * the parent's held at the fork; the leaders and the checkpointer are not
+   * in the child (a join, or pthread_cond_destroy() on a condition one of
+   * them waited on, would never return). The files stay open in the child
+   * (close-on-exec) and never drop the parent's locks; the memory stays,
+   * shared with the parent until one of them writes it. */
+  if (idem__closing_forked())
+    return;
   if (s->async_started) {
     pthread_mutex_lock(&s->gc_mu);
     s->async_stop = 1;
@@ -205,4 +215,6 @@ const idem__store_methods idem__sqlite_methods = {
     idem__sq_check,
     idem__sq_queue,
     idem__sq_cached,
+    NULL, /* interrupt_renewals: a renewal waits for the file's lock at
+             most the busy timeout */
 };

@@ -21,7 +21,11 @@
  * to twice the lease, so that leases expire under stopped holders; on
  * PostgreSQL it also terminates the workers' server sessions
  * (pg_terminate_backend, a cut connection) and, every --restart-every
- * trials, runs --pg-restart (pg_ctl restart -m immediate). After CHAOS_MS
+ * trials, runs --pg-restart (pg_ctl restart -m immediate). It also steps
+ * the wall clock of every worker, up to a minute either way (clockshift.c,
+ * linked in: the workers are forked, and share the shift's mapped file),
+ * as `date -s` or a bad NTP server would; the clock is set right again
+ * before the recovery pass and the check. After CHAOS_MS
  * the workers finish; the ones still alive are killed. Then a recovery pass
  * takes over every key whose holder died (RECOVER), acts and completes it,
  * as a retrying caller would.
@@ -109,6 +113,10 @@ static void die(const char *fmt, ...) {
   exit(2);
 }
 
+/* clockshift.c: steps this process's wall clock, and its forked
+ * workers'. */
+int clockshift_set(int64_t ms);
+
 static int64_t mono_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -189,7 +197,7 @@ typedef struct config {
 typedef struct totals {
   long trials, calls, errors, effects, local_rows;
   long outcome[7]; /* by idem_outcome */
-  long stale, killed, stopped, restarts, cuts, recovered_at_end;
+  long stale, killed, stopped, restarts, cuts, recovered_at_end, steps;
   long violations;
 } totals;
 
@@ -1260,10 +1268,14 @@ static int trial(const config *cfg, long n, totals *tot) {
       tot->restarts++;
     }
     if (now >= next_fault) {
-      int kind = pick(&rng, cfg->pg ? 5 : 4);
+      /* 0-1 SIGKILL, 2-3 SIGSTOP, 4 a clock step, 5 (PostgreSQL) cuts. */
+      int kind = pick(&rng, is_run ? 4 : cfg->pg ? 6 : 5);
       int idx = pick(&rng, np);
       pid_t target = procs[idx].pid;
       if (kind == 4) {
+        if (clockshift_set(-60000 + (int64_t)pick(&rng, 120001)) == 0)
+          tot->steps++;
+      } else if (kind == 5) {
         if (cut_connections(cfg) >= 0)
           tot->cuts++;
       } else if (is_run) {
@@ -1328,7 +1340,9 @@ static int trial(const config *cfg, long n, totals *tot) {
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
       die("the PostgreSQL restart command failed");
   }
-  /* Leases of dead holders end, then the recovery pass, then the check. */
+  /* The clock set right again; leases of dead holders end, then the
+   * recovery pass, then the check. */
+  clockshift_set(0);
   idem_store *store = NULL;
   int rc = IDEM_EUNAVAILABLE;
   for (int i = 0; i < 300 && rc != IDEM_OK; i++) {
@@ -1419,6 +1433,18 @@ int main(int argc, char **argv) {
     usage();
   cfg.pg = is_pg(cfg.store);
   signal(SIGPIPE, SIG_IGN);
+  {
+    /* The workers' wall clock, stepped by the controller (clockshift.c). */
+    static char shift[4096];
+    int64_t zero = 0;
+    int fd;
+    snprintf(shift, sizeof shift, "%s/clockshift", cfg.dir);
+    fd = open(shift, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0 || write(fd, &zero, sizeof zero) != (ssize_t)sizeof zero)
+      die("cannot make the clock shift file %s: %s", shift, strerror(errno));
+    close(fd);
+    setenv("IDEM_CLOCK_SHIFT_FILE", shift, 1);
+  }
   /* The store exists, with its schema, before the first trial. */
   {
     idem_store *s = NULL;
@@ -1449,14 +1475,15 @@ int main(int argc, char **argv) {
          "proceed %ld, recover %ld, replay %ld, conflict %ld, in_flight %ld, "
          "unknown %ld, errors %ld; stale completions %ld; effects %ld "
          "(local rows %ld); recovered at the end %ld; faults: SIGKILL %ld, "
-         "SIGSTOP/SIGCONT %ld, server restarts %ld, connection cuts %ld; "
-         "violations %ld\n",
+         "SIGSTOP/SIGCONT %ld, clock steps %ld, server restarts %ld, "
+         "connection cuts %ld; violations %ld\n",
          cfg.mode, cfg.pg ? "postgresql" : "sqlite", tot.trials,
          (double)(mono_ms() - t0) / 1000, (unsigned long)cfg.seed, tot.calls,
          tot.outcome[IDEM_PROCEED], tot.outcome[IDEM_RECOVER],
          tot.outcome[IDEM_REPLAY], tot.outcome[IDEM_CONFLICT],
          tot.outcome[IDEM_IN_FLIGHT], tot.outcome[IDEM_UNKNOWN], tot.errors,
          tot.stale, tot.effects, tot.local_rows, tot.recovered_at_end,
-         tot.killed, tot.stopped, tot.restarts, tot.cuts, tot.violations);
+         tot.killed, tot.stopped, tot.steps, tot.restarts, tot.cuts,
+         tot.violations);
   return tot.violations ? 1 : 0;
 }
