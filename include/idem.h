@@ -59,6 +59,14 @@
  *  - idem_store_check(): whether the store can take a write now. An SQLite
  *    handle whose database file is deleted, moved or replaced while it is
  *    open now writes nothing more (IDEM_ESTORE), as one whose -wal file is.
+ *  - Leases are decided on one time base: the SQLite store writes them on
+ *    the boot-time clock (schema 3; a restart ends every lease of the boot
+ *    before), and a holder bounds the PostgreSQL server's clock against
+ *    its monotonic clock, so that no step of the wall clock gives a key two
+ *    owners. On SQLite a completed record's retention ends on both clocks.
+ *  - PostgreSQL: every statement has a deadline on the library's side
+ *    (the session's statement_timeout and a quarter more), and a holder's
+ *    ending does not wait behind a renewal that does not come back.
  *  - IDEM_EFORK (21): a child of fork() that uses its parent's store
  *    handle is refused, and closing that handle in the child neither
  *    waits for the parent's threads nor touches its connections (it hung,

@@ -121,7 +121,8 @@ idem_outcome idem__decide(const idem__row *row, const char *fingerprint,
    * unknown may describe an action that happened; it never expires by
    * itself, or the next call would act a second time. */
   if (!row->exists ||
-      (row->state == IDEM_STATE_COMPLETED && row->expires_ms <= now_ms)) {
+      (row->state == IDEM_STATE_COMPLETED && row->expires_ms <= now_ms &&
+       row->expires_lease_ms <= lease_now_ms)) {
     *action = IDEM__ACT_INSERT;
     return IDEM_PROCEED;
   }

@@ -101,6 +101,11 @@ typedef struct idem__row {
   int attempt;
   int64_t lease_expires_ms;
   int64_t expires_ms;
+  /* A completed record's retention's end on the backend's lease clock too
+   * (the SQLite store's boot-time clock); 0 when not known. It expires
+   * once both have passed: a step of the wall clock forward does not end
+   * it early. */
+  int64_t expires_lease_ms;
   int recovered; /* completed by a holder that recovered (see idem.h) */
 } idem__row;
 

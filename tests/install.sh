@@ -83,14 +83,12 @@ case " $(pkg-config --static --libs idem) " in
   *) ok ;;
 esac
 
-# Linked with libidem.a: `pkg-config --static --libs idem`, with libidem.a
-# taken for -lidem (-l:libidem.a; the system's libraries stay shared).
-libs=$(pkg-config --static --libs idem)
-expect_match "pkg-config --static --libs idem" '(^| )-lidem( |$)' "$libs"
-libs=$(printf '%s\n' "$libs" | sed 's/\(^\| \)-lidem\( \|$\)/\1-l:libidem.a\2/')
+# Linked with libidem.a as it is: `pkg-config --libs idem-static`, no flag
+# rewritten (the system's libraries stay shared).
 cc $CFLAGS_EXTRA -std=c11 -Wall -Wextra -Werror "$HERE/pkg_user.c" \
-  $(pkg-config --cflags idem) $libs -o "$TMP/user_static" 2>"$TMP/cc.log"
-expect_eq "a program links libidem.a with pkg-config --static idem" 0 "$?"
+  $(pkg-config --cflags --libs idem-static) -o "$TMP/user_static" \
+  2>"$TMP/cc.log"
+expect_eq "a program links libidem.a with pkg-config idem-static" 0 "$?"
 cat "$TMP/cc.log" >&2
 readelf -d "$TMP/user_static" | grep -q 'NEEDED.*libidem' &&
   fail "the static program needs a libidem.so" || ok

@@ -171,6 +171,49 @@ static void test_steps_while_renewing(void **state) {
   idem_store_close(other);
 }
 
+/*
+ * A completed record with a 2 s retention, then the clock steps an hour
+ * forward: the record is kept (the same ticket replays, idem_get() finds
+ * it, prune removes nothing), since its retention has not passed. Set
+ * right again and past its retention in fact, the key acts anew. (On
+ * PostgreSQL the server's clock decides, which this test does not step.)
+ */
+static void test_step_forward_keeps_retention(void **state) {
+  fixture *f = *state;
+  idem_id id = {"tenant-a", OPERATION, "clock-retention"};
+  idem_call_options brief = {.retention_ms = 2000};
+  idem_call *c;
+  idem_record *rec = NULL;
+  char fp[IDEM_FINGERPRINT_SIZE], body[64];
+  idem_response r;
+  int64_t removed = -1, t0;
+
+  EXPECT_RC(IDEM_OK, idem_fingerprint(REQ, strlen(REQ), 1, fp));
+  c = CLAIM(f->store, &id, fp, &brief, IDEM_PROCEED);
+  r = ticket(body, sizeof body, 44);
+  EXPECT_RC(IDEM_OK, idem_complete(f->store, c, &r));
+  idem_call_free(c);
+  t0 = mono_now();
+  assert_int_equal(clockshift_set(3600 * 1000), 0);
+  c = CLAIM(f->store, &id, fp, &brief, IDEM_REPLAY);
+  assert_int_equal(ticket_id_of(idem_call_response(c)), 44);
+  idem_call_free(c);
+  EXPECT_RC(IDEM_OK, idem_get(f->store, &id, &rec));
+  assert_int_equal(rec->state, IDEM_STATE_COMPLETED);
+  idem_record_free(rec);
+  EXPECT_RC(IDEM_OK, idem_prune(f->store, &removed));
+  assert_int_equal(removed, 0);
+  assert_int_equal(list_count(f->store, NULL), 1);
+  /* The clock right again, and the retention over in fact. */
+  assert_int_equal(clockshift_set(0), 0);
+  while (mono_now() - t0 < 2100)
+    sleep_ms(20);
+  c = CLAIM(f->store, &id, fp, &brief, IDEM_PROCEED);
+  assert_int_equal(idem_call_attempt(c), 1);
+  EXPECT_RC(IDEM_OK, idem_release(f->store, c));
+  idem_call_free(c);
+}
+
 #define CLOCK_TEST(fn)                                                         \
   cmocka_unit_test_setup_teardown(fn, setup_clock, teardown_clock)
 
@@ -179,6 +222,7 @@ int main(void) {
       CLOCK_TEST(test_step_forward_keeps_the_holder),
       CLOCK_TEST(test_step_back_frees_a_dead_holders_key),
       CLOCK_TEST(test_steps_while_renewing),
+      CLOCK_TEST(test_step_forward_keeps_retention),
   };
   int64_t zero = 0, rc;
   int fd = mkstemp(shift_file);

@@ -160,7 +160,6 @@ int idem__sq_conn_open(sq_store *s, conn **out) {
   if (!c)
     return idem__fail(IDEM_ENOMEM, "sqlite: out of memory");
   c->store = s;
-  c->v1 = s->schema_min == 1;
   rc = sqlite3_open_v2(
       s->path, &c->db,
       (s->o.read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE) |

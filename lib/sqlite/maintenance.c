@@ -38,6 +38,7 @@ int idem__sq_prune_some(sq_store *s, conn *c, int64_t now, char *why,
   q = idem__sq_stmt(c, ST_PRUNE_SOME);
   if (q) {
     sqlite3_bind_int64(q, 1, now);
+    sqlite3_bind_int64(q, 15, idem__boot_ms());
     if (sqlite3_step(q) != SQLITE_DONE) {
       src = sqlite3_extended_errcode(c->db);
       idem__sq_errtext(c->db, why, size);
@@ -286,6 +287,7 @@ int idem__sq_prune(void *state, int64_t *removed) {
     rc = idem__sq_sqlite_fail(c, "prepare");
   } else {
     sqlite3_bind_int64(q, 1, idem__now_ms());
+    sqlite3_bind_int64(q, 15, idem__boot_ms());
     if (sqlite3_step(q) != SQLITE_DONE)
       rc = idem__sq_sqlite_fail(c, "prune");
     else
@@ -377,6 +379,8 @@ int idem__sq_resolve(void *state, const idem_id *id, const idem_response *r,
     sqlite3_bind_blob(q, 8, r->body_len ? r->body : "", (int)r->body_len,
                       SQLITE_STATIC);
     sqlite3_bind_text(q, 9, sum, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(q, 10, idem__deadline(idem__boot_ms(),
+                                             o->retention_ms));
   } else {
     q = idem__sq_stmt(c, ST_RESOLVE_DELETE);
     if (!q) {

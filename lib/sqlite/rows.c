@@ -30,29 +30,36 @@
 #define RECORD_VERSION 16
 
 /* Expired by retention: completed records only. A record in progress or
- * marked unknown may describe an action that happened; it stays. */
-#define EXPIRED_SQL "(state = 2 AND expires_ms <= ?1)"
+ * marked unknown may describe an action that happened; it stays. ?1 is now
+ * in Unix ms, ?15 on the boot-time clock: a completed record's retention
+ * ends by both clocks (schema 3), so that a step of the wall clock forward
+ * does not end it early. Stores of schema 1 and 2 (read-only) have the
+ * wall clock's only. */
+#define EXPIRED_SQL                                                            \
+  "(state = 2 AND expires_ms <= ?1 AND expires_boot_ms <= ?15)"
+#define EXPIRED_SQL_OLD "(state = 2 AND expires_ms <= ?1)"
 /* Past its retention but kept, waiting for a holder or an operator. */
 #define OVERDUE_SQL "(state <> 2 AND expires_ms <= ?1)"
 
 /* A claim's read of its record: columns 0-8, the recovered mark (rec) and
  * the schema version. */
-#define SELECT_SQL(rec)                                                        \
+#define SELECT_SQL(rec, boot)                                                  \
   "SELECT fingerprint, state, attempt, lease_expires_ms, expires_ms, "         \
-  "status, meta, body, checksum, " rec ", " VERSION_SQL " FROM "               \
+  "status, meta, body, checksum, " rec ", " VERSION_SQL ", " boot " FROM "     \
   "idem_records WHERE tenant = ?1 AND operation = ?2 AND key = ?3"
 #define SELECT_RECOVERED 9
 #define SELECT_VERSION 10
+#define SELECT_EXPIRES_BOOT 11
 
-#define GET_SQL(cols)                                                          \
+#define GET_SQL(cols, expired)                                                 \
   "SELECT " cols " FROM idem_records WHERE tenant = ?2 AND operation = ?3 "    \
-  "AND key = ?4 AND NOT " EXPIRED_SQL
+  "AND key = ?4 AND NOT " expired
 
 /* One page after the last record of the previous one (?8-?11). */
-#define LIST_SQL(cols)                                                         \
+#define LIST_SQL(cols, expired)                                                \
   "SELECT " cols " FROM idem_records WHERE (?2 IS NULL OR "                    \
   "tenant = ?2) AND (?3 IS NULL OR operation = ?3) AND (?4 = 0 OR state = "    \
-  "?4) AND (?5 OR NOT " EXPIRED_SQL ") AND (?7 = 0 OR " OVERDUE_SQL ") AND "   \
+  "?4) AND (?5 OR NOT " expired ") AND (?7 = 0 OR " OVERDUE_SQL ") AND "       \
   "(created_ms, tenant, operation, key) > (?8, ?9, ?10, ?11) ORDER BY "        \
   "created_ms, tenant, operation, key LIMIT ?6"
 
@@ -64,7 +71,7 @@
  * may have acted more than once.
  */
 static const char *const sql_text[ST_COUNT] = {
-    [ST_SELECT] = SELECT_SQL("recovered"),
+    [ST_SELECT] = SELECT_SQL("recovered", "expires_boot_ms"),
     [ST_INSERT] =
         "INSERT OR REPLACE INTO idem_records (tenant, operation, key, "
         "fingerprint, request, state, owner, attempt, created_ms, updated_ms, "
@@ -77,8 +84,9 @@ static const char *const sql_text[ST_COUNT] = {
     [ST_COMPLETE] =
         "UPDATE idem_records SET state = 2, owner = NULL, lease_expires_ms = "
         "0, updated_ms = ?5, expires_ms = ?6, status = ?7, meta = ?8, body = "
-        "?9, checksum = ?10, recovered = attempt > 1 WHERE tenant = ?1 AND "
-        "operation = ?2 AND key = ?3 AND owner = ?4 AND state = 1",
+        "?9, checksum = ?10, recovered = attempt > 1, expires_boot_ms = ?11 "
+        "WHERE tenant = ?1 AND operation = ?2 AND key = ?3 AND owner = ?4 AND "
+        "state = 1",
     [ST_RELEASE] = "DELETE FROM idem_records WHERE tenant = ?1 AND operation "
                    "= ?2 AND key = ?3 AND owner = ?4 AND state = 1",
     [ST_UNKNOWN] = "UPDATE idem_records SET state = 3, owner = NULL, "
@@ -88,8 +96,8 @@ static const char *const sql_text[ST_COUNT] = {
     [ST_RENEW] = "UPDATE idem_records SET lease_expires_ms = ?5, updated_ms = "
                  "?6 WHERE tenant = ?1 AND operation = ?2 AND key = ?3 AND "
                  "owner = ?4 AND state = 1",
-    [ST_GET] = GET_SQL(RECORD_COLUMNS("recovered")),
-    [ST_LIST] = LIST_SQL(RECORD_COLUMNS("recovered")),
+    [ST_GET] = GET_SQL(RECORD_COLUMNS("recovered"), EXPIRED_SQL),
+    [ST_LIST] = LIST_SQL(RECORD_COLUMNS("recovered"), EXPIRED_SQL),
     [ST_PRUNE] = "DELETE FROM idem_records WHERE " EXPIRED_SQL,
     [ST_PRUNE_SOME] = "DELETE FROM idem_records WHERE (tenant, operation, "
                       "key) IN (SELECT tenant, operation, key FROM "
@@ -97,8 +105,9 @@ static const char *const sql_text[ST_COUNT] = {
     [ST_RESOLVE_DONE] =
         "UPDATE idem_records SET state = 2, owner = NULL, lease_expires_ms = "
         "0, updated_ms = ?4, expires_ms = MAX(expires_ms, ?5), status = ?6, "
-        "meta = ?7, body = ?8, checksum = ?9, recovered = attempt > 1 WHERE "
-        "tenant = ?1 AND operation = ?2 AND key = ?3 AND state <> 2",
+        "meta = ?7, body = ?8, checksum = ?9, recovered = attempt > 1, "
+        "expires_boot_ms = ?10 WHERE tenant = ?1 AND operation = ?2 AND key = "
+        "?3 AND state <> 2",
     [ST_RESOLVE_DELETE] = "DELETE FROM idem_records WHERE tenant = ?1 AND "
                           "operation = ?2 AND key = ?3 AND state <> 2",
     [ST_DELETE] = "DELETE FROM idem_records WHERE tenant = ?1 AND operation = "
@@ -109,13 +118,15 @@ static const char *const sql_text[ST_COUNT] = {
     [ST_INSERT_DONE] =
         "INSERT OR REPLACE INTO idem_records (tenant, operation, key, "
         "fingerprint, request, state, owner, attempt, created_ms, updated_ms, "
-        "lease_expires_ms, expires_ms, status, meta, body, checksum) VALUES "
-        "(?1, ?2, ?3, ?4, ?5, 2, NULL, 1, ?6, ?6, 0, ?7, ?8, ?9, ?10, ?11)",
+        "lease_expires_ms, expires_ms, status, meta, body, checksum, "
+        "expires_boot_ms) VALUES (?1, ?2, ?3, ?4, ?5, 2, NULL, 1, ?6, ?6, 0, "
+        "?7, ?8, ?9, ?10, ?11, ?12)",
     [ST_TAKEOVER_DONE] =
         "UPDATE idem_records SET state = 2, owner = NULL, attempt = attempt + "
         "1, updated_ms = ?6, lease_expires_ms = 0, expires_ms = ?7, status = "
-        "?8, meta = ?9, body = ?10, checksum = ?11, recovered = 1 WHERE "
-        "tenant = ?1 AND operation = ?2 AND key = ?3 AND fingerprint = ?4",
+        "?8, meta = ?9, body = ?10, checksum = ?11, recovered = 1, "
+        "expires_boot_ms = ?12 WHERE tenant = ?1 AND operation = ?2 AND key = "
+        "?3 AND fingerprint = ?4",
     /* For an action that ended the transaction itself: whether its writes
      * were kept is unknown, and the key must say so (a holder's expired
      * row too; a completed one is left as it is). */
@@ -140,15 +151,24 @@ static const char *const sql_text[ST_COUNT] = {
 /* The reads as they are on a store of schema 1, which a read-only handle
  * reads without migrating it: no record of it is marked. */
 static const char *const sql_text_v1[ST_COUNT] = {
-    [ST_SELECT] = SELECT_SQL("0"),
-    [ST_GET] = GET_SQL(RECORD_COLUMNS("0")),
-    [ST_LIST] = LIST_SQL(RECORD_COLUMNS("0")),
+    [ST_SELECT] = SELECT_SQL("0", "0"),
+    [ST_GET] = GET_SQL(RECORD_COLUMNS("0"), EXPIRED_SQL_OLD),
+    [ST_LIST] = LIST_SQL(RECORD_COLUMNS("0"), EXPIRED_SQL_OLD),
+};
+
+/* The same on a store of schema 2: retention on the wall clock only. */
+static const char *const sql_text_v2[ST_COUNT] = {
+    [ST_SELECT] = SELECT_SQL("recovered", "0"),
+    [ST_GET] = GET_SQL(RECORD_COLUMNS("recovered"), EXPIRED_SQL_OLD),
+    [ST_LIST] = LIST_SQL(RECORD_COLUMNS("recovered"), EXPIRED_SQL_OLD),
 };
 
 sqlite3_stmt *idem__sq_stmt(conn *c, int which) {
   if (!c->st[which]) {
-    const char *sql =
-        c->v1 && sql_text_v1[which] ? sql_text_v1[which] : sql_text[which];
+    const char *const *old = c->store->schema_min == 1   ? sql_text_v1
+                             : c->store->schema_min == 2 ? sql_text_v2
+                                                         : NULL;
+    const char *sql = old && old[which] ? old[which] : sql_text[which];
     if (sqlite3_prepare_v3(c->db, sql, -1, SQLITE_PREPARE_PERSISTENT,
                            &c->st[which], NULL) != SQLITE_OK)
       return NULL;
@@ -194,6 +214,7 @@ int idem__sq_load_and_decide(conn *c, idem__op *op, int64_t now, idem__row *row,
     row->lease_expires_ms = sqlite3_column_int64(q, 3);
     row->expires_ms = sqlite3_column_int64(q, 4);
     row->recovered = sqlite3_column_int(q, SELECT_RECOVERED);
+    row->expires_lease_ms = sqlite3_column_int64(q, SELECT_EXPIRES_BOOT);
     version = sqlite3_column_int(q, SELECT_VERSION);
     if (!idem__sq_schema_known(c->store, version)) {
       sqlite3_reset(q);
@@ -298,6 +319,8 @@ static int write_complete(conn *c, idem__op *op, const idem_response *r,
   sqlite3_bind_blob(q, 9, r->body_len ? r->body : "", (int)r->body_len,
                     SQLITE_STATIC);
   sqlite3_bind_text(q, 10, sum, -1, SQLITE_STATIC);
+  sqlite3_bind_int64(q, 11, idem__deadline(idem__boot_ms(),
+                                           op->opts.retention_ms));
   if (sqlite3_step(q) != SQLITE_DONE) {
     idem__sq_op_sqlite_fail(op, c, "complete");
     sqlite3_reset(q);
@@ -451,6 +474,8 @@ static void run_local(conn *c, idem__op *op, const idem__row *row,
   sqlite3_bind_blob(q, 10, r.body_len ? r.body : "", (int)r.body_len,
                     SQLITE_STATIC);
   sqlite3_bind_text(q, 11, sum, -1, SQLITE_STATIC);
+  sqlite3_bind_int64(q, 12, idem__deadline(idem__boot_ms(),
+                                           op->opts.retention_ms));
   if (sqlite3_step(q) != SQLITE_DONE) {
     idem__sq_op_sqlite_fail(op, c, "write record");
     sqlite3_reset(q);
@@ -574,6 +599,7 @@ int idem__sq_get(void *state, const idem_id *id, idem_record **out) {
     goto out;
   }
   sqlite3_bind_int64(q, 1, idem__now_ms());
+  sqlite3_bind_int64(q, 15, idem__boot_ms());
   idem__sq_bind_id(q, id, 2);
   step = sqlite3_step(q);
   if (step == SQLITE_ROW) {
@@ -625,6 +651,7 @@ int idem__sq_list(void *state, const idem_filter *f, idem_record_fn fn,
       break;
     }
     sqlite3_bind_int64(q, 1, idem__now_ms());
+    sqlite3_bind_int64(q, 15, idem__boot_ms());
     if (f->tenant)
       sqlite3_bind_text(q, 2, f->tenant, -1, SQLITE_STATIC);
     if (f->operation)

@@ -33,6 +33,11 @@ static const char schema_v1[] =
 static const char schema_v2[] = "ALTER TABLE idem_records ADD COLUMN "
                                 "recovered INTEGER NOT NULL DEFAULT 0";
 
+/* Version 3: a completed record's retention ends on the boot-time clock
+ * too (0: not known, as for the records written before). */
+static const char schema_v3[] = "ALTER TABLE idem_records ADD COLUMN "
+                                "expires_boot_ms INTEGER NOT NULL DEFAULT 0";
+
 /*
  * Version 3: leases on the boot-time clock (idem__boot_ms()), which no step
  * of the wall clock moves and every process of the machine shares, so that
@@ -122,7 +127,6 @@ int idem__sq_ensure_schema(sq_store *s, conn *c) {
    * the wall clock. */
   if (s->o.read_only && version >= 1 && version < SCHEMA_VERSION) {
     s->schema_min = version;
-    c->v1 = version == 1;
     return IDEM_OK;
   }
   if (s->o.read_only)
@@ -169,17 +173,21 @@ int idem__sq_ensure_schema(sq_store *s, conn *c) {
       goto fail;
   }
   if (version < 3) {
-    if (leases_to_boot_clock(c) != SQLITE_OK ||
+    if (idem__sq_exec(c, schema_v3) != SQLITE_OK ||
+        leases_to_boot_clock(c) != SQLITE_OK ||
         write_lease_boot(c, boot) != SQLITE_OK)
       goto fail;
   } else {
     /* The machine restarted since the store's leases were written (read
      * again under the write lock: another process may have seen to it):
-     * every lease of the boot before has ended. */
+     * every lease of the boot before has ended, and retention is known on
+     * the wall clock alone. */
     read_lease_boot(c, lease_boot);
     if (strcmp(lease_boot, boot) != 0 &&
         (idem__sq_exec(c, "UPDATE idem_records SET lease_expires_ms = 0 "
                           "WHERE state = 1") != SQLITE_OK ||
+         idem__sq_exec(c, "UPDATE idem_records SET expires_boot_ms = 0 "
+                          "WHERE expires_boot_ms <> 0") != SQLITE_OK ||
          write_lease_boot(c, boot) != SQLITE_OK))
       goto fail;
   }

@@ -88,7 +88,6 @@ struct sq_store;
 typedef struct conn {
   sqlite3 *db;
   struct sq_store *store;
-  int v1;           /* reads a store of schema 1: sql_text_v1 */
   unsigned commits; /* counted by a commit hook: see run_local() */
   sqlite3_stmt *st[ST_COUNT];
   struct conn *next;

@@ -121,5 +121,9 @@ void h1_cleanup(void);
  * connection closed), until its done callback has run. */
 int h1_test_start(xfer *x);
 void h1_feed(xfer *x, const char *p, size_t n);
+/* For tests (tests/fuzz/fuzz_upstream_request.c): the bytes h1 sends for
+ * x's request (x->h1 from h1_new(), after h1_test_start()), owned by
+ * x->h1. 0, or -1 when out of memory. */
+int h1_test_request(xfer *x, const char **bytes, size_t *len);
 
 #endif

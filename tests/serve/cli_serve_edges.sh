@@ -38,10 +38,35 @@ expect_eq "latin-1 header: replayed" true "$(header l2 Idempotent-Replayed)"
 expect_eq "latin-1 header: the replay has it, byte for byte" "$(cd_line l1)" "$(cd_line l2)"
 expect_eq "latin-1 header: one effect" 1 "$(effects latin-1)"
 
+# 3. Many X-Forwarded-For lines: the gateway appends the client's address
+#    to each (its own HTTP/1.1 client, this upstream being at an IP
+#    address); the request it writes once outgrew the buffer sized for it,
+#    and one request crashed the gateway. 90 lines (within the upstream's
+#    limit of 100 headers) reach it, each with the address; 400 lines get
+#    the upstream's own refusal; the gateway answers on.
+xff=""
+i=0
+while [ $i -lt 90 ]; do xff="$xff -H X-Forwarded-For:1"; i=$((i + 1)); done
+# shellcheck disable=SC2086
+curl -s -o "$TMP/x1.b" -w '%{http_code}' $xff "$GW/xff-90" >"$TMP/x1.code"
+expect_eq "90 X-Forwarded-For lines: the upstream's answer" 200 "$(code x1)"
+expect_eq "90 X-Forwarded-For lines: each with the client's address" \
+  "1, 127.0.0.1" \
+  "$(curl -s "$UP/_counts" | python3 -c 'import json,sys; print(json.load(sys.stdin)["last_headers"]["X-Forwarded-For"])')"
+while [ $i -lt 400 ]; do xff="$xff -H X-Forwarded-For:1"; i=$((i + 1)); done
+# shellcheck disable=SC2086
+curl -s -o "$TMP/x2.b" -w '%{http_code}' $xff "$GW/xff-400" >"$TMP/x2.code"
+expect_eq "400 X-Forwarded-For lines: the upstream's refusal, passed on" \
+  431 "$(code x2)"
+kill -0 "$GW_PID" 2>/dev/null && ok || fail "400 X-Forwarded-For lines: the gateway died"
+curl -s -o "$TMP/x3.b" -w '%{http_code}' "$GW/after-xff" >"$TMP/x3.code"
+expect_eq "after them: the gateway answers the next request" "200 True" \
+  "$(code x3) $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["get"])' "$TMP/x3.b")"
+
 stop_gateway "$GW_PID"
 expect_eq "stopped cleanly" 0 "$STOPPED"
 
-# 3. A tenant header sent twice (a front proxy that appends its own to the
+# 4. A tenant header sent twice (a front proxy that appends its own to the
 #    client's) is refused: read first, the client's would pick the tenant
 #    and replay another tenant's answer.
 start_gateway gwt --upstream "$UP" --store "$TMP/gwt.db" --tenant-header X-Tenant || { finish; exit 1; }
