@@ -664,6 +664,12 @@ static idem_exec_result verdict_of(job *j, up_result result,
   }
   if (j->rs.status >= 500 && cfg->no_store_5xx)
     return IDEM_EXEC_NOT_DONE;
+  /* Answers that say the request was not processed, and when to come
+   * back: 408 (too slow to send it), 425 (too early), 429 (too many
+   * requests). Stored, they would be replayed with their old Retry-After
+   * to a client that waited as told; released, the retry gets through. */
+  if (j->rs.status == 408 || j->rs.status == 425 || j->rs.status == 429)
+    return IDEM_EXEC_NOT_DONE;
   /* --max-response bounds the body; the headers have their own bound
    * (upstream.c). */
   if (!(j->meta = stored_meta(&j->rs, &meta_len)) ||
@@ -722,7 +728,8 @@ static void recorded(void *ctx, int rc) {
            j->rs.status);
     break;
   case IDEM_EXEC_NOT_DONE:
-    if (j->result == UP_OK) /* a 5xx with --no-store-5xx: released */
+    if (j->result == UP_OK) /* 408, 425, 429, or a 5xx with
+                               --no-store-5xx: released */
       answer(j,
              pass_on(j->r, j->method, so, &j->rs,
                      note(j, "not-stored; released",

@@ -159,6 +159,20 @@ post f2 fail-1 '{"title":"F"}' /tickets?status=500
 expect_eq "5xx: stored and replayed" "500 500 true 1" \
   "$(code f1) $(code f2) $(header f2 Idempotent-Replayed) $(effects fail-1)"
 
+# 6b. 429, 408 and 425 say the request was not processed (too many
+#     requests, too slow, too early): not stored, the key released, so that
+#     a client that retries as told gets through; that answer is stored.
+for st in 429 408 425; do
+  post "n${st}a" "not-processed-$st" '{"title":"N"}' "/tickets?status_first=$st"
+  expect_match "$st: the answer says it was not stored" "not-stored; released" \
+    "$(header "n${st}a" Idem-Record)"
+  post "n${st}b" "not-processed-$st" '{"title":"N"}' "/tickets?status_first=$st"
+  post "n${st}c" "not-processed-$st" '{"title":"N"}' "/tickets?status_first=$st"
+  expect_eq "$st: passed on, then the retry forwarded, then replayed" \
+    "$st 201  201 true 2 $(json "n${st}b" ticket_id)" \
+    "$(code "n${st}a") $(code "n${st}b") $(header "n${st}b" Idempotent-Replayed) $(code "n${st}c") $(header "n${st}c" Idempotent-Replayed) $(effects "not-processed-$st") $(json "n${st}c" ticket_id)"
+done
+
 # 7. Set-Cookie is passed on, but not stored for replays.
 post s1 cookie-1 '{"title":"C"}' /tickets?cookie=1
 post s2 cookie-1 '{"title":"C"}' /tickets?cookie=1

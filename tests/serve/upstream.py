@@ -18,6 +18,7 @@ it accepts. HTTP/1.1 with keep-alive, one thread per connection.
       ?drop_first=1              acts, then closes the connection without
                                  an answer, for the key's first effect only
       ?status=S                  answers S instead of 201 (after acting)
+      ?status_first=S            answers S the first time for the key
       ?bytes=N                   the answer's body is N bytes of "x"
       ?cookie=1                  adds Set-Cookie: session=...
       ?hop=1                     adds X-Hop-Only, named by Connection
@@ -123,6 +124,8 @@ class Handler(BaseHTTPRequestHandler):
             self.connection.shutdown(socket.SHUT_RDWR)
             return
         status = int(q.get("status", 201))
+        if "status_first" in q and first:
+            status = int(q["status_first"])
         headers = [("Content-Type", "application/json"),
                    ("X-Ticket", str(n))]
         if q.get("hop"):
