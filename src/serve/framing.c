@@ -239,6 +239,14 @@ int serve_check_head(struct MHD_Connection *c, const char *method,
     return refuse(why, 400, "bad-method", "Malformed method",
                   "The method is not an HTTP token (RFC 9110 section "
                   "9.1). Nothing was claimed or forwarded.");
+  /* RFC 9112 section 3: a method longer than any the server implements
+   * is answered 501. Forwarded, it would have been cut to its first
+   * SERVE_METHOD_MAX bytes: another method than the client's. */
+  if (strlen(method) > SERVE_METHOD_MAX)
+    return refuse(why, 501, "method-not-implemented", "Method too long",
+                  "The method is %zu bytes long; this gateway forwards "
+                  "methods of at most %d. Nothing was claimed or forwarded.",
+                  strlen(method), SERVE_METHOD_MAX);
   count = MHD_get_connection_values_n(c, MHD_HEADER_KIND, NULL, NULL);
   fs->cap = count > 0 ? (size_t)count : 1;
   if (!(fs->f = calloc(fs->cap, sizeof *fs->f)))

@@ -308,8 +308,10 @@ static enum MHD_Result collect(void *cls, enum MHD_ValueKind kind,
 static void headers_free(headers *hs) { free(hs->h); }
 
 static int method_protected(const char *method) {
-  char m[40];
-  snprintf(m, sizeof m, ",%s,", method);
+  char m[SERVE_METHOD_MAX + 3];
+  /* Longer methods are refused before (serve_check_head()). */
+  if (snprintf(m, sizeof m, ",%s,", method) >= (int)sizeof m)
+    return 0;
   return strstr(cfg->methods, m) != NULL;
 }
 
@@ -466,7 +468,7 @@ static enum MHD_Result begin(struct MHD_Connection *c, req *r,
 typedef struct job {
   struct MHD_Connection *c;
   req *r;
-  char method[40];
+  char method[SERVE_METHOD_MAX + 1];
   headers hs;
   char addr[INET6_ADDRSTRLEN];
   int json_type;

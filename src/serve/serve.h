@@ -365,6 +365,10 @@ typedef struct serve_refusal {
   char detail[512];
 } serve_refusal;
 
+/* The longest method the gateway forwards (bytes); a longer one is
+ * answered 501 by serve_check_head(). */
+#define SERVE_METHOD_MAX 39
+
 /*
  * The checks of RFC 9112 §3, §5 and §6 made once a request's head is in,
  * on the access handler's first call: method a token; request line with

@@ -63,6 +63,19 @@ curl -s -o "$TMP/x3.b" -w '%{http_code}' "$GW/after-xff" >"$TMP/x3.code"
 expect_eq "after them: the gateway answers the next request" "200 True" \
   "$(code x3) $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["get"])' "$TMP/x3.b")"
 
+# Methods: one longer than the gateway forwards whole (39 bytes) is
+# answered 501 by the gateway (it was cut to its first 39 bytes, another
+# method); one of 39 bytes reaches the upstream, whose own answer is
+# passed on.
+m40=$(printf 'M%.0s' $(seq 40))
+m39=$(printf 'M%.0s' $(seq 39))
+curl -s -o "$TMP/m1.b" -w '%{http_code}' -X "$m40" "$GW/long-method" >"$TMP/m1.code"
+expect_eq "a 40-byte method: 501 from the gateway" \
+  "501 urn:idem:problem:method-not-implemented" "$(code m1) $(json m1 type)"
+curl -s -o "$TMP/m2.b" -D "$TMP/m2.h" -w '%{http_code}' -X "$m39" "$GW/long-method" >"$TMP/m2.code"
+expect_eq "a 39-byte method: the upstream's own answer" "501 text/html" \
+  "$(code m2) $(header m2 Content-Type | cut -d ';' -f 1)"
+
 stop_gateway "$GW_PID"
 expect_eq "stopped cleanly" 0 "$STOPPED"
 
