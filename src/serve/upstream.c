@@ -142,6 +142,11 @@ size_t up_on_header(char *p, size_t size, size_t n, void *arg) {
     s->headers_too_large = 1;
     return 0; /* aborts the transfer */
   }
+  /* After the final header block, libcurl hands on the trailer section:
+   * a trailer line that begins like a status line starts no new answer
+   * (it reset the headers, and the trailers after it became headers). */
+  if (s->in_body)
+    return len;
   if (len >= 5 && strncmp(p, "HTTP/", 5) == 0) {
     int code = status_code(p, len);
     up_free_headers(rs, s);

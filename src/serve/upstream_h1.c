@@ -870,8 +870,11 @@ static void h1_finish(xfer *x, up_result r) {
   free(x->s.connection);
   if (c) {
     c->x = NULL;
-    if (r == UP_OK && h->keep && H.nidle < UP_KEEP_CONNECTIONS &&
-        h1_watch(c, EPOLLIN) == 0) {
+    /* An answer that came before the request was all sent (a 413, a 401
+     * to a large body) leaves the rest unsent: the upstream would read the
+     * next request on the connection as that rest. */
+    if (r == UP_OK && h->keep && h->out_off == h->out_len &&
+        H.nidle < UP_KEEP_CONNECTIONS && h1_watch(c, EPOLLIN) == 0) {
       c->served++;
       c->idle_at = up_now_ms();
       c->in_off = c->in_len = 0;

@@ -105,6 +105,14 @@ send t2 k-trail /x/trailers
 expect_eq "trailers: the body passed on, no trailer as a header" \
   "201 $(json t1 ticket_id) " \
   "$(code t1) $(json t2 ticket_id) $(header t1 X-Trailer)$(header t2 X-Trailer)"
+# A trailer line that begins like a status line starts no new answer.
+send th1 k-trailhttp /x/trailhttp
+send th2 k-trailhttp /x/trailhttp
+expect_eq "a trailer like a status line: the answer as sent, replayed so" \
+  "201 application/json 201 true $(json th1 ticket_id) 1" \
+  "$(code th1) $(header th1 Content-Type) $(code th2) $(header th2 Idempotent-Replayed) $(json th2 ticket_id) $(raw_effects "$A" k-trailhttp)"
+expect_eq "a trailer like a status line: no trailer as a header" "" \
+  "$(header th1 X-After)$(header th2 X-After)$(header th1 X-Evil)"
 
 # 6. The upstream gets the client's request, no more: no Accept, no form
 #    Content-Type that the client did not send.
@@ -407,6 +415,24 @@ send ia2 k-ia2 /x/connid
 expect_eq "idle a second: a new connection, both answered, one effect each" \
   "201 201 yes 1 1" \
   "$(code ia1) $(code ia2) $([ "$(header ia1 X-Conn)" != "$(header ia2 X-Conn)" ] && [ -n "$(header ia2 X-Conn)" ] && echo yes || echo no) $(raw_effects "$RAW" k-ia1) $(raw_effects "$RAW" k-ia2)"
+
+# 14b. The upstream answers (413) before the request's body is all sent:
+#      the connection is not kept, since the rest of the body would be
+#      missing on it. Kept, the next request on it was read by the upstream
+#      as that rest (a 504 after the timeout, the key left in progress; a
+#      body holding a request line smuggled an unkeyed request through).
+start_raw ea || { finish; exit 1; }
+start_gateway ea --upstream "$RAW" --store "$TMP/ea.db" --max-body 64m \
+  --upstream-timeout 5s || { finish; exit 1; }
+head -c 33554432 /dev/zero | tr '\0' 'x' >"$TMP/big.body"
+curl -s -o "$TMP/ea1.b" -w '%{http_code}' -X POST -H 'Idempotency-Key: k-ea1' \
+  -H 'Content-Type: application/octet-stream' --data-binary "@$TMP/big.body" \
+  "$GW/x/early" >"$TMP/ea1.code"
+send ea2 k-ea2 /x/connid
+expect_eq "an early answer: passed on; the next request answered on a new connection" \
+  "413 201 1" \
+  "$(code ea1) $(code ea2) $(raw_effects "$RAW" k-ea2)"
+rm -f "$TMP/big.body"
 
 # 15. An upstream at http://localhost:PORT is the loop's own HTTP/1.1's
 #     too, as libcurl takes it: ::1 first, then 127.0.0.1, whichever the

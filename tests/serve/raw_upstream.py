@@ -22,6 +22,7 @@ kept. CASE says how to answer:
   bighdr     201 with one header of ?bytes=N bytes (default 20000)
   fold       201 with "X-Folded: a" continued on a folded line " b"
   trailers   201, chunked, with a trailer field X-Trailer after the body
+  trailhttp  201, chunked, whose trailer section starts "HTTP/1.1 200 ..."
   body       201 whose body is ?bytes=N bytes of "x"
   hold       acts, writes DIR/held (the number of calls held now), then
              waits until DIR/release exists before answering 201; with
@@ -40,6 +41,11 @@ kept. CASE says how to answer:
   closeeach  201 with Connection: close, then closes the connection
   closeidle  201, keep-alive; then, once DIR/closenow exists, closes the
              connection idle in the gateway's pool and writes DIR/closed
+  early      413 as soon as the head is in, before the body is read (as a
+             server refusing a body too large does), then the body is
+             read and dropped, and the connection kept; a client that
+             stopped sending the body and sent its next request on the
+             connection has that request read as the rest of the body
 
 Control (never counted, never captured):
   GET /_counts     {"effects": {key: n}, "requests": n}
@@ -132,6 +138,13 @@ def answer(case, query, key, ticket, conn, method, cid=0):
         return (b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\n"
                 b"Transfer-Encoding: chunked\r\nTrailer: X-Trailer\r\n\r\n"
                 + b"%x\r\n" % len(body) + body + b"\r\n0\r\nX-Trailer: t\r\n\r\n")
+    if case == "trailhttp":
+        # A trailer field whose line begins like a status line.
+        body = json.dumps({"ticket_id": ticket}).encode()
+        return (b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n"
+                + b"%x\r\n" % len(body) + body + b"\r\n0\r\n"
+                b"HTTP/1.1 200 X-Evil: 1\r\nX-After: 2\r\n\r\n")
     if case == "body":
         n = int(query.get("bytes", "10"))
         return (b"HTTP/1.1 201 Created\r\nX-Ticket: %d\r\nContent-Length: %d"
@@ -206,8 +219,16 @@ def serve(conn, cid):
             head = read_head(f)
             if head is None:
                 return
-            read_body(f, head)
             line = head.split(b"\r\n", 1)[0].decode("latin-1")
+            if line.split(" ")[1].split("?")[0].endswith("/early"):
+                with lock:
+                    state["requests"] += 1
+                    state["last"] = head
+                conn.sendall(b"HTTP/1.1 413 Content Too Large\r\n"
+                             b"Content-Length: 2\r\n\r\n{}")
+                read_body(f, head)
+                continue
+            read_body(f, head)
             method, target = line.split(" ")[0], line.split(" ")[1]
             path, _, qs = target.partition("?")
             query = dict(p.partition("=")[::2] for p in qs.split("&") if p)
