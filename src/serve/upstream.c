@@ -149,9 +149,17 @@ size_t up_on_header(char *p, size_t size, size_t n, void *arg) {
     return len;
   if (len >= 5 && strncmp(p, "HTTP/", 5) == 0) {
     int code = status_code(p, len);
+    /* The version of a request sent as HTTP/1.1 (libcurl's own parser
+     * takes "HTTP/2 200" as well). */
+    if (len < 9 || p[5] != '1' || p[6] != '.' || (p[7] != '0' && p[7] != '1') ||
+        p[8] != ' ') {
+      s->bad_framing = "the status line is not HTTP/1.0 or HTTP/1.1";
+      return 0;
+    }
     up_free_headers(rs, s);
     free(s->connection);
     s->connection = NULL;
+    s->seen_te = 0;
     if (code < 100 || code > 599) {
       s->bad_status = 1;
       return 0;
@@ -168,8 +176,16 @@ size_t up_on_header(char *p, size_t size, size_t n, void *arg) {
     rs->status = code;
     return len;
   }
-  while (len && (p[len - 1] == '\n' || p[len - 1] == '\r'))
+  if (len && p[len - 1] == '\n')
     len--;
+  if (len && p[len - 1] == '\r')
+    len--;
+  /* A CR inside a line (a bare CR: RFC 9112 section 2.2) is refused, as
+   * the gateway's own HTTP/1.1 refuses it. */
+  if (memchr(p, '\r', len)) {
+    s->bad_framing = "a header line holds a bare CR";
+    return 0;
+  }
   if (!len) {
     /* The end of a header block: after the final one, anything more is a
      * trailer section. */
@@ -236,8 +252,26 @@ size_t up_on_header(char *p, size_t size, size_t n, void *arg) {
         s->connection = all;
       }
     }
-    if (strcasecmp(h->name, "Content-Length") == 0 && !rs->content_length)
-      rs->content_length = strdup(h->value);
+    /* Framing that two readers could read two ways (RFC 9112 section
+     * 6.3): Content-Length with Transfer-Encoding, two Content-Lengths
+     * that differ, a Transfer-Encoding other than chunked alone. */
+    if (strcasecmp(h->name, "Content-Length") == 0) {
+      if (s->seen_te || (rs->content_length &&
+                         strcmp(rs->content_length, h->value) != 0))
+        s->bad_framing = "the answer's length is ambiguous (RFC 9112 6.3)";
+      else if (!rs->content_length)
+        rs->content_length = strdup(h->value);
+    } else if (strcasecmp(h->name, "Transfer-Encoding") == 0) {
+      if (rs->content_length || s->seen_te ||
+          strcasecmp(h->value, "chunked") != 0)
+        s->bad_framing = "the answer's length is ambiguous (RFC 9112 6.3)";
+      s->seen_te = 1;
+    }
+    if (s->bad_framing) {
+      free(h->name);
+      free(h->value);
+      return 0;
+    }
     free(h->name);
     free(h->value);
     return size * n;
@@ -530,6 +564,9 @@ static up_result classify(xfer *x, CURLcode cc) {
     r = UP_TOO_LARGE;
   } else if (s->bad_status) {
     up_set_error(rs, "the response's status is not an HTTP status (100-599)");
+    r = UP_INVALID;
+  } else if (s->bad_framing) {
+    up_set_error(rs, "%s", s->bad_framing);
     r = UP_INVALID;
   } else if (s->upgrade) {
     up_set_error(rs, "the upstream switched protocols (101) unasked");

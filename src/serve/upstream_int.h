@@ -38,6 +38,10 @@ typedef struct sink {
   int upgrade;      /* 101 Switching Protocols: refused */
   int in_body;      /* past the final header block: lines now are trailers */
   int bad_status;   /* a status line whose code is not 1xx-5xx */
+  /* The answer's framing cannot be trusted (RFC 9112 sections 2.2, 6.1
+   * and 6.3): what, for the error; the transfer is ended. */
+  const char *bad_framing;
+  int seen_te;      /* the final header block's Transfer-Encoding */
   char *connection; /* the response's Connection header: more hop-by-hop */
 } sink;
 

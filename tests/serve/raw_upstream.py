@@ -33,6 +33,8 @@ kept. CASE says how to answer:
   tegzip     201 with Transfer-Encoding: gzip, chunked
   cl2        201 with two Content-Length headers that differ
   badchunk   201, chunked, whose chunk size is not hex
+  h2status   a status line "HTTP/2 201" to an HTTP/1.1 request
+  barecr     201 with a header line holding a bare CR
   smuggle    201, then the bytes of a second answer nobody asked for
   v10        an HTTP/1.0 201 without Content-Length, its body ended by close
   lf         201 whose lines end in LF alone
@@ -183,6 +185,12 @@ def answer(case, query, key, ticket, conn, method, cid=0):
         return (b"HTTP/1.1 201 Created\r\nContent-Length: %d\r\n"
                 b"Content-Length: %d\r\n\r\n" % (len(body), len(body) + 5)
                 + body + b"xxxxx")
+    if case == "h2status":
+        return (b"HTTP/2 201 Created\r\nContent-Length: %d\r\n\r\n"
+                % len(body) + body)
+    if case == "barecr":
+        return (b"HTTP/1.1 201 Created\r\nX-A: 1\rX-B: 2\r\n"
+                b"Content-Length: %d\r\n\r\n" % len(body) + body)
     if case == "badchunk":
         return (b"HTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\r\n\r\n"
                 b"zz\r\n" + body + b"\r\n0\r\n\r\n")
