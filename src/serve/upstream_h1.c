@@ -757,9 +757,11 @@ static int h1_took(xfer *x, size_t k) {
 }
 
 /* The connection ended (how: why): the end of an answer framed by it, else
- * an answer broken off. */
-static void h1_ended(xfer *x, const char *how) {
-  if (x->h1->framed && x->h1->mode == H1_CLOSE) {
+ * an answer broken off. Only an orderly close (clean: a read of 0 bytes)
+ * ends an answer framed by the close: one cut by a reset (RST) is
+ * incomplete (RFC 9112 section 8), whatever it had sent so far. */
+static void h1_ended(xfer *x, int clean, const char *how) {
+  if (clean && x->h1->framed && x->h1->mode == H1_CLOSE) {
     x->h1->keep = 0;
     h1_finish(x, UP_OK);
   } else {
@@ -786,7 +788,7 @@ static void h1_read(xfer *x) {
     if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
       return;
     if (k <= 0) {
-      h1_ended(x, k == 0 ? "the connection closed" : strerror(errno));
+      h1_ended(x, k == 0, k == 0 ? "the connection closed" : strerror(errno));
       return;
     }
     if (!h1_took(x, (size_t)k) || (size_t)k < room)
@@ -807,7 +809,7 @@ int h1_test_start(xfer *x) {
 
 void h1_feed(xfer *x, const char *p, size_t n) {
   if (!n) {
-    h1_ended(x, "the connection closed");
+    h1_ended(x, 1, "the connection closed");
   } else if (h1_room(x->h1->c, n) != 0) {
     h1_broke(x, "out of memory");
   } else {

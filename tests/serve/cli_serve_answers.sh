@@ -381,7 +381,7 @@ expect_eq "closeeach: three answered, one effect each, consecutive tickets" \
 #     them by the gateway.
 start_raw fr || { finish; exit 1; }
 start_gateway fr --upstream "$RAW" --store "$TMP/fr.db" || { finish; exit 1; }
-for c in clte tegzip cl2 badchunk h2status barecr; do
+for c in clte tegzip cl2 badchunk h2status barecr v10rst; do
   send "$c-1" "k-$c" "/x/$c"
   send "$c-2" "k-$c" "/x/$c"
   expect_eq "$c: refused, then the key is unknown, one effect" \

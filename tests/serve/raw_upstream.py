@@ -37,6 +37,7 @@ kept. CASE says how to answer:
   barecr     201 with a header line holding a bare CR
   smuggle    201, then the bytes of a second answer nobody asked for
   v10        an HTTP/1.0 201 without Content-Length, its body ended by close
+  v10rst     the same, half its body, then a reset (RST) instead of a close
   lf         201 whose lines end in LF alone
   dribble    201, chunked with a chunk extension, one byte per write
   connid     201 with X-Conn: the number of the connection it came on
@@ -56,6 +57,7 @@ Control (never counted, never captured):
 import json
 import os
 import socket
+import struct
 import sys
 import threading
 
@@ -201,6 +203,14 @@ def answer(case, query, key, ticket, conn, method, cid=0):
     if case == "v10":
         conn.sendall(b"HTTP/1.0 201 Created\r\nContent-Type: application/json"
                      b"\r\n\r\n" + body)
+        return None
+    if case == "v10rst":
+        # Framed by the close, then cut by a reset: incomplete.
+        conn.sendall(b"HTTP/1.0 201 Created\r\nContent-Type: application/json"
+                     b"\r\n\r\n" + body[:len(body) // 2])
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                        struct.pack("ii", 1, 0))
+        conn.close()
         return None
     if case == "lf":
         return final(ticket).replace(b"\r\n", b"\n")
