@@ -662,9 +662,11 @@ static struct {
   struct reg {
     uint32_t events;
     int parked;
+    int dirty; /* shut down in the pool, not closed by libcurl yet */
     struct h1conn *h1; /* a connection of h1's own (events unused) */
   } * reg;
   int nreg;
+  int ndirty; /* sockets dirty: forwards take fresh connections meanwhile */
 } L = {.mu = PTHREAD_MUTEX_INITIALIZER,
        .quiesced = PTHREAD_COND_INITIALIZER,
        .epfd = -1,
@@ -768,12 +770,21 @@ static void unwatch(struct reg *r, int fd) {
 }
 
 /* An event on fd: libcurl's, or a parked socket's, which leaves epoll
- * (1). */
+ * (1). A connection in the pool has nothing to say: bytes on it now (a
+ * second answer nobody asked for, the rest of a broken one) would be read
+ * as the next request's answer, and stored under its key. It is shut
+ * down, and until libcurl closes it (it checks its pool for dead
+ * connections about once a second, not when it takes one again) every
+ * forward asks libcurl for a fresh connection, so that none is sent on
+ * it. An upstream that closed the connection is the same case. */
 static int parked_event(int fd) {
   struct reg *r = registered(fd);
   if (!r || !r->parked)
     return 0;
   unwatch(r, fd);
+  shutdown(fd, SHUT_RDWR);
+  r->dirty = 1;
+  L.ndirty++;
   return 1;
 }
 
@@ -784,6 +795,10 @@ static int close_socket(void *arg, curl_socket_t fd) {
   (void)arg;
   if (r)
     unwatch(r, fd);
+  if (fd >= 0 && fd < L.nreg && L.reg[fd].dirty) {
+    L.reg[fd].dirty = 0;
+    L.ndirty--;
+  }
   return close(fd);
 }
 
@@ -881,6 +896,8 @@ static void take_pending(void) {
     if (L.active_list)
       L.active_list->prev_active = x;
     L.active_list = x;
+    if (!x->h1)
+      curl_easy_setopt(x->curl, CURLOPT_FRESH_CONNECT, L.ndirty > 0 ? 1L : 0L);
     if (x->h1)
       h1_start(x);
     else if (curl_multi_add_handle(L.multi, x->curl) != CURLM_OK)

@@ -388,13 +388,23 @@ for c in clte tegzip cl2 badchunk h2status barecr v10rst; do
     "502 urn:idem:problem:upstream-failed 409 urn:idem:problem:outcome-unknown 1" \
     "$(code "$c-1") $(json "$c-1" type) $(code "$c-2") $(json "$c-2" type) $(raw_effects "$RAW" "k-$c")"
 done
+# Bytes after a whole answer (a second answer nobody asked for) are never
+# taken for the next request's answer, on either path.
+send sm1 k-sm1 /x/smuggle
+send sm2 k-sm2 /x/plain
+send sm3 k-sm3 /x/plain
+expect_eq "smuggle: the extra answer never reaches the next request" \
+  "201 201 201 $(($(json sm1 ticket_id) + 1)) $(($(json sm1 ticket_id) + 2)) 1 1 1" \
+  "$(code sm1) $(code sm2) $(code sm3) $(json sm2 ticket_id) $(json sm3 ticket_id) $(raw_effects "$RAW" k-sm1) $(raw_effects "$RAW" k-sm2) $(raw_effects "$RAW" k-sm3)"
+# The same, the extra answer sent once the first was read, while the
+# connection waits in the pool.
+send lt1 k-lt1 /x/late
+wait_for "$RAW_DIR/late" || fail "late: the extra answer was not sent"
+send lt2 k-lt2 /x/plain
+expect_eq "late: the extra answer never reaches the next request" \
+  "201 201 $(($(json lt1 ticket_id) + 1)) 1 1" \
+  "$(code lt1) $(code lt2) $(json lt2 ticket_id) $(raw_effects "$RAW" k-lt1) $(raw_effects "$RAW" k-lt2)"
 if [ "${IDEM_HTTP_CLIENT:-}" != libcurl ]; then
-  send sm1 k-sm1 /x/smuggle
-  send sm2 k-sm2 /x/plain
-  send sm3 k-sm3 /x/plain
-  expect_eq "smuggle: the extra answer never reaches the next request" \
-    "201 201 201 $(($(json sm1 ticket_id) + 1)) $(($(json sm1 ticket_id) + 2)) 1 1 1" \
-    "$(code sm1) $(code sm2) $(code sm3) $(json sm2 ticket_id) $(json sm3 ticket_id) $(raw_effects "$RAW" k-sm1) $(raw_effects "$RAW" k-sm2) $(raw_effects "$RAW" k-sm3)"
   for c in v10 lf dribble; do
     send "$c-1" "k-$c" "/x/$c"
     send "$c-2" "k-$c" "/x/$c"

@@ -38,6 +38,8 @@ kept. CASE says how to answer:
   smuggle    201, then the bytes of a second answer nobody asked for
   v10        an HTTP/1.0 201 without Content-Length, its body ended by close
   v10rst     the same, half its body, then a reset (RST) instead of a close
+  late       201, then 0.3 s later a second answer on the idle connection,
+             and DIR/late
   lf         201 whose lines end in LF alone
   dribble    201, chunked with a chunk extension, one byte per write
   connid     201 with X-Conn: the number of the connection it came on
@@ -204,6 +206,16 @@ def answer(case, query, key, ticket, conn, method, cid=0):
         conn.sendall(b"HTTP/1.0 201 Created\r\nContent-Type: application/json"
                      b"\r\n\r\n" + body)
         return None
+    if case == "late":
+        # A whole answer, then, once it has been read, a second one nobody
+        # asked for on the idle connection; DIR/late says it was sent.
+        conn.sendall(final(ticket))
+        threading.Event().wait(0.3)
+        fake = b'{"ticket_id": -1}'
+        conn.sendall(b"HTTP/1.1 201 Created\r\nContent-Length: %d\r\n\r\n"
+                     % len(fake) + fake)
+        write(os.path.join(DIR, "late"), "1")
+        return b""
     if case == "v10rst":
         # Framed by the close, then cut by a reset: incomplete.
         conn.sendall(b"HTTP/1.0 201 Created\r\nContent-Type: application/json"
