@@ -380,7 +380,7 @@ char *serve_target(const char *uri, serve_refusal *why) {
   static const char hex[] = "0123456789ABCDEF";
   size_t n = strlen(uri), seg = 0, dots = 0;
   char *out, *o;
-  int query = 0;
+  int query = 0, params = 0;
 
   if (uri[0] != '/') {
     refuse(why, 400, "bad-target", "Request target is not a path",
@@ -426,7 +426,9 @@ char *serve_target(const char *uri, serve_refusal *why) {
     /* The path's segments, each decoded, must not be "." or "..": the
      * upstream (or libcurl) would resolve them out of the base path. '\'
      * counts as a separator, and so do an encoded '/' or '\', since some
-     * servers decode before they split. */
+     * servers decode before they split. What follows a ';' in a segment
+     * (path parameters) does not count: servlet containers (Tomcat, Jetty)
+     * drop it before they resolve, so "..;x" is "..". */
     if (!query) {
       sep = !b || (!encoded && b == '?') || d == '/' || d == '\\';
       if (sep) {
@@ -438,7 +440,10 @@ char *serve_target(const char *uri, serve_refusal *why) {
           goto fail;
         }
         seg = dots = 0;
-      } else {
+        params = 0;
+      } else if (d == ';') {
+        params = 1;
+      } else if (!params) {
         seg++;
         dots += d == '.';
       }

@@ -123,7 +123,9 @@ refused "bad percent-encoding" 400 bad-target \
 # 4. Path confinement: nothing outside the base path, however it is spelt.
 for p in /../../internal/admin/delete-all /%2e%2e/%2e%2e/internal/admin/delete-all \
     /%2E./internal /.%2e/internal /a/./b /a/%2E/b /a/.. /tickets/..%2f..%2finternal \
-    '/tickets/..\\internal' /tickets/..%5cinternal; do
+    '/tickets/..\\internal' /tickets/..%5cinternal \
+    '/tickets/..;/internal' '/tickets/..;x=1/internal' '/a/.;/b' \
+    /tickets/%2e%2e%3b/internal '/tickets/.%2e;jsessionid=1/internal'; do
   refused "dot segment $p" 400 dot-segment \
     "POST $p HTTP/1.1\r\nHost: x\r\nIdempotency-Key: dot\r\nContent-Length: 2\r\n\r\n{}"
 done
