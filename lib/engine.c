@@ -463,10 +463,28 @@ static _Thread_local int closing_forked;
 
 int idem__closing_forked(void) { return closing_forked; }
 
+/* How many fork()s made this process, counted in the child by a handler
+ * that the first idem_store_open() installs: a store opened before one of
+ * them is another process's. A load, where getpid() would be a system call
+ * on every claim. __atomic. */
+static unsigned forks;
+static pthread_once_t forks_once = PTHREAD_ONCE_INIT;
+
+static void forked_child(void) {
+  __atomic_add_fetch(&forks, 1, __ATOMIC_RELAXED);
+}
+
+static void count_forks(void) { pthread_atfork(NULL, NULL, forked_child); }
+
+int idem__store_forked(const idem_store *store) {
+  return store->forks != __atomic_load_n(&forks, __ATOMIC_RELAXED);
+}
+
 int idem__store_owned(const idem_store *store, const char *who) {
-  pid_t self = getpid();
-  if (store->pid == self)
+  pid_t self;
+  if (!idem__store_forked(store))
     return IDEM_OK;
+  self = getpid();
   return idem__fail(IDEM_EFORK,
                     "%s: the store was opened by process %ld; after fork() "
                     "a child must open its own store (this is process %ld)",
@@ -610,7 +628,9 @@ int idem_store_open(const char *url, const idem_store_options *opts,
     return idem__fail(IDEM_ENOMEM, "store: out of memory");
   }
   s->methods = m;
+  pthread_once(&forks_once, count_forks);
   s->pid = getpid();
+  s->forks = __atomic_load_n(&forks, __ATOMIC_RELAXED);
   pthread_mutex_init(&s->sched_mu, NULL);
   rc = m->open(target, &o, &s->state);
   free(owned);
@@ -626,7 +646,7 @@ int idem_store_open(const char *url, const idem_store_options *opts,
 void idem_store_close(idem_store *store) {
   if (!store)
     return;
-  if (store->pid != getpid()) {
+  if (idem__store_forked(store)) {
     /* A child of fork() lets go of its parent's handle: memory only. The
      * runners' and the scheduler's threads are not in the child, and a
      * mutex or a condition that one of them held or waited on at the fork

@@ -44,7 +44,7 @@ static void sleep_ms(int64_t ms) {
 int idem_exec_lost_fd(idem_exec *x) {
   /* In a child of fork() the lease is the parent's, and so is the lock
    * that guards its descriptor. */
-  return x && x->running && x->store->pid == getpid()
+  return x && x->running && !idem__store_forked(x->store)
              ? idem__lease_lost_fd(&x->lease)
              : -1;
 }

@@ -25,6 +25,9 @@ void idem__clear_error(void);
  * threads, which are not in the child.
  */
 int idem__store_owned(const idem_store *store, const char *who);
+/* Whether store was opened in another process (this one is a child of
+ * fork() made since). */
+int idem__store_forked(const idem_store *store);
 /*
  * Non-zero while idem_store_close() closes a handle in a child of the
  * process that opened it (see idem_store_close() in idem.h). The backend's

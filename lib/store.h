@@ -206,6 +206,7 @@ struct idem_store {
                                        a key in flight; likewise */
   pid_t pid; /* the process that opened the store: after fork() the child's
                 calls on it fail with IDEM_EFORK (idem__store_owned()) */
+  unsigned forks; /* idem__forks() when it was opened */
 };
 
 /* idem_claim()'s checks: fills op for a claim (op->claim allocated, op->id

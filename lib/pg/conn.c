@@ -683,9 +683,7 @@ PGresult *idem__pg_result(conn *c, int64_t until) {
   return PQgetResult(c->pg);
 }
 
-/* Every result of what was sent, read within until: the first failed one,
- * else the last. */
-static PGresult *all_results(conn *c, int64_t until) {
+PGresult *idem__pg_results(conn *c, int64_t until) {
   PGresult *keep = NULL, *r;
   while ((r = idem__pg_result(c, until))) {
     ExecStatusType st = PQresultStatus(keep);
@@ -706,7 +704,7 @@ PGresult *idem__pg_exec(conn *c, const char *sql) {
   int64_t until = idem__pg_deadline(c);
   if (!PQsendQuery(c->pg, sql))
     return NULL;
-  return all_results(c, until);
+  return idem__pg_results(c, until);
 }
 
 PGresult *idem__pg_exec_params(conn *c, const char *sql, int n,
@@ -716,7 +714,7 @@ PGresult *idem__pg_exec_params(conn *c, const char *sql, int n,
   if (!PQsendQueryParams(c->pg, sql, n, NULL, values, lengths, formats,
                          binary))
     return NULL;
-  return all_results(c, until);
+  return idem__pg_results(c, until);
 }
 
 /*
@@ -730,7 +728,7 @@ static int prepare(pg_store *s, conn *c, int which, char name[32], char *err) {
   if (c->prepared[which])
     return IDEM_OK;
   res = PQsendPrepare(c->pg, name, s->sql[which], 0, NULL)
-            ? all_results(c, idem__pg_deadline(c))
+            ? idem__pg_results(c, idem__pg_deadline(c))
             : NULL;
   if (PQresultStatus(res) != PGRES_COMMAND_OK) {
     rc = idem__pg_fail(c, res, "prepare", err);
@@ -752,7 +750,7 @@ int idem__pg_run_stmt(pg_store *s, conn *c, int which, const params *p,
   if ((rc = prepare(s, c, which, name, err)) != IDEM_OK)
     return rc;
   res = PQsendQueryPrepared(c->pg, name, p->n, p->v, p->len, p->fmt, 1)
-            ? all_results(c, idem__pg_deadline(c))
+            ? idem__pg_results(c, idem__pg_deadline(c))
             : NULL;
   st = PQresultStatus(res);
   if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {

@@ -90,22 +90,6 @@ int64_t idem__pg_clock_ahead(void *state) {
   return ahead;
 }
 
-/* The renewal's result, read within ms; past that, or when a holder cuts
- * it short, the renewer's connection is given up (a renewal that comes
- * back after its lease ended is of no use: the holder already counts it
- * lost). */
-static PGresult *renewal_result(conn *c, int64_t ms) {
-  int64_t until = idem__mono_ms() + ms;
-  PGresult *res, *last = NULL;
-  while ((res = idem__pg_result(c, until))) {
-    PQclear(last);
-    last = res;
-    if (PQstatus(c->pg) == CONNECTION_BAD)
-      break;
-  }
-  return last;
-}
-
 void idem__pg_interrupt_renewals(void *state) {
   pg_store *s = state;
   pthread_mutex_lock(&s->renew_mu);
@@ -171,8 +155,12 @@ void idem__pg_run_many(void *state, idem__op **ops, int n) {
   pthread_mutex_unlock(&s->renew_mu);
   {
     const char *v[5] = {t.p, o.p, k.p, w.p, l.p};
+    /* Read within the shortest lease: past it, or when a holder cuts it
+     * short, the renewer's connection is given up (a renewal that comes
+     * back after its lease ended is of no use: the holder already counts
+     * it lost). */
     if (PQsendQueryParams(c->pg, sql, 5, NULL, v, NULL, NULL, 0))
-      res = renewal_result(c, shortest);
+      res = idem__pg_results(c, idem__mono_ms() + shortest);
   }
   pthread_mutex_lock(&s->renew_mu);
   s->renew_fd = -1;
@@ -299,15 +287,12 @@ static int listen_on(idem__pg_listener *l, char *err) {
 /* One round trip on a quiet listening connection within
  * HEARTBEAT_DEADLINE_MS: non-zero when it came back. */
 static int heartbeat(conn *c) {
-  int64_t until = idem__mono_ms() + HEARTBEAT_DEADLINE_MS;
-  PGresult *r;
-  int ok = 0;
-  if (!PQsendQuery(c->pg, "SELECT 1"))
-    return 0;
-  while ((r = idem__pg_result(c, until))) {
-    ok = PQresultStatus(r) == PGRES_TUPLES_OK;
-    PQclear(r);
-  }
+  PGresult *r =
+      PQsendQuery(c->pg, "SELECT 1")
+          ? idem__pg_results(c, idem__mono_ms() + HEARTBEAT_DEADLINE_MS)
+          : NULL;
+  int ok = PQresultStatus(r) == PGRES_TUPLES_OK;
+  PQclear(r);
   return ok && PQstatus(c->pg) == CONNECTION_OK;
 }
 

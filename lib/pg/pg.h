@@ -207,6 +207,9 @@ int64_t idem__pg_deadline(const conn *c);
 void idem__pg_await(conn *c, int64_t until);
 /* PQgetResult() bounded by until. */
 PGresult *idem__pg_result(conn *c, int64_t until);
+/* Every result of what was sent, read within until: the first failed one,
+ * else the last (NULL when there was none). */
+PGresult *idem__pg_results(conn *c, int64_t until);
 /* PQexec() and PQexecParams() bounded by c's deadline: sent, then every
  * result read; returns the first failed result, else the last (NULL only
  * when nothing could be sent and nothing is known). */
