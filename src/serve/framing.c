@@ -39,7 +39,7 @@ static int is_tchar(unsigned char b) {
          (b >= 'A' && b <= 'Z') || (b && strchr("!#$%&'*+-.^_`|~", b));
 }
 
-static int is_token(const char *s, size_t n) {
+int serve_is_token(const char *s, size_t n) {
   if (!n)
     return 0;
   for (size_t i = 0; i < n; i++)
@@ -235,7 +235,7 @@ int serve_check_head(struct MHD_Connection *c, const char *method,
   int hosts = 0, cls = 0, tes = 0, http11, rc = 0, count;
   char text[52];
 
-  if (!is_token(method, strlen(method)))
+  if (!serve_is_token(method, strlen(method)))
     return refuse(why, 400, "bad-method", "Malformed method",
                   "The method is not an HTTP token (RFC 9110 section "
                   "9.1). Nothing was claimed or forwarded.");
@@ -259,7 +259,7 @@ int serve_check_head(struct MHD_Connection *c, const char *method,
 
   for (size_t i = 0; i < fs->n; i++) {
     const field *f = &fs->f[i];
-    if (!is_token(f->name, f->nl)) {
+    if (!serve_is_token(f->name, f->nl)) {
       rc = refuse(why, 400, "bad-header", "Malformed header line",
                   "The header name \"%s\" is not an HTTP token (RFC 9110 "
                   "section 5.1): no spaces, no whitespace before the colon. "

@@ -365,6 +365,10 @@ typedef struct serve_refusal {
   char detail[512];
 } serve_refusal;
 
+/* Non-zero for a token (RFC 9110 5.6.2) of n > 0 bytes: a method, a header
+ * field's name, in a request or in an upstream's answer. */
+int serve_is_token(const char *s, size_t n);
+
 /* The longest method the gateway forwards (bytes); a longer one is
  * answered 501 by serve_check_head(). */
 #define SERVE_METHOD_MAX 39

@@ -128,7 +128,7 @@ static int status_code(const char *p, size_t len) {
  * fields, then an empty line; again for every response, interim (1xx) ones
  * first. Only the final response's fields are kept; a 1xx's are dropped
  * (they are hints for the hop they came over), a folded line (obs-fold)
- * continues the field before it, and fields after the body (trailers) are
+ * is refused, and fields after the body (trailers) are
  * dropped: they are not headers and a replay must not make them so.
  */
 size_t up_on_header(char *p, size_t size, size_t n, void *arg) {
@@ -201,26 +201,21 @@ size_t up_on_header(char *p, size_t size, size_t n, void *arg) {
   if (s->interim || s->in_body)
     return size * n;
   if (*p == ' ' || *p == '\t') {
-    /* obs-fold: RFC 9112 5.2 lets a proxy replace it with a space. */
-    up_header *h;
-    char *v;
-    size_t old;
-    if (!rs->nheaders)
-      return size * n;
-    h = &rs->headers[rs->nheaders - 1];
-    while (len && (*p == ' ' || *p == '\t'))
-      p++, len--;
-    old = strlen(h->value);
-    if (!(v = realloc(h->value, old + 1 + len + 1)))
-      return 0;
-    v[old] = ' ';
-    memcpy(v + old + 1, p, len);
-    v[old + 1 + len] = 0;
-    h->value = v;
-    return size * n;
+    /* obs-fold (RFC 9112 5.2): refused with 502, as nginx refuses it. Joined
+     * to the field before, a continuation of a dropped hop-by-hop field
+     * (Connection) would land on whichever field was kept before it, and a
+     * folded "Connection: close" would go unseen. */
+    s->bad_framing = "the answer has a folded header line (obs-fold)";
+    return 0;
   }
-  if (!(colon = memchr(p, ':', len)))
-    return size * n;
+  /* A line that is not "token: value" (RFC 9110 5.1), refused as the
+   * gateway's own HTTP/1.1 refuses it: libcurl passes "X A: 1" on. */
+  if (!(colon = memchr(p, ':', len)) ||
+      !serve_is_token(p, (size_t)(colon - p))) {
+    s->bad_framing = "the answer has a header line that is not \"name: "
+                     "value\"";
+    return 0;
+  }
   nl = (size_t)(colon - p);
   colon++;
   while (colon < p + len && (*colon == ' ' || *colon == '\t'))

@@ -85,7 +85,7 @@ typedef struct h1x {
   int is_head;
   double connect_by, answer_by; /* 0: none */
   /* The framing headers of the header block being read. */
-  int v10, cl_n, cl_bad, te_n, te_chunked, conn_close, last_framing;
+  int v10, cl_n, cl_bad, te_n, te_chunked, conn_close;
   uint64_t cl;
 } h1x;
 
@@ -453,18 +453,6 @@ static void h1_begin(xfer *x) {
     (void)h1_send(x);
 }
 
-/* Non-zero for a token (RFC 9110 5.6.2) of n > 0 bytes. */
-static int h1_token(const char *p, size_t n) {
-  static const char extra[] = "!#$%&'*+-.^_`|~";
-  if (!n)
-    return 0;
-  for (size_t i = 0; i < n; i++)
-    if (!((p[i] >= '0' && p[i] <= '9') || (p[i] >= 'a' && p[i] <= 'z') ||
-          (p[i] >= 'A' && p[i] <= 'Z') || (p[i] && strchr(extra, p[i]))))
-      return 0;
-  return 1;
-}
-
 /* One header line p[0..l) of the block being read (not its status line,
  * not its end): checked, and its framing noted. 0, or -1 with x ended. */
 static int h1_field(xfer *x, const char *p, size_t l) {
@@ -472,15 +460,11 @@ static int h1_field(xfer *x, const char *p, size_t l) {
   const char *colon = memchr(p, ':', l), *v;
   size_t nl, vl;
   if (*p == ' ' || *p == '\t') {
-    /* obs-fold: up_on_header() joins it to the field before; a framing field
-     * must not be continued so. */
-    if (h->last_framing) {
-      h1_fail(x, UP_INVALID, "the answer's framing header is folded");
-      return -1;
-    }
-    return 0;
+    /* obs-fold: refused, as up_on_header() refuses it on libcurl's path. */
+    h1_fail(x, UP_INVALID, "the answer has a folded header line (obs-fold)");
+    return -1;
   }
-  if (!colon || !h1_token(p, (size_t)(colon - p))) {
+  if (!colon || !serve_is_token(p, (size_t)(colon - p))) {
     h1_fail(x, UP_INVALID,
             "the answer has a header line that is not "
             "\"name: value\"");
@@ -493,10 +477,8 @@ static int h1_field(xfer *x, const char *p, size_t l) {
     v++, vl--;
   while (vl && (v[vl - 1] == ' ' || v[vl - 1] == '\t'))
     vl--;
-  h->last_framing = 0;
   if (nl == 14 && strncasecmp(p, "content-length", 14) == 0) {
     uint64_t n = 0;
-    h->last_framing = 1;
     if (vl == 0 || vl > 18 || strspn(v, "0123456789") < vl) {
       h->cl_bad = 1;
     } else {
@@ -508,7 +490,6 @@ static int h1_field(xfer *x, const char *p, size_t l) {
     }
     h->cl_n++;
   } else if (nl == 17 && strncasecmp(p, "transfer-encoding", 17) == 0) {
-    h->last_framing = 1;
     h->te_n++;
     h->te_chunked = vl == 7 && strncasecmp(v, "chunked", 7) == 0;
   } else if (nl == 10 && strncasecmp(p, "connection", 10) == 0) {
@@ -604,7 +585,6 @@ static int h1_parse(xfer *x) {
       h->want_status = 0;
       h->v10 = p[7] == '0';
       h->cl_n = h->cl_bad = h->te_n = h->te_chunked = h->conn_close = 0;
-      h->last_framing = 0;
       h->cl = 0;
     } else if (l == 0) {
       if (!x->s.interim && h1_frame(x) != 0)

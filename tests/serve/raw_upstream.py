@@ -21,6 +21,8 @@ kept. CASE says how to answer:
   s2x        a status line "HTTP/1.1 2x Bad"
   bighdr     201 with one header of ?bytes=N bytes (default 20000)
   fold       201 with "X-Folded: a" continued on a folded line " b"
+  foldhop    201 whose folded line follows a hop-by-hop header (Connection)
+  foldclose  201 with "Connection: keep-alive" continued by " close"
   trailers   201, chunked, with a trailer field X-Trailer after the body
   trailhttp  201, chunked, whose trailer section starts "HTTP/1.1 200 ..."
   body       201 whose body is ?bytes=N bytes of "x"
@@ -35,6 +37,8 @@ kept. CASE says how to answer:
   badchunk   201, chunked, whose chunk size is not hex
   h2status   a status line "HTTP/2 201" to an HTTP/1.1 request
   barecr     201 with a header line holding a bare CR
+  nocolon    201 with a header line that is not "name: value"
+  badname    201 with a header whose name is not a token ("X A: 1")
   smuggle    201, then the bytes of a second answer nobody asked for
   v10        an HTTP/1.0 201 without Content-Length, its body ended by close
   v10rst     the same, half its body, then a reset (RST) instead of a close
@@ -139,6 +143,11 @@ def answer(case, query, key, ticket, conn, method, cid=0):
         return final(ticket, b"X-Big: " + b"b" * n + b"\r\n")
     if case == "fold":
         return final(ticket, b"X-Folded: a\r\n b\r\n")
+    if case == "foldhop":
+        return final(ticket, b"Content-Type: text/plain\r\n"
+                     b"Connection: keep-alive\r\n injected=1\r\n")
+    if case == "foldclose":
+        return final(ticket, b"Connection: keep-alive\r\n close\r\n")
     if case == "trailers":
         body = json.dumps({"ticket_id": ticket}).encode()
         return (b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\n"
@@ -194,6 +203,12 @@ def answer(case, query, key, ticket, conn, method, cid=0):
                 % len(body) + body)
     if case == "barecr":
         return (b"HTTP/1.1 201 Created\r\nX-A: 1\rX-B: 2\r\n"
+                b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    if case == "nocolon":
+        return (b"HTTP/1.1 201 Created\r\nX-A 1\r\n"
+                b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    if case == "badname":
+        return (b"HTTP/1.1 201 Created\r\nX A: 1\r\n"
                 b"Content-Length: %d\r\n\r\n" % len(body) + body)
     if case == "badchunk":
         return (b"HTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\r\n\r\n"
