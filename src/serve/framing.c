@@ -247,6 +247,16 @@ int serve_check_head(struct MHD_Connection *c, const char *method,
                   "The method is %zu bytes long; this gateway forwards "
                   "methods of at most %d. Nothing was claimed or forwarded.",
                   strlen(method), SERVE_METHOD_MAX);
+  {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(
+        c, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
+    if (ci && ci->header_size > SERVE_MAX_HEAD)
+      return refuse(why, 431, "header-too-large", "Request head too large",
+                    "The request head is %zu bytes; this gateway takes at "
+                    "most %d, so that the head of its answer fits beside "
+                    "it. Nothing was claimed or forwarded.",
+                    ci->header_size, SERVE_MAX_HEAD);
+  }
   count = MHD_get_connection_values_n(c, MHD_HEADER_KIND, NULL, NULL);
   fs->cap = count > 0 ? (size_t)count : 1;
   if (!(fs->f = calloc(fs->cap, sizeof *fs->f)))

@@ -1196,13 +1196,13 @@ struct MHD_Daemon *gateway_start(const serve_config *c, idem_store *s,
       {MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)completed, NULL},
       {MHD_OPTION_THREAD_POOL_SIZE, c->threads, NULL},
       {MHD_OPTION_CONNECTION_TIMEOUT, 75, NULL},
-      /* Each connection's memory: its request head, and the head of its
-       * answer (upstream.c bounds that at 16 KB). It is held while a
-       * forward waits. Above 32 KB libmicrohttpd maps it from the kernel
-       * instead of malloc(), so only the pages written cost memory (about
-       * 12 KB of 40); 16 KB from malloc() cost all 16, and left no room
-       * for larger heads. */
-      {MHD_OPTION_CONNECTION_MEMORY_LIMIT, 40 * 1024, NULL},
+      /* Each connection's memory: its request head (at most
+       * SERVE_MAX_HEAD), and the head of its answer (upstream.c bounds
+       * that at 16 KB). It is held while a forward waits. Above 32 KB
+       * libmicrohttpd maps it from the kernel instead of malloc(), so only
+       * the pages written cost memory; 16 KB from malloc() cost all 16,
+       * and left no room for larger heads. */
+      {MHD_OPTION_CONNECTION_MEMORY_LIMIT, SERVE_CONNECTION_MEMORY, NULL},
       /* guard.c: request heads within --header-timeout; the limits. */
       {MHD_OPTION_NOTIFY_CONNECTION, (intptr_t)guard_notify, NULL},
       {MHD_OPTION_CONNECTION_LIMIT, (intptr_t)guard_max_connections(c), NULL},

@@ -369,6 +369,17 @@ typedef struct serve_refusal {
  * field's name, in a request or in an upstream's answer. */
 int serve_is_token(const char *s, size_t n);
 
+/*
+ * The largest request head the gateway takes (bytes), answered 431 above
+ * it: nginx's default (four buffers of 8 KB). A request head and the head
+ * of its answer (at most UP_MAX_HEADER_BYTES from the upstream, plus the
+ * gateway's own fields) share libmicrohttpd's memory for the connection,
+ * SERVE_CONNECTION_MEMORY: the two bounds keep room for both, so that an
+ * answer the gateway stores it can always send.
+ */
+#define SERVE_MAX_HEAD (32 * 1024)
+#define SERVE_CONNECTION_MEMORY (64 * 1024)
+
 /* The longest method the gateway forwards (bytes); a longer one is
  * answered 501 by serve_check_head(). */
 #define SERVE_METHOD_MAX 39
