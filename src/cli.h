@@ -133,6 +133,18 @@ int cli_check_operation(const char *cmd, const char *operation);
  */
 char *cli_escape(const void *s, size_t n);
 
+/*
+ * The length of the longest start of s, at most max bytes, that does not
+ * end inside a UTF-8 character: strlen(s) when that is at most max;
+ * otherwise max less the bytes of a character that max would cut. For
+ * quoting names of any length in messages that must stay UTF-8 (a JSON
+ * encoder refuses anything else): printf("%.*s", (int)cli_utf8_cut(s, 200),
+ * s). Also mends text already cut by snprintf() into a buffer of size
+ * bytes: buf[cli_utf8_cut(buf, size)] = '\0'. Only the bytes before the
+ * cut are read; bytes that are not UTF-8 are not its to mend.
+ */
+size_t cli_utf8_cut(const char *s, size_t max);
+
 /* The columns escaped text takes on a terminal: its code points. */
 size_t cli_text_width(const char *s);
 

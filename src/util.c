@@ -414,6 +414,20 @@ char *cli_escape(const void *s, size_t n) {
   return sb_finish(&b);
 }
 
+size_t cli_utf8_cut(const char *s, size_t max) {
+  const unsigned char *p = (const unsigned char *)s;
+  size_t n = strnlen(s, max), start = n, need;
+  /* The last character's first byte: at most three continuation bytes
+   * back. */
+  while (start > 0 && n - start < 3 && (p[start - 1] & 0xc0) == 0x80)
+    start--;
+  if (start == 0 || p[start - 1] < 0xc2 || p[start - 1] > 0xf4)
+    return n; /* ASCII, or no lead byte: nothing of ours to cut */
+  start--;
+  need = p[start] >= 0xf0 ? 4 : p[start] >= 0xe0 ? 3 : 2;
+  return n - start >= need ? n : start;
+}
+
 size_t cli_text_width(const char *s) {
   size_t w = 0;
   for (; *s; s++)

@@ -1,8 +1,8 @@
 /*
  * test_cli_util.c -- the idem program's shared helpers (src/util.c): the
- * duration parser, the tenant check and the escaping of stored text on
- * output. The file is included, so that the tests need no library of the
- * program's own.
+ * duration parser, the tenant check, the escaping of stored text on
+ * output and cuts of text at a UTF-8 character's boundary. The file is
+ * included, so that the tests need no library of the program's own.
  */
 #include "../src/util.c"
 
@@ -11,6 +11,7 @@
 #include <stddef.h>
 
 #include <cmocka.h>
+#include <jansson.h>
 
 static int64_t duration(const char *s) {
   int64_t ms = -12345;
@@ -280,6 +281,53 @@ static void test_json_escape(void **state) {
   json_safe("[\"a\\\\u202e\\n\"]", "[\"a\\\\u202e\\n\"]");
 }
 
+/* cli_utf8_cut(s, max): the longest start of s, at most max bytes, that
+ * does not end inside a UTF-8 character. */
+static void test_utf8_cut(void **state) {
+  /* "a" then U+00E9 (2 bytes), U+20AC (3 bytes), U+1F600 (4 bytes). */
+  static const char s[] = "a\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80z";
+  static const size_t want[] = {0, 1, 1, 3, 3, 3, 6, 6, 6, 6, 10, 11, 11, 11};
+  (void)state;
+  for (size_t max = 0; max < sizeof want / sizeof want[0]; max++)
+    if (cli_utf8_cut(s, max) != want[max])
+      fail_msg("cli_utf8_cut(s, %zu): %zu, expected %zu", max,
+               cli_utf8_cut(s, max), want[max]);
+  /* Shorter than max: the whole string, however large max is. */
+  assert_int_equal(cli_utf8_cut("", 10), 0);
+  assert_int_equal(cli_utf8_cut("abc", 200), 3);
+  assert_int_equal(cli_utf8_cut("\xc3\xa9", (size_t)-1), 2);
+  /* "ab" and two U+20AC cut by snprintf() to fit 8 bytes: the partial
+   * character goes, the whole ones stay. */
+  char buf[8] = "ab\xe2\x82\xac\xe2\x82";
+  buf[cli_utf8_cut(buf, sizeof buf)] = '\0';
+  assert_string_equal(buf, "ab\xe2\x82\xac");
+  /* Bytes that are no UTF-8 are not its to mend: kept as they are, but
+   * a cut never ends on a lead byte. */
+  assert_int_equal(cli_utf8_cut("a\x80\x80", 3), 3);
+  assert_int_equal(cli_utf8_cut("ab\xff", 3), 3);
+  assert_int_equal(cli_utf8_cut("ab\xc3", 3), 2);
+  assert_int_equal(cli_utf8_cut("\x80\x80\x80\x80\x80", 5), 5);
+  /* Every cut of a long text of 1- to 4-byte characters is valid UTF-8
+   * (jansson takes it) and at most max bytes. */
+  char text[1024];
+  size_t n = 0;
+  static const char *const chars[] = {"x", "\xc3\xa9", "\xe2\x82\xac",
+                                      "\xf0\x9f\x98\x80"};
+  for (unsigned j = 0; n + 4 < sizeof text; j++) {
+    const char *c = chars[(j * j + j / 3) % 4];
+    memcpy(text + n, c, strlen(c));
+    n += strlen(c);
+  }
+  text[n] = '\0';
+  for (size_t max = 0; max <= n; max++) {
+    size_t k = cli_utf8_cut(text, max);
+    json_t *j = json_stringn(text, k);
+    if (k > max || max - k > 3 || !j)
+      fail_msg("cut at %zu: %zu bytes, %s", max, k, j ? "UTF-8" : "not UTF-8");
+    json_decref(j);
+  }
+}
+
 static const char *store_url;
 static int store_option(const void *value) {
   return cli_store_option("keys", value, &store_url);
@@ -308,6 +356,7 @@ int main(void) {
       cmocka_unit_test(test_tenant),
       cmocka_unit_test(test_escape),
       cmocka_unit_test(test_json_escape),
+      cmocka_unit_test(test_utf8_cut),
       cmocka_unit_test(test_store_option),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -364,8 +364,12 @@ static int found_one(const idem_record *r, void *ctx) {
   if (f->n < FOUND_NAMED) {
     char *t = cli_escape(r->tenant, strlen(r->tenant));
     char *op = cli_escape(r->operation, strlen(r->operation));
-    snprintf(f->named[f->n], sizeof f->named[0], "  tenant '%.250s', "
-             "operation '%.300s'", t ? t : "?", op ? op : "?");
+    const char *ts = t ? t : "?", *ops = op ? op : "?";
+    /* Escaped names can be four times as long: cut between two
+     * characters. */
+    snprintf(f->named[f->n], sizeof f->named[0],
+             "  tenant '%.*s', operation '%.*s'", (int)cli_utf8_cut(ts, 250),
+             ts, (int)cli_utf8_cut(ops, 300), ops);
     free(t);
     free(op);
   }

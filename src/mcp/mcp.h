@@ -172,6 +172,16 @@ char *mcp_id_text(json_t *id);
  * or it uses duplicate names and *dup is set). */
 json_t *mcp_parse(const char *line, size_t len, int *dup);
 
+/*
+ * A JSON-RPC error object {code, message}; NULL when out of memory. The
+ * proxy's messages quote names of any length into buffers of a fixed size,
+ * which snprintf() may have cut inside a character: the message is taken
+ * up to its last whole one (cli_utf8_cut()), and, should it still not be
+ * UTF-8 (a detail of libidem's that quotes such text), escaped
+ * (cli_escape()), so that the encoder never refuses it and leaves the
+ * client without an answer.
+ */
+json_t *mcp_error_object(int code, const char *msg);
 /* Answers request id with a JSON-RPC error; data may be NULL (stolen). */
 void mcp_answer_error(mcp_proxy *p, json_t *id, int code, const char *msg,
                       json_t *data);

@@ -93,6 +93,7 @@ char *hx_event_data(const char *ev, size_t n, size_t *len) {
           hx_buf_add(&data, &dlen, &cap, v, vl) != 0 ||
           hx_buf_add(&data, &dlen, &cap, "", 1) != 0) {
         free(data);
+        errno = ENOMEM;
         return NULL;
       }
       dlen--; /* the NUL stays after the data, not in it */
@@ -163,11 +164,17 @@ static int keep_headers(hx *h, const up_header *hs, size_t n) {
   if (!h->ah)
     return -1;
   for (size_t i = 0; i < n; i++) {
-    h->ah[i].name = strdup(hs[i].name);
-    h->ah[i].value = strdup(hs[i].value);
-    h->nah++;
-    if (!h->ah[i].name || !h->ah[i].value)
+    char *name = strdup(hs[i].name), *value = strdup(hs[i].value);
+    if (!name || !value) {
+      /* The headers kept so far go out; never one without its name or
+       * value. */
+      free(name);
+      free(value);
       return -1;
+    }
+    h->ah[i].name = name;
+    h->ah[i].value = value;
+    h->nah++;
   }
   return 0;
 }
@@ -272,7 +279,33 @@ static int append(hx *h, const char *p, size_t n) {
   return hx_buf_add(&h->out, &h->out_len, &h->out_cap, p, n);
 }
 
-int hx_stream(hx *h, const char *p, size_t n) {
+/*
+ * Appends one event "message" whose data is data[0..n) (h->mu held). SSE
+ * ends a line at CRLF, LF or CR, and joins the data lines of one event
+ * with LF: each line of the data goes on a "data:" line of its own, so
+ * that data holding line ends (JSON may, between its tokens) arrives whole
+ * rather than cut at its first line end.
+ */
+static int append_event(hx *h, const char *data, size_t n) {
+  const char *p = data, *end = data + n;
+  if (append(h, "event: message\n", 15) != 0)
+    return -1;
+  for (;;) {
+    const char *e = p;
+    while (e < end && *e != '\n' && *e != '\r')
+      e++;
+    if (append(h, "data: ", 6) != 0 || append(h, p, (size_t)(e - p)) != 0 ||
+        append(h, "\n", 1) != 0)
+      return -1;
+    if (e == end)
+      break;
+    p = e + (*e == '\r' && e + 1 < end && e[1] == '\n' ? 2 : 1);
+  }
+  return append(h, "\n", 1);
+}
+
+/* hx_stream() and hx_stream_event(): p is bytes, or an event's data. */
+static int stream(hx *h, const char *p, size_t n, int event) {
   int rc = 0;
   pthread_mutex_lock(&h->mu);
   if (h->gone || h->out_end) {
@@ -283,7 +316,7 @@ int hx_stream(hx *h, const char *p, size_t n) {
     h->out_end = h->out_broken = 1;
     wake(h);
     rc = -1;
-  } else if (append(h, p, n) != 0) {
+  } else if ((event ? append_event(h, p, n) : append(h, p, n)) != 0) {
     h->out_end = h->out_broken = 1;
     wake(h);
     rc = -1;
@@ -292,6 +325,12 @@ int hx_stream(hx *h, const char *p, size_t n) {
   }
   pthread_mutex_unlock(&h->mu);
   return rc;
+}
+
+int hx_stream(hx *h, const char *p, size_t n) { return stream(h, p, n, 0); }
+
+int hx_stream_event(hx *h, const char *data, size_t n) {
+  return stream(h, data, n, 1);
 }
 
 void hx_stream_end(hx *h, int broken) {
@@ -311,9 +350,7 @@ void hx_answer_whole(hx *h, int status, const char *type, const char *body,
     /* The head went out already: the rest of the stream is this body, as
      * an event when the stream is one. */
     if (!h->out_end &&
-        ((h->sse_out && append(h, "event: message\ndata: ", 21) != 0) ||
-         append(h, body, len) != 0 ||
-         (h->sse_out && append(h, "\n\n", 2) != 0)))
+        (h->sse_out ? append_event(h, body, len) : append(h, body, len)) != 0)
       h->out_broken = 1;
     h->out_end = 1;
     wake(h);
@@ -458,7 +495,7 @@ static void reader_done(void *cls) { hx_unref(cls); }
 char *hx_rpc_error(const char *id, int code, const char *msg, json_t *data,
                    size_t *len) {
   json_t *jid = id ? json_loads(id, JSON_DECODE_ANY, NULL) : json_null();
-  json_t *err = json_pack("{s:i, s:s}", "code", code, "message", msg);
+  json_t *err = mcp_error_object(code, msg); /* always UTF-8 */
   json_t *m;
   char *text;
   if (err && data)
@@ -783,15 +820,17 @@ static void decide(hx *h) {
   }
   if (!key && hx_opts->require_key && h->id && tool_needs_key(tool)) {
     char m[1024];
+    const char *shown = tool ? tool : "?";
+    /* The name cut between two characters: the message must stay UTF-8. */
     snprintf(m, sizeof m,
-             "idem mcp: tool \"%.200s\" needs an idempotency key: it is "
+             "idem mcp: tool \"%.*s\" needs an idempotency key: it is "
              "not annotated readOnlyHint or idempotentHint in tools/list, so "
              "a retry could act twice. Put a new key in "
              "params._meta.idempotencyKey%s%s%s (one key per intended "
              "action, created before the first attempt and sent again "
              "unchanged on every retry of it). Nothing was sent to the "
              "server.",
-             tool ? tool : "?",
+             (int)cli_utf8_cut(shown, 200), shown,
              hx_opts->key_argument ? " or in the tool argument \"" : "",
              hx_opts->key_argument ? hx_opts->key_argument : "",
              hx_opts->key_argument ? "\"" : "");

@@ -87,7 +87,8 @@ int hx_buf_add(char **buf, size_t *len, size_t *cap, const char *p, size_t n);
  * yet. */
 size_t hx_event_end(const char *s, size_t n, size_t from);
 /* The data of one event: its "data:" lines joined by newlines. malloc()ed,
- * *len set; NULL when it has none (or out of memory). */
+ * *len set; NULL when it has none, or, with errno ENOMEM, when out of
+ * memory. */
 char *hx_event_data(const char *ev, size_t n, size_t *len);
 void hx_ref(hx *h);
 void hx_unref(hx *h);
@@ -107,6 +108,10 @@ int hx_answer_head(hx *h, int status, const up_header *hs, size_t n,
                    int64_t length, int held);
 /* 0, or -1 when the client is gone or cut off. */
 int hx_stream(hx *h, const char *p, size_t n);
+/* One event "message" whose data is data[0..n), each of its lines on a
+ * "data:" line of its own (SSE joins them with newlines again); as
+ * hx_stream(). */
+int hx_stream_event(hx *h, const char *data, size_t n);
 void hx_stream_end(hx *h, int broken);
 /* A whole answer (type NULL when the headers hs carry Content-Type); when
  * a stream's head went out already, body ends the stream. */

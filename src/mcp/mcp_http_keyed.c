@@ -19,6 +19,7 @@
  */
 #include "mcp_http.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,8 +56,11 @@ typedef struct kcall {
   int too_big;
   char *final; /* the final JSON-RPC response */
   size_t final_len;
-  char *final_event; /* and its event as the server wrote it */
+  char *final_event; /* and its event as the server wrote it (NULL when
+                        there was no memory to keep it) */
   size_t final_event_len;
+  int oom; /* the final response came (or may have) and could not be kept:
+              out of memory */
   up_result result;
   int transfer_done; /* under G.mu */
   int ending;        /* handed to a worker to be recorded */
@@ -341,7 +345,9 @@ static void k_head(void *ctx, up_response *rs) {
 }
 
 /* Whether the data of an event (or a JSON body) is the response to the
- * owner's request: 1 with it copied to k->final. */
+ * owner's request: 1 with it copied to k->final, or, when there is no
+ * memory to keep it (or to tell), with k->oom set: the response must not
+ * pass on unrecorded. */
 static int is_final(kcall *k, const char *data, size_t len) {
   int dup = 0, yes = 0;
   json_t *m = mcp_parse(data, len, &dup);
@@ -349,14 +355,21 @@ static int is_final(kcall *k, const char *data, size_t len) {
   if (m && json_is_object(m) && id && !json_object_get(m, "method") &&
       (json_object_get(m, "result") || json_object_get(m, "error"))) {
     char *t = mcp_id_text(id);
-    yes = t && strcmp(t, k->owner->id) == 0;
+    if (!t && (json_is_string(id) || json_is_number(id)))
+      k->oom = yes = 1; /* it may be: not told for want of memory */
+    else
+      yes = t && strcmp(t, k->owner->id) == 0;
     free(t);
   }
   json_decref(m);
-  if (yes && (k->final = malloc(len + 1))) {
-    memcpy(k->final, data, len);
-    k->final[len] = 0;
-    k->final_len = len;
+  if (yes && !k->oom) {
+    if ((k->final = malloc(len + 1))) {
+      memcpy(k->final, data, len);
+      k->final[len] = 0;
+      k->final_len = len;
+    } else {
+      k->oom = 1;
+    }
   }
   return yes;
 }
@@ -386,11 +399,25 @@ static void pass_event(hx *h, const char *ev, size_t n) {
 /* One whole event, raw: passed on, unless it is the final response. */
 static void on_event(kcall *k, const char *ev, size_t n) {
   size_t dlen = 0;
-  char *data = hx_event_data(ev, n, &dlen);
+  char *data;
+  errno = 0;
+  data = hx_event_data(ev, n, &dlen);
+  if (!data && errno == ENOMEM) {
+    /* Not read for want of memory: it may be the final response, which
+     * must never reach the client unrecorded. The call ends as one whose
+     * answer could not be kept (the key held for one lease). */
+    k->oom = 1;
+    hand_over(k);
+    return;
+  }
   if (data && is_final(k, data, dlen)) {
-    if ((k->final_event = malloc(n)))
+    /* The event as the server wrote it, passed on once the response is
+     * recorded; without memory for it, an event is made of the response
+     * itself (hx_stream_event()). */
+    if (!k->oom && (k->final_event = malloc(n))) {
       memcpy(k->final_event, ev, n);
-    k->final_event_len = n;
+      k->final_event_len = n;
+    }
     free(data);
     hand_over(k);
     return;
@@ -447,11 +474,14 @@ static void k_done(void *ctx, up_result r) {
       json_t *m = mcp_parse(k->body, k->body_len, &dup);
       if (json_is_object(m) && json_object_get(m, "error") &&
           !json_object_get(m, "result") &&
-          json_is_null(json_object_get(m, "id")) &&
-          (k->final = malloc(k->body_len + 1))) {
-        memcpy(k->final, k->body, k->body_len);
-        k->final[k->body_len] = 0;
-        k->final_len = k->body_len;
+          json_is_null(json_object_get(m, "id"))) {
+        if ((k->final = malloc(k->body_len + 1))) {
+          memcpy(k->final, k->body, k->body_len);
+          k->final[k->body_len] = 0;
+          k->final_len = k->body_len;
+        } else {
+          k->oom = 1;
+        }
       }
       json_decref(m);
     }
@@ -471,8 +501,9 @@ enum {
   WHY_TOOL_ERROR, /* isError, --store-tool-errors no: freed */
   WHY_NOT_SENT,
   WHY_TOO_BIG,
-  WHY_LOST,       /* sent and no answer: may have acted, may still act */
-  WHY_HTTP_UNSURE /* another HTTP error (5xx, a gateway's 504): the same */
+  WHY_LOST,        /* sent and no answer: may have acted, may still act */
+  WHY_HTTP_UNSURE, /* another HTTP error (5xx, a gateway's 504): the same */
+  WHY_NO_MEMORY    /* answered, and no memory to keep the answer: the same */
 };
 
 /* HTTP errors that say the request was refused before anything ran: the
@@ -506,7 +537,7 @@ static void resubmit(const kcall *k, hx *h);
 
 static void answer_end(kcall *k, hx *h, void *arg) {
   const end_arg *a = arg;
-  char msg[1024];
+  char msg[2048]; /* the key and the tool twice: 255 bytes each */
   if (h != k->owner) {
     /* An attached retry. */
     int64_t ttl;
@@ -543,22 +574,24 @@ static void answer_end(kcall *k, hx *h, void *arg) {
         (text = mark_recovered(k->final, k->final_len, &len)))
       body = text;
     if (h != k->owner) {
-      /* The same answer under the retry's id. */
+      /* The same answer under the retry's id, never under another's. */
       size_t f, t;
       if (mcp_member(body, len, 0, "id", &f, &t) &&
-          (again = mcp_splice(body, len, f, t, h->id, strlen(h->id), &alen))) {
-        body = again;
-        len = alen;
-      }
-      hx_answer_whole(h, 200, "application/json", body, len, NULL, 0);
+          (again = mcp_splice(body, len, f, t, h->id, strlen(h->id), &alen)))
+        hx_answer_whole(h, 200, "application/json", again, alen, NULL, 0);
+      else
+        hx_answer_rpc_error(h, MCP_E_INTERNAL,
+                            "idem mcp: out of memory passing on the "
+                            "server's answer; retry with the same key.",
+                            json_pack("{s:s}", "idem", "internal"));
     } else if (k->sse) {
-      if (body == k->final && k->final_event) {
+      /* The server's own event, or one made of the response (marked
+       * recovered, or its event not kept for want of memory), whose lines
+       * each go on a data line. */
+      if (body == k->final && k->final_event)
         pass_event(h, k->final_event, k->final_event_len);
-      } else {
-        hx_stream(h, "event: message\ndata: ", 21);
-        hx_stream(h, body, len);
-        hx_stream(h, "\n\n", 2);
-      }
+      else
+        hx_stream_event(h, body, len);
       hx_stream_end(h, 0);
     } else {
       hx_answer_whole(h, 200, NULL, body, len, k->owner->rs.headers,
@@ -597,22 +630,26 @@ static void answer_end(kcall *k, hx *h, void *arg) {
     int64_t wait = hx_opts->on_unknown_fail ? 0 : hx_opts->lease_ms;
     error_arg e = {MCP_E_UNKNOWN, msg, "unknown", "idempotency_outcome_unknown",
                    wait};
+    const char *what = a->why == WHY_NO_MEMORY
+                           ? "this proxy ran out of memory while reading the "
+                             "server's answer to this call"
+                           : "the server did not answer this call";
     if (wait > 0)
       snprintf(msg, sizeof msg,
-               "idem mcp: the server did not answer this call (%s; key "
-               "\"%s\", tool %s), so the tool may or may not have acted. "
-               "Check whether it acted if you can; a retry with the same "
-               "key in %.1f s sends the call to the server again, and its "
-               "result is marked _meta[\"idem/recovered\"].",
-               up_error(&k->owner->rs), k->key, k->tool, (double)wait / 1000);
+               "idem mcp: %s (%s; key \"%s\", tool %s), so the tool may or "
+               "may not have acted. Check whether it acted if you can; a "
+               "retry with the same key in %.1f s sends the call to the "
+               "server again, and its result is marked "
+               "_meta[\"idem/recovered\"].",
+               what, up_error(&k->owner->rs), k->key, k->tool,
+               (double)wait / 1000);
     else
       snprintf(msg, sizeof msg,
-               "idem mcp: the server did not answer this call (%s; key "
-               "\"%s\", tool %s), so the tool may or may not have acted. "
-               "This key is refused until an operator settles it: `idem "
-               "keys resolve %s --operation %s --failed` if it did not act, "
-               "or --completed if it did.",
-               up_error(&k->owner->rs), k->key, k->tool, k->key, k->tool);
+               "idem mcp: %s (%s; key \"%s\", tool %s), so the tool may or "
+               "may not have acted. This key is refused until an operator "
+               "settles it: `idem keys resolve %s --operation %s --failed` "
+               "if it did not act, or --completed if it did.",
+               what, up_error(&k->owner->rs), k->key, k->tool, k->key, k->tool);
     answer_error(k, h, &e);
     break;
   }
@@ -654,6 +691,7 @@ static void input_wait(kcall *k) {
   k->ev_len = k->ev_cap = k->body_len = k->body_cap = 0;
   k->final_len = k->final_event_len = 0;
   k->status = k->sse = k->too_big = k->transfer_done = k->ending = 0;
+  k->oom = 0;
   k->result = UP_OK;
   k->input = 2;
   k->input_until = hx_mono_ms() + hx_opts->input_wait_ms;
@@ -696,7 +734,12 @@ static void ask_for_input(kcall *k) {
     h->wnext = NULL;
     if (h == k->owner) {
       if (k->sse) {
-        pass_event(h, k->final_event, k->final_event_len);
+        /* The server's event, or, when there was no memory to keep it, one
+         * made of the response. */
+        if (k->final_event)
+          pass_event(h, k->final_event, k->final_event_len);
+        else
+          hx_stream_event(h, k->final, k->final_len);
         hx_stream_end(h, 0);
       } else {
         hx_answer_whole(h, 200, NULL, k->final, k->final_len,
@@ -758,6 +801,12 @@ static void ended(void *ctx, int rc) {
               "key '%s' (tool %s): the server did not answer (%s); "
               "the key is held in progress for one lease",
               k->key, k->tool, up_error(&k->owner->rs));
+  else if (a->why == WHY_NO_MEMORY)
+    cli_error("mcp",
+              "key '%s' (tool %s): out of memory reading the server's "
+              "answer, which could not be kept; the key is held in progress "
+              "for one lease",
+              k->key, k->tool);
   answer_all(k, answer_end, &k->end);
   pthread_mutex_lock(&G.mu);
   G.at_server--;
@@ -809,6 +858,8 @@ static void end_call(kcall *k) {
       resp->status = is_error;
     }
     json_decref(m);
+  } else if (k->oom) {
+    a->why = WHY_NO_MEMORY;
   } else if (k->result == UP_NOT_SENT || k->result == UP_NO_FDS) {
     a->why = WHY_NOT_SENT;
   } else if (k->result == UP_OK && not_acted(k->status)) {
@@ -845,6 +896,7 @@ static void end_call(kcall *k) {
     break;
   case WHY_LOST:
   case WHY_HTTP_UNSURE:
+  case WHY_NO_MEMORY: /* the tool may have acted: held as if unanswered */
     k->how = IDEM_EXEC_LEAVE_IN_PROGRESS;
     break;
   default:
@@ -864,6 +916,8 @@ static void end_call(kcall *k) {
                  k->status);
   if (a->why == WHY_HTTP_UNSURE)
     up_set_error(&k->owner->rs, "it answered HTTP %d", k->status);
+  if (a->why == WHY_NO_MEMORY)
+    up_set_error(&k->owner->rs, "its result could not be kept");
   /* The ticker asks stop_call() under G.mu: it must not see the action
    * once the store may have freed it. */
   pthread_mutex_lock(&G.mu);
@@ -968,7 +1022,7 @@ static void claim_or_refuse(kcall *k);
 /* The claim's answer (rc, x, call): on a thread of the store's, a
  * worker's, or the claimer's when the store knew it at once. */
 static void decided(kcall *k, int rc, idem_exec *x, idem_call *call) {
-  char msg[1200];
+  char msg[2048]; /* the key and the tool twice: 255 bytes each */
   if (rc != IDEM_OK || !call) {
     int busy = rc == IDEM_EBUSY || rc == IDEM_EUNAVAILABLE;
     int bad = rc == IDEM_EINVAL;
@@ -1101,7 +1155,7 @@ static void task_replay(kcall *k) {
   const idem_response *r = idem_call_response(k->call);
   replay_arg ra = {r->body, r->body_len,
                    idem_call_recovered(k->call) || k->stale_retry};
-  char msg[1200];
+  char msg[2048]; /* the key and the tool twice, the tenant */
   int64_t ttl = 0;
   is_task(r->body, r->body_len, &ttl);
   if (!task_stale(k, r, ttl)) {

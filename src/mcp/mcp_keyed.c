@@ -137,6 +137,13 @@ static void answer_line_as(mcp_proxy *p, const char *line, size_t n,
   b = mcp_splice(line, n, idf, idt, id, strlen(id), &len);
   if (b)
     out_text(p, b, len);
+  else
+    /* Never silence: a client left without an answer waits for ever. */
+    mcp_answer_error_text(p, id, MCP_E_INTERNAL,
+                          "idem mcp: out of memory passing on the server's "
+                          "answer to this call; retry with the same key (a "
+                          "result that was kept is replayed).",
+                          json_pack("{s:s}", "idem", "internal"));
   free(b);
 }
 
@@ -512,7 +519,7 @@ static void answer_no_task(mcp_proxy *p, const char *key, const char *tool,
 }
 
 static void answer_stale_task(mcp_proxy *p, const mcp_call *c, const char *id) {
-  char msg[1600];
+  char msg[2048]; /* the key and the tool twice, the tenant: 255 bytes each */
   mcp_stale_task_message(msg, sizeof msg, c->key, c->tool, p->o->tenant,
                          "the server was restarted, or the task's ttl has "
                          "passed");
@@ -549,7 +556,7 @@ static void retry_stale(mcp_proxy *p, mcp_call *c, const idem_response *r) {
 /* ---- the workers --------------------------------------------------------- */
 
 static void claim_failed(mcp_proxy *p, mcp_call *c, int rc) {
-  char msg[1024];
+  char msg[1200]; /* libidem's detail is at most 1023 bytes */
   int busy = rc == IDEM_EBUSY || rc == IDEM_EUNAVAILABLE;
   mcp_waiter *ws;
   snprintf(msg, sizeof msg,

@@ -68,9 +68,21 @@ void mcp_notify(mcp_proxy *p) {
   }
 }
 
+json_t *mcp_error_object(int code, const char *msg) {
+  size_t n = cli_utf8_cut(msg, strlen(msg));
+  json_t *err = json_pack("{s:i,s:s%}", "code", code, "message", msg, n);
+  if (!err) {
+    char *shown = cli_escape(msg, n);
+    if (shown)
+      err = json_pack("{s:i,s:s}", "code", code, "message", shown);
+    free(shown);
+  }
+  return err;
+}
+
 void mcp_answer_error(mcp_proxy *p, json_t *id, int code, const char *msg,
                       json_t *data) {
-  json_t *err = json_pack("{s:i,s:s}", "code", code, "message", msg);
+  json_t *err = mcp_error_object(code, msg);
   json_t *m = NULL;
   if (err && data)
     json_object_set_new(err, "data", data);
@@ -86,7 +98,7 @@ void mcp_answer_error(mcp_proxy *p, json_t *id, int code, const char *msg,
 
 void mcp_answer_error_text(mcp_proxy *p, const char *id, int code,
                            const char *msg, json_t *data) {
-  json_t *err = json_pack("{s:i,s:s}", "code", code, "message", msg);
+  json_t *err = mcp_error_object(code, msg);
   char *etext = NULL, *line = NULL;
   if (err && data)
     json_object_set_new(err, "data", data);

@@ -230,14 +230,16 @@ static int tool_needs_key(mcp_proxy *p, const char *tool) {
 
 static void refuse_unkeyed(mcp_proxy *p, json_t *id, const char *tool) {
   char msg[1024];
+  const char *shown = tool ? tool : "?";
+  /* The name cut between two characters: the message must stay UTF-8. */
   snprintf(msg, sizeof msg,
-           "idem mcp: tool \"%.200s\" needs an idempotency key: it is not "
+           "idem mcp: tool \"%.*s\" needs an idempotency key: it is not "
            "annotated readOnlyHint or idempotentHint in tools/list, so a "
            "retry could act twice. Put a new key in "
            "params._meta.idempotencyKey%s%s%s (one key per intended action, "
            "created before the first attempt and sent again unchanged on "
            "every retry of it). Nothing was sent to the server.",
-           tool ? tool : "?",
+           (int)cli_utf8_cut(shown, 200), shown,
            p->o->key_argument ? " or in the tool argument \"" : "",
            p->o->key_argument ? p->o->key_argument : "",
            p->o->key_argument ? "\"" : "");

@@ -15,6 +15,7 @@
  * which is what /readyz says: 503 while the store cannot take a claim
  * (idem_store_check()) or while the gateway drains.
  */
+#include "cli.h"
 #include "serve.h"
 
 #include <jansson.h>
@@ -62,6 +63,23 @@ static enum MHD_Result say(struct MHD_Connection *c, int status,
   return text(c, status, "text/plain; charset=utf-8", copy, strlen(copy));
 }
 
+/*
+ * "TEXT: rest" with TEXT (a request's method or path, as libmicrohttpd
+ * decoded it: any bytes) escaped where it is not UTF-8 or not printable
+ * (cli_escape()) and cut to at most max bytes between two characters, so
+ * that the detail is always valid JSON. -1 when out of memory.
+ */
+static int quote_detail(char *detail, size_t size, const char *text, size_t max,
+                        const char *rest) {
+  char *shown = cli_escape(text, strlen(text));
+  if (!shown)
+    return -1;
+  snprintf(detail, size, "%.*s: %s", (int)cli_utf8_cut(shown, max), shown,
+           rest);
+  free(shown);
+  return 0;
+}
+
 /* An RFC 9457 problem, as the gateway's own answers are. */
 static enum MHD_Result problem(struct MHD_Connection *c, int status,
                                const char *type, const char *title,
@@ -72,6 +90,15 @@ static enum MHD_Result problem(struct MHD_Connection *c, int status,
   snprintf(t, sizeof t, PROBLEM_TYPE "%s", type);
   j = json_pack("{s:s, s:s, s:i, s:s}", "type", t, "title", title, "status",
                 status, "detail", detail);
+  if (!j) {
+    /* A detail that is not UTF-8 (libidem's, quoting a path it cut):
+     * escaped, so that the problem is always sent. */
+    char *shown = cli_escape(detail, strlen(detail));
+    j = shown ? json_pack("{s:s, s:s, s:i, s:s}", "type", t, "title", title,
+                          "status", status, "detail", shown)
+              : NULL;
+    free(shown);
+  }
   s = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
   json_decref(j);
   if (!s)
@@ -104,6 +131,7 @@ static enum MHD_Result readyz(struct MHD_Connection *c) {
                    "flight and takes no new ones.");
   if ((rc = idem_store_check(store)) != IDEM_OK) {
     snprintf(why, sizeof why, "%s: %s", idem_rc_name(rc), idem_errmsg());
+    why[cli_utf8_cut(why, sizeof why)] = '\0'; /* cut to fit: mended */
     note_readiness(0, why);
     return problem(c, 503, "store-unavailable", "Store cannot take writes",
                    why);
@@ -172,10 +200,10 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
     return MHD_YES;
   }
   if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
-    snprintf(detail, sizeof detail, "%.64s: the admin listener answers GET "
-             "and HEAD only.", method);
-    return problem(c, 405, "method-not-allowed", "Method not allowed",
-                   detail);
+    if (quote_detail(detail, sizeof detail, method, 64,
+                     "the admin listener answers GET and HEAD only.") != 0)
+      return MHD_NO;
+    return problem(c, 405, "method-not-allowed", "Method not allowed", detail);
   }
   if (strcmp(url, "/healthz") == 0)
     return say(c, 200, "ok\n");
@@ -183,8 +211,9 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
     return readyz(c);
   if (strcmp(url, "/metrics") == 0)
     return metrics(c);
-  snprintf(detail, sizeof detail,
-           "%.200s: not found (try /healthz, /readyz, /metrics).", url);
+  if (quote_detail(detail, sizeof detail, url, 200,
+                   "not found (try /healthz, /readyz, /metrics).") != 0)
+    return MHD_NO;
   return problem(c, 404, "not-found", "Not found", detail);
 }
 

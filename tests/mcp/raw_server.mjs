@@ -5,6 +5,7 @@
 //   {"method":"emit","params":{"lines":[...]}}   writes those lines
 //   {"method":"exit","params":{"code":N}}        exits with N
 //   tools/list                                   two pages of tools t_*
+//     (and, on the first, an unannotated tool named $RAW_EXTRA_TOOL if set)
 //   tools/call "t_*"                             answers the tool's name
 //   tools/call "add" {a,b}                       answers a+b
 //   tools/call "ask"                             sends the client a request
@@ -40,7 +41,9 @@ rl.on("line", (line) => {
     out({ jsonrpc: "2.0", id: m.id, result: { nextCursor: "page-2", tools: [
       { name: "t_ro", inputSchema: { type: "object" },
         annotations: { readOnlyHint: true } },
-      { name: "t_plain", inputSchema: { type: "object" } }] } });
+      { name: "t_plain", inputSchema: { type: "object" } },
+      ...(process.env.RAW_EXTRA_TOOL ? [{ name: process.env.RAW_EXTRA_TOOL,
+        inputSchema: { type: "object" } }] : [])] } });
   else if (m.method === "tools/list")
     out({ jsonrpc: "2.0", id: m.id, result: { tools: [
       { name: "t_idem", inputSchema: { type: "object" },

@@ -220,6 +220,28 @@ expect_match "metrics: store latency observed" '^[1-9]' "$(metric 'idem_gateway_
 expect_match "metrics: stored bytes" '^[1-9]' "$(metric 'idem_gateway_stored_bytes_total')"
 expect_eq "metrics: nothing in flight" 0 "$(metric 'idem_gateway_in_flight')"
 expect_eq "admin: unknown path" 404 "$(curl -s -o /dev/null -w '%{http_code}' "$ADMIN/nope")"
+# The path is quoted in the problem's detail, cut to 200 bytes: the cut
+# falls between two characters (here inside the first U+00E9, at bytes 199
+# and 200 of the path as libmicrohttpd decodes it), and bytes that are no
+# UTF-8 are escaped, so the detail is always JSON.
+long="/$(printf 'a%.0s' $(seq 198))$(printf '%%C3%%A9%.0s' $(seq 20))"
+for path in "$long" "/%FF%FE" "/a%C3"; do
+  rm -f "$TMP/admin404.b"
+  curl -s -o "$TMP/admin404.b" -w '%{http_code}' "$ADMIN$path" >"$TMP/admin404.code"
+  expect_eq "admin: unknown path $(printf %.20s "$path"): 404" 404 "$(cat "$TMP/admin404.code")"
+  python3 - "$TMP/admin404.b" "$path" <<'PY' && ok || fail "admin: unknown path $(printf %.20s "$path"): the problem's detail: $(head -c 400 "$TMP/admin404.b")"
+import json, sys, urllib.parse
+p = json.loads(open(sys.argv[1], "rb").read().decode("utf-8"))
+raw = urllib.parse.unquote_to_bytes(sys.argv[2])
+shown = p["detail"].split(": not found")[0]
+assert p["status"] == 404 and p["type"] == "urn:idem:problem:not-found", p
+assert len(shown.encode()) <= 200, shown
+if raw.startswith(b"/aaa"):
+    assert shown == "/" + "a" * 198, shown
+else:
+    assert shown == raw.decode("utf-8", "backslashreplace"), shown
+PY
+done
 
 # 10. The access log: one JSON line per request, no raw key or credential.
 lines=$(wc -l < "$TMP/access.log")
