@@ -31,6 +31,7 @@ static const char usage[] =
     "                  [--create-store]\n"
     "                  [--tenant-header NAME] [--require-key]\n"
     "                  [--methods LIST] [--lease DUR] [--retention DUR]\n"
+    "                  [--attach-wait DUR]\n"
     "                  [--no-store-5xx] [--on-unknown forward|fail]\n"
     "                  [--max-body SIZE] [--max-response SIZE]\n"
     "                  [--upstream-timeout DUR] [--upstream-cacert FILE]\n"
@@ -71,6 +72,10 @@ static const char usage[] =
     "  --lease DUR            how long a forward holds its key before a retry\n"
     "                         may take it over (default 30s); renewed while\n"
     "                         the upstream works\n"
+    "  --attach-wait DUR      how long a retry that finds its key in flight\n"
+    "                         waits for the first request's answer, which\n"
+    "                         it then gets as a replay (default 25s; 0:\n"
+    "                         answer 409 at once)\n"
     "  --retention DUR        how long a stored response is replayed\n"
     "                         (default 24h)\n"
     "  --no-store-5xx         release the key after a 5xx answer, so that a\n"
@@ -122,8 +127,9 @@ static const char usage[] =
     "Status codes of the gateway's own (application/problem+json, RFC 9457):\n"
     "  400  missing key with --require-key, malformed key, bad tenant header,\n"
     "       a request target that is not a path\n"
-    "  409  the same key is in flight (Retry-After: seconds left on its\n"
-    "       lease), or its earlier outcome is unknown and --on-unknown fail\n"
+    "  409  the same key is still in flight after --attach-wait (Retry-After:\n"
+    "       seconds left on its lease), or its earlier outcome is unknown\n"
+    "       and --on-unknown fail\n"
     "  413  request body larger than --max-body; nothing claimed\n"
     "  422  the key was used with another request\n"
     "  502  upstream unreachable (nothing sent; the key is released), or the\n"
@@ -184,6 +190,7 @@ static int parse(int argc, char **argv, serve_config *c) {
   c->lease_ms = 30000;
   c->retention_ms = 24LL * 3600 * 1000;
   c->upstream_timeout_ms = 30000;
+  c->attach_wait_ms = 25000;
   c->header_timeout_ms = 10000;
   c->max_connections_per_client = -1; /* derived, see guard.c */
   for (int i = 1; i < argc; i++) {
@@ -231,6 +238,10 @@ static int parse(int argc, char **argv, serve_config *c) {
     } else if (strcmp(a, "--lease") == 0) {
       if (cli_duration_option("serve", a, v, 100, IDEM_MAX_LEASE_MS,
                               &c->lease_ms) != 0)
+        return -1;
+    } else if (strcmp(a, "--attach-wait") == 0) {
+      if (cli_duration_option("serve", a, v, 0, IDEM_MAX_LEASE_MS,
+                              &c->attach_wait_ms) != 0)
         return -1;
     } else if (strcmp(a, "--retention") == 0) {
       if (cli_duration_option("serve", a, v, 1, IDEM_MAX_RETENTION_MS,

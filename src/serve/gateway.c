@@ -481,6 +481,8 @@ typedef struct job {
   idem_exec_result verdict; /* what the forward told the store */
   char *meta;
   double s0, store_ms;
+  int attached; /* 1 while claimed again and waiting for the key in flight
+                   (attach()), 2 after */
   struct MHD_Response *resp; /* the answer, until handle() queues it */
   int status;
   int ready; /* resp and status are final (resp NULL: out of memory) */
@@ -860,6 +862,41 @@ static void execute_options(idem_execute_options *o) {
       cfg->on_unknown_fail ? IDEM_EXPIRED_REPORT : IDEM_EXPIRED_TAKE_OVER;
 }
 
+static void claimed(void *ctx, int rc, idem_exec *exec, idem_call *call);
+
+/*
+ * A retry that found its key in flight (section 4 of the design: it
+ * attaches): claimed again, and this claim waits, up to --attach-wait, for
+ * the request in flight to end. claimed() then answers what it finds: the
+ * first request's answer, replayed; the key itself, when the first
+ * request released it (a 429, a 503 not stored) or its holder died; or,
+ * past the bound, 409 in-flight as before. The wait holds no HTTP thread
+ * (the connection stays suspended) and no store thread: the library waits
+ * on a runner of its own, woken at once by a holder in this process, by
+ * LISTEN/NOTIFY on PostgreSQL, or by polling for another process.
+ */
+static int attach(job *j) {
+  req *r = j->r;
+  idem_id id = {r->tenant, r->operation, r->key};
+  idem_execute_options o;
+  idem_call *first = j->call;
+  execute_options(&o);
+  o.call.wait_ms = cfg->attach_wait_ms;
+  j->attached = 1;
+  j->call = NULL; /* claimed() may run on another thread before this returns */
+  j->s0 = now_ms();
+  metrics_attached(1);
+  if (idem_execute_begin_async(store, &id, j->rj, strlen(j->rj), &o, claimed,
+                               j) != IDEM_OK) {
+    metrics_attached(-1);
+    j->attached = 2;
+    j->call = first; /* answered 409 in-flight, as without --attach-wait */
+    return -1;
+  }
+  idem_call_free(first);
+  return 0;
+}
+
 /* The claim's answer (rc, exec, call), on the thread that claimed: one of
  * the store's, or a store worker's. */
 static void claimed(void *ctx, int rc, idem_exec *exec, idem_call *call) {
@@ -871,6 +908,13 @@ static void claimed(void *ctx, int rc, idem_exec *exec, idem_call *call) {
   j->exec = exec;
   j->call = call;
   j->store_ms = now_ms() - j->s0;
+  if (j->attached == 1) {
+    j->attached = 2; /* the wait is over */
+    metrics_attached(-1);
+  }
+  if (rc == IDEM_OK && idem_call_outcome(j->call) == IDEM_IN_FLIGHT &&
+      !j->attached && cfg->attach_wait_ms > 0 && attach(j) == 0)
+    return;
   if (!(rc == IDEM_OK && idem_call_outcome(j->call) == IDEM_CONFLICT)) {
     /* Held no longer than needed: a forward may wait for seconds. */
     free(j->rj);

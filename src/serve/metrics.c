@@ -73,6 +73,9 @@ static int waiting;
 void metrics_waiting(int delta) { ADD(&waiting, delta); }
 int metrics_waiting_now(void) { return GET(&waiting); }
 
+static int attached;
+void metrics_attached(int delta) { ADD(&attached, delta); }
+
 /* guard.c's: client connections open, heads cut off, connections refused. */
 static int connections;
 static unsigned long long header_timeouts, connections_refused;
@@ -164,6 +167,10 @@ char *metrics_render(size_t *len) {
       "while the store or the upstream decides them (no thread held).\n"
       "# TYPE idem_gateway_waiting gauge\n"
       "idem_gateway_waiting %d\n"
+      "# HELP idem_gateway_attached Retries waiting for the answer of the "
+      "same key's request in flight (--attach-wait).\n"
+      "# TYPE idem_gateway_attached gauge\n"
+      "idem_gateway_attached %d\n"
       "# HELP idem_gateway_forwards_in_flight Requests at the upstream "
       "now.\n"
       "# TYPE idem_gateway_forwards_in_flight gauge\n"
@@ -172,7 +179,7 @@ char *metrics_render(size_t *len) {
       "worker.\n"
       "# TYPE idem_gateway_store_queue gauge\n"
       "idem_gateway_store_queue %d\n",
-      GET(&waiting), upstream_active(), pool_queued());
+      GET(&waiting), GET(&attached), upstream_active(), pool_queued());
   put(&o,
       "# HELP idem_gateway_stored_bytes_total Response bytes (headers and "
       "body) stored for replay.\n"

@@ -31,6 +31,7 @@ typedef struct serve_config {
   size_t max_response;
   size_t max_pass; /* largest response passed on unstored */
   int64_t lease_ms, retention_ms, upstream_timeout_ms;
+  int64_t attach_wait_ms; /* --attach-wait: a retry of a key in flight waits */
   /* guard.c: slow clients and connection limits. */
   int64_t header_timeout_ms;       /* --header-timeout */
   unsigned max_connections;        /* 0: from the descriptor limit */
@@ -68,6 +69,7 @@ int metrics_in_flight_now(void);
  * upstream. */
 void metrics_waiting(int delta);
 int metrics_waiting_now(void);
+void metrics_attached(int delta); /* retries waiting for a key in flight */
 /* The Prometheus text exposition; free() it. NULL when out of memory. */
 char *metrics_render(size_t *len);
 

@@ -5,7 +5,9 @@
 # rules say: after the lease, with --on-unknown forward, and then with the
 # same key. Every wait is for an event: the upstream holds its answer until
 # the test releases it (upstream.py ?hold=NAME), and a lease's end is
-# waited for by retrying while the answer is 409 in-flight.
+# waited for by retrying while the answer is 409 in-flight (the gateways
+# that show the lease run with --attach-wait 0, so that a retry inside it
+# is told so at once instead of waiting for it: cli_serve_attach.sh).
 IDEM=$1
 . "$(dirname "$0")/../lib.sh"
 . "$(dirname "$0")/serve_lib.sh"
@@ -37,7 +39,7 @@ stop_gateway "$GW_PID"
 #    progress (409) until its lease ends; then a retry RECOVERs and is
 #    forwarded again with the same key. The lease leaves a loaded machine
 #    seconds to make the calls inside it.
-start_gateway slow --upstream "$UP" --store "$DB" --upstream-timeout 1s --lease 8s || { finish; exit 1; }
+start_gateway slow --upstream "$UP" --store "$DB" --upstream-timeout 1s --lease 8s --attach-wait 0 || { finish; exit 1; }
 post s1 slow-1 '{"title":"S"}' /tickets?hold=slow-1
 expect_eq "timeout: 504" "504 urn:idem:problem:upstream-timeout 8" "$(code s1) $(json s1 type) $(header s1 Retry-After)"
 # The upstream acted and still holds its answer, which nobody waits for
@@ -123,7 +125,7 @@ stop_gateway "$GW_PID"
 #    on the same store. No second effect inside the lease; after it, with
 #    --on-unknown forward, one more with the same key; with fail, none.
 for mode in forward fail; do
-  start_gateway "kill-$mode" --upstream "$UP" --store "$DB" --lease 10s --on-unknown $mode || { finish; exit 1; }
+  start_gateway "kill-$mode" --upstream "$UP" --store "$DB" --lease 10s --on-unknown $mode --attach-wait 0 || { finish; exit 1; }
   # The upstream holds its answer until released: the kill always comes
   # first, however loaded the machine.
   post "k-$mode" "kill-$mode" '{"title":"K"}' "/tickets?hold=kill-$mode" &
@@ -134,7 +136,7 @@ for mode in forward fail; do
   wait $cpid
   expect_eq "SIGKILL ($mode): the client got no answer" "000 1" "$(code "k-$mode") $(effects "kill-$mode")"
   release "kill-$mode"
-  start_gateway "kill-$mode-2" --upstream "$UP" --store "$DB" --lease 10s --on-unknown $mode || { finish; exit 1; }
+  start_gateway "kill-$mode-2" --upstream "$UP" --store "$DB" --lease 10s --on-unknown $mode --attach-wait 0 || { finish; exit 1; }
   post "k2-$mode" "kill-$mode" '{"title":"K"}' "/tickets?hold=kill-$mode"
   expect_eq "SIGKILL ($mode): in flight inside the lease" "409 1" "$(code "k2-$mode") $(effects "kill-$mode")"
   post_past_lease "k3-$mode" "kill-$mode" '{"title":"K"}' "/tickets?hold=kill-$mode"
