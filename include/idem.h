@@ -803,17 +803,26 @@ typedef struct idem_execute_options {
    * fn ran (whatever fn answered). idem_execute_begin() and
    * idem_execute_begin_async() run no action and set it to 0: the caller
    * runs the action between the halves and knows that it did. Written on
-   * the caller's thread during the call only; NULL: not told. (The last
-   * member: added in 0.3.0.)
+   * the caller's thread during the call only; NULL: not told. (Added in
+   * 0.3.0.)
    */
   int *ran;
+  /*
+   * Non-zero: the record keeps the request's fingerprint only, never its
+   * canonical form (idem_record.request is NULL): for requests that hold
+   * what must not sit in a store for the retention period (card numbers,
+   * credentials, personal data). A changed request is still told by its
+   * fingerprint (CONFLICT); only an operator's view of the request is lost.
+   * (The last member: added in 0.3.0.)
+   */
+  int forget_request;
 } idem_execute_options;
 
 /*
  * Runs a remote action at most once per id. The request is JSON: it is
  * fingerprinted here as idem_fingerprint() does (numbers exact) and kept
- * for operators in its RFC 8785 canonical form, so the fingerprint can
- * never disagree with the request. Then:
+ * for operators in its RFC 8785 canonical form (unless forget_request), so
+ * the fingerprint can never disagree with the request. Then:
  *  - REPLAY, CONFLICT, IN_FLIGHT, UNKNOWN: fn does not run; IDEM_OK, and
  *    *out tells the outcome (and the stored response on REPLAY).
  *  - PROCEED, RECOVER: fn runs while the store's scheduler renews the

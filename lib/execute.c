@@ -199,7 +199,8 @@ static const char *ending_name(int how) {
  * On failure *out is NULL.
  */
 /* exec_begin()'s checks and the fingerprint: o gets opts (call.request
- * set to *canon, the canonical form kept with the record), fp the
+ * set to *canon, the canonical form kept with the record, unless
+ * forget_request), fp the
  * fingerprint, *budget how long an ending is retried. */
 static int begin_prepare(idem_store *store, const char *request,
                          size_t request_len, const idem_execute_options *opts,
@@ -233,8 +234,10 @@ static int begin_prepare(idem_store *store, const char *request,
 
   rc = idem__request_forms(request ? request : "", request_len,
                            o->fingerprint_pointers, fp, canon, &canon_len);
-  o->call.request = *canon;
-  o->call.request_len = canon_len;
+  if (!o->forget_request) {
+    o->call.request = *canon;
+    o->call.request_len = canon_len;
+  }
   return rc;
 }
 

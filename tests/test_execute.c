@@ -1040,6 +1040,50 @@ static void test_execute_canonical_request_kept(void **state) {
   }
 }
 
+/*
+ * forget_request: the record keeps the fingerprint and not the request
+ * (a card number sent in it is nowhere in the record), on every path that
+ * claims (idem_execute(), its two halves, the asynchronous half); a
+ * retry still replays, a changed request is still a conflict.
+ */
+static void test_execute_forget_request(void **state) {
+  fixture *f = *state;
+  static const char req[] = "{\"card\":\"4111111111111111\",\"cvc\":\"737\"}";
+  static const char same[] = "{ \"cvc\": \"737\", \"card\": \"4111111111111111\" }";
+  static const char other[] = "{\"card\":\"4111111111111111\",\"cvc\":\"738\"}";
+  idem_execute_options o = {0};
+  o.forget_request = 1;
+  for (int path = 0; path < 2; path++) {
+    char key[32];
+    idem_id id = {"tenant-a", OPERATION, key};
+    remote a = {0};
+    idem_record *rec;
+    idem_call *c;
+    snprintf(key, sizeof key, "forget-%d", path);
+    if (path == 0) {
+      c = EXECUTE(f->store, &id, req, &a, &o, IDEM_OK, IDEM_PROCEED);
+    } else {
+      idem_exec *x = NULL;
+      idem_response r = {201, NULL, 0, "{}", 2};
+      EXPECT_RC(IDEM_OK, idem_execute_begin(f->store, &id, req, strlen(req),
+                                            &o, &x, &c));
+      assert_int_equal(idem_call_outcome(c), IDEM_PROCEED);
+      EXPECT_RC(IDEM_OK, idem_execute_end(x, IDEM_EXEC_DONE, &r));
+      a.runs = 1;
+    }
+    idem_call_free(c);
+    rec = get_record(f->store, &id);
+    assert_null(rec->request);
+    assert_int_equal(rec->request_len, 0);
+    idem_record_free(rec);
+    c = EXECUTE(f->store, &id, same, &a, &o, IDEM_OK, IDEM_REPLAY);
+    idem_call_free(c);
+    c = EXECUTE(f->store, &id, other, &a, &o, IDEM_OK, IDEM_CONFLICT);
+    idem_call_free(c);
+    assert_int_equal(a.runs, 1);
+  }
+}
+
 
 /*
  * idem_execute_begin_async() and idem_execute_end_async(), as an event
@@ -1516,6 +1560,7 @@ int main(void) {
       STORE_TEST(test_execute_end_after_takeover),
       STORE_TEST(test_execute_says_whether_it_ran),
       STORE_TEST(test_execute_canonical_request_kept),
+      STORE_TEST(test_execute_forget_request),
       STORE_TEST(test_execute_async),
       STORE_TEST(test_execute_async_waits),
   };

@@ -26,7 +26,7 @@ static const char usage[] =
     "                [--key-argument NAME] [--lease DUR] [--retention DUR]\n"
     "                [--on-unknown forward|fail] [--attach-wait DUR]\n"
     "                [--store-tool-errors yes|no] [--input-wait DUR]\n"
-    "                [--max-result SIZE]\n"
+    "                [--max-result SIZE] [--keep-requests]\n"
     "                [--shutdown-wait DUR] [--] SERVER_CMD [ARG...]\n"
     "       idem mcp --listen HOST:PORT --upstream URL [--tenant-header H]\n"
     "                [--max-body SIZE] [--call-timeout DUR]\n"
@@ -86,6 +86,9 @@ static const char usage[] =
     "                       and how long a key whose call ended without a\n"
     "                       result is held before a retry may act again\n"
     "  --retention DUR      how long results are kept (default 24h)\n"
+    "  --keep-requests      keep each call's arguments (canonical JSON) in\n"
+    "                       its record, for operators (idem keys show);\n"
+    "                       default: only their SHA-256 fingerprint\n"
     "  --attach-wait DUR    how long a retry of a call still running waits\n"
     "                       for its result (default 25s, below the SDKs'\n"
     "                       60s request timeout; 0: answer in_flight at once)\n"
@@ -162,6 +165,10 @@ static int parse(int argc, char **argv, mcp_opts *o) {
     }
     if (strcmp(a, "--require-key") == 0) {
       o->require_key = 1;
+      continue;
+    }
+    if (strcmp(a, "--keep-requests") == 0) {
+      o->keep_requests = 1;
       continue;
     }
     if (i + 1 >= argc) {

@@ -54,6 +54,7 @@ typedef struct mcp_opts {
   int require_key;
   int on_unknown_fail;
   int store_tool_errors; /* --store-tool-errors yes (the default) */
+  int keep_requests;     /* --keep-requests: arguments kept in records */
   int64_t lease_ms, retention_ms, shutdown_wait_ms, attach_wait_ms;
   int64_t input_wait_ms; /* how long a call that asked for input is held */
   size_t max_result;

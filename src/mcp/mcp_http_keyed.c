@@ -1014,6 +1014,7 @@ static void claim_options(idem_execute_options *eo) {
   eo->call.retention_ms = retention();
   eo->call.on_expired_lease =
       hx_opts->on_unknown_fail ? IDEM_EXPIRED_REPORT : IDEM_EXPIRED_TAKE_OVER;
+  eo->forget_request = !hx_opts->keep_requests; /* the arguments stay off disk */
 }
 
 static void replay_task(void *arg);

@@ -33,6 +33,7 @@ static const char usage[] =
     "                  [--methods LIST] [--lease DUR] [--retention DUR]\n"
     "                  [--attach-wait DUR]\n"
     "                  [--no-store-5xx] [--on-unknown forward|fail]\n"
+    "                  [--keep-requests]\n"
     "                  [--max-body SIZE] [--max-response SIZE]\n"
     "                  [--upstream-timeout DUR] [--upstream-cacert FILE]\n"
     "                  [--admin-listen HOST:PORT] [--log FILE] [--threads N]\n"
@@ -86,6 +87,11 @@ static const char usage[] =
     "                         no answer) and its lease: forward (default) a\n"
     "                         retry again with the same key, or fail: answer\n"
     "                         409 until an operator runs `idem keys resolve`\n"
+    "  --keep-requests        keep each request (method, target and body, in\n"
+    "                         canonical form) in its record, for operators\n"
+    "                         (idem keys show) and for a 422 that names what\n"
+    "                         differed; default: only its SHA-256\n"
+    "                         fingerprint is stored\n"
     "  --max-body SIZE        largest request body (default 1M; k, M, G)\n"
     "  --max-response SIZE    largest response stored (default 1M, at most\n"
     "                         16M); a larger one is passed on, not stored,\n"
@@ -199,6 +205,10 @@ static int parse(int argc, char **argv, serve_config *c) {
       return 1;
     if (strcmp(a, "--require-key") == 0) {
       c->require_key = 1;
+      continue;
+    }
+    if (strcmp(a, "--keep-requests") == 0) {
+      c->keep_requests = 1;
       continue;
     }
     if (strcmp(a, "--no-store-5xx") == 0) {

@@ -860,6 +860,10 @@ static void execute_options(idem_execute_options *o) {
   o->call.retention_ms = cfg->retention_ms;
   o->call.on_expired_lease =
       cfg->on_unknown_fail ? IDEM_EXPIRED_REPORT : IDEM_EXPIRED_TAKE_OVER;
+  /* Request bodies hold what must not sit in a store for a day (card
+   * numbers, credentials): the fingerprint alone tells a changed request
+   * (issue 51); --keep-requests keeps them for operators. */
+  o->forget_request = !cfg->keep_requests;
 }
 
 static void claimed(void *ctx, int rc, idem_exec *exec, idem_call *call);

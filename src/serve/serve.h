@@ -24,6 +24,7 @@ typedef struct serve_config {
   int require_key;
   int no_store_5xx;
   int on_unknown_fail;
+  int keep_requests; /* --keep-requests: request bodies kept in records */
   int create_store; /* --create-store: even where one was deleted */
   int threads;
   int store_workers;

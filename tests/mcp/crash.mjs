@@ -41,11 +41,12 @@ const test = (proxy) => connect({ server: SERVERS.test,
   await client.close();
 }
 
-// --key-argument: the key is a tool argument and stays in the arguments.
+// --key-argument: the key is a tool argument and stays in the arguments
+// (--keep-requests: the arguments kept in the record, without the key).
 {
   const f = join(TMP, "keyarg.txt");
   const { client } = await test(["--store", store, "--key-argument",
-    "idempotency_key"]);
+    "idempotency_key", "--keep-requests"]);
   const exp = client.getServerCapabilities()?.experimental?.["idem/idempotency"];
   check("key-argument: announced", exp?.keyLocations?.includes(
     "params.arguments.idempotency_key"), JSON.stringify(exp));

@@ -31,7 +31,8 @@ const fs = { server: SERVERS.filesystem, args: [dir] };
   await client.close();
 }
 
-const proxied = { ...fs, proxy: ["--store", store] };
+// --keep-requests: the record keeps the arguments, checked below.
+const proxied = { ...fs, proxy: ["--store", store, "--keep-requests"] };
 const { client, stderr } = await connect(proxied);
 
 // The capability a client can read.

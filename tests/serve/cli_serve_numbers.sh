@@ -9,7 +9,8 @@ IDEM=$1
 . "$(dirname "$0")/serve_lib.sh"
 
 start_upstream up || { finish; exit 1; }
-start_gateway gw --upstream "$UP" --store "$TMP/gw.db" || { finish; exit 1; }
+# --keep-requests: a 422 names what differed.
+start_gateway gw --upstream "$UP" --store "$TMP/gw.db" --keep-requests || { finish; exit 1; }
 
 # 1. Another account under the same key: 422, and the upstream saw one
 #    request, the first.
