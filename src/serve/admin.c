@@ -20,18 +20,26 @@
 
 #include <jansson.h>
 #include <microhttpd.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <time.h>
 #include <unistd.h>
 
 #define PROBLEM_TYPE "urn:idem:problem:"
 
-/* The most records of each state /metrics counts: the count is made at
- * each scrape, and must stay cheap however many records wait. */
+/* The most records of each state /metrics counts, and how often they are
+ * counted: a count reads up to RECORDS_COUNTED records of each state, and
+ * scrapes (or a client that asks for /metrics in a loop) within a second
+ * of it, or while it runs, share it, so that what the store does for
+ * /metrics stays bounded however often it is asked. */
 #define RECORDS_COUNTED 10000
+#define RECORDS_EVERY_MS 1000
 
 static idem_store *store;
+static const char *token; /* --admin-token-file's, or NULL */
 static int draining;
 static int not_ready; /* what the last readiness check found */
 
@@ -155,34 +163,65 @@ static enum MHD_Result metrics(struct MHD_Connection *c) {
     const char *name;
   } states[] = {{IDEM_STATE_IN_PROGRESS, "in_progress"},
                 {IDEM_STATE_UNKNOWN, "unknown"}};
+  static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  static double counted_at;
+  static int counts[2], known[2];
+  struct timespec ts;
+  double now;
   char more[512];
   size_t len, n = 0;
   char *m = metrics_render(&len), *p;
   if (!m)
     return MHD_NO;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  now = (double)ts.tv_sec * 1000 + (double)ts.tv_nsec / 1e6;
+  pthread_mutex_lock(&mu); /* one count at a time; the others wait for it */
+  if (!counted_at || now - counted_at >= RECORDS_EVERY_MS) {
+    for (size_t i = 0; i < sizeof states / sizeof states[0]; i++) {
+      idem_filter f = {0};
+      f.state = states[i].state;
+      f.limit = RECORDS_COUNTED;
+      counts[i] = 0;
+      known[i] = idem_list(store, &f, count_record, &counts[i]) == IDEM_OK;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    counted_at = (double)ts.tv_sec * 1000 + (double)ts.tv_nsec / 1e6;
+  }
   n = (size_t)snprintf(
       more, sizeof more,
       "# HELP idem_gateway_store_records Records in the store waiting for "
-      "a holder (in_progress) or for an operator (unknown), counted at each "
-      "scrape up to %d.\n"
+      "a holder (in_progress) or for an operator (unknown), up to %d, "
+      "counted at most once a second.\n"
       "# TYPE idem_gateway_store_records gauge\n",
       RECORDS_COUNTED);
-  for (size_t i = 0; i < sizeof states / sizeof states[0]; i++) {
-    idem_filter f = {0};
-    int count = 0;
-    f.state = states[i].state;
-    f.limit = RECORDS_COUNTED;
-    if (idem_list(store, &f, count_record, &count) == IDEM_OK)
+  for (size_t i = 0; i < sizeof states / sizeof states[0]; i++)
+    if (known[i])
       n += (size_t)snprintf(more + n, sizeof more - n,
                             "idem_gateway_store_records{state=\"%s\"} %d\n",
-                            states[i].name, count);
-  }
+                            states[i].name, counts[i]);
+  pthread_mutex_unlock(&mu);
   if (!(p = realloc(m, len + n + 1))) {
     free(m);
     return MHD_NO;
   }
   memcpy(p + len, more, n + 1);
   return text(c, 200, "text/plain; version=0.0.4; charset=utf-8", p, len + n);
+}
+
+/* Whether the request carries "Authorization: Bearer TOKEN", compared in
+ * time that does not depend on where a guess first differs. */
+static int authorised(struct MHD_Connection *c) {
+  const char *h =
+      MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+  size_t n = strlen(token), hl;
+  unsigned char diff = 0;
+  if (!h || strncasecmp(h, "Bearer ", 7) != 0)
+    return 0;
+  h += 7;
+  hl = strlen(h);
+  for (size_t i = 0; i < n; i++)
+    diff |= (unsigned char)(token[i] ^ (i < hl ? h[i] : 0));
+  return diff == 0 && hl == n;
 }
 
 static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
@@ -198,6 +237,26 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
   if (*upload_size) {
     *upload_size = 0;
     return MHD_YES;
+  }
+  if (token && !authorised(c)) {
+    struct MHD_Response *r;
+    enum MHD_Result ok;
+    char *body = strdup("{\"type\":\"" PROBLEM_TYPE "unauthorized\","
+                        "\"title\":\"Token required\",\"status\":401,"
+                        "\"detail\":\"The admin listener answers requests "
+                        "with Authorization: Bearer and the token of "
+                        "--admin-token-file only.\"}");
+    if (!body || !(r = MHD_create_response_from_buffer_with_free_callback(
+                       strlen(body), body, free))) {
+      free(body);
+      return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", "application/problem+json");
+    MHD_add_response_header(r, "WWW-Authenticate", "Bearer realm=\"idem\"");
+    MHD_add_response_header(r, "Cache-Control", "no-store");
+    ok = MHD_queue_response(c, 401, r);
+    MHD_destroy_response(r);
+    return ok;
   }
   if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
     if (quote_detail(detail, sizeof detail, method, 64,
@@ -217,8 +276,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
   return problem(c, 404, "not-found", "Not found", detail);
 }
 
-struct MHD_Daemon *admin_start(idem_store *s, const char *listen, char *bound,
-                               size_t bound_size) {
+struct MHD_Daemon *admin_start(idem_store *s, const char *listen,
+                               const char *t, char *bound, size_t bound_size) {
   struct MHD_OptionItem opts[] = {
       {MHD_OPTION_CONNECTION_TIMEOUT, 30, NULL},
       /* A thread each: bounded, since probes and scrapes are few. */
@@ -226,6 +285,7 @@ struct MHD_Daemon *admin_start(idem_store *s, const char *listen, char *bound,
       {MHD_OPTION_END, 0, NULL},
   };
   store = s;
+  token = t;
   return listen_on("--admin-listen", listen,
                    /* MHD_USE_POLL: with select(), a connection whose
                     * descriptor is above FD_SETSIZE (1024), as under load,

@@ -36,7 +36,8 @@ static const char usage[] =
     "                  [--keep-requests]\n"
     "                  [--max-body SIZE] [--max-response SIZE]\n"
     "                  [--upstream-timeout DUR] [--upstream-cacert FILE]\n"
-    "                  [--admin-listen HOST:PORT] [--log FILE] [--threads N]\n"
+    "                  [--admin-listen HOST:PORT] [--admin-token-file FILE]\n"
+    "                  [--log FILE] [--threads N]\n"
     "                  [--header-timeout DUR] [--max-connections N]\n"
     "                  [--max-connections-per-client N]\n"
     "\n"
@@ -101,7 +102,12 @@ static const char usage[] =
     "                         at shutdown\n"
     "  --upstream-cacert FILE CA certificates for an https:// upstream\n"
     "                         (default: the system's)\n"
-    "  --admin-listen H:P     serve /healthz, /readyz and /metrics there\n"
+    "  --admin-listen H:P     serve /healthz, /readyz and /metrics there; an\n"
+    "                         address beyond the loopback needs\n"
+    "                         --admin-token-file\n"
+    "  --admin-token-file F   the admin listener answers only requests with\n"
+    "                         \"Authorization: Bearer TOKEN\", TOKEN the\n"
+    "                         file's first line (at least 16 characters)\n"
     "  --log FILE             append one JSON line per request to FILE (-:\n"
     "                         standard output); SIGHUP reopens it\n"
     "  --threads N            HTTP threads (default 2 per core); a request\n"
@@ -288,6 +294,8 @@ static int parse(int argc, char **argv, serve_config *c) {
       c->upstream_cacert = v;
     } else if (strcmp(a, "--admin-listen") == 0) {
       c->admin_listen = v;
+    } else if (strcmp(a, "--admin-token-file") == 0) {
+      c->admin_token_file = v;
     } else if (strcmp(a, "--log") == 0) {
       c->log_path = v;
     } else if (strcmp(a, "--threads") == 0) {
@@ -395,12 +403,40 @@ static void fewer_arenas(void) {
 #endif
 }
 
+/* The admin token: FILE's first line, without its line end; at least 16
+ * bytes of printable ASCII. NULL, with why printed. */
+static char *read_token(const char *path) {
+  char line[1024];
+  size_t n;
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    cli_error("serve", "--admin-token-file: %s: %s", path, strerror(errno));
+    return NULL;
+  }
+  if (!fgets(line, sizeof line, f))
+    line[0] = 0;
+  fclose(f);
+  n = strcspn(line, "\r\n");
+  line[n] = 0;
+  for (size_t i = 0; i < n; i++)
+    if (line[i] <= 0x20 || line[i] >= 0x7f)
+      n = 0;
+  if (n < 16) {
+    cli_error("serve", "--admin-token-file: %s: the first line must be a "
+                       "token of 16 to 1022 printable characters, no spaces",
+              path);
+    return NULL;
+  }
+  return strdup(line);
+}
+
 static int run(int argc, char **argv) {
   serve_config c;
   idem_store *store = NULL;
   idem_store_options so;
   struct MHD_Daemon *gw = NULL, *admin = NULL;
   char *upstream = NULL, bound[128] = "", admin_bound[128] = "";
+  char *admin_token = NULL;
   char store_name[4200] = ""; /* part 9: the store, named at start */
   sigset_t sigs;
   int rc, sig, settled, status = EXIT_FAIL;
@@ -428,6 +464,29 @@ static int run(int argc, char **argv) {
   for (size_t n = strlen(upstream); n > 8 && upstream[n - 1] == '/'; n--)
     upstream[n - 1] = 0;
   c.upstream = upstream;
+  if (c.admin_token_file && !c.admin_listen) {
+    cli_error("serve", "--admin-token-file needs --admin-listen");
+    status = EXIT_USAGE;
+    goto out;
+  }
+  if (c.admin_token_file &&
+      !(admin_token = read_token(c.admin_token_file))) {
+    status = EXIT_USAGE;
+    goto out;
+  }
+  if (c.admin_listen && !admin_token &&
+      listen_is_loopback(c.admin_listen) != 1) {
+    /* /metrics and /readyz tell what the gateway carries and why its store
+     * fails: not to whoever reaches the address. */
+    cli_error("serve",
+              "--admin-listen %s: not a loopback address; the admin "
+              "listener would answer anyone who reaches it. Bind it to "
+              "127.0.0.1 or [::1], or give --admin-token-file FILE "
+              "(requests then need \"Authorization: Bearer TOKEN\")",
+              c.admin_listen);
+    status = EXIT_USAGE;
+    goto out;
+  }
   if (c.log_path && accesslog_open(c.log_path) != 0) {
     cli_error("serve", "--log: %s: %s", c.log_path, strerror(errno));
     goto out;
@@ -449,7 +508,7 @@ static int run(int argc, char **argv) {
     goto out;
   }
   if (c.admin_listen &&
-      !(admin = admin_start(store, c.admin_listen, admin_bound,
+      !(admin = admin_start(store, c.admin_listen, admin_token, admin_bound,
                             sizeof admin_bound)))
     goto out;
   if (!(gw = gateway_start(&c, store, bound, sizeof bound)))
@@ -497,6 +556,7 @@ out:
     idem_store_close(store);
   accesslog_close();
   free(upstream);
+  free(admin_token);
   if (status == EXIT_OK)
     fprintf(stderr, "idem serve: stopped\n");
   return status;

@@ -82,6 +82,36 @@ static int split(const char *s, char *host, size_t hsize, char *port,
   return 0;
 }
 
+int listen_is_loopback(const char *where) {
+  char host[256], port[16];
+  struct addrinfo hints, *ai = NULL, *a;
+  int loop = 1;
+  if (split(where, host, sizeof host, port, sizeof port) != 0)
+    return -1;
+  if (!host[0])
+    return 0; /* every address */
+  memset(&hints, 0, sizeof hints);
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  if (getaddrinfo(host, port, &hints, &ai) != 0)
+    return -1;
+  for (a = ai; a; a = a->ai_next) {
+    if (a->ai_family == AF_INET) {
+      const struct sockaddr_in *s = (const void *)a->ai_addr;
+      loop &= (ntohl(s->sin_addr.s_addr) >> 24) == 127;
+    } else if (a->ai_family == AF_INET6) {
+      const struct sockaddr_in6 *s = (const void *)a->ai_addr;
+      loop &= IN6_IS_ADDR_LOOPBACK(&s->sin6_addr) ||
+              (IN6_IS_ADDR_V4MAPPED(&s->sin6_addr) &&
+               s->sin6_addr.s6_addr[12] == 127);
+    } else {
+      loop = 0;
+    }
+  }
+  freeaddrinfo(ai);
+  return loop;
+}
+
 struct MHD_Daemon *listen_on(const char *what, const char *where,
                              unsigned flags, MHD_AccessHandlerCallback handler,
                              void *cls, const struct MHD_OptionItem *options,

@@ -18,6 +18,7 @@ typedef struct serve_config {
   const char *store_url;
   const char *tenant_header; /* NULL: the Authorization header's hash */
   const char *admin_listen;  /* NULL: no admin listener */
+  const char *admin_token_file; /* --admin-token-file: Bearer token */
   const char *log_path;      /* NULL: no access log; "-": stdout */
   const char *upstream_cacert;
   char methods[128]; /* ",POST,PATCH," */
@@ -297,9 +298,11 @@ struct MHD_Daemon *gateway_start(const serve_config *cfg, idem_store *store,
 /* From now on answers close their connection: the gateway is stopping. */
 void gateway_set_draining(void);
 
-/* Starts the admin listener (/healthz, /readyz, /metrics). */
+/* Starts the admin listener (/healthz, /readyz, /metrics); token not NULL:
+ * every request must carry "Authorization: Bearer TOKEN". */
 struct MHD_Daemon *admin_start(idem_store *store, const char *listen,
-                               char *bound, size_t bound_size);
+                               const char *token, char *bound,
+                               size_t bound_size);
 /* From now on /readyz answers 503: the gateway is draining. */
 void admin_set_draining(void);
 
@@ -322,6 +325,11 @@ int serve_store_open(const serve_config *cfg, const idem_store_options *opts,
  * the given flags, handler and options. Prints why and returns NULL on
  * failure; what names the option in messages.
  */
+/* 1 when HOST:PORT names only loopback addresses (127.0.0.0/8, ::1,
+ * "localhost"), 0 otherwise (":PORT", 0.0.0.0, [::], any other address or
+ * name), -1 when it cannot be read. */
+int listen_is_loopback(const char *listen);
+
 /* How libmicrohttpd's messages are marked: "idem serve" unless changed. */
 extern const char *listen_log_name;
 struct MHD_Daemon *listen_on(const char *what, const char *listen,

@@ -112,7 +112,9 @@ expect_eq "resolve with --status, no --operation: done" 0 "$?"
 post l3 large-1 '{"title":"L"}' /tickets?bytes=1100000
 expect_eq "resolved: the operator's answer replayed" '202 true {"resolved":"by hand"} 1' \
   "$(code l3) $(header l3 Idempotent-Replayed) $(body l3) $(effects large-1)"
-expect_eq "metrics: nothing unknown now" 0 "$(metric 'idem_gateway_store_records{state="unknown"}')"
+# (Counted at most once a second: waited for, not read at once.)
+wait_eq 0 metric 'idem_gateway_store_records{state="unknown"}' &&
+  ok || fail "metrics: still unknown: $(metric 'idem_gateway_store_records{state="unknown"}')"
 out=$("$IDEM" keys resolve key-a --store "$DB" --failed 2>&1)
 expect_eq "resolve of a key under two operations: refused" 1 "$?"
 expect_match "resolve of a key under two operations: names them" "POST /other.*POST /tickets|POST /tickets.*POST /other" \
@@ -228,4 +230,44 @@ post n1 new-1 '{"title":"N"}'
 expect_eq "--create-store: it works" "201 1" "$(code n1) $(effects new-1)"
 stop_gateway "$GW_PID"
 expect_eq "stopped cleanly" 0 "$STOPPED"
+
+# 8. The admin listener beyond the loopback: refused without a token, at
+#    start (every interface, 0.0.0.0, [::]); with --admin-token-file, it
+#    answers only requests with the token (401 otherwise, with
+#    WWW-Authenticate), on every path.
+for where in ':0' '0.0.0.0:0' '[::]:0'; do
+  "$IDEM" serve --listen 127.0.0.1:0 --upstream "$UP" --store "$TMP/adm.db" \
+    --admin-listen "$where" 2>"$TMP/adm.err" &
+  pid=$!
+  PIDS="$PIDS $pid"
+  n=0
+  while kill -0 $pid 2>/dev/null && ! grep -q 'listening on' "$TMP/adm.err" &&
+    [ $n -lt 400 ]; do
+    sleep 0.05
+    n=$((n + 1))
+  done
+  grep -q 'listening on' "$TMP/adm.err" && kill -KILL $pid
+  wait $pid
+  expect_eq "admin on $where without a token: refused (usage)" 2 "$?"
+  expect_match "admin on $where: says why and what to do" "not a loopback address.*--admin-token-file" \
+    "$(cat "$TMP/adm.err")"
+done
+printf 'short\n' >"$TMP/short.token"
+"$IDEM" serve --listen 127.0.0.1:0 --upstream "$UP" --store "$TMP/adm.db" \
+  --admin-listen 127.0.0.1:0 --admin-token-file "$TMP/short.token" 2>"$TMP/adm.err"
+expect_eq "a token under 16 characters: refused" 2 "$?"
+TOKEN=t0ken-$(date +%s%N)-abcdef
+printf '%s\n' "$TOKEN" >"$TMP/admin.token"
+start_gateway tok --upstream "$UP" --store "$TMP/adm.db" --create-store \
+  --admin-listen 0.0.0.0:0 --admin-token-file "$TMP/admin.token" || { finish; exit 1; }
+ADMIN=http://127.0.0.1:${ADMIN##*:}
+for path in /metrics /readyz /healthz; do
+  expect_eq "token: $path without it, with another, with it" "401 401 200" \
+    "$(curl -s -o /dev/null -w '%{http_code}' "$ADMIN$path") $(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer ${TOKEN}x" "$ADMIN$path") $(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $TOKEN" "$ADMIN$path")"
+done
+expect_match "token: 401 says how" "WWW-Authenticate: Bearer" \
+  "$(curl -s -D - -o /dev/null "$ADMIN/metrics")"
+expect_match "token: /metrics with it" "idem_gateway_in_flight" \
+  "$(curl -s -H "Authorization: Bearer $TOKEN" "$ADMIN/metrics")"
+stop_gateway "$GW_PID"
 finish
