@@ -714,6 +714,13 @@ static void recorded(void *ctx, int rc) {
                      rc == IDEM_ESTALE
                          ? note(j, "not-stored; lease-lost",
                                 "recovered; not-stored; lease-lost")
+                     /* The key marked unknown after the failure (a retry
+                      * is 409 outcome-unknown), or left in progress when
+                      * that mark failed too (a retry after the lease may
+                      * take it over): the header says which. */
+                     : idem_call_state(j->call) == IDEM_STATE_UNKNOWN
+                         ? note(j, "unknown; store-failed",
+                                "recovered; unknown; store-failed")
                          : note(j, "not-stored; store-failed",
                                 "recovered; not-stored; store-failed")),
              j->rs.status);

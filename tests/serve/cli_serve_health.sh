@@ -147,8 +147,8 @@ case $(code f1) in
     "urn:idem:problem:store-unavailable 0" "$(json f1 type) $(effects full-1)"
   after_full="201 1" ;;
 201)
-  expect_eq "disk full: the answer did not fit: passed on, said so" \
-    "not-stored; store-failed 1" "$(header f1 Idem-Record) $(effects full-1)"
+  expect_match "disk full: the answer did not fit: passed on, said so" \
+    "^(unknown|not-stored); store-failed 1$" "$(header f1 Idem-Record) $(effects full-1)"
   after_full="409 1" ;;
 *) fail "disk full: a new key answered $(code f1)" ;;
 esac
