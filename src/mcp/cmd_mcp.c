@@ -30,6 +30,7 @@ static const char usage[] =
     "                [--shutdown-wait DUR] [--] SERVER_CMD [ARG...]\n"
     "       idem mcp --listen HOST:PORT --upstream URL [--tenant-header H]\n"
     "                [--max-body SIZE] [--call-timeout DUR]\n"
+    "                [--allow-origin ORIGIN]\n"
     "                [the options above]\n"
     "\n"
     "Runs the MCP server SERVER_CMD and relays newline-delimited JSON-RPC\n"
@@ -61,7 +62,14 @@ static const char usage[] =
     "Authorization header, else --tenant.\n"
     "\n"
     "  --listen HOST:PORT   where to serve (port 0: any free port; the\n"
-    "                       address is printed on standard error)\n"
+    "                       address is printed on standard error); PORT\n"
+    "                       or :PORT alone is the loopback, 127.0.0.1\n"
+    "  --allow-origin O     a browser page of origin O may call the proxy\n"
+    "                       (repeatable); requests with another Origin\n"
+    "                       header are refused 403, except the listener's\n"
+    "                       own loopback origin. On a loopback listener a\n"
+    "                       Host other than localhost, 127.0.0.1 or [::1]\n"
+    "                       is refused too (DNS rebinding)\n"
     "  --upstream URL       the remote server's MCP endpoint\n"
     "  --tenant-header H    take the tenant from header H\n"
     "  --max-body SIZE      the largest request body (default 4M)\n"
@@ -230,7 +238,27 @@ static int parse(int argc, char **argv, mcp_opts *o) {
         return -1;
       }
     } else if (strcmp(a, "--listen") == 0) {
+      /* PORT and :PORT mean the loopback, as the MCP transport asks of a
+       * local server; every interface only when named (0.0.0.0, [::]). */
+      if (v[0] && strspn(v, "0123456789") == strlen(v) && strlen(v) < 8) {
+        snprintf(o->listen_buf, sizeof o->listen_buf, "127.0.0.1:%s", v);
+        v = o->listen_buf;
+      } else if (v[0] == ':' && strlen(v) < 9) {
+        snprintf(o->listen_buf, sizeof o->listen_buf, "127.0.0.1%s", v);
+        v = o->listen_buf;
+      }
       o->listen = v;
+    } else if (strcmp(a, "--allow-origin") == 0) {
+      const char **all =
+          realloc(o->allow_origins,
+                  (size_t)(o->n_allow_origins + 1) * sizeof *all);
+      if (!all || !*v || strchr(v, ',')) {
+        cli_error("mcp", "--allow-origin: one origin, such as "
+                         "https://app.example (repeat the option for more)");
+        return -1;
+      }
+      all[o->n_allow_origins++] = v;
+      o->allow_origins = all;
     } else if (strcmp(a, "--upstream") == 0) {
       o->upstream = v;
     } else if (strcmp(a, "--tenant-header") == 0) {

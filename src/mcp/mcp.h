@@ -62,6 +62,9 @@ typedef struct mcp_opts {
   /* --listen HOST:PORT: Streamable HTTP in front of --upstream URL
    * (mcp_http.c) instead of a stdio server. */
   const char *listen, *upstream, *tenant_header;
+  char listen_buf[64];     /* --listen PORT or :PORT, made 127.0.0.1:PORT */
+  const char **allow_origins; /* --allow-origin, each; n_allow_origins */
+  int n_allow_origins;
   size_t max_body;
   int64_t call_timeout_ms; /* --call-timeout: 0, none */
 } mcp_opts;

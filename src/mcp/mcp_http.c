@@ -856,6 +856,54 @@ static void decide(hx *h) {
   json_decref(msg);
 }
 
+/* The listener: on the loopback only, and its port (for its own origin). */
+static int listen_loopback;
+static char listen_port[8];
+
+/* host (n bytes, an Origin's or a Host's host and port) is a loopback name
+ * (localhost, 127.0.0.1, [::1]), with no port or with the listener's. */
+static int loopback_host(const char *host, size_t n) {
+  static const char *const names[] = {"localhost", "127.0.0.1", "[::1]"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    size_t l = strlen(names[i]);
+    if (n >= l && strncasecmp(host, names[i], l) == 0 &&
+        (n == l || (host[l] == ':' && n - l - 1 == strlen(listen_port) &&
+                    strncmp(host + l + 1, listen_port, n - l - 1) == 0)))
+      return 1;
+  }
+  return 0;
+}
+
+/*
+ * The MCP transport's rule against DNS rebinding (a web page whose name
+ * resolves to 127.0.0.1 calling a local server with its user's
+ * credentials): a request with an Origin header is taken only from an
+ * origin --allow-origin names or from the listener's own loopback origin
+ * (http://localhost:PORT, http://127.0.0.1:PORT, http://[::1]:PORT), and on
+ * a loopback listener only with a Host that is a loopback name. A client
+ * that is not a browser sends no Origin. NULL, or why the request is
+ * refused (403).
+ */
+static const char *foreign(struct MHD_Connection *c) {
+  const char *org =
+      MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+  const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host");
+  if (org) {
+    int ok = 0;
+    for (int i = 0; i < hx_opts->n_allow_origins && !ok; i++)
+      ok = strcasecmp(org, hx_opts->allow_origins[i]) == 0;
+    if (!ok && strncasecmp(org, "http://", 7) == 0)
+      ok = loopback_host(org + 7, strlen(org + 7));
+    if (!ok)
+      return "Origin not allowed: this proxy answers pages of the origins "
+             "--allow-origin names, and its own loopback origin.";
+  }
+  if (listen_loopback && (!host || !loopback_host(host, strlen(host))))
+    return "Host not allowed: a proxy on the loopback answers requests for "
+           "localhost, 127.0.0.1 or [::1] only.";
+  return NULL;
+}
+
 static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
                               const char *url, const char *method,
                               const char *version, const char *upload,
@@ -866,6 +914,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
     return MHD_NO;
   if (!h->started) {
     serve_refusal why;
+    const char *why_foreign;
     const union MHD_ConnectionInfo *ci;
     h->started = 1;
     h->c = c;
@@ -889,6 +938,24 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
     }
     free(h->uri);
     h->uri = t;
+    if ((why_foreign = foreign(c))) {
+      /* Refused before anything is claimed, forwarded or replayed: a
+       * JSON-RPC error without an id, as the transport allows. */
+      char body[300];
+      int n = snprintf(body, sizeof body,
+                       "{\"jsonrpc\":\"2.0\",\"id\":null,\"error\":"
+                       "{\"code\":-32600,\"message\":\"%s\"}}",
+                       why_foreign);
+      struct MHD_Response *r = MHD_create_response_from_buffer(
+          (size_t)n, body, MHD_RESPMEM_MUST_COPY);
+      if (!r)
+        return MHD_NO;
+      MHD_add_response_header(r, "Content-Type", "application/json");
+      enum MHD_Result ok = MHD_queue_response(c, 403, r);
+      MHD_destroy_response(r);
+      h->answered = 1;
+      return ok;
+    }
     if (MHD_get_connection_values_n(c, MHD_HEADER_KIND, collect, h) < 0)
       return MHD_NO;
     ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
@@ -1134,6 +1201,11 @@ int mcp_http_run(const mcp_opts *o, idem_store *store) {
                 MHD_USE_EPOLL | MHD_USE_ITC | MHD_ALLOW_SUSPEND_RESUME |
                     MHD_USE_ERROR_LOG,
                 handle, NULL, opts, bound, sizeof bound);
+  if (d) {
+    const char *colon = strrchr(bound, ':');
+    snprintf(listen_port, sizeof listen_port, "%s", colon ? colon + 1 : "");
+    listen_loopback = listen_is_loopback(o->listen) == 1;
+  }
   if (d && upstream_drive(d) != 0) {
     cli_error("mcp", "cannot start: %s", strerror(errno));
     MHD_stop_daemon(d);

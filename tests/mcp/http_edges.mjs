@@ -399,8 +399,8 @@ console.error("-- scenario 5a");
   for (let i = 0; i < 200 && hungClosed === 0; i++) await new Promise((r) => setTimeout(r, 25));
   eq("hang: the client's leaving ended the forward", 1, hungClosed);
 
-  const pipelined = await raw(px.port, 'GET /etag HTTP/1.1\r\nHost: x\r\nIf-None-Match: "v1"\r\n\r\n' +
-    "GET /etag HTTP/1.1\r\nHost: x\r\n\r\n");
+  const pipelined = await raw(px.port, 'GET /etag HTTP/1.1\r\nHost: 127.0.0.1\r\nIf-None-Match: "v1"\r\n\r\n' +
+    "GET /etag HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
   const parts = pipelined.split(/(?=HTTP\/1\.1 )/);
   check("304: no body, and the next answer read whole", parts.length === 2 &&
     parts[0].startsWith("HTTP/1.1 304") && parts[0].endsWith("\r\n\r\n") &&
@@ -483,15 +483,15 @@ console.error("-- scenario 6");
 // string is refused; bodies that are not JSON pass through to the server.
 {
   reset();
-  const smuggle = "POST /mcp HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n";
+  const smuggle = "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
   const got = await raw(px.port, smuggle);
   check("smuggling: 400", got.startsWith("HTTP/1.1 400"), got.slice(0, 80));
   check("smuggling: the second request not answered", (got.match(/HTTP\/1\.1/g) ?? []).length === 1, got);
-  const two = "POST /mcp HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 30\r\n\r\n{}";
+  const two = "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2\r\nContent-Length: 30\r\n\r\n{}";
   const got2 = await raw(px.port, two);
   check("two lengths: 400", got2.startsWith("HTTP/1.1 400"), got2.slice(0, 80));
   for (const target of ["/mcp/../internal/admin", "/%2e%2e/internal", "/mcp/.%2E/x"]) {
-    const got3 = await raw(px.port, `GET ${target} HTTP/1.1\r\nHost: x\r\n\r\n`);
+    const got3 = await raw(px.port, `GET ${target} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n`);
     check(`dot segments refused: ${target}`, got3.startsWith("HTTP/1.1 400"), got3.slice(0, 80));
   }
   eq("smuggling: nothing reached the upstream", 0, seen.length);
@@ -517,7 +517,7 @@ console.error("-- scenario 6");
     slow.on("error", () => {});
   });
   const slowStart = Date.now();
-  slow.write("POST /mcp HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n");
+  slow.write("POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n");
   const during = final(await post(px.port, call(11, "t", {}, "k-slowhead")), 11);
   check("slow head: a keyed call meanwhile acts", during?.result?.structuredContent?.id !== undefined,
     JSON.stringify(during));

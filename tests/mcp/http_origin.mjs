@@ -1,0 +1,79 @@
+// idem mcp --listen against DNS rebinding and foreign pages, as the MCP
+// transport asks of a server: a request with an Origin the proxy does not
+// allow, or (on a loopback listener) a Host that is not a loopback name,
+// is refused 403 before anything is claimed, forwarded or replayed. A
+// keyed call's replay is the case that matters: another page must not
+// read it. --allow-origin lets a named origin in; PORT and :PORT alone
+// listen on the loopback.
+import { request } from "node:http";
+import { join } from "node:path";
+import { TMP, check, eq, finish } from "./lib.mjs";
+import { startProxy, startServer } from "./http_lib.mjs";
+
+const J = JSON.stringify;
+// A POST with the headers given as is (node's http lets a test set Host).
+function post(port, msg, headers = {}) {
+  const body = J(msg);
+  return new Promise((resolve, reject) => {
+    const r = request({ host: "127.0.0.1", port, path: "/mcp", method: "POST",
+      headers: { "content-type": "application/json",
+        accept: "application/json, text/event-stream",
+        "mcp-protocol-version": "2025-11-25",
+        "content-length": Buffer.byteLength(body), ...headers } }, (res) => {
+      let got = "";
+      res.on("data", (d) => (got += d));
+      res.on("end", () => resolve({ status: res.statusCode, body: got }));
+    });
+    r.on("error", reject);
+    r.end(body);
+  });
+}
+const call = (id, key) => ({ jsonrpc: "2.0", id, method: "tools/call",
+  params: { name: "create_ticket", arguments: { title: "secret" },
+    _meta: { idempotencyKey: key } } });
+const ticket = (r) => (r.body.match(/ticket-\d+/) ?? [null])[0];
+
+const s = await startServer({ stateless: true, sdk: "2" });
+const effects = async () => (await s.effects()).effects.create_ticket;
+{
+  const p = await startProxy(s.url, join(TMP, "origin.db"));
+  const own = `http://127.0.0.1:${p.port}`;
+  const first = await post(p.port, call(1, "o-1"), { host: `127.0.0.1:${p.port}` });
+  eq("no Origin (not a browser): the call is made", [200, "ticket-1", 1],
+    [first.status, ticket(first), await effects()]);
+
+  const tries = [
+    ["a foreign page", { host: `127.0.0.1:${p.port}`, origin: "http://evil.example" }, 403],
+    ["a foreign page over https", { host: `127.0.0.1:${p.port}`, origin: "https://evil.example" }, 403],
+    ["a loopback page on another port", { host: `127.0.0.1:${p.port}`, origin: "http://localhost:1" }, 403],
+    ["DNS rebinding (a foreign Host)", { host: `evil.example:${p.port}` }, 403],
+    ["DNS rebinding, with its own Origin", { host: `evil.example:${p.port}`, origin: `http://evil.example:${p.port}` }, 403],
+    ["the listener's own origin", { host: `127.0.0.1:${p.port}`, origin: own }, 200],
+    ["localhost", { host: `localhost:${p.port}`, origin: `http://localhost:${p.port}` }, 200],
+  ];
+  let id = 2;
+  for (const [what, headers, want] of tries) {
+    const r = await post(p.port, call(id++, "o-1"), headers);
+    eq(`${what}: ${want}`, want, r.status);
+    if (want === 403) {
+      check(`${what}: nothing replayed`, ticket(r) === null && /-32600/.test(r.body), r.body);
+    } else {
+      eq(`${what}: the replay`, "ticket-1", ticket(r));
+    }
+  }
+  eq("the server acted once", 1, await effects());
+  const fresh = await post(p.port, call(20, "o-2"), { host: `127.0.0.1:${p.port}`, origin: "http://evil.example" });
+  eq("a foreign page's new call: refused, never forwarded", [403, 1], [fresh.status, await effects()]);
+  await p.kill();
+}
+{
+  const p = await startProxy(s.url, join(TMP, "allow.db"),
+    ["--listen", ":0", "--allow-origin", "https://app.example"]);
+  check("--listen :0: on the loopback", /^http:\/\/127\.0\.0\.1:/.test(p.base), p.base);
+  const ok = await post(p.port, call(1, "a-1"), { host: `127.0.0.1:${p.port}`, origin: "https://app.example" });
+  const no = await post(p.port, call(2, "a-1"), { host: `127.0.0.1:${p.port}`, origin: "https://app.example.evil" });
+  eq("--allow-origin: the named origin in, another out", [200, 403], [ok.status, no.status]);
+  eq("--allow-origin: one more effect", 2, await effects());
+  await p.kill();
+}
+finish();
