@@ -372,6 +372,7 @@ static int run(int argc, char **argv) {
   rc = parse(argc, argv, o);
   if (rc == 1) {
     fputs(usage, stdout);
+    free(o->allow_origins);
     free(o);
     return EXIT_OK;
   }
@@ -383,6 +384,7 @@ static int run(int argc, char **argv) {
   }
   if (rc != 0) {
     fputs("(see `idem mcp --help`)\n", stderr);
+    free(o->allow_origins);
     free(o);
     return EXIT_USAGE;
   }
