@@ -745,12 +745,37 @@ static int is_endpoint(const char *uri) {
   return strlen(mcp_path) == n && strncmp(uri, mcp_path, n) == 0;
 }
 
+/* The OAuth metadata a client of a protected server reads at the origin
+ * (RFC 9728 and RFC 8414, each also with the endpoint's path after it). */
+static int is_oauth_metadata(const char *uri) {
+  static const char *const wk[] = {
+      "/.well-known/oauth-protected-resource",
+      "/.well-known/oauth-authorization-server",
+      "/.well-known/openid-configuration"};
+  size_t n = strcspn(uri, "?");
+  for (size_t i = 0; i < sizeof wk / sizeof wk[0]; i++) {
+    size_t l = strlen(wk[i]);
+    if (n >= l && strncmp(uri, wk[i], l) == 0 && (n == l || uri[l] == '/'))
+      return 1;
+  }
+  return 0;
+}
+
 /* A POST to the endpoint is read: a keyed tools/call goes to
  * mcp_http_keyed.c, anything else passes through. */
 static void decide(hx *h) {
   json_t *msg, *params, *id;
   const char *method, *key, *tool;
   int dup = 0, in_arg = 0;
+  if (!is_endpoint(h->uri) && !is_oauth_metadata(h->uri)) {
+    /* The proxy stands for the server's MCP endpoint, not its whole
+     * origin: a page the server keeps for its own network (/admin,
+     * /internal) is not passed on to whoever reaches the proxy. */
+    answer_http_error(h, 404, -32600,
+                      "Not found: this proxy serves the MCP endpoint of its "
+                      "upstream and its OAuth metadata only.");
+    return;
+  }
   if (strcmp(h->method, "POST") != 0 || !is_endpoint(h->uri)) {
     pass_through(h);
     return;

@@ -40,7 +40,7 @@ const upstream = createServer((req, res) => {
         authorization_servers: ["http://auth.example"] }));
       return;
     }
-    if (req.url === "/etag") {
+    if (req.url === "/mcp" && req.method === "GET" && req.headers["x-etag"]) {
       if (req.headers["if-none-match"] === '"v1"') { res.writeHead(304, { etag: '"v1"' }); res.end(); return; }
       res.writeHead(200, { etag: '"v1"', "content-type": "text/plain" }); res.end("v1"); return;
     }
@@ -399,8 +399,9 @@ console.error("-- scenario 5a");
   for (let i = 0; i < 200 && hungClosed === 0; i++) await new Promise((r) => setTimeout(r, 25));
   eq("hang: the client's leaving ended the forward", 1, hungClosed);
 
-  const pipelined = await raw(px.port, 'GET /etag HTTP/1.1\r\nHost: 127.0.0.1\r\nIf-None-Match: "v1"\r\n\r\n' +
-    "GET /etag HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+  // (On the MCP endpoint: the proxy passes on no other path.)
+  const pipelined = await raw(px.port, 'GET /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Etag: 1\r\nIf-None-Match: "v1"\r\n\r\n' +
+    "GET /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Etag: 1\r\n\r\n");
   const parts = pipelined.split(/(?=HTTP\/1\.1 )/);
   check("304: no body, and the next answer read whole", parts.length === 2 &&
     parts[0].startsWith("HTTP/1.1 304") && parts[0].endsWith("\r\n\r\n") &&

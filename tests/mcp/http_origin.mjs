@@ -4,7 +4,8 @@
 // is refused 403 before anything is claimed, forwarded or replayed. A
 // keyed call's replay is the case that matters: another page must not
 // read it. --allow-origin lets a named origin in; PORT and :PORT alone
-// listen on the loopback.
+// listen on the loopback. Only the server's MCP endpoint and its OAuth
+// metadata are proxied, not the rest of its origin.
 import { request } from "node:http";
 import { join } from "node:path";
 import { TMP, check, eq, finish } from "./lib.mjs";
@@ -62,6 +63,16 @@ const effects = async () => (await s.effects()).effects.create_ticket;
     }
   }
   eq("the server acted once", 1, await effects());
+  // Only the MCP endpoint and the OAuth metadata are proxied: another
+  // page of the server's (its /effects here, an /admin elsewhere) is not.
+  const get = async (path) => {
+    const r = await fetch(`${p.base}${path}`);
+    return [r.status, (await r.text()).includes("this proxy serves")];
+  };
+  eq("another path of the server's: 404 from the proxy", [404, true], await get("/effects"));
+  eq("the server's page, straight: there", 200, (await fetch(`${s.base}/effects`)).status);
+  eq("OAuth metadata: passed on (the server's own answer)", false,
+    (await get("/.well-known/oauth-protected-resource/mcp"))[1]);
   const fresh = await post(p.port, call(20, "o-2"), { host: `127.0.0.1:${p.port}`, origin: "http://evil.example" });
   eq("a foreign page's new call: refused, never forwarded", [403, 1], [fresh.status, await effects()]);
   await p.kill();
