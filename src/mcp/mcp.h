@@ -186,6 +186,12 @@ json_t *mcp_parse(const char *line, size_t len, int *dup);
  * client without an answer.
  */
 json_t *mcp_error_object(int code, const char *msg);
+
+/* Adds capabilities.experimental["idem/idempotency"] (where keys go, what
+ * a replay is marked with, the proxy's settings) to an initialize or a
+ * server/discover result, over stdio and over HTTP alike. 0, or -1 when
+ * msg has no result object. */
+int mcp_extend_initialize(const mcp_opts *o, json_t *msg);
 /* Answers request id with a JSON-RPC error; data may be NULL (stolen). */
 void mcp_answer_error(mcp_proxy *p, json_t *id, int code, const char *msg,
                       json_t *data);

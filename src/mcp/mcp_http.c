@@ -589,9 +589,84 @@ static int tool_needs_key(const char *tool) {
 /* ---- passing through -------------------------------------------------------
  */
 
+/* An answer to an initialize or server/discover (text, a JSON body or an
+ * event stream), with capabilities.experimental["idem/idempotency"] added
+ * to the message that carries the result: a new body (malloc'd, *len), or
+ * NULL when none could be made. */
+static char *extended(const char *text, size_t n, size_t *len) {
+  int dup = 0;
+  json_t *m = mcp_parse(text, n, &dup);
+  char *out = NULL;
+  if (m) {
+    if (mcp_extend_initialize(hx_opts, m) == 0 &&
+        (out = json_dumps(m, JSON_COMPACT | JSON_PRESERVE_ORDER)))
+      *len = strlen(out);
+    json_decref(m);
+    return out;
+  }
+  /* An event stream: each event's data, a result extended, as one
+   * "message" event each (events without data, comments, go). */
+  {
+    char *buf = NULL;
+    size_t blen = 0, bcap = 0;
+    int found = 0;
+    for (size_t start = 0, end; (end = hx_event_end(text, n, start));
+         start = end) {
+      size_t dlen;
+      char *data = hx_event_data(text + start, end - start, &dlen);
+      char *j = NULL;
+      if (!data)
+        continue;
+      if ((m = mcp_parse(data, dlen, &dup))) {
+        if (json_object_get(m, "result") &&
+            mcp_extend_initialize(hx_opts, m) == 0)
+          found = 1;
+        j = json_dumps(m, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        json_decref(m);
+      }
+      if (!j) { /* not a message: no MCP client reads it */
+        free(data);
+        continue;
+      }
+      if (hx_buf_add(&buf, &blen, &bcap, "event: message\ndata: ", 21) != 0 ||
+          hx_buf_add(&buf, &blen, &bcap, j, strlen(j)) != 0 ||
+          hx_buf_add(&buf, &blen, &bcap, "\n\n", 2) != 0) {
+        free(j);
+        free(data);
+        free(buf);
+        return NULL;
+      }
+      free(j);
+      free(data);
+    }
+    if (!found) {
+      free(buf);
+      return NULL;
+    }
+    *len = blen;
+    return buf;
+  }
+}
+
+/* The held answer of an initialize or server/discover goes on, extended;
+ * as the server sent it when it holds no result to extend. */
+static void answer_extended(hx *h) {
+  size_t len = 0;
+  char *body = h->seen ? extended(h->seen, h->seen_len, &len) : NULL;
+  if (body)
+    hx_answer_whole(h, h->rs.status, NULL, body, len, h->rs.headers,
+                    h->rs.nheaders);
+  else
+    hx_answer_whole(h, h->rs.status, NULL, h->seen ? h->seen : "",
+                    h->seen_len, h->rs.headers, h->rs.nheaders);
+  free(body);
+}
+
 static void pass_head(void *ctx, up_response *rs) {
   hx *h = ctx;
   int64_t len = -1;
+  if (h->extend_caps)
+    return; /* sent whole, extended, at the end (pass_done()) */
   if (rs->content_length)
     len = strtoll(rs->content_length, NULL, 10);
   hx_answer_head(h, rs->status, rs->headers, rs->nheaders, len, 0);
@@ -599,6 +674,12 @@ static void pass_head(void *ctx, up_response *rs) {
 
 static int pass_data(void *ctx, const char *p, size_t n) {
   hx *h = ctx;
+  if (h->extend_caps) {
+    /* An initialize answer is small: one far larger is no MCP server's. */
+    if (h->seen_len + n > 1024 * 1024)
+      return -1;
+    return hx_buf_add(&h->seen, &h->seen_len, &h->seen_cap, p, n);
+  }
   if (h->watch_tools && h->seen_len + n <= 4u * 1024 * 1024)
     hx_buf_add(&h->seen, &h->seen_len, &h->seen_cap, p, n);
   return hx_stream(ctx, p, n);
@@ -624,7 +705,9 @@ static void pass_done(void *ctx, up_result r) {
   pthread_mutex_unlock(&h->mu);
   if (h->watch_tools && r == UP_OK && h->seen)
     learn_from(h->seen, h->seen_len);
-  if (head) {
+  if (h->extend_caps && r == UP_OK) {
+    answer_extended(h);
+  } else if (head) {
     hx_stream_end(h, r != UP_OK);
   } else if (r == UP_NOT_SENT || r == UP_NO_FDS) {
     answer_http_error(h, r == UP_NO_FDS ? 503 : 502, -32000,
@@ -672,7 +755,7 @@ void hx_prepare_request(hx *h) {
 }
 
 static void pass_through(hx *h) {
-  if (h->watch_tools)
+  if (h->watch_tools || h->extend_caps)
     hx_identity(h); /* read on its way: not compressed */
   hx_prepare_request(h);
   h->rq.abort_check = pass_abort;
@@ -796,6 +879,10 @@ static void decide(hx *h) {
   if (msg && json_is_object(msg) && method && id &&
       strcmp(method, "tools/list") == 0)
     h->watch_tools = hx_opts->require_key;
+  if (msg && json_is_object(msg) && method && id &&
+      (strcmp(method, "initialize") == 0 ||
+       strcmp(method, "server/discover") == 0))
+    h->extend_caps = 1; /* the client learns what the proxy does */
   if (!msg || !json_is_object(msg) || !method ||
       strcmp(method, "tools/call") != 0 || !id || json_is_null(id)) {
     /* Not a single tools/call request (a batch of the 2025-03-26 era is

@@ -67,6 +67,9 @@ typedef struct hx {
 
   /* A tools/list whose answer is read on its way (--require-key). */
   int watch_tools;
+  /* An initialize or server/discover whose answer is held whole and
+   * given the idem/idempotency capability before it goes on. */
+  int extend_caps;
   char *seen;
   size_t seen_len, seen_cap;
 

@@ -143,9 +143,7 @@ static int watch_take(mcp_proxy *p, const char *id) {
   return 0;
 }
 
-/* Adds capabilities.experimental["idem/idempotency"] to an initialize
- * result. */
-static int extend_initialize(mcp_proxy *p, json_t *msg) {
+int mcp_extend_initialize(const mcp_opts *o, json_t *msg) {
   json_t *result = json_object_get(msg, "result");
   json_t *caps, *exp, *locs, *info;
   if (!json_is_object(result))
@@ -166,20 +164,20 @@ static int extend_initialize(mcp_proxy *p, json_t *msg) {
     return -1;
   locs = json_pack("[s,s]", "params._meta.idempotencyKey",
                    "params.idempotencyKey");
-  if (locs && p->o->key_argument) {
-    char *a = malloc(strlen(p->o->key_argument) + 20);
+  if (locs && o->key_argument) {
+    char *a = malloc(strlen(o->key_argument) + 20);
     if (a) {
-      sprintf(a, "params.arguments.%s", p->o->key_argument);
+      sprintf(a, "params.arguments.%s", o->key_argument);
       json_array_append_new(locs, json_string(a));
       free(a);
     }
   }
   info = json_pack("{s:o,s:b,s:s,s:s,s:s,s:I,s:b}", "keyLocations", locs,
-                   "requireKey", p->o->require_key, "onUnknown",
-                   p->o->on_unknown_fail ? "fail" : "forward", "replayedMeta",
+                   "requireKey", o->require_key, "onUnknown",
+                   o->on_unknown_fail ? "fail" : "forward", "replayedMeta",
                    "idem/replayed", "recoveredMeta", "idem/recovered",
-                   "attachWaitMs", (json_int_t)p->o->attach_wait_ms,
-                   "storeToolErrors", p->o->store_tool_errors);
+                   "attachWaitMs", (json_int_t)o->attach_wait_ms,
+                   "storeToolErrors", o->store_tool_errors);
   if (!info)
     return -1;
   json_object_set_new(exp, "idem/idempotency", info);
@@ -490,7 +488,7 @@ static void server_line(mcp_proxy *p, const char *line, size_t len, int open) {
     }
     free(id);
     if ((kind == WATCH_INITIALIZE || kind == WATCH_DISCOVER) &&
-        extend_initialize(p, msg) == 0) {
+        mcp_extend_initialize(p->o, msg) == 0) {
       mcp_out_json(&p->to_client, msg);
       json_decref(msg);
       return;

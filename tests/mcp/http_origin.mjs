@@ -5,11 +5,12 @@
 // keyed call's replay is the case that matters: another page must not
 // read it. --allow-origin lets a named origin in; PORT and :PORT alone
 // listen on the loopback. Only the server's MCP endpoint and its OAuth
-// metadata are proxied, not the rest of its origin.
+// metadata are proxied, not the rest of its origin. The initialize answer
+// carries the idem/idempotency capability, as over stdio.
 import { request } from "node:http";
 import { join } from "node:path";
-import { TMP, check, eq, finish } from "./lib.mjs";
-import { startProxy, startServer } from "./http_lib.mjs";
+import { TMP, check, eq, finish, text } from "./lib.mjs";
+import { callTool, connectHttp, startProxy, startServer } from "./http_lib.mjs";
 
 const J = JSON.stringify;
 // A POST with the headers given as is (node's http lets a test set Host).
@@ -86,5 +87,26 @@ const effects = async () => (await s.effects()).effects.create_ticket;
   eq("--allow-origin: the named origin in, another out", [200, 403], [ok.status, no.status]);
   eq("--allow-origin: one more effect", 2, await effects());
   await p.kill();
+}
+// The idem/idempotency capability, in the initialize answer over HTTP as
+// over stdio, whether the server answers it as JSON or as an event stream;
+// the session the server gave goes on with it, and calls work after.
+for (const cfg of [{ sdk: "1" }, { sdk: "1", json: true }, { sdk: "2" }]) {
+  const srv = await startServer({ ...cfg, stateless: cfg.sdk === "2" });
+  const p = await startProxy(srv.url, join(TMP, `caps-${cfg.sdk}-${!!cfg.json}.db`),
+    ["--attach-wait", "7s"]);
+  const { client, sessionId } = await connectHttp(p.url, { sdk: cfg.sdk });
+  const cap = client.getServerCapabilities()?.experimental?.["idem/idempotency"];
+  const T = (w) => `capability (sdk ${cfg.sdk}${cfg.json ? ", json" : ""}): ${w}`;
+  eq(T("announced"), [true, "idem/replayed", 7000],
+    [cap?.keyLocations?.includes("params._meta.idempotencyKey"), cap?.replayedMeta, cap?.attachWaitMs]);
+  eq(T("the server's own capabilities kept"), true,
+    client.getServerCapabilities()?.tools !== undefined);
+  if (cfg.sdk === "1" && !cfg.json) check(T("the session kept"), !!sessionId(), "no session id");
+  const r = await callTool({ client, sdk: cfg.sdk }, "create_ticket", { title: "c" }, { key: "cap-1" });
+  check(T("a keyed call after it"), /ticket-/.test(text(r.result) ?? ""), JSON.stringify(r));
+  await client.close();
+  await p.kill();
+  await srv.kill();
 }
 finish();
