@@ -589,6 +589,8 @@ static int tool_needs_key(const char *tool) {
 /* ---- passing through -------------------------------------------------------
  */
 
+static void session_deleted(const char *sid);
+
 /* An answer to an initialize or server/discover (text, a JSON body or an
  * event stream), with capabilities.experimental["idem/idempotency"] added
  * to the message that carries the result: a new body (malloc'd, *len), or
@@ -705,6 +707,9 @@ static void pass_done(void *ctx, up_result r) {
   pthread_mutex_unlock(&h->mu);
   if (h->watch_tools && r == UP_OK && h->seen)
     learn_from(h->seen, h->seen_len);
+  if (r == UP_OK && strcmp(h->method, "DELETE") == 0 &&
+      h->rs.status >= 200 && h->rs.status < 300)
+    session_deleted(hx_header(h, "Mcp-Session-Id"));
   if (h->extend_caps && r == UP_OK) {
     answer_extended(h);
   } else if (head) {
@@ -844,6 +849,98 @@ static int is_oauth_metadata(const char *uri) {
   return 0;
 }
 
+/* Sessions the server ended (a DELETE it answered 2xx): the last
+ * DELETED_KEPT, in a ring. A keyed call in one is refused as the server
+ * would refuse it, never answered from the store. */
+#define DELETED_KEPT 4096
+static struct {
+  pthread_mutex_t mu;
+  char *id[DELETED_KEPT];
+  size_t next;
+} Deleted = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void session_deleted(const char *sid) {
+  char *copy = sid && *sid ? strdup(sid) : NULL;
+  if (!copy)
+    return;
+  pthread_mutex_lock(&Deleted.mu);
+  free(Deleted.id[Deleted.next]);
+  Deleted.id[Deleted.next] = copy;
+  Deleted.next = (Deleted.next + 1) % DELETED_KEPT;
+  pthread_mutex_unlock(&Deleted.mu);
+}
+
+static int session_was_deleted(const char *sid) {
+  int found = 0;
+  if (!sid)
+    return 0;
+  pthread_mutex_lock(&Deleted.mu);
+  for (size_t i = 0; i < DELETED_KEPT && !found; i++)
+    found = Deleted.id[i] && strcmp(Deleted.id[i], sid) == 0;
+  pthread_mutex_unlock(&Deleted.mu);
+  return found;
+}
+
+/* Whether list (an Accept header's value) names type. */
+static int accepts(const char *list, const char *type) {
+  size_t tl = strlen(type);
+  for (const char *p = list; p && *p;) {
+    p += strspn(p, " \t,");
+    if (strncasecmp(p, type, tl) == 0 && strchr(" \t;,", p[tl] ? p[tl] : ' '))
+      return 1;
+    p = strchr(p, ',');
+  }
+  return 0;
+}
+
+/*
+ * The checks the Streamable HTTP transport makes of a POST (what an SDK
+ * server answers a live call that fails them), made of a keyed call before
+ * it is claimed or answered from the store, so that a replay goes only
+ * where the server would have taken the call: a JSON body, an Accept of
+ * both answer types, a protocol version the transport knows, a session
+ * the server has not ended. 0, or -1 with h answered.
+ */
+static int transport_checks(hx *h) {
+  static const char *const versions[] = {"2024-11-05", "2025-03-26",
+                                         "2025-06-18", "2025-11-25",
+                                         "2026-07-28"};
+  const char *ct = hx_header(h, "Content-Type");
+  const char *acc = hx_header(h, "Accept");
+  const char *ver = hx_header(h, "MCP-Protocol-Version");
+  size_t n = ct ? strcspn(ct, "; \t") : 0;
+  int known = !ver;
+  if (!ct || n != 16 || strncasecmp(ct, "application/json", 16) != 0) {
+    answer_http_error(h, 415, -32000,
+                      "Unsupported Media Type: Content-Type must be "
+                      "application/json; nothing was sent or replayed");
+    return -1;
+  }
+  if (!acc || !accepts(acc, "application/json") ||
+      !accepts(acc, "text/event-stream")) {
+    answer_http_error(h, 406, -32000,
+                      "Not Acceptable: Accept must name both "
+                      "application/json and text/event-stream; nothing was "
+                      "sent or replayed");
+    return -1;
+  }
+  for (size_t i = 0; i < sizeof versions / sizeof versions[0] && !known; i++)
+    known = strcmp(ver, versions[i]) == 0;
+  if (!known) {
+    answer_http_error(h, 400, -32000,
+                      "Bad Request: unsupported MCP-Protocol-Version; "
+                      "nothing was sent or replayed");
+    return -1;
+  }
+  if (session_was_deleted(hx_header(h, "Mcp-Session-Id"))) {
+    answer_http_error(h, 404, -32001,
+                      "Session not found: the server ended this session; "
+                      "initialize a new one. Nothing was sent or replayed");
+    return -1;
+  }
+  return 0;
+}
+
 /* A POST to the endpoint is read: a keyed tools/call goes to
  * mcp_http_keyed.c, anything else passes through. */
 static void decide(hx *h) {
@@ -955,6 +1052,10 @@ static void decide(hx *h) {
   if (!key || !tool || !h->id) {
     json_decref(msg);
     pass_through(h);
+    return;
+  }
+  if (transport_checks(h) != 0) {
+    json_decref(msg);
     return;
   }
   if (derive_tenant(h) != 0) {

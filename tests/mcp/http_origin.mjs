@@ -30,8 +30,8 @@ function post(port, msg, headers = {}) {
     r.end(body);
   });
 }
-const call = (id, key) => ({ jsonrpc: "2.0", id, method: "tools/call",
-  params: { name: "create_ticket", arguments: { title: "secret" },
+const call = (id, key, title = "secret") => ({ jsonrpc: "2.0", id, method: "tools/call",
+  params: { name: "create_ticket", arguments: { title },
     _meta: { idempotencyKey: key } } });
 const ticket = (r) => (r.body.match(/ticket-\d+/) ?? [null])[0];
 
@@ -64,6 +64,19 @@ const effects = async () => (await s.effects()).effects.create_ticket;
     }
   }
   eq("the server acted once", 1, await effects());
+  // A replay needs what the server needs of a live call: a JSON body, an
+  // Accept of both answer types, a protocol version it knows.
+  const hostOnly = { host: `127.0.0.1:${p.port}` };
+  const bad = [
+    ["a text/plain body", { ...hostOnly, "content-type": "text/plain" }, 415],
+    ["Accept without event streams", { ...hostOnly, accept: "application/json" }, 406],
+    ["no Accept", { ...hostOnly, accept: "" }, 406],
+    ["an unknown protocol version", { ...hostOnly, "mcp-protocol-version": "1999-01-01" }, 400],
+  ];
+  for (const [what, headers, want] of bad) {
+    const r = await post(p.port, call(id++, "o-1"), headers);
+    eq(`${what}: ${want}, nothing replayed`, [want, null], [r.status, ticket(r)]);
+  }
   // Only the MCP endpoint and the OAuth metadata are proxied: another
   // page of the server's (its /effects here, an /admin elsewhere) is not.
   const get = async (path) => {
@@ -105,6 +118,18 @@ for (const cfg of [{ sdk: "1" }, { sdk: "1", json: true }, { sdk: "2" }]) {
   if (cfg.sdk === "1" && !cfg.json) check(T("the session kept"), !!sessionId(), "no session id");
   const r = await callTool({ client, sdk: cfg.sdk }, "create_ticket", { title: "c" }, { key: "cap-1" });
   check(T("a keyed call after it"), /ticket-/.test(text(r.result) ?? ""), JSON.stringify(r));
+  if (cfg.sdk === "1" && !cfg.json) {
+    // A session the server ended: its replay is refused as the server
+    // refuses the session (404), never answered from the store.
+    const sid = sessionId();
+    const live = await post(p.port, call(30, "cap-1", "c"), { host: `127.0.0.1:${p.port}`, "mcp-session-id": sid });
+    check("a live session: its replay", live.status === 200 && /idem\/replayed/.test(live.body), live.body);
+    const del = await fetch(p.url, { method: "DELETE", headers: { "mcp-session-id": sid,
+      "mcp-protocol-version": "2025-11-25" } });
+    check("the session ended at the server", del.status >= 200 && del.status < 300, String(del.status));
+    const after = await post(p.port, call(31, "cap-1", "c"), { host: `127.0.0.1:${p.port}`, "mcp-session-id": sid });
+    eq("an ended session: 404, nothing replayed", [404, false], [after.status, /idem\/replayed/.test(after.body)]);
+  }
   await client.close();
   await p.kill();
   await srv.kill();
