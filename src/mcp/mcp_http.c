@@ -533,36 +533,49 @@ static void answer_http_error(hx *h, int status, int code, const char *msg) {
 /* ---- tools that need no key (--require-key)
  * ------------------------------------ */
 
+/* Each tenant's own: a server may list other tools, or annotate them
+ * otherwise, for another credential, and one tenant's tools/list must not
+ * let another's unkeyed calls through. At most TENANTS_KEPT tenants; past
+ * that the table starts over (each tenant's next tools/list fills it). */
+#define TENANTS_KEPT 10000
 static pthread_mutex_t tools_mu = PTHREAD_MUTEX_INITIALIZER;
-static json_t *tools_safe; /* tool name -> readOnlyHint or idempotentHint */
+static json_t *tools_safe; /* tenant -> tool name -> readOnlyHint or
+                              idempotentHint */
 
-static void learn_tools(json_t *msg) {
+static void learn_tools(const char *tenant, json_t *msg) {
   json_t *tools = json_object_get(json_object_get(msg, "result"), "tools");
+  json_t *mine;
   size_t i;
   json_t *t;
   if (!json_is_array(tools))
     return;
   pthread_mutex_lock(&tools_mu);
+  if (tools_safe && json_object_size(tools_safe) >= TENANTS_KEPT &&
+      !json_object_get(tools_safe, tenant))
+    json_object_clear(tools_safe);
   if (!tools_safe)
     tools_safe = json_object();
+  if (!(mine = json_object_get(tools_safe, tenant)) &&
+      json_object_set_new(tools_safe, tenant, json_object()) == 0)
+    mine = json_object_get(tools_safe, tenant);
   json_array_foreach(tools, i, t) {
     const char *name = json_string_value(json_object_get(t, "name"));
     json_t *ann = json_object_get(t, "annotations");
     int safe = json_is_true(json_object_get(ann, "readOnlyHint")) ||
                json_is_true(json_object_get(ann, "idempotentHint"));
-    if (name && tools_safe &&
+    if (name && mine &&
         strlen(name) == json_string_length(json_object_get(t, "name")))
-      json_object_set_new(tools_safe, name, json_boolean(safe));
+      json_object_set_new(mine, name, json_boolean(safe));
   }
   pthread_mutex_unlock(&tools_mu);
 }
 
 /* A tools/list answer, whole: a JSON body or an event stream. */
-static void learn_from(const char *text, size_t len) {
+static void learn_from(const char *tenant, const char *text, size_t len) {
   int dup = 0;
   json_t *m = mcp_parse(text, len, &dup);
   if (m) {
-    learn_tools(m);
+    learn_tools(tenant, m);
     json_decref(m);
     return;
   }
@@ -571,17 +584,18 @@ static void learn_from(const char *text, size_t len) {
     size_t dlen;
     char *data = hx_event_data(text + start, end - start, &dlen);
     if (data && (m = mcp_parse(data, dlen, &dup))) {
-      learn_tools(m);
+      learn_tools(tenant, m);
       json_decref(m);
     }
     free(data);
   }
 }
 
-static int tool_needs_key(const char *tool) {
+static int tool_needs_key(const char *tenant, const char *tool) {
   int safe;
   pthread_mutex_lock(&tools_mu);
-  safe = tool && json_is_true(json_object_get(tools_safe, tool));
+  safe = tool && json_is_true(json_object_get(
+                     json_object_get(tools_safe, tenant), tool));
   pthread_mutex_unlock(&tools_mu);
   return !safe;
 }
@@ -590,6 +604,7 @@ static int tool_needs_key(const char *tool) {
  */
 
 static void session_deleted(const char *sid);
+static int derive_tenant(hx *h);
 
 /* An answer to an initialize or server/discover (text, a JSON body or an
  * event stream), with capabilities.experimental["idem/idempotency"] added
@@ -706,7 +721,7 @@ static void pass_done(void *ctx, up_result r) {
   h->pass_ended = 1;
   pthread_mutex_unlock(&h->mu);
   if (h->watch_tools && r == UP_OK && h->seen)
-    learn_from(h->seen, h->seen_len);
+    learn_from(h->tenant, h->seen, h->seen_len);
   if (r == UP_OK && strcmp(h->method, "DELETE") == 0 &&
       h->rs.status >= 200 && h->rs.status < 300)
     session_deleted(hx_header(h, "Mcp-Session-Id"));
@@ -975,7 +990,7 @@ static void decide(hx *h) {
   }
   if (msg && json_is_object(msg) && method && id &&
       strcmp(method, "tools/list") == 0)
-    h->watch_tools = hx_opts->require_key;
+    h->watch_tools = hx_opts->require_key && derive_tenant(h) == 0;
   if (msg && json_is_object(msg) && method && id &&
       (strcmp(method, "initialize") == 0 ||
        strcmp(method, "server/discover") == 0))
@@ -1027,7 +1042,8 @@ static void decide(hx *h) {
                         NULL);
     return;
   }
-  if (!key && hx_opts->require_key && h->id && tool_needs_key(tool)) {
+  if (!key && hx_opts->require_key && h->id &&
+      (derive_tenant(h) != 0 || tool_needs_key(h->tenant, tool))) {
     char m[1024];
     const char *shown = tool ? tool : "?";
     /* The name cut between two characters: the message must stay UTF-8. */

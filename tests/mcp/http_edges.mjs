@@ -473,6 +473,15 @@ console.error("-- scenario 5a");
   const r4 = final(await post(rk.port, call(5, "t", {}, "k-rk")), 5);
   check("require-key: with a key it acts", r4?.result !== undefined, JSON.stringify(r4));
   eq("require-key: effects", { safe_read: 1, t: 1 }, effects);
+  // The table is each tenant's: another credential's unkeyed call to the
+  // read-only tool is refused until its own tools/list.
+  const bob = { authorization: "Bearer bob" };
+  const b1 = final(await post(rk.port, call(7, "safe_read", {}), bob), 7);
+  eq("require-key: another tenant, before its tools/list: refused", -31905, b1?.error?.code);
+  final(await post(rk.port, { jsonrpc: "2.0", id: 8, method: "tools/list" }, bob), 8);
+  const b2 = final(await post(rk.port, call(9, "safe_read", {}), bob), 9);
+  check("require-key: another tenant, after its own tools/list: passes", b2?.result !== undefined, JSON.stringify(b2));
+  eq("require-key: effects with the other tenant", { safe_read: 2, t: 1 }, effects);
   const nul = final(await post(rk.port, call(6, "t\u0000x", {}, "k-nul")), 6);
   eq("a tool name with U+0000 refused", -32602, nul?.error?.code);
   rk.stop("SIGTERM");
