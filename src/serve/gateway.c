@@ -427,7 +427,8 @@ static enum MHD_Result begin(struct MHD_Connection *c, req *r,
     return problem(c, r, method, OUT_REJECTED, 400, "bad-tenant",
                    "Malformed tenant header", 0, 0,
                    "The %s header must be sent once, at most 255 bytes "
-                   "without control characters.",
+                   "without control characters, and not begin with "
+                   "\"authorization:\" (the tenants of credentials).",
                    tv ? cfg->tenant_header : "Authorization");
   }
   if (!(r->tenant = strdup(tenant)))

@@ -110,6 +110,13 @@ post b4 tenant-2 '{"title":"bob"}' -H 'Authorization: Bearer bob' -H 'X-Tenant: 
 expect_eq "tenant header given: its own record, not the credential's" "201 " \
   "$(code b4) $(header b4 Idempotent-Replayed)"
 expect_eq "tenant header given: a third effect" 3 "$(effects tenant-2)"
+# A tenant header's value never names a credential's tenant: bob's is
+# authorization:SHA-256("Bearer bob"), and mallory sends that.
+bobs=authorization:$(printf 'Bearer bob' | sha256sum | cut -d' ' -f1)
+post b5 tenant-2 '{"title":"bob"}' -H "X-Tenant: $bobs"
+expect_eq "a tenant header shaped like a credential's tenant: 400, bob's answer not replayed" \
+  "400 urn:idem:problem:bad-tenant  3" \
+  "$(code b5) $(json b5 type) $(header b5 Idempotent-Replayed) $(effects tenant-2)"
 stop_gateway "$GW_PID"
 start_gateway gwa --upstream "$UP" --store "$TMP/gwa.db" || { finish; exit 1; }
 post z1 auth-1 '{"title":"Z"}' -H 'Authorization: Bearer a' -H 'Authorization: Bearer b'
