@@ -50,15 +50,45 @@
 # fails, after its tables, when a slow run had errors or ran out of time
 # (BENCH_SLOW_TIMEOUT: a stuck gateway fails the run instead of hanging it).
 #
+# Then the "slowloris" scenario: N slow header senders (default 1,000;
+# bench/slowloris.py hold), each a connection that sends a request head 2
+# bytes a second, their turns spread over the second, and never finishes
+# it, against nginx (a reverse proxy as above) and then idem serve, one
+# after the other in the same round. Once a target holds them all (by its
+# own count: nginx's stub_status, idem's idem_gateway_connections), a probe
+# (bench/slowloris.py probe) sends 1,000 ordinary GETs one after another,
+# one every 10 ms, each on a fresh connection, as a client without a pool
+# would (the time from connect() to the answer's last byte); both pass
+# them through to the upstream. Both are set alike: the same deadline for
+# a whole request head (nginx's client_header_timeout, idem's
+# --header-timeout), and no limit that would refuse one of the N (see
+# slowloris_scenario). Two variants: "held", a deadline longer than a run
+# (BENCH_SLOWLORIS_HEADER_TIMEOUT), so that every slow sender is held
+# while the probe runs; "cut", a deadline of BENCH_SLOWLORIS_CUT_TIMEOUT
+# (2 s), and each sender cut off comes back at once, as slowloris does, so
+# that the probe also meets the servers cutting a thousand heads off and
+# taking as many connections again, five times in its 10 s. Per run: the probe's p50/p90/p99; then
+# per variant the medians of the rounds and idem p99 / nginx p99 (target
+# <= 2x). The run fails, after its table, when a target did not hold all
+# N (or, held, lost one during the probe) or a probe request failed.
+#
 # Environment: BENCH_SECONDS (per run, default 5), BENCH_ROUNDS (default 3),
 # BENCH_CONNECTIONS (default 32), BENCH_PG (default 1); BENCH_ONLY (fast:
-# the wrk scenarios only, slow: the slow upstream only; default both),
+# the wrk scenarios only, slow: the slow upstream only, slowloris: the
+# slowloris scenario only; default all three),
 # BENCH_SLOW_N (default "1000 8000"), BENCH_SLOW_DELAY (seconds per POST,
 # default 1), BENCH_SLOW_TIMEOUT (seconds per slow run, default 120),
 # BENCH_SLOW_PROBE_N (slow calls in flight during the probe, default 1000;
 # 0 skips it), BENCH_SLOW_PROBES (requests of each kind, default 200),
 # BENCH_SLOW_FIXED_THREADS (the "fixed few" of the threads target: at most
-# that many plus 2 per core; default 8).
+# that many plus 2 per core; default 8); BENCH_SLOWLORIS_N (slow header
+# senders, default 1000), BENCH_SLOWLORIS_PROBES (probe requests per
+# target and round, default 1000), BENCH_SLOWLORIS_HEADER_TIMEOUT (seconds,
+# default 120), BENCH_SLOWLORIS_CUT_TIMEOUT (seconds, default 2),
+# BENCH_SLOWLORIS_VARIANTS (default "none held cut"; none: the probe
+# alone, no slow sender, the floor each target's own request path sets), BENCH_SLOWLORIS_INTERVAL
+# and BENCH_SLOWLORIS_CHUNK (each sender sends CHUNK bytes every INTERVAL
+# seconds; default 2 every 1).
 set -eu
 if [ $# -ne 1 ]; then
   echo "usage: sh bench/gateway.sh PATH_TO_IDEM" >&2
@@ -80,11 +110,19 @@ SLOW_TIMEOUT=${BENCH_SLOW_TIMEOUT:-120}
 PROBE_N=${BENCH_SLOW_PROBE_N:-1000}
 PROBES=${BENCH_SLOW_PROBES:-200}
 FEW_THREADS=${BENCH_SLOW_FIXED_THREADS:-8}
+LORIS_N=${BENCH_SLOWLORIS_N:-1000}
+LORIS_PROBES=${BENCH_SLOWLORIS_PROBES:-1000}
+LORIS_TIMEOUT=${BENCH_SLOWLORIS_HEADER_TIMEOUT:-120}
+LORIS_INTERVAL=${BENCH_SLOWLORIS_INTERVAL:-1}
+LORIS_CHUNK=${BENCH_SLOWLORIS_CHUNK:-2}
+LORIS_CUT_TIMEOUT=${BENCH_SLOWLORIS_CUT_TIMEOUT:-2}
+LORIS_VARIANTS=${BENCH_SLOWLORIS_VARIANTS:-none held cut}
 case $BENCH_ONLY in
-  "") FAST=1 SLOW=1 ;;
-  fast) FAST=1 SLOW=0 ;;
-  slow) FAST=0 SLOW=1 ;;
-  *) echo "bench: BENCH_ONLY is fast or slow, not $BENCH_ONLY" >&2; exit 2 ;;
+  "") FAST=1 SLOW=1 LORIS=1 ;;
+  fast) FAST=1 SLOW=0 LORIS=0 ;;
+  slow) FAST=0 SLOW=1 LORIS=0 ;;
+  slowloris) FAST=0 SLOW=0 LORIS=1 ;;
+  *) echo "bench: BENCH_ONLY is fast, slow or slowloris, not $BENCH_ONLY" >&2; exit 2 ;;
 esac
 [ "$FAST" = 1 ] || BENCH_PG=0
 # Every process started here inherits the limit: 8,000 calls in flight are
@@ -146,6 +184,23 @@ if [ "$SLOW" = 1 ]; then
     }
   }"
 fi
+# The slowloris scenario's "cut" variant: a proxy as the one below, with
+# a header timeout shorter than a run.
+LORIS_NGINX=""
+if [ "$LORIS" = 1 ]; then
+  LX_PORT=$(port)
+  LORIS_NGINX="
+  server {
+    listen 127.0.0.1:$LX_PORT;
+    client_header_timeout ${LORIS_CUT_TIMEOUT}s;
+    location / {
+      proxy_pass http://tool;
+      proxy_http_version 1.1;
+      proxy_set_header Connection \"\";
+    }
+    location = /__nginx_status { stub_status; }
+  }"
+fi
 # A worker may get most of 8,000 clients and holds an upstream connection
 # for each: as many connections as its descriptors allow.
 NGX_CONNS=$((NOFILE > 4196 ? NOFILE - 100 : 4096))
@@ -175,12 +230,19 @@ http {
   }
   server {
     listen 127.0.0.1:$PX_PORT;
+    # The slowloris scenario's deadline for a whole request head in its
+    # "held" variant, as idem serve's --header-timeout there (nginx's
+    # timer, like idem's, is not restarted by each byte of the head).
+    client_header_timeout ${LORIS_TIMEOUT}s;
     location / {
       proxy_pass http://tool;
       proxy_http_version 1.1;
       proxy_set_header Connection "";
     }
-  }$SLOW_NGINX
+    # How many client connections nginx holds (the slowloris scenario
+    # waits until it holds every slow sender).
+    location = /__nginx_status { stub_status; }
+  }$SLOW_NGINX$LORIS_NGINX
 }
 EOF
 "$NGINX" -c "$W/nginx.conf" -p "$W/nginx" 2>"$W/nginx.err" &
@@ -231,17 +293,21 @@ wait_listening() {
   done
 }
 
-# gateway NAME STORE [UPSTREAM_PORT]: starts idem serve; sets GW_URL and
-# GW_PID. It waits up to a minute for the gateway to say where it listens
-# (a busy machine, a store on a slow disk).
+# gateway NAME STORE [UPSTREAM_PORT [OPTION...]]: starts idem serve with
+# those options; sets GW_URL and GW_PID. It waits up to a minute for the
+# gateway to say where it listens (a busy machine, a store on a slow disk).
 gateway() {
+  gw_name=$1 gw_store=$2 gw_up=${3:-$UP_PORT}
+  shift 2
+  [ $# -gt 0 ] && shift
   # The last run's file goes first: the shell may truncate it in the child
   # only after the loop below has read the old "listening on" line, and the
   # clients then went to the last gateway's port (every connection refused).
-  rm -f "$W/$1.err"
-  "$IDEM" serve --listen 127.0.0.1:0 --upstream "http://127.0.0.1:${3:-$UP_PORT}" \
-    --store "$2" 2>"$W/$1.err" &
+  rm -f "$W/$gw_name.err"
+  "$IDEM" serve --listen 127.0.0.1:0 --upstream "http://127.0.0.1:$gw_up" \
+    --store "$gw_store" "$@" 2>"$W/$gw_name.err" &
   GW_PID=$!
+  set -- "$gw_name"
   wait_listening "$W/$1.err" $GW_PID
   GW_URL=$(sed -n 's/.*listening on \(http:[^,]*\),.*/\1/p' "$W/$1.err")
   [ -n "$GW_URL" ] || {
@@ -255,7 +321,8 @@ gateway() {
 # tests (or cmake --build BUILD --target gateway_floor).
 GW_FLOOR=$(dirname "$IDEM")/bench/gateway_floor
 if [ ! -x "$GW_FLOOR" ]; then
-  echo "bench: no $GW_FLOOR (cmake --build BUILD --target gateway_floor): no gateway floor" >&2
+  [ "$FAST" = 0 ] ||
+    echo "bench: no $GW_FLOOR (cmake --build BUILD --target gateway_floor): no gateway floor" >&2
   GW_FLOOR=""
 fi
 
@@ -615,10 +682,185 @@ if failed:
 EOF
 }
 
+# loris_run VARIANT TARGET URL HELD_URL: one slowloris run against TARGET:
+# the N slow senders, held by URL's server (HELD_URL says how many it
+# holds), then the probe; appends a JSON line (variant, target, round, the
+# senders' and the probe's figures) to $W/loris. In the variant "cut" the
+# senders a server cuts off come back at once.
+loris_run() {
+  rm -f "$W/loris.ready" "$W/loris.stop"
+  if [ "$1" = none ]; then
+    # No slow sender: the probe alone, the floor of the target's own
+    # request path, measured beside the variants with senders.
+    echo '{"n": 0, "held": 0, "connect_errors": 0, "closed_during_hold": 0,
+      "answered_during_hold": 0, "reopened": 0}' >"$W/loris-hold.json"
+    python3 "$HERE/slowloris.py" probe "$3/probe" --n "$LORIS_PROBES" --every 10 \
+      >"$W/loris-probe.json" || { echo "bench: the slowloris probe failed ($1, $2)" >&2; exit 1; }
+    loris_record "$1" "$2"
+    return
+  fi
+  lr=0
+  [ "$1" = cut ] && lr=1
+  # The senders' own bound, should this script die: a run's hold is far
+  # shorter.
+  python3 "$HERE/slowloris.py" hold "$3/slowloris" "$LORIS_N" --held-url "$4" \
+    --interval "$LORIS_INTERVAL" --chunk "$LORIS_CHUNK" --reopen $lr \
+    --ready-file "$W/loris.ready" --stop-file "$W/loris.stop" \
+    --timeout $((LORIS_TIMEOUT * 2)) >"$W/loris-hold.json" &
+  lh=$!
+  PIDS="$PIDS $lh"
+  wait_file "$W/loris.ready" $lh "the slow senders"
+  python3 "$HERE/slowloris.py" probe "$3/probe" --n "$LORIS_PROBES" --every 10 \
+    >"$W/loris-probe.json" || { echo "bench: the slowloris probe failed ($1, $2)" >&2; exit 1; }
+  : >"$W/loris.stop"
+  wait $lh || { echo "bench: the slow senders failed ($1, $2)" >&2; exit 1; }
+  loris_record "$1" "$2"
+}
+
+# loris_record VARIANT TARGET: the run's line in $W/loris, and printed.
+loris_record() {
+  python3 - "$1" "$2" "$r" "$W/loris-hold.json" "$W/loris-probe.json" "$W/loris" <<'EOF'
+import json, sys
+variant, target, rnd = sys.argv[1], sys.argv[2], int(sys.argv[3])
+h, p = json.load(open(sys.argv[4])), json.load(open(sys.argv[5]))
+with open(sys.argv[6], "a") as f:
+    f.write(json.dumps({"variant": variant, "target": target, "round": rnd,
+                        "hold": h, "probe": p}) + "\n")
+bad = p["errors"] or set(p["statuses"]) - {"200", "201"}
+print(f"  {variant:4s} {target:6s} p50 {p['p50_ms']:6.2f} ms  p90 {p['p90_ms']:6.2f} ms"
+      f"  p99 {p['p99_ms']:6.2f} ms  max {p['max_ms']:7.2f} ms   held {h['held']} of {h['n']},"
+      f" cut off during the hold {h['closed_during_hold'] + h['answered_during_hold']}"
+      f"{' (back at once)' if h['reopened'] else ''}"
+      f"{'   answers ' + json.dumps(p['statuses']) + ' errors ' + json.dumps(p['errors']) if bad else ''}")
+EOF
+}
+
+# loris_gateway TIMEOUT: a fresh idem serve for one slowloris run, with
+# --header-timeout TIMEOUT; sets GW_URL, GW_PID and GW_ADMIN.
+loris_gateway() {
+  gateway loris "sqlite:$W/loris-$r-$1.db" "$UP_PORT" --header-timeout "${1}s" \
+    --max-connections-per-client 0 --admin-listen 127.0.0.1:0
+  PIDS="$PIDS $GW_PID"
+  # The admin listener's line follows the listener's.
+  n=0
+  while ! grep -qs 'admin on' "$W/loris.err" && [ $n -lt 1200 ]; do
+    kill -0 $GW_PID 2>/dev/null || break
+    sleep 0.05; n=$((n + 1))
+  done
+  GW_ADMIN=$(sed -n 's/.*admin on \(http:.*\)/\1/p' "$W/loris.err")
+  [ -n "$GW_ADMIN" ] || { cat "$W/loris.err" >&2; echo "bench: no admin listener" >&2; exit 1; }
+}
+
+# The slowloris scenario, in two variants, each against nginx, then idem:
+#   held  the header timeout (LORIS_TIMEOUT, on both) is longer than a
+#         run: every slow sender is held from before the probe to its end;
+#   cut   the header timeout is LORIS_CUT_TIMEOUT (on both), shorter than
+#         a run, and the senders cut off come back at once, as slowloris
+#         itself does: the probe meets the servers cutting heads off, and
+#         as many connections opened again (with 2 s, five times during
+#         the probe).
+# The limits, so that both admit all N senders (every one from 127.0.0.1)
+# and the probe beside them: nginx has no per-address limit (limit_conn is
+# not set) and worker_connections is NGX_CONNS per worker; idem serve gets
+# --max-connections-per-client 0, no per-address limit as nginx (its
+# default, nine tenths of --max-connections, admits 1,000 where
+# descriptors are plenty, but not under a low descriptor limit), and its
+# default --max-connections, what the descriptors allow (printed below). A
+# fresh gateway per run, on SQLite in the bench's folder; the probe's GETs
+# never reach the store.
+slowloris_scenario() {
+  : >"$W/loris"
+  lt=$((2 * $(nproc)))
+  lc=$(((NOFILE - 64 - 2 * lt) / 2))
+  [ $lc -gt 16384 ] && lc=16384
+  echo "slowloris: $LORIS_N slow header senders, $LORIS_CHUNK bytes every $LORIS_INTERVAL s" \
+    "each; a whole head due within $LORIS_TIMEOUT s (held) or $LORIS_CUT_TIMEOUT s (cut)," \
+    "nginx client_header_timeout and idem --header-timeout alike; probe: $LORIS_PROBES" \
+    "GETs, one every 10 ms, a fresh connection each; idem --max-connections $lc" \
+    "(its default here), --max-connections-per-client 0"
+  r=1
+  while [ $r -le "$ROUNDS" ]; do
+    echo "slowloris, round $r of $ROUNDS"
+    for v in $LORIS_VARIANTS; do
+      if [ "$v" = held ] || [ "$v" = none ]; then
+        t=$LORIS_TIMEOUT p=$PX_PORT
+      else
+        t=$LORIS_CUT_TIMEOUT p=$LX_PORT
+      fi
+      loris_run "$v" nginx "http://127.0.0.1:$p" "http://127.0.0.1:$p/__nginx_status"
+      loris_gateway "$t"
+      loris_run "$v" idem "$GW_URL" "$GW_ADMIN/metrics"
+      kill -TERM $GW_PID; wait $GW_PID || true
+    done
+    r=$((r + 1))
+  done
+
+  echo
+  echo "slowloris ($LORIS_N slow header senders), medians of $ROUNDS rounds:"
+  python3 - "$W/loris" <<'EOF'
+import json, statistics, sys
+runs = [json.loads(l) for l in open(sys.argv[1])]
+failed = []
+print("  | variant | target | p50 ms | p90 ms | p99 ms | max ms | p99 by round |")
+print("  | ------- | ------ | -----: | -----: | -----: | -----: | ------------ |")
+ratios = []
+for v in dict.fromkeys(x["variant"] for x in runs):
+    med = {}
+    for t in ("nginx", "idem"):
+        rs = [x for x in runs if x["variant"] == v and x["target"] == t]
+        if not rs:
+            continue
+        m = {k: statistics.median(x["probe"][k] for x in rs)
+             for k in ("p50_ms", "p90_ms", "p99_ms", "max_ms")}
+        med[t] = (m, rs)
+        print(f"  | {v:7s} | {t:6s} | {m['p50_ms']:6.2f} | {m['p90_ms']:6.2f} |"
+              f" {m['p99_ms']:6.2f} | {m['max_ms']:6.2f} |"
+              f" {', '.join('%.1f' % x['probe']['p99_ms'] for x in rs)} |")
+        for x in rs:
+            h, p = x["hold"], x["probe"]
+            where = f"{v} {t} round {x['round']}"
+            if h["connect_errors"] or (h["held"] or 0) < h["n"]:
+                failed.append(f"{where}: held {h['held']} of {h['n']}"
+                              f" (connect errors {h['connect_errors']})")
+            # Held: none may go. Cut: each comes back; none may be answered.
+            if h["answered_during_hold"] or (h["closed_during_hold"] and v == "held"):
+                failed.append(f"{where}: {h['closed_during_hold']} slow senders closed and"
+                              f" {h['answered_during_hold']} answered during the hold")
+            if p["errors"] or set(p["statuses"]) - {"200", "201"}:
+                failed.append(f"{where}: probe answers {p['statuses']}, errors {p['errors']}")
+    if "nginx" in med and "idem" in med:
+        ratio = med["idem"][0]["p99_ms"] / med["nginx"][0]["p99_ms"]
+        by_round = [i["probe"]["p99_ms"] / n["probe"]["p99_ms"]
+                    for i, n in zip(med["idem"][1], med["nginx"][1])]
+        ratios.append(f"  {v}: idem p99 / nginx p99 = {ratio:.2f}x, of the medians (by round:"
+                      f" {', '.join('%.2f' % x for x in by_round)}; target <= 2x:"
+                      f" {'meets' if ratio <= 2 else 'MISSES'})")
+print("\n".join(ratios))
+# What the slow senders add to each target's own floor (variant none).
+floor = {t: [x["probe"]["p99_ms"] for x in runs if x["variant"] == "none" and x["target"] == t]
+         for t in ("nginx", "idem")}
+if floor["nginx"] and floor["idem"]:
+    for v in [v for v in dict.fromkeys(x["variant"] for x in runs) if v != "none"]:
+        adds = []
+        for t in ("nginx", "idem"):
+            with_ = [x["probe"]["p99_ms"] for x in runs if x["variant"] == v and x["target"] == t]
+            if with_:
+                adds.append(f"{t} {statistics.median(with_) / statistics.median(floor[t]):.2f}x")
+        print(f"  {v}: p99 with the slow senders / without (none): {', '.join(adds)}")
+if failed:
+    print("bench: slowloris runs that failed: " + "; ".join(failed), file=sys.stderr)
+    sys.exit(1)
+EOF
+}
+
 [ "$FAST" = 1 ] && fast_scenario
 if [ "$SLOW" = 1 ]; then
   [ "$FAST" = 1 ] && echo
   slow_scenario
+fi
+if [ "$LORIS" = 1 ]; then
+  if [ "$FAST" = 1 ] || [ "$SLOW" = 1 ]; then echo; fi
+  slowloris_scenario
 fi
 # For bench/plot.py's chart (make bench sets BENCH_OUT).
 if [ -n "${BENCH_OUT:-}" ] && [ -s "$W/slow" ]; then
