@@ -55,18 +55,7 @@ fi
 . "$(dirname "$0")/../lib.sh"
 . "$(dirname "$0")/serve_lib.sh"
 
-SMALL=$TMP/small
-mkdir "$SMALL"
-mount --make-rprivate / 2>/dev/null
-if ! mount -t tmpfs -o size=4m tmpfs "$SMALL"; then
-  fail "cannot mount a small tmpfs (needs root or user namespaces)"
-  finish
-  exit 1
-fi
-# The processes first, then the tmpfs (lazily: one may still be dying),
-# then the files.
-trap 'for p in $PIDS; do kill -KILL "$p" 2>/dev/null; done
-  umount -l "$SMALL" 2>/dev/null; rm -rf "$TMP"' EXIT
+small_disk 4m
 DB=$SMALL/gw.db
 WAL=$DB-wal
 # Long enough that the calls made inside a lease are made inside it on a

@@ -23,18 +23,7 @@ fi
 . "$(dirname "$0")/../lib.sh"
 . "$(dirname "$0")/serve_lib.sh"
 
-SMALL=$TMP/small
-mkdir "$SMALL"
-mount --make-rprivate / 2>/dev/null
-if ! mount -t tmpfs -o size=2m tmpfs "$SMALL"; then
-  fail "cannot mount a small tmpfs (needs root or user namespaces)"
-  finish
-  exit 1
-fi
-# The processes first, then the tmpfs (lazily: one may still be dying),
-# then the files.
-trap 'for p in $PIDS; do kill -KILL "$p" 2>/dev/null; done
-  umount -l "$SMALL" 2>/dev/null; rm -rf "$TMP"' EXIT
+small_disk 2m
 DB=$SMALL/gw.db
 MARKER=$SMALL/.gw.db.idem-serve
 
@@ -208,18 +197,7 @@ stop_gateway "$GW_PID"
 expect_eq "store deleted: the gateway stops cleanly" 0 "$STOPPED"
 
 # 7. A restart does not make an empty store where one was deleted.
-"$IDEM" serve --listen 127.0.0.1:0 --upstream "$UP" --store "$DB" 2>"$TMP/again.err" &
-again=$!
-PIDS="$PIDS $again"
-# It exits, or (wrongly) starts listening: whichever comes first.
-n=0
-while kill -0 $again 2>/dev/null && ! grep -q 'listening on' "$TMP/again.err" &&
-  [ $n -lt 400 ]; do
-  sleep 0.05
-  n=$((n + 1))
-done
-grep -q 'listening on' "$TMP/again.err" && kill -KILL $again
-wait $again
+refused_start "$TMP/again.err" --listen 127.0.0.1:0 --upstream "$UP" --store "$DB"
 expect_eq "restart without the store: refused" 1 "$?"
 expect_match "restart without the store: says why and what to do" "missing.*--create-store" \
   "$(tr '\n' ' ' < "$TMP/again.err")"
@@ -236,18 +214,8 @@ expect_eq "stopped cleanly" 0 "$STOPPED"
 #    answers only requests with the token (401 otherwise, with
 #    WWW-Authenticate), on every path.
 for where in ':0' '0.0.0.0:0' '[::]:0'; do
-  "$IDEM" serve --listen 127.0.0.1:0 --upstream "$UP" --store "$TMP/adm.db" \
-    --admin-listen "$where" 2>"$TMP/adm.err" &
-  pid=$!
-  PIDS="$PIDS $pid"
-  n=0
-  while kill -0 $pid 2>/dev/null && ! grep -q 'listening on' "$TMP/adm.err" &&
-    [ $n -lt 400 ]; do
-    sleep 0.05
-    n=$((n + 1))
-  done
-  grep -q 'listening on' "$TMP/adm.err" && kill -KILL $pid
-  wait $pid
+  refused_start "$TMP/adm.err" --listen 127.0.0.1:0 --upstream "$UP" \
+    --store "$TMP/adm.db" --admin-listen "$where"
   expect_eq "admin on $where without a token: refused (usage)" 2 "$?"
   expect_match "admin on $where: says why and what to do" "not a loopback address.*--admin-token-file" \
     "$(cat "$TMP/adm.err")"

@@ -111,3 +111,38 @@ post_past_lease() {
     m=$((m + 1))
   done
 }
+
+# small_disk SIZE: a tmpfs of SIZE (2m, 4m) at $TMP/small, in the mount
+# namespace the test re-ran itself in (unshare -m); sets SMALL. The test
+# fails, never skips, when it cannot mount one. At exit: the processes
+# first, then the tmpfs (lazily: one may still be dying), then the files.
+small_disk() {
+  SMALL=$TMP/small
+  mkdir "$SMALL"
+  mount --make-rprivate / 2>/dev/null
+  if ! mount -t tmpfs -o size="$1" tmpfs "$SMALL"; then
+    fail "cannot mount a small tmpfs (needs root or user namespaces)"
+    finish
+    exit 1
+  fi
+  trap 'for p in $PIDS; do kill -KILL "$p" 2>/dev/null; done
+    umount -l "$SMALL" 2>/dev/null; rm -rf "$TMP"' EXIT
+}
+
+# refused_start ERR ARGS...: idem serve with ARGS, expected to refuse to
+# start; waits until it exits or (wrongly) listens, whichever comes first
+# (killed then). Its standard error in ERR; returns its exit status.
+refused_start() {
+  rs_err=$1; shift
+  "$IDEM" serve "$@" 2>"$rs_err" &
+  rs_pid=$!
+  PIDS="$PIDS $rs_pid"
+  rs_n=0
+  while kill -0 $rs_pid 2>/dev/null && ! grep -q 'listening on' "$rs_err" &&
+    [ $rs_n -lt 400 ]; do
+    sleep 0.05
+    rs_n=$((rs_n + 1))
+  done
+  grep -q 'listening on' "$rs_err" && kill -KILL $rs_pid
+  wait $rs_pid
+}
