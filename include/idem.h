@@ -75,6 +75,9 @@
  *    called the action, on every return.
  *  - idem_call_state() is never COMPLETED after an ending that failed
  *    (0 after IDEM_ESTALE: the key is another holder's).
+ *  - idem_store_seal(), idem_seal_key_id() and IDEM_ESEALED (22): stored
+ *    responses and requests sealed with AES-256-GCM under rotating keys;
+ *    idem_record.seal_key_id and .sealed (its last members).
  *
  * Changes in 0.2.0 (source-compatible where noted; rebuild against this
  * header, the ABI of 0.1 is not kept):
@@ -152,7 +155,8 @@ IDEM_API const char *idem_version(void);
   X(EREJECTED, 18, "the action was rejected; nothing was stored")             \
   X(ESTATE, 19, "record is not in a state that allows this")                  \
   X(EIO, 20, "input/output error")                                            \
-  X(EFORK, 21, "the store handle was opened in another process (fork)")
+  X(EFORK, 21, "the store handle was opened in another process (fork)")      \
+  X(ESEALED, 22, "the response is sealed with a key this handle lacks")
 
 typedef enum idem_rc {
 #define IDEM__RC_ENUM(name, num, msg) IDEM_##name = num,
@@ -358,6 +362,66 @@ IDEM_API const char *idem_store_engine_version(const idem_store *store);
  * enough for a probe every second or so, not for every request.
  */
 IDEM_API int idem_store_check(idem_store *store);
+
+/* ------------------------------------------------------------------ */
+/* Sealed answers                                                       */
+/* ------------------------------------------------------------------ */
+
+/* The size of a sealing key: AES-256. */
+#define IDEM_SEAL_KEY_SIZE 32
+
+/*
+ * Seals every response this handle stores from now on with keys[0], and
+ * opens responses sealed with any of keys[0..n-1]: a replay releases what
+ * a store keeps for its retention period, and sealed, a copy of the store
+ * (a backup, a replica, a read of the files) holds no response in clear.
+ * Rotation: put the new key first and keep the old ones after it until
+ * the records they sealed are past their retention. n = 0 turns sealing
+ * off (the default): responses are stored in clear, as before, and a
+ * sealed one still reads as sealed. The keys are copied. Call it before
+ * other threads use the handle; it is not safe beside calls in progress.
+ * IDEM_EINVAL for NULL keys with n > 0 or more than 1024 keys.
+ *
+ * What is sealed: the response of every completion (idem_complete(),
+ * idem_execute()'s and its halves' DONE, idem_execute_local()'s action,
+ * idem_resolve_with()), and the canonical request kept with a new record
+ * (idem_call_options.request). Not sealed: the ids, the fingerprint, the
+ * state, the times and the response's status, which deciding a claim and
+ * listing records need.
+ *
+ * What is opened: every response handed to a caller (a claim's REPLAY,
+ * waiting and asynchronous claims, idem_claim_cached(), idem_get(),
+ * idem_list()). A claim that would replay a response sealed with a key
+ * this handle lacks fails with IDEM_ESEALED, whose detail names the key
+ * id; one whose sealed bytes do not open (altered, or copied from another
+ * record, or its status changed) fails with IDEM_ECORRUPT. Neither ever
+ * replays the sealed bytes. idem_get() and idem_list() return such a
+ * record without its response (idem_record.sealed).
+ *
+ * The format (docs/design.md, "Sealed answers"): the status stays in
+ * clear; the meta becomes the marker "\0idem-sealed:v1:" followed by the
+ * key id in hex (32 bytes, which no JSON text can be); the body is a
+ * 12-byte random nonce, the AES-256-GCM ciphertext of the meta's length
+ * (4 bytes, big-endian), the meta and the body, and the 16-byte tag. The
+ * additional data is tenant NUL operation NUL key NUL status (decimal). A
+ * sealed request is the marker, the nonce, the ciphertext and the tag,
+ * with "request" in place of the status. IDEM_MAX_RESPONSE bounds the
+ * plaintext: a sealed response is up to 64 bytes larger. A response whose
+ * meta begins with "\0idem-sealed:" is refused (IDEM_EINVAL), sealed or
+ * not, since every reader would take it for a sealed one. An empty meta
+ * is read back as NULL.
+ */
+IDEM_API int idem_store_seal(idem_store *store,
+                             const unsigned char (*keys)[IDEM_SEAL_KEY_SIZE],
+                             size_t n);
+
+/*
+ * The key id of key as records name it: the first 8 bytes of
+ * SHA-256("idem seal key id" || key), in lowercase hex, and a NUL. Derived
+ * from the key, so that an id can never name the wrong key.
+ */
+IDEM_API int idem_seal_key_id(const unsigned char key[IDEM_SEAL_KEY_SIZE],
+                              char id[17]);
 
 /* ------------------------------------------------------------------ */
 /* Records and claims                                                   */
@@ -654,7 +718,27 @@ typedef struct idem_record {
    * an earlier attempt may also have acted. Replays say so
    * (idem_call_recovered()). Records completed by idem 0.2 say 0. */
   int recovered;
+  /*
+   * Sealed records (idem_store_seal()): the key id whose key sealed the
+   * stored response (or, when the response is not sealed, the request),
+   * 16 lowercase hex digits; "" when nothing of the record is sealed.
+   * (Added after 0.3.0, as the last members.)
+   */
+  char seal_key_id[17];
+  /*
+   * Non-zero when the stored response is sealed and this handle cannot
+   * open it: IDEM_SEALED_NO_KEY when it lacks the key seal_key_id names,
+   * IDEM_SEALED_BROKEN when the sealed bytes do not open with it (altered,
+   * or moved from another record: a claim fails with IDEM_ECORRUPT). Then
+   * has_response is 0, the response has its status (kept in clear) but no
+   * meta nor body, and a sealed request that does not open is NULL too. 0
+   * when the response is in clear or was opened.
+   */
+  int sealed;
 } idem_record;
+
+/* Values of idem_record.sealed. */
+enum { IDEM_SEALED_NO_KEY = 1, IDEM_SEALED_BROKEN = 2 };
 
 IDEM_API void idem_record_free(idem_record *record);
 

@@ -3,6 +3,7 @@
  * decision table, and dispatch to a store backend.
  */
 #include "lease.h"
+#include "seal.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -189,17 +190,42 @@ int idem__claim_replay(idem__op *op, const char *fingerprint, int status,
 
 int idem__response_problem(const idem_response *r, const char *who,
                            char *why, size_t size) {
+  /* IDEM_MAX_RESPONSE bounds a response in clear: its sealed form, which
+   * the engine checked in clear before sealing, may be larger by the
+   * sealing's overhead. */
+  size_t max = IDEM_MAX_RESPONSE;
   if ((r->meta_len && !r->meta) || (r->body_len && !r->body)) {
     snprintf(why, size, "%s: NULL data with a length", who);
     return IDEM_EINVAL;
   }
-  if (r->meta_len > IDEM_MAX_RESPONSE ||
-      r->body_len > IDEM_MAX_RESPONSE - r->meta_len) {
+  if (idem__seal_marked(r->meta, r->meta_len, NULL))
+    max += IDEM__SEAL_OVERHEAD;
+  else if (idem__seal_marker_prefix(r->meta, r->meta_len)) {
+    snprintf(why, size,
+             "%s: its meta begins with idem's seal marker "
+             "(\\0idem-sealed:), which every reader would take for a "
+             "sealed response",
+             who);
+    return IDEM_EINVAL;
+  }
+  if (r->meta_len > max || r->body_len > max - r->meta_len) {
     snprintf(why, size, "%s: %zu bytes; a record keeps at most %u", who,
              r->meta_len + r->body_len, IDEM_MAX_RESPONSE);
     return IDEM_ETOOBIG;
   }
   return IDEM_OK;
+}
+
+int idem__plain_response_problem(const idem_response *r, const char *who,
+                                 char *why, size_t size) {
+  if (idem__seal_marked(r->meta, r->meta_len, NULL)) {
+    snprintf(why, size,
+             "%s: its meta is idem's seal marker (\\0idem-sealed:v1:...), "
+             "which every reader would take for a sealed response",
+             who);
+    return IDEM_EINVAL;
+  }
+  return idem__response_problem(r, who, why, size);
 }
 
 /* n bytes and a NUL; NULL for a NULL column (or out of memory: *oom). */
@@ -402,7 +428,7 @@ static int check_response(const idem_response *r) {
   int rc;
   if (!r)
     return idem__fail(IDEM_EINVAL, "response: NULL");
-  if ((rc = idem__response_problem(r, "response", why, sizeof why)))
+  if ((rc = idem__plain_response_problem(r, "response", why, sizeof why)))
     return idem__fail(rc, "%s", why);
   return IDEM_OK;
 }
@@ -655,6 +681,7 @@ void idem_store_close(idem_store *store) {
     closing_forked = 1;
     store->methods->close(store->state);
     closing_forked = 0;
+    idem__seal_free(store->seal);
     free(store);
     return;
   }
@@ -665,6 +692,7 @@ void idem_store_close(idem_store *store) {
   idem__sched_free(store->sched);
   store->methods->close(store->state);
   pthread_mutex_destroy(&store->sched_mu);
+  idem__seal_free(store->seal);
   free(store);
 }
 
@@ -707,6 +735,7 @@ void idem_call_free(idem_call *claim) {
   free(claim->operation);
   free(claim->key);
   free(claim->resp_buf);
+  free(claim->seal_buf);
   free(claim);
 }
 
@@ -858,7 +887,96 @@ int idem__claim_prepare(idem_store *store, idem__op_kind kind,
   op->claim = new_claim(id, fp, op->opts.retention_ms);
   if (!op->claim)
     return idem__fail(IDEM_ENOMEM, "claim: out of memory");
+  /* The request kept for operators is sealed as the response will be: it
+   * often holds what the response does. */
+  if (store->seal && op->opts.request) {
+    size_t n = 0;
+    if ((rc = idem__seal_request(store->seal, id, op->opts.request,
+                                 op->opts.request_len, &op->seal_buf, &n))) {
+      idem_call_free(op->claim);
+      op->claim = NULL;
+      return rc;
+    }
+    op->opts.request = op->seal_buf;
+    op->opts.request_len = n;
+  }
   return IDEM_OK;
+}
+
+void idem__op_seal_free(idem__op *op) {
+  free(op->seal_buf);
+  op->seal_buf = NULL;
+}
+
+int idem__claim_open(idem_store *store, idem_call *cl) {
+  idem_response plain;
+  void *buf = NULL;
+  int rc;
+  /* A replay, or a local action's own response; a response in clear (no
+   * marker) is handed on as it is, whatever keys the handle has. */
+  if (!cl->has_response ||
+      !idem__seal_marked(cl->response.meta, cl->response.meta_len, NULL))
+    return IDEM_OK;
+  if ((rc = idem__seal_open(store->seal, cl->tenant, cl->operation, cl->key,
+                            cl->response.status, cl->response.meta,
+                            cl->response.meta_len, cl->response.body,
+                            cl->response.body_len, &plain, &buf)))
+    return rc;
+  /* The opened buffer is laid out as idem__claim_set_response() lays its
+   * own: it becomes the claim's. */
+  free(cl->resp_buf);
+  cl->resp_buf = buf;
+  cl->response = plain;
+  return IDEM_OK;
+}
+
+/* idem_execute_local()'s action when the handle seals: the caller's fn,
+ * whose response is sealed before the backend stores it, inside the
+ * backend's transaction. */
+typedef struct seal_local {
+  idem_store *store;
+  const idem_id *id;
+  idem_local_fn fn;
+  void *ctx;
+  void *buf; /* the sealed response of the last run */
+  int rc;    /* why the last run's response was not sealed */
+  char why[512];
+} seal_local;
+
+static int seal_local_fn(void *conn, void *ctx, idem_response *response) {
+  seal_local *w = ctx;
+  idem_response plain;
+  int fn_rc, bad;
+  /* The backend may run fn again (a PostgreSQL insert raced): each run
+   * seals its own response. */
+  free(w->buf);
+  w->buf = NULL;
+  w->rc = IDEM_OK;
+  memset(&plain, 0, sizeof plain);
+  fn_rc = w->fn(conn, w->ctx, &plain);
+  *response = plain;
+  if (fn_rc != 0)
+    return fn_rc;
+  /* A response that cannot be kept is handed on in clear, for the
+   * backend to refuse as it would without sealing; except one whose meta
+   * looks sealed, which the backend would take for a sealed one. */
+  if ((bad = idem__plain_response_problem(&plain, "action's response", w->why,
+                                          sizeof w->why))) {
+    if (!idem__seal_marker_prefix(plain.meta, plain.meta_len))
+      return 0;
+    w->rc = bad;
+    memset(response, 0, sizeof *response);
+    return -1;
+  }
+  if ((w->rc =
+           idem__seal_response(w->store->seal, w->id->tenant, w->id->operation,
+                               w->id->key, &plain, response, &w->buf))) {
+    /* The wrapper runs on the thread that runs fn: the detail is its. */
+    snprintf(w->why, sizeof w->why, "%s", idem_errmsg());
+    memset(response, 0, sizeof *response);
+    return -1;
+  }
+  return 0;
 }
 
 int idem__claim_run(idem_store *store, idem__op *op) {
@@ -877,9 +995,28 @@ static int start(idem_store *store, idem__op_kind kind, const idem_id *id,
   if (!out)
     return idem__fail(IDEM_EINVAL, "claim: NULL output");
   *out = NULL;
+  seal_local w;
+  memset(&w, 0, sizeof w);
+  if (kind == IDEM__OP_LOCAL && store && store->seal) {
+    w.store = store;
+    w.id = id;
+    w.fn = fn;
+    w.ctx = ctx;
+    fn = seal_local_fn;
+    ctx = &w;
+  }
   if ((rc = idem__claim_prepare(store, kind, id, fp, opts, fn, ctx, &op)))
     return rc;
-  if ((rc = idem__claim_run(store, &op)) != IDEM_OK) {
+  rc = idem__claim_run(store, &op);
+  idem__op_seal_free(&op);
+  free(w.buf);
+  /* The action's response could not be sealed: its run was rolled back as
+   * a rejected one is, for the reason told here. */
+  if (rc == IDEM_EREJECTED && w.rc != IDEM_OK)
+    rc = idem__fail(w.rc, "%s", w.why);
+  if (rc == IDEM_OK)
+    rc = idem__claim_open(store, op.claim);
+  if (rc != IDEM_OK) {
     idem_call_free(op.claim);
     return rc;
   }
@@ -916,6 +1053,10 @@ int idem_claim_cached(idem_store *store, const idem_id *id,
                       "no completed record of (%s, %s, %s) kept in memory",
                       id->tenant ? id->tenant : "", id->operation, id->key);
   }
+  if ((rc = idem__claim_open(store, op.claim)) != IDEM_OK) {
+    idem_call_free(op.claim);
+    return rc;
+  }
   *out = op.claim;
   return IDEM_OK;
 }
@@ -929,6 +1070,38 @@ int idem_execute_local(idem_store *store, const idem_id *id,
     return idem__fail(IDEM_EINVAL, "execute_local: NULL function");
   }
   return start(store, IDEM__OP_LOCAL, id, fingerprint, opts, fn, ctx, out);
+}
+
+/*
+ * A completion's response sealed (*response then points at the claim's
+ * sealed form). The claim keeps the sealed bytes of the last response it
+ * sealed: a completion sent again with the same response, after an
+ * answer lost with the connection, writes the same bytes, by which a
+ * store tells that its first send committed.
+ */
+static int seal_completion(idem_store *store, idem_call *claim,
+                           const idem_response **response) {
+  const idem_response *r = *response;
+  char of[sizeof claim->seal_of];
+  void *buf = NULL;
+  idem_response sealed;
+  int rc;
+  if ((rc = idem__response_checksum(claim->fingerprint, r->status, r->meta,
+                                    r->meta_len, r->body, r->body_len, of)))
+    return rc;
+  memcpy(of + IDEM_FINGERPRINT_SIZE - 1, store->seal->ids[0], 16);
+  of[sizeof of - 1] = '\0';
+  if (!claim->seal_buf || strcmp(of, claim->seal_of) != 0) {
+    if ((rc = idem__seal_response(store->seal, claim->tenant, claim->operation,
+                                  claim->key, r, &sealed, &buf)))
+      return rc;
+    free(claim->seal_buf);
+    claim->seal_buf = buf;
+    claim->sealed = sealed;
+    memcpy(claim->seal_of, of, sizeof of);
+  }
+  *response = &claim->sealed;
+  return IDEM_OK;
 }
 
 int idem__finish_prepare(idem_store *store, idem_call *claim,
@@ -953,6 +1126,9 @@ int idem__finish_prepare(idem_store *store, idem_call *claim,
                       "already completed, released or marked unknown)",
                       claim->key, idem_outcome_name(claim->outcome));
   if (kind == IDEM__OP_COMPLETE && (rc = check_response(response)))
+    return rc;
+  if (kind == IDEM__OP_COMPLETE && store->seal &&
+      (rc = seal_completion(store, claim, &response)))
     return rc;
   if (kind == IDEM__OP_RENEW &&
       (rc = check_period("renew: lease_ms", lease_ms, IDEM_MAX_LEASE_MS,
@@ -1055,6 +1231,71 @@ void idem_record_free(idem_record *r) {
   free(r);
 }
 
+/* n bytes and a NUL, for a record's parts. */
+static void *dup_nul(const void *p, size_t n) {
+  char *c = malloc(n + 1);
+  if (c) {
+    if (n)
+      memcpy(c, p, n);
+    c[n] = '\0';
+  }
+  return c;
+}
+
+/*
+ * A record as a caller sees it: its sealed request and response opened
+ * with the handle's keys, or, when they do not open, left out and the
+ * record marked (idem_record.sealed). IDEM_OK, or IDEM_ENOMEM.
+ */
+static int record_open(idem_store *store, idem_record *r) {
+  char kid[17];
+  void *buf = NULL;
+  size_t n = 0;
+  int rc;
+  if (r->request &&
+      idem__seal_request_marked(r->request, r->request_len, kid)) {
+    snprintf(r->seal_key_id, sizeof r->seal_key_id, "%s", kid);
+    rc = idem__seal_open_request(store->seal, r->tenant, r->operation, r->key,
+                                 r->request, r->request_len, &buf, &n);
+    if (rc == IDEM_ENOMEM)
+      return rc;
+    free(r->request);
+    r->request = buf; /* NULL when it does not open */
+    r->request_len = n;
+  }
+  if (r->has_response &&
+      idem__seal_marked(r->response.meta, r->response.meta_len, kid)) {
+    idem_response plain;
+    snprintf(r->seal_key_id, sizeof r->seal_key_id, "%s", kid);
+    rc = idem__seal_open(store->seal, r->tenant, r->operation, r->key,
+                         r->response.status, r->response.meta,
+                         r->response.meta_len, r->response.body,
+                         r->response.body_len, &plain, &buf);
+    if (rc == IDEM_ENOMEM)
+      return rc;
+    free((void *)r->response.meta);
+    free((void *)r->response.body);
+    r->response.meta = NULL;
+    r->response.meta_len = 0;
+    r->response.body = NULL;
+    r->response.body_len = 0;
+    if (rc != IDEM_OK) {
+      r->has_response = 0;
+      r->sealed = rc == IDEM_ESEALED ? IDEM_SEALED_NO_KEY : IDEM_SEALED_BROKEN;
+      return IDEM_OK;
+    }
+    /* Each part its own allocation, as idem_record_free() frees them. */
+    r->response.meta = plain.meta ? dup_nul(plain.meta, plain.meta_len) : NULL;
+    r->response.meta_len = plain.meta ? plain.meta_len : 0;
+    r->response.body = dup_nul(plain.body, plain.body_len);
+    r->response.body_len = plain.body_len;
+    free(buf);
+    if ((plain.meta && !r->response.meta) || !r->response.body)
+      return IDEM_ENOMEM;
+  }
+  return IDEM_OK;
+}
+
 int idem_get(idem_store *store, const idem_id *id, idem_record **out) {
   int rc;
   idem__clear_error();
@@ -1065,7 +1306,34 @@ int idem_get(idem_store *store, const idem_id *id, idem_record **out) {
     return idem__fail(IDEM_EINVAL, "get: NULL store");
   if ((rc = idem__store_owned(store, "get")) || (rc = check_id(id, 0)))
     return rc;
-  return store->methods->get(store->state, id, out);
+  if ((rc = store->methods->get(store->state, id, out)) != IDEM_OK)
+    return rc;
+  if (record_open(store, *out) != IDEM_OK) {
+    idem_record_free(*out);
+    *out = NULL;
+    return idem__fail(IDEM_ENOMEM, "get: out of memory");
+  }
+  /* A response that did not open is told by the record, not as an
+   * error. */
+  idem__clear_error();
+  return IDEM_OK;
+}
+
+/* idem_list()'s fn, given each record opened. */
+typedef struct list_open {
+  idem_store *store;
+  idem_record_fn fn;
+  void *ctx;
+} list_open;
+
+static int list_open_fn(const idem_record *record, void *ctx) {
+  list_open *l = ctx;
+  /* The record is the backend's, made by idem__record_new() and freed
+   * after this call: it is opened in place. */
+  if (record_open(l->store, (idem_record *)record) != IDEM_OK)
+    return idem__fail(IDEM_ENOMEM, "list: out of memory");
+  idem__clear_error();
+  return l->fn(record, l->ctx);
 }
 
 int idem_list(idem_store *store, const idem_filter *filter, idem_record_fn fn,
@@ -1080,7 +1348,8 @@ int idem_list(idem_store *store, const idem_filter *filter, idem_record_fn fn,
   memset(&f, 0, sizeof f);
   if (filter)
     f = *filter;
-  rc = store->methods->list(store->state, &f, fn, ctx);
+  list_open l = {store, fn, ctx};
+  rc = store->methods->list(store->state, &f, list_open_fn, &l);
   /* fn may have called into libidem and failed on this thread. */
   if (rc == IDEM_OK)
     idem__clear_error();
@@ -1124,7 +1393,16 @@ int idem_resolve_with(idem_store *store, const idem_id *id,
     return rc;
   if (o.retention_ms == 0)
     o.retention_ms = IDEM__DEFAULT_RETENTION_MS;
+  idem_response sealed;
+  void *buf = NULL;
+  if (response && store->seal) {
+    if ((rc = idem__seal_response(store->seal, id->tenant, id->operation,
+                                  id->key, response, &sealed, &buf)))
+      return rc;
+    response = &sealed;
+  }
   rc = store->methods->resolve(store->state, id, response, &o);
+  free(buf);
   if (rc == IDEM_OK)
     idem__wait_wake(id);
   return rc;

@@ -341,7 +341,7 @@ static int end_how(idem_exec_result result) {
  * why it cannot be kept (why says so; the call is unchanged). */
 static int end_keep(idem_exec *x, const idem_response *resp, char *why,
                     size_t size) {
-  int bad = idem__response_problem(resp, "its response", why, size);
+  int bad = idem__plain_response_problem(resp, "its response", why, size);
   if (bad != IDEM_OK)
     return bad;
   if (idem__claim_set_response(x->call, resp->status, resp->meta,
@@ -563,6 +563,7 @@ static void begin_answer(async_call *a, int rc, idem_call *call) {
   if (rc == IDEM_OK)
     idem__clear_error();
   a->begun(a->ctx, rc, x, rc == IDEM_OK ? call : NULL);
+  idem__op_seal_free(&a->op);
   idem_free(a->canon);
   free(a->id_buf);
   free(a);
@@ -585,7 +586,13 @@ static void begin_claimed(async_call *a, int rc) {
     return;
   }
   if (call->outcome != IDEM_PROCEED && call->outcome != IDEM_RECOVER) {
-    begin_answer(a, IDEM_OK, call);
+    /* A replay's sealed response is opened here, on whichever thread
+     * answers, so that done() reads the detail of a failure. */
+    if ((rc = idem__claim_open(a->store, call)) != IDEM_OK) {
+      idem_call_free(call);
+      call = NULL;
+    }
+    begin_answer(a, rc, call);
     return;
   }
   if (late_claim(a->store, call, a->asked, lease_of(&a->o))) {
@@ -661,6 +668,7 @@ int idem_execute_begin_async(idem_store *store, const idem_id *id,
   /* The caller's id may go once this returns, and a claim that waits
    * replaces a->op.claim each time it asks: the id is a copy of its own. */
   if ((rc = copy_id(a->op.claim, &a->id, &a->id_buf)) != IDEM_OK) {
+    idem__op_seal_free(&a->op);
     idem_call_free(a->op.claim);
     idem_free(a->canon);
     free(a->x);

@@ -51,6 +51,14 @@ struct idem_call {
   int recovered; /* RECOVER, or REPLAY of a record marked recovered */
   int lease_on_boot; /* lease_expires_ms is on the boot-time clock (the
                         SQLite store's), not in Unix ms */
+  /* The sealed form of the last response this holder's completion sealed
+   * (seal_buf; the checksum of its plaintext and the key id in seal_of),
+   * so that a completion sent again writes the very bytes the first send
+   * may have committed (the PostgreSQL store tells a lost answer by
+   * them). */
+  void *seal_buf;
+  idem_response sealed;
+  char seal_of[IDEM_FINGERPRINT_SIZE + 16];
 };
 
 typedef enum idem__op_kind {
@@ -91,6 +99,9 @@ typedef struct idem__op {
   int cache_it;
   int64_t cache_expires_ms;
   int cache_attempt;
+  /* The engine's: the sealed request that opts.request points at, freed
+   * with the op (idem__op_seal_free()). */
+  void *seal_buf;
 } idem__op;
 
 /* A stored row as the decision needs it. */
@@ -207,6 +218,7 @@ struct idem_store {
   pid_t pid; /* the process that opened the store: after fork() the child's
                 calls on it fail with IDEM_EFORK (idem__store_owned()) */
   unsigned forks; /* idem__forks() when it was opened */
+  struct idem__seal *seal; /* idem_store_seal()'s keys; NULL: none */
 };
 
 /* idem_claim()'s checks: fills op for a claim (op->claim allocated, op->id
@@ -219,6 +231,15 @@ int idem__claim_prepare(idem_store *store, idem__op_kind kind,
  * options say; op->claim is the answer. IDEM_OK or the error (its detail
  * set). */
 int idem__claim_run(idem_store *store, idem__op *op);
+/*
+ * A claim's answer as its caller sees it: a sealed response (REPLAY, or a
+ * local action's) opened. IDEM_OK, or IDEM_ESEALED / IDEM_ECORRUPT /
+ * IDEM_ENOMEM with the detail set (the claim is then the caller's to
+ * free, and must not be handed on).
+ */
+int idem__claim_open(idem_store *store, idem_call *claim);
+/* Frees what the engine sealed for op (its request). */
+void idem__op_seal_free(idem__op *op);
 /* What an ending's after-work needs. */
 typedef struct idem__finish {
   int64_t deadline; /* the lease before the op */
@@ -279,10 +300,17 @@ int idem__claim_replay(idem__op *op, const char *fingerprint, int status,
                        int recovered);
 /*
  * Why a response cannot be kept (NULL data with a length; larger than
- * IDEM_MAX_RESPONSE), as "who: reason" in why; IDEM_OK when it can.
+ * IDEM_MAX_RESPONSE, or a sealed one larger than that and the sealing's
+ * overhead; a meta that begins like a seal's marker without being one),
+ * as "who: reason" in why; IDEM_OK when it can. Backends check what they
+ * store with it.
  */
 int idem__response_problem(const idem_response *r, const char *who,
                            char *why, size_t size);
+/* The same for a caller's response in clear, which may not look sealed:
+ * the engine checks every response it is given with it. */
+int idem__plain_response_problem(const idem_response *r, const char *who,
+                                 char *why, size_t size);
 /* A stored row as a backend reads it, for idem__record_new(). NULL columns
  * have NULL pointers. */
 typedef struct idem__row_parts {

@@ -156,4 +156,23 @@ size_t cli_text_width(const char *s);
  */
 char *cli_json_escape_unsafe(const char *json);
 
+/*
+ * Loads a sealing key (idem_store_seal()) from the file at path: 32 raw
+ * bytes, 64 hex digits or the standard base64 of 32 bytes, each with at
+ * most one newline after it. A file that group or others may access is
+ * refused, as ssh refuses such a private key (the message gives the
+ * chmod). Returns 0 with key set, or -1 with key zeroed and err saying
+ * why, naming the file.
+ */
+int cli_seal_key_load(const char *path, unsigned char key[32], char *err,
+                      size_t errsize);
+
+/*
+ * Loads the keys of the n files at paths and gives them to st
+ * (idem_store_seal()): the first seals what st stores, all of them open.
+ * n = 0 leaves st as it is. Returns 0, or -1 with err saying why.
+ */
+int cli_seal_apply(idem_store *st, char *const *paths, int n, char *err,
+                   size_t errsize);
+
 #endif

@@ -2,12 +2,14 @@
 #include "cli.h"
 
 #include <errno.h>
-#include <unistd.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 void cli_error(const char *cmd, const char *fmt, ...) {
   va_list ap;
@@ -625,4 +627,153 @@ int cli_parse_size(const char *s, size_t max, size_t *out) {
     return -1;
   *out = (size_t)(v * unit);
   return 0;
+}
+
+/* ---- sealing keys ----------------------------------------------------- */
+
+/* Clears a key's bytes in a way the compiler may not drop. */
+static void wipe(void *p, size_t n) {
+  volatile unsigned char *v = p;
+  while (n--)
+    *v++ = 0;
+}
+
+static int hex_value(int c) {
+  return c >= '0' && c <= '9'   ? c - '0'
+         : c >= 'a' && c <= 'f' ? c - 'a' + 10
+         : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                : -1;
+}
+
+static int b64_value(int c) {
+  return c >= 'A' && c <= 'Z'   ? c - 'A'
+         : c >= 'a' && c <= 'z' ? c - 'a' + 26
+         : c >= '0' && c <= '9' ? c - '0' + 52
+         : c == '+'             ? 62
+         : c == '/'             ? 63
+                                : -1;
+}
+
+/* Standard base64 of exactly 32 bytes: 43 digits and one '='. */
+static int b64_key(const unsigned char *s, size_t n, unsigned char key[32]) {
+  uint32_t acc = 0;
+  int bits = 0;
+  size_t out = 0;
+  if (n != 44 || s[43] != '=')
+    return -1;
+  for (size_t i = 0; i < 43; i++) {
+    int v = b64_value(s[i]);
+    if (v < 0)
+      return -1;
+    acc = acc << 6 | (uint32_t)v;
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      key[out++] = (unsigned char)(acc >> bits);
+    }
+  }
+  /* The last digit's two spare bits must be zero, so that one key has one
+   * base64 form only. */
+  return out == 32 && (acc & ((1u << bits) - 1)) == 0 ? 0 : -1;
+}
+
+int cli_seal_key_load(const char *path, unsigned char key[32], char *err,
+                      size_t errsize) {
+  unsigned char buf[130];
+  size_t n = 0;
+  struct stat st;
+  int fd, rc = -1;
+  ssize_t got;
+  memset(key, 0, 32);
+  if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
+    snprintf(err, errsize, "%s: %s", path, strerror(errno));
+    return -1;
+  }
+  if (fstat(fd, &st) != 0) {
+    snprintf(err, errsize, "%s: %s", path, strerror(errno));
+    goto out;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    snprintf(err, errsize, "%s: not a regular file", path);
+    goto out;
+  }
+  /* As ssh refuses a private key that others may read: a key that anyone
+   * but its owner can read opens every sealed answer for them too. */
+  if (st.st_mode & 077) {
+    snprintf(err, errsize,
+             "%s: permissions %04o are too open: a sealing key must be "
+             "readable by its owner only (chmod 600 %s)",
+             path, (unsigned)(st.st_mode & 07777), path);
+    goto out;
+  }
+  while (n < sizeof buf && (got = read(fd, buf + n, sizeof buf - n)) != 0) {
+    if (got < 0) {
+      if (errno == EINTR)
+        continue;
+      snprintf(err, errsize, "%s: %s", path, strerror(errno));
+      goto out;
+    }
+    n += (size_t)got;
+  }
+  /* 32 raw bytes, 64 hex digits or base64 of 32 bytes, each with one
+   * newline after it or none. Raw bytes are told by their length alone,
+   * which neither text form has. */
+  if (n == 32 || (n == 33 && buf[32] == '\n')) {
+    memcpy(key, buf, 32);
+    rc = 0;
+    goto out;
+  }
+  if (n > 0 && buf[n - 1] == '\n')
+    n--;
+  if (n == 64) {
+    rc = 0;
+    for (size_t i = 0; i < 32 && rc == 0; i++) {
+      int hi = hex_value(buf[2 * i]), lo = hex_value(buf[2 * i + 1]);
+      if (hi < 0 || lo < 0)
+        rc = -1;
+      else
+        key[i] = (unsigned char)(hi << 4 | lo);
+    }
+    if (rc == 0)
+      goto out;
+  } else if (n == 44 && b64_key(buf, n, key) == 0) {
+    rc = 0;
+    goto out;
+  }
+  rc = -1;
+  memset(key, 0, 32);
+  snprintf(err, errsize,
+           "%s: not a sealing key: it must hold 32 bytes, as 32 raw bytes, "
+           "64 hex digits or base64 (44 characters), with at most one "
+           "newline after them",
+           path);
+out:
+  wipe(buf, sizeof buf);
+  close(fd);
+  return rc;
+}
+
+int cli_seal_apply(idem_store *st, char *const *paths, int n, char *err,
+                   size_t errsize) {
+  unsigned char(*keys)[IDEM_SEAL_KEY_SIZE];
+  int rc = -1;
+  if (n <= 0)
+    return 0;
+  if (!(keys = calloc((size_t)n, sizeof *keys))) {
+    snprintf(err, errsize, "out of memory");
+    return -1;
+  }
+  for (int i = 0; i < n; i++)
+    if (cli_seal_key_load(paths[i], keys[i], err, errsize) != 0)
+      goto out;
+  if (idem_store_seal(st, (const unsigned char(*)[IDEM_SEAL_KEY_SIZE])keys,
+                      (size_t)n) != IDEM_OK) {
+    snprintf(err, errsize, "%s", idem_errmsg());
+    goto out;
+  }
+  rc = 0;
+out:
+  wipe(keys, (size_t)n * sizeof *keys);
+  free(keys);
+  return rc;
 }

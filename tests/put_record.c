@@ -7,7 +7,9 @@
  * file directly.
  *
  * usage: put_record STORE TENANT OPERATION KEY REQUEST [COUNT]
- * With COUNT, writes COUNT records, keyed KEY-1 to KEY-COUNT.
+ * With COUNT, writes COUNT records, keyed KEY-1 to KEY-COUNT. With
+ * PUT_RECORD_SEAL_KEY set to 64 hex digits, the records are sealed with
+ * that key (idem_store_seal()).
  * Exits 0 when the records were written, 1 otherwise (with the reason).
  */
 #include <idem.h>
@@ -79,6 +81,26 @@ int main(int argc, char **argv) {
   if ((rc = idem_store_open(argv[1], NULL, &s)) != IDEM_OK) {
     fprintf(stderr, "put_record: %s (%s)\n", idem_errmsg(), idem_rc_name(rc));
     return 1;
+  }
+  const char *hex = getenv("PUT_RECORD_SEAL_KEY");
+  if (hex && *hex) {
+    unsigned char key[1][IDEM_SEAL_KEY_SIZE];
+    unsigned v;
+    for (int i = 0; i < IDEM_SEAL_KEY_SIZE; i++) {
+      if (strlen(hex) != 64 || sscanf(hex + 2 * i, "%2x", &v) != 1) {
+        fputs("put_record: PUT_RECORD_SEAL_KEY: 64 hex digits\n", stderr);
+        idem_store_close(s);
+        return 2;
+      }
+      key[0][i] = (unsigned char)v;
+    }
+    if ((rc =
+             idem_store_seal(s, (const unsigned char(*)[IDEM_SEAL_KEY_SIZE])key,
+                             1)) != IDEM_OK) {
+      fprintf(stderr, "put_record: %s (%s)\n", idem_errmsg(), idem_rc_name(rc));
+      idem_store_close(s);
+      return 1;
+    }
   }
   if (count == 0) {
     idem_id id = {argv[2], argv[3], argv[4]};

@@ -64,15 +64,17 @@ static void test_result_code_table(void **state) {
   assert_int_equal(IDEM_EREJECTED, 18);
   assert_int_equal(IDEM_EIO, 20);
   assert_int_equal(IDEM_EFORK, 21);
+  assert_int_equal(IDEM_ESEALED, 22);
   assert_string_equal(idem_rc_name(IDEM_OK), "IDEM_OK");
   assert_string_equal(idem_rc_name(IDEM_EKEY), "IDEM_EKEY");
   assert_string_equal(idem_rc_name(IDEM_ESTALE), "IDEM_ESTALE");
   assert_string_equal(idem_rc_name(IDEM_EIO), "IDEM_EIO");
   assert_string_equal(idem_rc_name(IDEM_EFORK), "IDEM_EFORK");
   assert_string_equal(idem_strerror(IDEM_EKEY), "invalid key");
-  assert_string_equal(idem_rc_name(22), "IDEM_UNKNOWN_RC");
+  assert_string_equal(idem_rc_name(IDEM_ESEALED), "IDEM_ESEALED");
+  assert_string_equal(idem_rc_name(23), "IDEM_UNKNOWN_RC");
   assert_string_equal(idem_rc_name(-1), "IDEM_UNKNOWN_RC");
-  assert_true(idem_strerror(22)[0] != '\0');
+  assert_true(idem_strerror(23)[0] != '\0');
 
   assert_string_equal(idem_outcome_name(IDEM_PROCEED), "proceed");
   assert_string_equal(idem_outcome_name(IDEM_REPLAY), "replay");

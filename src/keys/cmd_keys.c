@@ -18,13 +18,19 @@ static const char usage[] =
     "       idem keys delete KEY [--tenant T] [--operation OP]\n"
     "\n"
     "Common option: --store URL (default: IDEM_STORE, else ./idem.db).\n"
+    "list, show and resolve also take --seal-key FILE, repeatable: the\n"
+    "keys that open sealed responses and requests (the first one seals\n"
+    "what resolve stores). FILE holds 32 bytes (raw, 64 hex digits or\n"
+    "base64) and must be readable by its owner only.\n"
     "\n"
     "  list     records, oldest first; --state is in_progress, completed or\n"
     "           unknown; --expired includes completed records past their\n"
     "           retention; --overdue lists only records in progress or\n"
     "           unknown that have waited longer than their retention (they\n"
     "           never expire: they wait for a holder or for you)\n"
-    "  show     one record, with its stored request and response; a\n"
+    "  show     one record, with its stored request and response (a\n"
+    "           sealed one is opened with --seal-key, or said to be\n"
+    "           sealed, naming its key id); a\n"
     "           response marked recovered was stored by a run that took\n"
     "           the key over: an earlier run may also have acted. Without\n"
     "           --operation, every record with the KEY (of any tenant\n"
@@ -52,12 +58,18 @@ static const char usage[] =
     "as U+202E). --status is 0-255 for `idem run` (an exit status),\n"
     "100-599 for `idem serve` (an HTTP status) and 0-999 for other\n"
     "operations. Stored\n"
-    "text that could mislead on a terminal is shown escaped (\\n, \\x1b, \\u202e; a backslash as \\\\).\n"
+    "text that could mislead on a terminal is shown escaped (\\n, \\x1b, "
+    "\\u202e; a backslash as \\\\).\n"
     "\n"
     "Exit status: 0 ok, 1 store error or no such record, 2 usage.\n";
 
+/* The most --seal-key options: the current key and those rotated out. */
+#define MAX_SEAL_KEYS 16
+
 typedef struct opts {
   const char *store, *tenant, *operation, *key, *body_file;
+  char *seal_keys[MAX_SEAL_KEYS];
+  int nseal_keys;
   int state, limit, expired, overdue, json, completed, failed, has_status;
   int force;
   int64_t retention_ms;
@@ -119,6 +131,15 @@ static json_t *record_json(const idem_record *r) {
    * also have acted. */
   json_object_set_new(o, "recovered", json_boolean(r->recovered));
   json_object_set_new(o, "request", bytes_json(r->request, r->request_len));
+  /* Sealed: the key id, and whether the response stays sealed because
+   * this handle cannot open it. */
+  if (r->seal_key_id[0])
+    json_object_set_new(o, "seal_key_id", json_string(r->seal_key_id));
+  if (r->sealed)
+    json_object_set_new(o, "sealed",
+                        json_string(r->sealed == IDEM_SEALED_NO_KEY
+                                        ? "no key"
+                                        : "does not open"));
   if (r->has_response)
     json_object_set_new(
         o, "response",
@@ -318,6 +339,22 @@ static int put_record(const idem_record *r, const opts *o) {
       printf("status:      %d\n", r->response.status);
       printf("body bytes:  %zu\n", r->response.body_len);
       printf("recovered:   %s\n", r->recovered ? "yes" : "no");
+    }
+    if (r->seal_key_id[0] && !r->sealed) {
+      /* Opened with --seal-key: the answer a replay gives. */
+      printf("sealed:      with key %s (opened)\n", r->seal_key_id);
+      if (r->has_response)
+        bad |= put_field("body:", r->response.body, r->response.body_len);
+    } else if (r->sealed == IDEM_SEALED_NO_KEY) {
+      printf("status:      %d\n", r->response.status);
+      printf("response:    sealed with key %s; pass --seal-key\n",
+             r->seal_key_id);
+    } else if (r->sealed) {
+      printf("status:      %d\n", r->response.status);
+      printf("response:    sealed with key %s, and it does not open: it was "
+             "altered or moved from another record (idem keys delete "
+             "removes it)\n",
+             r->seal_key_id);
     }
   }
   json_decref(j);
@@ -586,6 +623,7 @@ static const struct option {
     {"--failed", 0, RESOLVE},
     {"--status", 1, RESOLVE},
     {"--body", 1, RESOLVE},
+    {"--seal-key", 1, LIST | SHOW | RESOLVE},
 };
 
 /* Sets one option from the command line; 0, or -1 after a usage error. */
@@ -608,7 +646,13 @@ static int set_option(opts *o, const char *name, const char *v) {
     o->failed = 1;
   else if (strcmp(name, "--store") == 0)
     return cli_store_option("keys", v, &o->store);
-  else if (strcmp(name, "--tenant") == 0) {
+  else if (strcmp(name, "--seal-key") == 0) {
+    if (o->nseal_keys == MAX_SEAL_KEYS) {
+      cli_error("keys", "--seal-key: at most %d keys", MAX_SEAL_KEYS);
+      return -1;
+    }
+    o->seal_keys[o->nseal_keys++] = (char *)v;
+  } else if (strcmp(name, "--tenant") == 0) {
     if (cli_check_tenant("keys", v) != 0)
       return -1;
     o->tenant = v;
@@ -740,6 +784,14 @@ static int run(int argc, char **argv) {
   if (rc != IDEM_OK) {
     cli_idem_error("keys", "open store", rc);
     return EXIT_FAIL;
+  }
+  {
+    char err[512];
+    if (cli_seal_apply(s, o.seal_keys, o.nseal_keys, err, sizeof err) != 0) {
+      cli_error("keys", "--seal-key: %s", err);
+      idem_store_close(s);
+      return EXIT_FAIL;
+    }
   }
   if (action == LIST)
     status = do_list(s, &o);
