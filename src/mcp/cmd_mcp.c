@@ -27,8 +27,11 @@ static const char usage[] =
     "                [--on-unknown forward|fail] [--attach-wait DUR]\n"
     "                [--store-tool-errors yes|no] [--input-wait DUR]\n"
     "                [--max-result SIZE] [--keep-requests]\n"
+    "                [--seal-key FILE]...\n"
     "                [--shutdown-wait DUR] [--] SERVER_CMD [ARG...]\n"
-    "       idem mcp --listen HOST:PORT --upstream URL [--tenant-header H]\n"
+    "       idem mcp --listen HOST:PORT --upstream URL [--principal RULE]\n"
+    "                [--jwks FILE|URL --issuer ISS --audience AUD]\n"
+    "                [--replay-check upstream|none] [--replay-check-ttl DUR]\n"
     "                [--max-body SIZE] [--call-timeout DUR]\n"
     "                [--allow-origin ORIGIN]\n"
     "                [the options above]\n"
@@ -58,8 +61,7 @@ static const char usage[] =
     "pass through too. Keyed tools/call requests are handled as above, one\n"
     "effect per (tenant, tool, key) across sessions, clients and proxies on\n"
     "one store; a replay is answered as application/json under the retry's\n"
-    "id. The tenant is --tenant-header's value, else the SHA-256 of the\n"
-    "Authorization header, else --tenant.\n"
+    "id. The tenant is the caller's principal (--principal).\n"
     "\n"
     "  --listen HOST:PORT   where to serve (port 0: any free port; the\n"
     "                       address is printed on standard error); PORT\n"
@@ -71,7 +73,26 @@ static const char usage[] =
     "                       Host other than localhost, 127.0.0.1 or [::1]\n"
     "                       is refused too (DNS rebinding)\n"
     "  --upstream URL       the remote server's MCP endpoint\n"
-    "  --tenant-header H    take the tenant from header H\n"
+    "  --principal RULE     whose a keyed call is (its tenant); a keyed\n"
+    "                       call that names none is HTTP 401:\n"
+    "                         credential:NAME[,NAME...]  a hash of these\n"
+    "                           headers (cookie:NAME: one cookie); the\n"
+    "                           default is credential:authorization\n"
+    "                         header:NAME  the value a trusted front proxy\n"
+    "                           sets (--tenant-header NAME)\n"
+    "                         jwt  the verified token's issuer and subject\n"
+    "                           (needs --jwks, --issuer, --audience)\n"
+    "                         none  one tenant, --tenant\n"
+    "  --jwks FILE|URL      the issuer's public keys (JWKS)\n"
+    "  --issuer ISS         the iss a token must have\n"
+    "  --audience AUD       the aud a token must name\n"
+    "  --replay-check upstream  (the default under credential: and jwt)\n"
+    "                       before a keyed call is claimed or replayed, a\n"
+    "                       ping in the caller's session with its headers:\n"
+    "                       the server's 4xx (401, 403, 404) is passed on and\n"
+    "                       nothing is replayed; none: no check\n"
+    "  --replay-check-ttl DUR  how long a passed check counts for one\n"
+    "                       credential and session (default 5s; 0: each)\n"
     "  --max-body SIZE      the largest request body (default 4M)\n"
     "  --call-timeout DUR   the longest a keyed call waits for the\n"
     "                       server's answer (default: no limit, as a\n"
@@ -94,6 +115,10 @@ static const char usage[] =
     "                       and how long a key whose call ended without a\n"
     "                       result is held before a retry may act again\n"
     "  --retention DUR      how long results are kept (default 24h)\n"
+    "  --seal-key FILE      seal stored results with AES-256-GCM under the\n"
+    "                       32-byte key in FILE (raw, hex or base64; mode\n"
+    "                       600); repeat for keys rotated out: the first\n"
+    "                       seals, all open\n"
     "  --keep-requests      keep each call's arguments (canonical JSON) in\n"
     "                       its record, for operators (idem keys show);\n"
     "                       default: only their SHA-256 fingerprint\n"
@@ -146,6 +171,8 @@ static const char usage[] =
 static int parse(int argc, char **argv, mcp_opts *o) {
   memset(o, 0, sizeof *o);
   o->tenant = "";
+  o->replay_check = -1;
+  o->replay_check_ttl_ms = 5000;
   o->lease_ms = 30000;
   o->shutdown_wait_ms = 5000;
   o->attach_wait_ms = 25000;
@@ -262,11 +289,33 @@ static int parse(int argc, char **argv, mcp_opts *o) {
     } else if (strcmp(a, "--upstream") == 0) {
       o->upstream = v;
     } else if (strcmp(a, "--tenant-header") == 0) {
-      if (!*v) {
-        cli_error("mcp", "--tenant-header: empty header name");
+      /* The older spelling of --principal header:H. */
+      snprintf(o->principal_buf, sizeof o->principal_buf, "header:%s", v);
+      o->principal_spec = o->principal_buf;
+    } else if (strcmp(a, "--principal") == 0) {
+      o->principal_spec = v;
+    } else if (strcmp(a, "--seal-key") == 0) {
+      if (o->n_seal_keys == 16) {
+        cli_error("mcp", "--seal-key: at most 16 keys");
         return -1;
       }
-      o->tenant_header = v;
+      o->seal_keys[o->n_seal_keys++] = (char *)v;
+    } else if (strcmp(a, "--jwks") == 0) {
+      o->jwks = v;
+    } else if (strcmp(a, "--issuer") == 0) {
+      o->issuer = v;
+    } else if (strcmp(a, "--audience") == 0) {
+      o->audience = v;
+    } else if (strcmp(a, "--replay-check") == 0) {
+      if (strcmp(v, "upstream") != 0 && strcmp(v, "none") != 0) {
+        cli_error("mcp", "--replay-check: upstream or none");
+        return -1;
+      }
+      o->replay_check = strcmp(v, "upstream") == 0;
+    } else if (strcmp(a, "--replay-check-ttl") == 0) {
+      if (cli_duration_option("mcp", a, v, 0, 3600 * 1000,
+                              &o->replay_check_ttl_ms) != 0)
+        return -1;
     } else if (strcmp(a, "--max-body") == 0) {
       if (cli_parse_size(v, IDEM_MAX_RESPONSE, &o->max_body) != 0 ||
           o->max_body == 0) {
@@ -382,6 +431,15 @@ static int run(int argc, char **argv) {
     cli_error("mcp", "--call-timeout goes with --listen");
     rc = -1;
   }
+  if (rc == 0 && !o->listen &&
+      (o->principal_spec || o->jwks || o->issuer || o->audience ||
+       o->replay_check >= 0)) {
+    /* Over stdio the client is the one process that started the proxy:
+     * its tenant is --tenant. */
+    cli_error("mcp", "--principal, --tenant-header, --jwks, --issuer, "
+                     "--audience and --replay-check go with --listen");
+    rc = -1;
+  }
   if (rc != 0) {
     fputs("(see `idem mcp --help`)\n", stderr);
     free(o->allow_origins);
@@ -401,6 +459,16 @@ static int run(int argc, char **argv) {
     cli_idem_error("mcp", "open store", rc);
     free(o);
     return EXIT_FAIL;
+  }
+  {
+    char err[600];
+    if (cli_seal_apply(p->store, o->seal_keys, o->n_seal_keys, err,
+                       sizeof err) != 0) {
+      cli_error("mcp", "--seal-key: %s", err);
+      idem_store_close(p->store);
+      free(o);
+      return EXIT_USAGE;
+    }
   }
   if (o->listen) {
     if (o->cmd) {

@@ -61,7 +61,16 @@ typedef struct mcp_opts {
   char **cmd;
   /* --listen HOST:PORT: Streamable HTTP in front of --upstream URL
    * (mcp_http.c) instead of a stdio server. */
-  const char *listen, *upstream, *tenant_header;
+  const char *listen, *upstream;
+  /* --principal (principal.h; --tenant-header H is header:H), and
+   * --replay-check upstream|none with its TTL. */
+  const char *principal_spec, *jwks, *issuer, *audience;
+  char principal_buf[96];
+  /* --seal-key FILE, each: the first seals stored results, all open. */
+  char *seal_keys[16];
+  int n_seal_keys;
+  int replay_check; /* -1: by the rule (on for credential and jwt) */
+  int64_t replay_check_ttl_ms;
   char listen_buf[64];     /* --listen PORT or :PORT, made 127.0.0.1:PORT */
   const char **allow_origins; /* --allow-origin, each; n_allow_origins */
   int n_allow_origins;

@@ -19,6 +19,7 @@
  * (mcp_http_keyed.c).
  */
 #include "mcp_http.h"
+#include "../serve/principal.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -824,23 +825,17 @@ const char *hx_header(const hx *h, const char *name) {
   return NULL;
 }
 
-/* The tenant, as idem serve derives it (serve_tenant()), --tenant when the
- * request has no credential; -1 when the headers cannot make one. */
-static int derive_tenant(hx *h) {
-  int tenants = 0, auths = 0;
-  const char *tv = NULL;
-  for (size_t i = 0; i < h->nh; i++) {
-    if (hx_opts->tenant_header &&
-        strcasecmp(h->h[i].name, hx_opts->tenant_header) == 0) {
-      tenants++;
-      tv = h->h[i].value;
-    }
-    auths += strcasecmp(h->h[i].name, "Authorization") == 0;
-  }
-  return serve_tenant(tv, tenants, tv ? NULL : hx_header(h, "Authorization"),
-                      tv ? 0 : auths, hx_opts->tenant, h->tenant,
-                      sizeof h->tenant);
+/* Whose a keyed request is (--principal, principal.h); --tenant under
+ * none. 0, or the HTTP status to refuse it with (why set, if given). */
+static principal_rule hx_rule;
+int hx_replay_check;
+static int derive_tenant_why(hx *h, char *why, size_t size) {
+  char w[600];
+  return principal_tenant(&hx_rule, h->h, h->nh, hx_opts->tenant, h->tenant,
+                          sizeof h->tenant, why ? why : w,
+                          why ? size : sizeof w);
 }
+static int derive_tenant(hx *h) { return derive_tenant_why(h, NULL, 0); }
 
 /* Whether the target is the MCP endpoint (its query aside). */
 static int is_endpoint(const char *uri) {
@@ -956,12 +951,115 @@ static int transport_checks(hx *h) {
   return 0;
 }
 
+/*
+ * --replay-check upstream: before a keyed call is claimed (and so before
+ * any replay), a ping in the caller's session with the caller's
+ * credentials asks the server whether it would answer this caller now. A
+ * replay is a release of stored data: a revoked or expired token, a
+ * session the server never issued or has ended, gets the server's own
+ * refusal (any 4xx: 401, 403, 404...), not the stored result. A 2xx is
+ * trusted for --replay-check-ttl per credential and session; anything
+ * else (a 5xx, no answer) is 502, and nothing is claimed.
+ */
+typedef struct ping {
+  hx *h;
+  char *tool, *key;
+  int in_arg;
+  char id[IDEM_FINGERPRINT_SIZE];
+  up_request rq;
+  up_response rs;
+  up_header hd[64];
+} ping;
+
+static const char ping_body[] =
+    "{\"jsonrpc\":\"2.0\",\"id\":\"idem-replay-check\",\"method\":\"ping\"}";
+
+static void ping_free(ping *p) {
+  upstream_response_free(&p->rs);
+  free(p->tool);
+  free(p->key);
+  free(p);
+}
+
+static void pinged(void *ctx, up_result r) {
+  ping *p = ctx;
+  hx *h = p->h;
+  int st = p->rs.status;
+  if (r == UP_OK && st >= 200 && st <= 299) {
+    principal_check_passed(p->id, hx_opts->replay_check_ttl_ms);
+    hx_keyed_call(h, p->tool, p->key, p->in_arg);
+  } else if (r == UP_OK && st >= 400 && st <= 499) {
+    /* The server's own refusal of this caller in this session (401, 403,
+     * a 404 for a session it does not know, a 400 for a call that lacks
+     * one), as it would refuse the call itself: its WWW-Authenticate
+     * starts a client's authorization flow. The headers are copied
+     * (hx_answer_whole() keeps them); p is freed below. */
+    up_header keep[3];
+    size_t n = 0;
+    for (size_t i = 0; i < p->rs.nheaders && n < 3; i++)
+      if (strcasecmp(p->rs.headers[i].name, "Content-Type") == 0 ||
+          strcasecmp(p->rs.headers[i].name, "WWW-Authenticate") == 0 ||
+          strcasecmp(p->rs.headers[i].name, "Retry-After") == 0)
+        keep[n++] = p->rs.headers[i];
+    hx_answer_whole(h, st, NULL, p->rs.body ? p->rs.body : "", p->rs.body_len,
+                    keep, n);
+  } else {
+    char m[700];
+    snprintf(m, sizeof m,
+             "idem mcp: before a keyed call is claimed or replayed the proxy "
+             "pings the server in the caller's session, and that ping %s%d; "
+             "nothing was sent or replayed",
+             r == UP_OK ? "was answered HTTP " : "failed: ",
+             r == UP_OK ? st : (int)r);
+    answer_http_error(h, 502, -32000, m);
+  }
+  hx_unref(h);
+  ping_free(p);
+}
+
+/* 0 once the ping is out (pinged() goes on), -1 when out of memory. */
+static int ping_caller(hx *h, const char *tool, const char *key, int in_arg,
+                       const char id[IDEM_FINGERPRINT_SIZE]) {
+  ping *p = calloc(1, sizeof *p);
+  size_t n = 0;
+  if (!p)
+    return -1;
+  p->h = h;
+  p->in_arg = in_arg;
+  memcpy(p->id, id, IDEM_FINGERPRINT_SIZE);
+  if (!(p->tool = strdup(tool)) || !(p->key = strdup(key))) {
+    ping_free(p);
+    return -1;
+  }
+  p->hd[n++] = (up_header){"Content-Type", "application/json"};
+  p->hd[n++] = (up_header){"Accept", "application/json, text/event-stream"};
+  for (size_t i = 0; i < h->nh && n < 64; i++)
+    if (principal_check_sends(h->h[i].name) &&
+        strcasecmp(h->h[i].name, "Accept-Encoding") != 0)
+      p->hd[n++] = h->h[i];
+  p->rq.method = "POST";
+  p->rq.uri = h->uri;
+  p->rq.headers = p->hd;
+  p->rq.nheaders = n;
+  p->rq.body = ping_body;
+  p->rq.body_len = sizeof ping_body - 1;
+  p->rq.client_addr = h->addr[0] ? h->addr : NULL;
+  hx_ref(h);
+  if (upstream_start(&p->rq, &p->rs, pinged, p) != 0) {
+    hx_unref(h);
+    ping_free(p);
+    return -1;
+  }
+  return 0;
+}
+
 /* A POST to the endpoint is read: a keyed tools/call goes to
  * mcp_http_keyed.c, anything else passes through. */
 static void decide(hx *h) {
   json_t *msg, *params, *id;
   const char *method, *key, *tool;
-  int dup = 0, in_arg = 0;
+  int dup = 0, in_arg = 0, status;
+  char why[600], ch[128];
   if (!is_endpoint(h->uri) && !is_oauth_metadata(h->uri)) {
     /* The proxy stands for the server's MCP endpoint, not its whole
      * origin: a page the server keeps for its own network (/admin,
@@ -1074,12 +1172,33 @@ static void decide(hx *h) {
     json_decref(msg);
     return;
   }
-  if (derive_tenant(h) != 0) {
+  if ((status = derive_tenant_why(h, why, sizeof why)) != 0) {
+    char m[700];
     json_decref(msg);
-    answer_http_error(h, 400, -32600,
-                      "idem mcp: the tenant header is malformed or given "
-                      "twice; nothing was sent");
+    /* 401 as the upstream answers a caller it does not know: a client
+     * with an authorization flow starts it. */
+    snprintf(m, sizeof m, "idem mcp: %s; nothing was sent", why);
+    if (status == 401 && principal_challenge(&hx_rule, ch, sizeof ch)) {
+      up_header wa = {"WWW-Authenticate", ch};
+      size_t len;
+      char *text = hx_rpc_error(NULL, -32600, m, NULL, &len);
+      hx_answer_whole(h, 401, "application/json", text ? text : "",
+                      text ? len : 0, &wa, 1);
+      free(text);
+    } else {
+      answer_http_error(h, status, -32600, m);
+    }
     return;
+  }
+  if (hx_replay_check) {
+    char cid[IDEM_FINGERPRINT_SIZE];
+    principal_check_id(h->tenant, h->h, h->nh, cid);
+    if (!principal_check_cached(cid)) {
+      if (ping_caller(h, tool, key, in_arg, cid) != 0)
+        answer_http_error(h, 503, -32000, "idem mcp: out of memory");
+      json_decref(msg);
+      return;
+    }
   }
   hx_keyed_call(h, tool, key, in_arg);
   json_decref(msg);
@@ -1378,6 +1497,30 @@ int mcp_http_run(const mcp_opts *o, idem_store *store) {
   hx_opts = o;
   hx_store = store;
   listen_log_name = "idem mcp";
+  {
+    char why[600];
+    if (principal_parse(o->principal_spec, &hx_rule, why, sizeof why) != 0 ||
+        (hx_rule.kind == PRINCIPAL_JWT &&
+         principal_jwt_start(&hx_rule, o->jwks, o->issuer, o->audience, why,
+                             sizeof why) != 0)) {
+      cli_error("mcp", "--principal: %s", why);
+      idem_store_close(store);
+      return EXIT_USAGE;
+    }
+    if (hx_rule.kind != PRINCIPAL_JWT &&
+        (o->jwks || o->issuer || o->audience)) {
+      cli_error("mcp", "--jwks, --issuer and --audience go with --principal "
+                       "jwt");
+      idem_store_close(store);
+      return EXIT_USAGE;
+    }
+    /* A replay waits on the upstream's word where the principal is a
+     * credential the upstream judges: by default with those rules. */
+    hx_replay_check = o->replay_check >= 0
+                          ? o->replay_check
+                          : hx_rule.kind == PRINCIPAL_CREDENTIAL ||
+                                hx_rule.kind == PRINCIPAL_JWT;
+  }
   if (split_upstream(o->upstream) != 0) {
     cli_error("mcp",
               "--upstream: an http:// or https:// URL with no query, "

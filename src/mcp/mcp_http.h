@@ -80,6 +80,9 @@ typedef struct hx {
 
 extern const mcp_opts *hx_opts;
 extern idem_store *hx_store;
+/* Non-zero: a replay waits for a ping in the caller's session to be
+ * answered by the upstream (--replay-check upstream). */
+extern int hx_replay_check;
 
 int64_t hx_mono_ms(void);
 /* Appends p[0..n) to the growable buffer *buf (*len used, *cap allocated).

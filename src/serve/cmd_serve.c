@@ -4,6 +4,7 @@
  * upstream.c's; the admin listener admin.c's.
  */
 #include "cli.h"
+#include "principal.h"
 #include "serve.h"
 
 #include <ctype.h>
@@ -29,7 +30,10 @@
 static const char usage[] =
     "usage: idem serve --listen HOST:PORT --upstream URL [--store URL]\n"
     "                  [--create-store]\n"
-    "                  [--tenant-header NAME] [--require-key]\n"
+    "                  [--principal RULE] [--jwks FILE|URL --issuer ISS\n"
+    "                  --audience AUD] [--replay-check-url PATH]\n"
+    "                  [--replay-check-ttl DUR] [--seal-key FILE]...\n"
+    "                  [--require-key]\n"
     "                  [--methods LIST] [--lease DUR] [--retention DUR]\n"
     "                  [--attach-wait DUR]\n"
     "                  [--no-store-5xx] [--on-unknown forward|fail]\n"
@@ -62,11 +66,33 @@ static const char usage[] =
     "                         (.NAME.idem-serve; without this option the\n"
     "                         start is refused, since every key the old store\n"
     "                         held would act again)\n"
-    "  --tenant-header NAME   the tenant is this header's value (at most 255\n"
-    "                         bytes); default: derived from the SHA-256 of\n"
-    "                         the Authorization header, so that two\n"
-    "                         credentials never share records (no header:\n"
-    "                         the tenant \"\")\n"
+    "  --principal RULE       whose a keyed request is (its tenant); a keyed\n"
+    "                         request that names none is 401:\n"
+    "                           credential:NAME[,NAME...]  a hash of these\n"
+    "                             headers (cookie:NAME: one cookie); the\n"
+    "                             default is credential:authorization\n"
+    "                           header:NAME  the value a trusted front\n"
+    "                             proxy sets (--tenant-header NAME)\n"
+    "                           jwt  the verified token's issuer and\n"
+    "                             subject (a refreshed token is the same\n"
+    "                             principal): needs --jwks, --issuer and\n"
+    "                             --audience\n"
+    "                           none  one tenant for every caller\n"
+    "  --jwks FILE|URL        the issuer's public keys (a JWKS; a URL is\n"
+    "                         fetched again every 5 minutes and when a\n"
+    "                         token names a key it lacks)\n"
+    "  --issuer ISS           the iss a token must have\n"
+    "  --audience AUD         the aud a token must name\n"
+    "  --replay-check-url PATH  before a keyed request is claimed (so\n"
+    "                         before any replay), GET PATH on the upstream\n"
+    "                         with the caller's headers: 2xx goes on, 401\n"
+    "                         and 403 are passed on, anything else is 502\n"
+    "  --replay-check-ttl DUR how long a 2xx counts for one credential\n"
+    "                         (default 5s; 0: every request)\n"
+    "  --seal-key FILE        seal stored answers with AES-256-GCM under the\n"
+    "                         32-byte key in FILE (raw, hex or base64; mode\n"
+    "                         600); repeat for keys rotated out: the first\n"
+    "                         seals, all open\n"
     "  --require-key          refuse protected requests without a key (400)\n"
     "                         instead of passing them through unprotected\n"
     "  --methods LIST         methods protected by keys (default POST,PATCH);\n"
@@ -137,14 +163,17 @@ static const char usage[] =
     "of any other. The key is forwarded upstream unchanged.\n"
     "\n"
     "Status codes of the gateway's own (application/problem+json, RFC 9457):\n"
-    "  400  missing key with --require-key, malformed key, bad tenant header,\n"
-    "       a request target that is not a path\n"
+    "  400  missing key with --require-key, malformed key, a principal's\n"
+    "       header sent twice, a request target that is not a path\n"
+    "  401  a keyed request that names no principal, or whose token does\n"
+    "       not verify; nothing claimed\n"
     "  409  the same key is still in flight after --attach-wait (Retry-After:\n"
     "       seconds left on its lease), or its earlier outcome is unknown\n"
     "       and --on-unknown fail\n"
     "  413  request body larger than --max-body; nothing claimed\n"
     "  422  the key was used with another request\n"
-    "  502  upstream unreachable (nothing sent; the key is released), or the\n"
+    "  502  upstream unreachable (nothing sent; the key is released), the\n"
+    "       --replay-check-url check failed (nothing claimed), or the\n"
     "       connection was lost after sending (the key stays in progress)\n"
     "  503  the store is unavailable or busy (Retry-After); nothing forwarded\n"
     "  504  the upstream did not answer within --upstream-timeout; the key\n"
@@ -204,6 +233,7 @@ static int parse(int argc, char **argv, serve_config *c) {
   c->upstream_timeout_ms = 30000;
   c->attach_wait_ms = 25000;
   c->header_timeout_ms = 10000;
+  c->replay_check_ttl_ms = 5000;
   c->max_connections_per_client = -1; /* derived, see guard.c */
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v;
@@ -239,12 +269,34 @@ static int parse(int argc, char **argv, serve_config *c) {
       if (cli_store_option("serve", v, &c->store_url) != 0)
         return -1;
     } else if (strcmp(a, "--tenant-header") == 0) {
-      if (!*v || strpbrk(v, " :\t\r\n")) {
-        cli_error("serve", "--tenant-header: a header name, such as "
-                           "X-Tenant");
+      /* The older spelling of --principal header:NAME. */
+      snprintf(c->principal_buf, sizeof c->principal_buf, "header:%s", v);
+      c->principal_spec = c->principal_buf;
+    } else if (strcmp(a, "--principal") == 0) {
+      c->principal_spec = v;
+    } else if (strcmp(a, "--seal-key") == 0) {
+      if (c->n_seal_keys == 16) {
+        cli_error("serve", "--seal-key: at most 16 keys");
         return -1;
       }
-      c->tenant_header = v;
+      c->seal_keys[c->n_seal_keys++] = (char *)v;
+    } else if (strcmp(a, "--jwks") == 0) {
+      c->jwks = v;
+    } else if (strcmp(a, "--issuer") == 0) {
+      c->issuer = v;
+    } else if (strcmp(a, "--audience") == 0) {
+      c->audience = v;
+    } else if (strcmp(a, "--replay-check-url") == 0) {
+      if (v[0] != '/' || strpbrk(v, " \t\r\n#")) {
+        cli_error("serve", "--replay-check-url: a path on the upstream, "
+                           "such as /v1/me");
+        return -1;
+      }
+      c->replay_check_url = v;
+    } else if (strcmp(a, "--replay-check-ttl") == 0) {
+      if (cli_duration_option("serve", a, v, 0, 3600 * 1000,
+                              &c->replay_check_ttl_ms) != 0)
+        return -1;
     } else if (strcmp(a, "--methods") == 0) {
       if (parse_methods(v, c->methods, sizeof c->methods) != 0) {
         cli_error("serve", "--methods: a comma-separated list of methods, "
@@ -438,6 +490,8 @@ static int run(int argc, char **argv) {
   char *upstream = NULL, bound[128] = "", admin_bound[128] = "";
   char *admin_token = NULL;
   char store_name[4200] = ""; /* part 9: the store, named at start */
+  char why[600], rule_text[700];
+  principal_rule rule = {0};
   sigset_t sigs;
   int rc, sig, settled, status = EXIT_FAIL;
 
@@ -457,8 +511,24 @@ static int run(int argc, char **argv) {
   pthread_sigmask(SIG_BLOCK, &sigs, NULL);
   signal(SIGPIPE, SIG_IGN);
 
+  if (principal_parse(c.principal_spec, &rule, why, sizeof why) != 0) {
+    cli_error("serve", "--principal: %s", why);
+    return EXIT_USAGE;
+  }
+  if (rule.kind != PRINCIPAL_JWT && (c.jwks || c.issuer || c.audience)) {
+    cli_error("serve", "--jwks, --issuer and --audience go with --principal "
+                       "jwt");
+    return EXIT_USAGE;
+  }
   raise_nofile();
   fewer_arenas();
+  if (rule.kind == PRINCIPAL_JWT &&
+      principal_jwt_start(&rule, c.jwks, c.issuer, c.audience, why,
+                          sizeof why) != 0) {
+    cli_error("serve", "--principal jwt: %s", why);
+    return EXIT_USAGE;
+  }
+  c.principal = &rule;
   if (!(upstream = strdup(c.upstream)))
     return EXIT_FAIL;
   for (size_t n = strlen(upstream); n > 8 && upstream[n - 1] == '/'; n--)
@@ -499,6 +569,11 @@ static int run(int argc, char **argv) {
   /* part 9: never an empty store in place of a deleted one (store.c). */
   if (serve_store_open(&c, &so, &store, store_name, sizeof store_name) != 0)
     goto out;
+  if (cli_seal_apply(store, c.seal_keys, c.n_seal_keys, why, sizeof why) != 0) {
+    cli_error("serve", "--seal-key: %s", why);
+    status = EXIT_USAGE;
+    goto out;
+  }
   if (upstream_init(&c) != 0) {
     cli_error("serve", "cannot initialise libcurl");
     goto out;
@@ -518,6 +593,10 @@ static int run(int argc, char **argv) {
           bound, c.upstream, store_name);
   if (admin)
     fprintf(stderr, "idem serve: admin on http://%s\n", admin_bound);
+  principal_describe(&rule, rule_text, sizeof rule_text);
+  fprintf(stderr, "idem serve: principal %s%s%s\n", rule_text,
+          c.replay_check_url ? ", replays checked with GET " : "",
+          c.replay_check_url ? c.replay_check_url : "");
 
   for (;;) {
     if (sigwait(&sigs, &sig) != 0)
@@ -557,6 +636,8 @@ out:
   accesslog_close();
   free(upstream);
   free(admin_token);
+  if (settled)
+    principal_free(&rule);
   if (status == EXIT_OK)
     fprintf(stderr, "idem serve: stopped\n");
   return status;

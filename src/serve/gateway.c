@@ -10,6 +10,7 @@
  * libmicrohttpd's thread pool; a forward blocks its thread, which keeps its
  * own connection to the upstream (upstream.c).
  */
+#include "principal.h"
 #include "serve.h"
 
 #include <arpa/inet.h>
@@ -121,6 +122,11 @@ static struct MHD_Response *problem_response(req *r, const char *method,
   if (retry_after > 0) {
     snprintf(ra, sizeof ra, "%d", retry_after);
     MHD_add_response_header(resp, "Retry-After", ra);
+  }
+  if (status == 401) {
+    char ch[128];
+    if (principal_challenge(cfg->principal, ch, sizeof ch))
+      MHD_add_response_header(resp, "WWW-Authenticate", ch);
   }
   log_answer(r, method, o, status, upstream_ms, type);
   return resp;
@@ -268,9 +274,7 @@ static struct MHD_Response *replay(req *r, const char *method,
 typedef struct headers {
   up_header *h;
   size_t n, cap;
-  int keys; /* how many Idempotency-Key headers */
-  int tenants; /* how many --tenant-header headers */
-  int auths;   /* how many Authorization headers */
+  int keys;    /* how many Idempotency-Key headers */
   int types;   /* how many Content-Type headers */
   int failed;
 } headers;
@@ -282,10 +286,6 @@ static enum MHD_Result collect(void *cls, enum MHD_ValueKind kind,
   (void)kind;
   if (strcasecmp(name, "Idempotency-Key") == 0)
     hs->keys++;
-  if (cfg->tenant_header && strcasecmp(name, cfg->tenant_header) == 0)
-    hs->tenants++;
-  if (strcasecmp(name, "Authorization") == 0)
-    hs->auths++;
   if (strcasecmp(name, "Content-Type") == 0)
     hs->types++;
   if (hs->n == hs->cap) {
@@ -342,8 +342,9 @@ static enum MHD_Result begin(struct MHD_Connection *c, req *r,
   free(r->uri);
   r->uri = target;
   const char *v, *q = strchr(r->uri, '?');
-  char why[300], tenant[300], operation[256];
+  char why[600], tenant[300], operation[256];
   headers hs = {0};
+  int status;
   size_t plen = q ? (size_t)(q - r->uri) : strlen(r->uri);
 
   r->started = 1;
@@ -371,7 +372,13 @@ static enum MHD_Result begin(struct MHD_Connection *c, req *r,
   if (!method_protected(method))
     return MHD_YES;
   MHD_get_connection_values_n(c, MHD_HEADER_KIND, collect, &hs);
-  headers_free(&hs);
+  /* The headers are read again for the principal below: kept till then
+   * only for a request that may be keyed. */
+  v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Idempotency-Key");
+  if (hs.failed || hs.types > 1 || hs.keys > 1 || !v)
+    headers_free(&hs);
+  if (hs.failed)
+    return MHD_NO;
   if (hs.types > 1) {
     /* Which one the upstream reads is its parser's choice; the
      * fingerprint must not rest on a guess. */
@@ -390,7 +397,6 @@ static enum MHD_Result begin(struct MHD_Connection *c, req *r,
                    "exactly one.",
                    hs.keys);
   }
-  v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Idempotency-Key");
   if (!v) {
     if (!cfg->require_key)
       return MHD_YES; /* passes through unprotected */
@@ -404,6 +410,7 @@ static enum MHD_Result begin(struct MHD_Connection *c, req *r,
                    method);
   }
   if (!(r->key = serve_parse_key(v, why, sizeof why))) {
+    headers_free(&hs);
     r->answered = 1;
     return problem(c, r, method, OUT_REJECTED, 400, "bad-key",
                    "Malformed Idempotency-Key", 0, 0,
@@ -411,26 +418,22 @@ static enum MHD_Result begin(struct MHD_Connection *c, req *r,
                    "printable ASCII characters, for example a UUID.",
                    why);
   }
-  /* The tenant (serve_tenant()): the --tenant-header value, else the
-   * credential's hash; a request without its tenant header never shares
-   * the records of another credential. */
-  const char *tv = cfg->tenant_header
-                       ? MHD_lookup_connection_value(c, MHD_HEADER_KIND,
-                                                     cfg->tenant_header)
-                       : NULL;
-  const char *av =
-      tv ? NULL
-         : MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-  if (serve_tenant(tv, hs.tenants, av, tv ? 0 : hs.auths, "", tenant,
-                   sizeof tenant) != 0) {
+  /* The tenant: whose the request is, by the --principal rule
+   * (principal.h); a keyed request that names no principal is refused,
+   * never given a tenant another shares. */
+  if ((status = principal_tenant(cfg->principal, hs.h, hs.n, "", tenant,
+                                 sizeof tenant, why, sizeof why)) != 0) {
+    headers_free(&hs);
     r->answered = 1;
-    return problem(c, r, method, OUT_REJECTED, 400, "bad-tenant",
-                   "Malformed tenant header", 0, 0,
-                   "The %s header must be sent once, at most 255 bytes "
-                   "without control characters, and not begin with "
-                   "\"authorization:\" (the tenants of credentials).",
-                   tv ? cfg->tenant_header : "Authorization");
+    if (status == 401)
+      return problem(c, r, method, OUT_REJECTED, 401, "no-principal",
+                     "No principal", 0, 0,
+                     "Nothing was claimed or forwarded: %s.", why);
+    return problem(c, r, method, OUT_REJECTED, status, "bad-tenant",
+                   "Malformed principal", 0, 0,
+                   "Nothing was claimed or forwarded: %s.", why);
   }
+  headers_free(&hs);
   if (!(r->tenant = strdup(tenant)))
     return MHD_NO;
   r->protect = 1;
@@ -487,6 +490,11 @@ typedef struct job {
   struct MHD_Response *resp; /* the answer, until handle() queues it */
   int status;
   int ready; /* resp and status are final (resp NULL: out of memory) */
+  /* --replay-check-url: the check of the caller's credentials. */
+  up_request ck_rq;
+  up_response ck_rs;
+  up_header *ck_h;
+  char ck_id[IDEM_FINGERPRINT_SIZE];
 } job;
 
 static void job_free(job *j) {
@@ -496,6 +504,8 @@ static void job_free(job *j) {
     MHD_destroy_response(j->resp);
   headers_free(&j->hs);
   upstream_response_free(&j->rs);
+  upstream_response_free(&j->ck_rs);
+  free(j->ck_h);
   idem_call_free(j->call);
   free(j->meta);
   free(j->rj);
@@ -1062,6 +1072,65 @@ static int claim(job *j) {
   return pool_submit(claim_waiting, j);
 }
 
+/*
+ * --replay-check-url: the upstream's word on the caller, before a keyed
+ * request is claimed (and so before any replay). A replay is a release of
+ * stored data: it goes only where the upstream would answer now, so a
+ * revoked or expired credential gets the upstream's 401 or 403, not the
+ * stored answer. A 2xx is trusted for --replay-check-ttl per credential
+ * (principal_check_passed()); anything else but 401 and 403 is 502, and
+ * nothing is claimed: a check that cannot be made never lets a replay
+ * out.
+ */
+static void checked(void *ctx, up_result result) {
+  job *j = ctx;
+  int st = j->ck_rs.status;
+  if (result == UP_OK && st >= 200 && st <= 299) {
+    principal_check_passed(j->ck_id, cfg->replay_check_ttl_ms);
+    if (claim(j) != 0)
+      answer(j, NULL, 0);
+    return;
+  }
+  if (result == UP_OK && (st == 401 || st == 403)) {
+    answer(j, pass_on(j->r, j->method, OUT_REJECTED, &j->ck_rs, NULL), st);
+    return;
+  }
+  if (result == UP_OK)
+    answer_problem(j, OUT_ERROR, 502, "replay-check-failed",
+                   "Credential check failed", 0, j->ck_rs.ms,
+                   "Before a keyed request is claimed or replayed, the "
+                   "gateway asks the upstream (GET %s, with the caller's "
+                   "credentials) whether it would answer this caller; it "
+                   "answered %d, neither 2xx nor 401/403. Nothing was "
+                   "claimed or forwarded; retry later.",
+                   cfg->replay_check_url, st);
+  else
+    answer_problem(j, OUT_ERROR, 502, "replay-check-failed",
+                   "Credential check failed", 0, j->ck_rs.ms,
+                   "Before a keyed request is claimed or replayed, the "
+                   "gateway asks the upstream (GET %s, with the caller's "
+                   "credentials) whether it would answer this caller; the "
+                   "check failed (%s). Nothing was claimed or forwarded; "
+                   "retry later.",
+                   cfg->replay_check_url, up_error(&j->ck_rs));
+}
+
+/* Starts the check of j's caller; 0, or -1 when out of memory. */
+static int check_caller(job *j) {
+  size_t n = 0;
+  if (!(j->ck_h = malloc((j->hs.n + 1) * sizeof *j->ck_h)))
+    return -1;
+  for (size_t i = 0; i < j->hs.n; i++)
+    if (principal_check_sends(j->hs.h[i].name))
+      j->ck_h[n++] = j->hs.h[i];
+  j->ck_rq.method = "GET";
+  j->ck_rq.uri = cfg->replay_check_url;
+  j->ck_rq.headers = j->ck_h;
+  j->ck_rq.nheaders = n;
+  j->ck_rq.client_addr = j->rq.client_addr;
+  return upstream_start(&j->ck_rq, &j->ck_rs, checked, j);
+}
+
 /* Once the body is in (libmicrohttpd's thread): hand the request over and
  * suspend its connection. */
 static enum MHD_Result finish(struct MHD_Connection *c, req *r,
@@ -1122,6 +1191,16 @@ static enum MHD_Result finish(struct MHD_Connection *c, req *r,
     if (!(j->rj = serve_request_json(j->method, r->uri, r->body, r->len,
                                      j->json_type)))
       return MHD_NO;
+    if (cfg->replay_check_url) {
+      principal_check_id(r->tenant, j->hs.h, j->hs.n, j->ck_id);
+      if (!principal_check_cached(j->ck_id)) {
+        MHD_suspend_connection(c);
+        metrics_waiting(1);
+        if (check_caller(j) != 0)
+          answer(j, NULL, 0); /* out of memory: the connection is closed */
+        return MHD_YES;
+      }
+    }
     if (idem_fingerprint(j->rj, strlen(j->rj), 1, fp) == IDEM_OK &&
         idem_claim_cached(store, &id, fp, &hit) == IDEM_OK &&
         idem_call_outcome(hit) == IDEM_REPLAY &&

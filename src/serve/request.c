@@ -58,36 +58,6 @@ int serve_is_json_type(const char *ct) {
   return n > 5 && strncasecmp(ct + n - 5, "+json", 5) == 0;
 }
 
-int serve_tenant(const char *tenant_value, int tenant_count, const char *auth,
-                 int auth_count, const char *fallback, char *out, size_t size) {
-  char hex[IDEM_FINGERPRINT_SIZE];
-  /* A front proxy that adds its header to one the client forged must not
-   * leave the tenant to whichever is read first. */
-  if (tenant_count > 1 || auth_count > 1)
-    return -1;
-  if (tenant_value) {
-    if (strlen(tenant_value) > 255)
-      return -1;
-    for (const unsigned char *p = (const unsigned char *)tenant_value; *p; p++)
-      if (*p < 0x20 || *p == 0x7f)
-        return -1;
-    /* Never a credential's tenant (below): a client that sends the hash of
-     * another's Authorization header would read that one's records. */
-    if (strncasecmp(tenant_value, "authorization:", 14) == 0)
-      return -1;
-    snprintf(out, size, "%s", tenant_value);
-    return 0;
-  }
-  if (auth) {
-    if (idem_sha256_hex(auth, strlen(auth), hex) != IDEM_OK)
-      return -1;
-    snprintf(out, size, "authorization:%s", hex);
-    return 0;
-  }
-  snprintf(out, size, "%s", fallback ? fallback : "");
-  return 0;
-}
-
 char *serve_parse_key(const char *v, char *why, size_t size) {
   size_t n = strlen(v);
   char *k;

@@ -11,12 +11,26 @@
 
 #include "idem.h"
 
+struct principal_rule;
+
 /* The command line, parsed. */
 typedef struct serve_config {
   const char *listen;   /* HOST:PORT */
   const char *upstream; /* base URL, without a trailing slash */
   const char *store_url;
-  const char *tenant_header; /* NULL: the Authorization header's hash */
+  /* --principal (principal.h): whose a keyed request is; --tenant-header
+   * NAME is header:NAME. */
+  const struct principal_rule *principal;
+  const char *principal_spec, *jwks, *issuer, *audience;
+  char principal_buf[96];
+  /* --replay-check-url PATH: a GET of PATH on the upstream, with the
+   * caller's credentials, must answer 2xx before a replay goes out; its
+   * answer is trusted for replay_check_ttl_ms per credential. */
+  const char *replay_check_url;
+  int64_t replay_check_ttl_ms;
+  /* --seal-key FILE, each: the first seals stored answers, all open. */
+  char *seal_keys[16];
+  int n_seal_keys;
   const char *admin_listen;  /* NULL: no admin listener */
   const char *admin_token_file; /* --admin-token-file: Bearer token */
   const char *log_path;      /* NULL: no access log; "-": stdout */
@@ -260,19 +274,6 @@ int serve_operation(const char *method, const char *path, char *op,
 
 /* Non-zero for application/json and any +json media type. */
 int serve_is_json_type(const char *content_type);
-
-/*
- * The tenant of a request, in idem serve and idem mcp --listen alike: with
- * a tenant header (named, and sent once), its value as it is (at most 255
- * bytes, no control characters); else "authorization:" and the SHA-256 of
- * the Authorization header, so that two credentials never share records
- * and no credential is stored; else fallback. tenant_value and auth are
- * the headers' values or NULL, tenant_count and auth_count how many times
- * each was sent. Writes out (at least 300 bytes); 0, or -1 when the
- * headers cannot make a tenant (either sent twice, or a bad value).
- */
-int serve_tenant(const char *tenant_value, int tenant_count, const char *auth,
-                 int auth_count, const char *fallback, char *out, size_t size);
 
 /* The key of an Idempotency-Key value: a token, or a structured-field
  * string ("..."), checked as libidem checks keys. malloc()ed; NULL with why

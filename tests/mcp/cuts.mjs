@@ -11,6 +11,12 @@ import { join } from "node:path";
 import { IDEM, TMP, check, eq, finish, watchStderr, startRaw,
   rawCall as call, rawAnswer as answer } from "./lib.mjs";
 
+// The test's upstream takes no credential: --principal none, unless the
+// test names a rule of its own.
+const noRule = (extra) =>
+  extra.includes("--principal") || extra.includes("--tenant-header")
+    ? [] : ["--principal", "none"];
+
 const J = JSON.stringify;
 const bytes = (s) => Buffer.byteLength(s, "utf8");
 // "a" then 150 "é" (2 bytes each): the %.200s of the --require-key refusal
@@ -106,7 +112,7 @@ const UP = `http://127.0.0.1:${upstream.address().port}/mcp`;
 
 async function startProxy(extra) {
   const p = spawn(IDEM, ["mcp", "--listen", "127.0.0.1:0", "--upstream", UP,
-    "--store", `sqlite:${join(TMP, "http.db")}`, ...extra],
+    "--store", `sqlite:${join(TMP, "http.db")}`, ...noRule(extra), ...extra],
   { stdio: ["ignore", "ignore", "pipe"] });
   let err = "";
   p.stderr.on("data", (d) => (err += d));

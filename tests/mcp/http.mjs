@@ -482,7 +482,9 @@ scenario("GET stream and DELETE (1.x stateful)", async () => {
 scenario("tenants (1.x stateless)", async () => {
   const T = (s) => `tenants: ${s}`;
   const s = await server({ sdk: "1", stateless: true });
-  const p = await proxy(s.url, newStore());
+  // The default rule, said: each Authorization is a principal, and a replay
+  // waits on a ping in the caller's session (--replay-check upstream).
+  const p = await proxy(s.url, newStore(), ["--principal", "credential:authorization"]);
   const mk = (h) => client(p.url, { sdk: "1", headers: h });
   const A = await mk({ authorization: "Bearer t1" });
   const B = await mk({ authorization: "Bearer t2" });

@@ -11,6 +11,12 @@ import { gzipSync } from "node:zlib";
 import { join } from "node:path";
 import { IDEM, TMP, check, eq, finish, watchStderr } from "./lib.mjs";
 
+// The test's upstream takes no credential: --principal none, unless the
+// test names a rule of its own.
+const noRule = (extra) =>
+  extra.includes("--principal") || extra.includes("--tenant-header")
+    ? [] : ["--principal", "none"];
+
 // ---- the upstream -------------------------------------------------------------
 
 const seen = []; // every request the upstream got: {method, url, headers, body}
@@ -178,7 +184,7 @@ const UP = upstream.address().port;
 
 async function startProxy(extra = [], store = join(TMP, "edges.db")) {
   const p = spawn(IDEM, ["mcp", "--listen", "127.0.0.1:0", "--upstream",
-    `http://127.0.0.1:${UP}/mcp`, "--store", `sqlite:${store}`, ...extra],
+    `http://127.0.0.1:${UP}/mcp`, "--store", `sqlite:${store}`, ...noRule(extra), ...extra],
   { stdio: ["ignore", "ignore", "pipe"] });
   let err = "";
   p.stderr.on("data", (d) => (err += d));
@@ -258,19 +264,27 @@ console.error("-- scenario 1");
   eq("sse: one effect", 1, effects.sse_tool);
 }
 
-// 2. JSON answers; tenants from Authorization: the same key under two
+// 2. JSON answers; tenants from Authorization (--principal
+// credential:authorization): the same key under two credentials is two
+// actions, under one credential one; a keyed call with no credential names
+// no principal and is refused 401, nothing sent.
 console.error("-- scenario 2");
-// credentials is two actions, under one credential one.
 {
   reset();
+  const cp = await startProxy(["--principal", "credential:authorization",
+    "--replay-check", "none"], join(TMP, "cred.db"));
   const A = { authorization: "Bearer alice" }, B = { authorization: "Bearer bob" };
-  const a1 = final(await post(px.port, call(1, "t", { x: 1 }, "k-ten"), A), 1);
-  const b1 = final(await post(px.port, call(2, "t", { x: 1 }, "k-ten"), B), 2);
-  const a2 = final(await post(px.port, call(3, "t", { x: 1 }, "k-ten"), A), 3);
+  const a1 = final(await post(cp.port, call(1, "t", { x: 1 }, "k-ten"), A), 1);
+  const b1 = final(await post(cp.port, call(2, "t", { x: 1 }, "k-ten"), B), 2);
+  const a2 = final(await post(cp.port, call(3, "t", { x: 1 }, "k-ten"), A), 3);
+  const n1 = await post(cp.port, call(4, "t", { x: 1 }, "k-ten"));
   eq("tenants: two effects", 2, effects.t);
   check("tenants: two tickets", a1?.result?.structuredContent?.id !== b1?.result?.structuredContent?.id);
   eq("tenants: alice replayed", a1?.result?.structuredContent?.id, a2?.result?.structuredContent?.id);
   eq("tenants: Authorization forwarded", "Bearer bob", seen[1]?.headers?.authorization);
+  eq("tenants: no credential: 401, not alice's replay", [401, false],
+    [n1.status, /structuredContent/.test(n1.text)]);
+  cp.stop("SIGTERM");
 }
 
 // 3. OAuth passes through: the challenge and the metadata, key released.
@@ -379,12 +393,15 @@ console.error("-- scenario 5a");
     rb.headers.get("mcp-session-id"));
   eq("404: one effect (the retry's)", 1, effects.s404);
 
+  // --tenant-header is --principal header:X-Tenant: a keyed call without
+  // the header names no principal (401), whatever its credential.
   const th = await startProxy(["--tenant-header", "X-Tenant"], join(TMP, "th.db"));
-  const u1 = final(await post(th.port, call(1, "tt", {}, "k-th"), { authorization: "Bearer u1" }), 1);
-  const u2 = final(await post(th.port, call(2, "tt", {}, "k-th"), { authorization: "Bearer u2" }), 2);
-  check("tenant header absent: two credentials are two tenants",
-    u1?.result?.structuredContent?.id !== u2?.result?.structuredContent?.id, JSON.stringify([u1, u2]));
-  eq("tenant header absent: two effects", 2, effects.tt);
+  const u1 = await post(th.port, call(1, "tt", {}, "k-th"), { authorization: "Bearer u1" });
+  const u2 = final(await post(th.port, call(2, "tt", {}, "k-th"), { "x-tenant": "acme" }), 2);
+  const u3 = final(await post(th.port, call(3, "tt", {}, "k-th"), { "x-tenant": "acme", authorization: "Bearer u9" }), 3);
+  eq("tenant header absent: 401, nothing sent", [401, -32600], [u1.status, JSON.parse(u1.text)?.error?.code]);
+  eq("tenant header: the same tenant replays", true, u3?.result?._meta?.["idem/replayed"]);
+  eq("tenant header: one effect", 1, effects.tt);
   th.stop("SIGTERM");
 
   mode.sleepy = "hang";
@@ -461,16 +478,18 @@ console.error("-- scenario 5a");
 // its way through the proxy) annotated the tool read-only or idempotent.
 {
   reset();
-  const rk = await startProxy(["--require-key"], join(TMP, "rk.db"));
-  const r1 = final(await post(rk.port, call(1, "safe_read", {})), 1);
+  const rk = await startProxy(["--require-key", "--principal",
+    "credential:authorization", "--replay-check", "none"], join(TMP, "rk.db"));
+  const alice = { authorization: "Bearer alice" };
+  const r1 = final(await post(rk.port, call(1, "safe_read", {}), alice), 1);
   eq("require-key: unknown tool refused before tools/list", -31905, r1?.error?.code);
-  const list = final(await post(rk.port, { jsonrpc: "2.0", id: 2, method: "tools/list" }), 2);
+  const list = final(await post(rk.port, { jsonrpc: "2.0", id: 2, method: "tools/list" }, alice), 2);
   eq("require-key: tools/list passed on", 2, list?.result?.tools?.length);
-  const r2 = final(await post(rk.port, call(3, "safe_read", {})), 3);
+  const r2 = final(await post(rk.port, call(3, "safe_read", {}), alice), 3);
   check("require-key: a read-only tool passes unkeyed", r2?.result !== undefined, JSON.stringify(r2));
-  const r3 = final(await post(rk.port, call(4, "t", {})), 4);
+  const r3 = final(await post(rk.port, call(4, "t", {}), alice), 4);
   eq("require-key: an unannotated tool needs a key", -31905, r3?.error?.code);
-  const r4 = final(await post(rk.port, call(5, "t", {}, "k-rk")), 5);
+  const r4 = final(await post(rk.port, call(5, "t", {}, "k-rk"), alice), 5);
   check("require-key: with a key it acts", r4?.result !== undefined, JSON.stringify(r4));
   eq("require-key: effects", { safe_read: 1, t: 1 }, effects);
   // The table is each tenant's: another credential's unkeyed call to the
@@ -482,7 +501,7 @@ console.error("-- scenario 5a");
   const b2 = final(await post(rk.port, call(9, "safe_read", {}), bob), 9);
   check("require-key: another tenant, after its own tools/list: passes", b2?.result !== undefined, JSON.stringify(b2));
   eq("require-key: effects with the other tenant", { safe_read: 2, t: 1 }, effects);
-  const nul = final(await post(rk.port, call(6, "t\u0000x", {}, "k-nul")), 6);
+  const nul = final(await post(rk.port, call(6, "t\u0000x", {}, "k-nul"), alice), 6);
   eq("a tool name with U+0000 refused", -32602, nul?.error?.code);
   rk.stop("SIGTERM");
 }
@@ -604,7 +623,7 @@ console.error("-- scenario 8");
   const dead = await startProxy(["--lease", "1s"], join(TMP, "dead.db"));
   dead.stop("SIGKILL");
   const px2 = spawn(IDEM, ["mcp", "--listen", "127.0.0.1:0", "--upstream",
-    "http://127.0.0.1:1/mcp", "--store", `sqlite:${join(TMP, "dead.db")}`],
+    "http://127.0.0.1:1/mcp", "--store", `sqlite:${join(TMP, "dead.db")}`, "--principal", "none"],
   { stdio: ["ignore", "ignore", "pipe"] });
   let err = "";
   px2.stderr.on("data", (d) => (err += d));

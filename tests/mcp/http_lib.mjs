@@ -98,8 +98,12 @@ export async function startProxy(upstream, store, opts = [], { direct = false } 
       kill: async () => {}, exited: Promise.resolve({}) };
   }
   const n = ++proxies;
+  // The test servers take no credential: --principal none unless the test
+  // names a rule of its own.
+  const rule = opts.includes("--principal") || opts.includes("--tenant-header")
+    ? [] : ["--principal", "none"];
   const args = ["mcp", "--listen", "127.0.0.1:0", "--upstream", upstream,
-    "--store", store, ...opts];
+    "--store", store, ...rule, ...opts];
   const s = startAndMatch(IDEM, args, "stderr",
     /idem mcp: listening on (http:\/\/127\.0\.0\.1:(\d+)), forwarding to (\S+)/,
     15000);

@@ -47,7 +47,7 @@ await new Promise((r) => server.listen(0, "127.0.0.1", 4096, r));
 const UP = server.address().port;
 
 const px = spawn(IDEM, ["mcp", "--listen", "127.0.0.1:0", "--upstream",
-  `http://127.0.0.1:${UP}/mcp`, "--store", `sqlite:${join(TMP, "many.db")}`],
+  `http://127.0.0.1:${UP}/mcp`, "--store", `sqlite:${join(TMP, "many.db")}`, "--principal", "none"],
 { stdio: ["ignore", "ignore", "pipe"] });
 let err = "";
 px.stderr.on("data", (d) => (err += d));

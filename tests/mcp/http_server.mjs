@@ -3,6 +3,7 @@
 // with the real SDK, for the tests of `idem mcp --listen` (http.mjs).
 //
 //   node http_server.mjs [--port N] [--stateless] [--sdk 1|2] [--json]
+//                        [--auth]
 //
 // Prints `listening PORT` on standard output when ready. The MCP endpoint is
 // /mcp on 127.0.0.1.
@@ -23,6 +24,16 @@
 //   --events     (1.x stateful) the SDK example's InMemoryEventStore: SSE
 //                events have ids (and a priming event), so a client whose
 //                stream was cut resumes with GET + Last-Event-ID.
+//   --auth       every POST, GET and DELETE to /mcp needs a credential:
+//                an X-API-Key header whose value is in the allow set, or
+//                Authorization: Bearer T with T not revoked (any other
+//                token is taken); without one, 401 with WWW-Authenticate:
+//                Bearer resource_metadata="..." and a JSON-RPC error body.
+//                The allow set starts empty; POST /auth/allow and
+//                /auth/revoke change it (a credential is one string, the
+//                key's or the token's). The log's entries then also carry
+//                apiKey (the X-API-Key header), and /effects unauthorized
+//                (the count of requests refused 401).
 //
 // Tools:
 //   create_ticket {title}      acts at once: ticket-<n>, structuredContent {id: n}
@@ -51,6 +62,10 @@
 //   POST /notify    {session?, data}: (stateful) a notifications/message
 //                   outside any request, so on each session's GET stream
 //                   (only the given session's). Answers {sent: [sid...]}.
+//   POST /auth/allow  {cred}: (--auth) X-API-Key cred is allowed, Bearer
+//                   cred no longer revoked. Answers {allowed, revoked}.
+//   POST /auth/revoke {cred}: (--auth) X-API-Key cred no longer allowed,
+//                   Bearer cred revoked. Answers {allowed, revoked}.
 //   anything else   404 JSON {"error": "no such path", path}
 import http from "node:http";
 import { randomUUID } from "node:crypto";
@@ -64,6 +79,9 @@ const STATELESS = argv.includes("--stateless");
 const SDK = opt("--sdk", "1");
 const JSON_MODE = argv.includes("--json");
 const EVENTS = argv.includes("--events");
+const AUTH = argv.includes("--auth");
+const allowed = new Set(); // X-API-Key values let in (--auth)
+const revoked = new Set(); // Bearer tokens refused (--auth)
 
 const state = {
   effects: { create_ticket: 0, slow_ticket: 0, ask: 0 },
@@ -113,7 +131,8 @@ function act(tool, title, r, extra = {}) {
   state.effects[tool]++;
   state.log.push({ tool, n, title, id: r.id, key: r.meta?.idempotencyKey,
     aborted: r.signal?.aborted === true, session: r.session ?? null,
-    auth: r.auth ?? null, progressToken: r.meta?.progressToken, ...extra });
+    auth: r.auth ?? null, progressToken: r.meta?.progressToken,
+    ...(AUTH ? { apiKey: r.apiKey ?? null } : {}), ...extra });
   return n;
 }
 const ticket = (n) => ({ content: [{ type: "text", text: `ticket-${n}` }],
@@ -200,6 +219,7 @@ async function build1() {
       id: extra.requestId, meta: extra._meta, signal: extra.signal,
       session: extra.sessionId,
       auth: extra.requestInfo?.headers?.authorization,
+      apiKey: extra.requestInfo?.headers?.["x-api-key"],
       notify: (n) => extra.sendNotification(n),
       elicit: (p) => server.server.elicitInput(p,
         { relatedRequestId: extra.requestId }),
@@ -337,10 +357,26 @@ async function mcp2(req, res, body) {
   res.end();
 }
 
+// --auth: whether the request carries a credential the server takes.
+function authorized(req) {
+  const key = req.headers["x-api-key"];
+  if (key !== undefined) return allowed.has(key);
+  const m = /^Bearer (\S+)$/.exec(req.headers.authorization ?? "");
+  return m !== null && !revoked.has(m[1]);
+}
+const authState = () => ({ allowed: [...allowed], revoked: [...revoked] });
+
 const httpServer = http.createServer(async (req, res) => {
   try {
     const url = new URL(req.url, "http://x");
     const body = await readBody(req);
+    if (url.pathname === "/mcp" && AUTH && !authorized(req)) {
+      state.unauthorized = (state.unauthorized ?? 0) + 1;
+      return json(res, 401, { jsonrpc: "2.0", error: { code: -32001,
+        message: "Unauthorized: a known X-API-Key or a valid bearer token "
+          + "is required" }, id: null }, { "www-authenticate":
+        `Bearer resource_metadata="http://${req.headers.host}/.well-known/oauth-protected-resource/mcp"` });
+    }
     if (url.pathname === "/mcp")
       return await (SDK === "2" ? mcp2 : mcp1)(req, res, body);
     if (url.pathname === "/effects" && req.method === "GET")
@@ -349,6 +385,15 @@ const httpServer = http.createServer(async (req, res) => {
         waiting: waiters.map((w) => w.title) });
     if (url.pathname === "/release" && req.method === "POST")
       return json(res, 200, { released: release(body ? JSON.parse(body) : {}) });
+    if (AUTH && req.method === "POST" &&
+        (url.pathname === "/auth/allow" || url.pathname === "/auth/revoke")) {
+      const { cred } = body ? JSON.parse(body) : {};
+      if (typeof cred !== "string")
+        return json(res, 400, { error: "cred must be a string" });
+      if (url.pathname === "/auth/allow") { allowed.add(cred); revoked.delete(cred); }
+      else { allowed.delete(cred); revoked.add(cred); }
+      return json(res, 200, authState());
+    }
     if (url.pathname === "/notify" && req.method === "POST") {
       const { session, data } = body ? JSON.parse(body) : {};
       const sent = [];

@@ -14,6 +14,12 @@ import { join } from "node:path";
 import { isDeepStrictEqual } from "node:util";
 import { IDEM, TMP, check, eq, finish, watchStderr } from "./lib.mjs";
 
+// The test's upstream takes no credential: --principal none, unless the
+// test names a rule of its own.
+const noRule = (extra) =>
+  extra.includes("--principal") || extra.includes("--tenant-header")
+    ? [] : ["--principal", "none"];
+
 const J = JSON.stringify;
 const FAILMALLOC = process.env.IDEM_FAILMALLOC;
 if (!FAILMALLOC) {
@@ -71,7 +77,7 @@ const UP = `http://127.0.0.1:${upstream.address().port}/mcp`;
 
 async function startProxy(db, extra = [], env = {}) {
   const p = spawn(IDEM, ["mcp", "--listen", "127.0.0.1:0", "--upstream", UP,
-    "--store", `sqlite:${join(TMP, db)}`, ...extra],
+    "--store", `sqlite:${join(TMP, db)}`, ...noRule(extra), ...extra],
   { stdio: ["ignore", "ignore", "pipe"], env: { ...process.env, ...env } });
   let err = "";
   p.stderr.on("data", (d) => (err += d));

@@ -12,7 +12,7 @@ IDEM=$1
 start_upstream up || { finish; exit 1; }
 start_gateway gw --upstream "$UP" --store "$TMP/gw.db" --log "$TMP/access.log" || { finish; exit 1; }
 expect_eq "nothing but the new store and the addresses at start" "" \
-  "$(grep -v '^idem serve: \(new store\|listening on\|admin on\)' "$TMP/gw.err")"
+  "$(grep -v '^idem serve: \(new store\|listening on\|admin on\|principal none$\)' "$TMP/gw.err")"
 
 # 1. A lost response: the client gives up after the upstream acted; its
 #    retry gets the first answer, and the upstream acted once.
@@ -108,10 +108,19 @@ expect_eq "concurrent: 32 answered 201, 31 of them replayed" "32 31" "$ok2 $repl
 expect_eq "concurrent: one distinct body" 1 "$(printf '%s' "$bodies" | sort -u | grep -c .)"
 expect_match "concurrent: the body is a ticket" '"ticket_id": [0-9]' "$bodies"
 
-# 4. Two credentials, one key: two records, two effects. GET passes through.
+# 4. Two credentials, one key: two records, two effects (the default
+#    principal rule, credential:authorization, on a second gateway on the
+#    same store). GET passes through.
+GW1=$GW GW1_PID=$GW_PID ADMIN1=$ADMIN
+start_gateway cred --upstream "$UP" --store "$TMP/gw.db" \
+  --principal credential:authorization || { finish; exit 1; }
+expect_eq "the rule is said at start" "idem serve: principal credential:authorization" \
+  "$(grep '^idem serve: principal' "$TMP/cred.err")"
 post u1 shared-1 '{"title":"T"}' -H 'Authorization: Bearer alice'
 post u2 shared-1 '{"title":"T"}' -H 'Authorization: Bearer bob'
 post u3 shared-1 '{"title":"T"}' -H 'Authorization: Bearer alice'
+stop_gateway "$GW_PID"
+GW=$GW1 GW_PID=$GW1_PID ADMIN=$ADMIN1
 expect_eq "tenants: two effects" 2 "$(effects shared-1)"
 expect_eq "tenants: alice's retry replays alice's ticket" "$(json u1 ticket_id) true" \
   "$(json u3 ticket_id) $(header u3 Idempotent-Replayed)"

@@ -298,7 +298,7 @@ expect_eq "drain: the held forward answered, exit 0, the late key never forwarde
 start_raw d || { finish; exit 1; }
 D=$RAW DDIR=$RAW_DIR
 : >"$TMP/fd.err"
-"$IDEM" serve --listen 127.0.0.1:0 --upstream "$D" --store "$TMP/fd.db" \
+"$IDEM" serve --listen 127.0.0.1:0 --upstream "$D" --store "$TMP/fd.db" --principal none \
   --upstream-timeout 300s 2>"$TMP/fd.err" &
 FD_PID=$!
 PIDS="$PIDS $FD_PID"

@@ -94,33 +94,42 @@ post a4 tenant-1 '{"title":"alice only"}' -H 'X-Tenant: alice'
 expect_eq "tenant header once: alice's replay" "201 true $(json a1 ticket_id)" \
   "$(code a4) $(header a4 Idempotent-Replayed) $(json a4 ticket_id)"
 expect_eq "tenant header: two effects, one per tenant" 2 "$(effects tenant-1)"
-# Without the tenant header, the credential decides, as without the option:
-# two credentials never share a record.
+# Under a header rule (--tenant-header is --principal header:NAME), a keyed
+# request without the header names no principal: 401, never the tenant of
+# its credential or "" (the front proxy that sets the header must
+# authenticate every keyed request).
+post b0 tenant-2 '{"title":"bob"}' -H 'Authorization: Bearer bob'
+expect_eq "tenant header missing: 401 no-principal, nothing forwarded" \
+  "401 urn:idem:problem:no-principal 0" \
+  "$(code b0) $(json b0 type) $(effects tenant-2)"
+stop_gateway "$GW_PID"
+# The default rule, credential:authorization: two credentials never share
+# a record.
+start_gateway gwa --upstream "$UP" --store "$TMP/gwt.db" \
+  --principal credential:authorization || { finish; exit 1; }
 post b1 tenant-2 '{"title":"bob"}' -H 'Authorization: Bearer bob'
 post b2 tenant-2 '{"title":"bob"}' -H 'Authorization: Bearer eve'
-expect_eq "no tenant header: eve does not get bob's answer" "201 " \
+expect_eq "credentials: eve does not get bob's answer" "201 " \
   "$(code b2) $(header b2 Idempotent-Replayed)"
-expect_eq "no tenant header: eve's own ticket" "true" \
+expect_eq "credentials: eve's own ticket" "true" \
   "$(python3 -c 'import sys; print(str(sys.argv[1] != sys.argv[2]).lower())' "$(json b1 ticket_id)" "$(json b2 ticket_id)")"
 post b3 tenant-2 '{"title":"bob"}' -H 'Authorization: Bearer bob'
-expect_eq "no tenant header: bob's retry replays his" "201 true $(json b1 ticket_id)" \
+expect_eq "credentials: bob's retry replays his" "201 true $(json b1 ticket_id)" \
   "$(code b3) $(header b3 Idempotent-Replayed) $(json b3 ticket_id)"
-expect_eq "no tenant header: two effects, one per credential" 2 "$(effects tenant-2)"
-post b4 tenant-2 '{"title":"bob"}' -H 'Authorization: Bearer bob' -H 'X-Tenant: bob-tenant'
-expect_eq "tenant header given: its own record, not the credential's" "201 " \
-  "$(code b4) $(header b4 Idempotent-Replayed)"
-expect_eq "tenant header given: a third effect" 3 "$(effects tenant-2)"
-# A tenant header's value never names a credential's tenant: bob's is
-# authorization:SHA-256("Bearer bob"), and mallory sends that.
-bobs=authorization:$(printf 'Bearer bob' | sha256sum | cut -d' ' -f1)
-post b5 tenant-2 '{"title":"bob"}' -H "X-Tenant: $bobs"
-expect_eq "a tenant header shaped like a credential's tenant: 400, bob's answer not replayed" \
-  "400 urn:idem:problem:bad-tenant  3" \
-  "$(code b5) $(json b5 type) $(header b5 Idempotent-Replayed) $(effects tenant-2)"
-stop_gateway "$GW_PID"
-start_gateway gwa --upstream "$UP" --store "$TMP/gwa.db" || { finish; exit 1; }
+expect_eq "credentials: two effects, one per credential" 2 "$(effects tenant-2)"
 post z1 auth-1 '{"title":"Z"}' -H 'Authorization: Bearer a' -H 'Authorization: Bearer b'
 expect_eq "Authorization twice: 400, nothing forwarded" "400 urn:idem:problem:bad-tenant 0" \
   "$(code z1) $(json z1 type) $(effects auth-1)"
+stop_gateway "$GW_PID"
+# A tenant header's value never names a credential's tenant: bob's is
+# authorization:SHA-256("Bearer bob"), and mallory sends that to a gateway
+# on the same store whose rule is header:X-Tenant; its tenant is
+# header:authorization:..., a record of its own.
+start_gateway gwt2 --upstream "$UP" --store "$TMP/gwt.db" --tenant-header X-Tenant ||
+  { finish; exit 1; }
+bobs=authorization:$(printf 'Bearer bob' | sha256sum | cut -d' ' -f1)
+post b5 tenant-2 '{"title":"bob"}' -H "X-Tenant: $bobs"
+expect_eq "a tenant header shaped like a credential's tenant: bob's answer not replayed" \
+  "201  3" "$(code b5) $(header b5 Idempotent-Replayed) $(effects tenant-2)"
 stop_gateway "$GW_PID"
 finish

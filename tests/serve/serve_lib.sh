@@ -19,9 +19,15 @@ start_upstream() {
 }
 
 # start_gateway NAME ARGS...: idem serve on a free port, its admin listener
-# on another; sets GW, ADMIN and GW_PID. The log is $TMP/NAME.err.
+# on another; sets GW, ADMIN and GW_PID. The log is $TMP/NAME.err. Without
+# a --principal (or --tenant-header) of the test's own, --principal none:
+# the counting upstream takes no credential.
 start_gateway() {
   name=$1; shift
+  case " $* " in
+    *" --principal "*|*" --tenant-header "*) ;;
+    *) set -- "$@" --principal none ;;
+  esac
   : > "$TMP/$name.err"
   "$IDEM" serve --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 "$@" 2>"$TMP/$name.err" &
   GW_PID=$!
