@@ -25,9 +25,15 @@
 #       a request whole, claims its key, forwards it, records the answer
 #       and writes it back; the least a gateway with this store does, with
 #       the HTTP hops that (f) leaves out
+#   (h) (d) through a gateway that checks the caller before each keyed
+#       request (--principal credential:authorization --replay-check-url
+#       /replay-check, a GET the upstream answers 201; TTL 5 s, the
+#       default: one check per 5 s for wrk's one credential), wrk sending
+#       Authorization: Bearer bench
 # and prints requests per second with p50/p99 latency for each, then the
 # medians of the rounds and the ratios against their targets: (d) >= 1.0x
-# (b), (c) >= 0.5x (b) and (c) >= 0.8x (f) (said to be above the floor
+# (b), (h) >= 1.0x (b) (and (h) / (d): what the check costs a replay),
+# (c) >= 0.5x (b) and (c) >= 0.8x (f) (said to be above the floor
 # where (g) misses 0.8x (f) itself and (c) comes within 0.8x of (g)). A missed target is reported, not a failure; the
 # script fails only when a run fails (an answer that is not 2xx).
 #
@@ -75,7 +81,9 @@
 # Environment: BENCH_SECONDS (per run, default 5), BENCH_ROUNDS (default 3),
 # BENCH_CONNECTIONS (default 32), BENCH_PG (default 1); BENCH_ONLY (fast:
 # the wrk scenarios only, slow: the slow upstream only, slowloris: the
-# slowloris scenario only; default all three),
+# slowloris scenario only; default all three; replaycheck: only (a), (b),
+# (d) and (h), at 1 connection (wrk -t1) and at BENCH_CONNECTIONS, with
+# the ratios (h) / (a), (h) / (d) and (h) / (b) at each),
 # BENCH_SLOW_N (default "1000 8000"), BENCH_SLOW_DELAY (seconds per POST,
 # default 1), BENCH_SLOW_TIMEOUT (seconds per slow run, default 120),
 # BENCH_SLOW_PROBE_N (slow calls in flight during the probe, default 1000;
@@ -88,7 +96,8 @@
 # BENCH_SLOWLORIS_VARIANTS (default "none held cut"; none: the probe
 # alone, no slow sender, the floor each target's own request path sets), BENCH_SLOWLORIS_INTERVAL
 # and BENCH_SLOWLORIS_CHUNK (each sender sends CHUNK bytes every INTERVAL
-# seconds; default 2 every 1).
+# seconds; default 2 every 1); BENCH_REPLAY_CHECK_TTL ((h)'s
+# --replay-check-ttl; default the gateway's, 5s; 0: every replay checked).
 set -eu
 if [ $# -ne 1 ]; then
   echo "usage: sh bench/gateway.sh PATH_TO_IDEM" >&2
@@ -117,12 +126,14 @@ LORIS_INTERVAL=${BENCH_SLOWLORIS_INTERVAL:-1}
 LORIS_CHUNK=${BENCH_SLOWLORIS_CHUNK:-2}
 LORIS_CUT_TIMEOUT=${BENCH_SLOWLORIS_CUT_TIMEOUT:-2}
 LORIS_VARIANTS=${BENCH_SLOWLORIS_VARIANTS:-none held cut}
+RCHECK=0
 case $BENCH_ONLY in
   "") FAST=1 SLOW=1 LORIS=1 ;;
   fast) FAST=1 SLOW=0 LORIS=0 ;;
   slow) FAST=0 SLOW=1 LORIS=0 ;;
   slowloris) FAST=0 SLOW=0 LORIS=1 ;;
-  *) echo "bench: BENCH_ONLY is fast, slow or slowloris, not $BENCH_ONLY" >&2; exit 2 ;;
+  replaycheck) FAST=0 SLOW=0 LORIS=0 RCHECK=1 ;;
+  *) echo "bench: BENCH_ONLY is fast, slow, slowloris or replaycheck, not $BENCH_ONLY" >&2; exit 2 ;;
 esac
 [ "$FAST" = 1 ] || BENCH_PG=0
 # Every process started here inherits the limit: 8,000 calls in flight are
@@ -249,6 +260,12 @@ EOF
 PIDS="$PIDS $!"
 n=0
 until curl -s -o /dev/null "http://127.0.0.1:$UP_PORT/" || [ $n -gt 100 ]; do sleep 0.05; n=$((n + 1)); done
+# (h)'s check: a GET the upstream answers 2xx at once.
+CHECK_PATH=/replay-check
+case $(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$UP_PORT$CHECK_PATH") in
+  2??) ;;
+  *) echo "bench: the upstream does not answer GET $CHECK_PATH 2xx" >&2; exit 1 ;;
+esac
 
 cat > "$W/post.lua" <<'EOF'
 wrk.method = "POST"
@@ -260,6 +277,13 @@ wrk.method = "POST"
 wrk.body = '{"title":"bench","priority":"normal"}'
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Idempotency-Key"] = "bench-replayed-key"
+EOF
+cat > "$W/replay_checked.lua" <<'EOF'
+wrk.method = "POST"
+wrk.body = '{"title":"bench","priority":"normal"}'
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Idempotency-Key"] = "bench-replayed-key"
+wrk.headers["Authorization"] = "Bearer bench"
 EOF
 cat > "$W/fresh.lua" <<'EOF'
 -- A fresh key per request: the thread's number, a random run id, a counter.
@@ -294,7 +318,8 @@ wait_listening() {
 }
 
 # gateway NAME STORE [UPSTREAM_PORT [OPTION...]]: starts idem serve with
-# those options; sets GW_URL and GW_PID. It waits up to a minute for the
+# those options (and --principal none unless they name one); sets GW_URL
+# and GW_PID. It waits up to a minute for the
 # gateway to say where it listens (a busy machine, a store on a slow disk).
 gateway() {
   gw_name=$1 gw_store=$2 gw_up=${3:-$UP_PORT}
@@ -304,8 +329,11 @@ gateway() {
   # only after the loop below has read the old "listening on" line, and the
   # clients then went to the last gateway's port (every connection refused).
   rm -f "$W/$gw_name.err"
+  gw_principal="--principal none"
+  for a in "$@"; do [ "$a" != --principal ] || gw_principal=""; done
+  # shellcheck disable=SC2086 # gw_principal: two words or none
   "$IDEM" serve --listen 127.0.0.1:0 --upstream "http://127.0.0.1:$gw_up" \
-    --store "$gw_store" "$@" 2>"$W/$gw_name.err" &
+    --store "$gw_store" $gw_principal "$@" 2>"$W/$gw_name.err" &
   GW_PID=$!
   set -- "$gw_name"
   wait_listening "$W/$1.err" $GW_PID
@@ -339,8 +367,10 @@ gateway_floor() {
 }
 
 # run NAME URL SCRIPT: one wrk run; appends "rps p50_ms p99_ms" to $W/NAME.
+# RUN_CONNS connections (default CONNS) on 2 threads (1 for 1 connection).
 run() {
-  out=$(wrk -t2 -c"$CONNS" -d"${SECS}s" --latency -s "$3" "$2" 2>&1) || {
+  rc=${RUN_CONNS:-$CONNS}
+  out=$(wrk -t"$((rc < 2 ? 1 : 2))" -c"$rc" -d"${SECS}s" --latency -s "$3" "$2" 2>&1) || {
     echo "$out" >&2; echo "bench: wrk failed for $1" >&2; exit 1; }
   if printf '%s' "$out" | grep -q 'Non-2xx'; then
     echo "$out" >&2
@@ -382,7 +412,74 @@ if [ "$BENCH_PG" = 1 ]; then
   PG_STORE=$IDEM_TEST_PG_URL
 fi
 
-# The wrk scenarios, (a) to (f).
+# replay_checked NAME STORE: (h): a gateway that checks its callers
+# (--principal credential:authorization --replay-check-url, TTL 5 s), one
+# key completed with wrk's Authorization, then replayed by wrk.
+replay_checked() {
+  gateway checked "$2" "$UP_PORT" --principal credential:authorization \
+    --replay-check-url "$CHECK_PATH" \
+    ${BENCH_REPLAY_CHECK_TTL:+--replay-check-ttl "$BENCH_REPLAY_CHECK_TTL"}
+  curl -s -o /dev/null -X POST -H 'Content-Type: application/json' \
+    -H 'Idempotency-Key: bench-replayed-key' -H 'Authorization: Bearer bench' \
+    --data '{"title":"bench","priority":"normal"}' "$GW_URL/tickets"
+  run "$1" "$GW_URL/tickets" "$W/replay_checked.lua"
+  kill -TERM $GW_PID; wait $GW_PID || true
+}
+
+# BENCH_ONLY=replaycheck: (a), (b), (d) and (h) only, at 1 connection and
+# at CONNS (the names in $W/results end in .cN).
+replaycheck_scenario() {
+  r=1
+  while [ $r -le "$ROUNDS" ]; do
+    for RUN_CONNS in 1 $CONNS; do
+      echo "round $r of $ROUNDS ($SECS s per run, $RUN_CONNS connection(s), wrk -t$((RUN_CONNS < 2 ? 1 : 2)))"
+      c=c$RUN_CONNS
+      run "a_upstream.$c" "http://127.0.0.1:$UP_PORT/tickets" "$W/post.lua"
+      run "b_nginx_proxy.$c" "http://127.0.0.1:$PX_PORT/tickets" "$W/post.lua"
+      gateway sqlite "sqlite:$W/gw-$r-$c.db"
+      curl -s -o /dev/null -X POST -H 'Content-Type: application/json' \
+        -H 'Idempotency-Key: bench-replayed-key' \
+        --data '{"title":"bench","priority":"normal"}' "$GW_URL/tickets"
+      run "d_idem_replay.$c" "$GW_URL/tickets" "$W/replay.lua"
+      kill -TERM $GW_PID; wait $GW_PID || true
+      replay_checked "h_idem_replay_checked.$c" "sqlite:$W/gwc-$r-$c.db"
+    done
+    r=$((r + 1))
+  done
+  RUN_CONNS=""
+  echo
+  echo "medians of $ROUNDS rounds (h: replay check TTL ${BENCH_REPLAY_CHECK_TTL:-5s}):"
+  python3 - "$W/results" "$CONNS" <<'EOF'
+import statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    name, rps, p50, p99 = line.split()
+    rows.setdefault(name, []).append((float(rps), float(p50), float(p99)))
+med = {k: tuple(statistics.median(x[i] for x in v) for i in range(3))
+       for k, v in rows.items()}
+for k in sorted(med, key=lambda k: (int(k.rsplit(".c", 1)[1]), k)):
+    rps, p50, p99 = med[k]
+    print(f"  {k:34s} {rps:8.0f} req/s   p50 {p50:6.2f} ms   p99 {p99:7.2f} ms"
+          f"   rounds: {', '.join('%.0f' % x[0] for x in rows[k])}")
+print("ratios (requests per second, of the medians):")
+for c in dict.fromkeys(("1", sys.argv[2])):
+    m = {k.rsplit(".c", 1)[0]: v[0] for k, v in med.items() if k.endswith(".c" + c)}
+    h, d, a, b = (m.get(n) for n in ("h_idem_replay_checked", "d_idem_replay",
+                                     "a_upstream", "b_nginx_proxy"))
+    if not (h and d and a and b):
+        continue
+    print(f"  {c} connection{'' if c == '1' else 's'}:")
+    print(f"    h_idem_replay_checked / a_upstream    = {h / a:.2f}x"
+          f"   (d_idem_replay / a_upstream = {d / a:.2f}x)")
+    print(f"    h_idem_replay_checked / d_idem_replay = {h / d:.2f}x"
+          f"   (what the check costs a replay)")
+    print(f"    h_idem_replay_checked / b_nginx_proxy = {h / b:.2f}x"
+          f"   (d_idem_replay / b_nginx_proxy = {d / b:.2f}x; target >= 1.0x:"
+          f" {'meets' if h / b >= 1 else 'MISSES'})")
+EOF
+}
+
+# The wrk scenarios, (a) to (h).
 fast_scenario() {
   r=1
   while [ $r -le "$ROUNDS" ]; do
@@ -401,6 +498,7 @@ fast_scenario() {
       --data '{"title":"bench","priority":"normal"}' "$GW_URL/tickets"
     run d_idem_replay "$GW_URL/tickets" "$W/replay.lua"
     kill -TERM $GW_PID; wait $GW_PID || true
+    replay_checked h_idem_replay_checked "sqlite:$W/gwc-$r.db"
     TMPDIR=$W floor f_floor_sqlite
     if [ "$BENCH_PG" = 1 ]; then
       gateway pg "$PG_STORE"
@@ -435,6 +533,13 @@ def ratio(name, target):
     print(f"  {name} / b_nginx_proxy = {r:.2f}x (target >= {target}x: {verdict})")
 print("ratios (requests per second):")
 ratio("d_idem_replay", 1.0)
+ratio("h_idem_replay_checked", 1.0)
+if "h_idem_replay_checked" in med:
+    h = med["h_idem_replay_checked"][0]
+    print(f"  h_idem_replay_checked / d_idem_replay = {h / med['d_idem_replay'][0]:.2f}x"
+          f" (what the replay check costs a replay)")
+    print(f"  h_idem_replay_checked / a_upstream = {h / med['a_upstream'][0]:.2f}x"
+          f" (d_idem_replay / a_upstream = {med['d_idem_replay'][0] / med['a_upstream'][0]:.2f}x)")
 ratio("c_idem_fresh_sqlite", 0.5)
 ratio("e_idem_fresh_postgresql", 0.5)
 print(f"  a_upstream / b_nginx_proxy = {med['a_upstream'][0] / ref:.2f}x (the upstream alone)")
@@ -854,6 +959,7 @@ EOF
 }
 
 [ "$FAST" = 1 ] && fast_scenario
+[ "$RCHECK" = 1 ] && replaycheck_scenario
 if [ "$SLOW" = 1 ]; then
   [ "$FAST" = 1 ] && echo
   slow_scenario

@@ -64,6 +64,11 @@
 #   fresh    through the proxy, a new key per call
 #   replay   through the proxy, one key per client, run once before the
 #            timing: every timed call is answered by the proxy
+#   replay_checked  replay through a second proxy, `--principal
+#            credential:authorization`, whose replay check is on (before a
+#            keyed call is claimed or replayed, a ping in the caller's
+#            session with its headers; a pass counts 5 s per credential
+#            and session), the clients sending Authorization: Bearer bench
 #   floor    `idem bench --workers CLIENTS`: claim + complete on the same
 #            kind of store, no network
 #   serial floor  (1 client) bench/mcp_floor against the same server: claim,
@@ -83,8 +88,9 @@
 #            server named by host or over https)
 # It prints the medians (calls/s, p50 and p99 latency, the CPU time per
 # call of the client, the proxy and the server during each target's turns)
-# and the ratios against the targets (replay >= 2x direct,
-# unkeyed >= 0.8x direct, fresh >= 0.8x floor, for 1 and 32 clients).
+# and the ratios against the targets (replay >= 2x direct, replay_checked
+# >= 2x direct, unkeyed >= 0.8x direct, fresh >= 0.8x floor, for 1 and 32
+# clients; and replay_checked / replay, what the check costs a replay).
 # A missed target is reported, never a failure; it exits non-zero only
 # when a run failed. A target that its floor misses beside it, while the
 # proxy comes within 0.8 of that floor, is said to be above the floor:
@@ -93,7 +99,11 @@
 #
 # Environment: BENCH_SECONDS (default 3), BENCH_ROUNDS (default 3), TMPDIR,
 # BENCH_MCP_HTTP_ONLY=1 (only the HTTP part), BENCH_MCP_STDIO_ONLY=1 (only
-# the stdio part).
+# the stdio part), BENCH_MCP_REPLAYCHECK_ONLY=1 (only the HTTP part's
+# direct, replay and replay_checked: no nginx, floors, unkeyed or fresh),
+# BENCH_MCP_HTTP_CLIENTS (default "1 32"), BENCH_REPLAY_CHECK_TTL
+# (replay_checked's --replay-check-ttl; default the proxy's, 5s; 0: every
+# replay checked).
 set -eu
 if [ $# -ne 1 ]; then
   echo "usage: sh bench/mcp.sh PATH_TO_IDEM" >&2
@@ -109,16 +119,19 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 SECS=${BENCH_SECONDS:-3}
 ROUNDS=${BENCH_ROUNDS:-3}
 HTTP_ONLY=${BENCH_MCP_HTTP_ONLY:-0}
+RCHECK_ONLY=${BENCH_MCP_REPLAYCHECK_ONLY:-0}
+[ "$RCHECK_ONLY" != 1 ] || HTTP_ONLY=1
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/idem-bench-mcp.XXXXXX")
 # The HTTP part's server, nginx and proxy, while they run.
 SRV_PID=""
 NG_PID=""
 PX_PID=""
+PC_PID=""
 RL_PID=""
 PF_PID=""
 cleanup() {
-  for p in $PX_PID $RL_PID $PF_PID $NG_PID $SRV_PID; do kill "$p" 2>/dev/null || true; done
-  for p in $PX_PID $RL_PID $PF_PID $NG_PID $SRV_PID; do wait "$p" 2>/dev/null || true; done
+  for p in $PX_PID $PC_PID $RL_PID $PF_PID $NG_PID $SRV_PID; do kill "$p" 2>/dev/null || true; done
+  for p in $PX_PID $PC_PID $RL_PID $PF_PID $NG_PID $SRV_PID; do wait "$p" 2>/dev/null || true; done
   rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -409,16 +422,22 @@ start_server() {
   return 1
 }
 
-# start_proxy NAME UPSTREAM STORE: idem mcp --listen on a free port; sets
+# start_proxy NAME UPSTREAM STORE [OPTION...]: idem mcp --listen on a free
+# port, with those options (--principal none unless they name one); sets
 # PX_PID and PX_URL (its MCP endpoint, the upstream's path).
 start_proxy() {
-  "$IDEM" mcp --listen 127.0.0.1:0 --upstream "$2" --store "sqlite:$3" \
-    2>"$WORK/out/$1.proxy.err" &
+  sp_name=$1 sp_up=$2 sp_store=$3
+  shift 3
+  sp_principal="--principal none"
+  for a in "$@"; do [ "$a" != --principal ] || sp_principal=""; done
+  # shellcheck disable=SC2086 # sp_principal: two words or none
+  "$IDEM" mcp --listen 127.0.0.1:0 --upstream "$sp_up" --store "sqlite:$sp_store" \
+    $sp_principal "$@" 2>"$WORK/out/$sp_name.proxy.err" &
   PX_PID=$!
-  wait_line "$WORK/out/$1.proxy.err" "^idem mcp: listening on http://" $PX_PID ||
+  wait_line "$WORK/out/$sp_name.proxy.err" "^idem mcp: listening on http://" $PX_PID ||
     return 1
   PX_URL=$(sed -n 's|^idem mcp: listening on \(http://[^,]*\), forwarding to .*|\1|p' \
-    "$WORK/out/$1.proxy.err" | head -n 1)/mcp
+    "$WORK/out/$sp_name.proxy.err" | head -n 1)/mcp
 }
 
 # start_nginx NAME UPSTREAM: nginx as a plain reverse proxy in front of
@@ -520,7 +539,7 @@ http_round() {
   fi
   set -- "direct:unkeyed=$SRV_URL"
   watch=server=$SRV_PID
-  if [ -n "$NGINX" ]; then
+  if [ -n "$NGINX" ] && [ "$RCHECK_ONLY" != 1 ]; then
     if ! start_nginx "$hname.nginx" "$SRV_URL"; then
       failed=1
       printf '  %-16sFAILED (nginx did not start)\n' "$hname" >&2
@@ -543,18 +562,38 @@ http_round() {
     return 0
   fi
   watch=$watch,idem=$PX_PID
-  # The relay floor and the pass floor in front of the same server, each
-  # with its own store.
-  start_floor "$hname" relay httprelay fresh
-  RL_PID=$FL_PID
-  [ -z "$RL_PID" ] || set -- "$@" "$FL_ARG"
-  start_floor "$hname" pass mhdrelay unkeyed
-  PF_PID=$FL_PID
-  [ -z "$PF_PID" ] || set -- "$@" "$FL_ARG"
+  # The second proxy, whose callers are their Authorization header and
+  # whose replays are checked (the default under that rule).
+  IX_PID=$PX_PID IX_URL=$PX_URL
+  if ! start_proxy "$hname.checked" "$SRV_URL" "$WORK/$hname.checked.db" \
+    --principal credential:authorization \
+    ${BENCH_REPLAY_CHECK_TTL:+--replay-check-ttl "$BENCH_REPLAY_CHECK_TTL"}; then
+    failed=1
+    printf '  %-16sFAILED (the checked proxy did not start)\n' "$hname" >&2
+    sed 's/^/    /' "$WORK/out/$hname.checked.proxy.err" >&2
+    for p in $PX_PID $IX_PID $NG_PID $SRV_PID; do stop "$p" 2>/dev/null || true; done
+    PX_PID="" NG_PID="" SRV_PID=""
+    return 0
+  fi
+  PC_PID=$PX_PID PC_URL=$PX_URL PX_PID=$IX_PID PX_URL=$IX_URL
+  watch=$watch,idemc=$PC_PID
+  if [ "$RCHECK_ONLY" != 1 ]; then
+    # The relay floor and the pass floor in front of the same server, each
+    # with its own store.
+    start_floor "$hname" relay httprelay fresh
+    RL_PID=$FL_PID
+    [ -z "$RL_PID" ] || set -- "$@" "$FL_ARG"
+    start_floor "$hname" pass mhdrelay unkeyed
+    PF_PID=$FL_PID
+    [ -z "$PF_PID" ] || set -- "$@" "$FL_ARG"
+    set -- "$@" "unkeyed:unkeyed=$PX_URL" "fresh:fresh=$PX_URL"
+  fi
   step "$hname" env WATCH="$watch" CLK_TCK="$(getconf CLK_TCK 2>/dev/null || echo 100)" \
     node "$WORK/mcp_http_client.mjs" turns "$SECS" "$hclients" "$@" \
-    "unkeyed:unkeyed=$PX_URL" "fresh:fresh=$PX_URL" "replay:replay=$PX_URL"
-  split_modes "$WORK/out/$hname.json" "$WORK/out/$hname" "" direct nginx unkeyed fresh replay relay pass
+    "replay:replay=$PX_URL" "replay_checked:replay=$PC_URL" \
+    "replay_checked+Authorization: Bearer bench"
+  split_modes "$WORK/out/$hname.json" "$WORK/out/$hname" "" direct nginx unkeyed fresh replay \
+    replay_checked relay pass
   for p in $RL_PID $PF_PID; do
     st=0
     stop $p || st=$?
@@ -566,21 +605,23 @@ http_round() {
   RL_PID="" PF_PID=""
   # One client: the serial floor against the same server, in the same
   # round (it is one thread: no such floor for 32 clients).
-  if [ "$hclients" = 1 ] && [ -n "$FLOOR_BIN" ]; then
+  if [ "$hclients" = 1 ] && [ -n "$FLOOR_BIN" ] && [ "$RCHECK_ONLY" != 1 ]; then
     step "$hname.sfloor" "$FLOOR_BIN" "sqlite:$WORK/$hname.sfloor.db" "$SECS" \
       http "$SRV_URL"
   fi
-  st=0
-  stop $PX_PID || st=$?
-  PX_PID=""
-  # Anything the proxy said besides its first and last lines is shown.
-  if [ $st -ne 0 ]; then
-    failed=1
-    echo "    the proxy exited with status $st" >&2
-  fi
-  grep -v -e '^idem mcp: listening on ' -e '^idem mcp: stopped' \
-    -e 'signal 15 (SIGTERM) received' -e 'exiting' \
-    "$WORK/out/$hname.proxy.err" | sed 's/^/    proxy: /' >&2 || true
+  for px in "$PX_PID:$hname" "$PC_PID:$hname.checked"; do
+    st=0
+    stop "${px%%:*}" || st=$?
+    # Anything the proxy said besides its first and last lines is shown.
+    if [ $st -ne 0 ]; then
+      failed=1
+      echo "    the proxy (${px#*:}) exited with status $st" >&2
+    fi
+    grep -v -e '^idem mcp: listening on ' -e '^idem mcp: stopped' \
+      -e 'signal 15 (SIGTERM) received' -e 'exiting' \
+      "$WORK/out/${px#*:}.proxy.err" | sed 's/^/    proxy: /' >&2 || true
+  done
+  PX_PID="" PC_PID=
   if [ -n "$NG_PID" ]; then
     stop $NG_PID || true
     NG_PID=""
@@ -598,14 +639,15 @@ NGINX=$(command -v nginx || { [ -x /usr/sbin/nginx ] && echo /usr/sbin/nginx; } 
 if [ -z "$NGINX" ]; then
   echo "bench: no nginx (sh scripts/deps.sh bench installs it): the HTTP part runs without its reference proxy" >&2
 fi
-echo "idem mcp --listen: $ROUNDS rounds of ${SECS}s per run, 1 and 32 clients" >&2
+echo "idem mcp --listen: $ROUNDS rounds of ${SECS}s per run, clients: ${BENCH_MCP_HTTP_CLIENTS:-1 32}" >&2
 r=1
 while [ $r -le "$ROUNDS" ]; do
   echo "round $r (HTTP)" >&2
   for c in ${BENCH_MCP_HTTP_CLIENTS:-1 32}; do
     http_round "r$r.h$c" $c
-    step "r$r.h$c.floor" "$IDEM" bench --store "$WORK/r$r.h$c.floor.db" \
-      --workers $c --seconds 1 --json
+    [ "$RCHECK_ONLY" = 1 ] ||
+      step "r$r.h$c.floor" "$IDEM" bench --store "$WORK/r$r.h$c.floor.db" \
+        --workers $c --seconds 1 --json
   done
   r=$((r + 1))
 done
@@ -622,30 +664,41 @@ def docs(n, mode):
             # The proxy: nginx for nginx's turns, each floor for its own,
             # idem for its own.
             who = {'nginx': 'nginx', 'relay': 'relay', 'pass': 'pass',
-                   'direct': None}.get(mode, 'idem')
+                   'replay_checked': 'idemc', 'direct': None}.get(mode, 'idem')
             d['proxy_cpu_ms_per_call'] = d.get('%s_cpu_ms_per_call' % who) if who else None
             xs.append(d)
     return xs
 def med(n, mode, field):
     xs = [d[field] for d in docs(n, mode) if d.get(field) is not None]
     return statistics.median(xs) if xs else None
-MODES = ('direct', 'nginx', 'unkeyed', 'fresh', 'replay', 'relay', 'pass', 'floor',
-         'sfloor')
+MODES = ('direct', 'nginx', 'unkeyed', 'fresh', 'replay', 'replay_checked', 'relay',
+         'pass', 'floor', 'sfloor')
+# The client counts and modes run (BENCH_MCP_HTTP_CLIENTS,
+# BENCH_MCP_REPLAYCHECK_ONLY): the others are not shown.
+NS = [n for n in (1, 32) if docs(n, 'direct')] or [1, 32]
+MODES = tuple(m for m in MODES if any(docs(n, m) for n in NS)
+              or os.environ.get('BENCH_MCP_REPLAYCHECK_ONLY', '0') != '1')
 rate = {}
 print()
 print('idem mcp --listen: tools/call round trips over Streamable HTTP, each client one call at a time')
 print('server-everything echo (streamableHttp); durable SQLite store (synchronous=FULL)')
 print('medians of %d rounds:' % rounds)
-print('  %7s %-8s %8s %7s %7s  %19s %6s %6s  %s' % ('clients', 'mode', 'calls/s',
+print('  %7s %-14s %8s %7s %7s  %19s %6s %6s  %s' % ('clients', 'mode', 'calls/s',
       'p50 ms', 'p99 ms', 'cpu ms/call: client', 'proxy', 'server',
       'rounds (calls/s)'))
 fmt = lambda v, f: '-' if v is None else f % v
 for n in (1, 32):
+    for m in ('direct', 'nginx', 'unkeyed', 'fresh', 'replay', 'replay_checked', 'relay',
+              'pass', 'floor', 'sfloor'):
+        field = 'claim_complete_ops_per_s' if m == 'floor' else 'ops_per_s'
+        rate[n, m] = med(n, m, field)
+    if n not in NS:
+        continue
     for m in MODES:
         field = 'claim_complete_ops_per_s' if m == 'floor' else 'ops_per_s'
         rate[n, m] = med(n, m, field)
         xs = [d[field] for d in docs(n, m)]
-        print('  %7d %-8s %8s %7s %7s  %19s %6s %6s  %s' % (n, m,
+        print('  %7d %-14s %8s %7s %7s  %19s %6s %6s  %s' % (n, m,
               fmt(rate[n, m], '%.0f'),
               fmt(med(n, m, 'p50_ms'), '%.2f'), fmt(med(n, m, 'p99_ms'), '%.2f'),
               fmt(med(n, m, 'client_cpu_ms_per_call'), '%.2f'),
@@ -658,6 +711,9 @@ print('  sfloor: bench/mcp_floor (1 client): claim, the call to the server, reco
 print('  relay: the relay floor: sfloor plus the client\'s hop, a thread per client, in turns.')
 print('  pass: the pass floor: a call passed through libmicrohttpd (a thread per client) and')
 print('        libcurl, no key, no parsing: the least a proxy built on those two costs.')
+print('  replay_checked: replay through a proxy with --principal credential:authorization')
+print('        (replay check on, TTL %s), the clients sending Authorization: Bearer bench.'
+      % (os.environ.get('BENCH_REPLAY_CHECK_TTL') or '5s'))
 print('  the targets take turns of 300 ms on one server, nginx and proxy per round;')
 print('  cpu ms/call: CPU time of each process during a target\'s turns per call.')
 missed = 0
@@ -669,16 +725,19 @@ for n in (1, 32):
         rate[n, 'fresh floor'] = 1 / (1 / rate[n, 'direct'] + 1 / rate[n, 'floor'])
     else:
         rate[n, 'fresh floor'] = None
-    print('  %7d %-8s %8s   (1 / (1/direct + 1/floor): server and store, one after the other)'
-          % (n, 'fresh floor', fmt(rate[n, 'fresh floor'], '%.0f')))
+    show = 'floor' in MODES and n in NS
+    if show:
+        print('  %7d %-8s %8s   (1 / (1/direct + 1/floor): server and store, one after the other)'
+              % (n, 'fresh floor', fmt(rate[n, 'fresh floor'], '%.0f')))
     # What the least proxy (nginx) and the store's two commits allow, one
     # after the other: the floor of a fresh call through any proxy.
     if rate[n, 'nginx'] and rate[n, 'floor']:
         rate[n, 'proxied floor'] = 1 / (1 / rate[n, 'nginx'] + 1 / rate[n, 'floor'])
     else:
         rate[n, 'proxied floor'] = None
-    print('  %7d %-8s %6s   (1 / (1/nginx + 1/floor): the least proxy and the store)'
-          % (n, 'proxied floor', fmt(rate[n, 'proxied floor'], '%.0f')))
+    if show:
+        print('  %7d %-8s %6s   (1 / (1/nginx + 1/floor): the least proxy and the store)'
+              % (n, 'proxied floor', fmt(rate[n, 'proxied floor'], '%.0f')))
     # The serial floor with the least proxy's hop added (what nginx adds to
     # a direct call): the least a fresh call through any proxy costs, with
     # the store's commits made as a proxy makes them, after a wait.
@@ -691,9 +750,11 @@ for n in (1, 32):
 above = 0
 print('%-42s %8s %8s  %s' % ('ratio', 'x', 'target', 'result'))
 for n in (1, 32):
-    for a, b, target in (('replay', 'direct', 2.0), ('unkeyed', 'direct', 0.8),
-                         ('fresh', 'fresh floor', 0.8)):
+    for a, b, target in (('replay', 'direct', 2.0), ('replay_checked', 'direct', 2.0),
+                         ('unkeyed', 'direct', 0.8), ('fresh', 'fresh floor', 0.8)):
         label = '%s / %s, %d client%s' % (a, b, n, '' if n == 1 else 's')
+        if a not in MODES or n not in NS:
+            continue
         if rate[n, a] is None or not rate[n, b]:
             print('%-42s %8s %8s  %s' % (label, '-', '>= %.1f' % target, 'no data'))
             continue
@@ -720,7 +781,8 @@ for n in (1, 32):
             verdict = 'MISSED'
         missed += not ok
         print('%-42s %8.2f %8s  %s' % (label, x, '>= %.1f' % target, verdict))
-    for a, b, note in (('unkeyed', 'nginx', 'a call passed through, against nginx'),
+    for a, b, note in (('replay_checked', 'replay', 'what the replay check costs a replay'),
+                       ('unkeyed', 'nginx', 'a call passed through, against nginx'),
                        ('fresh', 'proxied floor', 'a fresh call, against the least proxy and the store'),
                        ('fresh', 'relay', 'fresh / relay floor: the least proxy that keeps records'),
                        ('relay', 'fresh floor', 'the most fresh / fresh floor here'),

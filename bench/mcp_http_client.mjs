@@ -4,11 +4,14 @@ import { Agent, request as httpRequest } from "node:http";
 // tools/call round trips per second to server-everything's echo tool over
 // MCP's Streamable HTTP transport, CLIENTS sessions each making one call at
 // a time, for SECONDS seconds.
-//   node mcp_http_client.mjs MODE SECONDS CLIENTS BASEURL
+//   node mcp_http_client.mjs MODE SECONDS CLIENTS BASEURL [MODE+NAME: VALUE...]
 // MODE: unkeyed (no idempotency key), fresh (a new key per call), replay
 // (one key per client, called once before the timing starts, so that every
 // timed call is a replay). BASEURL is the MCP endpoint: the server's own
-// (a direct run: MODE unkeyed) or idem mcp --listen's.
+// (a direct run: MODE unkeyed) or idem mcp --listen's. Each LABEL+NAME: VALUE
+// (here LABEL is MODE) adds the header NAME: VALUE to every request of that
+// target's clients (bench/mcp.sh's replay_checked: Authorization: Bearer
+// bench, the credential its proxy's --principal names).
 //
 // A plain client on node:http (keep-alive: one connection per client
 // loop) rather than the SDK's client, whose own work per call would
@@ -23,7 +26,7 @@ import { Agent, request as httpRequest } from "node:http";
 // machine the client can be what limits the fastest modes) and all_calls
 // (the warm-up's too).
 //
-//   node mcp_http_client.mjs turns SECONDS CLIENTS LABEL:MODE=URL...
+//   node mcp_http_client.mjs turns SECONDS CLIENTS LABEL:MODE=URL... [LABEL+NAME: VALUE...]
 // Several targets side by side: each gets its own CLIENTS sessions, all
 // are warmed up, then they take turns of 300 ms (the order rotating) until
 // each has had SECONDS, each timed over its own turns only; one JSON line
@@ -35,15 +38,23 @@ import { Agent, request as httpRequest } from "node:http";
 const argv = process.argv.slice(2);
 const turns = argv[0] === "turns";
 const [secs, nclients] = argv.slice(1, 3);
-// The targets: LABEL:MODE=URL each in turns, else the one of the arguments.
-const targets = (turns ? argv.slice(3) : [`${argv[0]}:${argv[0]}=${argv[3]}`]).map((t) => {
-  const m = /^([a-z]+):(unkeyed|fresh|replay)=(http:\/\/.+)$/.exec(t);
-  return m ? { label: m[1], mode: m[2], url: m[3] } : null;
+// The targets: LABEL:MODE=URL each in turns, else the one of the arguments;
+// LABEL+NAME: VALUE, a header for LABEL's requests.
+const rest = turns ? argv.slice(3) : argv.slice(4);
+const extra = rest.map((t) => /^([a-z_]+)\+([A-Za-z0-9-]+):\s*(.*)$/.exec(t));
+const targets = (turns ? rest.filter((t, i) => !extra[i]) : [`${argv[0]}:${argv[0]}=${argv[3]}`]).map((t) => {
+  const m = /^([a-z_]+):(unkeyed|fresh|replay)=(http:\/\/.+)$/.exec(t);
+  return m ? { label: m[1], mode: m[2], url: m[3], headers: {} } : null;
 });
+for (const x of extra.filter(Boolean)) {
+  const t = targets.find((t) => t && t.label === x[1]);
+  if (t) t.headers[x[2].toLowerCase()] = x[3];
+  else targets.push(null);
+}
 if (!(Number(secs) > 0) || !(Number(nclients) >= 1) || !targets.length ||
-    targets.includes(null)) {
-  console.error("usage: node mcp_http_client.mjs unkeyed|fresh|replay SECONDS CLIENTS URL\n" +
-    "       node mcp_http_client.mjs turns SECONDS CLIENTS LABEL:MODE=URL...");
+    targets.includes(null) || (!turns && rest.some((t, i) => !extra[i]))) {
+  console.error("usage: node mcp_http_client.mjs unkeyed|fresh|replay SECONDS CLIENTS URL [MODE+NAME: VALUE...]\n" +
+    "       node mcp_http_client.mjs turns SECONDS CLIENTS LABEL:MODE=URL... [LABEL+NAME: VALUE...]");
   process.exit(2);
 }
 const PROTOCOL = "2025-06-18";
@@ -83,13 +94,14 @@ class Client {
     this.n = n;
     this.url = target.url;
     this.mode = target.mode;
+    this.extra = target.headers;
     this.session = null;
     this.id = 0;
     this.calls = 0;
   }
   headers() {
     const h = { "content-type": "application/json",
-      accept: "application/json, text/event-stream" };
+      accept: "application/json, text/event-stream", ...this.extra };
     if (this.session) {
       h["mcp-session-id"] = this.session;
       h["mcp-protocol-version"] = PROTOCOL;
