@@ -550,7 +550,7 @@ static int parse_number(canon *c) {
   const unsigned char *s = c->s;
   size_t n = c->n, start = c->i, i = c->i;
   double v;
-  int rc;
+  int rc = IDEM_OK;
   if (s[i] == '-')
     i++;
   if (i < n && s[i] == '0') {
@@ -578,7 +578,10 @@ static int parse_number(canon *c) {
     while (i < n && is_digit(s[i]))
       i++;
   }
-  rc = number_value(s + start, i - start, &v);
+  /* Only a number of 10^308 or more can overflow a double, which its digits
+   * and exponent tell without converting it: smaller ones skip strtod(). */
+  if (!idem__number_surely_finite((const char *)s + start, i - start))
+    rc = number_value(s + start, i - start, &v);
   if (rc == IDEM_ERANGE) {
     int shown = i - start > 40 ? 40 : (int)(i - start);
     return fail_at(c, IDEM_ERANGE, start,
@@ -824,8 +827,13 @@ static int write_number(const canon *c, canon_buf *b, const unsigned char *s,
   char small[128], *num = small;
   size_t num_len = 0;
   double v = 0;
-  int rc = number_value(s, len, &v);
-  if (rc != IDEM_OK)
+  int rc;
+  /* Integers of up to 15 digits (or up to 2^53), most numbers in most
+   * requests, are written from their digits with no double in between:
+   * RFC 8785's form and the fingerprint's are then the same. */
+  if (idem__format_small_integer((const char *)s, len, small, &num_len))
+    return buf_put(b, small, num_len);
+  if ((rc = number_value(s, len, &v)) != IDEM_OK)
     return rc;
   if (!c->exact) {
     if ((rc = idem__format_double(v, small, &num_len)) != IDEM_OK)

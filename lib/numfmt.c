@@ -1,169 +1,47 @@
-/* numfmt.c -- ECMAScript Number.prototype.toString(10) for RFC 8785. */
+/* numfmt.c -- ECMAScript Number.prototype.toString(10) for RFC 8785.
+ *
+ * The digits come from lib/shortest.c (Schubfach), which needs neither
+ * printf() nor strtod(); this file places them by ECMAScript's notation
+ * rules, writes JSON integers of up to 15 significant digits straight from
+ * their text, and decides whether a number's text is "faithful" (see
+ * numfmt.h) by comparing its digits with the shortest ones.
+ */
 #include "numfmt.h"
 
 #include "internal.h"
+#include "shortest.h"
 
 #include <inttypes.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
-/* A decimal candidate: the p-digit integer m times 10 to the power x - p + 1,
- * so that x is the exponent of its first digit. */
-typedef struct decimal {
-  uint64_t m;
-  int p;
-  int x;
-} decimal;
-
-static const uint64_t pow10_u64[18] = {1ull,
-                                       10ull,
-                                       100ull,
-                                       1000ull,
-                                       10000ull,
-                                       100000ull,
-                                       1000000ull,
-                                       10000000ull,
-                                       100000000ull,
-                                       1000000000ull,
-                                       10000000000ull,
-                                       100000000000ull,
-                                       1000000000000ull,
-                                       10000000000000ull,
-                                       100000000000000ull,
-                                       1000000000000000ull,
-                                       10000000000000000ull,
-                                       100000000000000000ull};
-
-/*
- * Rounds v (finite, positive) to p significant digits. glibc's printf rounds
- * exactly, ties to even, which is the rounding ECMAScript asks for. The
- * digits are read back without caring for the decimal point, which an
- * application's LC_NUMERIC may have turned into something other than '.'.
- */
-static int round_to_digits(double v, int p, decimal *d) {
-  char buf[64];
-  const char *s = buf;
-  char *end = NULL;
-  long x;
-  int n = snprintf(buf, sizeof buf, "%.*e", p - 1, v);
-  if (n < 0 || (size_t)n >= sizeof buf)
-    return -1;
-  d->m = 0;
-  d->p = 0;
-  while (*s != '\0' && *s != 'e') {
-    if (*s >= '0' && *s <= '9') {
-      d->m = d->m * 10 + (uint64_t)(*s - '0');
-      d->p++;
-    }
-    s++;
-  }
-  if (*s != 'e' || d->p != p)
-    return -1;
-  x = strtol(s + 1, &end, 10);
-  if (end == s + 1 || *end != '\0')
-    return -1;
-  d->x = (int)x;
-  return 0;
+/* Writes the decimal digits of m (no leading zeros; "0" for 0) at out and
+ * returns how many: at most 20. */
+static size_t put_u64(char *out, uint64_t m) {
+  char tmp[20];
+  size_t n = 0;
+  do {
+    tmp[sizeof tmp - 1 - n++] = (char)('0' + m % 10);
+    m /= 10;
+  } while (m != 0);
+  memcpy(out, tmp + sizeof tmp - n, n);
+  return n;
 }
 
 /*
- * Reads the candidate back as a double. The text is an integer mantissa and
- * an exponent with no decimal point, so the locale cannot change its meaning.
+ * Writes a number whose significant digits are digits[0..k) (no leading or
+ * trailing zeros, k >= 1) and whose value is 0.DIGITS times 10 to the
+ * power n, by ECMAScript's Number::toString rules; returns the bytes
+ * written, at most k + 8 with the sign. Only the exponent's form needs n
+ * to be small: callers pass |n| < 400.
  */
-static double read_back(const decimal *d) {
-  char buf[48];
-  snprintf(buf, sizeof buf, "%" PRIu64 "e%d", d->m, d->x - d->p + 1);
-  return strtod(buf, NULL);
-}
-
-/* The next p-digit decimal above d; 9.99e4 steps to 1.00e5. */
-static decimal step_up(decimal d) {
-  d.m++;
-  if (d.m == pow10_u64[d.p]) {
-    d.m = pow10_u64[d.p - 1];
-    d.x++;
-  }
-  return d;
-}
-
-/* The next p-digit decimal below d; 1.00e5 steps to 9.99e4. */
-static decimal step_down(decimal d) {
-  d.m--;
-  if (d.m < pow10_u64[d.p - 1]) {
-    d.m = pow10_u64[d.p] - 1;
-    d.x--;
-  }
-  return d;
-}
-
-/*
- * Finds the shortest decimal that reads back as v, choosing the closest to v
- * when several of that length do.
- *
- * For each length p the closest p-digit decimal is the correctly rounded one,
- * so it is tried first. It can miss where its neighbour hits: at a power of
- * two the doubles below v are twice as dense as those above, so the interval
- * that reads back as v reaches twice as far upwards as downwards. A rounded
- * value just below v may then fall outside while the next decimal above it,
- * though farther from v, still falls inside. Only the neighbour on the other
- * side of v can help, since the one on the same side is farther still.
- */
-static int shortest_digits(double v, decimal *out) {
-  for (int p = 1; p <= 17; p++) {
-    decimal d, n;
-    double back;
-    if (round_to_digits(v, p, &d) != 0)
-      return -1;
-    back = read_back(&d);
-    if (back == v) {
-      *out = d;
-      return 0;
-    }
-    n = back < v ? step_up(d) : step_down(d);
-    if (read_back(&n) == v) {
-      *out = n;
-      return 0;
-    }
-  }
-  /* Seventeen significant digits always identify a double. */
-  return -1;
-}
-
-int idem__format_double(double v, char out[32], size_t *len) {
-  char digits[24];
-  decimal d;
+static size_t place_digits(char *out, int neg, const char *digits, int k,
+                           int n) {
   size_t pos = 0;
-  int k, n;
-
-  out[0] = '\0';
-  *len = 0;
-  if (!isfinite(v))
-    return idem__fail(IDEM_ERANGE, "number: %s has no JSON form",
-                      isnan(v) ? "NaN" : "an infinity");
-  /* Both zeros are written "0", as ECMAScript does. */
-  if (v == 0) {
-    memcpy(out, "0", 2);
-    *len = 1;
-    return IDEM_OK;
-  }
-  if (v < 0) {
+  if (neg)
     out[pos++] = '-';
-    v = -v;
-  }
-  if (shortest_digits(v, &d) != 0)
-    return idem__fail(IDEM_ERANGE, "number: cannot format %.17g", v);
-
-  /* ECMAScript's k counts digits without trailing zeros. */
-  while (d.p > 1 && d.m % 10 == 0) {
-    d.m /= 10;
-    d.p--;
-  }
-  k = snprintf(digits, sizeof digits, "%" PRIu64, d.m);
-  n = d.x + 1; /* v = 0.digits times 10 to the power n */
-
   if (k <= n && n <= 21) {
     /* An integer: the digits, then n - k zeros. */
     memcpy(out + pos, digits, (size_t)k);
@@ -187,18 +65,185 @@ int idem__format_double(double v, char out[32], size_t *len) {
     pos += (size_t)k;
   } else {
     /* Exponent notation: d[.ddd]e+x or d[.ddd]e-x. */
+    int x = n - 1;
     out[pos++] = digits[0];
     if (k > 1) {
       out[pos++] = '.';
       memcpy(out + pos, digits + 1, (size_t)(k - 1));
       pos += (size_t)(k - 1);
     }
-    pos += (size_t)snprintf(out + pos, 32 - pos, "e%c%d", n - 1 < 0 ? '-' : '+',
-                            n - 1 < 0 ? 1 - n : n - 1);
+    out[pos++] = 'e';
+    out[pos++] = x < 0 ? '-' : '+';
+    pos += put_u64(out + pos, (uint64_t)(x < 0 ? -x : x));
   }
-  out[pos] = '\0';
-  *len = pos;
+  return pos;
+}
+
+/* Writes ECMAScript's form of v, finite and not zero, at out; returns its
+ * length. */
+static size_t format_nonzero(double v, char *out) {
+  char digits[20];
+  uint64_t m;
+  int e, k;
+  idem__shortest(fabs(v), &m, &e);
+  k = (int)put_u64(digits, m);
+  return place_digits(out, v < 0, digits, k, e + k);
+}
+
+int idem__format_double(double v, char out[32], size_t *len) {
+  out[0] = '\0';
+  *len = 0;
+  if (!isfinite(v))
+    return idem__fail(IDEM_ERANGE, "number: %s has no JSON form",
+                      isnan(v) ? "NaN" : "an infinity");
+  /* Both zeros are written "0", as ECMAScript does. */
+  if (v == 0) {
+    memcpy(out, "0", 2);
+    *len = 1;
+    return IDEM_OK;
+  }
+  *len = format_nonzero(v, out);
+  out[*len] = '\0';
   return IDEM_OK;
+}
+
+static int is_dec_digit(char c) { return c >= '0' && c <= '9'; }
+
+/* Exponents are read up to this size; a longer one only says "far out",
+ * which every caller below treats as out of its range. */
+#define EXPONENT_CAP 100000
+
+/*
+ * Where a valid JSON number's significant digits are, without converting
+ * anything: the value is 0.DIGITS times 10 to the power x, where DIGITS
+ * are those from the first to the last non-zero digit of the integer and
+ * fraction digits taken together. The exponent is capped at EXPONENT_CAP
+ * in size, which keeps x far from overflow and far out of every range the
+ * fast paths accept.
+ */
+typedef struct number_scan {
+  int neg;
+  int zero;   /* no non-zero digit */
+  size_t sig; /* significant digits, from the first to the last non-zero */
+  long x;     /* the point's place, see above */
+} number_scan;
+
+static void scan_number(const char *s, size_t len, number_scan *out) {
+  size_t i = 0, ni, seq = 0, first = 0, last = 0;
+  long e = 0;
+  int seen = 0, exp_neg = 0;
+  out->neg = len > 0 && s[0] == '-';
+  i = (size_t)out->neg;
+  for (; i < len && is_dec_digit(s[i]); i++, seq++)
+    if (s[i] != '0') {
+      if (!seen)
+        first = seq;
+      seen = 1;
+      last = seq;
+    }
+  ni = seq;
+  if (i < len && s[i] == '.')
+    for (i++; i < len && is_dec_digit(s[i]); i++, seq++)
+      if (s[i] != '0') {
+        if (!seen)
+          first = seq;
+        seen = 1;
+        last = seq;
+      }
+  if (i < len && (s[i] == 'e' || s[i] == 'E')) {
+    i++;
+    if (i < len && (s[i] == '+' || s[i] == '-'))
+      exp_neg = s[i++] == '-';
+    for (; i < len && is_dec_digit(s[i]); i++)
+      if (e < EXPONENT_CAP)
+        e = e * 10 + (s[i] - '0');
+  }
+  out->zero = !seen;
+  out->sig = seen ? last - first + 1 : 0;
+  /* Texts are shorter than 2^31 bytes (idem's limits say far less). */
+  out->x = (long)ni - (long)first + (exp_neg ? -e : e);
+}
+
+int idem__format_small_integer(const char *text, size_t len, char out[32],
+                               size_t *out_len) {
+  size_t i = 0, pos = 0;
+  number_scan d;
+
+  /* The common case first: an integer with no fraction and no exponent,
+   * written as its text is, once its sign says whether it is "-0". */
+  if (len > 0 && text[0] == '-')
+    i = 1;
+  while (i < len && text[i] == '0')
+    i++;
+  {
+    size_t start = i;
+    while (i < len && is_dec_digit(text[i]))
+      i++;
+    if (i == len) {
+      size_t n = i - start;
+      /* 16 digits are exact too when at most 2^53, the last integer
+       * below which every integer is a double. */
+      if (n == 16) {
+        uint64_t u = 0;
+        for (size_t j = start; j < len; j++)
+          u = u * 10 + (uint64_t)(text[j] - '0');
+        if (u > ((uint64_t)1 << 53))
+          return 0;
+      } else if (n > 16) {
+        return 0;
+      }
+      if (n == 0) {
+        memcpy(out, "0", 2);
+        *out_len = 1;
+        return 1;
+      }
+      if (text[0] == '-')
+        out[pos++] = '-';
+      memcpy(out + pos, text + start, n);
+      pos += n;
+      out[pos] = '\0';
+      *out_len = pos;
+      return 1;
+    }
+  }
+
+  /* A fraction or an exponent: still an integer when the point falls at or
+   * after the last significant digit ("1.5e3", "120.00"). */
+  scan_number(text, len, &d);
+  if (d.zero) {
+    memcpy(out, "0", 2);
+    *out_len = 1;
+    return 1;
+  }
+  if (d.sig > 15 || d.x < (long)d.sig || d.x > 21)
+    return 0;
+  if (d.neg)
+    out[pos++] = '-';
+  /* The significant digits, skipping the point, then the zeros the
+   * exponent adds. */
+  {
+    size_t copied = 0;
+    i = (size_t)d.neg;
+    while (copied < d.sig) {
+      char c = text[i++];
+      if (c == '.' || (copied == 0 && c == '0'))
+        continue;
+      out[pos++] = c;
+      copied++;
+    }
+  }
+  memset(out + pos, '0', (size_t)d.x - d.sig);
+  pos += (size_t)d.x - d.sig;
+  out[pos] = '\0';
+  *out_len = pos;
+  return 1;
+}
+
+int idem__number_surely_finite(const char *text, size_t len) {
+  number_scan d;
+  scan_number(text, len, &d);
+  /* Below 10^308 there is no overflow: DBL_MAX is 1.79e308. */
+  return d.zero || d.x <= 308;
 }
 
 /* ------------------------------------------------------------------ */
@@ -225,8 +270,6 @@ typedef struct json_decimal {
 static char digit_at(const json_decimal *d, size_t i) {
   return i < d->in ? d->ip[i] : d->fp[i - d->in];
 }
-
-static int is_dec_digit(char c) { return c >= '0' && c <= '9'; }
 
 static void read_decimal(const char *s, size_t len, json_decimal *d) {
   size_t i = 0, total;
@@ -285,21 +328,6 @@ static int point_of(const json_decimal *d, int64_t *x) {
   return 1;
 }
 
-/* Whether two number texts have one exact value. */
-static int same_value(const json_decimal *a, const json_decimal *b) {
-  int64_t xa, xb;
-  if (a->zero || b->zero)
-    return a->zero && b->zero;
-  if (a->neg != b->neg || a->last - a->first != b->last - b->first)
-    return 0;
-  if (!point_of(a, &xa) || !point_of(b, &xb) || xa != xb)
-    return 0;
-  for (size_t i = 0; i <= a->last - a->first; i++)
-    if (digit_at(a, a->first + i) != digit_at(b, b->first + i))
-      return 0;
-  return 1;
-}
-
 /*
  * Writes at out the digits of m + delta, where m is a decimal of n digits
  * without leading zeros that is larger than |delta|; returns how many.
@@ -339,22 +367,45 @@ static size_t add_to_digits(const char *m, size_t n, int64_t delta, char *out) {
 
 int idem__format_number_exact(const char *text, size_t len, double v, char *out,
                               size_t *out_len) {
-  json_decimal d, s;
-  char shortest[32];
-  size_t slen = 0, pos = 0, k;
+  json_decimal d;
+  char digits[20];
+  size_t pos = 0, k;
   int64_t x = 0;
-  int rc;
 
   out[0] = '\0';
   *out_len = 0;
-  if ((rc = idem__format_double(v, shortest, &slen)) != IDEM_OK)
-    return rc;
+  if (!isfinite(v))
+    return idem__fail(IDEM_ERANGE, "number: %s has no JSON form",
+                      isnan(v) ? "NaN" : "an infinity");
   read_decimal(text, len, &d);
-  read_decimal(shortest, slen, &s);
-  if (same_value(&d, &s)) {
-    memcpy(out, shortest, slen + 1);
-    *out_len = slen;
+  if (d.zero) {
+    /* Zero, whatever its sign and digits, is "0" (v is 0 too). */
+    memcpy(out, "0", 2);
+    *out_len = 1;
     return IDEM_OK;
+  }
+  if (v != 0) {
+    /* A text that underflows to zero is written exactly below. Otherwise
+     * faithful when the shortest digits of v are the text's significant
+     * digits, with the point at the same place and the same sign: one
+     * comparison of digits, and no second formatting. */
+    uint64_t m;
+    int e, kv;
+    idem__shortest(fabs(v), &m, &e);
+    kv = (int)put_u64(digits, m);
+    k = d.last - d.first + 1;
+    if (d.neg == (v < 0) && k == (size_t)kv && point_of(&d, &x) &&
+        x == (int64_t)e + kv) {
+      size_t i = 0;
+      while (i < k && digit_at(&d, d.first + i) == digits[i])
+        i++;
+      if (i == k) {
+        pos = place_digits(out, d.neg, digits, kv, e + kv);
+        out[pos] = '\0';
+        *out_len = pos;
+        return IDEM_OK;
+      }
+    }
   }
 
   /* The exact value: k significant digits, the point after x of them. */

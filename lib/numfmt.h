@@ -16,6 +16,33 @@
  */
 int idem__format_double(double v, char out[32], size_t *len);
 
+/*
+ * The fast path for the numbers most requests are made of. When text (len
+ * bytes, a valid RFC 8259 number) is an integer of at most 15 significant
+ * digits below 10^21 ("42", "-0", "1.5e3", "120.00"), or an integer written
+ * without fraction or exponent whose size is at most 2^53, writes at out what
+ * both idem__format_double() of its double and idem__format_number_exact()
+ * write, without converting it: its digits, then as many zeros as the
+ * point's place asks, "-" before them when negative and not zero. Returns 1
+ * then, with out NUL-terminated and *out_len its length (at most 22), and
+ * 0, writing nothing, for any other number.
+ *
+ * Why the two agree: 15 significant digits always survive a trip through a
+ * double (DBL_DIG), and integers up to 2^53 are doubles, so the shortest
+ * digits of the text's double are the text's own digits, and below 10^21
+ * ECMAScript writes them as an integer.
+ */
+int idem__format_small_integer(const char *text, size_t len, char out[32],
+                               size_t *out_len);
+
+/*
+ * Whether the valid RFC 8259 number text (len bytes) is surely below
+ * DBL_MAX in size, judged from its digits alone: true for zero and for
+ * every value under 10^308. When false the caller must convert it to find
+ * out whether it overflows.
+ */
+int idem__number_surely_finite(const char *text, size_t len);
+
 /* The most bytes idem__format_number_exact() writes for a number text of
  * len bytes, its terminating NUL included. */
 #define IDEM__EXACT_NUMBER_MAX(len) ((len) + 48)
