@@ -67,6 +67,7 @@ else
 	$(call keep,gateway,BENCH_OUT=$(OUT) sh bench/gateway.sh $(BUILD)/idem)
 	$(call keep,mcp,sh bench/mcp.sh $(BUILD)/idem)
 	$(call keep,python,python3 bench/python.py $(BUILD))
+	$(call keep,canon,sh bench/canon.sh $(BUILD)/idem)
 	python3 bench/plot.py $(OUT)
 endif
 
