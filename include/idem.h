@@ -78,6 +78,9 @@
  *  - idem_store_seal(), idem_seal_key_id() and IDEM_ESEALED (22): stored
  *    responses and requests sealed with AES-256-GCM under rotating keys;
  *    idem_record.seal_key_id and .sealed (its last members).
+ *  - idem_execute_options.fingerprint (its last member): a fingerprint the
+ *    caller has computed, so that the request is not parsed again; and
+ *    idem_fingerprint_text(), the text a fingerprint is the SHA-256 of.
  *
  * Changes in 0.2.0 (source-compatible where noted; rebuild against this
  * header, the ABI of 0.1 is not kept):
@@ -230,6 +233,19 @@ IDEM_API int idem_sha256_hex(const void *data, size_t len,
  */
 IDEM_API int idem_fingerprint(const void *data, size_t len, int is_json,
                               char hex[IDEM_FINGERPRINT_SIZE]);
+
+/*
+ * The text whose SHA-256 is a JSON request's fingerprint (idem_fingerprint()
+ * with is_json): RFC 8785's canonical form with the numbers a double cannot
+ * hold written exactly, as above. A caller that wraps one large JSON value
+ * in a small envelope fingerprints the value once with this and splices
+ * its text into the envelope's (an object's members in RFC 8785's order),
+ * instead of parsing the value twice. *text, NUL-terminated, is the
+ * caller's: free it with idem_free(). Fails as idem_canonicalize() does,
+ * with *text NULL and *text_len 0. (Added after 0.3.0.)
+ */
+IDEM_API int idem_fingerprint_text(const void *json, size_t len, char **text,
+                                   size_t *text_len);
 
 /*
  * A JSON request's fingerprint, as idem_fingerprint() with is_json writes
@@ -897,9 +913,20 @@ typedef struct idem_execute_options {
    * what must not sit in a store for the retention period (card numbers,
    * credentials, personal data). A changed request is still told by its
    * fingerprint (CONFLICT); only an operator's view of the request is lost.
-   * (The last member: added in 0.3.0.)
+   * (Added in 0.3.0.)
    */
   int forget_request;
+  /*
+   * Not NULL: the request's fingerprint (64 lowercase hex digits), which
+   * the caller has computed already as idem_fingerprint() computes it (of
+   * the parts fingerprint_pointers selects, if any), so that a large
+   * request is not parsed again. With forget_request the request is then
+   * not read at all; without, it is still made canonical for the record.
+   * The caller answers for the two agreeing: a fingerprint of another
+   * request makes this one replay or conflict with that one's record.
+   * (The last member: added after 0.3.0.)
+   */
+  const char *fingerprint;
 } idem_execute_options;
 
 /*

@@ -232,8 +232,25 @@ static int begin_prepare(idem_store *store, const char *request,
                       "request");
   *budget = o->finish_retry_ms ? o->finish_retry_ms : DEFAULT_FINISH_RETRY_MS;
 
-  rc = idem__request_forms(request ? request : "", request_len,
-                           o->fingerprint_pointers, fp, canon, &canon_len);
+  if (o->fingerprint) {
+    /* The caller's own: checked for its form only. */
+    size_t n = strspn(o->fingerprint, "0123456789abcdef");
+    if (n != IDEM_FINGERPRINT_SIZE - 1 || o->fingerprint[n])
+      return idem__fail(IDEM_EINVAL, "execute: fingerprint is not 64 "
+                                     "lowercase hex digits");
+    memcpy(fp, o->fingerprint, IDEM_FINGERPRINT_SIZE);
+    rc = o->forget_request ? IDEM_OK
+                           : idem_canonicalize(request ? request : "",
+                                               request_len, NULL, canon,
+                                               &canon_len, NULL);
+  } else if (o->forget_request) {
+    /* Nothing of the request is kept: its fingerprint is all it needs. */
+    rc = idem__request_fingerprint(request ? request : "", request_len,
+                                   o->fingerprint_pointers, fp);
+  } else {
+    rc = idem__request_forms(request ? request : "", request_len,
+                             o->fingerprint_pointers, fp, canon, &canon_len);
+  }
   if (!o->forget_request) {
     o->call.request = *canon;
     o->call.request_len = canon_len;

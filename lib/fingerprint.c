@@ -134,6 +134,19 @@ int idem__request_forms(const char *json, size_t len,
   return rc;
 }
 
+int idem_fingerprint_text(const void *json, size_t len, char **text,
+                          size_t *text_len) {
+  idem__clear_error();
+  if (text)
+    *text = NULL;
+  if (text_len)
+    *text_len = 0;
+  if (!text || !text_len || (!json && len))
+    return idem__fail(IDEM_EINVAL, "fingerprint_text: NULL argument");
+  return idem__fingerprint_text(json ? json : "", len, NULL, text, text_len,
+                                NULL);
+}
+
 int idem_fingerprint_json(const void *json, size_t len,
                           char hex[IDEM_FINGERPRINT_SIZE], char **canonical,
                           size_t *canonical_len) {

@@ -1211,6 +1211,7 @@ static void claim_waiting(void *arg) {
   idem_exec *x = NULL;
   int rc;
   claim_options(&eo);
+  eo.fingerprint = k->fp; /* taken once, as the call came in */
   rc = idem_execute_begin(hx_store, &id, k->request, k->request_len, &eo, &x,
                           &call);
   claimed(k, rc, x, call);
@@ -1222,6 +1223,7 @@ static int claim(kcall *k) {
   idem_id id = {k->tenant, k->tool, k->key};
   idem_execute_options eo;
   claim_options(&eo);
+  eo.fingerprint = k->fp; /* taken once, as the call came in */
   pthread_mutex_lock(&G.mu);
   G.claiming++;
   pthread_mutex_unlock(&G.mu);

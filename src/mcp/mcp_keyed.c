@@ -680,6 +680,7 @@ static void do_claim(mcp_proxy *p, mcp_call *c) {
   eo.call.on_expired_lease =
       o->on_unknown_fail ? IDEM_EXPIRED_REPORT : IDEM_EXPIRED_TAKE_OVER;
   eo.forget_request = !o->keep_requests; /* the arguments stay off disk */
+  eo.fingerprint = c->fp; /* taken once, when the line came in */
   if (c->rounds++ > 0 && c->wait_until > now)
     eo.call.wait_ms = c->wait_until - now < WAIT_SLICE_MS ? c->wait_until - now
                                                           : WAIT_SLICE_MS;

@@ -578,7 +578,12 @@ static int run(int argc, char **argv) {
     cli_error("serve", "cannot initialise libcurl");
     goto out;
   }
-  if (pool_start(c.store_workers) != 0) {
+  /* The fingerprint workers: one per core, for the large keyed bodies
+   * that are parsed whole (see SERVE_INLINE_BODY). */
+  if (pool_heavy_start(sysconf(_SC_NPROCESSORS_ONLN) > 1
+                           ? (int)sysconf(_SC_NPROCESSORS_ONLN)
+                           : 1) != 0 ||
+      pool_start(c.store_workers) != 0) {
     cli_error("serve", "cannot start the store workers");
     goto out;
   }

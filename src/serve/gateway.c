@@ -476,7 +476,9 @@ typedef struct job {
   headers hs;
   char addr[INET6_ADDRSTRLEN];
   int json_type;
-  char *rj; /* the request as fingerprinted (serve_request_json()) */
+  char *rj; /* the request as fingerprinted (serve_request_json()), made
+               only with --keep-requests: the record keeps it */
+  char fp[IDEM_FINGERPRINT_SIZE]; /* its fingerprint (one pass) */
   up_request rq;
   up_response rs;
   up_result result;
@@ -908,7 +910,9 @@ static int attach(job *j) {
   j->call = NULL; /* claimed() may run on another thread before this returns */
   j->s0 = now_ms();
   metrics_attached(1);
-  if (idem_execute_begin_async(store, &id, j->rj, strlen(j->rj), &o, claimed,
+  o.fingerprint = j->fp;
+  if (idem_execute_begin_async(store, &id, j->rj ? j->rj : "",
+                               j->rj ? strlen(j->rj) : 0, &o, claimed,
                                j) != IDEM_OK) {
     metrics_attached(-1);
     j->attached = 2;
@@ -947,7 +951,7 @@ static void claimed(void *ctx, int rc, idem_exec *exec, idem_call *call) {
      * rare; the read costs nothing on the other paths). */
     idem_record *rec = NULL;
     char differs[160] = "the query or the body";
-    if (idem_get(store, &id, &rec) == IDEM_OK && rec->request)
+    if (rj && idem_get(store, &id, &rec) == IDEM_OK && rec->request)
       what_differs(rec->request, rec->request_len, rj, differs,
                    sizeof differs);
     idem_record_free(rec);
@@ -1055,7 +1059,9 @@ static void claim_waiting(void *ctx) {
   idem_call *call = NULL;
   int rc;
   execute_options(&o);
-  rc = idem_execute_begin(store, &id, j->rj, strlen(j->rj), &o, &exec, &call);
+  o.fingerprint = j->fp;
+  rc = idem_execute_begin(store, &id, j->rj ? j->rj : "",
+                          j->rj ? strlen(j->rj) : 0, &o, &exec, &call);
   claimed(j, rc, exec, call);
 }
 
@@ -1066,7 +1072,9 @@ static int claim(job *j) {
   idem_execute_options o;
   execute_options(&o);
   j->s0 = now_ms();
-  if (idem_execute_begin_async(store, &id, j->rj, strlen(j->rj), &o, claimed,
+  o.fingerprint = j->fp;
+  if (idem_execute_begin_async(store, &id, j->rj ? j->rj : "",
+                               j->rj ? strlen(j->rj) : 0, &o, claimed,
                                j) == IDEM_OK)
     return 0;
   return pool_submit(claim_waiting, j);
@@ -1131,6 +1139,39 @@ static int check_caller(job *j) {
   return upstream_start(&j->ck_rq, &j->ck_rs, checked, j);
 }
 
+/* The request's fingerprint, from one pass over its body, and (with
+ * --keep-requests) the request the record keeps. 0, or -1 when out of
+ * memory. */
+static int prepare(job *j) {
+  req *r = j->r;
+  if (serve_request_fingerprint(j->method, r->uri, r->body, r->len,
+                                j->json_type, j->fp) != 0)
+    return -1;
+  if (cfg->keep_requests &&
+      !(j->rj = serve_request_json(j->method, r->uri, r->body, r->len,
+                                   j->json_type)))
+    return -1;
+  return 0;
+}
+
+/* Whether the caller must be checked with the upstream first
+ * (--replay-check-url, no answer within its TTL). */
+static int must_check(job *j) {
+  if (!cfg->replay_check_url)
+    return 0;
+  principal_check_id(j->r->tenant, j->hs.h, j->hs.n, j->ck_id);
+  return !principal_check_cached(j->ck_id);
+}
+
+/* A large keyed request, on a fingerprint worker (its connection is
+ * suspended): prepared, checked if need be, and claimed. */
+static void prepared_heavy(void *ctx) {
+  job *j = ctx;
+  if (prepare(j) != 0 ||
+      (must_check(j) ? check_caller(j) : claim(j)) != 0)
+    answer(j, NULL, 0); /* out of memory: the connection is closed */
+}
+
 /* Once the body is in (libmicrohttpd's thread): hand the request over and
  * suspend its connection. */
 static enum MHD_Result finish(struct MHD_Connection *c, req *r,
@@ -1187,22 +1228,26 @@ static enum MHD_Result finish(struct MHD_Connection *c, req *r,
      */
     idem_id id = {r->tenant, r->operation, r->key};
     idem_call *hit = NULL;
-    char fp[IDEM_FINGERPRINT_SIZE];
-    if (!(j->rj = serve_request_json(j->method, r->uri, r->body, r->len,
-                                     j->json_type)))
-      return MHD_NO;
-    if (cfg->replay_check_url) {
-      principal_check_id(r->tenant, j->hs.h, j->hs.n, j->ck_id);
-      if (!principal_check_cached(j->ck_id)) {
-        MHD_suspend_connection(c);
-        metrics_waiting(1);
-        if (check_caller(j) != 0)
-          answer(j, NULL, 0); /* out of memory: the connection is closed */
-        return MHD_YES;
-      }
+    if (r->len > SERVE_INLINE_BODY) {
+      /* A large body is read for its fingerprint by a fingerprint worker,
+       * never on this thread: a few of them must not hold every HTTP
+       * thread. No cached answer then: its look-up needs the fingerprint. */
+      MHD_suspend_connection(c);
+      metrics_waiting(1);
+      if (pool_heavy_submit(prepared_heavy, j) != 0)
+        answer(j, NULL, 0); /* out of memory: the connection is closed */
+      return MHD_YES;
     }
-    if (idem_fingerprint(j->rj, strlen(j->rj), 1, fp) == IDEM_OK &&
-        idem_claim_cached(store, &id, fp, &hit) == IDEM_OK &&
+    if (prepare(j) != 0)
+      return MHD_NO;
+    if (must_check(j)) {
+      MHD_suspend_connection(c);
+      metrics_waiting(1);
+      if (check_caller(j) != 0)
+        answer(j, NULL, 0); /* out of memory: the connection is closed */
+      return MHD_YES;
+    }
+    if (idem_claim_cached(store, &id, j->fp, &hit) == IDEM_OK &&
         idem_call_outcome(hit) == IDEM_REPLAY &&
         idem_call_response(hit)->status >= 100 &&
         idem_call_response(hit)->status <= 599) {

@@ -82,6 +82,76 @@ char *serve_parse_key(const char *v, char *why, size_t size) {
   return k;
 }
 
+/* {"method", "path", "query"} of a request (printable), and body_sha256
+ * when given; NULL when out of memory. */
+static json_t *envelope(const char *method, const char *uri,
+                        const char *body_sha256) {
+  const char *q = strchr(uri, '?');
+  size_t pl = q ? (size_t)(q - uri) : strlen(uri);
+  char *path = serve_printable(uri, pl);
+  char *query = serve_printable(q ? q + 1 : "", q ? strlen(q + 1) : 0);
+  json_t *head = NULL;
+  if (path && query)
+    head = json_pack("{s:s, s:s, s:s}", "method", method, "path", path,
+                     "query", query);
+  if (head && body_sha256 &&
+      json_object_set_new(head, "body_sha256", json_string(body_sha256)) != 0) {
+    json_decref(head);
+    head = NULL;
+  }
+  free(path);
+  free(query);
+  return head;
+}
+
+int serve_request_fingerprint(const char *method, const char *uri,
+                              const char *body, size_t len, int json_type,
+                              char fp[IDEM_FINGERPRINT_SIZE]) {
+  char hex[IDEM_FINGERPRINT_SIZE], *btext = NULL, *htext = NULL, *h = NULL;
+  size_t blen = 0, hlen = 0;
+  json_t *head;
+  int rc = -1;
+  /* A JSON body that is one JSON value: its text once, spliced. Anything
+   * else: the envelope with the body's SHA-256, small. */
+  int spliced = json_type && len &&
+                idem_fingerprint_text(body, len, &btext, &blen) == IDEM_OK;
+  if (!spliced)
+    idem_sha256_hex(body ? body : "", len, hex);
+  if (!(head = envelope(method, uri, spliced ? NULL : hex)) ||
+      !(h = json_dumps(head, JSON_COMPACT)))
+    goto out;
+  if (!spliced) {
+    rc = idem_fingerprint(h, strlen(h), 1, fp) == IDEM_OK ? 0 : -1;
+    goto out;
+  }
+  /* {"body":B,"method":M,"path":P,"query":Q}: "body" sorts before the
+   * envelope's members, so the whole text is the body's after "body" and
+   * the envelope's own members after it. */
+  if (idem_fingerprint_text(h, strlen(h), &htext, &hlen) != IDEM_OK ||
+      hlen < 2)
+    goto out;
+  {
+    const void *parts[4] = {"{\"body\":", btext, ",", htext + 1};
+    size_t sizes[4] = {8, blen, 1, hlen - 1};
+    size_t total = 0;
+    char *all;
+    for (int i = 0; i < 4; i++)
+      total += sizes[i];
+    if (!(all = malloc(total)))
+      goto out;
+    for (size_t i = 0, at = 0; i < 4; at += sizes[i], i++)
+      memcpy(all + at, parts[i], sizes[i]);
+    rc = idem_sha256_hex(all, total, fp) == IDEM_OK ? 0 : -1;
+    free(all);
+  }
+out:
+  idem_free(btext);
+  idem_free(htext);
+  free(h);
+  json_decref(head);
+  return rc;
+}
+
 char *serve_request_json(const char *method, const char *uri, const char *body,
                          size_t len, int json_type) {
   const char *q = strchr(uri, '?');

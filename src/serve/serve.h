@@ -245,6 +245,10 @@ int header_is_hop_by_hop(const char *name);
  * is then hop-by-hop too. */
 int header_named_by(const char *connection, const char *name);
 
+/* A keyed body larger than this is fingerprinted by a fingerprint worker,
+ * never on libmicrohttpd's threads. */
+#define SERVE_INLINE_BODY (64 * 1024)
+
 /* ---- pool.c: the store workers ------------------------------------------ */
 
 /* Starts n workers. 0, or -1. */
@@ -254,8 +258,13 @@ int pool_start(int n);
 int pool_submit(void (*fn)(void *arg), void *arg);
 /* Tasks handed over and not yet started. */
 int pool_queued(void);
-/* Runs what is queued, then ends the workers. */
+/* Runs what is queued, then ends the workers (the fingerprint workers'
+ * too). */
 void pool_stop(void);
+/* The fingerprint workers (large keyed bodies): started, and handed a
+ * task, as above. Without them pool_heavy_submit() is -1. */
+int pool_heavy_start(int n);
+int pool_heavy_submit(void (*fn)(void *arg), void *arg);
 
 /* ---- request.c: what of a request makes its record ----------------------- */
 
@@ -288,6 +297,17 @@ char *serve_parse_key(const char *value, char *why, size_t size);
  */
 char *serve_request_json(const char *method, const char *uri, const char *body,
                          size_t len, int json_type);
+
+/*
+ * The fingerprint of the request serve_request_json() writes (as
+ * idem_fingerprint() of it), from one pass over the body: a JSON body's
+ * fingerprint text (idem_fingerprint_text()) is spliced into the small
+ * envelope's, whose "body" member comes first in RFC 8785's order. 0, or
+ * -1 when out of memory.
+ */
+int serve_request_fingerprint(const char *method, const char *uri,
+                              const char *body, size_t len, int json_type,
+                              char fp[IDEM_FINGERPRINT_SIZE]);
 
 /* ---- gateway.c, admin.c, listen.c -------------------------------------- */
 

@@ -15,7 +15,9 @@
  *    different paths never share it unless it is the hashed form, whose
  *    hash is the whole path's;
  *  - a key is returned only when libidem takes it, and a quoted one is the
- *    text between its quotes.
+ *    text between its quotes;
+ *  - serve_request_fingerprint(), which reads the body once, gives the
+ *    fingerprint of the request serve_request_json() writes.
  */
 #include <jansson.h>
 #include <stdint.h>
@@ -59,6 +61,14 @@ static void check_request(const char *method, const char *uri,
   check(rj && path && query);
   check(idem_canonicalize(rj, strlen(rj), NULL, &canon, &cl, NULL) ==
         IDEM_OK);
+  /* The one-pass fingerprint is the request's, byte for byte. */
+  {
+    char one[IDEM_FINGERPRINT_SIZE], two[IDEM_FINGERPRINT_SIZE];
+    check(serve_request_fingerprint(method, uri, body, blen, json_type, one) ==
+          0);
+    check(idem_fingerprint(rj, strlen(rj), 1, two) == IDEM_OK);
+    check(strcmp(one, two) == 0);
+  }
   doc = json_loads(rj, JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL, NULL);
   check(doc != NULL);
   check(strcmp(json_string_value(json_object_get(doc, "method")), method) ==

@@ -12,8 +12,9 @@ N=96
 CORES=$(nproc)
 # The fixed few: the main thread, libmicrohttpd's listener and the
 # admin's, the upstream loop, the guard's ticker, the lease scheduler and
-# the store's checkpointer and writers.
-MAX=$((10 + 2 * CORES))
+# the store's checkpointer and writers; and per core two of
+# libmicrohttpd's and one fingerprint worker.
+MAX=$((10 + 3 * CORES))
 
 threads() { sed -n 's/^Threads:[[:space:]]*//p' "/proc/$GW_PID/status"; }
 # How many of the gateway's threads bear NAME (as ps and top show them).
@@ -27,7 +28,7 @@ named() {
 # Every thread by name with its count, for a failure to say which.
 names() {
   for t in /proc/"$GW_PID"/task/*/comm; do cat "$t" 2>/dev/null; done |
-    sort | uniq -c | awk '{printf "%s%s x%s", NR > 1 ? ", " : "", $2, $1}'
+    sort | uniq -c | awk '{printf "%s%s x%s", (NR > 1 ? ", " : ""), $2, $1}'
 }
 held() {
   curl -s "$UP/_held" | python3 -c 'import json,sys; print(json.load(sys.stdin)["held"].get(sys.argv[1], 0))' "$1"
@@ -57,6 +58,8 @@ expect_eq "threads idle: at most $MAX" yes "$([ "$idle" -le $MAX ] && echo yes |
 POOL=$((2 * $(getconf _NPROCESSORS_ONLN))) # the gateway's default --threads
 expect_eq "threads named MHD-worker: libmicrohttpd's $POOL" $POOL "$(named MHD-worker)"
 expect_eq "the store's group-commit leaders are named" 2 "$(named idem-leader)"
+expect_eq "the fingerprint workers, one per core, are named" \
+  "$(getconf _NPROCESSORS_ONLN)" "$(named idem-fprint)"
 expect_eq "the lease scheduler is named" 1 "$(named idem-leases)"
 expect_eq "the upstream loop is named" 1 "$(named idem-upstream)"
 release crowd
