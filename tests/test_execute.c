@@ -15,12 +15,13 @@
 #define REQ "{\"title\":\"Queue backlog\",\"priority\":\"normal\",\"n\":1.50}"
 #define REQ_REORDERED                                                          \
   "{ \"n\": 1.5, \"priority\": \"normal\",\n  \"title\": \"Queue backlog\" }"
-#define REQ_OTHER "{\"title\":\"Queue backlog\",\"priority\":\"urgent\",\"n\":1.5}"
+#define REQ_OTHER                                                              \
+  "{\"title\":\"Queue backlog\",\"priority\":\"urgent\",\"n\":1.5}"
 
 typedef struct remote {
-  int runs;          /* how many times the action ran */
-  int next_ticket;   /* the remote system's counter */
-  int run_ms;        /* how long one run takes */
+  int runs;        /* how many times the action ran */
+  int next_ticket; /* the remote system's counter */
+  int run_ms;      /* how long one run takes */
   idem_exec_result answer;
   int wait_for_loss; /* run until the lease is lost (bounded) */
   int saw_loss;
@@ -212,9 +213,9 @@ static idem_exec_result probed_action(idem_exec *x, void *ctx,
   int renewed = 0;
   if (pthread_create(&t, NULL, probe_main, p) != 0)
     return IDEM_EXEC_NOT_DONE;
-  for (int waited = 0; waited < 60000 &&
-                       (renewed < 2 || __atomic_load_n(&p->in_flight,
-                                                       __ATOMIC_RELAXED) < 10);
+  for (int waited = 0;
+       waited < 60000 &&
+       (renewed < 2 || __atomic_load_n(&p->in_flight, __ATOMIC_RELAXED) < 10);
        waited += 20) {
     idem_record *rec = NULL;
     if (idem_get(p->store, p->id, &rec) == IDEM_OK) {
@@ -381,8 +382,7 @@ static void test_execute_completion_fails_for_good(void **state) {
   fixture *f = *state;
   idem_id id = {"tenant-a", OPERATION, "never-stored"};
   idem_store_options quick = {.busy_timeout_ms = 100, .group_commit = -1};
-  idem_execute_options o = {.call = {.lease_ms = 5000},
-                            .finish_retry_ms = 300};
+  idem_execute_options o = {.call = {.lease_ms = 5000}, .finish_retry_ms = 300};
   idem_store *s = NULL;
   late_lock l = {.f = f};
   idem_record *rec;
@@ -926,9 +926,8 @@ static void test_execute_in_two_halves(void **state) {
     idem_id id = {"tenant-a", OPERATION, keys[0]};
     idem_exec *none = (idem_exec *)1;
     idem_call *r = NULL;
-    EXPECT_RC(IDEM_OK,
-              idem_execute_begin(f->store, &id, REQ, strlen(REQ), &o, &none,
-                                 &r));
+    EXPECT_RC(IDEM_OK, idem_execute_begin(f->store, &id, REQ, strlen(REQ), &o,
+                                          &none, &r));
     assert_null(none);
     assert_int_equal(idem_call_outcome(r), IDEM_IN_FLIGHT);
     idem_call_free(r);
@@ -989,7 +988,8 @@ static void test_execute_canonical_request_kept(void **state) {
   static const struct {
     const char *req, *same, *other;
   } cases[] = {
-      {"{\"n\":5,\"s\":\"a\"}", "{ \"s\": \"a\", \"n\": 5.0 }", "{\"n\":6,\"s\":\"a\"}"},
+      {"{\"n\":5,\"s\":\"a\"}", "{ \"s\": \"a\", \"n\": 5.0 }",
+       "{\"n\":6,\"s\":\"a\"}"},
       {"{\"n\":-123456789012345}", "{\"n\":-1.23456789012345e14}",
        "{\"n\":-123456789012346}"},
       {"{\"n\":1234567890123456}", "{\"n\":1234567890123456.0}",
@@ -1049,7 +1049,8 @@ static void test_execute_canonical_request_kept(void **state) {
 static void test_execute_forget_request(void **state) {
   fixture *f = *state;
   static const char req[] = "{\"card\":\"4111111111111111\",\"cvc\":\"737\"}";
-  static const char same[] = "{ \"cvc\": \"737\", \"card\": \"4111111111111111\" }";
+  static const char same[] =
+      "{ \"cvc\": \"737\", \"card\": \"4111111111111111\" }";
   static const char other[] = "{\"card\":\"4111111111111111\",\"cvc\":\"738\"}";
   idem_execute_options o = {0};
   o.forget_request = 1;
@@ -1065,8 +1066,8 @@ static void test_execute_forget_request(void **state) {
     } else {
       idem_exec *x = NULL;
       idem_response r = {201, NULL, 0, "{}", 2};
-      EXPECT_RC(IDEM_OK, idem_execute_begin(f->store, &id, req, strlen(req),
-                                            &o, &x, &c));
+      EXPECT_RC(IDEM_OK, idem_execute_begin(f->store, &id, req, strlen(req), &o,
+                                            &x, &c));
       assert_int_equal(idem_call_outcome(c), IDEM_PROCEED);
       EXPECT_RC(IDEM_OK, idem_execute_end(x, IDEM_EXEC_DONE, &r));
       a.runs = 1;
@@ -1084,6 +1085,79 @@ static void test_execute_forget_request(void **state) {
   }
 }
 
+/*
+ * fingerprint: a caller that fingerprinted the request already hands the
+ * fingerprint over; the record carries it, a request of another
+ * fingerprint conflicts with it, and with forget_request the request is
+ * not read at all (a text that is no JSON goes through). A fingerprint
+ * that is not 64 lowercase hex digits is refused before anything is
+ * claimed.
+ */
+static void test_execute_given_fingerprint(void **state) {
+  fixture *f = *state;
+  static const char req[] = "{\"to\":\"alice\",\"amount\":5}";
+  static const char other[] = "{\"to\":\"alice\",\"amount\":6}";
+  char fp[IDEM_FINGERPRINT_SIZE], key[] = "given-fp";
+  char *text = NULL;
+  size_t text_len = 0;
+  idem_id id = {"tenant-a", OPERATION, key};
+  idem_execute_options o = {0};
+  remote a = {0};
+  idem_record *rec;
+  idem_call *c;
+  /* idem_fingerprint_text() is the text idem_fingerprint() hashes. */
+  EXPECT_RC(IDEM_OK, idem_fingerprint(req, strlen(req), 1, fp));
+  EXPECT_RC(IDEM_OK, idem_fingerprint_text(req, strlen(req), &text, &text_len));
+  {
+    char hex[IDEM_FINGERPRINT_SIZE];
+    EXPECT_RC(IDEM_OK, idem_sha256_hex(text, text_len, hex));
+    assert_string_equal(hex, fp);
+    assert_string_equal(text, "{\"amount\":5,\"to\":\"alice\"}");
+  }
+  idem_free(text);
+  EXPECT_RC(IDEM_EJSON, idem_fingerprint_text("{", 1, &text, &text_len));
+  assert_null(text);
+
+  o.forget_request = 1;
+  o.fingerprint = fp;
+  /* Not parsed: "no json" with the fingerprint of req is req's call. */
+  c = EXECUTE(f->store, &id, "no json", &a, &o, IDEM_OK, IDEM_PROCEED);
+  idem_call_free(c);
+  rec = get_record(f->store, &id);
+  assert_string_equal(rec->fingerprint, fp);
+  assert_null(rec->request);
+  idem_record_free(rec);
+  o.fingerprint = NULL;
+  c = EXECUTE(f->store, &id, req, &a, &o, IDEM_OK, IDEM_REPLAY);
+  idem_call_free(c);
+  c = EXECUTE(f->store, &id, other, &a, &o, IDEM_OK, IDEM_CONFLICT);
+  idem_call_free(c);
+  assert_int_equal(a.runs, 1);
+
+  /* Without forget_request the request is still made canonical for the
+   * record (and must be JSON). */
+  o.forget_request = 0;
+  o.fingerprint = fp;
+  key[0] = 'G';
+  c = EXECUTE(f->store, &id, req, &a, &o, IDEM_OK, IDEM_PROCEED);
+  idem_call_free(c);
+  rec = get_record(f->store, &id);
+  assert_string_equal(rec->fingerprint, fp);
+  assert_non_null(rec->request);
+  idem_record_free(rec);
+
+  for (int bad = 0; bad < 3; bad++) {
+    static const char *const bads[] = {
+        "ABCDEF0123456789abcdef0123456789abcdef0123456789abcdef0123456789",
+        "abc",
+        "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdefg"};
+    key[0] = (char)('a' + bad);
+    o.fingerprint = bads[bad];
+    c = EXECUTE(f->store, &id, req, &a, &o, IDEM_EINVAL, 0);
+    assert_null(c);
+  }
+  assert_int_equal(a.runs, 2);
+}
 
 /*
  * idem_execute_begin_async() and idem_execute_end_async(), as an event
@@ -1147,12 +1221,10 @@ static void test_execute_async(void **state) {
     idem_id id = {"tenant-a", OPERATION, keys[i]};
     snprintf(keys[i], sizeof keys[i], "async-%d", i);
     first[i].w = dup[i].w = &w;
-    EXPECT_RC(IDEM_OK, idem_execute_begin_async(f->store, &id, REQ,
-                                                strlen(REQ), &o, async_begun,
-                                                &first[i]));
-    EXPECT_RC(IDEM_OK, idem_execute_begin_async(f->store, &id, REQ,
-                                                strlen(REQ), &o, async_begun,
-                                                &dup[i]));
+    EXPECT_RC(IDEM_OK, idem_execute_begin_async(f->store, &id, REQ, strlen(REQ),
+                                                &o, async_begun, &first[i]));
+    EXPECT_RC(IDEM_OK, idem_execute_begin_async(f->store, &id, REQ, strlen(REQ),
+                                                &o, async_begun, &dup[i]));
   }
   async_wait(&w, 2 * N);
   for (int i = 0; i < N; i++) {
@@ -1194,8 +1266,8 @@ static void test_execute_async(void **state) {
     r.body_len = i % 4 == 3 ? sizeof big : strlen(bodies[i]);
     end[i].w = &w;
     end[i].c = first[i].c;
-    EXPECT_RC(IDEM_OK, idem_execute_end_async(first[i].x, how, &r,
-                                              async_ended, &end[i]));
+    EXPECT_RC(IDEM_OK, idem_execute_end_async(first[i].x, how, &r, async_ended,
+                                              &end[i]));
     /* The response need not outlive the call. */
     memset(bodies[i], '?', sizeof bodies[i]);
   }
@@ -1229,9 +1301,8 @@ static void test_execute_async(void **state) {
   for (int i = 0; i < N; i++) {
     idem_id id = {"tenant-a", OPERATION, keys[i]};
     again[i].w = &w;
-    EXPECT_RC(IDEM_OK, idem_execute_begin_async(f->store, &id, REQ,
-                                                strlen(REQ), &o, async_begun,
-                                                &again[i]));
+    EXPECT_RC(IDEM_OK, idem_execute_begin_async(f->store, &id, REQ, strlen(REQ),
+                                                &o, async_begun, &again[i]));
   }
   async_wait(&w, N);
   for (int i = 0; i < N; i++) {
@@ -1247,9 +1318,8 @@ static void test_execute_async(void **state) {
       assert_int_equal(idem_call_outcome(c), IDEM_PROCEED);
       assert_non_null(again[i].x);
       end[i].c = c;
-      EXPECT_RC(IDEM_OK, idem_execute_end_async(again[i].x,
-                                                IDEM_EXEC_NOT_DONE, NULL,
-                                                async_ended, &end[i]));
+      EXPECT_RC(IDEM_OK, idem_execute_end_async(again[i].x, IDEM_EXEC_NOT_DONE,
+                                                NULL, async_ended, &end[i]));
       async_wait(&w, 1);
       assert_int_equal(end[i].rc, IDEM_OK);
       break;
@@ -1266,12 +1336,12 @@ static void test_execute_async(void **state) {
   {
     idem_id id = {"tenant-a", OPERATION, "bad key\n"};
     async_slot never = {.w = &w};
-    EXPECT_RC(IDEM_EINVAL, idem_execute_begin_async(f->store, &id, REQ,
-                                                    strlen(REQ), &o, NULL,
-                                                    &never));
-    EXPECT_RC(IDEM_EKEY, idem_execute_begin_async(f->store, &id, REQ,
-                                                  strlen(REQ), &o,
-                                                  async_begun, &never));
+    EXPECT_RC(IDEM_EINVAL,
+              idem_execute_begin_async(f->store, &id, REQ, strlen(REQ), &o,
+                                       NULL, &never));
+    EXPECT_RC(IDEM_EKEY,
+              idem_execute_begin_async(f->store, &id, REQ, strlen(REQ), &o,
+                                       async_begun, &never));
     EXPECT_RC(IDEM_EINVAL, idem_execute_end_async(NULL, IDEM_EXEC_DONE, NULL,
                                                   async_ended, &never));
     assert_int_equal(w.answered, 0);
@@ -1303,9 +1373,8 @@ static void test_execute_async_waits(void **state) {
   {
     idem_id id = {tenant, operation, key};
     holder.w = &w;
-    EXPECT_RC(IDEM_OK, idem_execute_begin_async(f->store, &id, REQ,
-                                                strlen(REQ), &o, async_begun,
-                                                &holder));
+    EXPECT_RC(IDEM_OK, idem_execute_begin_async(f->store, &id, REQ, strlen(REQ),
+                                                &o, async_begun, &holder));
     async_wait(&w, 1);
     assert_int_equal(holder.rc, IDEM_OK);
     assert_int_equal(idem_call_outcome(holder.c), IDEM_PROCEED);
@@ -1313,9 +1382,8 @@ static void test_execute_async_waits(void **state) {
   for (int i = 0; i < N; i++) {
     idem_id id = {tenant, operation, key};
     waiters[i].w = &ww;
-    EXPECT_RC(IDEM_OK, idem_execute_begin_async(f->store, &id, REQ,
-                                                strlen(REQ), &ow, async_begun,
-                                                &waiters[i]));
+    EXPECT_RC(IDEM_OK, idem_execute_begin_async(f->store, &id, REQ, strlen(REQ),
+                                                &ow, async_begun, &waiters[i]));
   }
   /* The caller's id may go once the call returns. */
   memset(tenant, 'T', sizeof tenant - 1);
@@ -1561,6 +1629,7 @@ int main(void) {
       STORE_TEST(test_execute_says_whether_it_ran),
       STORE_TEST(test_execute_canonical_request_kept),
       STORE_TEST(test_execute_forget_request),
+      STORE_TEST(test_execute_given_fingerprint),
       STORE_TEST(test_execute_async),
       STORE_TEST(test_execute_async_waits),
   };
@@ -1569,6 +1638,5 @@ int main(void) {
   };
   return run_engine_tests("execute", tests, sizeof tests / sizeof tests[0],
                           sqlite_only,
-                          sizeof sqlite_only / sizeof sqlite_only[0], NULL,
-                          0);
+                          sizeof sqlite_only / sizeof sqlite_only[0], NULL, 0);
 }
