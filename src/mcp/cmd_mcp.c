@@ -5,9 +5,11 @@
  * This file reads the options, opens the store, starts the server and the
  * two reader threads (mcp_relay.c), and then waits in the main thread for
  * the server to end: it passes signals on to the server, and once the
- * client has closed its input it closes the server's, waits, and stops the
- * server if it does not end by itself. The proxy exits with the server's
- * status once every keyed call in progress has been settled.
+ * client has closed its input it lets the keyed calls in flight run to
+ * their end and be recorded (--drain-wait), then closes the server's
+ * input, waits, and stops the server if it does not end by itself. The
+ * proxy exits with the server's status once every keyed call in progress
+ * has been settled.
  */
 #include "mcp.h"
 
@@ -28,7 +30,8 @@ static const char usage[] =
     "                [--store-tool-errors yes|no] [--input-wait DUR]\n"
     "                [--max-result SIZE] [--keep-requests]\n"
     "                [--seal-key FILE]...\n"
-    "                [--shutdown-wait DUR] [--] SERVER_CMD [ARG...]\n"
+    "                [--drain-wait DUR] [--shutdown-wait DUR]\n"
+    "                [--] SERVER_CMD [ARG...]\n"
     "       idem mcp --listen HOST:PORT --upstream URL [--principal RULE]\n"
     "                [--jwks FILE|URL --issuer ISS --audience AUD]\n"
     "                [--replay-check upstream|none] [--replay-check-ttl DUR]\n"
@@ -110,6 +113,13 @@ static const char usage[] =
     "                       idempotentHint\n"
     "  --key-argument NAME  also take the key from the tool argument NAME\n"
     "                       (it stays in the arguments sent to the server)\n"
+    "  --offer-key-argument NAME\n"
+    "                       add an optional string argument NAME to every\n"
+    "                       tool tools/list does not mark readOnlyHint,\n"
+    "                       telling the model to pass one new value per\n"
+    "                       action and the same on its retries; a call's\n"
+    "                       NAME is its key, removed from the arguments\n"
+    "                       (kept when the tool's own schema declares it)\n"
     "  --lease DUR          how long a call holds its key without renewal\n"
     "                       (default 30s; renewed while the server works),\n"
     "                       and how long a key whose call ended without a\n"
@@ -145,7 +155,13 @@ static const char usage[] =
     "  --max-result SIZE    the largest result stored (default 16M less\n"
     "                       4k, also the most); a larger one is passed on,\n"
     "                       not stored, and its key marked unknown\n"
-    "  --shutdown-wait DUR  once the client closes its input, how long the\n"
+    "  --drain-wait DUR     once the client closes its input, how long keyed\n"
+    "                       calls still running may take to end and be\n"
+    "                       recorded before the server's input is closed\n"
+    "                       (default 10m; 0: closed at once). Their results\n"
+    "                       are replayed to a retry through a new proxy on\n"
+    "                       the store; unkeyed calls do not extend it\n"
+    "  --shutdown-wait DUR  once the server's input is closed, how long the\n"
     "                       server may take to exit before SIGTERM, and\n"
     "                       then before SIGKILL (default 5s)\n"
     "DUR is 250ms, 30s, 5m, 24h or 7d. SIZE is bytes, or with k or M.\n"
@@ -175,6 +191,7 @@ static int parse(int argc, char **argv, mcp_opts *o) {
   o->replay_check_ttl_ms = 5000;
   o->lease_ms = 30000;
   o->shutdown_wait_ms = 5000;
+  o->drain_wait_ms = 600000;
   o->attach_wait_ms = 25000;
   o->input_wait_ms = 600000;
   o->store_tool_errors = 1;
@@ -224,6 +241,13 @@ static int parse(int argc, char **argv, mcp_opts *o) {
         return -1;
       }
       o->key_argument = v;
+    } else if (strcmp(a, "--offer-key-argument") == 0) {
+      if (!*v || strlen(v) > 64) {
+        cli_error("mcp", "--offer-key-argument: the argument name must be "
+                         "1-64 bytes");
+        return -1;
+      }
+      o->offer_key_argument = v;
     } else if (strcmp(a, "--lease") == 0) {
       if (cli_duration_option("mcp", a, v, 100, IDEM_MAX_LEASE_MS,
                               &o->lease_ms) != 0)
@@ -235,6 +259,10 @@ static int parse(int argc, char **argv, mcp_opts *o) {
     } else if (strcmp(a, "--shutdown-wait") == 0) {
       if (cli_duration_option("mcp", a, v, 0, 3600000, &o->shutdown_wait_ms) !=
           0)
+        return -1;
+    } else if (strcmp(a, "--drain-wait") == 0) {
+      if (cli_duration_option("mcp", a, v, 0, 7 * 86400000LL,
+                              &o->drain_wait_ms) != 0)
         return -1;
     } else if (strcmp(a, "--attach-wait") == 0) {
       if (cli_duration_option("mcp", a, v, 0, IDEM_MAX_LEASE_MS,
@@ -360,11 +388,17 @@ static void close_server_input(mcp_proxy *p) {
   pthread_mutex_unlock(&p->to_server.lock);
 }
 
-/* Waits for the server to exit, passing signals on; returns its wait
- * status. */
+/*
+ * Waits for the server to exit, passing signals on; returns its wait
+ * status. Once the client's input has ended, the keyed calls in flight
+ * (claimed, at the server, or being recorded) are drained first: the
+ * server keeps its input, and so runs, until each has ended and been
+ * recorded, or --drain-wait has run out. Only then is its input closed and
+ * --shutdown-wait applied. A signal is passed on at any stage, as before.
+ */
 static int wait_server(mcp_proxy *p, int sig_fd) {
-  int stage = 0, st = 0;
-  double deadline = 0;
+  int stage = 0, st = 0, draining = 0;
+  double deadline = 0, drain_until = 0;
   for (;;) {
     pid_t r = waitpid(p->child, &st, WNOHANG);
     if (r == p->child)
@@ -375,10 +409,32 @@ static int wait_server(mcp_proxy *p, int sig_fd) {
     int eof = p->client_eof;
     pthread_mutex_unlock(&p->lock);
     double now = cli_now_ms();
+    if (eof && stage == 0 && !draining && p->o->drain_wait_ms > 0) {
+      int left = mcp_keyed_drain(p);
+      draining = 1;
+      drain_until = now + (double)p->o->drain_wait_ms;
+      if (left > 0)
+        cli_error("mcp",
+                  "the client closed its input; the server runs on until "
+                  "the %d keyed call%s in flight %s ended and been recorded "
+                  "(--drain-wait %.1fs)",
+                  left, left == 1 ? "" : "s", left == 1 ? "has" : "have",
+                  (double)p->o->drain_wait_ms / 1000);
+    }
     if (eof && stage == 0) {
-      close_server_input(p);
-      stage = 1;
-      deadline = now + (double)p->o->shutdown_wait_ms;
+      int left = draining ? mcp_keyed_left(p) : 0;
+      if (left > 0 && now >= drain_until)
+        cli_error("mcp",
+                  "%d keyed call%s still running %.1fs after the client "
+                  "closed its input (--drain-wait); closing the server's "
+                  "input",
+                  left, left == 1 ? " is" : "s are",
+                  (double)p->o->drain_wait_ms / 1000);
+      if (left == 0 || now >= drain_until) {
+        close_server_input(p);
+        stage = 1;
+        deadline = now + (double)p->o->shutdown_wait_ms;
+      }
     } else if (stage == 1 && now >= deadline) {
       cli_error("mcp",
                 "the server has not exited %.1fs after its input "
@@ -396,6 +452,12 @@ static int wait_server(mcp_proxy *p, int sig_fd) {
     int64_t tick = mcp_keyed_tick(p);
     if (stage == 1 || stage == 2)
       timeout = deadline - now < 1 ? 1 : (int)(deadline - now) + 1;
+    else if (stage == 0 && draining)
+      /* Woken as each call is settled (call_answered()); the drain's end
+       * at the latest. */
+      timeout = drain_until - now > 1000000 ? 1000000
+                : drain_until - now < 1     ? 1
+                                            : (int)(drain_until - now) + 1;
     if (tick >= 0 && (timeout < 0 || tick + 1 < timeout))
       timeout = tick > 1000000 ? 1000000 : (int)tick + 1;
     struct pollfd f = {sig_fd, POLLIN, 0};

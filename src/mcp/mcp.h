@@ -51,12 +51,20 @@ enum {
 
 typedef struct mcp_opts {
   const char *store, *tenant, *key_argument;
+  /* --offer-key-argument NAME: added to tools/list's write tools, read as
+   * the key and removed from the arguments the server sees (unless the
+   * tool's own schema declares it). */
+  const char *offer_key_argument;
   int require_key;
   int on_unknown_fail;
   int store_tool_errors; /* --store-tool-errors yes (the default) */
   int keep_requests;     /* --keep-requests: arguments kept in records */
   int64_t lease_ms, retention_ms, shutdown_wait_ms, attach_wait_ms;
   int64_t input_wait_ms; /* how long a call that asked for input is held */
+  /* --drain-wait: once the client's input ends, how long keyed calls in
+   * flight may still run (and be recorded) before the server's input is
+   * closed; 0: closed at once. */
+  int64_t drain_wait_ms;
   size_t max_result;
   char **cmd;
   /* --listen HOST:PORT: Streamable HTTP in front of --upstream URL
@@ -174,6 +182,9 @@ typedef struct mcp_proxy {
   int server_gone; /* the server's output ended */
   int client_eof;  /* the client's input ended */
   int closing;     /* no new keyed call may start */
+  int draining;    /* the client's input ended; keyed calls run to their
+                      end (--drain-wait): the main loop is woken as each
+                      is settled */
 } mcp_proxy;
 
 /* The request id as compact JSON (an integral real as an integer), for
@@ -220,7 +231,8 @@ void mcp_notify(mcp_proxy *p);
  * when there is one, else starts the call's thread and waits until the call
  * has been forwarded or answered. msg is the request and line its text;
  * key and tool are borrowed from msg; key_in_argument says the key came
- * from --key-argument (it is then left out of the fingerprint).
+ * from --key-argument (1) or from --offer-key-argument's argument where the
+ * tool's schema declares it (2): it is then left out of the fingerprint.
  */
 void mcp_keyed_call(mcp_proxy *p, json_t *msg, const char *line, size_t len,
                     const char *key, const char *tool, int key_in_argument);
@@ -244,6 +256,14 @@ int mcp_keyed_cancel(mcp_proxy *p, json_t *msg);
 int mcp_keyed_answer(mcp_proxy *p, json_t *msg, const char *line, size_t len);
 /* The server's output ended: every call at the server is unanswered. */
 void mcp_keyed_server_gone(mcp_proxy *p);
+/* The client's input ended and --drain-wait holds the server open: a call
+ * that asked for input can have no next round now, and ends (its key is
+ * released); each call settled from now on wakes the main loop. Returns
+ * the keyed calls still to be settled. */
+int mcp_keyed_drain(mcp_proxy *p);
+/* The keyed calls not yet settled (claimed, at the server, or being
+ * recorded). */
+int mcp_keyed_left(mcp_proxy *p);
 /* Answers attached retries whose --attach-wait ran out; the milliseconds
  * until the next one does (-1: none). */
 int64_t mcp_keyed_tick(mcp_proxy *p);
@@ -334,6 +354,35 @@ void mcp_stale_task_message(char *buf, size_t size, const char *key,
  * cannot be read). 1 when the line is a tools/call request, 0 otherwise. */
 int mcp_scan_call(const char *line, size_t len, const char *key_argument,
                   int *keyed, size_t *id_from, size_t *id_to, char **tool);
+
+/* ---- --offer-key-argument (mcp_request.c) ---------------------------- */
+
+/* What the proxy reads of a tool in tools/list: MCP_TOOL_SAFE when it
+ * needs no key under --require-key (readOnlyHint or idempotentHint),
+ * MCP_TOOL_READ_ONLY (readOnlyHint: no key argument is offered to it),
+ * MCP_TOOL_DECLARES when its inputSchema's properties declare offer (the
+ * server's own argument: passed on, as --key-argument's). */
+enum { MCP_TOOL_SAFE = 1, MCP_TOOL_READ_ONLY = 2, MCP_TOOL_DECLARES = 4 };
+int mcp_tool_flags(json_t *tool, const char *offer);
+/* The description the offered argument carries in tools/list. */
+extern const char mcp_offer_description[];
+/* Whether a tools/call's params.arguments hold offer: *present set when the
+ * member is there, *key its value (borrowed; NULL when absent or null).
+ * -1 when it is there but no string (or holds U+0000). */
+int mcp_offered(const char *offer, json_t *params, int *present,
+                const char **key);
+/* A tools/list answer (the JSON-RPC message text, msg its parse) with the
+ * property offer added to the inputSchema of each tool that is not
+ * read-only and does not declare it; NULL when nothing was added (or out
+ * of memory): the text then goes on as it is. */
+char *mcp_offer_tools_list(const char *text, size_t len, json_t *msg,
+                           const char *offer, size_t *out_len);
+/* A tools/call line without params.arguments[offer] and, when key is not
+ * NULL, with key put in params._meta.idempotencyKey (the _meta made when
+ * absent). NULL when there is no such argument, params._meta is there but
+ * no object, or out of memory. */
+char *mcp_offer_strip(const char *line, size_t len, const char *offer,
+                      const char *key, size_t *out_len);
 
 /* The server process. */
 int mcp_child_start(char **cmd, int *to_child, int *from_child, pid_t *pid);

@@ -561,12 +561,10 @@ static void learn_tools(const char *tenant, json_t *msg) {
     mine = json_object_get(tools_safe, tenant);
   json_array_foreach(tools, i, t) {
     const char *name = json_string_value(json_object_get(t, "name"));
-    json_t *ann = json_object_get(t, "annotations");
-    int safe = json_is_true(json_object_get(ann, "readOnlyHint")) ||
-               json_is_true(json_object_get(ann, "idempotentHint"));
+    int flags = mcp_tool_flags(t, hx_opts->offer_key_argument);
     if (name && mine &&
         strlen(name) == json_string_length(json_object_get(t, "name")))
-      json_object_set_new(mine, name, json_boolean(safe));
+      json_object_set_new(mine, name, json_integer(flags));
   }
   pthread_mutex_unlock(&tools_mu);
 }
@@ -592,13 +590,82 @@ static void learn_from(const char *tenant, const char *text, size_t len) {
   }
 }
 
-static int tool_needs_key(const char *tenant, const char *tool) {
-  int safe;
+/* What the tenant's tools/list said of tool (mcp_tool_flags()); 0 for a
+ * tool it never listed. */
+static int tool_flags(const char *tenant, const char *tool) {
+  int flags;
   pthread_mutex_lock(&tools_mu);
-  safe = tool && json_is_true(json_object_get(
-                     json_object_get(tools_safe, tenant), tool));
+  flags = tool ? (int)json_integer_value(json_object_get(
+                     json_object_get(tools_safe, tenant), tool))
+               : 0;
   pthread_mutex_unlock(&tools_mu);
-  return !safe;
+  return flags;
+}
+
+static int tool_needs_key(const char *tenant, const char *tool) {
+  return !(tool_flags(tenant, tool) & MCP_TOOL_SAFE);
+}
+
+/* Adds one event of data (each of its lines a data: line) to buf. */
+static int add_event(char **buf, size_t *blen, size_t *bcap, const char *d,
+                     size_t n) {
+  if (hx_buf_add(buf, blen, bcap, "event: message\n", 15) != 0)
+    return -1;
+  for (size_t i = 0; i <= n;) {
+    const char *nl = memchr(d + i, '\n', n - i);
+    size_t e = nl ? (size_t)(nl - d) : n;
+    if (hx_buf_add(buf, blen, bcap, "data: ", 6) != 0 ||
+        hx_buf_add(buf, blen, bcap, d + i, e - i) != 0 ||
+        hx_buf_add(buf, blen, bcap, "\n", 1) != 0)
+      return -1;
+    i = e + 1;
+  }
+  return hx_buf_add(buf, blen, bcap, "\n", 1);
+}
+
+/* A tools/list answer (a JSON body or an event stream) with the offered
+ * key argument added to the tools that may act (mcp_offer_tools_list()):
+ * a new body (malloc'd, *len), or NULL when nothing was added. */
+static char *offered_list(const char *text, size_t n, size_t *len) {
+  int dup = 0;
+  json_t *m = mcp_parse(text, n, &dup);
+  char *out = NULL, *buf = NULL;
+  size_t blen = 0, bcap = 0;
+  int found = 0;
+  if (m) {
+    out = mcp_offer_tools_list(text, n, m, hx_opts->offer_key_argument, len);
+    json_decref(m);
+    return out;
+  }
+  for (size_t start = 0, end; (end = hx_event_end(text, n, start));
+       start = end) {
+    size_t dlen, olen = 0;
+    char *data = hx_event_data(text + start, end - start, &dlen);
+    int bad;
+    if (!data)
+      continue;
+    out = NULL;
+    if ((m = mcp_parse(data, dlen, &dup))) {
+      out = mcp_offer_tools_list(data, dlen, m, hx_opts->offer_key_argument,
+                                 &olen);
+      json_decref(m);
+    }
+    found |= out != NULL;
+    bad = out ? add_event(&buf, &blen, &bcap, out, olen)
+              : add_event(&buf, &blen, &bcap, data, dlen);
+    free(out);
+    free(data);
+    if (bad) {
+      free(buf);
+      return NULL;
+    }
+  }
+  if (!found) {
+    free(buf);
+    return NULL;
+  }
+  *len = blen;
+  return buf;
 }
 
 /* ---- passing through -------------------------------------------------------
@@ -670,7 +737,9 @@ static char *extended(const char *text, size_t n, size_t *len) {
  * as the server sent it when it holds no result to extend. */
 static void answer_extended(hx *h) {
   size_t len = 0;
-  char *body = h->seen ? extended(h->seen, h->seen_len, &len) : NULL;
+  char *body = !h->seen ? NULL
+               : h->extend_caps == 2 ? offered_list(h->seen, h->seen_len, &len)
+                                     : extended(h->seen, h->seen_len, &len);
   if (body)
     hx_answer_whole(h, h->rs.status, NULL, body, len, h->rs.headers,
                     h->rs.nheaders);
@@ -693,8 +762,9 @@ static void pass_head(void *ctx, up_response *rs) {
 static int pass_data(void *ctx, const char *p, size_t n) {
   hx *h = ctx;
   if (h->extend_caps) {
-    /* An initialize answer is small: one far larger is no MCP server's. */
-    if (h->seen_len + n > 1024 * 1024)
+    /* An initialize answer is small: one far larger is no MCP server's.
+     * A page of tools/list may be larger (many tools, long schemas). */
+    if (h->seen_len + n > (h->extend_caps == 2 ? 64u : 1u) * 1024 * 1024)
       return -1;
     return hx_buf_add(&h->seen, &h->seen_len, &h->seen_cap, p, n);
   }
@@ -1088,7 +1158,14 @@ static void decide(hx *h) {
   }
   if (msg && json_is_object(msg) && method && id &&
       strcmp(method, "tools/list") == 0)
-    h->watch_tools = hx_opts->require_key && derive_tenant(h) == 0;
+  {
+    h->watch_tools = (hx_opts->require_key || hx_opts->offer_key_argument) &&
+                     derive_tenant(h) == 0;
+    /* With --offer-key-argument the answer is held whole and goes on
+     * with the argument added (answer_extended()), each page alike. */
+    if (hx_opts->offer_key_argument)
+      h->extend_caps = 2;
+  }
   if (msg && json_is_object(msg) && method && id &&
       (strcmp(method, "initialize") == 0 ||
        strcmp(method, "server/discover") == 0))
@@ -1104,10 +1181,15 @@ static void decide(hx *h) {
         const char *k = NULL;
         int ia;
         const char *mm = json_string_value(json_object_get(m, "method"));
+        int pr = 0;
+        const char *ok;
         if (mm && strcmp(mm, "tools/call") == 0 &&
             (mcp_find_key(hx_opts->key_argument, json_object_get(m, "params"),
                           &k, &ia) != 0 ||
-             k)) {
+             k ||
+             mcp_offered(hx_opts->offer_key_argument,
+                         json_object_get(m, "params"), &pr, &ok) != 0 ||
+             pr)) {
           json_decref(msg);
           answer_http_error(h, 400, MCP_E_BATCH,
                             "idem mcp: a keyed tools/call must be sent "
@@ -1138,6 +1220,76 @@ static void decide(hx *h) {
                         "idem mcp: a tool name may not contain U+0000. "
                         "Nothing was sent to the server.",
                         NULL);
+    return;
+  }
+  if (hx_opts->offer_key_argument) {
+    const char *offered;
+    int present = 0, ours;
+    if (mcp_offered(hx_opts->offer_key_argument, params, &present,
+                    &offered) != 0) {
+      char m[400];
+      snprintf(m, sizeof m,
+               "idem mcp: the argument \"%s\" is the call's idempotency key "
+               "and must be a string (1-255 printable ASCII characters). "
+               "Nothing was sent to the server.",
+               hx_opts->offer_key_argument);
+      hx_answer_rpc_error(h, MCP_E_BAD_KEY, m,
+                          json_pack("{s:s}", "idem", "bad_key"));
+      json_decref(msg);
+      return;
+    }
+    /* The proxy's own argument unless this tenant's tools/list gave the
+     * tool a schema that declares it (a tool never listed: ours). */
+    ours = !(derive_tenant(h) == 0 &&
+             (tool_flags(h->tenant, tool) & MCP_TOOL_DECLARES));
+    if (present && !ours && !key && offered) {
+      key = offered;
+      in_arg = 2;
+    } else if (present && ours) {
+      size_t slen;
+      char *stripped;
+      if (!key && offered)
+        key = offered;
+      if (key && key == offered)
+        in_arg = 0; /* read from params._meta from now on */
+      stripped = mcp_offer_strip(h->body, h->len, hx_opts->offer_key_argument,
+                                 key && key == offered ? key : NULL, &slen);
+      if (!stripped) {
+        hx_answer_rpc_error(h, MCP_E_INTERNAL,
+                            "idem mcp: the call's key argument could not be "
+                            "taken out of it (params._meta is not an object, "
+                            "or out of memory). Nothing was sent to the "
+                            "server.",
+                            json_pack("{s:s}", "idem", "internal"));
+        json_decref(msg);
+        return;
+      }
+      /* The server never sees it: the body sent on is this one. */
+      free(h->body);
+      h->body = stripped;
+      h->len = slen;
+      h->cap = slen + 1;
+    }
+  }
+  if (!key && hx_opts->require_key && h->id &&
+      (derive_tenant(h) != 0 || tool_needs_key(h->tenant, tool)) &&
+      hx_opts->offer_key_argument) {
+    char m[1024];
+    const char *shown = tool ? tool : "?";
+    snprintf(m, sizeof m,
+             "idem mcp: tool \"%.*s\" needs an idempotency key: it is not "
+             "annotated readOnlyHint or idempotentHint, so a retry could act "
+             "twice. Call it again with the argument \"%s\" set to a new "
+             "unique value (a random UUID, say) made up for this action, and "
+             "pass that same value on every retry of this action; a "
+             "different action needs a different value. Nothing was sent to "
+             "the server: the tool has not acted.",
+             (int)cli_utf8_cut(shown, 200), shown, hx_opts->offer_key_argument);
+    hx_answer_rpc_error(h, MCP_E_KEY_REQUIRED, m,
+                        json_pack("{s:s,s:s?,s:s}", "idem", "key_required",
+                                  "tool", tool, "keyArgument",
+                                  hx_opts->offer_key_argument));
+    json_decref(msg);
     return;
   }
   if (!key && hx_opts->require_key && h->id &&

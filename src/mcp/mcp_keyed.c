@@ -320,11 +320,15 @@ static mcp_waiter *call_finish(mcp_proxy *p, mcp_call *c) {
  * thread, which ends the process when none is left, to wait for. Counted
  * only now, so that no answer is still being written when it ends. */
 static void call_answered(mcp_proxy *p, mcp_waiter *ws) {
+  int wake;
   waiters_free(ws);
   pthread_mutex_lock(&p->lock);
   p->ncalls--;
+  wake = p->draining; /* the main loop counts the calls left */
   pthread_cond_broadcast(&p->cond);
   pthread_mutex_unlock(&p->lock);
+  if (wake)
+    mcp_notify(p);
 }
 
 /* ---- task handles ---------------------------------------------------------
@@ -1078,6 +1082,32 @@ void mcp_keyed_server_gone(mcp_proxy *p) {
   pthread_mutex_unlock(&p->lock);
 }
 
+int mcp_keyed_drain(mcp_proxy *p) {
+  int left;
+  pthread_mutex_lock(&p->lock);
+  p->draining = 1;
+  for (mcp_call *c = p->calls; c; c = c->next)
+    if (c->state == CALL_INPUT) {
+      /* Its next round would come from the client, which has gone: the
+       * tool has not acted, and its key is released now rather than held
+       * for --input-wait. */
+      c->input_expired = 1;
+      c->gone = 1; /* (for the log) */
+      c->state = CALL_END;
+      enqueue(p, c);
+    }
+  left = p->ncalls;
+  pthread_mutex_unlock(&p->lock);
+  return left;
+}
+
+int mcp_keyed_left(mcp_proxy *p) {
+  pthread_mutex_lock(&p->lock);
+  int left = p->ncalls;
+  pthread_mutex_unlock(&p->lock);
+  return left;
+}
+
 int64_t mcp_keyed_tick(mcp_proxy *p) {
   typedef struct expired {
     struct expired *next;
@@ -1188,7 +1218,9 @@ void mcp_keyed_call(mcp_proxy *p, json_t *msg, const char *line, size_t len,
    * memory answered here, before anything of the call is made (a stale
    * task handle goes to the workers, who settle it). */
   request = mcp_request_text(line, len, tool,
-                             key_in_argument ? p->o->key_argument : NULL,
+                             key_in_argument == 2 ? p->o->offer_key_argument
+                             : key_in_argument    ? p->o->key_argument
+                                                  : NULL,
                              &request_len);
   if (!request) {
     free(idtext);

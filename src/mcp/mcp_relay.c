@@ -164,10 +164,11 @@ int mcp_extend_initialize(const mcp_opts *o, json_t *msg) {
     return -1;
   locs = json_pack("[s,s]", "params._meta.idempotencyKey",
                    "params.idempotencyKey");
-  if (locs && o->key_argument) {
-    char *a = malloc(strlen(o->key_argument) + 20);
+  for (int i = 0; i < 2; i++) {
+    const char *arg = i == 0 ? o->key_argument : o->offer_key_argument;
+    char *a = locs && arg ? malloc(strlen(arg) + 20) : NULL;
     if (a) {
-      sprintf(a, "params.arguments.%s", o->key_argument);
+      sprintf(a, "params.arguments.%s", arg);
       json_array_append_new(locs, json_string(a));
       free(a);
     }
@@ -184,7 +185,8 @@ int mcp_extend_initialize(const mcp_opts *o, json_t *msg) {
   return 0;
 }
 
-/* Learns which tools need no key from a tools/list result. */
+/* Learns which tools need no key, and which declare the offered key
+ * argument, from a tools/list result (mcp_tool_flags()). */
 static void learn_tools(mcp_proxy *p, json_t *msg) {
   json_t *tools = json_object_get(json_object_get(msg, "result"), "tools");
   size_t i;
@@ -194,12 +196,10 @@ static void learn_tools(mcp_proxy *p, json_t *msg) {
   pthread_mutex_lock(&p->lock);
   json_array_foreach(tools, i, t) {
     const char *name = json_string_value(json_object_get(t, "name"));
-    json_t *ann = json_object_get(t, "annotations");
-    int safe = json_is_true(json_object_get(ann, "readOnlyHint")) ||
-               json_is_true(json_object_get(ann, "idempotentHint"));
+    int flags = mcp_tool_flags(t, p->o->offer_key_argument);
     if (name &&
         strlen(name) == json_string_length(json_object_get(t, "name")))
-      json_object_set_new(p->tools, name, json_boolean(safe));
+      json_object_set_new(p->tools, name, json_integer(flags));
   }
   pthread_mutex_unlock(&p->lock);
 }
@@ -219,16 +219,46 @@ static void to_server(mcp_proxy *p, const char *line, size_t len, int open) {
   mcp_out_line(&p->to_server, line, len);
 }
 
-static int tool_needs_key(mcp_proxy *p, const char *tool) {
+static int tool_flags(mcp_proxy *p, const char *tool) {
   pthread_mutex_lock(&p->lock);
-  int safe = tool && json_is_true(json_object_get(p->tools, tool));
+  int flags =
+      tool ? (int)json_integer_value(json_object_get(p->tools, tool)) : 0;
   pthread_mutex_unlock(&p->lock);
-  return !safe;
+  return flags;
+}
+
+static int tool_needs_key(mcp_proxy *p, const char *tool) {
+  return !(tool_flags(p, tool) & MCP_TOOL_SAFE);
+}
+
+/* Whether the offered key argument of a call of tool is the proxy's own
+ * (it is then read as the key and removed): unless the tool's schema, as
+ * tools/list last gave it, declares it. A tool never listed declares
+ * nothing. */
+static int offer_is_ours(mcp_proxy *p, const char *tool) {
+  return p->o->offer_key_argument &&
+         !(tool_flags(p, tool) & MCP_TOOL_DECLARES);
 }
 
 static void refuse_unkeyed(mcp_proxy *p, json_t *id, const char *tool) {
-  char msg[1024];
+  char msg[1400];
   const char *shown = tool ? tool : "?";
+  const char *offer = p->o->offer_key_argument;
+  if (offer) {
+    snprintf(msg, sizeof msg,
+             "idem mcp: tool \"%.*s\" needs an idempotency key: it is not "
+             "annotated readOnlyHint or idempotentHint, so a retry could act "
+             "twice. Call it again with the argument \"%s\" set to a new "
+             "unique value (a random UUID, say) made up for this action, and "
+             "pass that same value on every retry of this action; a "
+             "different action needs a different value. Nothing was sent to "
+             "the server: the tool has not acted.",
+             (int)cli_utf8_cut(shown, 200), shown, offer);
+    mcp_answer_error(p, id, MCP_E_KEY_REQUIRED, msg,
+                     json_pack("{s:s,s:s?,s:s}", "idem", "key_required",
+                               "tool", tool, "keyArgument", offer));
+    return;
+  }
   /* The name cut between two characters: the message must stay UTF-8. */
   snprintf(msg, sizeof msg,
            "idem mcp: tool \"%.*s\" needs an idempotency key: it is not "
@@ -266,12 +296,64 @@ static int client_tools_call(mcp_proxy *p, json_t *msg, const char *line,
                      NULL);
     return 1;
   }
+  const char *offered = NULL;
+  int present = 0, ours = 0;
+  if (p->o->offer_key_argument) {
+    ours = offer_is_ours(p, tool);
+    if (mcp_offered(p->o->offer_key_argument, params, &present, &offered) !=
+        0) {
+      char m[400];
+      snprintf(m, sizeof m,
+               "idem mcp: the argument \"%s\" is the call's idempotency key "
+               "and must be a string (1-255 printable ASCII characters). "
+               "Nothing was sent to the server.",
+               p->o->offer_key_argument);
+      mcp_answer_error(p, id, MCP_E_BAD_KEY, m,
+                       json_pack("{s:s}", "idem", "bad_key"));
+      return 1;
+    }
+  }
   if (mcp_find_key(p->o->key_argument, params, &key, &in_arg) != 0) {
     mcp_answer_error(p, id, MCP_E_BAD_KEY,
                      "idem mcp: the idempotency key must be a string of "
                      "1-255 printable ASCII characters (0x21-0x7e). Nothing "
                      "was sent to the server.",
                      json_pack("{s:s}", "idem", "bad_key"));
+    return 1;
+  }
+  if (present && !ours && !key && offered) {
+    /* The server's own argument: a key as --key-argument's is. */
+    key = offered;
+    in_arg = 2;
+  }
+  if (present && ours) {
+    /* The proxy's argument: the server never sees it. The key it holds
+     * travels in params._meta.idempotencyKey, where the proxy reads it
+     * first, so that the line sent on (and kept for replays) is keyed
+     * as this one is. */
+    size_t slen;
+    char *stripped;
+    if (!key && offered)
+      key = offered;
+    if (key && key == offered)
+      in_arg = 0; /* read from _meta from now on */
+    stripped = mcp_offer_strip(line, len, p->o->offer_key_argument,
+                               key && key == offered ? key : NULL, &slen);
+    if (!stripped) {
+      mcp_answer_error(p, id, MCP_E_INTERNAL,
+                       "idem mcp: the call's key argument could not be taken "
+                       "out of it (params._meta is not an object, or out of "
+                       "memory). Nothing was sent to the server.",
+                       json_pack("{s:s}", "idem", "internal"));
+      return 1;
+    }
+    if (!key && p->o->require_key && tool_needs_key(p, tool))
+      refuse_unkeyed(p, id, tool);
+    else if (!key || !tool)
+      mcp_out_line(&p->to_server, stripped, slen);
+    else
+      mcp_keyed_call(p, msg, stripped, slen, key, tool, in_arg);
+    free(stripped);
     return 1;
   }
   if (!key) {
@@ -305,6 +387,12 @@ static void client_batch(mcp_proxy *p, json_t *batch, const char *line,
     if (json_is_string(name) &&
         strlen(json_string_value(name)) != json_string_length(name))
       refuse = 1; /* a name holding U+0000 */
+    int present = 0;
+    const char *offered;
+    if (mcp_offered(p->o->offer_key_argument, params, &present, &offered) !=
+            0 ||
+        present)
+      refuse = 1; /* keyed, or an argument the server must not see */
     if (mcp_find_key(p->o->key_argument, params, &key, &in_arg) != 0 || key ||
         (p->o->require_key &&
          tool_needs_key(p, json_string_value(json_object_get(params, "name")))))
@@ -367,6 +455,16 @@ static int client_unreadable(mcp_proxy *p, const char *line, size_t len,
     if (!dup || !memmem(line, len, "tools/call", 10))
       return 0;
     keyed = 1; /* which method it names depends on who reads it */
+  }
+  if (!keyed && p->o->offer_key_argument) {
+    /* The offered argument: a key, and never the server's to see when it
+     * is the proxy's. */
+    int k2 = 0;
+    size_t f2, t2;
+    char *tool2 = NULL;
+    mcp_scan_call(line, len, p->o->offer_key_argument, &k2, &f2, &t2, &tool2);
+    free(tool2);
+    keyed = k2;
   }
   refuse = keyed || dup ||
            (p->o->require_key && (!tool || tool_needs_key(p, tool)));
@@ -493,8 +591,22 @@ static void server_line(mcp_proxy *p, const char *line, size_t len, int open) {
       json_decref(msg);
       return;
     }
-    if (kind == WATCH_TOOLS_LIST)
+    if (kind == WATCH_TOOLS_LIST) {
       learn_tools(p, msg);
+      if (p->o->offer_key_argument && !open) {
+        /* Each page of the list, as it comes: the offered argument added
+         * to the tools that may act. */
+        size_t olen;
+        char *offered = mcp_offer_tools_list(line, len, msg,
+                                             p->o->offer_key_argument, &olen);
+        if (offered) {
+          mcp_out_line(&p->to_client, offered, olen);
+          free(offered);
+          json_decref(msg);
+          return;
+        }
+      }
+    }
   }
   json_decref(msg);
   if (open) {

@@ -486,3 +486,234 @@ json_t *mcp_error_data(const char *key, const char *tool, const char *what,
     json_object_set_new(d, "type", json_string(type));
   return d;
 }
+
+/* ---- --offer-key-argument ------------------------------------------------
+ *
+ * The proxy offers the model a key argument of its own: tools/list answers
+ * gain it in the inputSchema of each tool that may act, and a call that
+ * passes it is keyed by it, the argument removed before the server sees
+ * the call. Both are done on the text, as the rest of this file does: a
+ * tools/list answer or a call is otherwise passed on byte for byte.
+ */
+
+const char mcp_offer_description[] =
+    "Idempotency key for this action (optional; handled by the idem proxy, "
+    "never seen by the tool). Make up a new unique value, such as a random "
+    "UUID, for each action you intend, and pass the same value again when "
+    "you retry that same action (after a timeout, an error or a lost "
+    "connection): the action is then done once and the retry gets its "
+    "result. Never reuse a value for a different action or for other "
+    "arguments.";
+
+int mcp_tool_flags(json_t *tool, const char *offer) {
+  json_t *ann = json_object_get(tool, "annotations");
+  json_t *props =
+      json_object_get(json_object_get(tool, "inputSchema"), "properties");
+  int flags = 0;
+  if (json_is_true(json_object_get(ann, "readOnlyHint")))
+    flags |= MCP_TOOL_READ_ONLY | MCP_TOOL_SAFE;
+  if (json_is_true(json_object_get(ann, "idempotentHint")))
+    flags |= MCP_TOOL_SAFE;
+  if (offer && json_is_object(props) && json_object_get(props, offer))
+    flags |= MCP_TOOL_DECLARES;
+  return flags;
+}
+
+int mcp_offered(const char *offer, json_t *params, int *present,
+                const char **key) {
+  json_t *k = offer ? json_object_get(json_object_get(params, "arguments"),
+                                      offer)
+                    : NULL;
+  *present = k != NULL;
+  *key = NULL;
+  if (!k || json_is_null(k))
+    return 0;
+  if (!json_is_string(k) ||
+      strlen(json_string_value(k)) != json_string_length(k))
+    return -1;
+  *key = json_string_value(k);
+  return 0;
+}
+
+/* A growing text. */
+typedef struct tbuf {
+  char *s;
+  size_t len, cap;
+  int oom;
+} tbuf;
+
+static void tb_add(tbuf *b, const char *s, size_t n) {
+  if (b->oom)
+    return;
+  if (b->len + n + 1 > b->cap) {
+    size_t cap = (b->len + n + 1) * 2;
+    char *ns = realloc(b->s, cap);
+    if (!ns) {
+      b->oom = 1;
+      return;
+    }
+    b->s = ns;
+    b->cap = cap;
+  }
+  memcpy(b->s + b->len, s, n);
+  b->len += n;
+  b->s[b->len] = '\0';
+}
+
+static void tb_str(tbuf *b, const char *s) { tb_add(b, s, strlen(s)); }
+
+/* The JSON string of s (compact), malloc'd. */
+static char *json_quote(const char *s) {
+  json_t *v = json_string(s);
+  char *t = v ? json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+  json_decref(v);
+  return t;
+}
+
+char *mcp_offer_tools_list(const char *text, size_t len, json_t *msg,
+                           const char *offer, size_t *out_len) {
+  json_t *tools = json_object_get(json_object_get(msg, "result"), "tools");
+  size_t rf, rt, af, at, i, copied = 0, j = 0;
+  char *name = NULL, *desc = NULL, *prop = NULL;
+  tbuf b = {0};
+  int changed = 0;
+  *out_len = 0;
+  if (!offer || !json_is_array(tools) ||
+      !mcp_member(text, len, 0, "result", &rf, &rt) ||
+      !mcp_member(text, rt, rf, "tools", &af, &at) || text[af] != '[')
+    return NULL;
+  name = json_quote(offer);
+  desc = json_quote(mcp_offer_description);
+  if (!name || !desc)
+    goto out;
+  prop = malloc(strlen(name) + strlen(desc) + 40);
+  if (!prop)
+    goto out;
+  sprintf(prop, "%s:{\"type\":\"string\",\"description\":%s}", name, desc);
+  i = skip_ws(text, at, af + 1);
+  while (i < at && text[i] != ']') {
+    size_t end = skip_value(text, at, i), sf, st, pf, pt;
+    json_t *t = json_array_get(tools, j++);
+    int flags = mcp_tool_flags(t, offer);
+    if (t && !(flags & (MCP_TOOL_READ_ONLY | MCP_TOOL_DECLARES)) &&
+        text[i] == '{' && mcp_member(text, end, i, "inputSchema", &sf, &st) &&
+        text[sf] == '{' &&
+        json_is_object(json_object_get(t, "inputSchema"))) {
+      size_t ins;
+      int empty, wrap;
+      if (mcp_member(text, st, sf, "properties", &pf, &pt)) {
+        if (text[pf] != '{')
+          goto next; /* not a schema the proxy can add to */
+        ins = pf + 1;
+        wrap = 0;
+      } else {
+        ins = sf + 1;
+        wrap = 1;
+      }
+      empty = text[skip_ws(text, len, ins)] == '}';
+      tb_add(&b, text + copied, ins - copied);
+      if (wrap)
+        tb_str(&b, "\"properties\":{");
+      tb_str(&b, prop);
+      if (wrap)
+        tb_str(&b, "}");
+      if (!empty)
+        tb_str(&b, ",");
+      copied = ins;
+      changed = 1;
+    }
+  next:
+    i = skip_ws(text, at, end);
+    if (i < at && text[i] == ',')
+      i = skip_ws(text, at, i + 1);
+    else
+      break;
+  }
+  if (changed) {
+    tb_add(&b, text + copied, len - copied);
+    if (!b.oom) {
+      *out_len = b.len;
+      free(name);
+      free(desc);
+      free(prop);
+      return b.s;
+    }
+  }
+out:
+  free(b.s);
+  free(name);
+  free(desc);
+  free(prop);
+  return NULL;
+}
+
+char *mcp_offer_strip(const char *line, size_t len, const char *offer,
+                      const char *key, size_t *out_len) {
+  member_span params, args, m;
+  size_t p0 = skip_ws(line, len, 0), cut_from, cut_to, after, mf, mt;
+  char *k = NULL;
+  tbuf b = {0};
+  *out_len = 0;
+  if (!find_member(line, len, p0, "params", &params) ||
+      !find_member(line, len, params.value, "arguments", &args) ||
+      !find_member(line, len, args.value, offer, &m))
+    return NULL;
+  /* The member goes, with the comma that joins it to a neighbour. */
+  cut_from = m.name;
+  cut_to = m.end;
+  after = skip_ws(line, len, m.end);
+  if (after < len && line[after] == ',') {
+    cut_to = skip_ws(line, len, after + 1);
+  } else {
+    size_t before = m.name;
+    while (before > args.value && strchr(" \t\r\n", line[before - 1]) != NULL)
+      before--;
+    if (line[before - 1] == ',')
+      cut_from = before - 1;
+  }
+  if (mcp_member(line, params.end, params.value, "_meta", &mf, &mt) &&
+      line[mf] != '{')
+    return NULL; /* a _meta that is no object: not the proxy's to mend */
+  if (key && !(k = json_quote(key)))
+    return NULL;
+  if (key && mcp_member(line, params.end, params.value, "_meta", &mf, &mt)) {
+    /* The key goes where the proxy reads keys first: params._meta (before
+     * arguments or after them, as the line has it). */
+    size_t ins = mf + 1;
+    int empty = line[skip_ws(line, len, ins)] == '}';
+    if (ins < cut_from) {
+      tb_add(&b, line, ins);
+      tb_str(&b, "\"idempotencyKey\":");
+      tb_str(&b, k);
+      tb_str(&b, empty ? "" : ",");
+      tb_add(&b, line + ins, cut_from - ins);
+      tb_add(&b, line + cut_to, len - cut_to);
+    } else {
+      tb_add(&b, line, cut_from);
+      tb_add(&b, line + cut_to, ins - cut_to);
+      tb_str(&b, "\"idempotencyKey\":");
+      tb_str(&b, k);
+      tb_str(&b, empty ? "" : ",");
+      tb_add(&b, line + ins, len - ins);
+    }
+  } else if (key) {
+    /* params is an object (it has arguments): a _meta of its own. */
+    size_t ins = params.value + 1;
+    tb_add(&b, line, ins);
+    tb_str(&b, "\"_meta\":{\"idempotencyKey\":");
+    tb_str(&b, k);
+    tb_str(&b, "},");
+    tb_add(&b, line + ins, cut_from - ins);
+    tb_add(&b, line + cut_to, len - cut_to);
+  } else {
+    tb_add(&b, line, cut_from);
+    tb_add(&b, line + cut_to, len - cut_to);
+  }
+  free(k);
+  if (b.oom || !b.s) {
+    free(b.s);
+    return NULL;
+  }
+  *out_len = b.len;
+  return b.s;
+}

@@ -61,12 +61,13 @@ function startAndMatch(cmd, args, stream, re, ms, env = {}) {
  * stderr()}. opts: {stateless, sdk: "1"|"2", json, events, port}.
  */
 export async function startServer({ stateless = false, sdk = "1", json = false,
-  events = false, port = 0 } = {}) {
+  events = false, port = 0, more = false } = {}) {
   const args = [join(HERE, "http_server.mjs"), "--port", String(port),
     "--sdk", sdk];
   if (stateless) args.push("--stateless");
   if (json) args.push("--json");
   if (events) args.push("--events");
+  if (more) args.push("--more-tools");
   const s = startAndMatch(process.execPath, args, "stdout", /listening (\d+)/,
     15000);
   const m = await s.ready;

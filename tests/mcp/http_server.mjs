@@ -78,6 +78,11 @@ const PORT = Number(opt("--port", "0"));
 const STATELESS = argv.includes("--stateless");
 const SDK = opt("--sdk", "1");
 const JSON_MODE = argv.includes("--json");
+// --more-tools (1.x): also lookup {q} (readOnlyHint), touch {title}
+// (idempotentHint) and charge {title, op_key?} (its schema declares op_key),
+// each acting as create_ticket does, counted under its own name
+// (offer_key.mjs).
+const MORE_TOOLS = argv.includes("--more-tools");
 const EVENTS = argv.includes("--events");
 const AUTH = argv.includes("--auth");
 const allowed = new Set(); // X-API-Key values let in (--auth)
@@ -92,6 +97,7 @@ const state = {
   requests: {},
   cancelled: [],
   resumes: [],
+  callArguments: [], // params.arguments of each tools/call POSTed, as sent
   n: 0,
 };
 const waiters = []; // {title, go}
@@ -225,6 +231,23 @@ async function build1() {
         { relatedRequestId: extra.requestId }),
     }));
   }
+  if (MORE_TOOLS) {
+    const more = {
+      lookup: [{ q: z.string() }, { readOnlyHint: true }],
+      touch: [{ title: z.string() }, { idempotentHint: true }],
+      charge: [{ title: z.string(), op_key: z.string().optional() }, {}],
+    };
+    for (const [name, [input, annotations]] of Object.entries(more))
+      server.registerTool(name, { description: name, inputSchema: input,
+        annotations },
+      (args, extra) => {
+        state.effects[name] ??= 0;
+        const n = act(name, args.title ?? args.q,
+          { id: extra.requestId, meta: extra._meta });
+        return { content: [{ type: "text",
+          text: `ticket-${n} ${JSON.stringify(args)}` }] };
+      });
+  }
   return server;
 }
 
@@ -266,6 +289,8 @@ function countRequest(parsed, session) {
     if (m.method === "notifications/cancelled")
       state.cancelled.push({ session: session ?? null,
         requestId: m.params?.requestId, reason: m.params?.reason });
+    if (m.method === "tools/call")
+      state.callArguments.push(m.params?.arguments ?? null);
     const k = m.method ?? (m.id !== undefined ? "(response)" : "?");
     state.requests[k] = (state.requests[k] ?? 0) + 1;
   }
