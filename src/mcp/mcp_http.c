@@ -595,8 +595,8 @@ static void learn_from(const char *tenant, const char *text, size_t len) {
 static int tool_flags(const char *tenant, const char *tool) {
   int flags;
   pthread_mutex_lock(&tools_mu);
-  flags = tool ? (int)json_integer_value(json_object_get(
-                     json_object_get(tools_safe, tenant), tool))
+  flags = tool ? (int)json_integer_value(
+                     json_object_get(json_object_get(tools_safe, tenant), tool))
                : 0;
   pthread_mutex_unlock(&tools_mu);
   return flags;
@@ -737,7 +737,7 @@ static char *extended(const char *text, size_t n, size_t *len) {
  * as the server sent it when it holds no result to extend. */
 static void answer_extended(hx *h) {
   size_t len = 0;
-  char *body = !h->seen ? NULL
+  char *body = !h->seen              ? NULL
                : h->extend_caps == 2 ? offered_list(h->seen, h->seen_len, &len)
                                      : extended(h->seen, h->seen_len, &len);
   if (body)
@@ -1157,8 +1157,7 @@ static void decide(hx *h) {
     return;
   }
   if (msg && json_is_object(msg) && method && id &&
-      strcmp(method, "tools/list") == 0)
-  {
+      strcmp(method, "tools/list") == 0) {
     h->watch_tools = (hx_opts->require_key || hx_opts->offer_key_argument) &&
                      derive_tenant(h) == 0;
     /* With --offer-key-argument the answer is held whole and goes on
@@ -1225,8 +1224,8 @@ static void decide(hx *h) {
   if (hx_opts->offer_key_argument) {
     const char *offered;
     int present = 0, ours;
-    if (mcp_offered(hx_opts->offer_key_argument, params, &present,
-                    &offered) != 0) {
+    if (mcp_offered(hx_opts->offer_key_argument, params, &present, &offered) !=
+        0) {
       char m[400];
       snprintf(m, sizeof m,
                "idem mcp: the argument \"%s\" is the call's idempotency key "

@@ -1273,12 +1273,11 @@ void hx_keyed_call(hx *h, const char *tool, const char *key, int in_arg) {
   k->tenant = strdup(h->tenant);
   k->tool = strdup(tool);
   k->key = strdup(key);
-  k->request =
-      mcp_request_text(h->body, h->len, tool,
-                       in_arg == 2 ? hx_opts->offer_key_argument
-                       : in_arg    ? hx_opts->key_argument
-                                   : NULL,
-                       &k->request_len);
+  k->request = mcp_request_text(h->body, h->len, tool,
+                                in_arg == 2 ? hx_opts->offer_key_argument
+                                : in_arg    ? hx_opts->key_argument
+                                            : NULL,
+                                &k->request_len);
   if (!k->tenant || !k->tool || !k->key || !k->request) {
     kcall_unref(k);
     goto oom;

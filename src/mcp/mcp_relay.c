@@ -236,8 +236,7 @@ static int tool_needs_key(mcp_proxy *p, const char *tool) {
  * tools/list last gave it, declares it. A tool never listed declares
  * nothing. */
 static int offer_is_ours(mcp_proxy *p, const char *tool) {
-  return p->o->offer_key_argument &&
-         !(tool_flags(p, tool) & MCP_TOOL_DECLARES);
+  return p->o->offer_key_argument && !(tool_flags(p, tool) & MCP_TOOL_DECLARES);
 }
 
 static void refuse_unkeyed(mcp_proxy *p, json_t *id, const char *tool) {
@@ -255,8 +254,8 @@ static void refuse_unkeyed(mcp_proxy *p, json_t *id, const char *tool) {
              "the server: the tool has not acted.",
              (int)cli_utf8_cut(shown, 200), shown, offer);
     mcp_answer_error(p, id, MCP_E_KEY_REQUIRED, msg,
-                     json_pack("{s:s,s:s?,s:s}", "idem", "key_required",
-                               "tool", tool, "keyArgument", offer));
+                     json_pack("{s:s,s:s?,s:s}", "idem", "key_required", "tool",
+                               tool, "keyArgument", offer));
     return;
   }
   /* The name cut between two characters: the message must stay UTF-8. */

@@ -521,9 +521,9 @@ int mcp_tool_flags(json_t *tool, const char *offer) {
 
 int mcp_offered(const char *offer, json_t *params, int *present,
                 const char **key) {
-  json_t *k = offer ? json_object_get(json_object_get(params, "arguments"),
-                                      offer)
-                    : NULL;
+  json_t *k = offer
+                  ? json_object_get(json_object_get(params, "arguments"), offer)
+                  : NULL;
   *present = k != NULL;
   *key = NULL;
   if (!k || json_is_null(k))
@@ -597,8 +597,7 @@ char *mcp_offer_tools_list(const char *text, size_t len, json_t *msg,
     int flags = mcp_tool_flags(t, offer);
     if (t && !(flags & (MCP_TOOL_READ_ONLY | MCP_TOOL_DECLARES)) &&
         text[i] == '{' && mcp_member(text, end, i, "inputSchema", &sf, &st) &&
-        text[sf] == '{' &&
-        json_is_object(json_object_get(t, "inputSchema"))) {
+        text[sf] == '{' && json_is_object(json_object_get(t, "inputSchema"))) {
       size_t ins;
       int empty, wrap;
       if (mcp_member(text, st, sf, "properties", &pf, &pt)) {
