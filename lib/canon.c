@@ -21,10 +21,10 @@
  * exact where a double cannot hold them, of the whole text or of the parts
  * that RFC 6901 JSON Pointers select.
  */
+#include "decimal.h"
 #include "internal.h"
 #include "numfmt.h"
 
-#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -65,7 +65,8 @@ typedef struct canon_buf {
   size_t max;
 } canon_buf;
 
-static int buf_reserve(canon_buf *b, size_t extra) {
+/* The slow half of buf_reserve(): the cap, then a larger buffer. */
+static int buf_grow(canon_buf *b, size_t extra) {
   size_t want, cap;
   char *p;
   /* One byte more than the content for the terminating NUL. */
@@ -79,6 +80,9 @@ static int buf_reserve(canon_buf *b, size_t extra) {
   cap = b->cap ? b->cap : 256;
   while (cap < want)
     cap = cap > SIZE_MAX / 2 ? want : cap * 2;
+  /* Never room past the cap, so that room is all buf_reserve() checks. */
+  if (cap > b->max + 1)
+    cap = b->max + 1;
   p = realloc(b->data, cap);
   if (p == NULL)
     return idem__fail(IDEM_ENOMEM, "canonical form: out of memory (%zu bytes)",
@@ -88,7 +92,15 @@ static int buf_reserve(canon_buf *b, size_t extra) {
   return IDEM_OK;
 }
 
-static int buf_put(canon_buf *b, const void *s, size_t n) {
+/* Room for extra more bytes and a NUL, within the cap. Called for every
+ * piece of the output: the common case is one comparison. */
+static inline int buf_reserve(canon_buf *b, size_t extra) {
+  if (b->cap - b->len > extra)
+    return IDEM_OK;
+  return buf_grow(b, extra);
+}
+
+static inline int buf_put(canon_buf *b, const void *s, size_t n) {
   int rc = buf_reserve(b, n);
   if (rc != IDEM_OK)
     return rc;
@@ -97,7 +109,13 @@ static int buf_put(canon_buf *b, const void *s, size_t n) {
   return IDEM_OK;
 }
 
-static int buf_putc(canon_buf *b, char c) { return buf_put(b, &c, 1); }
+static inline int buf_putc(canon_buf *b, char c) {
+  int rc = buf_reserve(b, 1);
+  if (rc != IDEM_OK)
+    return rc;
+  b->data[b->len++] = c;
+  return IDEM_OK;
+}
 
 /* Grows an array of size-byte items to hold need of them: the array, or NULL
  * (the old one still valid) when memory is short. */
@@ -118,17 +136,53 @@ static void *grow(void *items, size_t *cap, size_t need, size_t size) {
 /* Characters                                                           */
 /* ------------------------------------------------------------------ */
 
+/* The bytes that stand for themselves in a string, found in one lookup
+ * each: printable ASCII and DEL, but '"' (0x22) and '\\' (0x5C). */
+static const unsigned char plain_ascii[256] = {
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, /* 0x00 */
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, /* 0x10 */
+    1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, /* 0x20 */
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, /* 0x30 */
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, /* 0x40 */
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, /* 0x50 */
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, /* 0x60 */
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, /* 0x70 */
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, /* 0x80 */
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, /* 0x90 */
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, /* 0xA0 */
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, /* 0xB0 */
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, /* 0xC0 */
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, /* 0xD0 */
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, /* 0xE0 */
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, /* 0xF0 */
+};
+
 static int is_ws(unsigned char c) {
   return c == ' ' || c == '\t' || c == '\n' || c == '\r';
 }
 
 static int is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
 
-/* What a number token is made of, well-formed or not. */
-static int is_number_char(unsigned char c) {
-  return is_digit(c) || c == '+' || c == '-' || c == '.' || c == 'e' ||
-         c == 'E';
-}
+/*
+ * What number tokens are made of, well-formed or not, in one lookup: 0 for
+ * other bytes (those from 0x80 up too), NUMBER_CHAR for '+', '.', 'e' and
+ * 'E', and NUMBER_CHAR | NUMBER_PLAIN for the digits and '-', which are
+ * all a plain integer holds.
+ */
+#define NUMBER_CHAR 1
+#define NUMBER_PLAIN 2
+static const unsigned char number_class[256] = {
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, /* 0x00 */
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, /* 0x10 */
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 3, 1, 0, /* 0x20 */
+    3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 0, 0, 0, 0, 0, 0, /* 0x30 */
+    0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, /* 0x40 */
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, /* 0x50 */
+    0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, /* 0x60 */
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, /* 0x70 */
+};
+
+static int is_number_char(unsigned char c) { return number_class[c] != 0; }
 
 static int is_alpha(unsigned char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
@@ -284,6 +338,9 @@ static int compare_names(const unsigned char *s, uint32_t a, uint32_t b) {
   }
 }
 
+/* Objects of up to this many members are sorted by insertion. */
+#define SMALL_OBJECT 16
+
 /* qsort() has no context argument: the text being sorted, per thread. */
 static _Thread_local const unsigned char *sort_text;
 
@@ -296,47 +353,13 @@ static int compare_name_offsets(const void *pa, const void *pb) {
 /* ------------------------------------------------------------------ */
 
 /*
- * The double that a JSON number (already validated) stands for. strtod()
- * reads the decimal point of the current locale, so the number is handed
- * to it without one: its digits, then an exponent that makes up for the
- * digits moved. glibc's strtod() rounds correctly however many digits there
- * are. Returns IDEM_OK, IDEM_ERANGE when it overflows a double (underflow
- * reads as zero, as in ECMAScript's JSON.parse), or IDEM_ENOMEM.
+ * The double that a JSON number (already validated) stands for: IDEM_OK,
+ * IDEM_ERANGE when it overflows a double (underflow reads as zero, as in
+ * ECMAScript's JSON.parse), or IDEM_ENOMEM. lib/decimal.c reads it as
+ * strtod() would, without a locale and mostly without strtod().
  */
 static int number_value(const unsigned char *s, size_t len, double *out) {
-  char small[128], *buf = small;
-  size_t o = 0, i = 0;
-  long long exp = 0, moved = 0;
-  int exp_neg = 0, rc = IDEM_OK;
-  double v;
-  if (len + 32 > sizeof small && (buf = malloc(len + 32)) == NULL)
-    return idem__fail(IDEM_ENOMEM, "canonicalize: out of memory");
-  if (s[i] == '-')
-    buf[o++] = (char)s[i++];
-  while (i < len && is_digit(s[i]))
-    buf[o++] = (char)s[i++];
-  if (i < len && s[i] == '.')
-    for (i++; i < len && is_digit(s[i]); i++, moved++)
-      buf[o++] = (char)s[i];
-  if (i < len) { /* 'e' or 'E' */
-    i++;
-    if (s[i] == '+' || s[i] == '-')
-      exp_neg = s[i++] == '-';
-    for (; i < len; i++)
-      if (exp < 1000000000000LL) /* past that, only the sign matters */
-        exp = exp * 10 + (s[i] - '0');
-  }
-  exp = (exp_neg ? -exp : exp) - moved;
-  snprintf(buf + o, 32, "e%lld", exp);
-  errno = 0;
-  v = strtod(buf, NULL);
-  if ((v == HUGE_VAL || v == -HUGE_VAL) && errno == ERANGE)
-    rc = IDEM_ERANGE;
-  else
-    *out = v;
-  if (buf != small)
-    free(buf);
-  return rc;
+  return idem__decimal_to_double((const char *)s, len, out);
 }
 
 /* ------------------------------------------------------------------ */
@@ -386,8 +409,21 @@ static size_t first_duplicate(canon *c, int d) {
   if (k < 2)
     return NO_OFFSET;
   v = c->open + lo;
-  sort_text = c->s;
-  qsort(v, k, sizeof *v, compare_name_offsets);
+  if (k <= SMALL_OBJECT) {
+    /* Most objects are small: an insertion sort, without qsort()'s calls
+     * through a pointer. Equal names are duplicates, refused whatever
+     * their order. */
+    for (size_t a = 1; a < k; a++) {
+      uint32_t x = v[a];
+      size_t b = a;
+      for (; b > 0 && compare_names(c->s, v[b - 1], x) > 0; b--)
+        v[b] = v[b - 1];
+      v[b] = x;
+    }
+  } else {
+    sort_text = c->s;
+    qsort(v, k, sizeof *v, compare_name_offsets);
+  }
   for (size_t a = 0; a < k;) {
     size_t b = a + 1;
     uint32_t min1 = v[a], min2 = UINT32_MAX;
@@ -492,7 +528,7 @@ static int parse_string(canon *c) {
   for (;;) {
     unsigned char ch;
     /* Plain ASCII, the common case, in one tight loop. */
-    while (i < n && s[i] >= 0x20 && s[i] < 0x80 && s[i] != '"' && s[i] != '\\')
+    while (i < n && plain_ascii[s[i]])
       i++;
     if (i >= n)
       return fail_at(c, IDEM_EJSON, n, "unexpected end of input in a string");
@@ -548,7 +584,9 @@ static int parse_string(canon *c) {
 
 static int parse_number(canon *c) {
   const unsigned char *s = c->s;
-  size_t n = c->n, start = c->i, i = c->i;
+  size_t n = c->n, start = c->i, i = c->i, int_digits;
+  long exp = 0;
+  int exp_neg = 0;
   double v;
   int rc = IDEM_OK;
   if (s[i] == '-')
@@ -563,6 +601,7 @@ static int parse_number(canon *c) {
   } else {
     return fail_at(c, IDEM_EJSON, i, "expected a digit");
   }
+  int_digits = i - start - (s[start] == '-');
   if (i < n && s[i] == '.') {
     if (++i >= n || !is_digit(s[i]))
       return fail_at(c, IDEM_EJSON, i, "expected a digit after '.'");
@@ -572,15 +611,20 @@ static int parse_number(canon *c) {
   if (i < n && (s[i] == 'e' || s[i] == 'E')) {
     i++;
     if (i < n && (s[i] == '+' || s[i] == '-'))
-      i++;
+      exp_neg = s[i++] == '-';
     if (i >= n || !is_digit(s[i]))
       return fail_at(c, IDEM_EJSON, i, "expected a digit in the exponent");
-    while (i < n && is_digit(s[i]))
-      i++;
+    for (; i < n && is_digit(s[i]); i++)
+      if (exp < 100000) /* past that, a closer look decides */
+        exp = exp * 10 + (s[i] - '0');
   }
-  /* Only a number of 10^308 or more can overflow a double, which its digits
-   * and exponent tell without converting it: smaller ones skip strtod(). */
-  if (!idem__number_surely_finite((const char *)s + start, i - start))
+  /* Only a number of 10^308 or more can overflow a double. Its value is
+   * below 10^(integer digits + exponent), which settles almost every
+   * number here; the rest (a long fraction of leading zeros, a large
+   * exponent) are settled from their significant digits, and only those
+   * that may overflow are converted. */
+  if ((long)int_digits + (exp_neg ? -exp : exp) > 308 &&
+      !idem__number_surely_finite((const char *)s + start, i - start))
     rc = number_value(s + start, i - start, &v);
   if (rc == IDEM_ERANGE) {
     int shown = i - start > 40 ? 40 : (int)(i - start);
@@ -802,7 +846,8 @@ static int write_code_point(canon_buf *b, long cp) {
 
 /* Writes the string whose opening quote is at s[*i]; *i goes past it. Raw
  * bytes are copied in runs: in a valid string none of them needs an
- * escape. */
+ * escape. So are the escapes that RFC 8785 writes as they are: \", \\,
+ * \b, \f, \n, \r and \t; only \/ and \u are written anew. */
 static int write_string(const canon *c, canon_buf *b, size_t *i) {
   const unsigned char *s = c->s;
   size_t k = *i + 1, run = k;
@@ -810,6 +855,10 @@ static int write_string(const canon *c, canon_buf *b, size_t *i) {
   while (rc == IDEM_OK) {
     while (s[k] != '"' && s[k] != '\\')
       k++;
+    if (s[k] == '\\' && s[k + 1] != 'u' && s[k + 1] != '/') {
+      k += 2;
+      continue;
+    }
     rc = buf_put(b, s + run, k - run);
     if (rc != IDEM_OK || s[k] == '"')
       break;
@@ -820,18 +869,29 @@ static int write_string(const canon *c, canon_buf *b, size_t *i) {
   return rc == IDEM_OK ? buf_putc(b, '"') : rc;
 }
 
-/* Writes the number whose text is s[0..len): RFC 8785's form, or for a
- * fingerprint its exact value where the double does not hold it. */
+/*
+ * Writes the number whose text is s[0..len): RFC 8785's form, or for a
+ * fingerprint its exact value where the double does not hold it. plain:
+ * the text is an integer without fraction or exponent.
+ */
 static int write_number(const canon *c, canon_buf *b, const unsigned char *s,
-                        size_t len) {
+                        size_t len, int plain) {
   char small[128], *num = small;
   size_t num_len = 0;
   double v = 0;
   int rc;
   /* Integers of up to 15 digits (or up to 2^53), most numbers in most
    * requests, are written from their digits with no double in between:
-   * RFC 8785's form and the fingerprint's are then the same. */
-  if (idem__format_small_integer((const char *)s, len, small, &num_len))
+   * RFC 8785's form and the fingerprint's are then the same. With a
+   * fraction or an exponent ("1.5e3") they are still integers now and
+   * then; RFC 8785's form of their double is then the same text (see
+   * numfmt.h), so only the fingerprint looks for them. */
+  if (plain && len - (s[0] == '-') <= 15 && !(s[0] == '-' && s[1] == '0'))
+    /* The most common of them is its own form: JSON allows no leading
+     * zeros, and only "-0" is written otherwise. */
+    return buf_put(b, s, len);
+  if ((plain || c->exact) &&
+      idem__format_small_integer((const char *)s, len, small, &num_len))
     return buf_put(b, small, num_len);
   if ((rc = number_value(s, len, &v)) != IDEM_OK)
     return rc;
@@ -952,9 +1012,10 @@ static int write_value(const canon *c, canon_buf *b, size_t *i) {
     break;
   default: {
     size_t start = k;
-    while (k < c->n && is_number_char(s[k]))
-      k++;
-    rc = write_number(c, b, s + start, k - start);
+    int plain = NUMBER_PLAIN;
+    while (k < c->n && number_class[s[k]] != 0)
+      plain &= number_class[s[k++]];
+    rc = write_number(c, b, s + start, k - start, plain);
     break;
   }
   }

@@ -20,12 +20,31 @@
 /* Writes the decimal digits of m (no leading zeros; "0" for 0) at out and
  * returns how many: at most 20. */
 static size_t put_u64(char *out, uint64_t m) {
+  /* Two digits a division: "00" to "99". */
+  static const char pairs[201] = "00010203040506070809"
+                                 "10111213141516171819"
+                                 "20212223242526272829"
+                                 "30313233343536373839"
+                                 "40414243444546474849"
+                                 "50515253545556575859"
+                                 "60616263646566676869"
+                                 "70717273747576777879"
+                                 "80818283848586878889"
+                                 "90919293949596979899";
   char tmp[20];
   size_t n = 0;
-  do {
-    tmp[sizeof tmp - 1 - n++] = (char)('0' + m % 10);
-    m /= 10;
-  } while (m != 0);
+  while (m >= 100) {
+    size_t r = (size_t)(m % 100) * 2;
+    m /= 100;
+    n += 2;
+    memcpy(tmp + sizeof tmp - n, pairs + r, 2);
+  }
+  if (m >= 10) {
+    n += 2;
+    memcpy(tmp + sizeof tmp - n, pairs + (size_t)m * 2, 2);
+  } else {
+    tmp[sizeof tmp - ++n] = (char)('0' + m);
+  }
   memcpy(out, tmp + sizeof tmp - n, n);
   return n;
 }

@@ -1,5 +1,5 @@
 /* test_numfmt.c -- ECMAScript number serialisation (lib/numfmt.c and
- * lib/shortest.c).
+ * lib/shortest.c) and the reading of decimal texts (lib/decimal.c).
  *
  * Usage: test_numfmt VECTORS_DIR, the directory holding es6-numbers-10k.txt
  * (shared/vectors/jcs).
@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "decimal.h"
 #include "idem.h"
 #include "numfmt.h"
 
@@ -266,6 +267,108 @@ static void test_not_finite(void **state) {
   assert_int_equal(len, 0);
 }
 
+/* ------------------------------------------------------------------ */
+/* Decimal texts to doubles (lib/decimal.c)                             */
+/* ------------------------------------------------------------------ */
+
+static uint64_t to_bits(double v) {
+  uint64_t b;
+  memcpy(&b, &v, sizeof b);
+  return b;
+}
+
+/* text reads as the double of these bits, as strtod() reads it too. */
+static void expect_decimal(const char *text, uint64_t bits) {
+  double v = 12345;
+  assert_int_equal(idem__decimal_to_double(text, strlen(text), &v), IDEM_OK);
+  if (to_bits(v) != bits)
+    fail_msg("%.60s: got 0x%016llx, want 0x%016llx", text,
+             (unsigned long long)to_bits(v), (unsigned long long)bits);
+  assert_true(to_bits(strtod(text, NULL)) == bits);
+}
+
+/* text reads in the fast steps, without strtod(). */
+static void expect_fast(const char *text) {
+  double v;
+  assert_true(idem__decimal_to_double_fast(text, strlen(text), &v));
+}
+
+static void test_decimal_ties(void **state) {
+  (void)state;
+  /* 2^53 + 1 and 2^53 + 3 lie halfway between doubles: to the even one. */
+  expect_decimal("9007199254740993", 0x4340000000000000ull);
+  expect_decimal("9007199254740995", 0x4340000000000002ull);
+  expect_decimal("9007199254740993.0000000000000000000000001",
+                 0x4340000000000001ull);
+  /* 10^23 is a tie too (5^23 needs 54 bits). */
+  expect_decimal("1e23", 0x44b52d02c7e14af6ull);
+  /* 1 + 2^-53 in full is a tie; one more digit far out breaks it. */
+  expect_decimal("1.00000000000000011102230246251565404236316680908203125",
+                 0x3ff0000000000000ull);
+  {
+    char t[800];
+    snprintf(t, sizeof t, "%s%0700d1",
+             "1.00000000000000011102230246251565404236316680908203125", 0);
+    expect_decimal(t, 0x3ff0000000000001ull);
+  }
+  expect_fast("9007199254740993");
+  expect_fast("1e23");
+}
+
+static void test_decimal_extremes(void **state) {
+  (void)state;
+  expect_decimal("2.2250738585072011e-308", 0x000fffffffffffffull);
+  expect_decimal("2.2250738585072014e-308", 0x0010000000000000ull);
+  expect_decimal("4.9406564584124654e-324", 1);
+  expect_decimal("8.5e-324", 2);
+  /* Half the smallest subnormal is 2.47032822920623272e-324. */
+  expect_decimal("2.4703282292062327e-324", 0);
+  expect_decimal("2.4703282292062328e-324", 1);
+  expect_decimal("1e-400", 0);
+  expect_decimal("-1e-400", 0x8000000000000000ull);
+  expect_decimal("-0", 0x8000000000000000ull);
+  expect_decimal("-0.000e-99999999999999999999", 0x8000000000000000ull);
+  expect_decimal("1.7976931348623157e308", 0x7fefffffffffffffull);
+  expect_decimal("1.7976931348623158e308", 0x7fefffffffffffffull);
+}
+
+static void test_decimal_overflow(void **state) {
+  double v = 12345;
+  (void)state;
+  assert_int_equal(idem__decimal_to_double("1.7976931348623159e308", 22, &v),
+                   IDEM_ERANGE);
+  assert_int_equal(idem__decimal_to_double("-1e309", 6, &v), IDEM_ERANGE);
+  assert_int_equal(idem__decimal_to_double("1e99999999999999999999", 22, &v),
+                   IDEM_ERANGE);
+  assert_true(v == 12345);
+}
+
+static void test_decimal_long(void **state) {
+  char t[1024];
+  (void)state;
+  expect_decimal("1234567890123456789", 0x43b12210f47de981ull);
+  expect_decimal("12345678901234567890", 0x43e56a95319d63e1ull);
+  expect_decimal("123456789012345678901234567890", 0x45f8ee90ff6c373eull);
+  expect_decimal("0.000000000000000000000000000000000000000000001e45",
+                 0x3ff0000000000000ull);
+  /* 800 digits of 1/3. */
+  memcpy(t, "0.", 2);
+  memset(t + 2, '3', 800);
+  t[802] = '\0';
+  expect_decimal(t, 0x3fd5555555555555ull);
+  expect_fast(t);
+}
+
+static void test_decimal_common(void **state) {
+  (void)state;
+  expect_decimal("0.1", 0x3fb999999999999aull);
+  expect_decimal("-2.5e-1", 0xbfd0000000000000ull);
+  expect_decimal("7.2057594037927933e16", 0x4370000000000000ull);
+  expect_fast("0.1");
+  expect_fast("6.58314879681664e-278");
+  expect_fast("-8.633967074017985e+237");
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_es6_vectors),
@@ -280,6 +383,11 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_surely_finite),
       cmocka_unit_test(test_exact_numbers),
       cmocka_unit_test(test_not_finite),
+      cmocka_unit_test(test_decimal_ties),
+      cmocka_unit_test(test_decimal_extremes),
+      cmocka_unit_test(test_decimal_overflow),
+      cmocka_unit_test(test_decimal_long),
+      cmocka_unit_test(test_decimal_common),
   };
   if (argc != 2) {
     fprintf(stderr, "usage: %s VECTORS_DIR\n", argv[0]);
