@@ -1123,6 +1123,15 @@ static int ping_caller(hx *h, const char *tool, const char *key, int in_arg,
   return 0;
 }
 
+static void decide(hx *h);
+
+/* decide(), on a fingerprint worker (h's connection is suspended). */
+static void decide_heavy(void *arg) {
+  hx *h = arg;
+  decide(h);
+  hx_unref(h);
+}
+
 /* A POST to the endpoint is read: a keyed tools/call goes to
  * mcp_http_keyed.c, anything else passes through. */
 static void decide(hx *h) {
@@ -1568,6 +1577,15 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
     answer_http_error(h, 503, -32000,
                       "idem mcp: the proxy is shutting down; nothing was "
                       "sent");
+  } else if (h->len > SERVE_INLINE_BODY && strcmp(h->method, "POST") == 0) {
+    /* A large body is parsed and fingerprinted by a fingerprint worker:
+     * on this thread, the one loop every client's stream runs on, a few
+     * of them would hold everyone. */
+    hx_ref(h);
+    if (pool_heavy_submit(decide_heavy, h) != 0) {
+      hx_unref(h);
+      decide(h);
+    }
   } else {
     decide(h);
   }
@@ -1703,7 +1721,8 @@ int mcp_http_run(const mcp_opts *o, idem_store *store) {
   pthread_t wt;
   if (pthread_create(&wt, NULL, watcher, NULL) != 0 ||
       pthread_detach(wt) != 0 || upstream_init(&sc) != 0 ||
-      pool_start(4) != 0 || hx_keyed_start() != 0 || guard_start(&sc) != 0) {
+      pool_start(4) != 0 || pool_heavy_start(2) != 0 || hx_keyed_start() != 0 ||
+      guard_start(&sc) != 0) {
     cli_error("mcp", "cannot start: %s", strerror(errno));
     return EXIT_FAIL;
   }

@@ -134,4 +134,23 @@ for (const cfg of [{ sdk: "1" }, { sdk: "1", json: true }, { sdk: "2" }]) {
   await p.kill();
   await srv.kill();
 }
+// A call of 200 KB is read by a fingerprint worker, off the loop every
+// stream runs on: it acts once, its retry replays, another argument
+// conflicts.
+{
+  const srv = await startServer({ stateless: true, sdk: "2" });
+  const p = await startProxy(srv.url, join(TMP, "big.db"));
+  const hostOnly = { host: `127.0.0.1:${p.port}` };
+  const big = "x".repeat(200 * 1024);
+  const b1 = await post(p.port, call(1, "o-big", big), hostOnly);
+  const b2 = await post(p.port, call(2, "o-big", big), hostOnly);
+  const b3 = await post(p.port, call(3, "o-big", big + "y"), hostOnly);
+  eq("a 200 KB call: acts, replays the same ticket, another argument conflicts",
+    [200, true, true, -31901, 1],
+    [b1.status, ticket(b1) !== null && ticket(b1) === ticket(b2),
+      /idem\/replayed/.test(b2.body), JSON.parse(b3.body)?.error?.code,
+      (await srv.effects()).effects.create_ticket]);
+  await p.kill();
+  await srv.kill();
+}
 finish();
