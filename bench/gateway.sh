@@ -78,12 +78,43 @@
 # <= 2x). The run fails, after its table, when a target did not hold all
 # N (or, held, lost one during the probe) or a probe request failed.
 #
+# BENCH_ONLY=bigjson, large keyed JSON bodies (issue 52), nothing else:
+# bench/bigjson.py writes a JSON array of random integers (fixed seed;
+# BENCH_BIGJSON_BYTES, default 900000; mostly ids within 2^53, 15% beyond).
+# Per round, a fresh idem serve (SQLite in the bench's folder):
+#   cost   one client POSTs those bytes BENCH_BIGJSON_N times (default 30),
+#          one after another on a keep-alive connection, a fresh key each
+#          (a claim, a forward and a record: never a replay), once as
+#          application/json and once as application/octet-stream, through
+#          idem serve and through the nginx proxy; per batch the median
+#          latency and the server's CPU time per request (the sum of its
+#          threads' /proc/PID/task/TID/schedstat run time over the batch;
+#          /proc/PID/stat's utime + stime if a thread came or went;
+#          nginx's: both workers, which also play the upstream);
+#   probe  small keyed POSTs (fresh keys, a fresh connection each, one
+#          every 10 ms for BENCH_BIGJSON_PROBE_SECONDS, default 10, at most
+#          BENCH_BIGJSON_PROBES, default 1000; late ones catch up for at
+#          most as long again) alone, then while
+#          BENCH_BIGJSON_HEAVY clients (default 4) send the keyed JSON
+#          body back to back with fresh keys: whether heavy bodies hold the
+#          gateway's HTTP threads. Once with each heavy request on a fresh
+#          connection (Connection: close, as a client without a pool:
+#          each lands on whichever HTTP thread is free), once with a
+#          keep-alive connection per heavy client (which thread each
+#          connection was bound to at connect decides whether one stays
+#          free); BENCH_BIGJSON_HEAVY_CONNECTIONS, default "fresh
+#          keepalive", picks.
+# Then the medians of the rounds, json / octet of CPU and latency (target:
+# the gateway's CPU for JSON <= BENCH_BIGJSON_TARGET, 8, times octet's) and
+# the probe's p50/p99 with and without the heavy clients. The run fails
+# only when an answer is not 2xx (or a replay where a fresh key was sent).
+#
 # Environment: BENCH_SECONDS (per run, default 5), BENCH_ROUNDS (default 3),
 # BENCH_CONNECTIONS (default 32), BENCH_PG (default 1); BENCH_ONLY (fast:
 # the wrk scenarios only, slow: the slow upstream only, slowloris: the
 # slowloris scenario only; default all three; replaycheck: only (a), (b),
 # (d) and (h), at 1 connection (wrk -t1) and at BENCH_CONNECTIONS, with
-# the ratios (h) / (a), (h) / (d) and (h) / (b) at each),
+# the ratios (h) / (a), (h) / (d) and (h) / (b) at each; bigjson: above),
 # BENCH_SLOW_N (default "1000 8000"), BENCH_SLOW_DELAY (seconds per POST,
 # default 1), BENCH_SLOW_TIMEOUT (seconds per slow run, default 120),
 # BENCH_SLOW_PROBE_N (slow calls in flight during the probe, default 1000;
@@ -126,14 +157,23 @@ LORIS_INTERVAL=${BENCH_SLOWLORIS_INTERVAL:-1}
 LORIS_CHUNK=${BENCH_SLOWLORIS_CHUNK:-2}
 LORIS_CUT_TIMEOUT=${BENCH_SLOWLORIS_CUT_TIMEOUT:-2}
 LORIS_VARIANTS=${BENCH_SLOWLORIS_VARIANTS:-none held cut}
-RCHECK=0
+BJ_N=${BENCH_BIGJSON_N:-30}
+BJ_BYTES=${BENCH_BIGJSON_BYTES:-900000}
+BJ_HEAVY=${BENCH_BIGJSON_HEAVY:-4}
+BJ_PROBES=${BENCH_BIGJSON_PROBES:-1000}
+BJ_PROBE_SECONDS=${BENCH_BIGJSON_PROBE_SECONDS:-10}
+BJ_TARGET=${BENCH_BIGJSON_TARGET:-8}
+BJ_HEAVY_CONNECTIONS=${BENCH_BIGJSON_HEAVY_CONNECTIONS:-fresh keepalive}
+RCHECK=0 BIGJ=0
 case $BENCH_ONLY in
   "") FAST=1 SLOW=1 LORIS=1 ;;
   fast) FAST=1 SLOW=0 LORIS=0 ;;
   slow) FAST=0 SLOW=1 LORIS=0 ;;
   slowloris) FAST=0 SLOW=0 LORIS=1 ;;
   replaycheck) FAST=0 SLOW=0 LORIS=0 RCHECK=1 ;;
-  *) echo "bench: BENCH_ONLY is fast, slow, slowloris or replaycheck, not $BENCH_ONLY" >&2; exit 2 ;;
+  bigjson) FAST=0 SLOW=0 LORIS=0 BIGJ=1 ;;
+  *) echo "bench: BENCH_ONLY is fast, slow, slowloris, replaycheck or bigjson," \
+       "not $BENCH_ONLY" >&2; exit 2 ;;
 esac
 [ "$FAST" = 1 ] || BENCH_PG=0
 # Every process started here inherits the limit: 8,000 calls in flight are
@@ -212,6 +252,15 @@ if [ "$LORIS" = 1 ]; then
     location = /__nginx_status { stub_status; }
   }"
 fi
+# bigjson's bodies: kept in memory by the proxy (its default 16 KB buffer
+# would write each to a temporary file in a folder the workers, another
+# user, may not write: 500).
+BIGJ_NGINX=""
+if [ "$BIGJ" = 1 ]; then
+  BIGJ_NGINX="
+  client_body_buffer_size $((BJ_BYTES / 1000000 + 2))m;
+  client_max_body_size $((BJ_BYTES / 1000000 + 2))m;"
+fi
 # A worker may get most of 8,000 clients and holds an upstream connection
 # for each: as many connections as its descriptors allow.
 NGX_CONNS=$((NOFILE > 4196 ? NOFILE - 100 : 4096))
@@ -230,7 +279,7 @@ http {
   fastcgi_temp_path $W/nginx/fastcgi;
   uwsgi_temp_path $W/nginx/uwsgi;
   scgi_temp_path $W/nginx/scgi;
-  keepalive_requests 1000000;
+  keepalive_requests 1000000;$BIGJ_NGINX
   upstream tool { server 127.0.0.1:$UP_PORT; keepalive 64; }
   server {
     listen 127.0.0.1:$UP_PORT;
@@ -477,6 +526,82 @@ for c in dict.fromkeys(("1", sys.argv[2])):
           f"   (d_idem_replay / b_nginx_proxy = {d / b:.2f}x; target >= 1.0x:"
           f" {'meets' if h / b >= 1 else 'MISSES'})")
 EOF
+}
+
+# bj_cost TARGET BODY URL CONTENT_TYPE --pids PID | --children PID: one
+# batch of bigjson_scenario's cost; appends its line to $W/bigjson.
+bj_cost() {
+  python3 "$HERE/bigjson.py" cost "$3" "$W/big.json" "$4" "$BJ_N" "$5" "$6" \
+    --label "{\"kind\": \"cost\", \"target\": \"$1\", \"body\": \"$2\", \"round\": $r}" \
+    >>"$W/bigjson" || { echo "bench: the bigjson client failed ($1, $2)" >&2; exit 1; }
+}
+
+# bj_probe TARGET URL HEAVY [CONNECTION]: the probe, alone (HEAVY 0) or
+# beside HEAVY clients sending the keyed JSON body, each on a fresh
+# connection per request or on a keep-alive connection of its own
+# (CONNECTION fresh or keepalive); appends its line to $W/bigjson.
+bj_probe() {
+  bh_out=-
+  if [ "$3" -gt 0 ]; then
+    rm -f "$W/bj.ready" "$W/bj.stop"
+    bh_out=$W/bj-heavy.json
+    python3 "$HERE/bigjson.py" heavy "$2" "$W/big.json" "$3" --stop-file "$W/bj.stop" \
+      --ready-file "$W/bj.ready" --connection "$4" >"$bh_out" &
+    bh=$!
+    PIDS="$PIDS $bh"
+    wait_file "$W/bj.ready" $bh "the heavy clients"
+  fi
+  python3 "$HERE/bigjson.py" probe "$2" --n "$BJ_PROBES" --seconds "$BJ_PROBE_SECONDS" \
+    --label "{\"kind\": \"probe\", \"target\": \"$1\", \"heavy\": $3, \"connection\": \"${4:-}\", \"round\": $r}" \
+    >"$W/bj-probe.json" || { echo "bench: the bigjson probe failed ($1)" >&2; exit 1; }
+  if [ "$3" -gt 0 ]; then
+    : >"$W/bj.stop"
+    wait $bh || { echo "bench: the heavy clients failed ($1)" >&2; exit 1; }
+  fi
+  python3 "$HERE/bigjson.py" record "$W/bj-probe.json" "$bh_out" "$W/bigjson"
+}
+
+# BENCH_ONLY=bigjson (see the header): per round a fresh gateway, the cost
+# batches through it and through the nginx proxy (json and octet, which
+# goes first changing from round to round), then the probe alone and
+# beside the heavy clients.
+bigjson_scenario() {
+  : >"$W/bigjson"
+  python3 "$HERE/bigjson.py" gen "$W/big.json" "$BJ_BYTES"
+  bj_opts=""
+  [ "$BJ_BYTES" -lt 1000000 ] || bj_opts="--max-body $((BJ_BYTES / 1000000 + 2))M"
+  echo "bigjson: a JSON array of integers, $(wc -c <"$W/big.json") bytes; $BJ_N requests" \
+    "per batch; probe: up to $BJ_PROBE_SECONDS s, one every 10 ms, alone and beside" \
+    "$BJ_HEAVY heavy clients"
+  ngx_master=$(cat "$W/nginx.pid")
+  r=1
+  while [ $r -le "$ROUNDS" ]; do
+    echo "bigjson, round $r of $ROUNDS"
+    # shellcheck disable=SC2086 # bj_opts: two words or none
+    gateway bigj "sqlite:$W/bigj-$r.db" "$UP_PORT" $bj_opts
+    PIDS="$PIDS $GW_PID"
+    if [ $((r % 2)) = 1 ]; then bj_order="json octet"; else bj_order="octet json"; fi
+    for t in idem nginx; do
+      for b in $bj_order; do
+        ct=application/json
+        [ "$b" = octet ] && ct=application/octet-stream
+        if [ $t = idem ]; then
+          bj_cost idem "$b" "$GW_URL/tickets" "$ct" --pids "$GW_PID"
+        else
+          bj_cost nginx "$b" "http://127.0.0.1:$PX_PORT/tickets" "$ct" --children "$ngx_master"
+        fi
+      done
+    done
+    bj_probe idem "$GW_URL/tickets" 0
+    for c in $BJ_HEAVY_CONNECTIONS; do
+      bj_probe idem "$GW_URL/tickets" "$BJ_HEAVY" "$c"
+    done
+    kill -TERM $GW_PID; wait $GW_PID || true
+    r=$((r + 1))
+  done
+  echo
+  echo "bigjson ($(wc -c <"$W/big.json") bytes of JSON integers), medians of $ROUNDS rounds:"
+  python3 "$HERE/bigjson.py" summary "$W/bigjson" "$BJ_TARGET"
 }
 
 # The wrk scenarios, (a) to (h).
@@ -960,6 +1085,7 @@ EOF
 
 [ "$FAST" = 1 ] && fast_scenario
 [ "$RCHECK" = 1 ] && replaycheck_scenario
+[ "$BIGJ" = 1 ] && bigjson_scenario
 if [ "$SLOW" = 1 ]; then
   [ "$FAST" = 1 ] && echo
   slow_scenario

@@ -56,6 +56,8 @@ import sys
 import time
 import urllib.parse
 
+import benchargs  # noqa: E402 (bench/, beside this script)
+
 BODY = b'{"title":"bench","priority":"normal","n":%d}'
 PROBE_BODY = b'{"title":"probe","priority":"normal"}'
 
@@ -419,18 +421,7 @@ def probe(url, gets, replays, replay_key, parallel, timeout, stop_file, stats_ur
 
 
 def main():
-    args = sys.argv[1:]
-    if not args:
-        sys.exit(__doc__)
-    mode = args.pop(0)
-    opts = {}
-    pos = []
-    while args:
-        a = args.pop(0)
-        if a.startswith("--"):
-            opts[a[2:]] = args.pop(0)
-        else:
-            pos.append(a)
+    mode, opts, pos = benchargs.parse(__doc__)
     if mode == "burst" and len(pos) == 2:
         burst(pos[0], int(pos[1]), float(opts.get("timeout", 120)),
               opts.get("key-prefix", "slow-%08x" % random.getrandbits(32)),

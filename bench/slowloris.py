@@ -61,6 +61,8 @@ import time
 import urllib.parse
 import urllib.request
 
+import benchargs  # noqa: E402 (bench/, beside this script)
+
 
 def parse_url(url):
     u = urllib.parse.urlsplit(url)
@@ -313,17 +315,7 @@ def probe(url, n, every, timeout):
 
 
 def main():
-    args = sys.argv[1:]
-    if not args:
-        sys.exit(__doc__)
-    mode = args.pop(0)
-    opts, pos = {}, []
-    while args:
-        a = args.pop(0)
-        if a.startswith("--"):
-            opts[a[2:]] = args.pop(0)
-        else:
-            pos.append(a)
+    mode, opts, pos = benchargs.parse(__doc__)
     if mode == "hold" and len(pos) == 2:
         hold(pos[0], int(pos[1]), float(opts.get("interval", 1)), int(opts.get("chunk", 2)),
              opts.get("ready-file"), opts.get("held-url"), opts.get("stop-file"),
