@@ -32,6 +32,7 @@
 
 #include "decimal_pow5.h"
 #include "internal.h"
+#include "shortest.h"
 
 #include <float.h>
 #include <math.h>
@@ -147,22 +148,6 @@ static const double exact_pow10[23] = {
 /* Eisel-Lemire                                                         */
 /* ------------------------------------------------------------------ */
 
-/* The high 64 bits of a 64 by 64-bit product, and its low 64 in *lo. */
-static uint64_t mul_64(uint64_t a, uint64_t b, uint64_t *lo) {
-#if defined(__SIZEOF_INT128__)
-  unsigned __int128 p = (unsigned __int128)a * b;
-  *lo = (uint64_t)p;
-  return (uint64_t)(p >> 64);
-#else
-  uint64_t al = a & 0xffffffffu, ah = a >> 32;
-  uint64_t bl = b & 0xffffffffu, bh = b >> 32;
-  uint64_t ll = al * bl, lh = al * bh, hl = ah * bl, hh = ah * bh;
-  uint64_t mid = (ll >> 32) + (lh & 0xffffffffu) + (hl & 0xffffffffu);
-  *lo = (mid << 32) | (ll & 0xffffffffu);
-  return hh + (lh >> 32) + (hl >> 32) + (mid >> 32);
-#endif
-}
-
 /* The leading zero bits of x, not 0. */
 static int leading_zeros(uint64_t x) {
 #if defined(__GNUC__) || defined(__clang__)
@@ -218,8 +203,8 @@ static int eisel_lemire(uint64_t w, int q, uint64_t *bits) {
   long E;
 
   /* P = W T_high 2^64 + W T_low, in three words p2 p1 p0. */
-  a1 = mul_64(W, t[0], &a0);
-  b1 = mul_64(W, t[1], &b0);
+  a1 = idem__mul_64(W, t[0], &a0);
+  b1 = idem__mul_64(W, t[1], &b0);
   p0 = b0;
   p1 = a0 + b1;
   p2 = a1 + (p1 < a0);

@@ -53,23 +53,6 @@ static int flog2_pow10(int e) {
   return (int)(((int64_t)e * 913124641741LL) >> 38);
 }
 
-/* The high 64 bits of a 64 by 64-bit product, and its low 64 in *lo. */
-static uint64_t mul_64(uint64_t a, uint64_t b, uint64_t *lo) {
-#if defined(__SIZEOF_INT128__)
-  unsigned __int128 p = (unsigned __int128)a * b;
-  *lo = (uint64_t)p;
-  return (uint64_t)(p >> 64);
-#else
-  /* Four 32 by 32-bit products, for compilers without a 128-bit type. */
-  uint64_t al = a & 0xffffffffu, ah = a >> 32;
-  uint64_t bl = b & 0xffffffffu, bh = b >> 32;
-  uint64_t ll = al * bl, lh = al * bh, hl = ah * bl, hh = ah * bh;
-  uint64_t mid = (ll >> 32) + (lh & 0xffffffffu) + (hl & 0xffffffffu);
-  *lo = (mid << 32) | (ll & 0xffffffffu);
-  return hh + (lh >> 32) + (hl >> 32) + (mid >> 32);
-#endif
-}
-
 /*
  * cp g / 2^127 rounded to odd, where g = g1 2^63 + g0: the integer part,
  * with its last bit set when the fraction that is kept is not zero. The
@@ -78,8 +61,8 @@ static uint64_t mul_64(uint64_t a, uint64_t b, uint64_t *lo) {
  */
 static uint64_t round_to_odd(uint64_t g1, uint64_t g0, uint64_t cp) {
   uint64_t unused, y0;
-  uint64_t x1 = mul_64(g0, cp, &unused);
-  uint64_t y1 = mul_64(g1, cp, &y0);
+  uint64_t x1 = idem__mul_64(g0, cp, &unused);
+  uint64_t y1 = idem__mul_64(g1, cp, &y0);
   uint64_t z = (y0 >> 1) + x1;
   uint64_t vbp = y1 + (z >> 63);
   return vbp | ((z & MASK63) != 0);

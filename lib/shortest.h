@@ -16,4 +16,22 @@
  */
 void idem__shortest(double v, uint64_t *digits, int *exp10);
 
+/* The high 64 bits of a 64 by 64-bit product, and its low 64 in *lo
+ * (shortest.c's and decimal.c's). */
+static inline uint64_t idem__mul_64(uint64_t a, uint64_t b, uint64_t *lo) {
+#if defined(__SIZEOF_INT128__)
+  unsigned __int128 p = (unsigned __int128)a * b;
+  *lo = (uint64_t)p;
+  return (uint64_t)(p >> 64);
+#else
+  /* Four 32 by 32-bit products, for compilers without a 128-bit type. */
+  uint64_t al = a & 0xffffffffu, ah = a >> 32;
+  uint64_t bl = b & 0xffffffffu, bh = b >> 32;
+  uint64_t ll = al * bl, lh = al * bh, hl = ah * bl, hh = ah * bh;
+  uint64_t mid = (ll >> 32) + (lh & 0xffffffffu) + (hl & 0xffffffffu);
+  *lo = (mid << 32) | (ll & 0xffffffffu);
+  return hh + (lh >> 32) + (hl >> 32) + (mid >> 32);
+#endif
+}
+
 #endif

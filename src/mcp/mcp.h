@@ -328,6 +328,12 @@ char *mcp_replay_text(const char *id, const char *body, size_t len,
                       int recovered, size_t *out_len);
 /* error.data of the proxy's own JSON-RPC errors: {"idem": what, "key",
  * "tool"} and "type" when type is not NULL. */
+/* --require-key's refusal of an unkeyed call to tool (NULL: unnamed): its
+ * message in msg (at most size bytes) and its error.data, a new reference.
+ * With offer (--offer-key-argument) it names that argument; else where
+ * keys go (key_argument: --key-argument, or NULL). */
+json_t *mcp_key_required(const char *tool, const char *offer,
+                         const char *key_argument, char *msg, size_t size);
 json_t *mcp_error_data(const char *key, const char *tool, const char *what,
                        const char *type);
 /* Whether a result body is a task handle: a CreateTaskResult of MCP

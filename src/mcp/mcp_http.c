@@ -1280,46 +1280,11 @@ static void decide(hx *h) {
     }
   }
   if (!key && hx_opts->require_key && h->id &&
-      (derive_tenant(h) != 0 || tool_needs_key(h->tenant, tool)) &&
-      hx_opts->offer_key_argument) {
-    char m[1024];
-    const char *shown = tool ? tool : "?";
-    snprintf(m, sizeof m,
-             "idem mcp: tool \"%.*s\" needs an idempotency key: it is not "
-             "annotated readOnlyHint or idempotentHint, so a retry could act "
-             "twice. Call it again with the argument \"%s\" set to a new "
-             "unique value (a random UUID, say) made up for this action, and "
-             "pass that same value on every retry of this action; a "
-             "different action needs a different value. Nothing was sent to "
-             "the server: the tool has not acted.",
-             (int)cli_utf8_cut(shown, 200), shown, hx_opts->offer_key_argument);
-    hx_answer_rpc_error(h, MCP_E_KEY_REQUIRED, m,
-                        json_pack("{s:s,s:s?,s:s}", "idem", "key_required",
-                                  "tool", tool, "keyArgument",
-                                  hx_opts->offer_key_argument));
-    json_decref(msg);
-    return;
-  }
-  if (!key && hx_opts->require_key && h->id &&
       (derive_tenant(h) != 0 || tool_needs_key(h->tenant, tool))) {
-    char m[1024];
-    const char *shown = tool ? tool : "?";
-    /* The name cut between two characters: the message must stay UTF-8. */
-    snprintf(m, sizeof m,
-             "idem mcp: tool \"%.*s\" needs an idempotency key: it is "
-             "not annotated readOnlyHint or idempotentHint in tools/list, so "
-             "a retry could act twice. Put a new key in "
-             "params._meta.idempotencyKey%s%s%s (one key per intended "
-             "action, created before the first attempt and sent again "
-             "unchanged on every retry of it). Nothing was sent to the "
-             "server.",
-             (int)cli_utf8_cut(shown, 200), shown,
-             hx_opts->key_argument ? " or in the tool argument \"" : "",
-             hx_opts->key_argument ? hx_opts->key_argument : "",
-             hx_opts->key_argument ? "\"" : "");
-    hx_answer_rpc_error(
-        h, MCP_E_KEY_REQUIRED, m,
-        json_pack("{s:s,s:s?}", "idem", "key_required", "tool", tool));
+    char m[1400];
+    json_t *data = mcp_key_required(tool, hx_opts->offer_key_argument,
+                                    hx_opts->key_argument, m, sizeof m);
+    hx_answer_rpc_error(h, MCP_E_KEY_REQUIRED, m, data);
     json_decref(msg);
     return;
   }

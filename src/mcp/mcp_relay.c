@@ -241,38 +241,9 @@ static int offer_is_ours(mcp_proxy *p, const char *tool) {
 
 static void refuse_unkeyed(mcp_proxy *p, json_t *id, const char *tool) {
   char msg[1400];
-  const char *shown = tool ? tool : "?";
-  const char *offer = p->o->offer_key_argument;
-  if (offer) {
-    snprintf(msg, sizeof msg,
-             "idem mcp: tool \"%.*s\" needs an idempotency key: it is not "
-             "annotated readOnlyHint or idempotentHint, so a retry could act "
-             "twice. Call it again with the argument \"%s\" set to a new "
-             "unique value (a random UUID, say) made up for this action, and "
-             "pass that same value on every retry of this action; a "
-             "different action needs a different value. Nothing was sent to "
-             "the server: the tool has not acted.",
-             (int)cli_utf8_cut(shown, 200), shown, offer);
-    mcp_answer_error(p, id, MCP_E_KEY_REQUIRED, msg,
-                     json_pack("{s:s,s:s?,s:s}", "idem", "key_required", "tool",
-                               tool, "keyArgument", offer));
-    return;
-  }
-  /* The name cut between two characters: the message must stay UTF-8. */
-  snprintf(msg, sizeof msg,
-           "idem mcp: tool \"%.*s\" needs an idempotency key: it is not "
-           "annotated readOnlyHint or idempotentHint in tools/list, so a "
-           "retry could act twice. Put a new key in "
-           "params._meta.idempotencyKey%s%s%s (one key per intended action, "
-           "created before the first attempt and sent again unchanged on "
-           "every retry of it). Nothing was sent to the server.",
-           (int)cli_utf8_cut(shown, 200), shown,
-           p->o->key_argument ? " or in the tool argument \"" : "",
-           p->o->key_argument ? p->o->key_argument : "",
-           p->o->key_argument ? "\"" : "");
-  mcp_answer_error(
-      p, id, MCP_E_KEY_REQUIRED, msg,
-      json_pack("{s:s,s:s?}", "idem", "key_required", "tool", tool));
+  json_t *data = mcp_key_required(tool, p->o->offer_key_argument,
+                                  p->o->key_argument, msg, sizeof msg);
+  mcp_answer_error(p, id, MCP_E_KEY_REQUIRED, msg, data);
 }
 
 /* What the proxy does with one tools/call from the client: 1 when it

@@ -167,6 +167,25 @@ static int find_member(const char *s, size_t n, size_t at, const char *name,
   return 0;
 }
 
+/* The span [*from, *to) of line that removes member m of the object
+ * whose first member starts at obj: the member, with the comma that joins
+ * it to a neighbour (the one after it, else the one before). */
+static void member_cut(const char *line, size_t len, size_t obj,
+                       const member_span *m, size_t *from, size_t *to) {
+  size_t after = skip_ws(line, len, m->end);
+  *from = m->name;
+  *to = m->end;
+  if (after < len && line[after] == ',') {
+    *to = skip_ws(line, len, after + 1);
+  } else {
+    size_t before = m->name;
+    while (before > obj && strchr(" \t\r\n", line[before - 1]) != NULL)
+      before--;
+    if (line[before - 1] == ',')
+      *from = before - 1;
+  }
+}
+
 char *mcp_request_text(const char *line, size_t line_len, const char *tool,
                        const char *drop, size_t *len) {
   member_span params, args, key;
@@ -191,19 +210,8 @@ char *mcp_request_text(const char *line, size_t line_len, const char *tool,
    * its member goes, with the comma that joins it to a neighbour. */
   if (drop && have_args &&
       find_member(line, line_len, args.value, drop, &key)) {
-    size_t after = skip_ws(line, line_len, key.end);
     cut = line + key.name;
-    cut_from = key.name;
-    cut_to = key.end;
-    if (after < line_len && line[after] == ',') {
-      cut_to = skip_ws(line, line_len, after + 1);
-    } else {
-      size_t before = key.name;
-      while (before > args.value && strchr(" \t\r\n", line[before - 1]) != NULL)
-        before--;
-      if (line[before - 1] == ',')
-        cut_from = before - 1;
-    }
+    member_cut(line, line_len, args.value, &key, &cut_from, &cut_to);
   }
   {
     size_t n = strlen(name_text) + alen + 32;
@@ -649,7 +657,7 @@ out:
 char *mcp_offer_strip(const char *line, size_t len, const char *offer,
                       const char *key, size_t *out_len) {
   member_span params, args, m;
-  size_t p0 = skip_ws(line, len, 0), cut_from, cut_to, after, mf, mt;
+  size_t p0 = skip_ws(line, len, 0), cut_from, cut_to, mf, mt;
   char *k = NULL;
   tbuf b = {0};
   *out_len = 0;
@@ -657,19 +665,7 @@ char *mcp_offer_strip(const char *line, size_t len, const char *offer,
       !find_member(line, len, params.value, "arguments", &args) ||
       !find_member(line, len, args.value, offer, &m))
     return NULL;
-  /* The member goes, with the comma that joins it to a neighbour. */
-  cut_from = m.name;
-  cut_to = m.end;
-  after = skip_ws(line, len, m.end);
-  if (after < len && line[after] == ',') {
-    cut_to = skip_ws(line, len, after + 1);
-  } else {
-    size_t before = m.name;
-    while (before > args.value && strchr(" \t\r\n", line[before - 1]) != NULL)
-      before--;
-    if (line[before - 1] == ',')
-      cut_from = before - 1;
-  }
+  member_cut(line, len, args.value, &m, &cut_from, &cut_to);
   if (mcp_member(line, params.end, params.value, "_meta", &mf, &mt) &&
       line[mf] != '{')
     return NULL; /* a _meta that is no object: not the proxy's to mend */
@@ -715,4 +711,36 @@ char *mcp_offer_strip(const char *line, size_t len, const char *offer,
   }
   *out_len = b.len;
   return b.s;
+}
+
+json_t *mcp_key_required(const char *tool, const char *offer,
+                         const char *key_argument, char *msg, size_t size) {
+  const char *shown = tool ? tool : "?";
+  /* The name cut between two characters: the message must stay UTF-8. */
+  int cut = (int)cli_utf8_cut(shown, 200);
+  if (offer) {
+    /* The model can act on this: an argument it passes, not a place in
+     * the request it never sees. */
+    snprintf(msg, size,
+             "idem mcp: tool \"%.*s\" needs an idempotency key: it is not "
+             "annotated readOnlyHint or idempotentHint, so a retry could act "
+             "twice. Call it again with the argument \"%s\" set to a new "
+             "unique value (a random UUID, say) made up for this action, and "
+             "pass that same value on every retry of this action; a "
+             "different action needs a different value. Nothing was sent to "
+             "the server: the tool has not acted.",
+             cut, shown, offer);
+    return json_pack("{s:s,s:s?,s:s}", "idem", "key_required", "tool", tool,
+                     "keyArgument", offer);
+  }
+  snprintf(msg, size,
+           "idem mcp: tool \"%.*s\" needs an idempotency key: it is not "
+           "annotated readOnlyHint or idempotentHint in tools/list, so a "
+           "retry could act twice. Put a new key in "
+           "params._meta.idempotencyKey%s%s%s (one key per intended action, "
+           "created before the first attempt and sent again unchanged on "
+           "every retry of it). Nothing was sent to the server.",
+           cut, shown, key_argument ? " or in the tool argument \"" : "",
+           key_argument ? key_argument : "", key_argument ? "\"" : "");
+  return json_pack("{s:s,s:s?}", "idem", "key_required", "tool", tool);
 }
