@@ -48,6 +48,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/timerfd.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -1076,11 +1077,20 @@ static void test_holder_clock_step_back(void **state) {
   pthread_cond_init(&rival.cv, NULL);
   assert_int_equal(pthread_create(&t, NULL, bounded_main, &rival), 0);
   {
+    /* The signal's moment is the deadline its timer is set to (no renewal
+     * can move it while the one in flight is held), not the moment this
+     * thread is next scheduled: on a loaded machine that can come after
+     * the rival's answer, with the deadline itself in time. */
     struct pollfd p = {idem_exec_lost_fd(x), POLLIN, 0};
-    if (poll(&p, 1, 60000) == 1 && idem_exec_lost(x)) {
-      clock_gettime(CLOCK_MONOTONIC, &ts);
-      t_lost = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-    }
+    struct itimerspec left;
+    int64_t deadline;
+    assert_int_equal(timerfd_gettime(p.fd, &left), 0);
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    deadline = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 +
+               (int64_t)left.it_value.tv_sec * 1000 +
+               (left.it_value.tv_nsec + 999999) / 1000000;
+    if (poll(&p, 1, 60000) == 1 && idem_exec_lost(x))
+      t_lost = deadline;
   }
   pthread_mutex_lock(&rival.mu);
   while (!rival.done)
