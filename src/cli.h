@@ -65,6 +65,10 @@ int cli_parse_duration(const char *s, int64_t *ms);
 int cli_duration_option(const char *cmd, const char *opt, const char *value,
                         int64_t min_ms, int64_t max_ms, int64_t *ms);
 
+/* A duration as a message shows it, in its largest whole unit: "2h",
+ * "90s", "250ms". */
+void cli_duration_text(int64_t ms, char *buf, size_t size);
+
 /* Parses a non-negative decimal integer no larger than max. */
 int cli_parse_uint(const char *s, long max, long *out);
 

@@ -146,8 +146,7 @@ int cli_parse_duration(const char *s, int64_t *ms) {
   return 0;
 }
 
-/* "1d 2h", "90s", "250ms": how a limit reads in a message. */
-static void format_duration(int64_t ms, char *buf, size_t size) {
+void cli_duration_text(int64_t ms, char *buf, size_t size) {
   static const struct {
     const char *name;
     int64_t ms;
@@ -174,12 +173,12 @@ int cli_duration_option(const char *cmd, const char *opt, const char *value,
     return -1;
   }
   if (rc != 0 || v > max_ms) {
-    format_duration(max_ms, limit, sizeof limit);
+    cli_duration_text(max_ms, limit, sizeof limit);
     cli_error(cmd, "%s: '%s' is too large (at most %s)", opt, value, limit);
     return -1;
   }
   if (v < min_ms) {
-    format_duration(min_ms, limit, sizeof limit);
+    cli_duration_text(min_ms, limit, sizeof limit);
     cli_error(cmd, "%s: '%s' is too short (at least %s)", opt, value, limit);
     return -1;
   }

@@ -25,7 +25,8 @@
 
 static const char usage[] =
     "usage: idem mcp [--store URL] [--tenant T] [--require-key]\n"
-    "                [--key-argument NAME] [--lease DUR] [--retention DUR]\n"
+    "                [--key-argument NAME] [--offer-key-argument NAME]\n"
+    "                [--implicit-keys WINDOW] [--lease DUR] [--retention DUR]\n"
     "                [--on-unknown forward|fail] [--attach-wait DUR]\n"
     "                [--store-tool-errors yes|no] [--input-wait DUR]\n"
     "                [--max-result SIZE] [--keep-requests]\n"
@@ -120,6 +121,15 @@ static const char usage[] =
     "                       action and the same on its retries; a call's\n"
     "                       NAME is its key, removed from the arguments\n"
     "                       (kept when the tool's own schema declares it)\n"
+    "  --implicit-keys WINDOW\n"
+    "                       key a tools/call that has no key by its tool\n"
+    "                       and canonical arguments, unless tools/list\n"
+    "                       annotated the tool readOnlyHint or\n"
+    "                       idempotentHint: the same call sent again within\n"
+    "                       WINDOW after it ended (a client re-sending it\n"
+    "                       under a new id) gets its result, marked\n"
+    "                       _meta[\"idem/implicit\"], with a note telling\n"
+    "                       the model how to ask for a new action\n"
     "  --lease DUR          how long a call holds its key without renewal\n"
     "                       (default 30s; renewed while the server works),\n"
     "                       and how long a key whose call ended without a\n"
@@ -248,6 +258,10 @@ static int parse(int argc, char **argv, mcp_opts *o) {
         return -1;
       }
       o->offer_key_argument = v;
+    } else if (strcmp(a, "--implicit-keys") == 0) {
+      if (cli_duration_option("mcp", a, v, 1, IDEM_MAX_RETENTION_MS,
+                              &o->implicit_ms) != 0)
+        return -1;
     } else if (strcmp(a, "--lease") == 0) {
       if (cli_duration_option("mcp", a, v, 100, IDEM_MAX_LEASE_MS,
                               &o->lease_ms) != 0)

@@ -56,6 +56,10 @@ typedef struct mcp_opts {
    * tool's own schema declares it). */
   const char *offer_key_argument;
   int require_key;
+  /* --implicit-keys WINDOW: an unkeyed call of a tool that may act is keyed
+   * by its tool and canonical arguments (mcp_implicit_key()), its result
+   * kept for WINDOW; 0: off. */
+  int64_t implicit_ms;
   int on_unknown_fail;
   int store_tool_errors; /* --store-tool-errors yes (the default) */
   int keep_requests;     /* --keep-requests: arguments kept in records */
@@ -233,6 +237,8 @@ void mcp_notify(mcp_proxy *p);
  * key and tool are borrowed from msg; key_in_argument says the key came
  * from --key-argument (1) or from --offer-key-argument's argument where the
  * tool's schema declares it (2): it is then left out of the fingerprint.
+ * key NULL: the call has none, and --implicit-keys gives it one made from
+ * its fingerprint (mcp_implicit_key()).
  */
 void mcp_keyed_call(mcp_proxy *p, json_t *msg, const char *line, size_t len,
                     const char *key, const char *tool, int key_in_argument);
@@ -322,10 +328,29 @@ char *mcp_splice(const char *s, size_t n, size_t from, size_t to,
 char *mcp_mark_result(const char *body, size_t len, int replayed, int recovered,
                       size_t *out_len);
 /* The stored result body as the answer to request id (JSON text): marked
- * _meta["idem/replayed"], and "idem/recovered" when recovered. malloc()ed;
- * NULL when out of memory. */
+ * _meta["idem/replayed"], and "idem/recovered" when recovered. With a note
+ * (a replay under an implicit key) also _meta["idem/implicit"], and the
+ * note added to the result's content as a text block, for the model to
+ * read. malloc()ed; NULL when out of memory. */
 char *mcp_replay_text(const char *id, const char *body, size_t len,
-                      int recovered, size_t *out_len);
+                      int recovered, const char *note, size_t *out_len);
+
+/* ---- --implicit-keys (mcp_request.c) ---------------------------------- */
+
+/* Keys the proxy makes begin so; a client's own key may not. */
+#define MCP_IMPLICIT_PREFIX "idem:implicit:"
+/* The implicit key of a call whose fingerprint is fp: the prefix and fp, so
+ * that a call sent again with the same tool and arguments (by the same
+ * tenant: the record's id holds both) finds the record. key has room for
+ * sizeof MCP_IMPLICIT_PREFIX + IDEM_FINGERPRINT_SIZE bytes. */
+void mcp_implicit_key(const char *fp, char *key);
+/* Whether key is one the proxy made (or a client's that claims to be). */
+int mcp_is_implicit(const char *key);
+/* What a replay under an implicit key tells the model (at most size bytes):
+ * an earlier identical call's result, and how to ask for a new action
+ * (offer: --offer-key-argument's name, or NULL). */
+void mcp_implicit_note(char *buf, size_t size, int64_t window_ms,
+                       const char *offer);
 /* error.data of the proxy's own JSON-RPC errors: {"idem": what, "key",
  * "tool"} and "type" when type is not NULL. */
 /* --require-key's refusal of an unkeyed call to tool (NULL: unnamed): its

@@ -606,6 +606,17 @@ static int tool_needs_key(const char *tenant, const char *tool) {
   return !(tool_flags(tenant, tool) & MCP_TOOL_SAFE);
 }
 
+static int derive_tenant(hx *h);
+
+/* Whether an unkeyed call of tool gets an implicit key (--implicit-keys):
+ * a tool this caller's tools/list did not annotate readOnlyHint or
+ * idempotentHint, called by a caller with a principal (one without passes
+ * on unprotected, and the upstream answers it). */
+static int implicit_for(hx *h, const char *tool) {
+  return hx_opts->implicit_ms > 0 && tool && derive_tenant(h) == 0 &&
+         tool_needs_key(h->tenant, tool);
+}
+
 /* Adds one event of data (each of its lines a data: line) to buf. */
 static int add_event(char **buf, size_t *blen, size_t *bcap, const char *d,
                      size_t n) {
@@ -672,7 +683,6 @@ static char *offered_list(const char *text, size_t n, size_t *len) {
  */
 
 static void session_deleted(const char *sid);
-static int derive_tenant(hx *h);
 
 /* An answer to an initialize or server/discover (text, a JSON body or an
  * event stream), with capabilities.experimental["idem/idempotency"] added
@@ -1097,7 +1107,8 @@ static int ping_caller(hx *h, const char *tool, const char *key, int in_arg,
   p->h = h;
   p->in_arg = in_arg;
   memcpy(p->id, id, IDEM_FINGERPRINT_SIZE);
-  if (!(p->tool = strdup(tool)) || !(p->key = strdup(key))) {
+  /* key NULL: --implicit-keys makes it once the check passes. */
+  if (!(p->tool = strdup(tool)) || (key && !(p->key = strdup(key)))) {
     ping_free(p);
     return -1;
   }
@@ -1167,7 +1178,8 @@ static void decide(hx *h) {
   }
   if (msg && json_is_object(msg) && method && id &&
       strcmp(method, "tools/list") == 0) {
-    h->watch_tools = (hx_opts->require_key || hx_opts->offer_key_argument) &&
+    h->watch_tools = (hx_opts->require_key || hx_opts->offer_key_argument ||
+                      hx_opts->implicit_ms > 0) &&
                      derive_tenant(h) == 0;
     /* With --offer-key-argument the answer is held whole and goes on
      * with the argument added (answer_extended()), each page alike. */
@@ -1195,6 +1207,8 @@ static void decide(hx *h) {
             (mcp_find_key(hx_opts->key_argument, json_object_get(m, "params"),
                           &k, &ia) != 0 ||
              k ||
+             implicit_for(h, json_string_value(json_object_get(
+                                 json_object_get(m, "params"), "name"))) ||
              mcp_offered(hx_opts->offer_key_argument,
                          json_object_get(m, "params"), &pr, &ok) != 0 ||
              pr)) {
@@ -1279,7 +1293,7 @@ static void decide(hx *h) {
       h->cap = slen + 1;
     }
   }
-  if (!key && hx_opts->require_key && h->id &&
+  if (!key && hx_opts->require_key && h->id && !implicit_for(h, tool) &&
       (derive_tenant(h) != 0 || tool_needs_key(h->tenant, tool))) {
     char m[1400];
     json_t *data = mcp_key_required(tool, hx_opts->offer_key_argument,
@@ -1288,7 +1302,12 @@ static void decide(hx *h) {
     json_decref(msg);
     return;
   }
-  if (!key || !tool || !h->id) {
+  if (!key && !implicit_for(h, tool)) {
+    json_decref(msg);
+    pass_through(h);
+    return;
+  }
+  if (!tool || !h->id) {
     json_decref(msg);
     pass_through(h);
     return;

@@ -212,9 +212,18 @@ static void answer_all(kcall *k, answer_fn fn, void *arg) {
 /* ---- answers
  * ------------------------------------------------------------------ */
 
-static void send_replay(hx *h, const char *body, size_t len, int recovered) {
+/* The stored result body answered as a replay of k to h; under an implicit
+ * key, with a note for the model. */
+static void send_replay(const kcall *k, hx *h, const char *body, size_t len,
+                        int recovered) {
   size_t n = 0;
-  char *text = mcp_replay_text(h->id, body, len, recovered, &n);
+  char note[600];
+  int implicit = mcp_is_implicit(k->key);
+  if (implicit)
+    mcp_implicit_note(note, sizeof note, hx_opts->implicit_ms,
+                      hx_opts->offer_key_argument);
+  char *text = mcp_replay_text(h->id, body, len, recovered,
+                               implicit ? note : NULL, &n);
   const char *sid = hx_header(h, "Mcp-Session-Id");
   up_header hs[1] = {{(char *)"Mcp-Session-Id", (char *)sid}};
   if (text)
@@ -238,8 +247,7 @@ typedef struct replay_arg {
 
 static void answer_replay(kcall *k, hx *h, void *arg) {
   const replay_arg *a = arg;
-  (void)k;
-  send_replay(h, a->body, a->len, a->recovered);
+  send_replay(k, h, a->body, a->len, a->recovered);
 }
 
 /* ---- task handles
@@ -313,7 +321,11 @@ static void answer_in_flight_here(kcall *k, hx *h) {
 /* ---- the answer as it arrives (the upstream loop's thread)
  * --------------------- */
 
-static int64_t retention(void) {
+/* How long k's result is kept: --implicit-keys' window for a key the proxy
+ * made, else --retention. */
+static int64_t retention(const kcall *k) {
+  if (mcp_is_implicit(k->key))
+    return hx_opts->implicit_ms;
   return hx_opts->retention_ms ? hx_opts->retention_ms : 24 * 3600 * 1000LL;
 }
 
@@ -547,7 +559,7 @@ static void answer_end(kcall *k, hx *h, void *arg) {
       return;
     }
     if (a->why == WHY_RESULT) {
-      send_replay(h, a->result, a->result_len, a->recovered);
+      send_replay(k, h, a->result, a->result_len, a->recovered);
       return;
     }
     if (a->why == WHY_RPC_ERROR || a->why == WHY_HTTP_ERROR ||
@@ -795,7 +807,7 @@ static void ended(void *ctx, int rc) {
               "ended: %s (%s)",
               k->key, k->tool, idem_errmsg(), idem_rc_name(rc));
   else if (a->why == WHY_RESULT)
-    cache_put(k, a->result, a->result_len, a->recovered, retention());
+    cache_put(k, a->result, a->result_len, a->recovered, retention(k));
   else if (a->why == WHY_LOST || a->why == WHY_HTTP_UNSURE)
     cli_error("mcp",
               "key '%s' (tool %s): the server did not answer (%s); "
@@ -1008,10 +1020,10 @@ static int task_stale(const kcall *k, const idem_response *r, int64_t ttl) {
   return stale;
 }
 
-static void claim_options(idem_execute_options *eo) {
+static void claim_options(const kcall *k, idem_execute_options *eo) {
   memset(eo, 0, sizeof *eo);
   eo->call.lease_ms = hx_opts->lease_ms;
-  eo->call.retention_ms = retention();
+  eo->call.retention_ms = retention(k);
   eo->call.on_expired_lease =
       hx_opts->on_unknown_fail ? IDEM_EXPIRED_REPORT : IDEM_EXPIRED_TAKE_OVER;
   eo->forget_request = !hx_opts->keep_requests; /* the arguments stay off disk */
@@ -1101,7 +1113,7 @@ static void decided(kcall *k, int rc, idem_exec *x, idem_call *call) {
                      idem_call_recovered(call) || k->stale_retry};
     int64_t ttl = 0;
     if (!is_task(r->body, r->body_len, &ttl)) {
-      cache_put(k, r->body, r->body_len, ra.recovered, retention());
+      cache_put(k, r->body, r->body_len, ra.recovered, retention(k));
       answer_all(k, answer_replay, &ra);
       break;
     }
@@ -1210,7 +1222,7 @@ static void claim_waiting(void *arg) {
   idem_call *call = NULL;
   idem_exec *x = NULL;
   int rc;
-  claim_options(&eo);
+  claim_options(k, &eo);
   eo.fingerprint = k->fp; /* taken once, as the call came in */
   rc = idem_execute_begin(hx_store, &id, k->request, k->request_len, &eo, &x,
                           &call);
@@ -1222,7 +1234,7 @@ static void claim_waiting(void *arg) {
 static int claim(kcall *k) {
   idem_id id = {k->tenant, k->tool, k->key};
   idem_execute_options eo;
-  claim_options(&eo);
+  claim_options(k, &eo);
   eo.fingerprint = k->fp; /* taken once, as the call came in */
   pthread_mutex_lock(&G.mu);
   G.claiming++;
@@ -1256,7 +1268,16 @@ static void enter(kcall *k, hx *h);
 
 void hx_keyed_call(hx *h, const char *tool, const char *key, int in_arg) {
   kcall *k;
-  if (idem_key_check(key) != IDEM_OK) {
+  char implicit[sizeof MCP_IMPLICIT_PREFIX + IDEM_FINGERPRINT_SIZE];
+  if (key && mcp_is_implicit(key)) {
+    hx_answer_rpc_error(h, MCP_E_BAD_KEY,
+                        "idem mcp: keys beginning \"" MCP_IMPLICIT_PREFIX
+                        "\" are the ones the proxy makes (--implicit-keys); "
+                        "choose another key. Nothing was sent to the server.",
+                        json_pack("{s:s}", "idem", "bad_key"));
+    return;
+  }
+  if (key && idem_key_check(key) != IDEM_OK) {
     char m[600];
     snprintf(m, sizeof m,
              "idem mcp: the idempotency key is not valid (%s): use 1-255 "
@@ -1272,13 +1293,13 @@ void hx_keyed_call(hx *h, const char *tool, const char *key, int in_arg) {
   k->refs = 1;
   k->tenant = strdup(h->tenant);
   k->tool = strdup(tool);
-  k->key = strdup(key);
+  k->key = key ? strdup(key) : NULL;
   k->request = mcp_request_text(h->body, h->len, tool,
                                 in_arg == 2 ? hx_opts->offer_key_argument
                                 : in_arg    ? hx_opts->key_argument
                                             : NULL,
                                 &k->request_len);
-  if (!k->tenant || !k->tool || !k->key || !k->request) {
+  if (!k->tenant || !k->tool || (key && !k->key) || !k->request) {
     kcall_unref(k);
     goto oom;
   }
@@ -1292,6 +1313,15 @@ void hx_keyed_call(hx *h, const char *tool, const char *key, int in_arg) {
     kcall_unref(k);
     return;
   }
+  if (!k->key) {
+    /* The same tool with the same arguments, by the same tenant, is the
+     * same call. */
+    mcp_implicit_key(k->fp, implicit);
+    if (!(k->key = strdup(implicit))) {
+      kcall_unref(k);
+      goto oom;
+    }
+  }
   {
     /* A result kept in memory: replayed here, nothing read. */
     char *n = cache_name(k), *body = NULL;
@@ -1300,7 +1330,7 @@ void hx_keyed_call(hx *h, const char *tool, const char *key, int in_arg) {
     if (n &&
         mcp_cache_get(n, k->key, k->fp, wall_ms(), &body, &blen, &recovered)) {
       free(n);
-      send_replay(h, body, blen, recovered);
+      send_replay(k, h, body, blen, recovered);
       free(body);
       kcall_unref(k);
       return;

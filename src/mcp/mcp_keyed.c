@@ -70,7 +70,11 @@ static int64_t lease_ms(const mcp_proxy *p) {
   return p->o->lease_ms > 0 ? p->o->lease_ms : 30000;
 }
 
-static int64_t retention_ms(const mcp_proxy *p) {
+/* How long key's result is kept: --implicit-keys' window for a key the
+ * proxy made, else --retention. */
+static int64_t retention_ms(const mcp_proxy *p, const char *key) {
+  if (mcp_is_implicit(key))
+    return p->o->implicit_ms;
   return p->o->retention_ms > 0 ? p->o->retention_ms : 86400000;
 }
 
@@ -86,11 +90,17 @@ static void out_text(mcp_proxy *p, const char *text, size_t len) {
     mcp_out_line(&p->to_client, text, len);
 }
 
-/* The stored result body answered as a replay under id. */
-static void answer_replay(mcp_proxy *p, const char *id, const char *body,
-                          size_t len, int recovered) {
+/* The stored result body answered as a replay under id; under an implicit
+ * key, with a note for the model. */
+static void answer_replay(mcp_proxy *p, const char *id, int implicit,
+                          const char *body, size_t len, int recovered) {
   size_t n;
-  char *line = mcp_replay_text(id, body, len, recovered, &n);
+  char note[600];
+  if (implicit)
+    mcp_implicit_note(note, sizeof note, p->o->implicit_ms,
+                      p->o->offer_key_argument);
+  char *line =
+      mcp_replay_text(id, body, len, recovered, implicit ? note : NULL, &n);
   if (line)
     out_text(p, line, n);
   else
@@ -475,7 +485,7 @@ int mcp_keyed_replay_seen(mcp_proxy *p, const char *line, size_t len) {
   size_t from, to;
   char id[SEEN_ID_MAX + 1], *body = NULL;
   size_t blen;
-  int recovered, found = 0, asks_task = 0;
+  int recovered, found = 0, asks_task = 0, implicit = 0;
   seen_line *e;
   if (len > SEEN_LINE_MAX + SEEN_ID_MAX ||
       !mcp_member(line, len, 0, "id", &from, &to) || to - from > SEEN_ID_MAX ||
@@ -485,6 +495,7 @@ int mcp_keyed_replay_seen(mcp_proxy *p, const char *line, size_t len) {
   e = seen_find(line, len, from, to, seen_hash(line, len, from, to));
   if (e) {
     asks_task = e->asks_task;
+    implicit = mcp_is_implicit(e->key);
     found = mcp_cache_get(e->tool, e->key, e->fp, wall_ms(), &body, &blen,
                           &recovered);
   }
@@ -497,7 +508,7 @@ int mcp_keyed_replay_seen(mcp_proxy *p, const char *line, size_t len) {
   }
   memcpy(id, line + from, to - from);
   id[to - from] = '\0';
-  answer_replay(p, id, body, blen, recovered);
+  answer_replay(p, id, implicit, body, blen, recovered);
   free(body);
   return 1;
 }
@@ -680,7 +691,8 @@ static void do_claim(mcp_proxy *p, mcp_call *c) {
   int64_t now = mono_ms();
   memset(&eo, 0, sizeof eo);
   eo.call.lease_ms = o->lease_ms;
-  eo.call.retention_ms = o->retention_ms;
+  eo.call.retention_ms = mcp_is_implicit(c->key) ? o->implicit_ms
+                                                 : o->retention_ms;
   eo.call.on_expired_lease =
       o->on_unknown_fail ? IDEM_EXPIRED_REPORT : IDEM_EXPIRED_TAKE_OVER;
   eo.forget_request = !o->keep_requests; /* the arguments stay off disk */
@@ -725,7 +737,7 @@ static void do_claim(mcp_proxy *p, mcp_call *c) {
     }
     if (v == REPLAY_OK)
       mcp_cache_put(c->tool, c->key, c->fp, r->body, r->body_len, recovered,
-                    wall_ms() + retention_ms(p));
+                    wall_ms() + retention_ms(p, c->key));
     ws = call_finish(p, c);
     for (mcp_waiter *w = ws; w; w = w->next)
       if (v == REPLAY_NO_TASK)
@@ -733,7 +745,7 @@ static void do_claim(mcp_proxy *p, mcp_call *c) {
       else if (v == REPLAY_STALE)
         answer_stale_task(p, c, w->id);
       else
-        answer_replay(p, w->id, r->body, r->body_len, recovered);
+        answer_replay(p, w->id, mcp_is_implicit(c->key), r->body, r->body_len, recovered);
     break;
   }
   case IDEM_CONFLICT: {
@@ -895,7 +907,7 @@ static void do_end(mcp_proxy *p, mcp_call *c) {
                 c->key, c->tool, detail);
     else {
       mcp_cache_put(c->tool, c->key, c->fp, resp.body, resp.body_len, recovered,
-                    wall_ms() + retention_ms(p));
+                    wall_ms() + retention_ms(p, c->key));
       /* Its line, read whole when it came: a retry of it with another id
        * is answered from memory without being read. Not a result naming a
        * task, whose replay depends on what the line asks (which a later
@@ -950,7 +962,7 @@ static void do_end(mcp_proxy *p, mcp_call *c) {
       answer_unknown(p, c, w->id, p->o->on_unknown_fail ? 0 : lease_ms(p),
                      "the server exited before answering this call", 1);
     else if (why == WHY_RESULT && w->attached)
-      answer_replay(p, w->id, resp.body, resp.body_len, recovered);
+      answer_replay(p, w->id, mcp_is_implicit(c->key), resp.body, resp.body_len, recovered);
     else
       answer_as_server(p, c, w->id,
                        (recovered || c->stale_retry) && why == WHY_RESULT);
@@ -1189,6 +1201,7 @@ void mcp_keyed_call(mcp_proxy *p, json_t *msg, const char *line, size_t len,
   size_t blen, request_len;
   int recovered, asks_task;
   char fp[IDEM_FINGERPRINT_SIZE];
+  char implicit[sizeof MCP_IMPLICIT_PREFIX + IDEM_FINGERPRINT_SIZE];
   /* What mcp_id_text() reads: a string or a number. */
   int readable = json_is_string(id) || json_is_number(id);
   if (!readable || !mcp_member(line, len, 0, "id", &idf, &idt)) {
@@ -1202,7 +1215,16 @@ void mcp_keyed_call(mcp_proxy *p, json_t *msg, const char *line, size_t len,
     goto oom;
   memcpy(idtext, line + idf, idt - idf);
   idtext[idt - idf] = '\0';
-  if (idem_key_check(key) != IDEM_OK) {
+  if (key && mcp_is_implicit(key)) {
+    mcp_answer_error_text(p, idtext, MCP_E_BAD_KEY,
+                          "idem mcp: keys beginning \"" MCP_IMPLICIT_PREFIX
+                          "\" are the ones the proxy makes (--implicit-keys); "
+                          "choose another key. Nothing was sent to the server.",
+                          json_pack("{s:s}", "idem", "bad_key"));
+    free(idtext);
+    return;
+  }
+  if (key && idem_key_check(key) != IDEM_OK) {
     char m[600];
     snprintf(m, sizeof m,
              "idem mcp: the idempotency key is not valid (%s): use 1-255 "
@@ -1238,11 +1260,17 @@ void mcp_keyed_call(mcp_proxy *p, json_t *msg, const char *line, size_t len,
     free(idtext);
     return;
   }
+  if (!key) {
+    /* The same tool with the same arguments (and tenant: the record's id
+     * holds it) is the same call. */
+    mcp_implicit_key(fp, implicit);
+    key = implicit;
+  }
   asks_task = mcp_asks_task(json_object_get(msg, "params"));
   if (mcp_cache_get(tool, key, fp, wall_ms(), &body, &blen, &recovered)) {
     int v = replay_verdict(p, asks_task, body, blen);
     if (v == REPLAY_OK) {
-      answer_replay(p, idtext, body, blen, recovered);
+      answer_replay(p, idtext, mcp_is_implicit(key), body, blen, recovered);
       seen_put(line, len, idf, idt, tool, key, fp, asks_task);
     } else if (v == REPLAY_NO_TASK)
       answer_no_task(p, key, tool, idtext);

@@ -181,6 +181,11 @@ int mcp_extend_initialize(const mcp_opts *o, json_t *msg) {
                    "storeToolErrors", o->store_tool_errors);
   if (!info)
     return -1;
+  if (o->implicit_ms > 0) {
+    /* Unkeyed calls of tools that may act are keyed by their arguments. */
+    json_object_set_new(info, "implicitKeysMs", json_integer(o->implicit_ms));
+    json_object_set_new(info, "implicitMeta", json_string("idem/implicit"));
+  }
   json_object_set_new(exp, "idem/idempotency", info);
   return 0;
 }
@@ -229,6 +234,13 @@ static int tool_flags(mcp_proxy *p, const char *tool) {
 
 static int tool_needs_key(mcp_proxy *p, const char *tool) {
   return !(tool_flags(p, tool) & MCP_TOOL_SAFE);
+}
+
+/* Whether an unkeyed call of tool gets an implicit key (--implicit-keys):
+ * unless tools/list annotated the tool readOnlyHint or idempotentHint (a
+ * tool never listed may act). */
+static int implicit_for(mcp_proxy *p, const char *tool) {
+  return p->o->implicit_ms > 0 && tool && tool_needs_key(p, tool);
 }
 
 /* Whether the offered key argument of a call of tool is the proxy's own
@@ -317,13 +329,19 @@ static int client_tools_call(mcp_proxy *p, json_t *msg, const char *line,
                        json_pack("{s:s}", "idem", "internal"));
       return 1;
     }
-    if (!key && p->o->require_key && tool_needs_key(p, tool))
+    if (!key && implicit_for(p, tool))
+      mcp_keyed_call(p, msg, stripped, slen, NULL, tool, 0);
+    else if (!key && p->o->require_key && tool_needs_key(p, tool))
       refuse_unkeyed(p, id, tool);
     else if (!key || !tool)
       mcp_out_line(&p->to_server, stripped, slen);
     else
       mcp_keyed_call(p, msg, stripped, slen, key, tool, in_arg);
     free(stripped);
+    return 1;
+  }
+  if (!key && implicit_for(p, tool)) {
+    mcp_keyed_call(p, msg, line, len, NULL, tool, 0);
     return 1;
   }
   if (!key) {
@@ -363,9 +381,10 @@ static void client_batch(mcp_proxy *p, json_t *batch, const char *line,
             0 ||
         present)
       refuse = 1; /* keyed, or an argument the server must not see */
+    const char *tool = json_string_value(json_object_get(params, "name"));
     if (mcp_find_key(p->o->key_argument, params, &key, &in_arg) != 0 || key ||
-        (p->o->require_key &&
-         tool_needs_key(p, json_string_value(json_object_get(params, "name")))))
+        (p->o->require_key && tool_needs_key(p, tool)) ||
+        implicit_for(p, tool))
       refuse = 1;
   }
   if (!refuse) {
@@ -398,7 +417,8 @@ static void client_batch(mcp_proxy *p, json_t *batch, const char *line,
         json_pack("{s:s,s:O,s:{s:i,s:s}}", "jsonrpc", "2.0", "id", id, "error",
                   "code", MCP_E_BATCH, "message",
                   "idem mcp: a tools/call with an idempotency key (or one "
-                  "that --require-key refuses) must be sent on its own, not "
+                  "that --require-key refuses, or --implicit-keys keys) must "
+                  "be sent on its own, not "
                   "in a batch. No request of this batch was sent to the "
                   "server (its notifications were)."));
   }
@@ -437,7 +457,8 @@ static int client_unreadable(mcp_proxy *p, const char *line, size_t len,
     keyed = k2;
   }
   refuse = keyed || dup ||
-           (p->o->require_key && (!tool || tool_needs_key(p, tool)));
+           ((p->o->require_key || p->o->implicit_ms > 0) &&
+            (!tool || tool_needs_key(p, tool)));
   if (refuse && t > f) {
     json_t *v = json_loadb(line + f, t - f, JSON_DECODE_ANY, NULL);
     if (json_is_string(v) || json_is_number(v)) {

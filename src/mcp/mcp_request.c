@@ -305,17 +305,25 @@ static int empty_object(const char *s, size_t n, size_t at) {
   return i < n && s[i] == '}';
 }
 
+/* Whether the array whose '[' is at s[at] has no elements. */
+static int empty_array(const char *s, size_t n, size_t at) {
+  size_t i = skip_ws(s, n, at + 1);
+  return i < n && s[i] == ']';
+}
+
 /* Where and what mcp_mark_result() inserts into body: 0 with *at and ins
  * (NUL-terminated, ins_size at least 128) set, or -1 when nothing is
  * inserted (no marks, or a result that is not an object). */
 static int mark_point(const char *body, size_t len, int replayed,
-                      int recovered, size_t *at, char *ins, size_t ins_size) {
-  char marks[80];
+                      int recovered, int implicit, size_t *at, char *ins,
+                      size_t ins_size) {
+  char marks[100];
   size_t i = skip_ws(body, len, 0), from, to;
-  snprintf(marks, sizeof marks, "%s%s%s",
+  snprintf(marks, sizeof marks, "%s%s%s%s",
            replayed ? "\"idem/replayed\":true" : "",
            replayed && recovered ? "," : "",
-           recovered ? "\"idem/recovered\":true" : "");
+           recovered ? "\"idem/recovered\":true" : "",
+           implicit ? ",\"idem/implicit\":true" : "");
   if (i >= len || body[i] != '{' || !marks[0])
     return -1;
   if (mcp_member(body, len, i, "_meta", &from, &to) && body[from] == '{') {
@@ -334,7 +342,7 @@ char *mcp_mark_result(const char *body, size_t len, int replayed, int recovered,
                       size_t *out_len) {
   char ins[128];
   size_t at;
-  if (mark_point(body, len, replayed, recovered, &at, ins, sizeof ins) != 0)
+  if (mark_point(body, len, replayed, recovered, 0, &at, ins, sizeof ins) != 0)
     return mcp_splice(body, len, 0, 0, "", 0, out_len);
   return mcp_splice(body, len, at, at, ins, strlen(ins), out_len);
 }
@@ -453,20 +461,58 @@ void mcp_stale_task_message(char *buf, size_t size, const char *key,
            key, tool, why, key, tool, *tenant ? " --tenant " : "", tenant);
 }
 
+/* The result body with the note appended to its content array as a text
+ * block; NULL when it has no content array (or out of memory). */
+static char *add_note(const char *body, size_t len, const char *note,
+                      size_t *out_len) {
+  size_t i = skip_ws(body, len, 0), from, to, last;
+  char *block, *text;
+  json_t *t;
+  if (i >= len || body[i] != '{' ||
+      !mcp_member(body, len, i, "content", &from, &to) || body[from] != '[')
+    return NULL;
+  last = to - 1; /* the array's ']' */
+  if (!(t = json_pack("{s:s,s:s}", "type", "text", "text", note)))
+    return NULL;
+  block = json_dumps(t, JSON_COMPACT | JSON_PRESERVE_ORDER);
+  json_decref(t);
+  if (!block)
+    return NULL;
+  if (!empty_array(body, len, from)) {
+    /* Joined to the blocks before it. */
+    char *joined = malloc(strlen(block) + 2);
+    if (joined)
+      sprintf(joined, ",%s", block);
+    free(block);
+    if (!(block = joined))
+      return NULL;
+  }
+  text = mcp_splice(body, len, last, last, block, strlen(block), out_len);
+  free(block);
+  return text;
+}
+
 char *mcp_replay_text(const char *id, const char *body, size_t len,
-                      int recovered, size_t *out_len) {
+                      int recovered, const char *note, size_t *out_len) {
   static const char head[] = "{\"jsonrpc\":\"2.0\",\"id\":";
   static const char mid[] = ",\"result\":";
-  char ins[128];
-  size_t at = 0, il = 0, idl = strlen(id), n;
+  char ins[128], *noted = NULL;
+  size_t at = 0, il = 0, idl = strlen(id), n, nlen;
   char *text, *o;
+  if (note && (noted = add_note(body, len, note, &nlen))) {
+    body = noted;
+    len = nlen;
+  }
   /* Made in one buffer: a replay is answered on the client reader's
    * thread, and every copy of the result is on the caller's clock. */
-  if (mark_point(body, len, 1, recovered, &at, ins, sizeof ins) == 0)
+  if (mark_point(body, len, 1, recovered, note != NULL, &at, ins,
+                 sizeof ins) == 0)
     il = strlen(ins);
   n = sizeof head - 1 + idl + sizeof mid - 1 + len + il + 1;
-  if (!(text = malloc(n + 1)))
+  if (!(text = malloc(n + 1))) {
+    free(noted);
     return NULL;
+  }
   o = text;
   memcpy(o, head, sizeof head - 1);
   o += sizeof head - 1;
@@ -483,7 +529,35 @@ char *mcp_replay_text(const char *id, const char *body, size_t len,
   *o++ = '}';
   *o = '\0';
   *out_len = n;
+  free(noted);
   return text;
+}
+
+/* ---- --implicit-keys ------------------------------------------------------ */
+
+void mcp_implicit_key(const char *fp, char *key) {
+  memcpy(key, MCP_IMPLICIT_PREFIX, sizeof MCP_IMPLICIT_PREFIX - 1);
+  memcpy(key + sizeof MCP_IMPLICIT_PREFIX - 1, fp, IDEM_FINGERPRINT_SIZE);
+}
+
+int mcp_is_implicit(const char *key) {
+  return key &&
+         strncmp(key, MCP_IMPLICIT_PREFIX, sizeof MCP_IMPLICIT_PREFIX - 1) == 0;
+}
+
+void mcp_implicit_note(char *buf, size_t size, int64_t window_ms,
+                       const char *offer) {
+  char window[32], how[200] = "";
+  cli_duration_text(window_ms, window, sizeof window);
+  if (offer)
+    snprintf(how, sizeof how,
+             ", or pass the argument \"%s\" with a new unique value", offer);
+  snprintf(buf, size,
+           "[idem] This is the result of an earlier call of this tool with "
+           "exactly the same arguments (within the last %s); the tool did "
+           "not act again. If you intend a new, separate action, call the "
+           "tool again with an argument changed%s.",
+           window, how);
 }
 
 json_t *mcp_error_data(const char *key, const char *tool, const char *what,

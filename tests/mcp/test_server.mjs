@@ -1,7 +1,8 @@
 // test_server.mjs -- a small MCP server (SDK, stdio) with the tools the real
 // servers lack: one that appends to a file and then waits (to be killed
 // mid-call), one whose result has a chosen size, one that answers a
-// JSON-RPC error, and one that takes an idempotency_key argument.
+// JSON-RPC error, one that takes an idempotency_key argument, and a
+// read-only and an idempotent one that count their calls.
 import { Server } from "@modelcontextprotocol/sdk/server/index.js";
 import { StdioServerTransport } from "@modelcontextprotocol/sdk/server/stdio.js";
 import { CallToolRequestSchema, ErrorCode, ListToolsRequestSchema, McpError }
@@ -18,6 +19,13 @@ const tools = [
     annotations: { readOnlyHint: true } },
   { name: "reject", description: "Always answers a JSON-RPC error.",
     inputSchema: obj({ n: { type: "number" } }) },
+  // Each appends a line to file, as append does, under its annotation.
+  { name: "lookup", description: "Reads (and counts its calls in file).",
+    inputSchema: obj({ file: { type: "string" } }),
+    annotations: { readOnlyHint: true } },
+  { name: "touch", description: "Sets a mark (and counts its calls in file).",
+    inputSchema: obj({ file: { type: "string" } }),
+    annotations: { idempotentHint: true } },
 ];
 
 const server = new Server({ name: "idem-test-server", version: "1.0.0" },
@@ -36,6 +44,12 @@ server.setRequestHandler(CallToolRequestSchema, async (req) => {
       if (a.delay_ms) await new Promise((r) => setTimeout(r, a.delay_ms));
       return { content: [{ type: "text",
         text: `appended ${a.text} as line ${n}; arguments ${JSON.stringify(a)}` }] };
+    }
+    case "lookup":
+    case "touch": {
+      appendFileSync(a.file, req.params.name + "\n");
+      const n = readFileSync(a.file, "utf8").split("\n").length - 1;
+      return { content: [{ type: "text", text: `${req.params.name} ${n}` }] };
     }
     case "big":
       return { content: [{ type: "text", text: "y".repeat(a.bytes) }] };
