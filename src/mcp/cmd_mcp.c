@@ -27,6 +27,7 @@ static const char usage[] =
     "usage: idem mcp [--store URL] [--tenant T] [--require-key]\n"
     "                [--key-argument NAME] [--offer-key-argument NAME]\n"
     "                [--implicit-keys WINDOW] [--lease DUR] [--retention DUR]\n"
+    "                [--keyed-cancel hold|pass] [--cancel-wait DUR]\n"
     "                [--on-unknown forward|fail] [--attach-wait DUR]\n"
     "                [--store-tool-errors yes|no] [--input-wait DUR]\n"
     "                [--max-result SIZE] [--keep-requests]\n"
@@ -130,6 +131,14 @@ static const char usage[] =
     "                       under a new id) gets its result, marked\n"
     "                       _meta[\"idem/implicit\"], with a note telling\n"
     "                       the model how to ask for a new action\n"
+    "  --keyed-cancel hold|pass\n"
+    "                       hold (default): a client's cancellation of a\n"
+    "                       keyed call is not passed on; the call runs to\n"
+    "                       its end and its result is recorded. pass: for\n"
+    "                       servers whose tools stop cleanly on cancel: it\n"
+    "                       goes on to the server; an error answer within\n"
+    "                       --cancel-wait (default 10s) releases the key, a\n"
+    "                       result is recorded, silence marks it unknown\n"
     "  --lease DUR          how long a call holds its key without renewal\n"
     "                       (default 30s; renewed while the server works),\n"
     "                       and how long a key whose call ended without a\n"
@@ -204,6 +213,7 @@ static int parse(int argc, char **argv, mcp_opts *o) {
   o->drain_wait_ms = 600000;
   o->attach_wait_ms = 25000;
   o->input_wait_ms = 600000;
+  o->cancel_wait_ms = 10000;
   o->store_tool_errors = 1;
   o->max_result = IDEM_MAX_RESPONSE - 4096;
   o->max_body = 4 * 1024 * 1024;
@@ -261,6 +271,17 @@ static int parse(int argc, char **argv, mcp_opts *o) {
     } else if (strcmp(a, "--implicit-keys") == 0) {
       if (cli_duration_option("mcp", a, v, 1, IDEM_MAX_RETENTION_MS,
                               &o->implicit_ms) != 0)
+        return -1;
+    } else if (strcmp(a, "--keyed-cancel") == 0) {
+      if (strcmp(v, "pass") == 0)
+        o->cancel_pass = 1;
+      else if (strcmp(v, "hold") != 0) {
+        cli_error("mcp", "--keyed-cancel: hold or pass, not '%s'", v);
+        return -1;
+      }
+    } else if (strcmp(a, "--cancel-wait") == 0) {
+      if (cli_duration_option("mcp", a, v, 1, IDEM_MAX_LEASE_MS,
+                              &o->cancel_wait_ms) != 0)
         return -1;
     } else if (strcmp(a, "--lease") == 0) {
       if (cli_duration_option("mcp", a, v, 100, IDEM_MAX_LEASE_MS,

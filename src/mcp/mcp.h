@@ -60,6 +60,12 @@ typedef struct mcp_opts {
    * by its tool and canonical arguments (mcp_implicit_key()), its result
    * kept for WINDOW; 0: off. */
   int64_t implicit_ms;
+  /* --keyed-cancel pass: a client's cancellation of a keyed call goes on
+   * to the server, which has --cancel-wait to confirm it (answer an
+   * error: the key is released) or to answer; else the key is marked
+   * unknown. Without it the call goes on and its answer is recorded. */
+  int cancel_pass;
+  int64_t cancel_wait_ms;
   int on_unknown_fail;
   int store_tool_errors; /* --store-tool-errors yes (the default) */
   int keep_requests;     /* --keep-requests: arguments kept in records */
@@ -152,6 +158,9 @@ typedef struct mcp_call {
   int stale_retry;     /* sent again after a stale task handle: its result is
                           marked recovered */
   int64_t input_until; /* CALL_INPUT: when the next round is waited for */
+  int64_t cancel_until; /* --keyed-cancel pass: cancelled at the server,
+                           which confirms (or answers) by then */
+  int cancel_lost;      /* and it did neither: the outcome is unknown */
 } mcp_call;
 
 /* A request whose response the proxy reads on its way: initialize (its
@@ -254,8 +263,10 @@ int mcp_keyed_replay_seen(mcp_proxy *p, const char *line, size_t len);
 /* Starts the store workers; 0 or -1. */
 int mcp_keyed_start(mcp_proxy *p);
 /* A notifications/cancelled from the client: 1 when it names a keyed
- * call's request (it is then not passed on: the call goes on at the
- * server, and its answer is recorded), 0 when it passes on. */
+ * call's request (it is then not passed on as it is: the call goes on at
+ * the server, and its answer is recorded; with --keyed-cancel pass, a call
+ * at the server that no retry waits for is cancelled there, under the id
+ * it travels under), 0 when it passes on. */
 int mcp_keyed_cancel(mcp_proxy *p, json_t *msg);
 /* An answer from the server: 1 when it was a keyed call's (taken). msg is
  * NULL when the line is not JSON the proxy can read. */

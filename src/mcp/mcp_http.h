@@ -136,8 +136,9 @@ int hx_keyed_start(void);
 void hx_keyed_call(hx *h, const char *tool, const char *key, int in_arg);
 /* A notifications/cancelled (params) from h's session: 1 when it names a
  * keyed call in flight (it is then not passed on: the call goes on at the
- * server and its result is recorded), 0 when it passes on. h->tenant is
- * set. */
+ * server and its result is recorded), 0 when it passes on: as it does with
+ * --keyed-cancel pass for a call's own request that no retry waits for,
+ * whose server then has --cancel-wait to confirm. h->tenant is set. */
 int hx_keyed_cancel(hx *h, json_t *params);
 /* Waits up to ms for the keyed calls at the server to end (their records
  * written and their requests answered) and the claims queued on the store

@@ -79,6 +79,10 @@ typedef struct kcall {
   int at_server;
   int64_t stop_at;
   int stopped;
+  /* --keyed-cancel pass: the client cancelled the call and the
+   * cancellation went on to the server, which must confirm (an error
+   * answer) or answer by then; atomic, 0: not cancelled. */
+  int64_t cancel_at;
   int stale_retry; /* sent again after a stale task handle: its answer is
                       marked recovered */
   /* The ending queued on the store (end_call() to ended()). */
@@ -89,7 +93,7 @@ typedef struct kcall {
   char *marked;
 } kcall;
 
-enum { STOP_NONE, STOP_TIMEOUT, STOP_LEASE };
+enum { STOP_NONE, STOP_TIMEOUT, STOP_LEASE, STOP_CANCEL };
 
 static int stopping_input; /* under G.mu: release keys held for input */
 
@@ -639,7 +643,9 @@ static void answer_end(kcall *k, hx *h, void *arg) {
     break;
   }
   default: {
-    int64_t wait = hx_opts->on_unknown_fail ? 0 : hx_opts->lease_ms;
+    int64_t wait = hx_opts->on_unknown_fail || k->stopped == STOP_CANCEL
+                       ? 0
+                       : hx_opts->lease_ms;
     error_arg e = {MCP_E_UNKNOWN, msg, "unknown", "idempotency_outcome_unknown",
                    wait};
     const char *what = a->why == WHY_NO_MEMORY
@@ -909,7 +915,11 @@ static void end_call(kcall *k) {
   case WHY_LOST:
   case WHY_HTTP_UNSURE:
   case WHY_NO_MEMORY: /* the tool may have acted: held as if unanswered */
-    k->how = IDEM_EXEC_LEAVE_IN_PROGRESS;
+    /* Cancelled and unconfirmed: it may also have stopped partway, which
+     * no retry can mend; an operator settles it. */
+    k->how = a->why == WHY_LOST && k->stopped == STOP_CANCEL
+                 ? IDEM_EXEC_UNKNOWN
+                 : IDEM_EXEC_LEAVE_IN_PROGRESS;
     break;
   default:
     k->how = IDEM_EXEC_NOT_DONE;
@@ -918,6 +928,10 @@ static void end_call(kcall *k) {
   if (a->why == WHY_LOST && k->stopped == STOP_TIMEOUT)
     up_set_error(&k->owner->rs, "no answer within --call-timeout, %.1f s",
                  (double)hx_opts->call_timeout_ms / 1000);
+  else if (a->why == WHY_LOST && k->stopped == STOP_CANCEL)
+    up_set_error(&k->owner->rs,
+                 "the client cancelled it and the server neither confirmed "
+                 "nor answered within --cancel-wait");
   else if (a->why == WHY_LOST && k->stopped == STOP_LEASE)
     up_set_error(&k->owner->rs,
                  "this proxy lost the key's lease: the store could not "
@@ -961,8 +975,12 @@ static int stop_call(void *ctx) {
   kcall *k = ctx;
   int why = __atomic_load_n(&k->stopped, __ATOMIC_RELAXED);
   if (!why) {
-    if (k->stop_at && hx_mono_ms() >= k->stop_at)
+    int64_t now = hx_mono_ms(),
+            cancel = __atomic_load_n(&k->cancel_at, __ATOMIC_RELAXED);
+    if (k->stop_at && now >= k->stop_at)
       why = STOP_TIMEOUT;
+    else if (cancel && now >= cancel)
+      why = STOP_CANCEL;
     else if (k->exec && idem_exec_lost(k->exec))
       why = STOP_LEASE;
     if (why)
@@ -1501,10 +1519,13 @@ static void *ticker(void *arg) {
       if (!k->at_server || __atomic_load_n(&k->stopped, __ATOMIC_RELAXED))
         continue;
       watched = 1;
+      int64_t cancel = __atomic_load_n(&k->cancel_at, __ATOMIC_RELAXED);
       if (stop_call(k))
         stop_due = 1; /* the loop ends it at its next check */
       else if (k->stop_at && k->stop_at < next)
         next = k->stop_at;
+      if (cancel && cancel < next)
+        next = cancel;
     }
     if (watched && now + 1000 < next)
       next = now + 1000;
@@ -1577,9 +1598,21 @@ int hx_keyed_cancel(hx *h, json_t *params) {
         found = w->id && strcmp(w->id, t) == 0 &&
                 strcmp(w->tenant, h->tenant) == 0 &&
                 ((!ws && !sid) || (ws && sid && strcmp(ws, sid) == 0));
+        if (found && hx_opts->cancel_pass && i == 0 && !k->waiters &&
+            k->at_server &&
+            !__atomic_load_n(&k->cancel_at, __ATOMIC_RELAXED)) {
+          /* --keyed-cancel pass: the call's own request, no retry waiting
+           * for it, at the server: the cancellation goes on to it (the
+           * request's id and session are the server's too), which has
+           * --cancel-wait to confirm. */
+          int64_t at = hx_mono_ms() + hx_opts->cancel_wait_ms;
+          __atomic_store_n(&k->cancel_at, at, __ATOMIC_RELAXED);
+          tick_by(at);
+          found = -1;
+        }
       }
   }
   pthread_mutex_unlock(&G.mu);
   free(t);
-  return found;
+  return found > 0;
 }

@@ -770,8 +770,9 @@ static void do_claim(mcp_proxy *p, mcp_call *c) {
       answer_unknown(p, c, w->id, 0,
                      "an earlier attempt of this call ended without a "
                      "result that could be kept (the server exited or its "
-                     "holder stopped, with --on-unknown fail; or a result "
-                     "too large to store, or a lost lease)",
+                     "holder stopped, with --on-unknown fail; a result "
+                     "too large to store; a lost lease; or a cancellation "
+                     "the server did not confirm, with --keyed-cancel pass)",
                      1);
     break;
   }
@@ -787,6 +788,8 @@ enum {
   WHY_TOO_BIG,
   WHY_UNREADABLE,
   WHY_GONE,       /* the server exited without answering */
+  WHY_CANCELLED,  /* cancelled at the server, which neither confirmed nor
+                     answered within --cancel-wait */
   WHY_NOT_SENT,   /* the call never reached the server whole */
   WHY_INPUT_LEFT, /* it asked for input and no next round came */
   WHY_INPUT       /* it asked for input: not an ending */
@@ -803,6 +806,8 @@ static int ending_of(const mcp_proxy *p, const mcp_call *c, size_t *rf,
     return WHY_NOT_SENT;
   if (c->input_expired)
     return WHY_INPUT_LEFT;
+  if (c->cancel_lost)
+    return WHY_CANCELLED;
   if (c->gone)
     return WHY_GONE;
   msg = mcp_parse(c->answer, c->answer_len, &dup);
@@ -889,6 +894,7 @@ static void do_end(mcp_proxy *p, mcp_call *c) {
     break;
   case WHY_TOO_BIG:
   case WHY_UNREADABLE:
+  case WHY_CANCELLED: /* it may have acted, or stopped partway */
     how = IDEM_EXEC_UNKNOWN;
     break;
   default: /* the tool has not acted */
@@ -946,6 +952,13 @@ static void do_end(mcp_proxy *p, mcp_call *c) {
               c->key, c->tool, rt - rf, p->o->max_result,
               rc == IDEM_OK ? "marked unknown" : detail);
     break;
+  case WHY_CANCELLED:
+    cli_error("mcp",
+              "key '%s' (tool %s): the client cancelled the call and the "
+              "server neither confirmed (an error answer) nor answered "
+              "within --cancel-wait; the key is %s",
+              c->key, c->tool, rc == IDEM_OK ? "marked unknown" : detail);
+    break;
   default:
     cli_error("mcp",
               "key '%s' (tool %s): the server exited before answering; the "
@@ -961,8 +974,14 @@ static void do_end(mcp_proxy *p, mcp_call *c) {
     else if (why == WHY_GONE)
       answer_unknown(p, c, w->id, p->o->on_unknown_fail ? 0 : lease_ms(p),
                      "the server exited before answering this call", 1);
+    else if (why == WHY_CANCELLED)
+      answer_unknown(p, c, w->id, 0,
+                     "the call was cancelled at the server, which did not "
+                     "say whether it stopped",
+                     1);
     else if (why == WHY_RESULT && w->attached)
-      answer_replay(p, w->id, mcp_is_implicit(c->key), resp.body, resp.body_len, recovered);
+      answer_replay(p, w->id, mcp_is_implicit(c->key), resp.body,
+                    resp.body_len, recovered);
     else
       answer_as_server(p, c, w->id,
                        (recovered || c->stale_retry) && why == WHY_RESULT);
@@ -1011,9 +1030,24 @@ int mcp_keyed_start(mcp_proxy *p) {
 
 /* ---- what the readers and the main thread hand over ---------------------- */
 
+/* --keyed-cancel pass: the cancellation of c, at the server, sent on
+ * under the id c travels under there; NULL when out of memory. */
+static json_t *cancel_for_server(const mcp_call *c, json_t *msg) {
+  json_t *sid = json_loads(c->sid, JSON_DECODE_ANY, NULL);
+  json_t *reason = json_object_get(json_object_get(msg, "params"), "reason");
+  json_t *note = sid ? json_pack("{s:s,s:s,s:{s:o}}", "jsonrpc", "2.0",
+                                 "method", "notifications/cancelled",
+                                 "params", "requestId", sid)
+                     : NULL;
+  if (note && json_is_string(reason))
+    json_object_set(json_object_get(note, "params"), "reason", reason);
+  return note;
+}
+
 int mcp_keyed_cancel(mcp_proxy *p, json_t *msg) {
   char *id =
       mcp_id_text(json_object_get(json_object_get(msg, "params"), "requestId"));
+  json_t *pass = NULL;
   int found = 0;
   if (!id)
     return 0;
@@ -1022,15 +1056,26 @@ int mcp_keyed_cancel(mcp_proxy *p, json_t *msg) {
     for (mcp_waiter **w = &c->waiters; *w; w = &(*w)->next)
       if (strcmp((*w)->match, id) == 0) {
         /* The request gets no answer now (MCP's rule for a cancelled
-         * request); the call goes on, and its answer is recorded. */
+         * request). The call goes on, and its answer is recorded; with
+         * --keyed-cancel pass, a call at the server that no retry waits
+         * for is cancelled there too. */
         mcp_waiter *d = *w;
         *w = d->next;
+        if (p->o->cancel_pass && !d->attached && !c->waiters &&
+            c->state == CALL_SERVER && !c->cancel_until &&
+            (pass = cancel_for_server(c, msg)))
+          c->cancel_until = mono_ms() + p->o->cancel_wait_ms;
         waiter_free(d);
         found = 1;
         break;
       }
   pthread_mutex_unlock(&p->lock);
   free(id);
+  if (pass) {
+    mcp_out_json(&p->to_server, pass);
+    json_decref(pass);
+    mcp_notify(p); /* the main thread times the confirmation */
+  }
   return found;
 }
 
@@ -1071,6 +1116,18 @@ int mcp_keyed_answer(mcp_proxy *p, json_t *msg, const char *line, size_t len) {
      * server had not answered. */
     found->gone = copy == NULL;
     wake = end_queue_quiet(p, found);
+  } else if (strncmp(id + 6, p->nonce, strlen(p->nonce)) == 0 &&
+             id[6 + strlen(p->nonce)] == '-') {
+    /* Under an id of this proxy's, for a call it has settled (cancelled
+     * at the server and marked unknown): no request of the client's has
+     * that id, so it goes nowhere. */
+    cli_error("mcp",
+              "an answer came for a keyed call that was already settled "
+              "(%s); it is dropped",
+              id);
+    pthread_mutex_unlock(&p->lock);
+    free(id);
+    return 1;
   }
   pthread_mutex_unlock(&p->lock);
   if (wake)
@@ -1142,6 +1199,16 @@ int64_t mcp_keyed_tick(mcp_proxy *p) {
     }
     if (c->state == CALL_CLAIM)
       continue; /* its worker answers when the store says */
+    if (c->state == CALL_SERVER && c->cancel_until) {
+      if (c->cancel_until <= now) {
+        /* Cancelled at the server, which has not said it stopped. */
+        c->cancel_lost = 1;
+        end_queue(p, c);
+        continue;
+      }
+      if (next < 0 || c->cancel_until - now < next)
+        next = c->cancel_until - now;
+    }
     for (mcp_waiter **w = &c->waiters; *w;) {
       mcp_waiter *d = *w;
       expired *e;

@@ -181,6 +181,8 @@ int mcp_extend_initialize(const mcp_opts *o, json_t *msg) {
                    "storeToolErrors", o->store_tool_errors);
   if (!info)
     return -1;
+  json_object_set_new(info, "keyedCancel",
+                      json_string(o->cancel_pass ? "pass" : "hold"));
   if (o->implicit_ms > 0) {
     /* Unkeyed calls of tools that may act are keyed by their arguments. */
     json_object_set_new(info, "implicitKeysMs", json_integer(o->implicit_ms));
