@@ -44,7 +44,8 @@ const J = JSON.stringify;
     "idem/idempotency": { keyLocations: ["params._meta.idempotencyKey",
       "params.idempotencyKey"], requireKey: false, onUnknown: "forward",
     replayedMeta: "idem/replayed", recoveredMeta: "idem/recovered",
-    attachWaitMs: 25000, storeToolErrors: true } } }, init?.result?.capabilities);
+    attachWaitMs: 25000, storeToolErrors: true, keyedCancel: "hold" } } },
+  init?.result?.capabilities);
   eq("initialize: server info kept", { name: "raw", version: "1" },
     init?.result?.serverInfo);
 
