@@ -745,7 +745,8 @@ static void do_claim(mcp_proxy *p, mcp_call *c) {
       else if (v == REPLAY_STALE)
         answer_stale_task(p, c, w->id);
       else
-        answer_replay(p, w->id, mcp_is_implicit(c->key), r->body, r->body_len, recovered);
+        answer_replay(p, w->id, mcp_is_implicit(c->key), r->body,
+                      r->body_len, recovered);
     break;
   }
   case IDEM_CONFLICT: {
