@@ -533,7 +533,7 @@ char *mcp_replay_text(const char *id, const char *body, size_t len,
   return text;
 }
 
-/* ---- --implicit-keys ------------------------------------------------------ */
+/* ---- --implicit-keys -------------------------------------------------- */
 
 void mcp_implicit_key(const char *fp, char *key) {
   memcpy(key, MCP_IMPLICIT_PREFIX, sizeof MCP_IMPLICIT_PREFIX - 1);
