@@ -1132,6 +1132,64 @@ static void decide_heavy(void *arg) {
   hx_unref(h);
 }
 
+/*
+ * A body that jansson refused for its lone surrogate escapes alone ("ok
+ * \ud83d": JavaScript's JSON.stringify writes one for a string cut between
+ * the halves of a pair), read from a mended copy (mcp_parse_lone()): msg
+ * is kept only for a tools/call request, which is then handled as any
+ * (the body passed on, kept and fingerprinted is the client's own, the
+ * escape in it), and for a notifications/cancelled, which stays here when
+ * it cancels a keyed call; anything else passes through as before, unread
+ * (the tree is never written out). The tree
+ * holds U+FFFD where the body has a lone surrogate, so a call whose id or
+ * tool name holds one is refused: its answers could not be matched, and a
+ * record's operation is UTF-8. 1 when answered, 0 otherwise, with *msg
+ * the tree or NULL.
+ */
+static int lone_read(hx *h, json_t **out, int *dup) {
+  json_t *msg = mcp_parse_lone(h->body, h->len, dup);
+  const char *method = json_string_value(json_object_get(msg, "method"));
+  json_t *id = json_object_get(msg, "id");
+  size_t f, t, pf, pt;
+  *out = NULL;
+  if (method && strcmp(method, "notifications/cancelled") == 0 && !id) {
+    *out = msg;
+    return 0;
+  }
+  if (!json_is_object(msg) || !method || strcmp(method, "tools/call") != 0 ||
+      !id || json_is_null(id)) {
+    /* Not the proxy's to read: the body passes through as it came. */
+    json_decref(msg);
+    *dup = 0;
+    return 0;
+  }
+  if (mcp_member(h->body, h->len, 0, "id", &f, &t) &&
+      mcp_has_lone(h->body + f, t - f)) {
+    free(h->id);
+    h->id = strndup(h->body + f, t - f); /* answered under its own bytes */
+    json_decref(msg);
+    hx_answer_rpc_error(h, -32600,
+                        "idem mcp: a request id may not hold a lone "
+                        "surrogate. Nothing was sent to the server.",
+                        NULL);
+    return 1;
+  }
+  if (mcp_member(h->body, h->len, 0, "params", &pf, &pt) &&
+      mcp_member(h->body, pt, pf, "name", &f, &t) &&
+      mcp_has_lone(h->body + f, t - f)) {
+    free(h->id);
+    h->id = mcp_id_text(id);
+    json_decref(msg);
+    hx_answer_rpc_error(h, -32602,
+                        "idem mcp: a tool name may not hold a lone "
+                        "surrogate. Nothing was sent to the server.",
+                        NULL);
+    return 1;
+  }
+  *out = msg;
+  return 0;
+}
+
 /* A POST to the endpoint is read: a keyed tools/call goes to
  * mcp_http_keyed.c, anything else passes through. */
 static void decide(hx *h) {
@@ -1153,6 +1211,8 @@ static void decide(hx *h) {
     return;
   }
   msg = mcp_parse(h->body ? h->body : "", h->len, &dup);
+  if (!msg && !dup && h->len && lone_read(h, &msg, &dup))
+    return;
   method = json_string_value(json_object_get(msg, "method"));
   id = json_object_get(msg, "id");
   params = json_object_get(msg, "params");

@@ -1,7 +1,9 @@
 // test_server.mjs -- a small MCP server (SDK, stdio) with the tools the real
 // servers lack: one that appends to a file and then waits (to be killed
 // mid-call), one whose result has a chosen size, one that answers a
-// JSON-RPC error, and one that takes an idempotency_key argument.
+// JSON-RPC error, one that takes an idempotency_key argument, and one that
+// answers a lone surrogate ("ok \u{1F600}".slice(0, 4), as JavaScript cuts a
+// string between the halves of a pair).
 import { Server } from "@modelcontextprotocol/sdk/server/index.js";
 import { StdioServerTransport } from "@modelcontextprotocol/sdk/server/stdio.js";
 import { CallToolRequestSchema, ErrorCode, ListToolsRequestSchema, McpError }
@@ -16,6 +18,10 @@ const tools = [
   { name: "big", description: "Returns bytes characters.",
     inputSchema: obj({ bytes: { type: "number" } }),
     annotations: { readOnlyHint: true } },
+  { name: "cut", description: "Appends a line to a file, then answers the " +
+      "first keep UTF-16 code units of text.",
+    inputSchema: obj({ file: { type: "string" }, text: { type: "string" },
+      keep: { type: "number" } }) },
   { name: "reject", description: "Always answers a JSON-RPC error.",
     inputSchema: obj({ n: { type: "number" } }) },
 ];
@@ -36,6 +42,12 @@ server.setRequestHandler(CallToolRequestSchema, async (req) => {
       if (a.delay_ms) await new Promise((r) => setTimeout(r, a.delay_ms));
       return { content: [{ type: "text",
         text: `appended ${a.text} as line ${n}; arguments ${JSON.stringify(a)}` }] };
+    }
+    case "cut": {
+      appendFileSync(a.file, "cut\n");
+      const n = readFileSync(a.file, "utf8").split("\n").length - 1;
+      return { content: [{ type: "text", text: a.text.slice(0, a.keep) },
+        { type: "text", text: `line ${n}` }] };
     }
     case "big":
       return { content: [{ type: "text", text: "y".repeat(a.bytes) }] };
