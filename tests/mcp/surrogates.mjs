@@ -291,6 +291,22 @@ for (const tool of ["cut", "cut_sse"]) {
     }));
   eq("HTTP arguments: the server acted once, nothing refused reached it",
     [1, undefined], [effects.echo, effects["echo\udc00"]]);
+
+  // What the proxy still cannot read (a number past the double range
+  // beside the lone surrogate, a member named twice) is refused when keyed,
+  // over HTTP as over stdio: a server could act on it with its key unseen.
+  const unread = [
+    await post(handCall(40, '"echo"', '{"s":"ok \\ud83d","n":1e400}', "h-big-1")),
+    await post('{"jsonrpc":"2.0","id":41,"method":"tools/call","params":' +
+      '{"name":"echo","name":"echo2","arguments":{"s":"x"},' +
+      '"_meta":{"idempotencyKey":"h-dup-1"}}}')];
+  eq("HTTP: keyed calls the proxy cannot read are refused under their ids",
+    [[40, -32700], [41, -32600]], unread.map((r) => {
+      const m = JSON.parse(r.raw ?? "{}");
+      return [m.id, m.error?.code];
+    }));
+  eq("HTTP: and never reach the server", [1, undefined],
+    [effects.echo, effects.echo2]);
 }
 
 {
