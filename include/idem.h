@@ -81,6 +81,10 @@
  *  - idem_execute_options.fingerprint (its last member): a fingerprint the
  *    caller has computed, so that the request is not parsed again; and
  *    idem_fingerprint_text(), the text a fingerprint is the SHA-256 of.
+ *  - idem_fingerprint_with() and IDEM_FP_LONE_SURROGATES: the fingerprint
+ *    of JSON as JavaScript writes it, a lone surrogate escape read as the
+ *    UTF-16 code unit it is (idem mcp's); idem_fingerprint() and
+ *    idem_canonicalize() refuse it, as RFC 8785 does.
  *
  * Changes in 0.2.0 (source-compatible where noted; rebuild against this
  * header, the ABI of 0.1 is not kept):
