@@ -81,6 +81,10 @@
  *  - idem_execute_options.fingerprint (its last member): a fingerprint the
  *    caller has computed, so that the request is not parsed again; and
  *    idem_fingerprint_text(), the text a fingerprint is the SHA-256 of.
+ *  - idem_fingerprint_with() and IDEM_FP_LONE_SURROGATES: the fingerprint
+ *    of JSON as JavaScript writes it, a lone surrogate escape read as the
+ *    UTF-16 code unit it is (idem mcp's); idem_fingerprint() and
+ *    idem_canonicalize() refuse it, as RFC 8785 does.
  *
  * Changes in 0.2.0 (source-compatible where noted; rebuild against this
  * header, the ABI of 0.1 is not kept):
@@ -233,6 +237,33 @@ IDEM_API int idem_sha256_hex(const void *data, size_t len,
  */
 IDEM_API int idem_fingerprint(const void *data, size_t len, int is_json,
                               char hex[IDEM_FINGERPRINT_SIZE]);
+
+/* Flags of idem_fingerprint_with(). */
+enum {
+  /* The data is JSON, fingerprinted as idem_fingerprint() with is_json
+   * does; without it, its bytes are. */
+  IDEM_FP_JSON = 1,
+  /* With IDEM_FP_JSON: a string may hold a lone surrogate escape ("\ud83d"
+   * without its low half), as JavaScript's JSON.stringify writes a string
+   * cut between the halves of a pair. It counts as the UTF-16 code unit it
+   * is, written "\udxxx" with lowercase hex digits (as JSON.stringify writes
+   * it) and ordered among member names by that unit; "\uD83D" and "\ud83d"
+   * are one string, "\ud83d" and "\ud83e" or "\ufffd" two. A surrogate
+   * pair is one character, as always, and raw bytes that are not UTF-8 are
+   * still IDEM_EUTF8. A text without lone surrogates has the fingerprint
+   * idem_fingerprint() gives it. RFC 8785 refuses lone surrogates, and so
+   * do idem_canonicalize() and idem_fingerprint(). */
+  IDEM_FP_LONE_SURROGATES = 2
+};
+
+/*
+ * idem_fingerprint() with flags: IDEM_FP_JSON for is_json, and
+ * IDEM_FP_LONE_SURROGATES for JSON that JavaScript may have written. Other
+ * bits, or IDEM_FP_LONE_SURROGATES without IDEM_FP_JSON, are IDEM_EINVAL.
+ * hex is "" on failure. (Added after 0.3.0.)
+ */
+IDEM_API int idem_fingerprint_with(const void *data, size_t len, unsigned flags,
+                                   char hex[IDEM_FINGERPRINT_SIZE]);
 
 /*
  * The text whose SHA-256 is a JSON request's fingerprint (idem_fingerprint()
@@ -921,7 +952,9 @@ typedef struct idem_execute_options {
    * the caller has computed already as idem_fingerprint() computes it (of
    * the parts fingerprint_pointers selects, if any), so that a large
    * request is not parsed again. With forget_request the request is then
-   * not read at all; without, it is still made canonical for the record.
+   * not read at all; without, it is still made canonical for the record
+   * (a lone surrogate escape in it, which the caller's fingerprint may
+   * have read with IDEM_FP_LONE_SURROGATES, written "\udxxx").
    * The caller answers for the two agreeing: a fingerprint of another
    * request makes this one replay or conflict with that one's record.
    * (The last member: added after 0.3.0.)

@@ -20,6 +20,15 @@
  * (idem__fingerprint_text(), at the end): RFC 8785's form with numbers kept
  * exact where a double cannot hold them, of the whole text or of the parts
  * that RFC 6901 JSON Pointers select.
+ *
+ * Strings are sequences of UTF-16 code units, as ECMAScript's are. RFC 8785
+ * refuses a lone surrogate (\ud83d without its low half, which JavaScript's
+ * "ok \u{1F600}".slice(0, 4) holds and JSON.stringify writes), and so does
+ * idem_canonicalize(). With IDEM__CANON_LONE such an escape is one code
+ * unit like any other: written \udxxx in lowercase, as ECMAScript's
+ * JSON.stringify writes it, and ordered among member names by its code
+ * unit. A pair stays one code point, and raw bytes that are not UTF-8
+ * (a surrogate's three bytes among them) are refused either way.
  */
 #include "decimal.h"
 #include "internal.h"
@@ -240,8 +249,8 @@ static size_t utf8_len(const unsigned char *s, size_t n) {
 
 /*
  * The next code point of a validated string whose contents continue at
- * s[*i], escapes decoded (a surrogate pair is one code point); -1 at the
- * closing quote.
+ * s[*i], escapes decoded (a surrogate pair is one code point, a lone
+ * surrogate the code unit it is); -1 at the closing quote.
  */
 static long next_code_point(const unsigned char *s, size_t *i) {
   size_t k = *i;
@@ -268,9 +277,14 @@ static long next_code_point(const unsigned char *s, size_t *i) {
     case 'u':
       cp = u_escape(s, k + 6, k);
       if (cp >= 0xD800 && cp <= 0xDBFF) {
+        /* A low half next makes a pair; anything else leaves this one
+         * lone. (The bytes after it are read only while they are an
+         * escape: the closing quote comes first otherwise.) */
         long lo = u_escape(s, k + 12, k + 6);
-        *i = k + 12;
-        return 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+        if (lo >= 0xDC00 && lo <= 0xDFFF) {
+          *i = k + 12;
+          return 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+        }
       }
       *i = k + 6;
       return cp;
@@ -310,6 +324,26 @@ static long utf16_rank(long cp) {
 }
 
 /*
+ * The next UTF-16 code unit of a validated string (as next_code_point());
+ * *low holds the low half of a pair whose high half was returned, -1 when
+ * none is due. Code points do not order lone surrogates as their units do:
+ * a lone \udbff comes after the pair of U+10000 (D800 DC00), not before.
+ */
+static long next_unit(const unsigned char *s, size_t *i, long *low) {
+  long cp;
+  if (*low >= 0) {
+    cp = *low;
+    *low = -1;
+    return cp;
+  }
+  cp = next_code_point(s, i);
+  if (cp < 0x10000)
+    return cp;
+  *low = 0xDC00 + ((cp - 0x10000) & 0x3FF);
+  return 0xD800 + ((cp - 0x10000) >> 10);
+}
+
+/*
  * Orders the member names whose opening quotes are at s[a] and s[b] by their
  * UTF-16 code units, as RFC 8785 requires, comparing decoded characters so
  * that escapes do not matter. 0 means a duplicate.
@@ -329,12 +363,15 @@ static int compare_names(const unsigned char *s, uint32_t a, uint32_t b) {
     i--;
     j--;
   }
-  for (;;) {
-    long x = next_code_point(s, &i), y = next_code_point(s, &j);
-    if (x != y)
-      return utf16_rank(x) < utf16_rank(y) ? -1 : 1;
-    if (x < 0)
-      return 0;
+  {
+    long xl = -1, yl = -1;
+    for (;;) {
+      long x = next_unit(s, &i, &xl), y = next_unit(s, &j, &yl);
+      if (x != y)
+        return x < y ? -1 : 1;
+      if (x < 0)
+        return 0;
+    }
   }
 }
 
@@ -379,6 +416,7 @@ typedef struct canon {
   size_t i; /* where the first pass is */
   int max_depth;
   int exact; /* numbers for a fingerprint (idem__format_number_exact) */
+  int lone;  /* lone surrogate escapes allowed (IDEM__CANON_LONE) */
   /* The open objects' member names, as offsets of their opening quotes:
    * those of the object at depth d start at open[bases[d]]. */
   uint32_t *open;
@@ -566,13 +604,16 @@ static int parse_string(canon *c) {
                          "follow)");
       }
       lo = u >= 0xD800 && u <= 0xDBFF ? u_escape(s, n, i + 6) : -1;
-      if (u >= 0xD800 && u <= 0xDFFF &&
-          !(u <= 0xDBFF && lo >= 0xDC00 && lo <= 0xDFFF))
+      if (lo >= 0xDC00 && lo <= 0xDFFF) {
+        i += 12; /* a pair */
+        continue;
+      }
+      if (u >= 0xD800 && u <= 0xDFFF && !c->lone)
         return fail_at(c, IDEM_EUTF8, i,
                        "lone surrogate \\u%04lX (surrogates must come in "
                        "high-low pairs)",
                        u);
-      i += u <= 0xDBFF && u >= 0xD800 ? 12 : 6;
+      i += 6;
     } else if (s[i + 1] >= 0x20 && s[i + 1] < 0x7F) {
       return fail_at(c, IDEM_EJSON, i, "invalid escape '\\%c'", s[i + 1]);
     } else {
@@ -798,7 +839,9 @@ static size_t skip_ws_at(const canon *c, size_t i) {
 
 /* Writes one character of a string with RFC 8785's escapes: the two-
  * character forms where JSON has them, \u00xx in lowercase for the other
- * controls, and everything else, '/' and DEL included, as UTF-8. */
+ * controls, and everything else, '/' and DEL included, as UTF-8. A lone
+ * surrogate (IDEM__CANON_LONE) has no UTF-8: \udxxx in lowercase, as
+ * ECMAScript's JSON.stringify writes it. */
 static int write_code_point(canon_buf *b, long cp) {
   static const char hex[] = "0123456789abcdef";
   char u[6];
@@ -818,9 +861,12 @@ static int write_code_point(canon_buf *b, long cp) {
   case '\t':
     return buf_put(b, "\\t", 2);
   }
-  if (cp < 0x20) {
-    memcpy(u, "\\u00", 4);
-    u[4] = hex[cp >> 4];
+  if (cp < 0x20 || (cp >= 0xD800 && cp <= 0xDFFF)) {
+    u[0] = '\\';
+    u[1] = 'u';
+    u[2] = hex[cp >> 12];
+    u[3] = hex[(cp >> 8) & 15];
+    u[4] = hex[(cp >> 4) & 15];
     u[5] = hex[cp & 15];
     return buf_put(b, u, 6);
   }
@@ -1274,13 +1320,14 @@ static int compare_object_starts(const void *pa, const void *pb) {
 }
 
 /*
- * Both: RFC 8785's form when exact is 0; the fingerprint's text, of the
- * whole or (pointers not NULL) of the parts they select, when it is 1.
+ * Both: RFC 8785's form without IDEM__CANON_EXACT; the fingerprint's text,
+ * of the whole or (pointers not NULL) of the parts they select, with it.
+ * IDEM__CANON_LONE: lone surrogate escapes are read and written as \udxxx.
  * The caller has checked the output arguments.
  */
 static int canon_text(const char *json, size_t len,
                       const idem_canon_limits *limits,
-                      const char *const *pointers, int exact, char **out,
+                      const char *const *pointers, unsigned flags, char **out,
                       size_t *out_len, size_t *err_offset) {
   size_t max_bytes = CANON_DEFAULT_MAX_BYTES, pos = 0, npointers = 0;
   int max_depth = CANON_DEFAULT_MAX_DEPTH;
@@ -1290,7 +1337,8 @@ static int canon_text(const char *json, size_t len,
   int rc;
 
   memset(&c, 0, sizeof c);
-  c.exact = exact;
+  c.exact = (flags & IDEM__CANON_EXACT) != 0;
+  c.lone = (flags & IDEM__CANON_LONE) != 0;
   if (json == NULL)
     json = "";
   if (limits != NULL) {
@@ -1434,6 +1482,19 @@ int idem_canonicalize(const char *json, size_t len,
   return canon_text(json, len, limits, NULL, 0, out, out_len, err_offset);
 }
 
+int idem__canon_text(const char *json, size_t len, const char *const *pointers,
+                     unsigned flags, char **out, size_t *out_len,
+                     size_t *err_offset) {
+  if (!clear_outputs(out, out_len, err_offset) || (json == NULL && len > 0))
+    return idem__fail(IDEM_EINVAL, "canonicalize: NULL argument");
+  if (pointers != NULL && pointers[0] == NULL)
+    return idem__fail(IDEM_EINVAL,
+                      "fingerprint: the list of pointers is empty: every "
+                      "request would share one fingerprint; pass NULL for "
+                      "the whole request");
+  return canon_text(json, len, NULL, pointers, flags, out, out_len, err_offset);
+}
+
 /*
  * The fingerprint's text. RFC 8785 reads every number as a double, so
  * 12345678901234567 and 12345678901234568 have one canonical form; a
@@ -1449,10 +1510,6 @@ int idem__fingerprint_text(const char *json, size_t len,
                            size_t *out_len, size_t *err_offset) {
   if (!clear_outputs(out, out_len, err_offset) || (json == NULL && len > 0))
     return idem__fail(IDEM_EINVAL, "fingerprint: NULL argument");
-  if (pointers != NULL && pointers[0] == NULL)
-    return idem__fail(IDEM_EINVAL,
-                      "fingerprint: the list of pointers is empty: every "
-                      "request would share one fingerprint; pass NULL for "
-                      "the whole request");
-  return canon_text(json, len, NULL, pointers, 1, out, out_len, err_offset);
+  return idem__canon_text(json, len, pointers, IDEM__CANON_EXACT, out, out_len,
+                          err_offset);
 }

@@ -239,10 +239,12 @@ static int begin_prepare(idem_store *store, const char *request,
       return idem__fail(IDEM_EINVAL, "execute: fingerprint is not 64 "
                                      "lowercase hex digits");
     memcpy(fp, o->fingerprint, IDEM_FINGERPRINT_SIZE);
-    rc = o->forget_request ? IDEM_OK
-                           : idem_canonicalize(request ? request : "",
-                                               request_len, NULL, canon,
-                                               &canon_len, NULL);
+    /* Lone surrogates read: the caller may have taken the fingerprint with
+     * IDEM_FP_LONE_SURROGATES, and the form is an operator's view. */
+    rc = o->forget_request
+             ? IDEM_OK
+             : idem__canon_text(request ? request : "", request_len, NULL,
+                                IDEM__CANON_LONE, canon, &canon_len, NULL);
   } else if (o->forget_request) {
     /* Nothing of the request is kept: its fingerprint is all it needs. */
     rc = idem__request_fingerprint(request ? request : "", request_len,

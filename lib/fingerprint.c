@@ -161,6 +161,35 @@ int idem_fingerprint_json(const void *json, size_t len,
                              canonical_len);
 }
 
+int idem_fingerprint_with(const void *data, size_t len, unsigned flags,
+                          char hex[IDEM_FINGERPRINT_SIZE]) {
+  char *text = NULL;
+  size_t text_len = 0;
+  int rc;
+  idem__clear_error();
+  if (hex == NULL)
+    return idem__fail(IDEM_EINVAL, "fingerprint: NULL output");
+  hex[0] = '\0';
+  if (flags & ~(unsigned)(IDEM_FP_JSON | IDEM_FP_LONE_SURROGATES))
+    return idem__fail(IDEM_EINVAL, "fingerprint: unknown flags 0x%x", flags);
+  if ((flags & IDEM_FP_LONE_SURROGATES) && !(flags & IDEM_FP_JSON))
+    return idem__fail(IDEM_EINVAL, "fingerprint: IDEM_FP_LONE_SURROGATES "
+                                   "without IDEM_FP_JSON");
+  if (!(flags & IDEM_FP_JSON))
+    return idem_sha256_hex(data, len, hex);
+  if (data == NULL && len > 0)
+    return idem__fail(IDEM_EINVAL, "fingerprint: NULL argument");
+  rc = idem__canon_text(
+      data ? data : "", len, NULL,
+      IDEM__CANON_EXACT |
+          (flags & IDEM_FP_LONE_SURROGATES ? IDEM__CANON_LONE : 0),
+      &text, &text_len, NULL);
+  if (rc == IDEM_OK)
+    rc = idem__sha256_parts((const void *const *)&text, &text_len, 1, hex);
+  idem_free(text);
+  return rc;
+}
+
 int idem_fingerprint(const void *data, size_t len, int is_json,
                      char hex[IDEM_FINGERPRINT_SIZE]) {
   idem__clear_error();

@@ -62,6 +62,22 @@ int idem__fingerprint_text(const char *json, size_t len,
                            const char *const *pointers, char **out,
                            size_t *out_len, size_t *err_offset);
 
+/* Flags of idem__canon_text(). */
+#define IDEM__CANON_EXACT 1u /* numbers as the fingerprint writes them */
+#define IDEM__CANON_LONE 2u  /* lone surrogate escapes read, written \udxxx */
+
+/*
+ * idem_canonicalize() (flags 0) with the default limits,
+ * idem__fingerprint_text() (IDEM__CANON_EXACT), and either with lone
+ * surrogate escapes read as the code units they are and written in
+ * lowercase hex, as ECMAScript's JSON.stringify writes them
+ * (IDEM__CANON_LONE), where RFC 8785 refuses them (see canon.c). Outputs
+ * and failures as idem__fingerprint_text()'s.
+ */
+int idem__canon_text(const char *json, size_t len, const char *const *pointers,
+                     unsigned flags, char **out, size_t *out_len,
+                     size_t *err_offset);
+
 /*
  * A JSON request's fingerprint: the SHA-256, in lowercase hex, of
  * idem__fingerprint_text() (whole with pointers NULL). For every request

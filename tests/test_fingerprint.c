@@ -615,6 +615,143 @@ static void test_fingerprint_json(void **state) {
   }
 }
 
+/* ------------------------------------------------------------------ */
+/* Lone surrogates                                                      */
+/* ------------------------------------------------------------------ */
+
+/* With IDEM_FP_LONE_SURROGATES the fingerprint's text of in is want, and
+ * the fingerprint its SHA-256. */
+static void expect_lone(const char *in, const char *want) {
+  char *out = NULL, fp[IDEM_FINGERPRINT_SIZE], sha[IDEM_FINGERPRINT_SIZE];
+  size_t out_len = 0, n = strlen(in);
+  int rc = idem__canon_text(in, n, NULL, IDEM__CANON_EXACT | IDEM__CANON_LONE,
+                            &out, &out_len, NULL);
+  if (rc != IDEM_OK)
+    fail_msg("input '%s': %s: %s", in, idem_rc_name(rc), idem_errmsg());
+  if (out_len != strlen(want) || memcmp(out, want, out_len) != 0)
+    fail_msg("input '%s': got '%s', want '%s'", in, out, want);
+  assert_int_equal(idem_sha256_hex(out, out_len, sha), IDEM_OK);
+  assert_int_equal(
+      idem_fingerprint_with(in, n, IDEM_FP_JSON | IDEM_FP_LONE_SURROGATES, fp),
+      IDEM_OK);
+  assert_string_equal(fp, sha);
+  idem_free(out);
+}
+
+/*
+ * A lone surrogate escape, which JavaScript's JSON.stringify writes for a
+ * string cut between the halves of a pair, is one UTF-16 code unit of the
+ * string: written \udxxx in lowercase, as ECMAScript's JSON.stringify
+ * writes it (so that a client canonicalising with JSON.stringify agrees),
+ * and ordered among member names by its code unit. The texts wanted here
+ * are what JSON.stringify makes of the same strings, members sorted by
+ * UTF-16 code units (RFC 8785's order, and JavaScript's default sort).
+ */
+static void test_lone_surrogates(void **state) {
+  char fp[IDEM_FINGERPRINT_SIZE], fp2[IDEM_FINGERPRINT_SIZE];
+  (void)state;
+  expect_lone("{\"b\":\"\\uD83D\",\"a\":\"x\\udc00y\"}",
+              "{\"a\":\"x\\udc00y\",\"b\":\"\\ud83d\"}");
+  expect_lone("\"ok \\ud83d\"", "\"ok \\ud83d\"");
+  expect_lone("\"\\uDbFf\"", "\"\\udbff\"");
+  /* A pair is one code point, written as UTF-8; a high half followed by
+   * anything but a low one is lone, and so is a low half on its own. */
+  expect_lone("[\"\\ud83d\\ude00\",\"\\ude00\\ud83d\",\"\\ud800\\u0041\"]",
+              "[\"\xf0\x9f\x98\x80\",\"\\ude00\\ud83d\",\"\\ud800A\"]");
+  expect_lone("[\"\\ud800\\ud800\\udc00\",\"\\udbff\\udfff\\udc00\"]",
+              "[\"\\ud800\xf0\x90\x80\x80\",\"\xf4\x8f\xbf\xbf\\udc00\"]");
+  expect_lone("[\"\\ud800\\\\udc00\",\"\\ud800\\n\"]",
+              "[\"\\ud800\\\\udc00\",\"\\ud800\\n\"]");
+  /* Member names in UTF-16 code units: U+D7FF, then the lone D800 (a
+   * prefix of the next), the pair D800 DC00, the lone DBFF, U+E000. By
+   * code points the lone DBFF would come before U+10000. */
+  expect_lone("{\"\\ue000\":1,\"\\udbff\":2,\"\\ud800\\udc00\":3,"
+              "\"\\ud7ff\":4,\"\\ud800\":5}",
+              "{\"\xed\x9f\xbf\":4,\"\\ud800\":5,\"\xf0\x90\x80\x80\":3,"
+              "\"\\udbff\":2,\"\xee\x80\x80\":1}");
+  expect_lone("{\"a\\udc00\":1,\"a\":2,\"a\\ud800x\":3}",
+              "{\"a\":2,\"a\\ud800x\":3,\"a\\udc00\":1}");
+  /* Numbers stay exact. */
+  expect_lone("{\"s\":\"\\ud83d\",\"n\":12345678901234567,\"m\":1.0}",
+              "{\"m\":1,\"n\":12345678901234567,\"s\":\"\\ud83d\"}");
+
+  /* Two lone surrogates are two strings, and neither is U+FFFD. */
+  {
+    static const char *const apart[] = {"\"\\ud83d\"", "\"\\ud83e\"",
+                                        "\"\\ufffd\"", "\"\\ud83d\\ude00\"",
+                                        "\"\\ude00\"", "\"\""};
+    char fps[6][IDEM_FINGERPRINT_SIZE];
+    for (size_t i = 0; i < 6; i++) {
+      assert_int_equal(
+          idem_fingerprint_with(apart[i], strlen(apart[i]),
+                                IDEM_FP_JSON | IDEM_FP_LONE_SURROGATES, fps[i]),
+          IDEM_OK);
+      for (size_t j = 0; j < i; j++)
+        if (strcmp(fps[i], fps[j]) == 0)
+          fail_msg("%s and %s share a fingerprint", apart[i], apart[j]);
+    }
+  }
+  /* The same code unit twice is a duplicate name, however it is written. */
+  {
+    const char *dup = "{\"\\ud800\":1,\"\\uD800\":2}";
+    assert_int_equal(
+        idem_fingerprint_with(dup, strlen(dup),
+                              IDEM_FP_JSON | IDEM_FP_LONE_SURROGATES, fp),
+        IDEM_EDUPKEY);
+  }
+  /* A surrogate's bytes in UTF-8 (ED A0 80) are no UTF-8: still refused. */
+  assert_int_equal(idem_fingerprint_with("\"\xed\xa0\x80\"", 5,
+                                         IDEM_FP_JSON | IDEM_FP_LONE_SURROGATES,
+                                         fp),
+                   IDEM_EUTF8);
+  /* Without the flag, a lone surrogate is refused as before, by the
+   * fingerprint and by RFC 8785's canonical form. */
+  assert_int_equal(idem_fingerprint("\"\\ud83d\"", 8, 1, fp), IDEM_EUTF8);
+  assert_int_equal(idem_fingerprint_with("\"\\ud83d\"", 8, IDEM_FP_JSON, fp),
+                   IDEM_EUTF8);
+  {
+    char *out = NULL;
+    size_t n = 0;
+    assert_int_equal(idem_canonicalize("\"\\ud83d\"", 8, NULL, &out, &n, NULL),
+                     IDEM_EUTF8);
+    assert_null(out);
+    /* The canonical form kept for operators (numbers as doubles). */
+    const char *kept = "{\"n\":1.0,\"s\":\"\\uD83D\"}";
+    assert_int_equal(idem__canon_text(kept, strlen(kept), NULL,
+                                      IDEM__CANON_LONE, &out, &n, NULL),
+                     IDEM_OK);
+    assert_string_equal(out, "{\"n\":1,\"s\":\"\\ud83d\"}");
+    idem_free(out);
+  }
+  /* A text without lone surrogates has the fingerprint it always had;
+   * without IDEM_FP_JSON the bytes are hashed. */
+  {
+    const char *r = "{\"b\":[1.0,\"\\u00e9\\ud83d\\ude00\"],\"a\":null}";
+    assert_int_equal(idem_fingerprint(r, strlen(r), 1, fp), IDEM_OK);
+    assert_int_equal(
+        idem_fingerprint_with(r, strlen(r),
+                              IDEM_FP_JSON | IDEM_FP_LONE_SURROGATES, fp2),
+        IDEM_OK);
+    assert_string_equal(fp, fp2);
+    assert_int_equal(idem_fingerprint_with(r, strlen(r), IDEM_FP_JSON, fp2),
+                     IDEM_OK);
+    assert_string_equal(fp, fp2);
+    assert_int_equal(idem_sha256_hex(r, strlen(r), fp), IDEM_OK);
+    assert_int_equal(idem_fingerprint_with(r, strlen(r), 0, fp2), IDEM_OK);
+    assert_string_equal(fp, fp2);
+  }
+  /* Flags that mean nothing. */
+  assert_int_equal(
+      idem_fingerprint_with("\"x\"", 3, IDEM_FP_LONE_SURROGATES, fp),
+      IDEM_EINVAL);
+  assert_string_equal(fp, "");
+  assert_int_equal(idem_fingerprint_with("\"x\"", 3, 4, fp), IDEM_EINVAL);
+  assert_int_equal(idem_fingerprint_with(NULL, 3, IDEM_FP_JSON, fp),
+                   IDEM_EINVAL);
+  assert_int_equal(idem_fingerprint_with("\"x\"", 3, IDEM_FP_JSON, NULL),
+                   IDEM_EINVAL);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_equal_values_share),
@@ -627,6 +764,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_pointers_malformed),
       cmocka_unit_test(test_fingerprints_of_0_2),
       cmocka_unit_test(test_fingerprint_json),
+      cmocka_unit_test(test_lone_surrogates),
   };
   if (argc != 3) {
     fprintf(stderr, "usage: %s VECTORS_DIR FINGERPRINTS_0_2\n", argv[0]);

@@ -210,6 +210,23 @@ char *mcp_id_text(json_t *id);
 json_t *mcp_parse(const char *line, size_t len, int *dup);
 
 /*
+ * A line that mcp_parse() refused, read again from a copy in which each
+ * lone surrogate escape ("\ud83d" without its low half: JavaScript's
+ * JSON.stringify writes one for a string cut between the halves of a pair,
+ * and jansson refuses it) is "\ufffd": the same length, so offsets into
+ * the tree's line are the line's. NULL when the line holds none, or is
+ * still no JSON (*dup set as by mcp_parse()). The tree is for what the
+ * proxy reads of a message (its method, id, key, tool, isError): a string
+ * that held a lone surrogate holds U+FFFD there, so the tree is never
+ * written out, nor its strings compared with a peer's; what is passed on,
+ * stored, replayed and fingerprinted is the line's own text.
+ */
+json_t *mcp_parse_lone(const char *line, size_t len, int *dup);
+
+/* Whether s[0, n) holds a lone surrogate escape (in a string). */
+int mcp_has_lone(const char *s, size_t n);
+
+/*
  * A JSON-RPC error object {code, message}; NULL when out of memory. The
  * proxy's messages quote names of any length into buffers of a fixed size,
  * which snprintf() may have cut inside a character: the message is taken

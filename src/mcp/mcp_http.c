@@ -1143,6 +1143,137 @@ static void decide_heavy(void *arg) {
   hx_unref(h);
 }
 
+/*
+ * A body that jansson refused for its lone surrogate escapes alone ("ok
+ * \ud83d": JavaScript's JSON.stringify writes one for a string cut between
+ * the halves of a pair), read from a mended copy (mcp_parse_lone()): msg
+ * is kept for a tools/call the proxy answers (keyed, or under
+ * --require-key), which is then handled as any (the body passed on, kept
+ * and fingerprinted is the client's own, the escape in it), and for a
+ * notifications/cancelled, which stays here when it cancels a keyed call;
+ * anything else passes through as before, unread (the tree is never
+ * written out). The tree holds U+FFFD where the body has a lone
+ * surrogate, so such a call whose id or tool name holds one is refused:
+ * its answers could not be matched, and a record's operation is UTF-8. 1
+ * when answered, 0 otherwise, with *out the tree or NULL.
+ */
+static int lone_read(hx *h, json_t **out, int *dup) {
+  json_t *msg = mcp_parse_lone(h->body, h->len, dup);
+  const char *method = json_string_value(json_object_get(msg, "method"));
+  json_t *id = json_object_get(msg, "id");
+  size_t f, t, pf, pt;
+  int ours = 0;
+  *out = NULL;
+  if (!msg)
+    return 0;
+  if (method && strcmp(method, "notifications/cancelled") == 0 && !id) {
+    *out = msg;
+    return 0;
+  }
+  if (json_is_object(msg) && method && strcmp(method, "tools/call") == 0) {
+    json_t *params = json_object_get(msg, "params");
+    const char *key = NULL, *offered = NULL;
+    int in_arg, present = 0;
+    ours =
+        mcp_find_key(hx_opts->key_argument, params, &key, &in_arg) || key ||
+        mcp_offered(hx_opts->offer_key_argument, params, &present, &offered) ||
+        present || hx_opts->require_key;
+  }
+  if (!ours) {
+    /* Not the proxy's to read: the body passes through as it came. */
+    json_decref(msg);
+    return 0;
+  }
+  if (mcp_member(h->body, h->len, 0, "id", &f, &t) &&
+      mcp_has_lone(h->body + f, t - f)) {
+    free(h->id);
+    h->id = strndup(h->body + f, t - f); /* answered under its own bytes */
+    json_decref(msg);
+    hx_answer_rpc_error(h, -32600,
+                        "idem mcp: a request id may not hold a lone "
+                        "surrogate. Nothing was sent to the server.",
+                        NULL);
+    return 1;
+  }
+  if (mcp_member(h->body, h->len, 0, "params", &pf, &pt) &&
+      mcp_member(h->body, pt, pf, "name", &f, &t) &&
+      mcp_has_lone(h->body + f, t - f)) {
+    free(h->id);
+    h->id = id ? mcp_id_text(id) : NULL;
+    json_decref(msg);
+    hx_answer_rpc_error(h, -32602,
+                        "idem mcp: a tool name may not hold a lone "
+                        "surrogate. Nothing was sent to the server.",
+                        NULL);
+    return 1;
+  }
+  *out = msg;
+  return 0;
+}
+
+/*
+ * A body the proxy cannot read as JSON, even with its lone surrogates
+ * mended (a number past the double range, bytes that are not UTF-8, a
+ * member named twice). Unkeyed traffic passes through as it came, the
+ * server may well read it; a tools/call that carries a key, or that
+ * --require-key would refuse, is answered here, as the stdio mode answers
+ * it (client_unreadable() in mcp_relay.c): a more lenient server could act
+ * on it with its key unseen, and names given twice make the proxy and the
+ * server read different members. 1 when answered.
+ */
+static int unreadable_call(hx *h, int dup) {
+  size_t f = 0, t = 0;
+  char *tool = NULL;
+  int keyed = 0, refuse;
+  if (!mcp_scan_call(h->body, h->len, hx_opts->key_argument, &keyed, &f, &t,
+                     &tool)) {
+    if (!dup || !memmem(h->body, h->len, "tools/call", 10))
+      return 0;
+    keyed = 1; /* which method it names depends on who reads it */
+  }
+  if (!keyed && hx_opts->offer_key_argument) {
+    size_t f2, t2;
+    char *tool2 = NULL;
+    mcp_scan_call(h->body, h->len, hx_opts->offer_key_argument, &keyed, &f2,
+                  &t2, &tool2);
+    free(tool2);
+  }
+  refuse = keyed || dup ||
+           (hx_opts->require_key && (!tool || derive_tenant(h) != 0 ||
+                                     tool_needs_key(h->tenant, tool)));
+  free(tool);
+  if (!refuse)
+    return 0;
+  free(h->id);
+  h->id = NULL;
+  if (t > f) {
+    /* Under its own id, when that much can be read. */
+    json_t *v = json_loadb(h->body + f, t - f, JSON_DECODE_ANY, NULL);
+    if (json_is_string(v) || json_is_number(v))
+      h->id = strndup(h->body + f, t - f);
+    json_decref(v);
+  }
+  if (dup)
+    hx_answer_rpc_error(h, -32600,
+                        "idem mcp: a tools/call naming a member twice is not "
+                        "passed on; send each member once",
+                        NULL);
+  else if (keyed)
+    hx_answer_rpc_error(h, -32700,
+                        "idem mcp: this keyed tools/call is not JSON the "
+                        "proxy can read (UTF-8, numbers within the double "
+                        "range), so its key cannot be honoured; nothing was "
+                        "sent to the server",
+                        NULL);
+  else
+    hx_answer_rpc_error(h, MCP_E_KEY_REQUIRED,
+                        "idem mcp: --require-key: this tools/call has no "
+                        "idempotency key and its tool cannot be read; "
+                        "nothing was sent to the server",
+                        json_pack("{s:s}", "idem", "key_required"));
+  return 1;
+}
+
 /* A POST to the endpoint is read: a keyed tools/call goes to
  * mcp_http_keyed.c, anything else passes through. */
 static void decide(hx *h) {
@@ -1164,6 +1295,10 @@ static void decide(hx *h) {
     return;
   }
   msg = mcp_parse(h->body ? h->body : "", h->len, &dup);
+  if (!msg && !dup && h->len && lone_read(h, &msg, &dup))
+    return;
+  if (!msg && h->len && unreadable_call(h, dup))
+    return;
   method = json_string_value(json_object_get(msg, "method"));
   id = json_object_get(msg, "id");
   params = json_object_get(msg, "params");

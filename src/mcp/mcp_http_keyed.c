@@ -272,10 +272,21 @@ static int is_task(const char *body, size_t len, int64_t *ttl_ms) {
   return is;
 }
 
+/* A message read for what it is (a request's params, an answer's kind and
+ * id): mcp_parse(), or mcp_parse_lone() for one holding lone surrogates,
+ * whose tree is never written out (what passes on and is stored is the
+ * text as it came). NULL when it is no JSON the proxy can read. */
+static json_t *parse_message(const char *s, size_t n) {
+  int dup = 0;
+  json_t *m = mcp_parse(s, n, &dup);
+  if (!m && !dup)
+    m = mcp_parse_lone(s, n, &dup);
+  return m;
+}
+
 /* Whether request h asks for a task. */
 static int asks_task(const hx *h) {
-  int dup = 0;
-  json_t *m = mcp_parse(h->body, h->len, &dup);
+  json_t *m = parse_message(h->body, h->len);
   int asks = mcp_asks_task(json_object_get(m, "params"));
   json_decref(m);
   return asks;
@@ -365,8 +376,8 @@ static void k_head(void *ctx, up_response *rs) {
  * memory to keep it (or to tell), with k->oom set: the response must not
  * pass on unrecorded. */
 static int is_final(kcall *k, const char *data, size_t len) {
-  int dup = 0, yes = 0;
-  json_t *m = mcp_parse(data, len, &dup);
+  int yes = 0;
+  json_t *m = parse_message(data, len);
   json_t *id = json_object_get(m, "id");
   if (m && json_is_object(m) && id && !json_object_get(m, "method") &&
       (json_object_get(m, "result") || json_object_get(m, "error"))) {
@@ -486,8 +497,7 @@ static void k_done(void *ctx, up_result r) {
         k->body_len && !is_final(k, k->body, k->body_len)) {
       /* A JSON-RPC error under no id (the server could not read the
        * request): it did not act. */
-      int dup = 0;
-      json_t *m = mcp_parse(k->body, k->body_len, &dup);
+      json_t *m = parse_message(k->body, k->body_len);
       if (json_is_object(m) && json_object_get(m, "error") &&
           !json_object_get(m, "result") &&
           json_is_null(json_object_get(m, "id"))) {
@@ -857,8 +867,7 @@ static void end_call(kcall *k) {
   memset(a, 0, sizeof *a);
   a->recovered = idem_call_outcome(k->call) == IDEM_RECOVER || k->stale_retry;
   if (k->final) {
-    int dup = 0;
-    json_t *m = mcp_parse(k->final, k->final_len, &dup);
+    json_t *m = parse_message(k->final, k->final_len);
     json_t *result = json_object_get(m, "result");
     const char *rtype =
         json_string_value(json_object_get(result, "resultType"));
@@ -1321,7 +1330,11 @@ void hx_keyed_call(hx *h, const char *tool, const char *key, int in_arg) {
     kcall_unref(k);
     goto oom;
   }
-  if (idem_fingerprint(k->request, k->request_len, 1, k->fp) != IDEM_OK) {
+  /* A lone surrogate in the arguments (JavaScript writes one for a string
+   * cut between the halves of a pair) is read as the code unit it is. */
+  if (idem_fingerprint_with(k->request, k->request_len,
+                            IDEM_FP_JSON | IDEM_FP_LONE_SURROGATES,
+                            k->fp) != IDEM_OK) {
     char m[800];
     snprintf(m, sizeof m,
              "idem mcp: the arguments of this call cannot be fingerprinted "

@@ -812,6 +812,10 @@ static int ending_of(const mcp_proxy *p, const mcp_call *c, size_t *rf,
   if (c->gone)
     return WHY_GONE;
   msg = mcp_parse(c->answer, c->answer_len, &dup);
+  if (!msg && !dup)
+    /* A lone surrogate in the result: what is stored is the line's text,
+     * the escape in it; the tree only says what kind of answer it is. */
+    msg = mcp_parse_lone(c->answer, c->answer_len, &dup);
   result = json_object_get(msg, "result");
   rtype = json_string_value(json_object_get(result, "resultType"));
   *is_error = json_is_true(json_object_get(result, "isError"));
@@ -942,8 +946,9 @@ static void do_end(mcp_proxy *p, mcp_call *c) {
   case WHY_UNREADABLE:
     cli_error("mcp",
               "key '%s' (tool %s): the server's answer is not JSON the "
-              "proxy can read (a lone surrogate, or a number past the "
-              "double range): passed on, not stored; the key is %s",
+              "proxy can read (a number past the double range, a member "
+              "named twice, bytes that are not UTF-8): passed on, not "
+              "stored; the key is %s",
               c->key, c->tool, rc == IDEM_OK ? "marked unknown" : detail);
     break;
   case WHY_TOO_BIG:
@@ -1316,7 +1321,11 @@ void mcp_keyed_call(mcp_proxy *p, json_t *msg, const char *line, size_t len,
     free(idtext);
     goto oom;
   }
-  if (idem_fingerprint(request, request_len, 1, fp) != IDEM_OK) {
+  /* A lone surrogate in the arguments (JavaScript writes one for a string
+   * cut between the halves of a pair) is read as the code unit it is. */
+  if (idem_fingerprint_with(request, request_len,
+                            IDEM_FP_JSON | IDEM_FP_LONE_SURROGATES,
+                            fp) != IDEM_OK) {
     char m[800];
     snprintf(m, sizeof m,
              "idem mcp: the arguments of this call cannot be fingerprinted "

@@ -430,19 +430,81 @@ static void client_batch(mcp_proxy *p, json_t *batch, const char *line,
 }
 
 /*
+ * A tools/call the proxy must handle (keyed, or one --require-key would
+ * refuse) that jansson refused for its lone surrogate escapes alone
+ * ("ok \ud83d": JavaScript's JSON.stringify writes one for a string cut
+ * between the halves of a pair). It is read from a mended copy
+ * (mcp_parse_lone()) and handled as any tools/call: the line passed on,
+ * kept and fingerprinted is the client's own, the escape in it. The tree
+ * holds U+FFFD where the line has a lone surrogate, so a call whose id or
+ * tool name holds one is refused: its answers could not be matched, and a
+ * record's operation is UTF-8. A notifications/cancelled of a keyed call
+ * read so stays here, as any. 1 when handled, 0 when the line passes on,
+ * -1 when it is not such a call (client_unreadable() goes on).
+ */
+static int client_lone(mcp_proxy *p, const char *line, size_t len) {
+  int dup, done;
+  json_t *msg = mcp_parse_lone(line, len, &dup), *params;
+  const char *method = json_string_value(json_object_get(msg, "method"));
+  size_t f, t, pf, pt;
+  if (method && strcmp(method, "notifications/cancelled") == 0 &&
+      !json_object_get(msg, "id")) {
+    /* Its reason cut between the halves of a pair: a keyed call's
+     * cancellation stays here all the same. */
+    done = mcp_keyed_cancel(p, msg) ? 1 : -1;
+    json_decref(msg);
+    return done;
+  }
+  if (!msg || !json_is_object(msg) || !method ||
+      strcmp(method, "tools/call") != 0) {
+    json_decref(msg);
+    return -1;
+  }
+  params = json_object_get(msg, "params");
+  if (mcp_member(line, len, 0, "id", &f, &t) && mcp_has_lone(line + f, t - f)) {
+    char *id = strndup(line + f, t - f);
+    mcp_answer_error_text(p, id, -32600,
+                          "idem mcp: a request id may not hold a lone "
+                          "surrogate. Nothing was sent to the server.",
+                          NULL);
+    free(id);
+    json_decref(msg);
+    return 1;
+  }
+  if (json_is_object(params) && mcp_member(line, len, 0, "params", &pf, &pt) &&
+      mcp_member(line, pt, pf, "name", &f, &t) &&
+      mcp_has_lone(line + f, t - f)) {
+    mcp_answer_error(p, json_object_get(msg, "id"), -32602,
+                     "idem mcp: a tool name may not hold a lone surrogate. "
+                     "Nothing was sent to the server.",
+                     NULL);
+    json_decref(msg);
+    return 1;
+  }
+  done = client_tools_call(p, msg, line, len);
+  json_decref(msg);
+  return done;
+}
+
+/*
  * A client line jansson cannot read. Unkeyed traffic passes on byte for
  * byte whatever it holds (a lone surrogate in an argument is legal to
  * JavaScript, and the server may accept it). A tools/call that carries a
- * key, or that --require-key would refuse, is answered here under its own
- * id: a more lenient server could act on it with its key unseen. Names
- * given twice make the proxy and the server read different members, so
- * such a tools/call is refused too. Returns 1 when answered.
+ * key, or that --require-key would refuse, is read again with its lone
+ * surrogates mended (client_lone()); one that still cannot be read (a
+ * number past the double range) is answered here under its own id: a more
+ * lenient server could act on it with its key unseen. Names given twice
+ * make the proxy and the server read different members, so such a
+ * tools/call is refused too. Returns 1 when answered.
  */
 static int client_unreadable(mcp_proxy *p, const char *line, size_t len,
                              int dup) {
   size_t f, t;
   char *tool, *id = NULL;
   int keyed, refuse;
+  if (!dup && memmem(line, len, "notifications/cancelled", 23) &&
+      client_lone(p, line, len) == 1)
+    return 1;
   if (!mcp_scan_call(line, len, p->o->key_argument, &keyed, &f, &t, &tool)) {
     if (!dup || !memmem(line, len, "tools/call", 10))
       return 0;
@@ -461,6 +523,13 @@ static int client_unreadable(mcp_proxy *p, const char *line, size_t len,
   refuse = keyed || dup ||
            ((p->o->require_key || p->o->implicit_ms > 0) &&
             (!tool || tool_needs_key(p, tool)));
+  if (refuse && !dup) {
+    int done = client_lone(p, line, len);
+    if (done >= 0) {
+      free(tool);
+      return done;
+    }
+  }
   if (refuse && t > f) {
     json_t *v = json_loadb(line + f, t - f, JSON_DECODE_ANY, NULL);
     if (json_is_string(v) || json_is_number(v)) {
@@ -481,8 +550,8 @@ static int client_unreadable(mcp_proxy *p, const char *line, size_t len,
     mcp_answer_error_text(
         p, id, -32700,
         "idem mcp: this keyed tools/call is not JSON the proxy can read "
-        "(UTF-8 without lone surrogates, numbers within the double range), "
-        "so its key cannot be honoured; nothing was sent to the server",
+        "(UTF-8, numbers within the double range), so its key cannot be "
+        "honoured; nothing was sent to the server",
         NULL);
   else if (refuse)
     mcp_answer_error_text(

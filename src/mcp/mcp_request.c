@@ -54,6 +54,70 @@ json_t *mcp_parse(const char *line, size_t len, int *dup) {
   return NULL;
 }
 
+/* The code unit of the \u escape at s[i], or -1 when none is there. */
+static long u_escape(const char *s, size_t n, size_t i) {
+  long v = 0;
+  if (i >= n || n - i < 6 || s[i] != '\\' || s[i + 1] != 'u')
+    return -1;
+  for (size_t k = i + 2; k < i + 6; k++) {
+    char c = s[k];
+    int h = c >= '0' && c <= '9'   ? c - '0'
+            : c >= 'a' && c <= 'f' ? c - 'a' + 10
+            : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                   : -1;
+    if (h < 0)
+      return -1;
+    v = v * 16 + h;
+  }
+  return v;
+}
+
+/* The lone surrogate escapes of s[0, n): their count; with mend, each is
+ * written \ufffd in mend (a copy of s, or s itself). A backslash only
+ * stands in a string in JSON, so the text's structure is not followed:
+ * escapes are stepped over as they come ("\\ud800" is no escape of one). */
+static size_t lone_escapes(const char *s, size_t n, char *mend) {
+  size_t count = 0;
+  const char *b;
+  for (size_t i = 0; i < n && (b = memchr(s + i, '\\', n - i)); i++) {
+    long u, lo;
+    i = (size_t)(b - s);
+    if ((u = u_escape(s, n, i)) < 0) {
+      i++; /* another escape: its second byte is no backslash of its own */
+      continue;
+    }
+    lo = u >= 0xD800 && u <= 0xDBFF ? u_escape(s, n, i + 6) : -1;
+    if (lo >= 0xDC00 && lo <= 0xDFFF) {
+      i += 11; /* a pair */
+      continue;
+    }
+    if (u >= 0xD800 && u <= 0xDFFF) {
+      count++;
+      if (mend)
+        memcpy(mend + i + 2, "fffd", 4);
+    }
+    i += 5;
+  }
+  return count;
+}
+
+int mcp_has_lone(const char *s, size_t n) {
+  return lone_escapes(s, n, NULL) > 0;
+}
+
+json_t *mcp_parse_lone(const char *line, size_t len, int *dup) {
+  char *copy;
+  json_t *v;
+  *dup = 0;
+  if (len == 0 || !mcp_has_lone(line, len) || !(copy = malloc(len)))
+    return NULL;
+  memcpy(copy, line, len);
+  lone_escapes(copy, len, copy);
+  v = mcp_parse(copy, len, dup);
+  free(copy);
+  return v;
+}
+
 int mcp_find_key(const char *key_argument, json_t *params, const char **key,
                  int *in_argument) {
   json_t *k =
@@ -410,6 +474,16 @@ int mcp_task_handle(const char *body, size_t len, char **task_id,
   if (!memmem(body, len, "\"taskId\"", 8))
     return 0;
   r = json_loadb(body, len, JSON_DECODE_INT_AS_REAL, NULL);
+  if (!r && mcp_has_lone(body, len)) {
+    /* A handle holding a lone surrogate (in its status message, say). */
+    char *copy = malloc(len);
+    if (copy) {
+      memcpy(copy, body, len);
+      lone_escapes(copy, len, copy);
+      r = json_loadb(copy, len, JSON_DECODE_INT_AS_REAL, NULL);
+      free(copy);
+    }
+  }
   task = json_object_get(r, "task");
   rtype = json_string_value(json_object_get(r, "resultType"));
   if (json_is_object(task)) { /* 2025-11-25 */

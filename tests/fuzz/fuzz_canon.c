@@ -12,7 +12,13 @@
  *    hold its exact value, a text that canonicalises to the output;
  *  - refused: *out is NULL, *out_len 0, the error offset within the input,
  *    the result code one of the documented ones, and the fingerprint of the
- *    input as JSON is refused with the same code.
+ *    input as JSON is refused with the same code;
+ *  - lone surrogates read (IDEM__CANON_LONE): an input accepted without
+ *    them has the same texts with them; one refused for anything but
+ *    IDEM_EUTF8 (which a lone surrogate is) is refused for the same; an
+ *    accepted one's canonical form is its own (canonicalising it again
+ *    gives the same bytes), and idem_fingerprint_with() with
+ *    IDEM_FP_LONE_SURROGATES is the SHA-256 of its fingerprint's text.
  */
 #include "internal.h"
 
@@ -78,6 +84,45 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
           rc == IDEM_ENOMEM);
     CHECK(rc2 == rc);
     CHECK(idem_errmsg()[0] != '\0');
+  }
+  {
+    char *lone = NULL, *lone2 = NULL, *text = NULL, *strict = NULL;
+    size_t lone_len = 0, lone2_len = 0, text_len = 0, strict_len = 0;
+    int rl = idem__canon_text(in, size, NULL, IDEM__CANON_LONE, &lone,
+                              &lone_len, NULL);
+    int rt =
+        idem__canon_text(in, size, NULL, IDEM__CANON_LONE | IDEM__CANON_EXACT,
+                         &text, &text_len, NULL);
+    int rf = idem_fingerprint_with(in, size,
+                                   IDEM_FP_JSON | IDEM_FP_LONE_SURROGATES, fp);
+    CHECK(rt == rl && rf == rl);
+    if (rc == IDEM_OK) {
+      CHECK(rl == IDEM_OK);
+      CHECK(lone_len == out_len && memcmp(lone, out, out_len) == 0);
+      CHECK(idem__fingerprint_text(in, size, NULL, &strict, &strict_len,
+                                   NULL) == IDEM_OK);
+      CHECK(text_len == strict_len && memcmp(text, strict, text_len) == 0);
+    } else if (rc != IDEM_EUTF8) {
+      CHECK(rl == rc);
+    }
+    if (rl == IDEM_OK) {
+      CHECK(lone[lone_len] == '\0' && text[text_len] == '\0');
+      copy = malloc(lone_len);
+      CHECK(copy != NULL);
+      memcpy(copy, lone, lone_len);
+      CHECK(idem__canon_text(copy, lone_len, NULL, IDEM__CANON_LONE, &lone2,
+                             &lone2_len, NULL) == IDEM_OK);
+      CHECK(lone2_len == lone_len && memcmp(lone2, lone, lone_len) == 0);
+      free(copy);
+      CHECK(idem_sha256_hex(text, text_len, sha) == IDEM_OK);
+      CHECK(strcmp(fp, sha) == 0);
+    } else {
+      CHECK(lone == NULL && text == NULL && fp[0] == '\0');
+    }
+    idem_free(lone);
+    idem_free(lone2);
+    idem_free(text);
+    idem_free(strict);
   }
   idem_free(again);
   idem_free(out);

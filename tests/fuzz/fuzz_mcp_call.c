@@ -19,7 +19,12 @@
  *    line the proxy reads leaves a line that reads the same but for the
  *    id, found where it was put and taken for the kept line
  *    (mcp_same_but_id()): what lets idem mcp answer a retry's line seen
- *    before without reading it.
+ *    before without reading it;
+ *  - lone surrogates: a line jansson reads holds no lone surrogate escape
+ *    (mcp_has_lone()); one it refuses that mcp_parse_lone() reads holds
+ *    one, and for a keyed tools/call read so, the fingerprinted request
+ *    takes a fingerprint with IDEM_FP_LONE_SURROGATES, its arguments the
+ *    line's own text.
  */
 #include <jansson.h>
 #include <stdint.h>
@@ -197,13 +202,52 @@ static void check_plain_ids(const char *line, size_t size, json_t *msg) {
   free(kept);
 }
 
+/* A line jansson refused, read with its lone surrogates mended. */
+static void check_lone(const char *line, size_t size) {
+  int dup = 0, in_arg = 0;
+  json_t *msg = mcp_parse_lone(line, size, &dup), *params;
+  const char *tool, *key = NULL;
+  if (!msg)
+    return;
+  check(!dup && mcp_has_lone(line, size));
+  params = json_object_get(msg, "params");
+  tool = json_string_value(json_object_get(params, "name"));
+  if (tool &&
+      strlen(tool) == json_string_length(json_object_get(params, "name")) &&
+      mcp_find_key(NULL, params, &key, &in_arg) == 0 && key) {
+    static const char *const in_req[] = {"/arguments", NULL};
+    static const char *const in_line[] = {"/params/arguments", NULL};
+    const unsigned lone = IDEM__CANON_EXACT | IDEM__CANON_LONE;
+    char fp[IDEM_FINGERPRINT_SIZE], *a = NULL, *b = NULL;
+    size_t len = 0, al = 0, bl = 0;
+    char *req = mcp_request_text(line, size, tool, NULL, &len);
+    check(req != NULL);
+    check(idem_fingerprint_with(
+              req, len, IDEM_FP_JSON | IDEM_FP_LONE_SURROGATES, fp) == IDEM_OK);
+    if (json_object_get(params, "arguments") &&
+        idem__canon_text(line, size, in_line, lone, &b, &bl, NULL) == IDEM_OK) {
+      check(idem__canon_text(req, len, in_req, lone, &a, &al, NULL) == IDEM_OK);
+      check(al > 15 && bl > 22 && al - 15 == bl - 22 &&
+            memcmp(a + 14, b + 21, al - 15) == 0);
+    }
+    idem_free(a);
+    idem_free(b);
+    free(req);
+  }
+  json_decref(msg);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   int dup = 0;
   json_t *msg = mcp_parse((const char *)data, size, &dup), *params;
   char *id;
-  if (!msg)
+  if (!msg) {
+    if (!dup)
+      check_lone((const char *)data, size);
     return 0;
+  }
   check(!dup);
+  check(!mcp_has_lone((const char *)data, size));
   id = mcp_id_text(json_object_get(msg, "id"));
   if (id) {
     json_t *back = json_loads(id, JSON_DECODE_ANY | JSON_DECODE_INT_AS_REAL |

@@ -8,6 +8,8 @@
 //     (and, on the first, an unannotated tool named $RAW_EXTRA_TOOL if set)
 //   tools/call "t_*"                             answers the tool's name
 //   tools/call "add" {a,b}                       answers a+b
+//   tools/call "cut" {text,keep}                 answers text.slice(0, keep):
+//     "ok \u{1F600}" kept to 4 is "ok \ud83d", a lone surrogate
 //   tools/call "ask"                             sends the client a request
 //     with the same id as the call, and answers the call with the client's
 //     answer to it
@@ -58,6 +60,10 @@ rl.on("line", (line) => {
     const { a, b } = m.params.arguments;
     out({ jsonrpc: "2.0", id: m.id, result: { content: [{ type: "text",
       text: String(a + b) }], structuredContent: { sum: a + b, half: 0.1 } } });
+  } else if (m.method === "tools/call" && m.params.name === "cut") {
+    const { text, keep } = m.params.arguments;
+    out({ jsonrpc: "2.0", id: m.id, result: { content: [{ type: "text",
+      text: text.slice(0, keep) }] } });
   } else if (m.method === "tools/call" && m.params.name === "ask") {
     asks.set(JSON.stringify(m.id), m.id);
     out({ jsonrpc: "2.0", id: m.id, method: "sampling/createMessage",

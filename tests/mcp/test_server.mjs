@@ -1,8 +1,10 @@
 // test_server.mjs -- a small MCP server (SDK, stdio) with the tools the real
 // servers lack: one that appends to a file and then waits (to be killed
 // mid-call), one whose result has a chosen size, one that answers a
-// JSON-RPC error, one that takes an idempotency_key argument, and a
-// read-only and an idempotent one that count their calls.
+// JSON-RPC error, one that takes an idempotency_key argument, one that
+// answers a lone surrogate ("ok \u{1F600}".slice(0, 4), as JavaScript cuts a
+// string between the halves of a pair), and a read-only and an idempotent
+// one that count their calls.
 import { Server } from "@modelcontextprotocol/sdk/server/index.js";
 import { StdioServerTransport } from "@modelcontextprotocol/sdk/server/stdio.js";
 import { CallToolRequestSchema, ErrorCode, ListToolsRequestSchema, McpError }
@@ -17,6 +19,10 @@ const tools = [
   { name: "big", description: "Returns bytes characters.",
     inputSchema: obj({ bytes: { type: "number" } }),
     annotations: { readOnlyHint: true } },
+  { name: "cut", description: "Appends a line to a file, then answers the " +
+      "first keep UTF-16 code units of text.",
+    inputSchema: obj({ file: { type: "string" }, text: { type: "string" },
+      keep: { type: "number" } }) },
   { name: "reject", description: "Always answers a JSON-RPC error.",
     inputSchema: obj({ n: { type: "number" } }) },
   // Each appends a line to file, as append does, under its annotation.
@@ -50,6 +56,12 @@ server.setRequestHandler(CallToolRequestSchema, async (req) => {
       appendFileSync(a.file, req.params.name + "\n");
       const n = readFileSync(a.file, "utf8").split("\n").length - 1;
       return { content: [{ type: "text", text: `${req.params.name} ${n}` }] };
+    }
+    case "cut": {
+      appendFileSync(a.file, "cut\n");
+      const n = readFileSync(a.file, "utf8").split("\n").length - 1;
+      return { content: [{ type: "text", text: a.text.slice(0, a.keep) },
+        { type: "text", text: `line ${n}` }] };
     }
     case "big":
       return { content: [{ type: "text", text: "y".repeat(a.bytes) }] };
