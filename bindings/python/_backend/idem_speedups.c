@@ -371,14 +371,22 @@ static int bytes_arg(PyObject *o, const char **out, const char *what) {
  * JSON (this module's encoder, or idem._store._local_body() for what it
  * leaves to Python). What fn raised, or the result's encoding, is kept for
  * the caller and the transaction rolls back.
+ *
+ * All of it runs in a copy of the caller's context (contextvars), taken
+ * at the call: the thread committing a batch runs other callers' functions
+ * too, and each must see its own caller's context variables (a request's
+ * user, Flask's g), not that thread's. A copy, as asyncio.to_thread()
+ * makes, so that what fn sets is seen neither by the thread that ran it
+ * nor by its caller, whichever thread it ran on.
  */
 typedef struct {
-  PyObject *fn;     /* the caller's function */
-  PyObject *store;  /* the idem.Store */
-  PyObject *tx_new; /* (Transaction, backend, statements) */
-  PyObject *error;  /* what fn (or the encoding) raised, with its traceback */
-  PyObject *dumped; /* the result as JSON bytes, when Python wrote it */
-  text body;        /* the result as JSON, when this module wrote it */
+  PyObject *fn;      /* the caller's function */
+  PyObject *store;   /* the idem.Store */
+  PyObject *tx_new;  /* (Transaction, backend, statements) */
+  PyObject *context; /* a copy of the caller's context, fn's to run in */
+  PyObject *error;   /* what fn (or the encoding) raised, with its traceback */
+  PyObject *dumped;  /* the result as JSON bytes, when Python wrote it */
+  text body;         /* the result as JSON, when this module wrote it */
 } local_ctx;
 
 /* The Store whose function runs on this thread, or NULL (borrowed: the
@@ -425,10 +433,11 @@ static int local_run(void *conn, void *ctx, void *response) {
   local_ctx *c = ctx;
   PyGILState_STATE gil = PyGILState_Ensure();
   PyObject *outer = local_store, *addr, *tx = NULL, *value = NULL, *args[4];
-  int rc = -1;
+  int rc = -1, entered;
   local_clear(c); /* libidem runs it once; a second run would start anew */
   local_store = c->store;
-  addr = PyLong_FromVoidPtr(conn);
+  entered = PyContext_Enter(c->context) == 0;
+  addr = entered ? PyLong_FromVoidPtr(conn) : NULL;
   if (addr) {
     args[1] = PyTuple_GET_ITEM(c->tx_new, 1);
     args[2] = addr;
@@ -473,6 +482,8 @@ static int local_run(void *conn, void *ctx, void *response) {
     c->error = take_error();
     rc = 1;
   }
+  if (entered && PyContext_Exit(c->context) < 0)
+    PyErr_WriteUnraisable(c->context); /* not entered by another: cannot be */
   local_store = outer;
   PyGILState_Release(gil);
   return rc;
@@ -528,6 +539,11 @@ static PyObject *local_core(void *store, const char *tenant,
   c.fn = fn;
   c.store = owner;
   c.tx_new = tx_new;
+  c.context = PyContext_CopyCurrent();
+  if (!c.context) {
+    text_free(&t);
+    return NULL;
+  }
   c.error = c.dumped = NULL;
   text_init(&c.body);
   Py_BEGIN_ALLOW_THREADS
@@ -556,6 +572,7 @@ static PyObject *local_core(void *store, const char *tenant,
       out = PyLong_FromLong(0);
   }
   local_clear(&c);
+  Py_DECREF(c.context);
   return out;
 }
 

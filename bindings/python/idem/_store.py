@@ -1,5 +1,6 @@
 """Stores, the decorator and the two ways to run an action once."""
 import asyncio
+import contextvars
 import functools
 import inspect
 import json
@@ -83,12 +84,27 @@ def _not_json(value: Any) -> Any:
 
 
 if json.encoder.c_make_encoder is not None:
+    def _c_encoder(markers: Optional[Dict[int, Any]]) -> Any:
+        return json.encoder.c_make_encoder(
+            markers, _not_json, json.encoder.encode_basestring, None, ":", ",", False,
+            False, False)
+
     # The C encoder json.dumps() builds per call, built once: half the cost.
-    _c_encode = json.encoder.c_make_encoder(
-        {}, _not_json, json.encoder.encode_basestring, None, ":", ",", False, False, False)
+    # Built without markers (check_circular=False): markers shared by every
+    # call would keep what a failed encoding marked, the containers it was
+    # in and the value it could not write, for good (memory, and a
+    # "Circular reference" for that object's next encoding), and would be
+    # shared by threads. A value that holds itself then ends in
+    # RecursionError, and is encoded again with markers of its own to say
+    # so.
+    _c_encode = _c_encoder(None)
 
     def _encode(value: Any) -> str:
-        return "".join(_c_encode(value, 0))
+        try:
+            return "".join(_c_encode(value, 0))
+        except RecursionError:
+            # ValueError for a circular reference; else deep: RecursionError.
+            return "".join(_c_encoder({})(value, 0))
 else:  # pragma: no cover - CPython always has it
     _encode = json.JSONEncoder(ensure_ascii=False, allow_nan=False,
                                separators=(",", ":")).encode
@@ -518,18 +534,19 @@ class _LocalCall:
     """One execute_local() call run the Python way, as idem_py_local() sees
     it through ctx (a handle made once: spares are kept in _LOCALS)."""
 
-    __slots__ = ("fn", "store", "error", "body", "keep", "ctx")
+    __slots__ = ("fn", "store", "context", "error", "body", "keep", "ctx")
 
     def __init__(self) -> None:
         self.fn: Any = None
         self.store: Any = None
+        self.context: Optional[contextvars.Context] = None
         self.error: Optional[BaseException] = None
         self.body: Any = None
         self.keep: Any = None
         self.ctx = ffi.new_handle(self)
 
     def clear(self) -> None:
-        self.fn = self.store = self.error = self.body = self.keep = None
+        self.fn = self.store = self.context = self.error = self.body = self.keep = None
 
 
 # Spare _LocalCalls, as _SPARES.
@@ -540,8 +557,19 @@ _LOCALS: List[_LocalCall] = []
 def idem_py_local(conn, ctx, response):  # type: ignore[no-untyped-def]
     """Runs the caller's function inside the store's transaction, the Python
     way (idem._speedups' local_run() is the other). It may run on another
-    thread of the process (the one committing the batch)."""
+    thread of the process (the one committing the batch): it runs in the
+    copy of the caller's context taken at the call, as local_run() does."""
     local = ffi.from_handle(ctx)
+    try:
+        return local.context.run(_local_run, local, conn, response)
+    except BaseException as e:  # noqa: B902 - the context could not be entered
+        local.error = e
+        return 1
+
+
+def _local_run(local: "_LocalCall", conn: Any, response: Any) -> int:
+    """idem_py_local()'s work, inside the caller's context: 0, the result
+    written to response, or 1 with what fn raised kept in local.error."""
     store = local.store
     tx = Transaction(store.backend, _address(conn), store._statements)
     outer = _swap_local(store)  # fn must not call back into its own store
@@ -572,7 +600,7 @@ def _local_python(store: Any, owner: "Store", tenant: bytes, operation: bytes,
         local = _LOCALS.pop()
     except IndexError:
         local = _LocalCall()
-    local.fn, local.store = fn, owner
+    local.fn, local.store, local.context = fn, owner, contextvars.copy_context()
     try:
         rc = lib.idem_py_local_run(store, tenant, operation, key, req, len(req), opts.call,
                                    local.ctx, c, buf, _BUF_SIZE)
@@ -722,8 +750,16 @@ class Store:
         docs/python.md."""
         opts = _Options(lease, retention, wait, payload)  # bad options fail here
 
-        def decorate(fn: Callable[..., Any]) -> Any:
-            spec = _Spec(self, fn, operation, key, tenant, opts, release_on)
+        def wrap(fn: Callable[..., Any], method: Optional[bool], of_class: bool = False) -> Any:
+            """The decorated fn; method: whether its first argument is a
+            method's self or cls (None: as _is_method() tells); of_class:
+            a classmethod's."""
+            _refuse_generator(fn)
+            sig = inspect.signature(fn)
+            if method is None:
+                method = _is_method(fn, sig)
+            spec = _Spec(self, fn, operation, key, tenant, opts, release_on,
+                         _first_name(fn, sig) if method else None, sig)
             if inspect.iscoroutinefunction(fn):
                 @functools.wraps(fn)
                 async def run_async(*args: Any, **kwargs: Any) -> Any:
@@ -733,7 +769,7 @@ class Store:
                     return await spec.run_async(args, kwargs)
 
                 run_async.outcome = outcome_async  # type: ignore[attr-defined]
-                return run_async
+                return _Method(run_async, of_class) if method else run_async
 
             run_spec = spec.run
 
@@ -745,7 +781,16 @@ class Store:
                 return run_spec(args, kwargs)
 
             run.outcome = outcome  # type: ignore[attr-defined]
-            return run
+            return _Method(run, of_class) if method else run
+
+        def decorate(fn: Callable[..., Any]) -> Any:
+            # Above @staticmethod or @classmethod: the function they hold,
+            # decorated, held again the same way.
+            if isinstance(fn, staticmethod):
+                return staticmethod(wrap(fn.__func__, False))
+            if isinstance(fn, classmethod):
+                return wrap(fn.__func__, True, of_class=True)
+            return wrap(fn, None)
         return decorate
 
     def execute(self, operation: str, key: str, request: Any, action: Callable[[], Any], *,
@@ -835,6 +880,97 @@ class Store:
             raise _fail(rc)
 
 
+def _refuse_generator(fn: Callable[..., Any]) -> None:
+    """A TypeError for a generator function (or an async one): calling it
+    only makes the generator, whose body runs later, as it is iterated, out
+    of the call that holds the key. Its result would be a generator that
+    JSON cannot hold, and the key, marked unknown, would refuse every retry
+    although nothing ran."""
+    kind = ("an async generator function" if inspect.isasyncgenfunction(fn) else
+            "a generator function" if inspect.isgeneratorfunction(fn) else None)
+    if kind:
+        raise TypeError("%s is %s: calling it only makes a generator, whose body runs "
+                        "later, outside the call that holds the key, and a generator "
+                        "cannot be stored. Decorate a function that returns the finished "
+                        "result (a list of the items, say)"
+                        % (getattr(fn, "__qualname__", fn), kind))
+
+
+def _first_name(fn: Callable[..., Any], sig: inspect.Signature) -> str:
+    """The name of fn's first argument, its self or cls as a method."""
+    for p in sig.parameters.values():
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            return p.name
+        break
+    raise TypeError("%s is decorated as a method, but takes no positional argument for "
+                    "its class" % getattr(fn, "__qualname__", fn))
+
+
+def _is_method(fn: Callable[..., Any], sig: inspect.Signature) -> bool:
+    """Whether fn is a method whose first argument is its instance or class:
+    defined in a class body (its __qualname__ says Class.name) with a first
+    argument named self or cls. Anywhere else an argument so named is an
+    argument like the others."""
+    parts = getattr(fn, "__qualname__", "").split(".")
+    if len(parts) < 2 or parts[-2] == "<locals>":
+        return False
+    for p in sig.parameters.values():
+        return p.name in ("self", "cls") and p.kind in (p.POSITIONAL_ONLY,
+                                                         p.POSITIONAL_OR_KEYWORD)
+    return False
+
+
+class _Bound(functools.partial):
+    """A decorated method bound to its instance (or class): called, it calls
+    the decorated function with it first, and so does .outcome(). Being a
+    functools.partial, inspect sees through it (an async one is a coroutine
+    function); other attributes are the decorated function's."""
+
+    __doc__ = property(lambda self: self.func.__doc__)  # type: ignore[assignment]
+
+    def outcome(self, *args: Any, **kwargs: Any) -> Any:
+        return self.func.outcome(*self.args, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.func, name)
+
+    def __repr__(self) -> str:
+        return "<bound idempotent method %s of %r>" % (
+            getattr(self.func, "__qualname__", self.func), self.args[0])
+
+
+class _Method:
+    """A decorated method, as the class holds it: through an instance it is
+    bound to that instance (_Bound), through the class it is the decorated
+    function itself (Class.method(obj, ...)), or bound to the class for a
+    classmethod. .outcome binds alike, which a plain function's attribute
+    could not."""
+
+    def __init__(self, run: Callable[..., Any], of_class: bool = False) -> None:
+        functools.update_wrapper(self, run)  # __name__, __doc__...
+        self.__wrapped__ = run.__wrapped__  # type: ignore[attr-defined]
+        self.run = run
+        self.outcome = run.outcome  # type: ignore[attr-defined]
+        self.of_class = of_class
+        if inspect.iscoroutinefunction(run) and hasattr(inspect, "markcoroutinefunction"):
+            inspect.markcoroutinefunction(self)  # Python 3.12 and later
+
+    def __get__(self, obj: Any, cls: Optional[type] = None) -> Any:
+        if self.of_class:
+            return _Bound(self.run, cls if cls is not None else type(obj))
+        if obj is None:
+            return self.run
+        return _Bound(self.run, obj)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # What a classmethod above the decorator calls, on Pythons where
+        # it binds its function without asking it (3.13 and later).
+        return self.run(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return "<idempotent method %s>" % getattr(self.run, "__qualname__", self.run)
+
+
 def _request(request: Any) -> bytes:
     try:
         return _dump(request)
@@ -855,16 +991,26 @@ class _Spec:
 
     def __init__(self, store: Store, fn: Callable[..., Any], operation: str,
                  key: KeySpec, tenant: TenantSpec, opts: "_Options",
-                 release_on: Iterable[Type[BaseException]]) -> None:
+                 release_on: Iterable[Type[BaseException]],
+                 self_name: Optional[str] = None,
+                 sig: Optional[inspect.Signature] = None) -> None:
         self.store = store
         self.fn = fn
-        self.sig = inspect.signature(fn)
-        self.bind = _binder(fn, self.sig)
+        self.sig = sig if sig is not None else inspect.signature(fn)
+        # A method's self (or cls) is no part of the request: bind() leaves
+        # it out of the arguments the fingerprint is taken of, bind_all()
+        # keeps it for a key or tenant callable to read.
+        self.self_name = self_name
+        self.bind = _binder(fn, self.sig, self_name)
+        self.bind_all = _binder(fn, self.sig) if self_name else self.bind
         self.operation = _text(operation, "operation")
         if isinstance(key, str):
             if key not in self.sig.parameters:
                 raise TypeError("key=%r: %s has no argument of that name"
                                 % (key, getattr(fn, "__qualname__", fn)))
+            if key == self_name:
+                raise TypeError("key=%r: that is the method's %s, not an argument"
+                                % (key, key))
             self.key_name: Optional[str] = key
             self.key_fn = None
         elif callable(key):
@@ -887,12 +1033,15 @@ class _Spec:
                                                                                Dict[str, Any]]:
         """(tenant, key, arguments) of one call: the arguments are what the
         fingerprint is taken of."""
-        arguments = self.bind(*args, **kwargs)
         if self.key_name is not None and self.tenant_fixed is not None:
+            arguments = self.bind(*args, **kwargs)
             key = arguments.pop(self.key_name)
             tenant = self.tenant_fixed
         else:
+            arguments = self.bind_all(*args, **kwargs)
             everything = dict(arguments)
+            if self.self_name is not None:
+                del arguments[self.self_name]
             if self.key_name is not None:
                 key = arguments.pop(self.key_name)
             else:
@@ -980,10 +1129,12 @@ class _Spec:
         return await _shielded(loop, ends, _settle, got, value)
 
 
-def _binder(fn: Callable[..., Any], sig: inspect.Signature) -> Callable[..., Dict[str, Any]]:
+def _binder(fn: Callable[..., Any], sig: inspect.Signature,
+            skip: Optional[str] = None) -> Callable[..., Dict[str, Any]]:
     """A function with fn's signature that returns its bound arguments, with
     defaults applied, as a new dict: what inspect.Signature.bind() and
-    apply_defaults() give, at a tenth of the cost."""
+    apply_defaults() give, at a tenth of the cost. The argument named skip
+    (a method's self) is bound but not returned."""
     P = inspect.Parameter
     params, names, env = [], [], {}  # type: ignore[var-annotated]
     seen_kw_only = False
@@ -1007,7 +1158,7 @@ def _binder(fn: Callable[..., Any], sig: inspect.Signature) -> Callable[..., Dic
                 or list(sig.parameters.values())[i + 1].kind != P.POSITIONAL_ONLY):
             params.append("/")
     src = "def _bind(%s):\n    return {%s}\n" % (
-        ", ".join(params), ", ".join("%r: %s" % (n, n) for n in names))
+        ", ".join(params), ", ".join("%r: %s" % (n, n) for n in names if n != skip))
     exec(src, env)  # noqa: S102 - names come from fn's own signature
     bind = env["_bind"]
     bind.__name__ = getattr(fn, "__name__", "_bind")
