@@ -9,11 +9,12 @@ case "${1:-build}" in
   # `pkg-config --static --libs idem` (SQLite's -lz; a fully static one
   # without PostgreSQL needs libc.a) and read them with readelf.
   # python3-*: the Python binding (bindings/python) is built with cffi and
-  # tested with pytest (python3-flask: a Flask app's request context), and
+  # tested with pytest (python3-flask: a Flask app's request context;
+  # python3-pydantic: Pydantic models as arguments and results), and
   # installed into venvs by tests/python/install.sh.
   check) want="$want libcmocka-dev postgresql python3 sqlite3 curl openssl
     zlib1g-dev libc6-dev binutils python3-dev python3-cffi python3-pytest
-    python3-flask python3-venv python3-pip" ;;
+    python3-flask python3-pydantic python3-venv python3-pip" ;;
   bench) want="$want postgresql postgresql-contrib python3 curl nginx wrk
     python3-dev python3-cffi gnuplot-nox" ;;
   fuzz) want="$want clang libclang-rt-dev" ;;

@@ -13,13 +13,16 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import (Any, Callable, Dict, Iterable, List, Optional, Sequence,
                     Tuple, Type, Union)
 
-from . import _errors, _speedups
+from . import _errors, _speedups, _values
 from ._errors import Conflict, Error, InFlight, InvalidArgument, NotDone, OutcomeUnknown
 from ._native import ffi, lib
 from ._tx import Statements, Transaction
 
 Seconds = Union[int, float, str, None]
 KeySpec = Union[str, Callable[[Dict[str, Any]], str]]
+# Exception classes and predicates (callables taking the exception), one or many.
+ReleaseOn = Union[Type[BaseException], Callable[[BaseException], Any],
+                  Iterable[Union[Type[BaseException], Callable[[BaseException], Any]]]]
 TenantSpec = Union[str, Callable[[Dict[str, Any]], str], None]
 
 # idem_outcome and idem_exec_result, as in idem.h.
@@ -79,35 +82,9 @@ def _key(value: Any) -> bytes:
     return _text(value, "key", "IDEM_EKEY")
 
 
-def _not_json(value: Any) -> Any:
-    raise TypeError("Object of type %s is not JSON serializable" % type(value).__name__)
-
-
-if json.encoder.c_make_encoder is not None:
-    def _c_encoder(markers: Optional[Dict[int, Any]]) -> Any:
-        return json.encoder.c_make_encoder(
-            markers, _not_json, json.encoder.encode_basestring, None, ":", ",", False,
-            False, False)
-
-    # The C encoder json.dumps() builds per call, built once: half the cost.
-    # Built without markers (check_circular=False): markers shared by every
-    # call would keep what a failed encoding marked, the containers it was
-    # in and the value it could not write, for good (memory, and a
-    # "Circular reference" for that object's next encoding), and would be
-    # shared by threads. A value that holds itself then ends in
-    # RecursionError, and is encoded again with markers of its own to say
-    # so.
-    _c_encode = _c_encoder(None)
-
-    def _encode(value: Any) -> str:
-        try:
-            return "".join(_c_encode(value, 0))
-        except RecursionError:
-            # ValueError for a circular reference; else deep: RecursionError.
-            return "".join(_c_encoder({})(value, 0))
-else:  # pragma: no cover - CPython always has it
-    _encode = json.JSONEncoder(ensure_ascii=False, allow_nan=False,
-                               separators=(",", ":")).encode
+# JSON's values as json writes them, and the rest by idem's rule (see
+# idem._values): json's C encoder, made once, with the rule as its default=.
+_encode = _values.PLAIN.encode
 _raw_decode = json.JSONDecoder().raw_decode
 # The scanner raw_decode() runs, without its look for leading white space:
 # what the binding stores has none (a body that does goes to _decode()).
@@ -143,6 +120,41 @@ def _dump(value: Any) -> bytes:
     return _encode(value).encode("utf-8")
 
 
+class _Pending:
+    """A result to be written with the caller's encoder= (the decorator's,
+    or a call's): what the function run from C returns in its result's
+    place when there is one. idem._speedups writes no such object, so it
+    hands it to _result_body() or _local_body(), which write its value
+    with its Writer."""
+
+    __slots__ = ("value", "writer")
+
+    def __init__(self, value: Any, writer: "_values.Writer") -> None:
+        self.value = value
+        self.writer = writer
+
+
+def _pending(fn: Callable[..., Any], writer: "_values.Writer") -> Callable[..., Any]:
+    """fn, its result handed on as a _Pending of writer's."""
+    def run(*args, **kwargs):  # type: ignore[no-untyped-def] # no annotation to read
+        return _Pending(fn(*args, **kwargs), writer)
+    return run
+
+
+def _result_json(value: Any) -> bytes:
+    """What a function returned (or a _Pending of it) as JSON bytes."""
+    if value.__class__ is _Pending:
+        return value.writer.encode(value.value).encode("utf-8")
+    return _dump(value)
+
+
+def _unstorable(e: BaseException) -> TypeError:
+    """The error of a result that cannot be stored, after the function
+    acted: the key is marked unknown."""
+    return TypeError("the function acted, but its result cannot be stored as JSON (the key "
+                     "is marked unknown): %s" % _values.hint(e, True))
+
+
 def _address(cdata: Any) -> int:
     return int(ffi.cast("uintptr_t", cdata))
 
@@ -156,11 +168,12 @@ def _fail(rc: int, value: Any = None) -> Error:
 
 
 class Outcome(_speedups.OutcomeBase):  # type: ignore[misc]
-    """What a call returned: .value (JSON-decoded, the same on the first call
-    and on every replay), .replayed (True when the function did not run
-    because an earlier call's result was stored) and .recovered (True when
-    an earlier attempt may also have acted: its holder died or raised and
-    this call, or the one whose result is replayed, took the key over)."""
+    """What a call returned: .value (JSON-decoded, and rebuilt as the
+    declared return type, the same on the first call and on every replay),
+    .replayed (True when the function did not run because an earlier
+    call's result was stored) and .recovered (True when an earlier attempt
+    may also have acted: its holder died or raised and this call, or the
+    one whose result is replayed, took the key over)."""
 
     # The fields are idem._speedups.OutcomeBase's: made in C, as most
     # Outcomes are, with no Python code run. Outcome(value, replayed,
@@ -233,9 +246,10 @@ _PLAIN = _Options(None, None, None, None)
 def _local_body(value: Any) -> bytes:
     """What execute_local()'s function returned, as the JSON stored."""
     try:
-        return _dump(value)
+        return _result_json(value)
     except (TypeError, ValueError) as e:
-        raise TypeError("the function's result cannot be stored as JSON: %s" % e) from e
+        raise TypeError("the function's result cannot be stored as JSON: %s"
+                        % _values.hint(e, True)) from e
 
 
 # idem._speedups calls libidem through idem._native's functions, answers a
@@ -250,10 +264,9 @@ _speedups.local_setup(_address(ffi.addressof(lib, "idem_py_local_fresh")),
 def _result_body(value: Any) -> bytes:
     """What a decorated function returned, as the JSON stored."""
     try:
-        return _dump(value)
+        return _result_json(value)
     except (TypeError, ValueError) as e:
-        raise TypeError("the function acted, but its result cannot be stored as JSON "
-                        "(the key is marked unknown): %s" % e) from None
+        raise _unstorable(e) from None
 
 
 def _end_failed(rc: int, value: Any) -> Error:
@@ -448,18 +461,19 @@ def _end(claim: _Claim, result: int, body: Optional[bytes] = None) -> Tuple[int,
 
 def _once(store: Any, tenant: bytes, operation: bytes, key: bytes, request: Any,
           opts: "_Options", fn: Callable[..., Any], args: Tuple[Any, ...],
-          kwargs: Dict[str, Any], release_on: Tuple[Type[BaseException], ...],
-          fast: int = 0) -> Outcome:
+          kwargs: Dict[str, Any], release_on: Tuple[Any, ...],
+          fast: int = 0, writer: "_values.Writer" = _values.PLAIN) -> Outcome:
     """Claims the key, runs fn when the key is this call's, and ends the key
     by what fn did. With fast (the store's address), request is the
     decorated function's arguments, and all of it runs in C when the
-    arguments can be written as JSON there (_once_in_c())."""
+    arguments can be written as JSON there (_once_in_c()); else writer
+    writes them."""
     if fast:
         out = _once_in_c(fast, tenant, operation, key, request, opts, fn, args, kwargs,
                          release_on)
         if out is not NotImplemented:
             return out  # type: ignore[no-any-return]
-        request = _arguments_json(request)
+        request = _arguments_json(request, writer)
     got: Any = None
     try:
         got = _begin(store, tenant, operation, key, request, opts)
@@ -477,7 +491,7 @@ def _once(store: Any, tenant: bytes, operation: bytes, key: bytes, request: Any,
 
 def _once_in_c(fast: int, tenant: bytes, operation: bytes, key: bytes, arguments: Any,
                opts: "_Options", fn: Callable[..., Any], args: Tuple[Any, ...],
-               kwargs: Dict[str, Any], release_on: Tuple[Type[BaseException], ...]) -> Any:
+               kwargs: Dict[str, Any], release_on: Tuple[Any, ...]) -> Any:
     """_once() in idem._speedups: the claim, fn, its result written and the
     key ended in one call (see once() there); NotImplemented when the
     arguments are left to Python's json (nothing was claimed)."""
@@ -494,14 +508,14 @@ def _once_in_c(fast: int, tenant: bytes, operation: bytes, key: bytes, arguments
 
 
 def _settle(claim: _Claim, value: Any) -> Outcome:
-    """Stores what the action returned; the Outcome of the call that ran."""
+    """Stores what the action returned (or a _Pending of it); the Outcome
+    of the call that ran."""
     try:
-        body = _dump(value)
+        body = _result_json(value)
         decoded = _scan(body.decode("utf-8"), 0)[0]  # all of it: _dump() wrote it
     except (TypeError, ValueError) as e:
         _end(claim, _MARK_UNKNOWN)
-        raise TypeError("the function acted, but its result cannot be stored as JSON "
-                        "(the key is marked unknown): %s" % e) from None
+        raise _unstorable(e) from None
     except BaseException:  # RecursionError, MemoryError, Ctrl-C: it acted
         _end(claim, _MARK_UNKNOWN)
         raise
@@ -513,7 +527,10 @@ def _settle(claim: _Claim, value: Any) -> Outcome:
     return Outcome(decoded, False, claim.recovered)
 
 
-def _is_release(exc: BaseException, release_on: Tuple[Type[BaseException], ...]) -> bool:
+def _is_release(exc: BaseException, release_on: Tuple[Any, ...]) -> bool:
+    """Whether exc says the function did not act: NotDone, or one of
+    release_on's classes or predicates (idem._values.Predicate: isinstance()
+    asks it)."""
     return isinstance(exc, NotDone) or (bool(release_on) and isinstance(exc, release_on))
 
 
@@ -745,10 +762,15 @@ class Store:
     def idempotent(self, operation: str, *, key: KeySpec, tenant: TenantSpec = None,
                    lease: Seconds = None, retention: Seconds = None,
                    payload: Optional[Sequence[str]] = None, wait: Seconds = None,
-                   release_on: Iterable[Type[BaseException]] = ()) -> Callable[[Any], Any]:
+                   release_on: ReleaseOn = (), encoder: "_values.Encoder" = None,
+                   decoder: "_values.Decoder" = None) -> Callable[[Any], Any]:
         """Decorates a function so that it runs at most once per key; see
         docs/python.md."""
         opts = _Options(lease, retention, wait, payload)  # bad options fail here
+        _values.release_on(release_on)
+        _values.writer(encoder)
+        if decoder is not None and not callable(decoder):
+            raise TypeError("decoder must be a callable, not %s" % type(decoder).__name__)
 
         def wrap(fn: Callable[..., Any], method: Optional[bool], of_class: bool = False) -> Any:
             """The decorated fn; method: whether its first argument is a
@@ -759,26 +781,41 @@ class Store:
             if method is None:
                 method = _is_method(fn, sig)
             spec = _Spec(self, fn, operation, key, tenant, opts, release_on,
-                         _first_name(fn, sig) if method else None, sig)
+                         _first_name(fn, sig) if method else None, sig, encoder, decoder)
+            plain = spec.read is None and not spec.later  # the value is the JSON value
+            reader = spec.reader
             if inspect.iscoroutinefunction(fn):
                 @functools.wraps(fn)
                 async def run_async(*args: Any, **kwargs: Any) -> Any:
-                    return (await spec.run_async(args, kwargs)).value
+                    return (await outcome_async(*args, **kwargs)).value
 
                 async def outcome_async(*args: Any, **kwargs: Any) -> Outcome:
-                    return await spec.run_async(args, kwargs)
+                    if plain:
+                        return await spec.run_async(args, kwargs)
+                    read = reader()
+                    return _values.read_outcome(await spec.run_async(args, kwargs), read)
 
                 run_async.outcome = outcome_async  # type: ignore[attr-defined]
                 return _Method(run_async, of_class) if method else run_async
 
             run_spec = spec.run
+            if plain:
+                @functools.wraps(fn)
+                def run(*args: Any, **kwargs: Any) -> Any:
+                    return run_spec(args, kwargs).value
 
-            @functools.wraps(fn)
-            def run(*args: Any, **kwargs: Any) -> Any:
-                return run_spec(args, kwargs).value
+                def outcome(*args: Any, **kwargs: Any) -> Outcome:
+                    return run_spec(args, kwargs)
+            else:  # the value rebuilt as the declared type
+                @functools.wraps(fn)
+                def run(*args: Any, **kwargs: Any) -> Any:
+                    read = reader()
+                    value = run_spec(args, kwargs).value
+                    return value if read is None else read(value)
 
-            def outcome(*args: Any, **kwargs: Any) -> Outcome:
-                return run_spec(args, kwargs)
+                def outcome(*args: Any, **kwargs: Any) -> Outcome:
+                    read = reader()
+                    return _values.read_outcome(run_spec(args, kwargs), read)
 
             run.outcome = outcome  # type: ignore[attr-defined]
             return _Method(run, of_class) if method else run
@@ -796,30 +833,48 @@ class Store:
     def execute(self, operation: str, key: str, request: Any, action: Callable[[], Any], *,
                 tenant: Optional[str] = None, lease: Seconds = None,
                 retention: Seconds = None, wait: Seconds = None,
-                payload: Optional[Sequence[str]] = None,
-                release_on: Iterable[Type[BaseException]] = ()) -> Outcome:
+                payload: Optional[Sequence[str]] = None, release_on: ReleaseOn = (),
+                encoder: "_values.Encoder" = None, decoder: "_values.Decoder" = None,
+                returns: Any = None) -> Outcome:
         """Runs action() at most once per key for this request (any JSON
-        value, whose canonical JSON is the fingerprint); an Outcome."""
+        value, or one idem's rule writes, whose canonical JSON is the
+        fingerprint); an Outcome, its value rebuilt as returns (default:
+        action's return annotation) declares."""
+        _refuse_generator(action, execute=True)
+        release = () if release_on == () else _values.release_on(release_on)
+        read = None if returns is None and decoder is None and not getattr(
+            action, "__annotations__", None) else _values.reader_of(action, returns, encoder,
+                                                                   decoder)
+        writer = _values.PLAIN if encoder is None else _values.writer(encoder)
         opts = _options(lease, retention, wait, payload)
         op = _text(operation, "operation")
         k = _key(key)
         t = _text(tenant if tenant is not None else "", "tenant")
-        req = _request(request)
+        req = _request(request, writer)
+        if encoder is not None:
+            action = _pending(action, writer)
         token = object()
         store = self._enter(token)
         try:
-            return _once(store, t, op, k, req, opts, action, (), {}, tuple(release_on))
+            out = _once(store, t, op, k, req, opts, action, (), {}, release)
         finally:
             self._leave(token)
+        return out if read is None else _values.read_outcome(out, read)
 
     def execute_local(self, operation: str, key: str, request: Any,
                       fn: Callable[[Transaction], Any], *, tenant: Optional[str] = None,
                       lease: Seconds = None, retention: Seconds = None,
-                      wait: Seconds = None) -> Outcome:
+                      wait: Seconds = None, encoder: "_values.Encoder" = None,
+                      decoder: "_values.Decoder" = None, returns: Any = None) -> Outcome:
         """Runs fn(tx) inside the store's transaction, on its own connection,
         so that what fn writes through tx.execute() commits together with
-        the record; an Outcome. An exception in fn rolls both back, releases
-        the key and propagates."""
+        the record; an Outcome, its value rebuilt as returns (default: fn's
+        return annotation) declares. An exception in fn rolls both back,
+        releases the key and propagates."""
+        if encoder is not None or decoder is not None or returns is not None or \
+                getattr(fn, "__annotations__", None):
+            return self._local_typed(operation, key, request, fn, tenant, lease, retention,
+                                     wait, encoder, decoder, returns)
         if lease is None and retention is None and wait is None:
             # As it is mostly called: all of it in one crossing
             # (idem._speedups.local_call()), but for reading a claim not held.
@@ -854,6 +909,25 @@ class Store:
         finally:
             self._done(pair)
 
+    def _local_typed(self, operation: str, key: str, request: Any,
+                     fn: Callable[[Transaction], Any], tenant: Optional[str],
+                     lease: Seconds, retention: Seconds, wait: Seconds,
+                     encoder: "_values.Encoder", decoder: "_values.Decoder",
+                     returns: Any) -> Outcome:
+        """execute_local() with a declared result type or hooks: the request
+        written by the encoder's Writer (its JSON handed on, for C to write
+        again), fn's result handed on as a _Pending of it, the Outcome's
+        value rebuilt."""
+        read = _values.reader_of(fn, returns, encoder, decoder)
+        if encoder is not None:
+            writer = _values.writer(encoder)
+            request = _scan(_request(request, writer).decode("utf-8"), 0)[0]
+            fn = _pending(fn, writer)
+        act = fn
+        out = self.execute_local(operation, key, request, lambda tx: act(tx), tenant=tenant,
+                                 lease=lease, retention=retention, wait=wait)
+        return _values.read_outcome(out, read)
+
     def _done(self, pair: _Pair) -> None:
         """The end of an execute_local() call counted by its pair's token:
         its claim's call (left only for a body too large for the buffer)
@@ -880,20 +954,40 @@ class Store:
             raise _fail(rc)
 
 
-def _refuse_generator(fn: Callable[..., Any]) -> None:
-    """A TypeError for a generator function (or an async one): calling it
-    only makes the generator, whose body runs later, as it is iterated, out
-    of the call that holds the key. Its result would be a generator that
-    JSON cannot hold, and the key, marked unknown, would refuse every retry
-    although nothing ran."""
+# Code flags of a function whose call only makes an object that runs its
+# body later: a generator, a coroutine, an async generator.
+_NOT_RUN_BY_CALL = (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+                    | inspect.CO_ITERABLE_COROUTINE)
+
+
+def _refuse_generator(fn: Callable[..., Any], execute: bool = False) -> None:
+    """A TypeError for a generator function (or an async one), and for
+    execute()'s action (execute: True) an async function too: calling it
+    only makes a generator (or a coroutine, which execute() would not
+    await), whose body runs later, out of the call that holds the key, or
+    never. Its result would be an object that JSON cannot hold, and the
+    key, marked unknown, would refuse every retry although nothing ran."""
+    code = getattr(fn, "__code__", None)
+    if code is not None and not code.co_flags & _NOT_RUN_BY_CALL and \
+            not hasattr(fn, "_is_coroutine_marker"):  # inspect.markcoroutinefunction()
+        return  # a plain function: what inspect would say, without its unwrapping
     kind = ("an async generator function" if inspect.isasyncgenfunction(fn) else
-            "a generator function" if inspect.isgeneratorfunction(fn) else None)
-    if kind:
-        raise TypeError("%s is %s: calling it only makes a generator, whose body runs "
-                        "later, outside the call that holds the key, and a generator "
-                        "cannot be stored. Decorate a function that returns the finished "
-                        "result (a list of the items, say)"
-                        % (getattr(fn, "__qualname__", fn), kind))
+            "a generator function" if inspect.isgeneratorfunction(fn) else
+            "a coroutine function" if execute and inspect.iscoroutinefunction(fn) else None)
+    if kind is None:
+        return
+    if kind == "a coroutine function":
+        made = ("a coroutine, which execute() does not await: its body would run outside "
+                "the call that holds the key, or never")
+        thing = "a coroutine"
+    else:
+        made = "a generator, whose body runs later, outside the call that holds the key"
+        thing = "a generator"
+    fix = ("Give execute() a function that returns the finished result, or decorate the "
+           "function with store.idempotent()" if execute else
+           "Decorate a function that returns the finished result (a list of the items, say)")
+    raise TypeError("%s is %s: calling it only makes %s, and %s cannot be stored. %s"
+                    % (getattr(fn, "__qualname__", fn), kind, made, thing, fix))
 
 
 def _first_name(fn: Callable[..., Any], sig: inspect.Signature) -> str:
@@ -971,19 +1065,21 @@ class _Method:
         return "<idempotent method %s>" % getattr(self.run, "__qualname__", self.run)
 
 
-def _request(request: Any) -> bytes:
+def _request(request: Any, writer: "_values.Writer" = _values.PLAIN) -> bytes:
     try:
-        return _dump(request)
+        return writer.encode(request).encode("utf-8")
     except (TypeError, ValueError) as e:
-        raise TypeError("the request cannot be written as JSON: %s" % e) from None
+        raise TypeError("the request cannot be written as JSON: %s"
+                        % _values.hint(e, False)) from None
 
 
-def _arguments_json(arguments: Dict[str, Any]) -> bytes:
+def _arguments_json(arguments: Dict[str, Any],
+                    writer: "_values.Writer" = _values.PLAIN) -> bytes:
     try:
-        return _dump(arguments)
+        return writer.encode(arguments).encode("utf-8")
     except (TypeError, ValueError) as e:
         raise TypeError("the arguments cannot be written as JSON for the "
-                        "fingerprint: %s" % e) from None
+                        "fingerprint: %s" % _values.hint(e, False)) from None
 
 
 class _Spec:
@@ -991,11 +1087,27 @@ class _Spec:
 
     def __init__(self, store: Store, fn: Callable[..., Any], operation: str,
                  key: KeySpec, tenant: TenantSpec, opts: "_Options",
-                 release_on: Iterable[Type[BaseException]],
-                 self_name: Optional[str] = None,
-                 sig: Optional[inspect.Signature] = None) -> None:
+                 release_on: ReleaseOn, self_name: Optional[str] = None,
+                 sig: Optional[inspect.Signature] = None, encoder: "_values.Encoder" = None,
+                 decoder: "_values.Decoder" = None) -> None:
         self.store = store
         self.fn = fn
+        # The arguments and the result written by idem's rule, and the
+        # caller's encoder for the rest; the sync function as C calls it
+        # (its result handed on as a _Pending when there is an encoder).
+        self.writer = _values.writer(encoder)
+        self.call_fn = fn if encoder is None else _pending(fn, self.writer)
+        self.encoder, self.decoder = encoder, decoder
+        self.what = getattr(fn, "__qualname__", repr(fn))
+        # What rebuilds the result as the declared return type (None: the
+        # JSON value is the value); one naming a class not defined yet is
+        # read at the first call (later).
+        try:
+            self.read = _values.reader(_values.declared_return(fn), encoder, decoder,
+                                       self.what)
+            self.later = False
+        except _values.Unresolved:
+            self.read, self.later = None, True
         self.sig = sig if sig is not None else inspect.signature(fn)
         # A method's self (or cls) is no part of the request: bind() leaves
         # it out of the arguments the fingerprint is taken of, bind_all()
@@ -1024,10 +1136,20 @@ class _Spec:
             b"" if tenant is None else None)
         self.opts = opts
         self.simple = self.key_name is not None and self.tenant_fixed is not None
-        self.release_on = tuple(release_on)
-        for cls in self.release_on:
-            if not (isinstance(cls, type) and issubclass(cls, BaseException)):
-                raise TypeError("release_on: %r is not an exception class" % (cls,))
+        self.release_on = _values.release_on(release_on)
+
+    def reader(self) -> Optional["_values.Reader"]:
+        """The result's reader, its declared type read now if it could not
+        be at decoration (before anything is claimed: a TypeError)."""
+        if self.later:
+            try:
+                self.read = _values.reader(_values.declared_return(self.fn), self.encoder,
+                                           self.decoder, self.what)
+            except _values.Unresolved as e:
+                raise TypeError("%s: its return annotation names what is not defined: %s"
+                                % (self.what, e)) from None
+            self.later = False
+        return self.read
 
     def prepare(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[bytes, bytes,
                                                                                Dict[str, Any]]:
@@ -1065,7 +1187,8 @@ class _Spec:
             # All of it in one crossing (idem._speedups.once_call()), but
             # for reading a claim not held.
             got = _once_call(self.store, self.tenant_fixed, self.operation, key, arguments,
-                             self.opts.addr, self.fn, args, kwargs or None, self.release_on)
+                             self.opts.addr, self.call_fn, args, kwargs or None,
+                             self.release_on)
             if got.__class__ is Outcome:
                 return got  # type: ignore[no-any-return]
             if got is not NotImplemented:
@@ -1085,7 +1208,7 @@ class _Spec:
         calls.add(token)
         try:
             return _once(s._handle(), tenant, self.operation, key, arguments, self.opts,
-                         self.fn, args, kwargs, self.release_on, s._addr)
+                         self.call_fn, args, kwargs, self.release_on, s._addr, self.writer)
         finally:
             calls.discard(token)
             if s._closing:
@@ -1093,7 +1216,7 @@ class _Spec:
 
     async def run_async(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Outcome:
         tenant, key, arguments = self.prepare(args, kwargs)
-        request = _arguments_json(arguments)
+        request = _arguments_json(arguments, self.writer)
         token = object()
         store = self.store._enter(token)
         try:
@@ -1126,6 +1249,8 @@ class _Spec:
             result = _NOT_DONE if _is_release(e, self.release_on) else _MARK_UNKNOWN
             await _shielded(loop, ends, _end, got, result)
             raise
+        if self.writer is not _values.PLAIN:
+            value = _Pending(value, self.writer)
         return await _shielded(loop, ends, _settle, got, value)
 
 

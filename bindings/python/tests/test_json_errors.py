@@ -1,9 +1,9 @@
-"""A value JSON cannot hold, written by Python's json encoder (which the
-binding builds once and shares): every failure is the same TypeError, and
-leaves nothing behind in the encoder, neither memory nor a mark that would
-make the next encoding of the same object a "Circular reference".
+"""A value that neither JSON nor idem's rule holds (a class of the
+application's own), written by Python's json encoder (which the binding
+builds once and shares): every failure is the same TypeError, and leaves
+nothing behind in the encoder, neither memory nor a mark that would make
+the next encoding of the same object a "Circular reference".
 """
-import datetime
 import gc
 import tracemalloc
 
@@ -12,7 +12,14 @@ import pytest
 import idem
 from helpers import records
 
-WHEN = datetime.datetime(2024, 5, 1, 12, 0)
+
+class Opaque:
+    """What no rule writes."""
+
+
+WHEN = Opaque()
+NO_FORM = ("a value of type Opaque has no JSON form: pass encoder= to turn it into one "
+           "(docs/python.md, \"Values\")")
 
 
 def message(excinfo):
@@ -31,8 +38,7 @@ def test_the_same_request_fails_alike_every_time(store, operation, effects):
         with pytest.raises(TypeError) as e:
             store.execute(operation, "k-1", request, act)
         got.append(message(e))
-    assert got == ["the request cannot be written as JSON: Object of type datetime is not "
-                   "JSON serializable"] * 3
+    assert got == ["the request cannot be written as JSON: " + NO_FORM] * 3
     # A request that holds itself is still a circular reference.
     loop = {"item": "book"}
     loop["self"] = loop
@@ -42,7 +48,7 @@ def test_the_same_request_fails_alike_every_time(store, operation, effects):
     assert effects.lines() == []
     assert records(store.url, operation) == []
     # The request in JSON's terms goes through, once.
-    request["order"]["at"] = WHEN.isoformat()
+    request["order"]["at"] = "2024-05-01T12:00:00"
     outs = [store.execute(operation, "k-1", request, act) for _ in range(2)]
     assert [(o.value, o.replayed) for o in outs] == [({"ok": True}, False), ({"ok": True}, True)]
     assert effects.lines() == ["acted"]
@@ -60,8 +66,8 @@ def test_the_same_argument_fails_alike_every_time(store, operation, effects):
         with pytest.raises(TypeError) as e:
             place(order, key)
         got.append(message(e))
-    assert got == ["the arguments cannot be written as JSON for the fingerprint: Object of "
-                   "type datetime is not JSON serializable"] * 3
+    assert got == ["the arguments cannot be written as JSON for the fingerprint: " +
+                   NO_FORM] * 3
     assert effects.lines() == []
     assert records(store.url, operation) == []
 
@@ -80,7 +86,9 @@ def test_the_same_result_fails_alike_every_time(store, operation, effects):
             open_ticket("t", key)
         got.append(message(e))
     assert got == ["the function acted, but its result cannot be stored as JSON (the key "
-                   "is marked unknown): Object of type datetime is not JSON serializable"] * 2
+                   "is marked unknown): a value of type Opaque has no JSON form: pass "
+                   "encoder= to turn it into one, and decoder= to rebuild it (docs/python.md, "
+                   "\"Values\")"] * 2
     assert effects.lines() == ["opened r-1", "opened r-2"]
     assert sorted((r["key"], r["state"]) for r in records(store.url, operation)) == [
         ("r-1", "unknown"), ("r-2", "unknown")]
@@ -90,8 +98,9 @@ def test_the_same_result_fails_alike_every_time(store, operation, effects):
 
 
 def test_failed_encodings_keep_no_memory(store, operation, effects):
-    # The issue's case: a datetime argument, a new one (and a new dict of
-    # arguments) each call.
+    # The issue's case (then a datetime, which idem's rule now writes): an
+    # argument with no JSON form, a new one (and a new dict of arguments)
+    # each call.
     @store.idempotent(operation, key="request_id")
     def place(item, at, request_id):
         effects.add("placed")
@@ -101,9 +110,9 @@ def test_failed_encodings_keep_no_memory(store, operation, effects):
         refused = 0
         for i in range(n):
             try:
-                place("book", datetime.datetime.now(), "r-%d" % i)
+                place("book", Opaque(), "r-%d" % i)
             except TypeError as e:
-                assert "Object of type datetime" in str(e)
+                assert "a value of type Opaque has no JSON form" in str(e)
                 refused += 1
         return refused
 

@@ -338,3 +338,31 @@ def test_an_async_generator_function_is_refused_at_decoration(store, operation, 
         store.idempotent(operation, key="request_id")(Feed.__dict__["items"])
     assert effects.lines() == []
     assert records(store.url, operation) == []
+
+
+@pytest.mark.parametrize("kind", ["generator", "async generator", "coroutine"])
+def test_execute_refuses_an_action_that_would_not_run(store, operation, effects, kind):
+    # Calling such an action only makes a generator (or a coroutine): its
+    # body would run later, or never, outside the call that holds the key,
+    # and the key would be marked unknown with nothing done.
+    if kind == "generator":
+        def action():
+            effects.add("ran")
+            yield {"ticket": 1}
+    elif kind == "async generator":
+        async def action():
+            effects.add("ran")
+            yield {"ticket": 1}
+    else:
+        async def action():
+            effects.add("ran")
+            return {"ticket": 1}
+
+    with pytest.raises(TypeError, match="is an? %s function" % kind):
+        store.execute(operation, "k-1", {"n": 1}, action)
+    assert effects.lines() == []
+    assert records(store.url, operation) == []
+    # The key is untouched: a finished action under it acts.
+    out = store.execute(operation, "k-1", {"n": 1}, lambda: effects.add("ran") or [1])
+    assert (out.value, out.replayed) == ([1], False)
+    assert effects.lines() == ["ran"]
