@@ -448,13 +448,19 @@ static int wait_server(mcp_proxy *p, int sig_fd) {
       int left = mcp_keyed_drain(p);
       draining = 1;
       drain_until = now + (double)p->o->drain_wait_ms;
-      if (left > 0)
+      if (left > 0) {
         cli_error("mcp",
                   "the client closed its input; the server runs on until "
                   "the %d keyed call%s in flight %s ended and been recorded "
-                  "(--drain-wait %.1fs)",
+                  "(--drain-wait %.1fs); the process the client started "
+                  "exits now",
                   left, left == 1 ? "" : "s", left == 1 ? "has" : "have",
                   (double)p->o->drain_wait_ms / 1000);
+        /* The client would signal it two seconds on (the SDKs' close()),
+         * and the server with it. */
+        mcp_detach(p->detach_fd);
+        p->detach_fd = -1;
+      }
     }
     if (eof && stage == 0) {
       int left = draining ? mcp_keyed_left(p) : 0;
@@ -551,6 +557,15 @@ static int run(int argc, char **argv) {
       cli_error("mcp", "cannot open /dev/null: %s", strerror(errno));
       return EXIT_FAIL;
     }
+  /* Over stdio with a drain, the process the client started only waits,
+   * so that it can exit while keyed calls drain (mcp_detachable()). Forked
+   * before any thread, or store, exists. */
+  p->detach_fd = -1;
+  if (!o->listen && o->drain_wait_ms > 0 &&
+      mcp_detachable(&p->detach_fd) != 0) {
+    cli_error("mcp", "cannot fork: %s", strerror(errno));
+    return EXIT_FAIL;
+  }
   rc = idem_store_open(cli_store_url(o->store), NULL, &p->store);
   if (rc != IDEM_OK) {
     cli_idem_error("mcp", "open store", rc);

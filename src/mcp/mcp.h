@@ -179,6 +179,7 @@ typedef struct mcp_proxy {
   pid_t child;
   int from_server; /* the server's standard output */
   int event_fd;    /* the main loop's wake-up pipe (write end) */
+  int detach_fd;   /* mcp_detachable()'s; -1 once detached, or none */
 
   pthread_mutex_t lock; /* everything below */
   pthread_cond_t cond;  /* keyed calls ended */
@@ -449,5 +450,14 @@ int mcp_child_start(char **cmd, int *to_child, int *from_child, pid_t *pid);
 int mcp_signals_install(int fd);
 /* The signals passed on to the server. */
 int mcp_signal_forwarded(int sig);
+/* Over stdio: makes this process the waiter the client knows, and returns
+ * 0 in the proxy it forks, with *detach_fd the waiter's (-1: no fork). The
+ * waiter passes on signals and exits as the proxy does, or at once when
+ * told (mcp_detach()); it never returns. -1 when it cannot fork. */
+int mcp_detachable(int *detach_fd);
+/* The client's input has ended with keyed calls in flight: the waiter
+ * exits now, so that the client stops nobody, and this proxy no longer
+ * dies with it. */
+void mcp_detach(int detach_fd);
 
 #endif

@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -131,4 +132,102 @@ fail:
   }
   errno = saved;
   return -1;
+}
+
+/* ---- the process the client started ------------------------------------
+ *
+ * An MCP client that closes a stdio server (an editor reloading its
+ * servers; the SDKs' close()) closes its input, waits two seconds for the
+ * process it started to exit, then sends it SIGTERM, and SIGKILL two
+ * seconds later. A keyed call still at the server would die with it, and a
+ * retry act again. So over stdio the process the client starts is a
+ * waiter: it forks the proxy at once, passes on the signals a process sent
+ * it, and exits with the proxy's status; or, when the client's input ends
+ * with keyed calls in flight, exits at once (mcp_detach()), and the proxy
+ * drains them with nobody to stop it. Until then the proxy dies with the
+ * waiter (a kill -9 of the process the client knows is the proxy's death).
+ */
+
+static int waiter_fd = -1;
+
+static void on_waiter_signal(int sig, siginfo_t *si, void *uc) {
+  int saved = errno;
+  /* From a process (kill(), sigqueue()): passed on. From the terminal
+   * (Ctrl-C): the proxy, in the same process group, has it already. */
+  unsigned char b[2] = {(unsigned char)sig, si->si_code <= 0};
+  (void)uc;
+  if (write(waiter_fd, b, 2) < 0) {
+    /* A full pipe: the waiter is behind, and so be it. */
+  }
+  errno = saved;
+}
+
+int mcp_detachable(int *detach_fd) {
+  int d[2], s[2], st;
+  pid_t waiter = getpid(), proxy;
+  struct sigaction sa;
+  if (pipe2(d, O_CLOEXEC) != 0)
+    return -1;
+  proxy = fork();
+  if (proxy < 0)
+    return -1;
+  if (proxy == 0) {
+    close(d[0]);
+    /* Dies with the waiter, unless detached. */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != waiter)
+      _exit(EXIT_FAIL);
+    *detach_fd = d[1];
+    return 0;
+  }
+  close(d[1]);
+  if (pipe2(s, O_CLOEXEC | O_NONBLOCK) != 0)
+    _exit(EXIT_FAIL);
+  waiter_fd = s[1];
+  memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = on_waiter_signal;
+  sa.sa_flags = SA_SIGINFO | SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  for (size_t i = 0; i < sizeof forwarded / sizeof forwarded[0]; i++)
+    sigaction(forwarded[i], &sa, NULL);
+  signal(SIGPIPE, SIG_IGN);
+  for (;;) {
+    struct pollfd f[2] = {{d[0], POLLIN, 0}, {s[0], POLLIN, 0}};
+    unsigned char b[64];
+    ssize_t n;
+    if (poll(f, 2, -1) < 0)
+      continue;
+    if (f[1].revents & POLLIN) {
+      n = read(s[0], b, sizeof b);
+      for (ssize_t i = 0; i + 1 < n; i += 2)
+        if (b[i + 1])
+          kill(proxy, b[i]);
+    }
+    if (!(f[0].revents & (POLLIN | POLLHUP)))
+      continue;
+    n = read(d[0], b, 1);
+    if (n == 1)
+      _exit(EXIT_OK); /* detached: the proxy drains on its own */
+    if (n < 0 && errno == EINTR)
+      continue;
+    break; /* the proxy has exited */
+  }
+  while (waitpid(proxy, &st, 0) < 0 && errno == EINTR)
+    ;
+  if (WIFSIGNALED(st)) {
+    /* As the proxy ended, so does the process the client knows. */
+    signal(WTERMSIG(st), SIG_DFL);
+    kill(getpid(), WTERMSIG(st));
+  }
+  _exit(WIFEXITED(st) ? WEXITSTATUS(st) : EXIT_FAIL);
+}
+
+void mcp_detach(int detach_fd) {
+  if (detach_fd < 0)
+    return;
+  /* Not to die with the waiter, which exits now. */
+  prctl(PR_SET_PDEATHSIG, 0);
+  if (write(detach_fd, "d", 1) < 0) {
+    /* The waiter is gone: nobody to tell. */
+  }
+  close(detach_fd);
 }

@@ -11,6 +11,11 @@
 // tool is running, which the test learns from the server's EFFECTS_START
 // log, not from a timer. The server is slow_server.mjs (the SDK's
 // McpServer); its act tool waits ms, then logs its effect to EFFECTS.
+//
+// The process the client starts exits as soon as a drain begins (so that
+// a client that signals it after closing its input, as the SDKs' close()
+// does two seconds on, stops nothing); the proxy drains on, holding the
+// client's pipes until it is done: the test waits for them to close.
 import { spawn } from "node:child_process";
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
@@ -41,6 +46,8 @@ async function start(opts, { key, ms, tag }) {
   watchStderr(() => err);
   const exited = new Promise((r) => p.on("exit", (code, signal) =>
     r({ code, signal, at: Date.now() })));
+  // Every pipe closed: the proxy (and the server) have exited too.
+  const closed = new Promise((r) => p.on("close", () => r({ at: Date.now() })));
   const send = (m) => p.stdin.write(J({ jsonrpc: "2.0", ...m }) + "\n");
   send({ id: 1, method: "initialize", params: { protocolVersion: "2025-06-18",
     capabilities: {}, clientInfo: { name: "drain", version: "1" } } });
@@ -53,7 +60,7 @@ async function start(opts, { key, ms, tag }) {
     await sleep(25);
   check(`${tag}: the tool started at the server`,
     logged(starts, tag).length === 1, err);
-  return { p, exited, out: () => out, err: () => err };
+  return { p, exited, closed, out: () => out, err: () => err };
 }
 
 // The answer with this id among the lines the client read.
@@ -62,9 +69,10 @@ const answer = (out, id) => out.split("\n").filter((l) => l)
   .find((m) => m && m.id === id && !m.method);
 
 // The default drain: the client closes both its pipes while the call runs;
-// the proxy exits only once the tool has acted and its result is stored.
-// --shutdown-wait is short, so that a proxy without the drain cuts the call
-// off long before the tool's end.
+// the process it started exits at once, and the proxy exits only once the
+// tool has acted and its result is stored. --shutdown-wait is short, so
+// that a proxy without the drain cuts the call off long before the tool's
+// end.
 {
   const tag = "drained";
   const key = "drain-1";
@@ -74,12 +82,14 @@ const answer = (out, id) => out.split("\n").filter((l) => l)
   run.p.stdin.end();
   run.p.stdout.destroy(); // the answer cannot reach the client
   const ex = await run.exited;
+  eq("drain: the process the client started exited at once, status 0",
+    { code: 0, signal: null }, { code: ex.code, signal: ex.signal });
+  eq("drain: before the tool acted", 0, logged(effects, tag).length);
+  const all = await run.closed;
   const done = logged(effects, tag);
   eq("drain: the tool acted once, before the proxy exited", 1, done.length);
-  eq("drain: the proxy exited by itself, with the server's status",
-    { code: 0, signal: null }, { code: ex.code, signal: ex.signal });
-  check("drain: it waited for the tool (not cut off at --shutdown-wait)",
-    ex.at - closedAt >= 1500, `${ex.at - closedAt} ms`);
+  check("drain: the proxy waited for the tool (not cut off at "
+    + "--shutdown-wait)", all.at - closedAt >= 1500, `${all.at - closedAt} ms`);
   check("drain: it says it waits for the call",
     /keyed call in flight/.test(run.err()), run.err());
   const r = record(store, "act", key);
@@ -110,6 +120,7 @@ const answer = (out, id) => out.split("\n").filter((l) => l)
   run.p.stdin.end();
   const ex = await run.exited;
   eq("pipe: exit status", 0, ex.code);
+  await run.closed;
   const a = answer(run.out(), 2);
   const done = logged(effects, tag);
   eq("pipe: the answer came after the input closed",
@@ -118,25 +129,30 @@ const answer = (out, id) => out.split("\n").filter((l) => l)
 }
 
 // An SDK client closed while its keyed call runs (StdioClientTransport's
-// close(): standard input closed, SIGTERM 2 s later): a call that ends
-// within those 2 s is recorded, and a new client's retry replays it.
+// close(): standard input closed, then SIGTERM 2 s later and SIGKILL 2 s
+// after that, to the process it started, if it has not exited): a call of
+// 6 s outlives both, is recorded, and a new client's retry replays it.
+// (Before the process the client starts exited at the drain, the SIGTERM
+// reached the server, the call died with it, and the retry acted again.)
 {
   const tag = "sdk-close";
   const key = "drain-sdk";
   const first = await connect({ server: SLOW, proxy: ["--store", store],
     env: { EFFECTS: effects, EFFECTS_START: starts } });
-  const pending = call(first.client, "act", { ms: 800, tag }, { key });
+  const pending = call(first.client, "act", { ms: 6000, tag }, { key });
   for (let i = 0; i < 800 && logged(starts, tag).length === 0; i++)
     await sleep(25);
   check("sdk close: the tool started", logged(starts, tag).length === 1);
   await first.client.close();
   await pending;
+  for (let i = 0; i < 800 && record(store, "act", key)?.state !== "completed";
+    i++) await sleep(25);
   const done = logged(effects, tag);
   eq("sdk close: the tool acted", 1, done.length);
   eq("sdk close: recorded", "completed", record(store, "act", key)?.state);
   const { client } = await connect({ server: SLOW, proxy: ["--store", store],
     env: { EFFECTS: effects, EFFECTS_START: starts } });
-  const again = await call(client, "act", { ms: 800, tag }, { key });
+  const again = await call(client, "act", { ms: 6000, tag }, { key });
   check("sdk close: the retry is a replay", replayed(again.result), J(again));
   eq("sdk close: the same ticket", `ticket-${done[0]?.pid}-${done[0]?.n}`,
     again.result?.structuredContent?.ticket);
@@ -169,7 +185,7 @@ const answer = (out, id) => out.split("\n").filter((l) => l)
     "300ms"], { key: "drain-4", ms: 8000, tag });
   const closedAt = Date.now();
   run.p.stdin.end();
-  const ex = await run.exited;
+  const ex = await run.closed;
   check("drain ran out: the proxy exited within the waits",
     ex.at - closedAt < 5000, `${ex.at - closedAt} ms`);
   check("drain ran out: it says so", /still running/.test(run.err()),
