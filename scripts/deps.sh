@@ -1,6 +1,6 @@
 #!/bin/sh
 # Installs the Debian packages idem needs, only when some are missing.
-# Usage: scripts/deps.sh build|check|bench|fuzz
+# Usage: scripts/deps.sh build|check|bench|fuzz|deb
 set -eu
 want="gcc make cmake pkg-config libjansson-dev libsqlite3-dev libssl-dev libpq-dev
   libmicrohttpd-dev libcurl4-openssl-dev"
@@ -12,12 +12,19 @@ case "${1:-build}" in
   # tested with pytest (python3-flask: a Flask app's request context;
   # python3-pydantic: Pydantic models as arguments and results), and
   # installed into venvs by tests/python/install.sh.
+  # groff-base, man-db, bsdextrautils (col): the manual pages' tests;
+  # bash-completion and zsh: the completions'; systemd: systemd-analyze
+  # checks the unit (no running systemd needed).
   check) want="$want libcmocka-dev postgresql python3 sqlite3 curl openssl
     zlib1g-dev libc6-dev binutils python3-dev python3-cffi python3-pytest
-    python3-flask python3-pydantic python3-venv python3-pip" ;;
+    python3-flask python3-pydantic python3-venv python3-pip
+    groff-base man-db bsdextrautils bash-completion zsh systemd" ;;
   bench) want="$want postgresql postgresql-contrib python3 curl nginx wrk
     python3-dev python3-cffi gnuplot-nox" ;;
   fuzz) want="$want clang libclang-rt-dev" ;;
+  # make deb: CPack's DEB generator runs dpkg-shlibdeps (dpkg-dev) and
+  # file; lintian checks the package.
+  deb) want="$want dpkg-dev file gzip lintian" ;;
 esac
 # The idem mcp tests and bench/mcp.sh run real MCP servers from npm:
 # Node.js and npm, from Debian when the machine has neither.

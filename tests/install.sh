@@ -97,4 +97,27 @@ expect_eq "and runs" "0 $want" "$? $out"
 
 expect_match "installed idem runs" "^idem $VERSION\$" \
   "$("$TMP/prefix/bin/idem" --version)"
+
+# What operators expect beside the program: the manual pages, the
+# completions, the systemd unit (its ExecStart the installed program) with
+# an example of its settings, and NEWS.md.
+for page in man1/idem.1 man1/idem-lab.1 man1/idem-canon.1 man1/idem-run.1 \
+  man1/idem-serve.1 man1/idem-mcp.1 man1/idem-keys.1 man1/idem-bench.1 \
+  man3/libidem.3; do
+  [ -f "$TMP/prefix/share/man/$page" ] && ok || fail "installed share/man/$page"
+done
+if command -v man >/dev/null 2>&1; then
+  expect_eq "man finds idem-serve(1) under the prefix" \
+    "$TMP/prefix/share/man/man1/idem-serve.1" \
+    "$(MANPATH="$TMP/prefix/share/man" man -w idem-serve 2>&1)"
+fi
+for f in share/bash-completion/completions/idem share/zsh/site-functions/_idem \
+  share/doc/idem/examples/serve.conf share/doc/idem/NEWS.md; do
+  [ -f "$TMP/prefix/$f" ] && ok || fail "installed $f"
+done
+unit="$TMP/prefix/lib/systemd/system/idem-serve@.service"
+[ -f "$unit" ] && ok || fail "installed lib/systemd/system/idem-serve@.service"
+expect_eq "the unit runs the installed idem" \
+  "ExecStart=$TMP/prefix/bin/idem serve \$IDEM_SERVE_ARGS" \
+  "$(grep '^ExecStart=' "$unit" 2>&1)"
 finish
