@@ -8,7 +8,7 @@ CMAKE_FLAGS ?=
 
 TSAN_BUILD ?= build-tsan
 
-.PHONY: all deps build demo check check-asan tsan crash chaos fuzz bench bench-gateway bench-mcp install clean format
+.PHONY: all deps build demo check check-asan tsan crash chaos fuzz bench bench-gateway bench-mcp bench-duplicates install deb clean format
 
 all: build
 
@@ -68,6 +68,7 @@ else
 	$(call keep,mcp,sh bench/mcp.sh $(BUILD)/idem)
 	$(call keep,python,python3 bench/python.py $(BUILD))
 	$(call keep,canon,sh bench/canon.sh $(BUILD)/idem)
+	$(call keep,duplicates,sh bench/duplicates.sh $(BUILD)/idem)
 	python3 bench/plot.py $(OUT)
 endif
 
@@ -80,6 +81,12 @@ bench-gateway: build
 bench-mcp: build
 	@sh scripts/deps.sh bench
 	sh bench/mcp.sh $(BUILD)/idem
+
+# Only the duplicate-execution benchmark (bench/duplicates.sh; BENCH_QUICK=1
+# for a short run).
+bench-duplicates: build
+	@sh scripts/deps.sh bench
+	sh bench/duplicates.sh $(BUILD)/idem
 
 # The long kill -9 campaign (tests/chaos): CHAOS_TRIALS trials per store.
 CHAOS_TRIALS ?= 10000
@@ -95,6 +102,25 @@ fuzz:
 
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)
+
+# A Debian package of everything `make install` installs, in a build of its
+# own for /usr with Debian's hardening flags (cmake/Deb.cmake), checked by
+# lintian: no error allowed.
+DEB_BUILD ?= build-deb
+deb: export DEB_BUILD_MAINT_OPTIONS = hardening=+all
+deb:
+	@sh scripts/deps.sh deb
+	cmake -S . -B $(DEB_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DCMAKE_C_FLAGS="$$(dpkg-buildflags --get CPPFLAGS) $$(dpkg-buildflags --get CFLAGS)" \
+	  -DCMAKE_EXE_LINKER_FLAGS="$$(dpkg-buildflags --get LDFLAGS)" \
+	  -DCMAKE_SHARED_LINKER_FLAGS="$$(dpkg-buildflags --get LDFLAGS)" \
+	  -DCMAKE_INSTALL_PREFIX=/usr -DIDEM_DEB=ON -DBUILD_TESTING=OFF \
+	  -DIDEM_SYSTEMD_UNITDIR=/lib/systemd/system \
+	  -DIDEM_ZSH_COMPLETIONDIR=share/zsh/vendor-completions $(CMAKE_FLAGS) >/dev/null
+	cmake --build $(DEB_BUILD) -j $(JOBS)
+	cd $(DEB_BUILD) && cpack -G DEB
+	lintian --fail-on error $(DEB_BUILD)/idem_*.deb
+	sh tests/deb.sh $(DEB_BUILD)/idem_*.deb .
 
 format:
 	clang-format -i include/*.h lib/*.c lib/*.h src/*.c src/*.h src/mcp/*.c \
