@@ -67,6 +67,47 @@ void idem_store_close(idem_store *store);
 const char *idem_store_backend(const idem_store *store);
 int idem_delete(idem_store *store, const idem_id *id);
 
+/* Operators: records read, listed, resolved, pruned. */
+typedef struct idem_record {
+  char *tenant, *operation, *key;
+  char *fingerprint;
+  int state;
+  int attempt;
+  int64_t created_ms, updated_ms;
+  int64_t lease_expires_ms;
+  int64_t expires_ms;
+  void *request;
+  size_t request_len;
+  int has_response;
+  idem_response response;
+  int recovered;
+  char seal_key_id[17];
+  int sealed;
+  ...;
+} idem_record;
+typedef struct idem_filter {
+  const char *tenant;
+  const char *operation;
+  int state;
+  int limit;
+  int expired;
+  int overdue;
+  ...;
+} idem_filter;
+typedef struct idem_resolve_options {
+  int64_t retention_ms;
+  int force;
+  ...;
+} idem_resolve_options;
+void idem_record_free(idem_record *record);
+int idem_get(idem_store *store, const idem_id *id, idem_record **out);
+extern "Python" int idem_py_record(const idem_record *record, void *ctx);
+int idem_py_list(idem_store *store, const idem_filter *filter, void *ctx);
+int idem_prune(idem_store *store, int64_t *removed);
+int idem_resolve_with(idem_store *store, const idem_id *id,
+                      const idem_response *response,
+                      const idem_resolve_options *opts);
+
 void idem_call_free(idem_call *call);
 
 int idem_execute_begin(idem_store *store, const idem_id *id,
@@ -93,23 +134,26 @@ typedef struct idem_py_claim {
 int idem_py_begin(idem_store *store, const char *tenant, const char *operation,
                   const char *key, const char *request, size_t request_len,
                   const idem_execute_options *opts, idem_py_claim *claim,
-                  char *buf, size_t cap);
+                  char *buf, size_t cap, int64_t *left);
 int idem_py_end(idem_exec *exec, int result, const char *body, size_t len);
 int idem_py_local_run(idem_store *store, const char *tenant,
                       const char *operation, const char *key,
                       const char *request, size_t request_len,
                       const idem_call_options *opts, void *ctx,
-                      idem_py_claim *claim, char *buf, size_t cap);
+                      idem_py_claim *claim, char *buf, size_t cap,
+                      int64_t *left);
 /* What follows is for idem._speedups, which calls it through its
  * addresses (its own callback included): see source(). */
 typedef int (*idem_local_fn)(void *conn, void *ctx, idem_response *response);
 #define IDEM_PY_FRESH ...
+#define IDEM_PY_AGAIN ...
 void idem_py_respond(idem_response *response, const char *body, size_t len);
 int64_t idem_py_begin_held(idem_store *store, const char *tenant,
                            const char *operation, const char *key,
                            const char *request, size_t request_len,
                            const idem_execute_options *opts,
-                           idem_py_claim *claim, char *buf, size_t cap);
+                           idem_py_claim *claim, char *buf, size_t cap,
+                           int64_t *left);
 int idem_py_finish(idem_py_claim *claim, int result, const char *body,
                    size_t len);
 int64_t idem_py_local_fresh(idem_store *store, const char *tenant,
@@ -117,7 +161,7 @@ int64_t idem_py_local_fresh(idem_store *store, const char *tenant,
                             const char *request, size_t request_len,
                             const idem_call_options *opts, idem_local_fn fn,
                             void *ctx, idem_py_claim *claim, char *buf,
-                            size_t cap);
+                            size_t cap, int64_t *left);
 
 typedef struct sqlite3 sqlite3;
 typedef struct sqlite3_stmt sqlite3_stmt;
@@ -193,6 +237,7 @@ def source(has_pg):
 #include <idem.h>
 #include <sqlite3.h>
 #include <string.h>
+#include <time.h>
 #include "idem_py_sqlite.h"
 %s
 
@@ -236,21 +281,77 @@ static void idem_py_done(idem_py_claim *claim, char *buf, size_t cap)
   claim->call = NULL;
 }
 
+/*
+ * A claim's wait (wait_ms) is cut into slices of at most IDEM_PY_SLICE_MS,
+ * each a claim of its own, so that the caller, holding the GIL between
+ * them, can raise what a signal asks for (Ctrl-C) within a slice rather
+ * than when the whole wait ends. *left is the wait still to go: -1 before
+ * the first slice (the options' wait_ms is then taken), 0 once the claim
+ * is answered. A slice answered IN_FLIGHT while some of the wait is left
+ * sets *left to it, and the caller claims again. Nothing is written
+ * between slices: an IN_FLIGHT claim writes nothing.
+ */
+#define IDEM_PY_SLICE_MS 50
+
+static int64_t idem_py_now_ms(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* The wait of this slice, out of *left (the whole wait when left is
+ * NULL); *start is when it began. */
+static int64_t idem_py_slice(int64_t wait_ms, int64_t *left, int64_t *start)
+{
+  if (!left)
+    return wait_ms;
+  if (*left < 0)
+    *left = wait_ms;
+  if (*left == 0)
+    return 0; /* no wait: no clock read */
+  *start = idem_py_now_ms();
+  return *left < IDEM_PY_SLICE_MS ? *left : IDEM_PY_SLICE_MS;
+}
+
+/* After a slice: *left is what is still to wait, 0 unless the claim was
+ * answered IN_FLIGHT (at least 1 ms is counted, so the wait ends). */
+static void idem_py_sliced(const idem_py_claim *claim, int64_t *left,
+                           int64_t start)
+{
+  int64_t spent;
+  if (!left)
+    return;
+  if (claim->rc != IDEM_OK || claim->outcome != IDEM_IN_FLIGHT || *left <= 0) {
+    *left = 0;
+    return;
+  }
+  spent = idem_py_now_ms() - start;
+  *left -= spent < 1 ? 1 : spent;
+  if (*left < 0)
+    *left = 0;
+}
+
 static int idem_py_begin(idem_store *store, const char *tenant,
                          const char *operation, const char *key,
                          const char *request, size_t request_len,
                          const idem_execute_options *opts,
-                         idem_py_claim *claim, char *buf, size_t cap)
+                         idem_py_claim *claim, char *buf, size_t cap,
+                         int64_t *left)
 {
   idem_id id = {tenant, operation, key};
+  idem_execute_options o = *opts;
+  int64_t start = 0;
+  o.call.wait_ms = idem_py_slice(opts->call.wait_ms, left, &start);
   memset(claim, 0, sizeof *claim);
-  claim->rc = idem_execute_begin(store, &id, request, request_len, opts,
+  claim->rc = idem_execute_begin(store, &id, request, request_len, &o,
                                  &claim->exec, &claim->call);
-  if (claim->rc != IDEM_OK)
-    return claim->rc;
-  idem_py_read(claim);
-  if (!claim->exec)
-    idem_py_done(claim, buf, cap);
+  if (claim->rc == IDEM_OK) {
+    idem_py_read(claim);
+    if (!claim->exec)
+      idem_py_done(claim, buf, cap);
+  }
+  idem_py_sliced(claim, left, start);
   return claim->rc;
 }
 
@@ -277,27 +378,32 @@ static int idem_py_local_with(idem_store *store, const char *tenant,
                               const char *request, size_t request_len,
                               const idem_call_options *opts, idem_local_fn fn,
                               void *ctx, idem_py_claim *claim, char *buf,
-                              size_t cap)
+                              size_t cap, int64_t *left)
 {
   idem_id id = {tenant, operation, key};
   idem_call_options o = *opts;
   char fingerprint[IDEM_FINGERPRINT_SIZE];
   char *canonical = NULL;
   size_t canonical_len = 0;
+  int64_t start = 0;
   memset(claim, 0, sizeof *claim);
   claim->rc = idem_fingerprint_json(request, request_len, fingerprint,
                                     &canonical, &canonical_len);
-  if (claim->rc != IDEM_OK)
+  if (claim->rc != IDEM_OK) {
+    idem_py_sliced(claim, left, start);
     return claim->rc;
+  }
   o.request = canonical;
   o.request_len = canonical_len;
+  o.wait_ms = idem_py_slice(opts->wait_ms, left, &start);
   claim->rc = idem_execute_local(store, &id, fingerprint, &o, fn, ctx,
                                  &claim->call);
   idem_free(canonical);
-  if (claim->rc != IDEM_OK)
-    return claim->rc;
-  idem_py_read(claim);
-  idem_py_done(claim, buf, cap);
+  if (claim->rc == IDEM_OK) {
+    idem_py_read(claim);
+    idem_py_done(claim, buf, cap);
+  }
+  idem_py_sliced(claim, left, start);
   return claim->rc;
 }
 
@@ -305,11 +411,12 @@ static int idem_py_local_run(idem_store *store, const char *tenant,
                              const char *operation, const char *key,
                              const char *request, size_t request_len,
                              const idem_call_options *opts, void *ctx,
-                             idem_py_claim *claim, char *buf, size_t cap)
+                             idem_py_claim *claim, char *buf, size_t cap,
+                             int64_t *left)
 {
   return idem_py_local_with(store, tenant, operation, key, request,
                             request_len, opts, idem_py_local, ctx, claim, buf,
-                            cap);
+                            cap, left);
 }
 
 /*
@@ -334,15 +441,21 @@ static int64_t idem_py_replay_of(const idem_py_claim *claim)
  * in buf.
  */
 #define IDEM_PY_FRESH (-(INT64_C(1) << 40))
+/* A slice of a wait answered IN_FLIGHT with some of the wait left: the
+ * caller checks for signals and calls again with the same *left. */
+#define IDEM_PY_AGAIN (IDEM_PY_FRESH - 2)
 static int64_t idem_py_local_fresh(idem_store *store, const char *tenant,
                                    const char *operation, const char *key,
                                    const char *request, size_t request_len,
                                    const idem_call_options *opts,
                                    idem_local_fn fn, void *ctx,
-                                   idem_py_claim *claim, char *buf, size_t cap)
+                                   idem_py_claim *claim, char *buf, size_t cap,
+                                   int64_t *left)
 {
   idem_py_local_with(store, tenant, operation, key, request, request_len, opts,
-                     fn, ctx, claim, buf, cap);
+                     fn, ctx, claim, buf, cap, left);
+  if (left && *left > 0)
+    return IDEM_PY_AGAIN;
   if (claim->rc == IDEM_OK &&
       (claim->outcome == IDEM_PROCEED || claim->outcome == IDEM_RECOVER))
     return IDEM_PY_FRESH - (claim->recovered != 0);
@@ -359,10 +472,13 @@ static int64_t idem_py_begin_held(idem_store *store, const char *tenant,
                                   const char *operation, const char *key,
                                   const char *request, size_t request_len,
                                   const idem_execute_options *opts,
-                                  idem_py_claim *claim, char *buf, size_t cap)
+                                  idem_py_claim *claim, char *buf, size_t cap,
+                                  int64_t *left)
 {
   idem_py_begin(store, tenant, operation, key, request, request_len, opts,
-                claim, buf, cap);
+                claim, buf, cap, left);
+  if (left && *left > 0)
+    return IDEM_PY_AGAIN;
   if (claim->rc == IDEM_OK && claim->exec)
     return IDEM_PY_FRESH - (claim->recovered != 0);
   return idem_py_replay_of(claim);
@@ -387,6 +503,15 @@ static void idem_py_respond(idem_response *response, const char *body,
 {
   response->body = body;
   response->body_len = len;
+}
+
+static int idem_py_record(const idem_record *record, void *ctx);
+
+/* idem_list() with the binding's callback, which copies each record. */
+static int idem_py_list(idem_store *store, const idem_filter *filter,
+                        void *ctx)
+{
+  return idem_list(store, filter, idem_py_record, ctx);
 }
 
 typedef struct idem_py_sql {

@@ -55,19 +55,19 @@ typedef int64_t (*local_fn)(void *store, const char *tenant,
                             const char *operation, const char *key,
                             const char *request, size_t request_len,
                             const void *opts, callback_fn fn, void *ctx,
-                            void *claim, char *buf, size_t cap);
+                            void *claim, char *buf, size_t cap, int64_t *left);
 typedef void (*respond_fn)(void *response, const char *body, size_t len);
 
 static local_fn fresh_call; /* idem_py_local_fresh */
 static respond_fn respond;
-static int64_t fresh_mark; /* IDEM_PY_FRESH */
+static int64_t fresh_mark; /* IDEM_PY_FRESH; IDEM_PY_AGAIN is fresh_mark - 2 */
 static long rejected;      /* IDEM_EREJECTED */
 static PyObject *dump_body; /* idem._store._local_body: the result as JSON */
 typedef int64_t (*held_fn)(void *store, const char *tenant,
                            const char *operation, const char *key,
                            const char *request, size_t request_len,
                            const void *opts, void *claim, char *buf,
-                           size_t cap);
+                           size_t cap, int64_t *left);
 typedef int (*finish_fn)(void *claim, int result, const char *body,
                          size_t len);
 static held_fn held_call;
@@ -525,7 +525,7 @@ static PyObject *local_core(void *store, const char *tenant,
                             void *bufp, size_t cap) {
   text t;
   int rc;
-  int64_t got;
+  int64_t got, left = -1;
   PyObject *out = NULL;
   local_ctx c;
   text_init(&t);
@@ -546,10 +546,22 @@ static PyObject *local_core(void *store, const char *tenant,
   }
   c.error = c.dumped = NULL;
   text_init(&c.body);
-  Py_BEGIN_ALLOW_THREADS
-  got = fresh_call(store, tenant, operation, key, t.p, t.len, opts, local_run,
-                   &c, claim, bufp, cap);
-  Py_END_ALLOW_THREADS
+  /* The claim's wait in slices: Ctrl-C is raised between them (nothing
+   * held, nothing written), not when the whole wait ends. */
+  for (;;) {
+    Py_BEGIN_ALLOW_THREADS
+    got = fresh_call(store, tenant, operation, key, t.p, t.len, opts,
+                     local_run, &c, claim, bufp, cap, &left);
+    Py_END_ALLOW_THREADS
+    if (got != fresh_mark - 2)
+      break;
+    if (PyErr_CheckSignals() < 0) {
+      text_free(&t);
+      local_clear(&c);
+      Py_DECREF(c.context);
+      return NULL;
+    }
+  }
   text_free(&t);
   if (c.error && got == -1 - (int64_t)rejected) {
     /* fn raised: everything rolled back, the key released. */
@@ -907,7 +919,7 @@ static PyObject *once_core(void *store, const char *tenant,
   size_t blen;
   text t, body;
   int rc, recovered;
-  int64_t got;
+  int64_t got, left = -1;
   PyObject *value, *dumped = NULL, *s, *scan_args[2], *scanned, *decoded,
       *out;
   text_init(&t);
@@ -918,10 +930,20 @@ static PyObject *once_core(void *store, const char *tenant,
       return NULL;
     Py_RETURN_NOTIMPLEMENTED;
   }
-  Py_BEGIN_ALLOW_THREADS
-  got = held_call(store, tenant, operation, key, t.p, t.len, opts, claim, bufp,
-                  cap);
-  Py_END_ALLOW_THREADS
+  /* The claim's wait in slices: Ctrl-C is raised between them (nothing
+   * held, nothing written), not when the whole wait ends. */
+  for (;;) {
+    Py_BEGIN_ALLOW_THREADS
+    got = held_call(store, tenant, operation, key, t.p, t.len, opts, claim,
+                    bufp, cap, &left);
+    Py_END_ALLOW_THREADS
+    if (got != fresh_mark - 2)
+      break;
+    if (PyErr_CheckSignals() < 0) {
+      text_free(&t);
+      return NULL;
+    }
+  }
   text_free(&t);
   if (got >= 0) {
     out = outcome_of(bufp, (size_t)(got >> 1), 1, (int)(got & 1));

@@ -12,6 +12,7 @@ the function again; see docs/python.md.
 from ._errors import (Conflict, DatabaseError, Error, InFlight, InvalidArgument, LeaseLost,
                       NotDone, OutcomeUnknown, StoreUnavailable)
 from ._native import ffi as _ffi, lib as _lib
+from ._records import Record
 from ._store import Outcome, Store, open
 from ._tx import Cursor, Transaction
 
@@ -23,6 +24,6 @@ def libidem_version() -> str:
     return _ffi.string(_lib.idem_version()).decode()
 
 
-__all__ = ["open", "Store", "Outcome", "Transaction", "Cursor", "Error", "Conflict",
+__all__ = ["open", "Store", "Outcome", "Record", "Transaction", "Cursor", "Error", "Conflict",
            "InFlight", "OutcomeUnknown", "StoreUnavailable", "InvalidArgument",
            "DatabaseError", "LeaseLost", "NotDone", "libidem_version"]

@@ -45,8 +45,10 @@ class InFlight(Error):
 
 class OutcomeUnknown(Error):
     """An earlier call with this key may or may not have acted (it raised,
-    or died, and takeover is not allowed); nothing ran. An operator settles
-    it with `idem keys resolve`."""
+    or died, and takeover is not allowed, or the key reached max_attempts);
+    nothing ran. An operator settles it with `python -m idem keys resolve`
+    (or Store.resolve(); the idem program's `idem keys resolve` is the
+    same)."""
 
 
 class StoreUnavailable(Error):

@@ -7,6 +7,7 @@ import json
 import json.scanner
 import os
 import re
+import shlex
 import threading
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -16,6 +17,7 @@ from typing import (Any, Callable, Dict, Iterable, List, Optional, Sequence,
 from . import _errors, _speedups, _values
 from ._errors import Conflict, Error, InFlight, InvalidArgument, NotDone, OutcomeUnknown
 from ._native import ffi, lib
+from ._records import Record, record_of
 from ._tx import Statements, Transaction
 
 Seconds = Union[int, float, str, None]
@@ -195,15 +197,68 @@ class Outcome(_speedups.OutcomeBase):  # type: ignore[misc]
             == (other.value, other.replayed, other.recovered)
 
 
+_EXPIRED = {"take_over": 0, "report": 1}  # idem_call_options.on_expired_lease
+
+
+class _Recovery:
+    """What a claim does with a key an earlier call left (see
+    idem_call_options): on_expired_lease ("take_over", the default, or
+    "report": OutcomeUnknown, nothing written), takeover_unknown (True: a
+    key marked unknown is taken over too) and max_attempts (the most
+    attempts a key may have: a takeover past it is refused with
+    OutcomeUnknown; None or 0, the default, sets no bound)."""
+
+    __slots__ = ("on_expired_lease", "takeover_unknown", "max_attempts")
+
+    def __init__(self, on_expired_lease: str = "take_over", takeover_unknown: bool = False,
+                 max_attempts: Optional[int] = None) -> None:
+        if on_expired_lease not in _EXPIRED:
+            raise InvalidArgument("IDEM_EINVAL", "on_expired_lease: %r is not \"take_over\" "
+                                  "or \"report\"" % (on_expired_lease,))
+        if not isinstance(takeover_unknown, bool):
+            raise TypeError("takeover_unknown must be a bool, not %s"
+                            % type(takeover_unknown).__name__)
+        if max_attempts is not None and (isinstance(max_attempts, bool)
+                                         or not isinstance(max_attempts, int)):
+            raise TypeError("max_attempts must be an int or None, not %s"
+                            % type(max_attempts).__name__)
+        if max_attempts is not None and not 0 <= max_attempts <= 2 ** 31 - 1:
+            raise InvalidArgument("IDEM_EINVAL", "max_attempts: %r is not 0 (no bound) or "
+                                  "a positive number of attempts" % (max_attempts,))
+        self.on_expired_lease = on_expired_lease
+        self.takeover_unknown = takeover_unknown
+        self.max_attempts = max_attempts or 0
+
+    def key(self) -> Tuple[Any, ...]:
+        return (self.on_expired_lease, self.takeover_unknown, self.max_attempts)
+
+
+_NO_RECOVERY = _Recovery()
+
+
+def _recovery(on_expired_lease: str, takeover_unknown: bool,
+              max_attempts: Optional[int]) -> _Recovery:
+    """A call's recovery options; the defaults' object (no allocation) for
+    the defaults."""
+    if on_expired_lease == "take_over" and takeover_unknown is False and \
+            max_attempts is None:
+        return _NO_RECOVERY
+    return _Recovery(on_expired_lease, takeover_unknown, max_attempts)
+
+
 class _Options:
     """One idem_execute_options, kept alive as long as its owner."""
 
     def __init__(self, lease: Seconds, retention: Seconds, wait: Seconds,
-                 payload: Optional[Sequence[str]]) -> None:
+                 payload: Optional[Sequence[str]],
+                 recovery: _Recovery = _NO_RECOVERY) -> None:
         self.c = ffi.new("idem_execute_options *")
         self.c.call.lease_ms = _ms(lease, "lease")
         self.c.call.retention_ms = _ms(retention, "retention")
         self.c.call.wait_ms = _ms(wait, "wait")
+        self.c.call.on_expired_lease = _EXPIRED[recovery.on_expired_lease]
+        self.c.call.takeover_unknown = 1 if recovery.takeover_unknown else 0
+        self.c.call.max_attempts = recovery.max_attempts
         self.call = ffi.addressof(self.c.call)  # for execute_local()
         self.addr, self.call_addr = _address(self.c), _address(self.call)
         self._keep = []
@@ -221,17 +276,19 @@ _DEFAULTS: Dict[Tuple[Any, ...], "_Options"] = {}
 
 
 def _options(lease: Seconds, retention: Seconds, wait: Seconds,
-             payload: Optional[Sequence[str]] = None) -> "_Options":
+             payload: Optional[Sequence[str]] = None,
+             recovery: _Recovery = _NO_RECOVERY) -> "_Options":
     """The options of one call; those without pointers are made once."""
     if payload is not None:
-        return _Options(lease, retention, wait, payload)
-    if lease is None and retention is None and wait is None:
+        return _Options(lease, retention, wait, payload, recovery)
+    if lease is None and retention is None and wait is None and recovery is _NO_RECOVERY:
         return _PLAIN
-    k = (lease, retention, wait, lease.__class__, retention.__class__, wait.__class__)
+    k = (lease, retention, wait, lease.__class__, retention.__class__, wait.__class__,
+         recovery.key())
     try:
         return _DEFAULTS[k]
     except (KeyError, TypeError):
-        o = _Options(lease, retention, wait, None)
+        o = _Options(lease, retention, wait, None, recovery)
         if len(_DEFAULTS) < 64:
             try:
                 _DEFAULTS[k] = o
@@ -352,9 +409,15 @@ def _begin(store: Any, tenant: bytes, operation: bytes, key: bytes, request: byt
     (bytes). A pair goes back to _SPARES with its exec and call NULL."""
     pair = _take()
     c, buf = pair[0], pair[1]
+    left = ffi.new("int64_t *", -1)
     try:
+        # The wait in slices (see idem_py_begin()): Ctrl-C is raised between
+        # them, with nothing held, rather than when the whole wait ends.
         rc = lib.idem_py_begin(store, tenant, operation, key, request, len(request),
-                               opts.c, c, buf, _BUF_SIZE)
+                               opts.c, c, buf, _BUF_SIZE, left)
+        while left[0] > 0:
+            rc = lib.idem_py_begin(store, tenant, operation, key, request, len(request),
+                                   opts.c, c, buf, _BUF_SIZE, left)
         exec_ = c.exec
         if exec_:
             claim = _Claim(c.call, exec_, c.outcome == _RECOVER)
@@ -370,12 +433,13 @@ def _begin(store: Any, tenant: bytes, operation: bytes, key: bytes, request: byt
             lib.idem_call_free(c.call)
         raise
     try:
-        return _unheld(rc, c, buf, operation, key)
+        return _unheld(rc, c, buf, operation, key, tenant)
     finally:
         _give(pair)
 
 
-def _unheld(rc: int, c: Any, buf: Any, operation: bytes, key: bytes) -> Outcome:
+def _unheld(rc: int, c: Any, buf: Any, operation: bytes, key: bytes,
+            tenant: bytes = b"") -> Outcome:
     """A claim in c that this call does not hold: the Outcome of a replay,
     or the error or refusal raised; its call (left only for a body too
     large for buf) freed."""
@@ -385,7 +449,7 @@ def _unheld(rc: int, c: Any, buf: Any, operation: bytes, key: bytes) -> Outcome:
             raise _fail(rc)
         if c.outcome == _REPLAY:
             return _replayed(c, buf, call, operation, key)
-        raise _refusal(c, operation, key)
+        raise _refusal(c, operation, key, tenant)
     finally:
         if call:
             lib.idem_call_free(call)
@@ -420,7 +484,7 @@ def _what(operation: bytes, key: bytes) -> str:
                              operation.decode("utf-8", "replace"))
 
 
-def _refusal(c: Any, operation: bytes, key: bytes) -> Error:
+def _refusal(c: Any, operation: bytes, key: bytes, tenant: bytes = b"") -> Error:
     """The exception for a claim that neither replays nor runs."""
     what = _what(operation, key)
     if c.outcome == _CONFLICT:
@@ -431,8 +495,19 @@ def _refusal(c: Any, operation: bytes, key: bytes) -> Error:
         return InFlight("IDEM_IN_FLIGHT", "%s is held by a call still running; nothing "
                         "ran (retry after %.3f s, or pass wait=)" % (what, after), after)
     return OutcomeUnknown("IDEM_UNKNOWN", "%s: an earlier call may or may not have acted; "
-                          "nothing ran. An operator settles it with `idem keys resolve`"
-                          % what)
+                          "nothing ran. An operator settles it with `%s"
+                          % (what, _resolve_command(operation, key, tenant)))
+
+
+def _resolve_command(operation: bytes, key: bytes, tenant: bytes) -> str:
+    """The command that settles a key: python -m idem keys, which the
+    package installs (the idem program's `idem keys resolve` takes the
+    same arguments)."""
+    return "python -m idem keys resolve %s --operation %s%s --failed` (a retry then " \
+        "acts) or `--completed --body FILE` (retries replay FILE)" % (
+            shlex.quote(key.decode("utf-8", "replace")),
+            shlex.quote(operation.decode("utf-8", "replace")),
+            " --tenant " + shlex.quote(tenant.decode("utf-8", "replace")) if tenant else "")
 
 
 def _end(claim: _Claim, result: int, body: Optional[bytes] = None) -> Tuple[int, str]:
@@ -502,7 +577,8 @@ def _once_in_c(fast: int, tenant: bytes, operation: bytes, key: bytes, arguments
                          _BUF_SIZE, fn, args, kwargs or None, release_on)
         if got.__class__ is Outcome or got is NotImplemented:
             return got
-        return _unheld(got, c, buf, operation, key)  # a claim this call does not hold
+        # A claim this call does not hold.
+        return _unheld(got, c, buf, operation, key, tenant)
     finally:
         _give(pair)
 
@@ -534,7 +610,8 @@ def _is_release(exc: BaseException, release_on: Tuple[Any, ...]) -> bool:
     return isinstance(exc, NotDone) or (bool(release_on) and isinstance(exc, release_on))
 
 
-def _local_answer(rc: int, c: Any, buf: Any, operation: bytes, key: bytes) -> Outcome:
+def _local_answer(rc: int, c: Any, buf: Any, operation: bytes, key: bytes,
+                  tenant: bytes = b"") -> Outcome:
     """What an execute_local() call whose claim is in c answers: an Outcome,
     or the error or refusal raised (Store._done() frees its call)."""
     if rc != _OK:
@@ -544,7 +621,7 @@ def _local_answer(rc: int, c: Any, buf: Any, operation: bytes, key: bytes) -> Ou
         return _replayed(c, buf, c.call, operation, key)
     if outcome == _PROCEED or outcome == _RECOVER:  # fn's result, as stored
         return Outcome(_stored(c, operation, key), False, outcome == _RECOVER)
-    raise _refusal(c, operation, key)
+    raise _refusal(c, operation, key, tenant)
 
 
 class _LocalCall:
@@ -618,9 +695,13 @@ def _local_python(store: Any, owner: "Store", tenant: bytes, operation: bytes,
     except IndexError:
         local = _LocalCall()
     local.fn, local.store, local.context = fn, owner, contextvars.copy_context()
+    left = ffi.new("int64_t *", -1)
     try:
         rc = lib.idem_py_local_run(store, tenant, operation, key, req, len(req), opts.call,
-                                   local.ctx, c, buf, _BUF_SIZE)
+                                   local.ctx, c, buf, _BUF_SIZE, left)
+        while left[0] > 0:  # the wait in slices, as in _begin()
+            rc = lib.idem_py_local_run(store, tenant, operation, key, req, len(req),
+                                       opts.call, local.ctx, c, buf, _BUF_SIZE, left)
         if rc == _EREJECTED and local.error is not None:
             raise local.error
         return rc  # type: ignore[no-any-return]
@@ -628,6 +709,9 @@ def _local_python(store: Any, owner: "Store", tenant: bytes, operation: bytes,
         local.clear()  # then another call may take it
         if len(_LOCALS) < 8:
             _LOCALS.append(local)
+
+
+_MISSING = object()  # resolve()'s completed= when not given
 
 
 class Store:
@@ -763,10 +847,13 @@ class Store:
                    lease: Seconds = None, retention: Seconds = None,
                    payload: Optional[Sequence[str]] = None, wait: Seconds = None,
                    release_on: ReleaseOn = (), encoder: "_values.Encoder" = None,
-                   decoder: "_values.Decoder" = None) -> Callable[[Any], Any]:
+                   decoder: "_values.Decoder" = None, on_expired_lease: str = "take_over",
+                   takeover_unknown: bool = False,
+                   max_attempts: Optional[int] = None) -> Callable[[Any], Any]:
         """Decorates a function so that it runs at most once per key; see
         docs/python.md."""
-        opts = _Options(lease, retention, wait, payload)  # bad options fail here
+        opts = _Options(lease, retention, wait, payload,  # bad options fail here
+                        _Recovery(on_expired_lease, takeover_unknown, max_attempts))
         _values.release_on(release_on)
         _values.writer(encoder)
         if decoder is not None and not callable(decoder):
@@ -835,7 +922,8 @@ class Store:
                 retention: Seconds = None, wait: Seconds = None,
                 payload: Optional[Sequence[str]] = None, release_on: ReleaseOn = (),
                 encoder: "_values.Encoder" = None, decoder: "_values.Decoder" = None,
-                returns: Any = None) -> Outcome:
+                returns: Any = None, on_expired_lease: str = "take_over",
+                takeover_unknown: bool = False, max_attempts: Optional[int] = None) -> Outcome:
         """Runs action() at most once per key for this request (any JSON
         value, or one idem's rule writes, whose canonical JSON is the
         fingerprint); an Outcome, its value rebuilt as returns (default:
@@ -846,7 +934,8 @@ class Store:
             action, "__annotations__", None) else _values.reader_of(action, returns, encoder,
                                                                    decoder)
         writer = _values.PLAIN if encoder is None else _values.writer(encoder)
-        opts = _options(lease, retention, wait, payload)
+        opts = _options(lease, retention, wait, payload,
+                        _recovery(on_expired_lease, takeover_unknown, max_attempts))
         op = _text(operation, "operation")
         k = _key(key)
         t = _text(tenant if tenant is not None else "", "tenant")
@@ -865,17 +954,21 @@ class Store:
                       fn: Callable[[Transaction], Any], *, tenant: Optional[str] = None,
                       lease: Seconds = None, retention: Seconds = None,
                       wait: Seconds = None, encoder: "_values.Encoder" = None,
-                      decoder: "_values.Decoder" = None, returns: Any = None) -> Outcome:
+                      decoder: "_values.Decoder" = None, returns: Any = None,
+                      on_expired_lease: str = "take_over", takeover_unknown: bool = False,
+                      max_attempts: Optional[int] = None) -> Outcome:
         """Runs fn(tx) inside the store's transaction, on its own connection,
         so that what fn writes through tx.execute() commits together with
         the record; an Outcome, its value rebuilt as returns (default: fn's
         return annotation) declares. An exception in fn rolls both back,
         releases the key and propagates."""
+        recovery = _recovery(on_expired_lease, takeover_unknown, max_attempts)
         if encoder is not None or decoder is not None or returns is not None or \
                 getattr(fn, "__annotations__", None):
             return self._local_typed(operation, key, request, fn, tenant, lease, retention,
-                                     wait, encoder, decoder, returns)
-        if lease is None and retention is None and wait is None:
+                                     wait, encoder, decoder, returns, recovery)
+        if lease is None and retention is None and wait is None and \
+                recovery is _NO_RECOVERY:
             # As it is mostly called: all of it in one crossing
             # (idem._speedups.local_call()), but for reading a claim not held.
             got = _local_call(self, operation, key, request, fn, tenant)
@@ -885,12 +978,14 @@ class Store:
                 rc, pair = got
                 try:
                     return _local_answer(rc, pair[0], pair[1], _NAMES[operation],
-                                         key.encode("utf-8"))
+                                         key.encode("utf-8"),
+                                         _name(tenant if tenant is not None else "",
+                                               "tenant"))
                 finally:
                     self._done(pair)
             opts = _PLAIN
         else:
-            opts = _options(lease, retention, wait)
+            opts = _options(lease, retention, wait, None, recovery)
         op = _name(operation, "operation")
         t = _name(tenant if tenant is not None else "", "tenant")
         k = key.encode("utf-8") if key.__class__ is str and "\x00" not in key else _key(key)
@@ -905,7 +1000,7 @@ class Store:
                 if rc is not NotImplemented:
                     return rc  # type: ignore[no-any-return]
                 rc = _local_python(store, self, t, op, k, request, opts, fn, c, buf)
-            return _local_answer(rc, c, buf, op, k)
+            return _local_answer(rc, c, buf, op, k, t)
         finally:
             self._done(pair)
 
@@ -913,7 +1008,7 @@ class Store:
                      fn: Callable[[Transaction], Any], tenant: Optional[str],
                      lease: Seconds, retention: Seconds, wait: Seconds,
                      encoder: "_values.Encoder", decoder: "_values.Decoder",
-                     returns: Any) -> Outcome:
+                     returns: Any, recovery: "_Recovery") -> Outcome:
         """execute_local() with a declared result type or hooks: the request
         written by the encoder's Writer (its JSON handed on, for C to write
         again), fn's result handed on as a _Pending of it, the Outcome's
@@ -925,7 +1020,10 @@ class Store:
             fn = _pending(fn, writer)
         act = fn
         out = self.execute_local(operation, key, request, lambda tx: act(tx), tenant=tenant,
-                                 lease=lease, retention=retention, wait=wait)
+                                 lease=lease, retention=retention, wait=wait,
+                                 on_expired_lease=recovery.on_expired_lease,
+                                 takeover_unknown=recovery.takeover_unknown,
+                                 max_attempts=recovery.max_attempts or None)
         return _values.read_outcome(out, read)
 
     def _done(self, pair: _Pair) -> None:
@@ -941,17 +1039,167 @@ class Store:
             self._leave(pair[2])
         _give(pair)
 
+    # ---------------------------------------------------------- operators
+    # What `idem keys` (and `python -m idem keys`) does, as calls.
+
     def delete(self, operation: str, key: str, *, tenant: Optional[str] = None) -> None:
         """Deletes one record whatever its state (an operator's act: a retry
-        then runs again)."""
-        ident = ffi.new("idem_id *")
-        keep = (ffi.new("char[]", _text(tenant if tenant is not None else "", "tenant")),
-                ffi.new("char[]", _text(operation, "operation")),
-                ffi.new("char[]", _text(key, "key", "IDEM_EKEY")))
-        ident.tenant, ident.operation, ident.key = keep
+        then runs again). Error IDEM_ENOTFOUND when there is none."""
+        ident, keep = _ident(operation, key, tenant)
         rc = lib.idem_delete(self._handle(), ident)
         if rc != _OK:
             raise _fail(rc)
+
+    def get(self, operation: str, key: str, *,
+            tenant: Optional[str] = None) -> Optional[Record]:
+        """The record of one key (idem_get()), or None when there is none
+        (or it is completed and past its retention)."""
+        ident, keep = _ident(operation, key, tenant)
+        out = ffi.new("idem_record **")
+        rc = lib.idem_get(self._handle(), ident, out)
+        if rc == _ENOTFOUND:
+            return None
+        if rc != _OK:
+            raise _fail(rc)
+        try:
+            return record_of(ffi, out[0])
+        finally:
+            lib.idem_record_free(out[0])
+
+    def list(self, *, tenant: Optional[str] = None, operation: Optional[str] = None,
+             state: Optional[str] = None, limit: Optional[int] = None,
+             expired: bool = False, overdue: bool = False) -> List[Record]:
+        """Records, oldest first (idem_list()), as `idem keys list`: of one
+        tenant and operation (None: every one), in one state
+        ("in_progress", "completed" or "unknown"), at most limit of them;
+        expired: completed records past their retention too; overdue: only
+        records in progress or unknown that have waited longer than their
+        retention."""
+        f = ffi.new("idem_filter *")
+        keep = []
+        if tenant is not None:
+            keep.append(ffi.new("char[]", _text(tenant, "tenant")))
+            f.tenant = keep[-1]
+        if operation is not None:
+            keep.append(ffi.new("char[]", _text(operation, "operation")))
+            f.operation = keep[-1]
+        if state is not None:
+            if state not in _STATE_CODES:
+                raise InvalidArgument("IDEM_EINVAL", "state: %r is not \"in_progress\", "
+                                      "\"completed\" or \"unknown\"" % (state,))
+            f.state = _STATE_CODES[state]
+        if limit is not None:
+            if isinstance(limit, bool) or not isinstance(limit, int) or \
+                    not 0 < limit <= 2 ** 31 - 1:
+                raise InvalidArgument("IDEM_EINVAL", "limit: %r is not a positive number "
+                                      "of records" % (limit,))
+            f.limit = limit
+        if expired and overdue:
+            raise InvalidArgument("IDEM_EINVAL", "expired and overdue: one or the other")
+        f.expired, f.overdue = int(bool(expired)), int(bool(overdue))
+        listing = _Listing()
+        handle = ffi.new_handle(listing)
+        rc = lib.idem_py_list(self._handle(), f, handle)
+        if listing.error is not None:
+            raise listing.error
+        if rc != _OK:
+            raise _fail(rc)
+        return listing.records
+
+    def show(self, key: str, *, operation: Optional[str] = None,
+             tenant: Optional[str] = None) -> List[Record]:
+        """Every record with the key, as `idem keys show`: with operation,
+        the record of that operation and tenant (default "") if there is
+        one; without, the key's records in every operation (and, without
+        tenant, every tenant), which reads the whole store to find them."""
+        if operation is not None:
+            rec = self.get(operation, key, tenant=tenant)
+            return [] if rec is None else [rec]
+        _key(key)
+        return [r for r in self.list(tenant=tenant) if r.key == key]
+
+    def resolve(self, operation: str, key: str, *, tenant: Optional[str] = None,
+                completed: Any = _MISSING, body: Union[bytes, str, None] = None,
+                failed: bool = False, status: int = 0, retention: Seconds = None,
+                force: bool = False) -> None:
+        """Settles a record whose outcome is unknown, or in progress with its
+        lease over (idem_resolve_with()), as `idem keys resolve`:
+        completed=value stores the value as the result later calls replay
+        (written as JSON, as a decorated function's result is), or body=
+        the stored bytes as they are, with status, kept for retention
+        (default 24 h); failed=True deletes the record, so that a retry
+        acts again. A record whose holder's lease still runs may be acting:
+        it is refused (IDEM_ESTATE) unless force=True. Error IDEM_ENOTFOUND
+        when there is no record, IDEM_ESTATE when it is completed."""
+        given = (completed is not _MISSING) + (body is not None) + bool(failed)
+        if given != 1:
+            raise TypeError("resolve() takes one of completed=VALUE, body=BYTES or "
+                            "failed=True")
+        if isinstance(status, bool) or not isinstance(status, int):
+            raise TypeError("status must be an int, not %s" % type(status).__name__)
+        ident, keep = _ident(operation, key, tenant)
+        response = ffi.NULL
+        if not failed:
+            if completed is not _MISSING:
+                try:
+                    data = _dump(completed)
+                except (TypeError, ValueError) as e:
+                    raise TypeError("completed: the value cannot be written as JSON: %s"
+                                    % _values.hint(e, True)) from None
+            else:
+                data = body.encode("utf-8") if isinstance(body, str) else bytes(body)
+            response = ffi.new("idem_response *")
+            response.status = status
+            buf = ffi.from_buffer(data)
+            response.body, response.body_len = buf, len(data)
+        opts = ffi.new("idem_resolve_options *")
+        opts.retention_ms = _ms(retention, "retention")
+        opts.force = 1 if force else 0
+        rc = lib.idem_resolve_with(self._handle(), ident, response, opts)
+        if rc != _OK:
+            raise _fail(rc)
+
+    def prune(self) -> int:
+        """Deletes the completed records past their retention (records in
+        progress or unknown are never pruned); how many."""
+        removed = ffi.new("int64_t *")
+        rc = lib.idem_prune(self._handle(), removed)
+        if rc != _OK:
+            raise _fail(rc)
+        return int(removed[0])
+
+
+_ENOTFOUND = 16  # IDEM_ENOTFOUND, as in idem.h
+_STATE_CODES = {"in_progress": 1, "completed": 2, "unknown": 3}
+
+
+def _ident(operation: str, key: str, tenant: Optional[str]) -> Tuple[Any, Tuple[Any, ...]]:
+    """An idem_id, and the strings it points to (keep them alive)."""
+    ident = ffi.new("idem_id *")
+    keep = (ffi.new("char[]", _text(tenant if tenant is not None else "", "tenant")),
+            ffi.new("char[]", _text(operation, "operation")),
+            ffi.new("char[]", _key(key)))
+    ident.tenant, ident.operation, ident.key = keep
+    return ident, keep
+
+
+class _Listing:
+    """What idem_py_record() collects for Store.list()."""
+
+    def __init__(self) -> None:
+        self.records: List[Record] = []
+        self.error: Optional[BaseException] = None
+
+
+@ffi.def_extern()
+def idem_py_record(record, ctx):  # type: ignore[no-untyped-def]
+    listing = ffi.from_handle(ctx)
+    try:
+        listing.records.append(record_of(ffi, record))
+        return 0
+    except BaseException as e:  # noqa: B902 - raised by list() once it returns
+        listing.error = e
+        return 1
 
 
 # Code flags of a function whose call only makes an object that runs its
@@ -1194,7 +1442,8 @@ class _Spec:
             if got is not NotImplemented:
                 rc, pair = got
                 try:
-                    return _unheld(rc, pair[0], pair[1], self.operation, key.encode("utf-8"))
+                    return _unheld(rc, pair[0], pair[1], self.operation, key.encode("utf-8"),
+                                   self.tenant_fixed)
                 finally:
                     self.store._done(pair)
             key = _key(key) if key.__class__ is not str or "\x00" in key \

@@ -5,12 +5,17 @@ flight) is raised by Python as soon as the claim returns: if the claim got
 the key, nothing has run yet, and the key must be let go at once rather
 than held (and renewed) until the process ends.
 """
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
+
+import pytest
 
 import idem
-from helpers import unique
+from helpers import records, unique
 
 # Run apart from pytest, whose own SIGINT handling must not see the signal.
 CHILD = textwrap.dedent('''
@@ -78,3 +83,96 @@ def test_ctrl_c_while_waiting_lets_go_of_the_key_it_got(store_url, effects):
         out = job.outcome(1, key)
     assert (out.value, out.replayed, out.recovered) == ("another process ran", False, False)
     assert calls == [1]
+
+
+# A caller blocked in a claim that waits (wait=30) for a key held elsewhere.
+WAITER = textwrap.dedent('''
+    import sys, time
+    import idem
+
+    url, operation, key, way = sys.argv[1:5]
+    store = idem.open(url)
+
+    @store.idempotent(operation, key="key", wait=30)
+    def job(key):
+        print("ran", flush=True)
+        return "the waiter ran"
+
+    try:
+        print("calling", flush=True)
+        if way == "decorator":
+            job(key)
+        elif way == "execute":
+            store.execute(operation, key, {}, lambda: print("ran", flush=True), wait=30)
+        else:
+            store.execute_local(operation, key, {}, lambda tx: print("ran", flush=True),
+                                wait=30)
+        print("returned", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted %.6f" % time.monotonic(), flush=True)
+''')
+
+
+def _interrupt_waiter(store_url, operation, key, way):
+    """Starts a waiter, SIGINTs it once it waits, and returns the seconds
+    from the signal to its KeyboardInterrupt."""
+    child = subprocess.Popen([sys.executable, "-c", WAITER, store_url, operation, key, way],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "calling\n"
+        # Into its wait: the claim is asked, finds the key in flight and
+        # waits (this is the time the item is about, not a race to win).
+        time.sleep(0.5)
+        sent = time.monotonic()
+        child.send_signal(signal.SIGINT)
+        # On the code before the fix the wait ends only after 30 s: the
+        # check below fails on that, not on a timeout.
+        import select
+        ready, _, _ = select.select([child.stdout], [], [], 20)
+        assert ready, "no answer 20 s after SIGINT: the wait was not interrupted"
+        line = child.stdout.readline()
+        took = time.monotonic() - sent
+        assert line.startswith("interrupted "), line + child.stderr.read()
+        # Measured in the child too: from the signal sent to the exception.
+        took = min(took, float(line.split()[1]) - sent)
+        assert child.wait(60) == 0
+        return took
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+@pytest.mark.parametrize("way", ["decorator", "execute", "execute_local"])
+def test_ctrl_c_during_wait_is_honoured_at_once(store, store_url, way, effects):
+    operation, key = unique("op"), unique("key")
+    entered, release = threading.Event(), threading.Event()
+
+    @store.idempotent(operation, key="key")
+    def holder(key):
+        entered.set()
+        release.wait(120)
+        effects.add("holder")
+        return "the holder's"
+
+    t = threading.Thread(target=holder, args=(key,))
+    t.start()
+    try:
+        assert entered.wait(60)
+        (before,) = records(store_url, operation)  # as libidem's program reads it
+        assert (before["state"], before["attempt"]) == ("in_progress", 1)
+        times = [_interrupt_waiter(store_url, operation, key, way) for _ in range(3)]
+        times.sort()
+        print("SIGINT to KeyboardInterrupt (%s, %s): median %.0f ms, all %s"
+              % (way, store.backend, times[1] * 1000,
+                 ", ".join("%.0f" % (x * 1000) for x in times)))
+        assert times[-1] < 2.0, times  # 0.1 s unloaded; CI is loaded
+        (after,) = records(store_url, operation)  # the key as it was: the holder's
+        assert {k: v for k, v in after.items() if k not in ("lease_expires_ms", "updated_ms")} \
+            == {k: v for k, v in before.items() if k not in ("lease_expires_ms", "updated_ms")}
+    finally:
+        release.set()
+        t.join(60)
+    assert effects.lines() == ["holder"]  # no waiter ran
+    out = holder.outcome(key)
+    assert (out.value, out.replayed, out.recovered) == ("the holder's", True, False)
