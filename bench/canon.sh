@@ -55,14 +55,7 @@
 # an output differs from node's canonical form.
 set -eu
 
-if [ $# -ne 1 ]; then
-  echo "usage: sh bench/canon.sh PATH_TO_IDEM" >&2
-  exit 2
-fi
-IDEM=$1
-[ -x "$IDEM" ] || { echo "bench/canon.sh: $IDEM: not an executable" >&2; exit 2; }
-IDEM=$(cd "$(dirname "$IDEM")" && pwd)/$(basename "$IDEM")
-HERE=$(cd "$(dirname "$0")" && pwd)
+. "$(dirname "$0")/idem_arg.sh"
 ROUNDS=${BENCH_ROUNDS:-5}
 SIZES=${BENCH_CANON_SIZES:-1 8}
 SHAPES=${BENCH_CANON_SHAPES:-ints doubles strings nested}

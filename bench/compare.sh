@@ -35,23 +35,14 @@
 # p<pair>.<base|cur>.w<workers>.json), TMPDIR.
 set -eu
 
-if [ $# -ne 1 ]; then
-  echo "usage: BASE=<commit> sh bench/compare.sh PATH_TO_IDEM" >&2
-  exit 2
-fi
-IDEM=$1
-case $IDEM in */*) ;; *) IDEM=./$IDEM ;; esac
-if [ ! -x "$IDEM" ]; then
-  echo "bench: $IDEM is not an executable (build it first: make build)" >&2
-  exit 2
-fi
+BENCH_USAGE_PREFIX="BASE=<commit> "
+. "$(dirname "$0")/idem_arg.sh"
 BASE=${BASE:-}
 BASE_IDEM=${BASE_IDEM:-}
 if [ -z "$BASE" ] && [ -z "$BASE_IDEM" ]; then
   echo "bench: set BASE=<commit> (or BASE_IDEM=<path to an idem>)" >&2
   exit 2
 fi
-HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(git -C "$HERE/.." rev-parse --show-toplevel)
 ROUNDS=${ROUNDS:-${BENCH_ROUNDS:-5}}
 SECS=${BENCH_SECONDS:-2}

@@ -100,17 +100,7 @@
 # agent of each cell: a cut stream costs DUP_TIMEOUT, an unknown outcome
 # over stdio one lease); BENCH_QUICK=1 about 2 minutes.
 set -eu
-if [ $# -ne 1 ]; then
-  echo "usage: sh bench/duplicates.sh PATH_TO_IDEM" >&2
-  exit 2
-fi
-IDEM=$1
-case $IDEM in /*) ;; *) IDEM=$(pwd)/$IDEM ;; esac
-if [ ! -x "$IDEM" ]; then
-  echo "bench: $IDEM is not an executable (build it first: make build)" >&2
-  exit 2
-fi
-HERE=$(cd "$(dirname "$0")" && pwd)
+. "$(dirname "$0")/idem_arg.sh"
 for tool in node npm; do
   command -v $tool >/dev/null 2>&1 || {
     echo "bench: $tool is missing (sh scripts/deps.sh bench installs it)" >&2

@@ -130,14 +130,7 @@
 # seconds; default 2 every 1); BENCH_REPLAY_CHECK_TTL ((h)'s
 # --replay-check-ttl; default the gateway's, 5s; 0: every replay checked).
 set -eu
-if [ $# -ne 1 ]; then
-  echo "usage: sh bench/gateway.sh PATH_TO_IDEM" >&2
-  exit 2
-fi
-IDEM=$1
-case $IDEM in */*) ;; *) IDEM=./$IDEM ;; esac
-IDEM=$(cd "$(dirname "$IDEM")" && pwd)/$(basename "$IDEM")
-HERE=$(cd "$(dirname "$0")" && pwd)
+. "$(dirname "$0")/idem_arg.sh"
 ROOT=$(cd "$HERE/.." && pwd)
 SECS=${BENCH_SECONDS:-5}
 ROUNDS=${BENCH_ROUNDS:-3}

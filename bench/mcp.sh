@@ -105,17 +105,7 @@
 # (replay_checked's --replay-check-ttl; default the proxy's, 5s; 0: every
 # replay checked).
 set -eu
-if [ $# -ne 1 ]; then
-  echo "usage: sh bench/mcp.sh PATH_TO_IDEM" >&2
-  exit 2
-fi
-IDEM=$1
-case $IDEM in /*) ;; *) IDEM=$(pwd)/$IDEM ;; esac
-if [ ! -x "$IDEM" ]; then
-  echo "bench: $IDEM is not an executable (build it first: make build)" >&2
-  exit 2
-fi
-HERE=$(cd "$(dirname "$0")" && pwd)
+. "$(dirname "$0")/idem_arg.sh"
 SECS=${BENCH_SECONDS:-3}
 ROUNDS=${BENCH_ROUNDS:-3}
 HTTP_ONLY=${BENCH_MCP_HTTP_ONLY:-0}

@@ -42,17 +42,7 @@
 # both sides use the same directory).
 set -eu
 
-if [ $# -ne 1 ]; then
-  echo "usage: sh bench/run.sh PATH_TO_IDEM" >&2
-  exit 2
-fi
-IDEM=$1
-case $IDEM in */*) ;; *) IDEM=./$IDEM ;; esac
-if [ ! -x "$IDEM" ]; then
-  echo "bench: $IDEM is not an executable (build it first: make build)" >&2
-  exit 2
-fi
-HERE=$(cd "$(dirname "$0")" && pwd)
+. "$(dirname "$0")/idem_arg.sh"
 # The side-by-side mode: this build against a build of BASE (bench/compare.sh).
 if [ -n "${BASE:-}" ] || [ -n "${BASE_IDEM:-}" ]; then
   exec sh "$HERE/compare.sh" "$IDEM"
