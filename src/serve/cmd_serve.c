@@ -41,7 +41,7 @@ static const char usage[] =
     "                  [--max-body SIZE] [--max-response SIZE]\n"
     "                  [--upstream-timeout DUR] [--upstream-cacert FILE]\n"
     "                  [--admin-listen HOST:PORT] [--admin-token-file FILE]\n"
-    "                  [--log FILE] [--threads N]\n"
+    "                  [--log FILE] [--threads N] [--store-workers N]\n"
     "                  [--header-timeout DUR] [--max-connections N]\n"
     "                  [--max-connections-per-client N]\n"
     "\n"
