@@ -1879,6 +1879,7 @@ int mcp_http_run(const mcp_opts *o, idem_store *store) {
   }
   fprintf(stderr, "idem mcp: listening on http://%s, forwarding to %s\n", bound,
           o->upstream);
+  principal_warn_open(&hx_rule, "mcp", o->listen);
   fflush(stderr);
   while (sigwait(&set, &sig) != 0 || (sig != SIGINT && sig != SIGTERM))
     ;

@@ -598,6 +598,7 @@ static int run(int argc, char **argv) {
           bound, c.upstream, store_name);
   if (admin)
     fprintf(stderr, "idem serve: admin on http://%s\n", admin_bound);
+  principal_warn_open(&rule, "serve", c.listen);
   principal_describe(&rule, rule_text, sizeof rule_text);
   fprintf(stderr, "idem serve: principal %s%s%s\n", rule_text,
           c.replay_check_url ? ", replays checked with GET " : "",

@@ -6,6 +6,7 @@
  * address actually bound is reported, so that tests and scripts can read it.
  */
 #include "serve.h"
+#include "principal.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -185,4 +186,16 @@ out:
     close(fd);
   freeaddrinfo(ai);
   return d;
+}
+
+void principal_warn_open(const principal_rule *r, const char *cmd,
+                         const char *listen) {
+  if (r->kind != PRINCIPAL_NONE || listen_is_loopback(listen) == 1)
+    return;
+  cli_error(cmd,
+            "warning: --principal none on %s, which is not the loopback: "
+            "every caller is one tenant, so a stored answer is replayed to "
+            "anyone who sends its key; name a rule that tells callers apart "
+            "(see --help)",
+            listen);
 }

@@ -64,6 +64,12 @@ void principal_free(principal_rule *r);
 
 /* The rule as the help and the start-up line say it. */
 void principal_describe(const principal_rule *r, char *out, size_t size);
+/* Under the rule none every caller is one tenant, and a replay goes to
+ * whoever sends its key: said on standard error (as cmd) when the listener
+ * (HOST:PORT, listen_is_loopback()) takes more than this machine's own
+ * callers. In listen.c, beside listen_is_loopback(). */
+void principal_warn_open(const principal_rule *r, const char *cmd,
+                         const char *listen);
 
 /* A 401's WWW-Authenticate under rule r, in out: non-zero when the rule
  * reads a bearer credential (jwt, or credential: with Authorization). */

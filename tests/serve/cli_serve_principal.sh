@@ -168,6 +168,20 @@ post n2 order-6 '{"title":"n"}' -H "Authorization: Bearer $T1"
 expect_eq "none: one tenant: another caller's retry replays" "201 201 true" \
   "$(code n1) $(code n2) $(header n2 Idempotent-Replayed)"
 stop_gateway "$GW_PID"
+expect_eq "none on the loopback: no warning" "" \
+  "$(grep -c 'warning: --principal none' "$TMP/none.err" | grep -v '^0$')"
+# On every address, the rule none replays to anyone: said at start.
+"$IDEM" serve --listen 0.0.0.0:0 --upstream "$UP" --store "$TMP/none.db" \
+  --principal none 2>"$TMP/open.err" &
+OPEN_PID=$!
+n=0
+while ! grep -q 'principal none' "$TMP/open.err" && [ $n -lt 400 ]; do
+  sleep 0.05; n=$((n + 1))
+done
+kill "$OPEN_PID"; wait "$OPEN_PID" 2>/dev/null
+expect_match "none on every address: a warning at start" \
+  "warning: --principal none on 0.0.0.0:0, which is not the loopback" \
+  "$(cat "$TMP/open.err")"
 "$IDEM" serve --listen 127.0.0.1:0 --upstream "$UP" --store "$TMP/dflt.db" \
   --principal bogus:x 2>"$TMP/bogus.err"
 expect_eq "a bad rule is a usage error" 2 "$?"
