@@ -29,7 +29,7 @@ typedef struct cli_command {
 } cli_command;
 
 extern const cli_command cmd_canon, cmd_keys, cmd_lab, cmd_bench, cmd_run,
-    cmd_serve, cmd_mcp;
+    cmd_serve, cmd_mcp, cmd_console;
 
 /* Prints "idem NAME: message" to stderr. */
 void cli_error(const char *cmd, const char *fmt, ...)
@@ -159,6 +159,21 @@ size_t cli_text_width(const char *s);
  * free() it.
  */
 char *cli_json_escape_unsafe(const char *json);
+
+/*
+ * A record as JSON: its identity, state, attempts and times, whether it was
+ * recovered, its request and response (text that is valid UTF-8 without
+ * NULs as a string, other bytes as {"hex": ...}) and how it is sealed. NULL
+ * when out of memory; json_decref() it.
+ */
+struct json_t *cli_record_json(const idem_record *r);
+
+/*
+ * Reads a bearer token from the first line of the file at path (opt names
+ * the option in messages): 16 to 1022 printable ASCII characters, no
+ * spaces. NULL, with why printed as "idem CMD: OPT: ...".
+ */
+char *cli_read_token(const char *cmd, const char *opt, const char *path);
 
 /*
  * Loads a sealing key (idem_store_seal()) from the file at path: 32 raw

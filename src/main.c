@@ -5,7 +5,7 @@
 
 static const cli_command *const commands[] = {
     &cmd_lab, &cmd_canon, &cmd_run, &cmd_serve,
-    &cmd_mcp, &cmd_keys, &cmd_bench,
+    &cmd_mcp, &cmd_keys, &cmd_console, &cmd_bench,
 };
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
 

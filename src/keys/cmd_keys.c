@@ -98,57 +98,6 @@ static int parse_state(const char *s) {
   return -1;
 }
 
-/* Text that is valid UTF-8 without NULs is shown as a string, other bytes
- * as base16, so JSON output never loses data. */
-static json_t *bytes_json(const void *p, size_t n) {
-  json_t *s;
-  if (!p)
-    return json_null();
-  if (memchr(p, 0, n) == NULL && (s = json_stringn(p, n)) != NULL)
-    return s;
-  char *hex = malloc(2 * n + 1);
-  for (size_t i = 0; hex && i < n; i++)
-    sprintf(hex + 2 * i, "%02x", ((const unsigned char *)p)[i]);
-  if (hex)
-    hex[2 * n] = '\0';
-  s = json_pack("{s:s}", "hex", hex ? hex : "");
-  free(hex);
-  return s;
-}
-
-static json_t *record_json(const idem_record *r) {
-  json_t *o = json_pack("{s:s,s:s,s:s,s:s,s:s,s:i,s:I,s:I,s:I,s:I}", "tenant",
-                        r->tenant, "operation", r->operation, "key", r->key,
-                        "fingerprint", r->fingerprint, "state",
-                        idem_state_name(r->state), "attempt", r->attempt,
-                        "created_ms", (json_int_t)r->created_ms, "updated_ms",
-                        (json_int_t)r->updated_ms, "lease_expires_ms",
-                        (json_int_t)r->lease_expires_ms, "expires_ms",
-                        (json_int_t)r->expires_ms);
-  if (!o)
-    return NULL;
-  /* Completed by a holder that took the key over: an earlier attempt may
-   * also have acted. */
-  json_object_set_new(o, "recovered", json_boolean(r->recovered));
-  json_object_set_new(o, "request", bytes_json(r->request, r->request_len));
-  /* Sealed: the key id, and whether the response stays sealed because
-   * this handle cannot open it. */
-  if (r->seal_key_id[0])
-    json_object_set_new(o, "seal_key_id", json_string(r->seal_key_id));
-  if (r->sealed)
-    json_object_set_new(o, "sealed",
-                        json_string(r->sealed == IDEM_SEALED_NO_KEY
-                                        ? "no key"
-                                        : "does not open"));
-  if (r->has_response)
-    json_object_set_new(
-        o, "response",
-        json_pack("{s:i,s:o,s:o}", "status", r->response.status, "meta",
-                  bytes_json(r->response.meta, r->response.meta_len), "body",
-                  bytes_json(r->response.body, r->response.body_len)));
-  return o;
-}
-
 /* Prints JSON text with the characters that could mislead on a terminal
  * escaped (the same JSON value). */
 static int put_json(json_t *j, size_t flags) {
@@ -234,7 +183,7 @@ typedef struct list_ctx {
 static int list_row(const idem_record *r, void *ctx) {
   list_ctx *c = ctx;
   if (c->o->json) {
-    json_t *j = record_json(r);
+    json_t *j = cli_record_json(r);
     int rc = put_json(j, JSON_COMPACT | JSON_SORT_KEYS);
     json_decref(j);
     if (rc != 0)
@@ -312,7 +261,7 @@ static int put_field(const char *label, const void *p, size_t n) {
 /* Prints one record as `keys show` does; non-zero when out of memory. */
 static int put_record(const idem_record *r, const opts *o) {
   int bad = 0;
-  json_t *j = record_json(r);
+  json_t *j = cli_record_json(r);
   if (o->json) {
     bad = put_json(j, JSON_INDENT(2) | JSON_SORT_KEYS);
   } else {

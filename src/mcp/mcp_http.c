@@ -1858,7 +1858,7 @@ int mcp_http_run(const mcp_opts *o, idem_store *store) {
    * call passed through wakes no other thread on its way to the server and
    * back, where a thread of libmicrohttpd's own would be woken twice per
    * call (the forward handed to the loop, the answer handed back). */
-  d = listen_on("--listen", o->listen,
+  d = listen_on("mcp", "--listen", o->listen,
                 MHD_USE_EPOLL | MHD_USE_ITC | MHD_ALLOW_SUSPEND_RESUME |
                     MHD_USE_ERROR_LOG,
                 handle, NULL, opts, bound, sizeof bound);

@@ -286,7 +286,7 @@ struct MHD_Daemon *admin_start(idem_store *s, const char *listen,
   };
   store = s;
   token = t;
-  return listen_on("--admin-listen", listen,
+  return listen_on("serve", "--admin-listen", listen,
                    /* MHD_USE_POLL: with select(), a connection whose
                     * descriptor is above FD_SETSIZE (1024), as under load,
                     * is closed at once, /metrics and /healthz included. */

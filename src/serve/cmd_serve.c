@@ -455,33 +455,6 @@ static void fewer_arenas(void) {
 #endif
 }
 
-/* The admin token: FILE's first line, without its line end; at least 16
- * bytes of printable ASCII. NULL, with why printed. */
-static char *read_token(const char *path) {
-  char line[1024];
-  size_t n;
-  FILE *f = fopen(path, "r");
-  if (!f) {
-    cli_error("serve", "--admin-token-file: %s: %s", path, strerror(errno));
-    return NULL;
-  }
-  if (!fgets(line, sizeof line, f))
-    line[0] = 0;
-  fclose(f);
-  n = strcspn(line, "\r\n");
-  line[n] = 0;
-  for (size_t i = 0; i < n; i++)
-    if (line[i] <= 0x20 || line[i] >= 0x7f)
-      n = 0;
-  if (n < 16) {
-    cli_error("serve", "--admin-token-file: %s: the first line must be a "
-                       "token of 16 to 1022 printable characters, no spaces",
-              path);
-    return NULL;
-  }
-  return strdup(line);
-}
-
 static int run(int argc, char **argv) {
   serve_config c;
   idem_store *store = NULL;
@@ -540,7 +513,8 @@ static int run(int argc, char **argv) {
     goto out;
   }
   if (c.admin_token_file &&
-      !(admin_token = read_token(c.admin_token_file))) {
+      !(admin_token = cli_read_token("serve", "--admin-token-file",
+                                   c.admin_token_file))) {
     status = EXIT_USAGE;
     goto out;
   }

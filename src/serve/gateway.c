@@ -1394,7 +1394,7 @@ struct MHD_Daemon *gateway_start(const serve_config *c, idem_store *s,
   store = s;
   if (guard_start(c) != 0)
     return NULL;
-  return listen_on("--listen", c->listen,
+  return listen_on("serve", "--listen", c->listen,
                    MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME |
                        MHD_USE_ERROR_LOG,
                    handle, NULL, opts, bound, bound_size);

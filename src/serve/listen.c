@@ -113,7 +113,8 @@ int listen_is_loopback(const char *where) {
   return loop;
 }
 
-struct MHD_Daemon *listen_on(const char *what, const char *where,
+struct MHD_Daemon *listen_on(const char *cmd, const char *what,
+                             const char *where,
                              unsigned flags, MHD_AccessHandlerCallback handler,
                              void *cls, const struct MHD_OptionItem *options,
                              char *bound, size_t bound_size) {
@@ -126,7 +127,7 @@ struct MHD_Daemon *listen_on(const char *what, const char *where,
 
   if (split(where, host, sizeof host, port, sizeof port) != 0 ||
       atol(port) > 65535) {
-    cli_error("serve",
+    cli_error(cmd,
               "%s: '%s' is not HOST:PORT (for example "
               "127.0.0.1:8080, [::1]:8080 or :8080)",
               what, where);
@@ -137,7 +138,7 @@ struct MHD_Daemon *listen_on(const char *what, const char *where,
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   hints.ai_family = host[0] ? AF_UNSPEC : AF_INET6;
   if ((rc = getaddrinfo(host[0] ? host : NULL, port, &hints, &ai)) != 0) {
-    cli_error("serve", "%s: cannot resolve '%s': %s", what, where,
+    cli_error(cmd, "%s: cannot resolve '%s': %s", what, where,
               gai_strerror(rc));
     return NULL;
   }
@@ -145,7 +146,7 @@ struct MHD_Daemon *listen_on(const char *what, const char *where,
    * then accepts on it. Every address: an IPv6 socket that takes IPv4 too. */
   fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) {
-    cli_error("serve", "%s: socket: %s", what, strerror(errno));
+    cli_error(cmd, "%s: socket: %s", what, strerror(errno));
     goto out;
   }
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -154,7 +155,7 @@ struct MHD_Daemon *listen_on(const char *what, const char *where,
     setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6only, sizeof v6only);
   }
   if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 1024) != 0) {
-    cli_error("serve", "%s: cannot listen on %s: %s", what, where,
+    cli_error(cmd, "%s: cannot listen on %s: %s", what, where,
               strerror(errno));
     goto out;
   }
@@ -178,7 +179,7 @@ struct MHD_Daemon *listen_on(const char *what, const char *where,
                        MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_ARRAY, options,
                        MHD_OPTION_END);
   if (!d)
-    cli_error("serve", "%s: cannot start the HTTP server on %s", what, where);
+    cli_error(cmd, "%s: cannot start the HTTP server on %s", what, where);
   else
     fd = -1; /* the daemon's now */
 out:

@@ -353,7 +353,8 @@ int listen_is_loopback(const char *listen);
 
 /* How libmicrohttpd's messages are marked: "idem serve" unless changed. */
 extern const char *listen_log_name;
-struct MHD_Daemon *listen_on(const char *what, const char *listen,
+struct MHD_Daemon *listen_on(const char *cmd, const char *what,
+                             const char *listen,
                              unsigned flags, MHD_AccessHandlerCallback handler,
                              void *cls, const struct MHD_OptionItem *options,
                              char *bound, size_t bound_size);

@@ -1,0 +1,20 @@
+# Writes OUT, a C file holding each of FILES (in DIR) as console_assets[]:
+# the console's page, script and styles, served from the binary.
+# Usage: cmake -DDIR=... -DOUT=... -DFILES="a;b" -P Embed.cmake
+set(body "/* Generated from src/console/assets/ by cmake/Embed.cmake. */\n#include \"console.h\"\n\n")
+set(table "")
+set(i 0)
+foreach(name IN LISTS FILES)
+  file(READ "${DIR}/${name}" hex HEX)
+  string(LENGTH "${hex}" n)
+  math(EXPR len "${n} / 2")
+  string(REGEX REPLACE "([0-9a-f][0-9a-f])" "0x\\1," hex "${hex}")
+  string(REGEX REPLACE "((0x..,){16})" "\\1\n" hex "${hex}")
+  string(APPEND body "static const unsigned char a${i}[] = {\n${hex}0};\n")
+  string(APPEND table "    {\"${name}\", a${i}, ${len}},\n")
+  math(EXPR i "${i} + 1")
+endforeach()
+string(APPEND body "\nconst console_asset console_assets[] = {\n${table}};\n")
+string(APPEND body "const size_t console_nassets = ${i};\n")
+file(WRITE "${OUT}.tmp" "${body}")
+file(COPY_FILE "${OUT}.tmp" "${OUT}" ONLY_IF_DIFFERENT)
