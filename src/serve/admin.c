@@ -8,6 +8,9 @@
  * a readiness check waits for the store, and a store that hangs must not
  * keep /healthz from answering.
  *
+ * With --admin-token-file it also serves the operator console (console.c)
+ * at / and under /api/, with the same token.
+ *
  * /healthz is liveness: 200 while the process serves. A store that fails
  * is not a reason to restart the gateway (a restart mends no disk and no
  * database server, and a supervisor restarting every gateway at once while
@@ -16,6 +19,7 @@
  * (idem_store_check()) or while the gateway drains.
  */
 #include "cli.h"
+#include "console/console.h"
 #include "serve.h"
 
 #include <jansson.h>
@@ -42,6 +46,9 @@ static idem_store *store;
 static const char *token; /* --admin-token-file's, or NULL */
 static int draining;
 static int not_ready; /* what the last readiness check found */
+static console *cn;   /* with a token: the console, at / and /api/ */
+/* What *con_cls holds for a request of the admin listener's own. */
+static int own_request;
 
 void admin_set_draining(void) {
   __atomic_store_n(&draining, 1, __ATOMIC_RELEASE);
@@ -229,9 +236,11 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
                               const char *version, const char *upload,
                               size_t *upload_size, void **con_cls) {
   char detail[512];
-  (void)cls, (void)version, (void)upload;
+  (void)cls, (void)version;
+  if (cn && console_owns(url))
+    return console_handle(cn, c, url, method, upload, upload_size, con_cls);
   if (!*con_cls) { /* first call: headers only */
-    *con_cls = c;
+    *con_cls = &own_request;
     return MHD_YES;
   }
   if (*upload_size) {
@@ -276,16 +285,31 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
   return problem(c, 404, "not-found", "Not found", detail);
 }
 
+static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                      enum MHD_RequestTerminationCode toe) {
+  (void)cls, (void)c, (void)toe;
+  console_completed(con_cls); /* leaves own_request alone */
+}
+
 struct MHD_Daemon *admin_start(idem_store *s, const char *listen,
-                               const char *t, char *bound, size_t bound_size) {
+                               const char *t, const char *audit_path,
+                               char *bound, size_t bound_size) {
   struct MHD_OptionItem opts[] = {
       {MHD_OPTION_CONNECTION_TIMEOUT, 30, NULL},
       /* A thread each: bounded, since probes and scrapes are few. */
       {MHD_OPTION_CONNECTION_LIMIT, 64, NULL},
+      {MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)completed, NULL},
       {MHD_OPTION_END, 0, NULL},
   };
   store = s;
   token = t;
+  if (t) {
+    /* The console needs a token here: the admin listener may be bound
+     * where the gateway's clients reach it. */
+    console_config cfg = {s, t, audit_path, "serve", metrics_calls_json};
+    if (!(cn = console_new(&cfg)))
+      return NULL;
+  }
   return listen_on("serve", "--admin-listen", listen,
                    /* MHD_USE_POLL: with select(), a connection whose
                     * descriptor is above FD_SETSIZE (1024), as under load,

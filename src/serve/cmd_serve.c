@@ -41,6 +41,7 @@ static const char usage[] =
     "                  [--max-body SIZE] [--max-response SIZE]\n"
     "                  [--upstream-timeout DUR] [--upstream-cacert FILE]\n"
     "                  [--admin-listen HOST:PORT] [--admin-token-file FILE]\n"
+    "                  [--admin-audit-log FILE]\n"
     "                  [--log FILE] [--threads N] [--store-workers N]\n"
     "                  [--header-timeout DUR] [--max-connections N]\n"
     "                  [--max-connections-per-client N]\n"
@@ -133,7 +134,11 @@ static const char usage[] =
     "                         --admin-token-file\n"
     "  --admin-token-file F   the admin listener answers only requests with\n"
     "                         \"Authorization: Bearer TOKEN\", TOKEN the\n"
-    "                         file's first line (at least 16 characters)\n"
+    "                         file's first line (at least 16 characters),\n"
+    "                         and serves the operator console (idem console)\n"
+    "                         at / and /api/, logging in with the token\n"
+    "  --admin-audit-log F    append the console's logins and actions to F\n"
+    "                         (default: standard error)\n"
     "  --log FILE             append one JSON line per request to FILE (-:\n"
     "                         standard output); SIGHUP reopens it\n"
     "  --threads N            HTTP threads (default 2 per core); a request\n"
@@ -348,6 +353,8 @@ static int parse(int argc, char **argv, serve_config *c) {
       c->admin_listen = v;
     } else if (strcmp(a, "--admin-token-file") == 0) {
       c->admin_token_file = v;
+    } else if (strcmp(a, "--admin-audit-log") == 0) {
+      c->admin_audit_log = v;
     } else if (strcmp(a, "--log") == 0) {
       c->log_path = v;
     } else if (strcmp(a, "--threads") == 0) {
@@ -507,6 +514,12 @@ static int run(int argc, char **argv) {
   for (size_t n = strlen(upstream); n > 8 && upstream[n - 1] == '/'; n--)
     upstream[n - 1] = 0;
   c.upstream = upstream;
+  if (c.admin_audit_log && !c.admin_token_file) {
+    cli_error("serve", "--admin-audit-log needs --admin-token-file (the "
+                       "console is served with a token only)");
+    status = EXIT_USAGE;
+    goto out;
+  }
   if (c.admin_token_file && !c.admin_listen) {
     cli_error("serve", "--admin-token-file needs --admin-listen");
     status = EXIT_USAGE;
@@ -562,7 +575,8 @@ static int run(int argc, char **argv) {
     goto out;
   }
   if (c.admin_listen &&
-      !(admin = admin_start(store, c.admin_listen, admin_token, admin_bound,
+      !(admin = admin_start(store, c.admin_listen, admin_token,
+                            c.admin_audit_log, admin_bound,
                             sizeof admin_bound)))
     goto out;
   if (!(gw = gateway_start(&c, store, bound, sizeof bound)))

@@ -132,6 +132,20 @@ static void put_histogram(out *o, const char *name, const char *help,
       (double)GET(&h->sum_us) / 1e6, name, cum);
 }
 
+char *metrics_calls_json(void) {
+  char *text = malloc(64 * OUT_COUNT + 2);
+  size_t n = 0;
+  if (!text)
+    return NULL;
+  text[n++] = '{';
+  for (int o = 0; o < OUT_COUNT; o++)
+    n += (size_t)sprintf(text + n, "%s\"%s\":%llu", o ? "," : "",
+                         outcome_names[o], GET(&requests[o]));
+  text[n++] = '}';
+  text[n] = 0;
+  return text;
+}
+
 char *metrics_render(size_t *len) {
   out o = {malloc(4096), 0, 4096, 0};
   if (!o.p)

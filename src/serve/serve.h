@@ -33,6 +33,7 @@ typedef struct serve_config {
   int n_seal_keys;
   const char *admin_listen;  /* NULL: no admin listener */
   const char *admin_token_file; /* --admin-token-file: Bearer token */
+  const char *admin_audit_log;  /* --admin-audit-log: the console's */
   const char *log_path;      /* NULL: no access log; "-": stdout */
   const char *upstream_cacert;
   char methods[128]; /* ",POST,PATCH," */
@@ -88,6 +89,9 @@ int metrics_waiting_now(void);
 void metrics_attached(int delta); /* retries waiting for a key in flight */
 /* The Prometheus text exposition; free() it. NULL when out of memory. */
 char *metrics_render(size_t *len);
+/* The requests answered, by outcome, as a JSON object (malloc'd text), for
+ * the console's rates; NULL when out of memory. */
+char *metrics_calls_json(void);
 
 /* ---- accesslog.c -------------------------------------------------------- */
 
@@ -320,10 +324,12 @@ struct MHD_Daemon *gateway_start(const serve_config *cfg, idem_store *store,
 void gateway_set_draining(void);
 
 /* Starts the admin listener (/healthz, /readyz, /metrics); token not NULL:
- * every request must carry "Authorization: Bearer TOKEN". */
+ * every request must carry "Authorization: Bearer TOKEN", and the operator
+ * console is served at / and /api/ (its audit log appended to audit_path,
+ * NULL: standard error). */
 struct MHD_Daemon *admin_start(idem_store *store, const char *listen,
-                               const char *token, char *bound,
-                               size_t bound_size);
+                               const char *token, const char *audit_path,
+                               char *bound, size_t bound_size);
 /* From now on /readyz answers 503: the gateway is draining. */
 void admin_set_draining(void);
 
