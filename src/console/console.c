@@ -54,11 +54,25 @@
 #define COUNTED 10000              /* records of each state counted */
 #define COUNT_EVERY_MS 1000
 #define OPERATOR_MAX 64
+#define LOGIN_MAX_BODY 4096
+/* Failed logins and bearer tokens: at most this many a minute from one
+ * address; then its logins are refused (429) until the minute ends, so
+ * that guessing a token is slow. */
+#define FAILURES_PER_MINUTE 20
 
 static const char csp[] =
     "default-src 'none'; script-src 'self'; style-src 'self'; "
     "connect-src 'self'; img-src 'self'; form-action 'self'; "
     "frame-ancestors 'none'; base-uri 'none'";
+
+/* Failed logins and bearer tokens from one address in one minute
+ * (cli_now_ms() / 60000). */
+#define FAILING_ADDRESSES 256
+typedef struct failures_of {
+  char address[INET6_ADDRSTRLEN + 8];
+  long minute;
+  int count;
+} failures_of;
 
 typedef struct session {
   char id[65], csrf[65];
@@ -75,6 +89,7 @@ struct console {
   char csrf[65]; /* without a token: the one the page holds */
   pthread_mutex_t mu;
   session sessions[SESSIONS];
+  failures_of failing[FAILING_ADDRESSES];
   /* The counts of /api/metrics, at most once a second. */
   pthread_mutex_t count_mu;
   double counted_at;
@@ -87,6 +102,7 @@ typedef struct request {
   unsigned magic;
   char *body;
   size_t len;
+  size_t max; /* what is kept of the body: nothing before a login */
   int too_big;
 } request;
 
@@ -391,6 +407,45 @@ static int foreign(struct MHD_Connection *c) {
   return strcasecmp(origin, host) != 0;
 }
 
+/* The failures of one address in one minute. */
+static failures_of *failures_slot(console *cn, const char *address,
+                                  long minute) {
+  failures_of *free_slot = NULL;
+  for (int i = 0; i < FAILING_ADDRESSES; i++) {
+    failures_of *f = &cn->failing[i];
+    if (f->minute == minute && strcmp(f->address, address) == 0)
+      return f;
+    if (f->minute != minute && !free_slot)
+      free_slot = f;
+  }
+  if (!free_slot)
+    return NULL; /* every slot failing this minute: counted as locked */
+  snprintf(free_slot->address, sizeof free_slot->address, "%s", address);
+  free_slot->minute = minute;
+  free_slot->count = 0;
+  return free_slot;
+}
+
+/* Counts a failed attempt from address. */
+static void failure(console *cn, const char *address) {
+  failures_of *f;
+  pthread_mutex_lock(&cn->mu);
+  if ((f = failures_slot(cn, address, (long)(cli_now_ms() / 60000))))
+    f->count++;
+  pthread_mutex_unlock(&cn->mu);
+}
+
+/* Whether address has used up this minute's attempts. */
+static int locked_out(console *cn, const char *address) {
+  failures_of *f;
+  int out;
+  pthread_mutex_lock(&cn->mu);
+  f = failures_slot(cn, address, (long)(cli_now_ms() / 60000));
+  out = !f || f->count >= FAILURES_PER_MINUTE;
+  pthread_mutex_unlock(&cn->mu);
+  return out;
+}
+
 static void who_is(console *cn, struct MHD_Connection *c, who *w) {
   const char *auth =
       MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
@@ -407,8 +462,8 @@ static void who_is(console *cn, struct MHD_Connection *c, who *w) {
   if (auth && strncasecmp(auth, "Bearer ", 7) == 0) {
     const char *name =
         MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Idem-Operator");
-    if (!same_secret(auth + 7, cn->token))
-      return;
+    if (locked_out(cn, w->address) || !same_secret(auth + 7, cn->token))
+      return; /* counted once, by console_handle() */
     w->ok = w->bearer = 1;
     snprintf(w->operator, sizeof w->operator, "%s",
              name && operator_ok(name) ? name : "api");
@@ -993,6 +1048,13 @@ static enum MHD_Result login(console *cn, struct MHD_Connection *c,
   who_is(cn, c, &w);
   if (!cn->token)
     return redirect(c, "/", NULL);
+  if (locked_out(cn, w.address)) {
+    failure(cn, w.address);
+    return problem_h(c, 429, "too-many-failures", "Too many failed logins",
+                     "too many wrong tokens from this address this minute: "
+                     "try again in a minute",
+                     "Retry-After", "60");
+  }
   if (q->too_big || form_value(q->body, q->len, "token", token,
                                sizeof token) != 0 ||
       !same_secret(token, cn->token)) {
@@ -1002,6 +1064,7 @@ static enum MHD_Result login(console *cn, struct MHD_Connection *c,
         operator_ok(operator))
       snprintf(w.operator, sizeof w.operator, "%s", operator);
     audit(cn, &w, "login-failed", NULL, NULL, -1);
+    failure(cn, w.address);
     OPENSSL_cleanse(token, sizeof token);
     return send_page(c, 401, "login.html", error_page, NULL);
   }
@@ -1067,10 +1130,19 @@ enum MHD_Result console_handle(console *cn, struct MHD_Connection *c,
       return MHD_NO;
     q->magic = REQUEST_MAGIC;
     *con_cls = q;
+    /* A body is kept only when it can be used: a login's, small, or an
+     * authenticated request's. Another's is read and dropped, so that no
+     * one without the token makes the console hold memory. */
+    if (strcmp(url, "/login") == 0) {
+      q->max = LOGIN_MAX_BODY;
+    } else {
+      who_is(cn, c, &w);
+      q->max = w.ok ? MAX_BODY : 0;
+    }
     return MHD_YES;
   }
   if (*upload_size) {
-    if (q->len + *upload_size > MAX_BODY) {
+    if (q->len + *upload_size > q->max) {
       q->too_big = 1;
     } else {
       char *more = realloc(q->body, q->len + *upload_size + 1);
@@ -1097,7 +1169,7 @@ enum MHD_Result console_handle(console *cn, struct MHD_Connection *c,
     return problem_h(c, 405, "method-not-allowed", "Method not allowed",
                      "the console answers GET, HEAD and POST", "Allow",
                      "GET, HEAD, POST");
-  if (q->too_big)
+  if (q->too_big && q->max == MAX_BODY)
     return problem(c, 413, "too-large", "Body too large",
                    "the console takes bodies of up to 1 MiB; resolve with a "
                    "larger answer with idem keys resolve --body FILE");
@@ -1111,8 +1183,11 @@ enum MHD_Result console_handle(console *cn, struct MHD_Connection *c,
     return login(cn, c, q);
   }
   who_is(cn, c, &w);
-  if (!w.ok)
+  if (!w.ok) {
+    if (MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"))
+      failure(cn, w.address);
     return unauthorised(c, url);
+  }
   if (post && !csrf_ok(c, &w))
     return problem(c, 403, "csrf", "CSRF token missing or wrong",
                    "a POST made with the console's session carries "
