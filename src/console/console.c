@@ -93,7 +93,7 @@ struct console {
   /* The counts of /api/metrics, at most once a second. */
   pthread_mutex_t count_mu;
   double counted_at;
-  int counts[4], capped[4], counted_ok;
+  int counts[4], capped[4], counted_ok, ended;
 };
 
 /* What a request carries between libmicrohttpd's calls. */
@@ -550,10 +550,17 @@ typedef struct summary {
   int64_t created, updated, lease, expires;
 } summary;
 
+/* Which leases a listing keeps: any, running ones only (a holder is
+ * acting), ended ones only (nobody is: the record waits for a retry to
+ * take it over, or for an operator). */
+enum { LEASE_ANY, LEASE_RUNNING, LEASE_ENDED };
+
 typedef struct scan {
   const char *prefix;
   size_t plen;
   int recovered_only;
+  int lease;
+  int64_t now; /* wall_ms() */
   summary *ring; /* the newest cap matches, as a ring */
   size_t cap, total;
   int oom;
@@ -573,6 +580,9 @@ static int scan_one(const idem_record *r, void *ctx) {
   if (s->plen && strncmp(r->key, s->prefix, s->plen) != 0)
     return 0;
   if (s->recovered_only && !r->recovered)
+    return 0;
+  if (s->lease != LEASE_ANY &&
+      (s->lease == LEASE_ENDED) != (r->lease_expires_ms <= s->now))
     return 0;
   slot = &s->ring[s->total % s->cap];
   summary_clear(slot);
@@ -625,6 +635,9 @@ static json_t *summary_json(const summary *s, int64_t now) {
   json_object_set_new(j, "lease_expires_ms", json_integer(s->lease));
   json_object_set_new(j, "expires_ms", json_integer(s->expires));
   json_object_set_new(j, "recovered", json_boolean(s->recovered));
+  json_object_set_new(j, "lease_ended",
+                      json_boolean(s->state == IDEM_STATE_IN_PROGRESS &&
+                                   s->lease <= now));
   json_object_set_new(j, "age_ms",
                       json_integer(now > s->updated ? now - s->updated : 0));
   return j;
@@ -676,15 +689,38 @@ static int number_arg(struct MHD_Connection *c, const char *name, long max,
   return v ? cli_parse_uint(v, max, out) : 0;
 }
 
-/* GET /api/records: newest first, filtered, a page at a time. */
+static void scan_free(scan *s) {
+  for (size_t i = 0; s->ring && i < s->cap; i++)
+    summary_clear(&s->ring[i]);
+  free(s->ring);
+  s->ring = NULL;
+}
+
+/* The i-th newest match a scan kept (i below its cap and total). */
+static const summary *scan_at(const scan *s, size_t i) {
+  return &s->ring[(s->total - 1 - i) % s->cap];
+}
+
+/*
+ * GET /api/records: newest first, filtered, a page at a time.
+ *
+ * The states are the operator's: "unknown" is every record that waits for
+ * a person, those marked unknown and those in progress whose holder's
+ * lease has ended (a gateway with --on-unknown fail, or `idem run`, leaves
+ * them so: each retry is refused until someone settles it); "in_progress"
+ * is a holder still acting.
+ */
 static enum MHD_Result api_records(console *cn, struct MHD_Connection *c) {
-  idem_filter f = {0};
-  scan s = {0};
+  idem_filter f[2];
+  scan s[2];
+  int nscans = 1, recovered, rc = IDEM_OK;
   long offset, limit;
-  int recovered, rc;
+  size_t at[2] = {0, 0}, total = 0;
   int64_t now = wall_ms();
   json_t *list, *out;
-  if (parse_state(arg(c, "state"), &f.state, &recovered) != 0)
+  memset(f, 0, sizeof f);
+  memset(s, 0, sizeof s);
+  if (parse_state(arg(c, "state"), &f[0].state, &recovered) != 0)
     return problem(c, 400, "invalid", "Invalid request",
                    "state: one of in_progress, unknown, completed, "
                    "recovered");
@@ -694,36 +730,58 @@ static enum MHD_Result api_records(console *cn, struct MHD_Connection *c) {
     return problem(c, 400, "invalid", "Invalid request",
                    "limit: 1-500; offset + limit: at most 10000 (narrow "
                    "the filter, or use idem keys list)");
-  f.tenant = arg(c, "tenant");
-  f.operation = arg(c, "operation");
-  s.prefix = arg(c, "prefix");
-  s.plen = s.prefix ? strlen(s.prefix) : 0;
-  s.recovered_only = recovered;
-  s.cap = (size_t)(offset + limit);
-  if (!(s.ring = calloc(s.cap, sizeof *s.ring)))
-    return MHD_NO;
-  rc = idem_list(cn->store, &f, scan_one, &s);
-  if (rc != IDEM_OK || s.oom) {
-    for (size_t i = 0; i < s.cap; i++)
-      summary_clear(&s.ring[i]);
-    free(s.ring);
-    if (s.oom)
-      return MHD_NO;
-    return store_problem(c, rc, "list");
+  f[0].tenant = arg(c, "tenant");
+  f[0].operation = arg(c, "operation");
+  s[0].prefix = arg(c, "prefix");
+  s[0].plen = s[0].prefix ? strlen(s[0].prefix) : 0;
+  s[0].recovered_only = recovered;
+  s[0].now = now;
+  s[0].cap = (size_t)(offset + limit);
+  if (f[0].state == IDEM_STATE_IN_PROGRESS) {
+    s[0].lease = LEASE_RUNNING;
+  } else if (f[0].state == IDEM_STATE_UNKNOWN) {
+    /* Two listings, merged: each keeps its newest offset + limit, among
+     * which are the newest of both. */
+    f[1] = f[0];
+    s[1] = s[0];
+    f[1].state = IDEM_STATE_IN_PROGRESS;
+    s[1].lease = LEASE_ENDED;
+    nscans = 2;
+  }
+  for (int k = 0; k < nscans && rc == IDEM_OK; k++) {
+    if (!(s[k].ring = calloc(s[k].cap, sizeof *s[k].ring))) {
+      s[k].oom = 1;
+      break;
+    }
+    rc = idem_list(cn->store, &f[k], scan_one, &s[k]);
+    total += s[k].total;
+  }
+  if (rc != IDEM_OK || s[0].oom || s[1].oom) {
+    int oom = s[0].oom || s[1].oom;
+    scan_free(&s[0]);
+    scan_free(&s[1]);
+    return oom ? MHD_NO : store_problem(c, rc, "list");
   }
   list = json_array();
-  for (long i = 0; list && i < limit; i++) {
-    size_t back = (size_t)(offset + i); /* 0: the newest */
-    if (back >= s.total)
+  for (long i = 0; list && i < offset + limit; i++) {
+    /* The newer of the two next ones. */
+    const summary *a = at[0] < s[0].total && at[0] < s[0].cap
+                           ? scan_at(&s[0], at[0])
+                           : NULL;
+    const summary *b = nscans > 1 && at[1] < s[1].total && at[1] < s[1].cap
+                           ? scan_at(&s[1], at[1])
+                           : NULL;
+    int pick = a && (!b || a->created >= b->created) ? 0 : 1;
+    if (!a && !b)
       break;
-    json_array_append_new(
-        list, summary_json(&s.ring[(s.total - 1 - back) % s.cap], now));
+    if (i >= offset)
+      json_array_append_new(list, summary_json(pick ? b : a, now));
+    at[pick]++;
   }
-  for (size_t i = 0; i < s.cap; i++)
-    summary_clear(&s.ring[i]);
-  free(s.ring);
+  scan_free(&s[0]);
+  scan_free(&s[1]);
   out = json_pack("{s:o?, s:I, s:I, s:I, s:I}", "records", list, "total",
-                  (json_int_t)s.total, "offset", (json_int_t)offset, "limit",
+                  (json_int_t)total, "offset", (json_int_t)offset, "limit",
                   (json_int_t)limit, "now_ms", (json_int_t)now);
   return send_json(c, 200, out);
 }
@@ -762,6 +820,9 @@ static enum MHD_Result api_show(console *cn, struct MHD_Connection *c) {
   if (j) {
     int64_t now = wall_ms();
     json_object_set_new(j, "state", json_string(state_name(r)));
+    json_object_set_new(j, "lease_ended",
+                        json_boolean(r->state == IDEM_STATE_IN_PROGRESS &&
+                                     r->lease_expires_ms <= now));
     json_object_set_new(j, "age_ms", json_integer(now > r->updated_ms
                                                       ? now - r->updated_ms
                                                       : 0));
@@ -935,7 +996,8 @@ static enum MHD_Result api_delete(console *cn, struct MHD_Connection *c,
 }
 
 typedef struct counting {
-  int n, recovered, limit;
+  int n, recovered, ended, limit;
+  int64_t now;
 } counting;
 
 static int count_one(const idem_record *r, void *ctx) {
@@ -944,12 +1006,15 @@ static int count_one(const idem_record *r, void *ctx) {
     return 1; /* enough: said as "at least" */
   k->n++;
   k->recovered += r->recovered != 0;
+  k->ended += r->state == IDEM_STATE_IN_PROGRESS &&
+              r->lease_expires_ms <= k->now;
   return 0;
 }
 
 /* GET /api/metrics: the records by state (up to COUNTED each, counted at
- * most once a second however many ask), and the calls this process
- * answered when it answers any. */
+ * most once a second however many ask; "unknown" also counts those in
+ * progress whose lease has ended, as /api/records lists them), and the
+ * calls this process answered when it answers any. */
 static enum MHD_Result api_metrics(console *cn, struct MHD_Connection *c) {
   static const int states[3] = {IDEM_STATE_IN_PROGRESS, IDEM_STATE_UNKNOWN,
                                 IDEM_STATE_COMPLETED};
@@ -963,7 +1028,7 @@ static enum MHD_Result api_metrics(console *cn, struct MHD_Connection *c) {
     cn->counted_ok = 1;
     for (int i = 0; i < 3; i++) {
       idem_filter f = {0};
-      counting k = {0, 0, COUNTED};
+      counting k = {0, 0, 0, COUNTED, wall_ms()};
       int rc;
       f.state = states[i];
       rc = idem_list(cn->store, &f, count_one, &k);
@@ -971,7 +1036,14 @@ static enum MHD_Result api_metrics(console *cn, struct MHD_Connection *c) {
         cn->counted_ok = 0;
       cn->counts[i] = k.n;
       cn->capped[i] = rc == 1;
-      if (i == 2) {
+      if (i == 0) {
+        /* In progress with the lease ended: waiting for an operator (or a
+         * retry that takes it over), counted as unknown. */
+        cn->counts[0] -= k.ended;
+        cn->ended = k.ended;
+      } else if (i == 1) {
+        cn->counts[1] += cn->ended;
+      } else if (i == 2) {
         cn->counts[3] = k.recovered;
         cn->capped[3] = rc == 1;
       }

@@ -31,6 +31,12 @@ function age(ms) {
   return Math.floor(s / 86400) + " d " + Math.floor((s % 86400) / 3600) + " h";
 }
 
+// A record's state as an operator reads it: a holder whose lease has
+// ended is acting no more, and the record waits like an unknown outcome.
+function stateOf(r) {
+  return r.state === "in_progress" && r.lease_ended ? "in_progress (lease ended)" : r.state;
+}
+
 function say(msg, bad) {
   const m = $("message");
   text(m, msg);
@@ -95,7 +101,7 @@ async function loadRecords() {
   const tbody = $("records").tBodies[0];
   tbody.replaceChildren();
   for (const r of j.records)
-    row(tbody, r, [[r.key, "key"], [r.state, "state"], [r.operation, "operation"], [r.tenant, "tenant"], [r.attempt, "attempt"], [when(r.updated_ms), "updated"]]);
+    row(tbody, r, [[r.key, "key"], [stateOf(r), "state"], [r.operation, "operation"], [r.tenant, "tenant"], [r.attempt, "attempt"], [when(r.updated_ms), "updated"]]);
   const last = Math.min(state.offset + j.records.length, j.total);
   text($("page-info"), j.total ? (state.offset + 1) + "-" + last + " of " + j.total : "no records");
   $("prev").disabled = state.offset === 0;
@@ -169,7 +175,7 @@ async function showRecord(tenant, operation, key) {
   }
   state.detail = { tenant, operation, key, state: r.state };
   text($("detail-key"), r.key);
-  text($("detail-state"), r.state);
+  text($("detail-state"), stateOf(r));
   text($("detail-operation"), r.operation);
   text($("detail-tenant"), r.tenant);
   text($("detail-attempt"), r.attempt);
