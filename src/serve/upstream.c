@@ -39,7 +39,7 @@ static int h1_on;
 /* Easy handles kept for the next forwards once theirs ended: a new one is a
  * few allocations of several KB each (its state and receive buffer), and
  * under load they were the largest share of the loop's malloc() and free()
- * (see docs/bench.md). */
+ * (see docs/bench-history.md). */
 #define UP_SPARE_HANDLES 64
 
 int header_is_hop_by_hop(const char *n) {
