@@ -19,9 +19,10 @@ _idem_options() {
         --replay-check-ttl --seal-key --require-key --methods --lease \
         --retention --attach-wait --no-store-5xx --on-unknown \
         --keep-requests --max-body --max-response --upstream-timeout \
-        --upstream-cacert --admin-listen --admin-token-file --log \
-        --threads --store-workers --header-timeout --max-connections \
-        --max-connections-per-client --help
+        --upstream-cacert --admin-listen --admin-token-file \
+        --admin-audit-log --log --threads --store-workers \
+        --header-timeout --max-connections --max-connections-per-client \
+        --help
       ;;
     mcp)
       echo --store --tenant --require-key --key-argument \
@@ -37,6 +38,9 @@ _idem_options() {
       echo --store --seal-key --tenant --operation --state --limit \
         --expired --overdue --json --force --completed --status --body \
         --retention --failed --help
+      ;;
+    console)
+      echo --store --listen --token-file --audit-log --seal-key --help
       ;;
     bench) echo --store --workers --seconds --json --help ;;
   esac
@@ -118,7 +122,7 @@ _idem_value() {
       ;;
     --methods) COMPREPLY=($(compgen -W "POST PATCH PUT DELETE" -- "$cur")) ;;
     --seal-key | --output | --log | --jwks | --body | --admin-token-file | \
-      --upstream-cacert)
+      --admin-audit-log | --upstream-cacert | --token-file | --audit-log)
       compopt -o filenames 2>/dev/null
       COMPREPLY=($(compgen -f -- "$cur"))
       ;;
@@ -158,13 +162,14 @@ _idem() {
     esac
   done
   if [[ -z $cmd ]]; then
-    COMPREPLY=($(compgen -W "lab canon run serve mcp keys bench help \
-      --version --help" -- "$cur"))
+    COMPREPLY=($(compgen -W "lab canon run serve mcp keys console bench \
+      help --version --help" -- "$cur"))
     return
   fi
   if [[ $cmd == help ]]; then
     ((cword == i + 1)) &&
-      COMPREPLY=($(compgen -W "lab canon run serve mcp keys bench" -- "$cur"))
+      COMPREPLY=($(compgen -W "lab canon run serve mcp keys console bench" \
+        -- "$cur"))
     return
   fi
   # After `--` (idem run, idem mcp): the command to run.
@@ -185,7 +190,7 @@ _idem() {
   if _idem_value "$cmd" "$prev" "$cur"; then
     :
   elif [[ $cur == -* || $cmd == serve || $cmd == lab || $cmd == bench ||
-    ($cmd == keys && $cword -gt $((i + 1))) ]]; then
+    $cmd == console || ($cmd == keys && $cword -gt $((i + 1))) ]]; then
     COMPREPLY=($(compgen -W "$(_idem_options "$cmd")" -- "$cur"))
   elif [[ $cmd == canon ]]; then
     compopt -o filenames 2>/dev/null

@@ -52,14 +52,14 @@ options() {
 bash -n "$DIR/idem.bash" && ok || fail "idem.bash does not parse"
 
 got=$(complete_line "idem " | tr '\n' ' ')
-expect_eq "commands" "--help --version bench canon help keys lab mcp run serve " "$got"
+expect_eq "commands" "--help --version bench canon console help keys lab mcp run serve " "$got"
 expect_eq "a command's prefix" "serve" "$(complete_line "idem se")"
 expect_eq "idem help's commands" "keys" "$(complete_line "idem help k")"
 expect_eq "idem keys' subcommands" "delete list prune resolve show " \
   "$(complete_line "idem keys " | tr '\n' ' ')"
 
 # Each command's options: those its --help names (and --help).
-for cmd in lab canon run serve mcp keys bench; do
+for cmd in lab canon run serve mcp keys console bench; do
   "$IDEM" "$cmd" --help > "$TMP/help" 2>&1
   options "$TMP/help" > "$TMP/want"
   sub=""
@@ -109,6 +109,17 @@ got=$(cd "$TMP" && complete_line "idem run --store sqlite:stores/or")
 expect_eq "a file after sqlite:" "stores/orders.db" "$got"
 got=$(cd "$TMP" && complete_line "idem keys list --store stores/")
 expect_eq "a bare path" "stores/orders.db" "$got"
+
+# Files for the options that take one.
+for opt in "console --token-file" "console --audit-log" "console --seal-key" \
+  "serve --admin-audit-log" "serve --admin-token-file"; do
+  got=$(cd "$TMP" && complete_line "idem $opt stores/or")
+  expect_eq "idem $opt: a file" "stores/orders.db" "$got"
+done
+expect_eq "idem console --listen: nothing to offer" "" \
+  "$(complete_line "idem console --listen ")"
+expect_match "idem console: its options without a dash" "(^| )--listen " \
+  "$(complete_line "idem console --store x.db " | tr '\n' ' ')"
 
 # zsh: the function parses, and loads through compinit.
 if command -v zsh >/dev/null 2>&1; then

@@ -17,6 +17,7 @@ for f in /usr/bin/idem /usr/include/idem.h \
   /usr/share/man/man1/idem-serve.1.gz /usr/share/man/man1/idem-mcp.1.gz \
   /usr/share/man/man1/idem-run.1.gz /usr/share/man/man1/idem-keys.1.gz \
   /usr/share/man/man1/idem-lab.1.gz /usr/share/man/man1/idem-canon.1.gz \
+  /usr/share/man/man1/idem-console.1.gz /usr/share/man/man1/idem-bench.1.gz \
   /usr/share/man/man3/libidem.3.gz /usr/share/bash-completion/completions/idem \
   /usr/share/zsh/vendor-completions/_idem /lib/systemd/system/idem-serve@.service \
   /usr/share/doc/idem/copyright /usr/share/doc/idem/NEWS.md; do

@@ -102,8 +102,8 @@ expect_match "installed idem runs" "^idem $VERSION\$" \
 # completions, the systemd unit (its ExecStart the installed program) with
 # an example of its settings, and NEWS.md.
 for page in man1/idem.1 man1/idem-lab.1 man1/idem-canon.1 man1/idem-run.1 \
-  man1/idem-serve.1 man1/idem-mcp.1 man1/idem-keys.1 man1/idem-bench.1 \
-  man3/libidem.3; do
+  man1/idem-serve.1 man1/idem-mcp.1 man1/idem-keys.1 man1/idem-console.1 \
+  man1/idem-bench.1 man3/libidem.3; do
   [ -f "$TMP/prefix/share/man/$page" ] && ok || fail "installed share/man/$page"
 done
 if command -v man >/dev/null 2>&1; then

@@ -26,7 +26,7 @@ render() {
   groff -mandoc -Tascii -rLL=5000n -P-c "$1" 2>/dev/null | col -bx
 }
 
-for page in idem lab canon run serve mcp keys bench; do
+for page in idem lab canon run serve mcp keys console bench; do
   if [ "$page" = idem ]; then
     file=$MANDIR/idem.1
     "$IDEM" --help > "$TMP/help" 2>&1
