@@ -96,7 +96,7 @@ static void write_marker(const char *marker, const char *abs) {
 
 int serve_store_open(const serve_config *cfg, const idem_store_options *opts,
                      idem_store **out, char *name, size_t name_size) {
-  const char *url = cfg->store_url ? cfg->store_url : getenv("IDEM_STORE");
+  const char *url = cli_store_url(cfg->store_url); /* --store, IDEM_STORE, ./idem.db */
   const char *file = url && *url ? sqlite_file(url) : NULL;
   char abs[PATH_MAX], marker[PATH_MAX + 32];
   struct stat st;

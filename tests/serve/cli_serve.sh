@@ -314,4 +314,21 @@ kill -INT "$GW_PID"
 wait "$GW_PID"
 expect_eq "SIGINT: gw2 stopped cleanly" 0 "$?"
 
+
+# Without --store and without IDEM_STORE, the store is ./idem.db, as
+# --help says (and as idem run, mcp and keys do).
+mkdir -p "$TMP/defstore"
+(cd "$TMP/defstore" && exec env -u IDEM_STORE "$IDEM" serve --listen 127.0.0.1:0 \
+  --upstream "$UP" --principal none) 2>"$TMP/defstore.err" &
+dpid=$!
+PIDS="$PIDS $dpid"
+n=0
+while ! grep -q 'listening on' "$TMP/defstore.err" && [ $n -lt 400 ] &&
+  kill -0 $dpid 2>/dev/null; do sleep 0.05; n=$((n + 1)); done
+expect_match "no --store, no IDEM_STORE: ./idem.db" "store sqlite:.*defstore/idem.db" \
+  "$(cat "$TMP/defstore.err")"
+[ -f "$TMP/defstore/idem.db" ] && ok || fail "no --store: ./idem.db was not made"
+kill -TERM $dpid 2>/dev/null
+wait $dpid 2>/dev/null
+
 finish
