@@ -15,11 +15,14 @@ case "${1:-build}" in
   # groff-base, man-db, bsdextrautils (col): the manual pages' tests;
   # bash-completion and zsh: the completions'; systemd: systemd-analyze
   # checks the unit (no running systemd needed). chromium: the console's
-  # browser test (driven by puppeteer-core from npm).
+  # browser test (driven by puppeteer-core from npm), with a font
+  # (fonts-liberation: without recommends, chromium has none and its pages
+  # crash).
   check) want="$want libcmocka-dev postgresql python3 sqlite3 curl openssl
     zlib1g-dev libc6-dev binutils python3-dev python3-cffi python3-pytest
     python3-flask python3-pydantic python3-venv python3-pip
-    groff-base man-db bsdextrautils bash-completion zsh systemd chromium" ;;
+    groff-base man-db bsdextrautils bash-completion zsh systemd chromium
+    fonts-liberation" ;;
   bench) want="$want postgresql postgresql-contrib python3 curl nginx wrk
     python3-dev python3-cffi gnuplot-nox" ;;
   fuzz) want="$want clang libclang-rt-dev" ;;

@@ -176,7 +176,9 @@ static void common_headers(struct MHD_Response *r) {
   MHD_add_response_header(r, "Content-Security-Policy", csp);
   MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
   MHD_add_response_header(r, "X-Frame-Options", "DENY");
-  MHD_add_response_header(r, "Referrer-Policy", "no-referrer");
+  /* same-origin, not no-referrer: under no-referrer a browser posts the
+   * login form with "Origin: null", which foreign() must refuse. */
+  MHD_add_response_header(r, "Referrer-Policy", "same-origin");
   MHD_add_response_header(r, "Cross-Origin-Resource-Policy", "same-origin");
 }
 
