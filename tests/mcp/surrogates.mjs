@@ -5,7 +5,7 @@
 // gets the result again byte for byte, the lone surrogate in it; a keyed
 // call whose arguments hold one acts once and is replayed; another lone
 // surrogate under the same key is a conflict, the same one with its hex
-// digits in capitals the same call (docs/mcp.md, "Lone surrogates"). Every
+// digits in capitals the same call (docs/mcp-details.md, "Lone surrogates"). Every
 // scenario counts what reached the server and checks the ids that came back.
 import { createServer } from "node:http";
 import { readFileSync } from "node:fs";

@@ -158,7 +158,7 @@ def test_execute_takes_predicates_too(store, operation, effects):
 
 
 def test_a_plain_retry_loop(store, operation, effects):
-    # docs/python.md's loop: retry what released the key, stop at the rest.
+    # docs/python-examples.md's loop: retry what released the key, stop at the rest.
     failures = [HTTPError(503), ConnectionRefusedError("down"), HTTPError(502)]
 
     @store.idempotent(operation, key="payment_id",
