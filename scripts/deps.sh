@@ -10,7 +10,8 @@ case "${1:-build}" in
   # without PostgreSQL needs libc.a) and read them with readelf.
   # python3-*: the Python binding (bindings/python) is built with cffi and
   # tested with pytest (python3-flask: a Flask app's request context;
-  # python3-pydantic: Pydantic models as arguments and results), and
+  # python3-pydantic: Pydantic models as arguments and results;
+  # python3-mypy: mypy --strict on the package and on a typed program), and
   # installed into venvs by tests/python/install.sh.
   # groff-base, man-db, bsdextrautils (col): the manual pages' tests;
   # bash-completion and zsh: the completions'; systemd: systemd-analyze
@@ -20,7 +21,7 @@ case "${1:-build}" in
   # crash).
   check) want="$want libcmocka-dev postgresql python3 sqlite3 curl openssl
     zlib1g-dev libc6-dev binutils python3-dev python3-cffi python3-pytest
-    python3-flask python3-pydantic python3-venv python3-pip
+    python3-flask python3-pydantic python3-venv python3-pip python3-mypy
     groff-base man-db bsdextrautils bash-completion zsh systemd chromium
     fonts-liberation" ;;
   bench) want="$want postgresql postgresql-contrib python3 curl nginx wrk

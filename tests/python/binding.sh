@@ -1,7 +1,8 @@
 #!/bin/sh
 # The Python binding's own tests (bindings/python/tests, Debian's
-# python3-pytest) on both stores: builds the package from this build's
-# libidem.a into the build folder, then runs pytest with Debian's python3.
+# python3-pytest, python3-mypy, python3-venv and python3-pip) on both
+# stores: builds the package from this build's libidem.a into the build
+# folder, then runs pytest with Debian's python3.
 # Usage: binding.sh SOURCE_DIR BUILD_DIR IDEM_BINARY
 set -eu
 SRC=$1
@@ -20,5 +21,7 @@ if [ -z "${IDEM_TEST_PG_URL:-}" ]; then
   exit 1
 fi
 cd "$OUT"
+# test_packaging.py builds an sdist and an editable install against it.
+export IDEM_BUILD_DIR="$BUILD"
 PYTHONPATH="$OUT" PYTHONDONTWRITEBYTECODE=1 exec "$PY" -m pytest -q -p no:cacheprovider \
   -o addopts="" -rfE "$SRC/bindings/python/tests"

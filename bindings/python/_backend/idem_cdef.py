@@ -193,6 +193,12 @@ const char *sqlite3_errmsg(sqlite3 *db);
 /* The table idem._speedups' tx.execute() calls SQLite through
  * (idem_py_sqlite.h). */
 void *idem_py_sqlite_fns(void);
+/* Around fork() (os.register_at_fork): SQLite's process-wide mutexes held
+ * across it, so that none is left locked in the child by a thread that the
+ * child does not have. */
+void idem_py_fork_prepare(void);
+int idem_fingerprint(const void *data, size_t len, int is_json, char *hex);
+void idem_py_fork_done(void);
 """
 
 _PG = r"""
@@ -620,6 +626,39 @@ static void *idem_py_sqlite_fns(void)
       sqlite3_errmsg,
   };
   return (void *)&api;
+}
+
+/* SQLite's static mutexes that a call on any connection may take, in an
+ * order SQLite itself nests them (PRNG may take MAIN; a holder of any of
+ * them may allocate, taking MEM last). Held by the thread that forks, from
+ * just before fork() until just after it in the parent and in the child:
+ * a thread of the parent's caught holding one at the fork would leave it
+ * locked forever in the child (whose next sqlite3_malloc() would wait on
+ * it). */
+static const int idem_py_fork_mutexes[] = {
+    SQLITE_MUTEX_STATIC_PRNG, SQLITE_MUTEX_STATIC_MAIN,
+    SQLITE_MUTEX_STATIC_VFS1, SQLITE_MUTEX_STATIC_LRU,
+    SQLITE_MUTEX_STATIC_PMEM, SQLITE_MUTEX_STATIC_MEM};
+#define IDEM_PY_FORK_N \
+  ((int)(sizeof idem_py_fork_mutexes / sizeof idem_py_fork_mutexes[0]))
+static sqlite3_mutex *idem_py_fork_held[IDEM_PY_FORK_N];
+
+static void idem_py_fork_prepare(void)
+{
+  for (int i = 0; i < IDEM_PY_FORK_N; i++) {
+    idem_py_fork_held[i] = sqlite3_mutex_alloc(idem_py_fork_mutexes[i]);
+    if (idem_py_fork_held[i])
+      sqlite3_mutex_enter(idem_py_fork_held[i]);
+  }
+}
+
+static void idem_py_fork_done(void)
+{
+  for (int i = IDEM_PY_FORK_N - 1; i >= 0; i--) {
+    if (idem_py_fork_held[i])
+      sqlite3_mutex_leave(idem_py_fork_held[i]);
+    idem_py_fork_held[i] = NULL;
+  }
 }
 %s
 """ % ("#include <libpq-fe.h>" if has_pg else "", _PG_FNS if has_pg else "")

@@ -10,7 +10,7 @@ import os
 import sys
 import time
 import unicodedata
-from typing import Any, List, Optional, Sequence
+from typing import List, NoReturn, Optional, Sequence
 
 from ._errors import Error
 from ._records import Record
@@ -61,7 +61,7 @@ class _Usage(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise _Usage(message)
 
 

@@ -1,5 +1,5 @@
 """The exceptions of idem: every failure is an idem.Error with the C code."""
-from typing import Optional
+from typing import Any, Dict, Optional, Type
 
 
 class Error(Exception):
@@ -23,7 +23,7 @@ class Error(Exception):
         return (_rebuild, (self.__class__, self.code, self.message, dict(self.__dict__)))
 
 
-def _rebuild(cls: type, code: str, message: str, state: dict) -> "Error":
+def _rebuild(cls: "Type[Error]", code: str, message: str, state: Dict[str, Any]) -> "Error":
     err = cls.__new__(cls)
     Exception.__init__(err, "%s: %s" % (code, message))
     err.__dict__.update(state)

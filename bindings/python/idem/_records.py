@@ -113,7 +113,7 @@ def _bytes_json(b: Optional[bytes]) -> Any:
 def record_of(ffi: Any, r: Any) -> Record:
     """A Record copied from an idem_record (cdata)."""
     def text(p: Any) -> str:
-        return ffi.string(p).decode("utf-8", "surrogateescape") if p else ""
+        return str(ffi.string(p).decode("utf-8", "surrogateescape")) if p else ""
 
     def data(p: Any, n: int) -> Optional[bytes]:
         return None if p == ffi.NULL else ffi.unpack(ffi.cast("char *", p), n)

@@ -1,18 +1,21 @@
 """Stores, the decorator and the two ways to run an action once."""
 import asyncio
+import contextlib
 import contextvars
+import datetime
 import functools
+import importlib
 import inspect
 import json
-import json.scanner
 import os
 import re
 import shlex
 import threading
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import (Any, Callable, Dict, Iterable, List, Optional, Sequence,
-                    Tuple, Type, Union)
+from typing import (Any, Awaitable, Callable, Dict, Generic, Iterable, Iterator, List,
+                    Optional, ParamSpec, Protocol, Sequence, Set, Tuple, Type, TypeVar,
+                    Union, cast, overload)
 
 from . import _errors, _speedups, _values
 from ._errors import Conflict, Error, InFlight, InvalidArgument, NotDone, OutcomeUnknown
@@ -20,7 +23,9 @@ from ._native import ffi, lib
 from ._records import Record, record_of
 from ._tx import Statements, Transaction
 
-Seconds = Union[int, float, str, None]
+# A duration: seconds (int or float), a string such as "30s", "500ms", "5m",
+# "2h" or "1d", or a datetime.timedelta; None for libidem's default.
+Seconds = Union[int, float, str, "datetime.timedelta", None]
 KeySpec = Union[str, Callable[[Dict[str, Any]], str]]
 # Exception classes and predicates (callables taking the exception), one or many.
 ReleaseOn = Union[Type[BaseException], Callable[[BaseException], Any],
@@ -50,6 +55,8 @@ def _ms(value: Seconds, name: str) -> int:
         raise InvalidArgument("IDEM_EINVAL", "%s: %r is not a duration" % (name, value))
     if isinstance(value, (int, float)):
         ms = value * 1000
+    elif isinstance(value, datetime.timedelta):
+        ms = value.total_seconds() * 1000
     elif isinstance(value, str):
         m = _DURATION.match(value)
         if not m:
@@ -90,7 +97,8 @@ _encode = _values.PLAIN.encode
 _raw_decode = json.JSONDecoder().raw_decode
 # The scanner raw_decode() runs, without its look for leading white space:
 # what the binding stores has none (a body that does goes to _decode()).
-_scan = json.scanner.make_scanner(json.JSONDecoder())
+_scan: Callable[[str, int], Tuple[Any, int]] = importlib.import_module(
+    "json.scanner").make_scanner(json.JSONDecoder())
 
 
 def _decode(text: str) -> Any:
@@ -146,7 +154,8 @@ def _pending(fn: Callable[..., Any], writer: "_values.Writer") -> Callable[..., 
 def _result_json(value: Any) -> bytes:
     """What a function returned (or a _Pending of it) as JSON bytes."""
     if value.__class__ is _Pending:
-        return value.writer.encode(value.value).encode("utf-8")
+        body: bytes = value.writer.encode(value.value).encode("utf-8")
+        return body
     return _dump(value)
 
 
@@ -169,19 +178,27 @@ def _fail(rc: int, value: Any = None) -> Error:
                              value)
 
 
-class Outcome(_speedups.OutcomeBase):  # type: ignore[misc]
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+_T_co = TypeVar("_T_co", covariant=True)
+
+
+class Outcome(_speedups.OutcomeBase, Generic[_T_co]):
     """What a call returned: .value (JSON-decoded, and rebuilt as the
     declared return type, the same on the first call and on every replay),
     .replayed (True when the function did not run because an earlier
     call's result was stored) and .recovered (True when an earlier attempt
     may also have acted: its holder died or raised and this call, or the
-    one whose result is replayed, took the key over)."""
+    one whose result is replayed, took the key over).
+
+    Outcome[T] is the Outcome of a function that returns T: what
+    f.outcome(...) returns for a decorated f."""
 
     # The fields are idem._speedups.OutcomeBase's: made in C, as most
     # Outcomes are, with no Python code run. Outcome(value, replayed,
     # recovered) makes one too.
     __slots__ = ()
-    value: Any
+    value: _T_co
     replayed: bool
     recovered: bool
 
@@ -189,12 +206,98 @@ class Outcome(_speedups.OutcomeBase):  # type: ignore[misc]
         return "Outcome(value=%r, replayed=%r, recovered=%r)" % (
             self.value, self.replayed, self.recovered)
 
-    def __reduce__(self) -> Tuple[Any, Tuple[Any, bool, bool]]:
+    def __reduce__(self) -> Tuple[Any, Tuple[Any, bool, bool]]:  # pickles as it was made
         return Outcome, (self.value, self.replayed, self.recovered)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Outcome) and (self.value, self.replayed, self.recovered) \
             == (other.value, other.replayed, other.recovered)
+
+
+class Idempotent(Protocol[_P, _T_co]):
+    """What store.idempotent() makes of a function (def): called as the
+    function is, with its arguments and its return type; f.outcome(...)
+    makes the same call and returns its Outcome (the value, and whether it
+    was replayed or recovered). For type annotations only: it is not a
+    class of the objects themselves."""
+
+    def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> _T_co:
+        """The call: the function's result, run or replayed."""
+
+    def outcome(self, *args: _P.args, **kwargs: _P.kwargs) -> "Outcome[_T_co]":
+        """The same call: its Outcome (.value, .replayed, .recovered)."""
+
+    # A method: through its class, the function; through an instance, bound
+    # to it (self given), its return type kept (its arguments not checked:
+    # Concatenate in a self type is beyond the mypy of Debian 12).
+    @overload
+    def __get__(self, obj: None, cls: Any, /) -> "Idempotent[_P, _T_co]": ...
+
+    @overload
+    def __get__(self, obj: object, cls: Any, /) -> "Idempotent[..., _T_co]": ...
+
+
+class AsyncIdempotent(Protocol[_P, _T_co]):
+    """What store.idempotent() makes of an async function (async def): a
+    call returns an awaitable of the function's result, and f.outcome(...)
+    an awaitable of its Outcome. For type annotations only."""
+
+    def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> Awaitable[_T_co]:
+        """The call: awaited, the function's result, run or replayed."""
+
+    def outcome(self, *args: _P.args, **kwargs: _P.kwargs) -> "Awaitable[Outcome[_T_co]]":
+        """The same call: awaited, its Outcome (.value, .replayed,
+        .recovered)."""
+
+    @overload
+    def __get__(self, obj: None, cls: Any, /) -> "AsyncIdempotent[_P, _T_co]": ...
+
+    @overload
+    def __get__(self, obj: object, cls: Any, /) -> "AsyncIdempotent[..., _T_co]": ...
+
+
+class _Decorator(Protocol):
+    """What store.idempotent(...) returns: the decorator, typed so that a
+    decorated function keeps its signature and return type."""
+
+    # An async function matches both: the first is meant (hence the ignore).
+    @overload
+    def __call__(  # type: ignore[misc]
+            self, fn: Callable[_P, Awaitable[_R]]) -> AsyncIdempotent[_P, _R]: ...
+
+    @overload
+    def __call__(self, fn: Callable[_P, _R]) -> Idempotent[_P, _R]: ...
+
+    @overload
+    def __call__(self, fn: Any) -> Any: ...  # a staticmethod or classmethod object
+
+
+# The switch that makes every decorated function a plain call, for tests
+# (as AWS Lambda Powertools' POWERTOOLS_IDEMPOTENCY_DISABLED does): set by
+# IDEM_DISABLED=1 (or true, yes, on) in the environment when idem is
+# imported, and by idem.disabled().
+_DISABLED = os.environ.get("IDEM_DISABLED", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@contextlib.contextmanager
+def disabled(flag: bool = True) -> Iterator[None]:
+    """Within the block, every function decorated with store.idempotent()
+    is a plain call, for tests: the function runs each time it is called,
+    with nothing claimed, stored or replayed, and the store is not touched
+    (it may even be closed). Its result is what the function returns, not
+    a copy read back from JSON; f.outcome(...) returns Outcome(result,
+    replayed=False, recovered=False). disabled(False) turns the decorator
+    back on within the block. The switch is the process's, for every
+    thread; it is set back as it was when the block ends. IDEM_DISABLED=1
+    in the environment when idem is imported turns it on for the whole
+    run. Store.execute() and Store.execute_local() are not affected."""
+    global _DISABLED
+    before = _DISABLED
+    _DISABLED = bool(flag)
+    try:
+        yield
+    finally:
+        _DISABLED = before
 
 
 _EXPIRED = {"take_over": 0, "report": 1}  # idem_call_options.on_expired_lease
@@ -363,13 +466,83 @@ class _Claim:
 _open_stores: "weakref.WeakSet[Store]" = weakref.WeakSet()
 
 
+# The SQLite files (st_dev, st_ino) that a store of the process this one was
+# forked from had open at the fork: SQLite keeps its locks of a file in
+# memory once per process, so a child's connection to such a file would
+# count the parent's locks as its own (waiting on them until IDEM_EBUSY, or
+# believing it holds locks it does not). idem.open() refuses them.
+_inherited_files: Dict[Tuple[int, int], int] = {}
+# Whether a SQLite store was opened in this process: then the fork handlers
+# hold SQLite's process-wide mutexes across fork() (idem_py_fork_prepare()).
+_sqlite_opened = False
+_fork_held = False
+
+
+def _before_fork() -> None:
+    global _fork_held
+    if _sqlite_opened:
+        lib.idem_py_fork_prepare()
+        _fork_held = True
+
+
+def _after_fork_in_parent() -> None:
+    global _fork_held
+    if _fork_held:
+        _fork_held = False
+        lib.idem_py_fork_done()
+
+
 def _after_fork_in_child() -> None:
+    global _fork_held
+    if _fork_held:
+        _fork_held = False
+        lib.idem_py_fork_done()
     for store in list(_open_stores):
         store._forked = True
+        if store._file is not None and store._store is not None:
+            _inherited_files.setdefault(store._file, store._pid)
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+# libidem fetches SHA-256 from OpenSSL on its first fingerprint, under a lock
+# of OpenSSL's: done now, so that no thread of this process is doing it when
+# another forks (the child would wait on that lock forever).
+lib.idem_fingerprint(b"{}", 2, 1, ffi.new("char[]", 128))
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                    after_in_child=_after_fork_in_child)
+
+
+def _redacted(url: str) -> str:
+    """A store's URL without its password (postgresql://user:PASSWORD@host,
+    or password=... in its query)."""
+    url = re.sub(r"^([a-z]+://[^/@:]*):[^/@]*@", r"\1:***@", url)
+    return re.sub(r"([?&]password=)[^&]*", r"\1***", url)
+
+
+def _sqlite_file(url: str) -> Optional[Tuple[int, int]]:
+    """The (st_dev, st_ino) of a SQLite store's file, or None (a PostgreSQL
+    URL, or no such file yet)."""
+    if "://" in url.split("?", 1)[0] and not url.startswith("sqlite:"):
+        return None
+    path = url[len("sqlite:"):] if url.startswith("sqlite:") else url
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _refuse_inherited(url: str) -> None:
+    """IDEM_ESTATE for a SQLite file that the parent of this forked process
+    had open at the fork (see _inherited_files)."""
+    ident = _sqlite_file(url)
+    if ident is None or ident not in _inherited_files:
+        return
+    raise Error("IDEM_ESTATE", "%s was open in process %d when it forked this one: SQLite "
+                "keeps a file's locks once per process, so a store opened here would "
+                "share the parent's (waiting on them, or writing without them). Start "
+                "the worker with multiprocessing's \"forkserver\" or \"spawn\" method, "
+                "or fork before the parent opens the store (or after it closes it)"
+                % (url, _inherited_files[ident]))
 _BUF_SIZE = 64 * 1024
 
 
@@ -439,7 +612,7 @@ def _begin(store: Any, tenant: bytes, operation: bytes, key: bytes, request: byt
 
 
 def _unheld(rc: int, c: Any, buf: Any, operation: bytes, key: bytes,
-            tenant: bytes = b"") -> Outcome:
+            tenant: bytes = b"") -> "Outcome[Any]":
     """A claim in c that this call does not hold: the Outcome of a replay,
     or the error or refusal raised; its call (left only for a body too
     large for buf) freed."""
@@ -456,7 +629,7 @@ def _unheld(rc: int, c: Any, buf: Any, operation: bytes, key: bytes,
             c.call = ffi.NULL
 
 
-def _replayed(c: Any, buf: Any, call: Any, operation: bytes, key: bytes) -> Outcome:
+def _replayed(c: Any, buf: Any, call: Any, operation: bytes, key: bytes) -> "Outcome[Any]":
     """The Outcome of a replay: the stored result, JSON-decoded (in buf, or
     in call when it was too large for buf)."""
     try:
@@ -531,13 +704,13 @@ def _end(claim: _Claim, result: int, body: Optional[bytes] = None) -> Tuple[int,
             lib.idem_execute_end(exec_, _MARK_UNKNOWN if result == _DONE else result,
                                  ffi.NULL)
         lib.idem_call_free(call)
-    return rc, msg
+    return cast(int, rc), msg
 
 
 def _once(store: Any, tenant: bytes, operation: bytes, key: bytes, request: Any,
           opts: "_Options", fn: Callable[..., Any], args: Tuple[Any, ...],
           kwargs: Dict[str, Any], release_on: Tuple[Any, ...],
-          fast: int = 0, writer: "_values.Writer" = _values.PLAIN) -> Outcome:
+          fast: int = 0, writer: "_values.Writer" = _values.PLAIN) -> "Outcome[Any]":
     """Claims the key, runs fn when the key is this call's, and ends the key
     by what fn did. With fast (the store's address), request is the
     decorated function's arguments, and all of it runs in C when the
@@ -583,7 +756,7 @@ def _once_in_c(fast: int, tenant: bytes, operation: bytes, key: bytes, arguments
         _give(pair)
 
 
-def _settle(claim: _Claim, value: Any) -> Outcome:
+def _settle(claim: _Claim, value: Any) -> "Outcome[Any]":
     """Stores what the action returned (or a _Pending of it); the Outcome
     of the call that ran."""
     try:
@@ -611,7 +784,7 @@ def _is_release(exc: BaseException, release_on: Tuple[Any, ...]) -> bool:
 
 
 def _local_answer(rc: int, c: Any, buf: Any, operation: bytes, key: bytes,
-                  tenant: bytes = b"") -> Outcome:
+                  tenant: bytes = b"") -> "Outcome[Any]":
     """What an execute_local() call whose claim is in c answers: an Outcome,
     or the error or refusal raised (Store._done() frees its call)."""
     if rc != _OK:
@@ -716,10 +889,13 @@ _MISSING = object()  # resolve()'s completed= when not given
 
 class Store:
     """An open store: SQLite (one file) or PostgreSQL (many processes or
-    machines). Thread-safe; one handle per process (do not use it after
-    fork(); open another in the child)."""
+    machines), made by idem.open(). Thread-safe; one handle per process: a
+    child of fork() opens its own (see idem.open()). .backend is "sqlite"
+    or "postgresql", .url the URL given."""
 
-    def __init__(self, url: str, **options: Any) -> None:
+    def __init__(self, url: "Union[str, os.PathLike[str]]", **options: Any) -> None:
+        if isinstance(url, os.PathLike):  # a path (pathlib.Path): a SQLite file
+            url = "sqlite:" + os.fsdecode(os.fspath(url))
         opts = ffi.new("idem_store_options *")
         sync = options.pop("synchronous", None)
         if sync is not None:
@@ -735,6 +911,8 @@ class Store:
         opts.replay_cache_entries = 0 if cache is None else (int(cache) if cache > 0 else -1)
         if options:
             raise TypeError("idem.open(): unknown option(s) %s" % ", ".join(sorted(options)))
+        if _inherited_files:
+            _refuse_inherited(url)
         out = ffi.new("idem_store **")
         rc = lib.idem_store_open(_text(url, "url", "IDEM_EURL"), opts, out)
         if rc != _OK:
@@ -743,14 +921,18 @@ class Store:
         self._addr = _address(self._store)  # for idem._speedups
         self._pid = os.getpid()
         self._forked = False
-        _open_stores.add(self)
         self.url = url
         self.backend: str = ffi.string(lib.idem_store_backend(self._store)).decode()
+        self._file = _sqlite_file(url) if self.backend == "sqlite" else None
+        if self.backend == "sqlite":
+            global _sqlite_opened
+            _sqlite_opened = True
+        _open_stores.add(self)
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         # The calls running, one token each: close() waits for them. A set
         # changes atomically under the GIL, so a call takes no lock.
-        self._calls: set = set()
+        self._calls: Set[object] = set()
         self._closing = False
         self._pools: Optional[Tuple[ThreadPoolExecutor, ThreadPoolExecutor]] = None
         self._statements = Statements()
@@ -793,6 +975,16 @@ class Store:
 
     def __enter__(self) -> "Store":
         return self
+
+    def __repr__(self) -> str:
+        if getattr(self, "_store", None) is None:
+            state = "closed"
+        elif self._forked or self._pid != os.getpid():
+            state = "opened by process %d: open another in this one" % self._pid
+        else:
+            state = "open"
+        return "<idem.Store %s (%s) %s>" % (_redacted(getattr(self, "url", "?")),
+                                            getattr(self, "backend", "?"), state)
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
@@ -849,9 +1041,51 @@ class Store:
                    release_on: ReleaseOn = (), encoder: "_values.Encoder" = None,
                    decoder: "_values.Decoder" = None, on_expired_lease: str = "take_over",
                    takeover_unknown: bool = False,
-                   max_attempts: Optional[int] = None) -> Callable[[Any], Any]:
-        """Decorates a function so that it runs at most once per key; see
-        docs/python.md."""
+                   max_attempts: Optional[int] = None) -> _Decorator:
+        """A decorator: the function it decorates runs at most once per key.
+
+            @store.idempotent("create_ticket", key="request_id")
+            def create_ticket(project, title, request_id): ...
+
+        A call whose key (here the argument request_id) has a completed
+        record returns the stored result, rebuilt as the function's return
+        annotation declares, without running the function; with other
+        arguments than the first call's (their canonical JSON, the
+        fingerprint, differs) it raises Conflict; while the first call
+        still runs, InFlight (or it waits up to wait=). f.outcome(...)
+        makes the same call and returns an Outcome (.value, .replayed,
+        .recovered). async def functions and methods (self or cls first,
+        also above @staticmethod or @classmethod) are decorated alike;
+        generator functions are refused. If the function raises, the key is
+        marked unknown (a retry raises OutcomeUnknown until an operator
+        settles it with store.resolve()), unless the exception is NotDone
+        or matches release_on, which release the key so that a retry runs.
+
+        operation: what the function does; keys are scoped by tenant and
+        operation. key: the name of the argument holding the key (a str
+        of 1-255 printable ASCII characters, no spaces), or a callable
+        given the bound arguments as a dict that returns it. tenant: a str,
+        or a callable on the bound arguments (default: the empty tenant).
+        lease: how long a caller that died keeps the key before another
+        call takes it over (default 30 s; renewed while the process lives).
+        retention: how long a completed record is kept (default 24 h).
+        payload: JSON Pointers (["/project", "/title"]) naming the only
+        arguments that make the fingerprint (default: all but the key).
+        wait: how long a call that finds its key held waits for the
+        holder's result instead of raising InFlight (default: no wait).
+        Durations are seconds (30, 0.5), a string ("500ms", "30s", "5m",
+        "2h", "1d") or a datetime.timedelta. release_on: exception classes
+        or predicates (callables taking the exception) meaning "this call
+        did not act". encoder, decoder: how to write a value JSON does not
+        hold (encoder(value) returns one it does) and rebuild it
+        (decoder(declared type, JSON value)). on_expired_lease: "take_over"
+        (run again once a dead holder's lease ended; recovered=True) or
+        "report" (raise OutcomeUnknown). takeover_unknown: True runs a key
+        marked unknown again. max_attempts: the most attempts a key may
+        have (None: no bound).
+
+        For tests, idem.disabled() (or IDEM_DISABLED=1 in the environment)
+        makes every decorated function a plain call."""
         opts = _Options(lease, retention, wait, payload,  # bad options fail here
                         _Recovery(on_expired_lease, takeover_unknown, max_attempts))
         _values.release_on(release_on)
@@ -874,9 +1108,13 @@ class Store:
             if inspect.iscoroutinefunction(fn):
                 @functools.wraps(fn)
                 async def run_async(*args: Any, **kwargs: Any) -> Any:
+                    if _DISABLED:
+                        return await fn(*args, **kwargs)
                     return (await outcome_async(*args, **kwargs)).value
 
-                async def outcome_async(*args: Any, **kwargs: Any) -> Outcome:
+                async def outcome_async(*args: Any, **kwargs: Any) -> "Outcome[Any]":
+                    if _DISABLED:
+                        return Outcome(await fn(*args, **kwargs), False, False)
                     if plain:
                         return await spec.run_async(args, kwargs)
                     read = reader()
@@ -889,18 +1127,26 @@ class Store:
             if plain:
                 @functools.wraps(fn)
                 def run(*args: Any, **kwargs: Any) -> Any:
+                    if _DISABLED:
+                        return fn(*args, **kwargs)
                     return run_spec(args, kwargs).value
 
-                def outcome(*args: Any, **kwargs: Any) -> Outcome:
+                def outcome(*args: Any, **kwargs: Any) -> "Outcome[Any]":
+                    if _DISABLED:
+                        return Outcome(fn(*args, **kwargs), False, False)
                     return run_spec(args, kwargs)
             else:  # the value rebuilt as the declared type
                 @functools.wraps(fn)
                 def run(*args: Any, **kwargs: Any) -> Any:
+                    if _DISABLED:
+                        return fn(*args, **kwargs)
                     read = reader()
                     value = run_spec(args, kwargs).value
                     return value if read is None else read(value)
 
-                def outcome(*args: Any, **kwargs: Any) -> Outcome:
+                def outcome(*args: Any, **kwargs: Any) -> "Outcome[Any]":
+                    if _DISABLED:
+                        return Outcome(fn(*args, **kwargs), False, False)
                     read = reader()
                     return _values.read_outcome(run_spec(args, kwargs), read)
 
@@ -915,7 +1161,7 @@ class Store:
             if isinstance(fn, classmethod):
                 return wrap(fn.__func__, True, of_class=True)
             return wrap(fn, None)
-        return decorate
+        return cast(_Decorator, decorate)
 
     def execute(self, operation: str, key: str, request: Any, action: Callable[[], Any], *,
                 tenant: Optional[str] = None, lease: Seconds = None,
@@ -923,7 +1169,8 @@ class Store:
                 payload: Optional[Sequence[str]] = None, release_on: ReleaseOn = (),
                 encoder: "_values.Encoder" = None, decoder: "_values.Decoder" = None,
                 returns: Any = None, on_expired_lease: str = "take_over",
-                takeover_unknown: bool = False, max_attempts: Optional[int] = None) -> Outcome:
+                takeover_unknown: bool = False,
+                max_attempts: Optional[int] = None) -> "Outcome[Any]":
         """Runs action() at most once per key for this request (any JSON
         value, or one idem's rule writes, whose canonical JSON is the
         fingerprint); an Outcome, its value rebuilt as returns (default:
@@ -956,7 +1203,7 @@ class Store:
                       wait: Seconds = None, encoder: "_values.Encoder" = None,
                       decoder: "_values.Decoder" = None, returns: Any = None,
                       on_expired_lease: str = "take_over", takeover_unknown: bool = False,
-                      max_attempts: Optional[int] = None) -> Outcome:
+                      max_attempts: Optional[int] = None) -> "Outcome[Any]":
         """Runs fn(tx) inside the store's transaction, on its own connection,
         so that what fn writes through tx.execute() commits together with
         the record; an Outcome, its value rebuilt as returns (default: fn's
@@ -1008,7 +1255,7 @@ class Store:
                      fn: Callable[[Transaction], Any], tenant: Optional[str],
                      lease: Seconds, retention: Seconds, wait: Seconds,
                      encoder: "_values.Encoder", decoder: "_values.Decoder",
-                     returns: Any, recovery: "_Recovery") -> Outcome:
+                     returns: Any, recovery: "_Recovery") -> "Outcome[Any]":
         """execute_local() with a declared result type or hooks: the request
         written by the encoder's Writer (its JSON handed on, for C to write
         again), fn's result handed on as a _Pending of it, the Outcome's
@@ -1147,7 +1394,8 @@ class Store:
                     raise TypeError("completed: the value cannot be written as JSON: %s"
                                     % _values.hint(e, True)) from None
             else:
-                data = body.encode("utf-8") if isinstance(body, str) else bytes(body)
+                data = body.encode("utf-8") if isinstance(body, str) else \
+                    bytes(cast(bytes, body))
             response = ffi.new("idem_response *")
             response.status = status
             buf = ffi.from_buffer(data)
@@ -1262,7 +1510,7 @@ def _is_method(fn: Callable[..., Any], sig: inspect.Signature) -> bool:
     return False
 
 
-class _Bound(functools.partial):
+class _Bound(functools.partial):  # type: ignore[type-arg]
     """A decorated method bound to its instance (or class): called, it calls
     the decorated function with it first, and so does .outcome(). Being a
     functools.partial, inspect sees through it (an async one is a coroutine
@@ -1271,7 +1519,7 @@ class _Bound(functools.partial):
     __doc__ = property(lambda self: self.func.__doc__)  # type: ignore[assignment]
 
     def outcome(self, *args: Any, **kwargs: Any) -> Any:
-        return self.func.outcome(*self.args, *args, **kwargs)
+        return getattr(self.func, "outcome")(*self.args, *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.func, name)
@@ -1403,6 +1651,8 @@ class _Spec:
                                                                                Dict[str, Any]]:
         """(tenant, key, arguments) of one call: the arguments are what the
         fingerprint is taken of."""
+        key: Any
+        tenant: bytes
         if self.key_name is not None and self.tenant_fixed is not None:
             arguments = self.bind(*args, **kwargs)
             key = arguments.pop(self.key_name)
@@ -1415,10 +1665,12 @@ class _Spec:
             if self.key_name is not None:
                 key = arguments.pop(self.key_name)
             else:
-                key = self.key_fn(dict(everything))  # type: ignore[misc]
-            tenant = self.tenant_fixed
-            if tenant is None:
-                tenant = _text(self.tenant(everything), "tenant")  # type: ignore[misc]
+                key = cast(Callable[[Dict[str, Any]], Any], self.key_fn)(dict(everything))
+            if self.tenant_fixed is not None:
+                tenant = self.tenant_fixed
+            else:
+                tenant = _text(cast(Callable[[Dict[str, Any]], Any], self.tenant)(everything),
+                               "tenant")
         if key.__class__ is not str and not isinstance(key, str):
             if key is None:
                 raise InvalidArgument("IDEM_EKEY", "no key: %s is None" % (
@@ -1428,10 +1680,12 @@ class _Spec:
             raise InvalidArgument("IDEM_EKEY", "the key contains a NUL character")
         return tenant, key.encode("utf-8"), arguments
 
-    def run(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Outcome:
+    def run(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> "Outcome[Any]":
+        key: Any
+        tenant: bytes
         if self.simple:  # the usual decorator: prepare() inlined
             arguments = self.bind(*args, **kwargs)
-            key = arguments.pop(self.key_name)
+            key = arguments.pop(self.key_name)  # type: ignore[arg-type] # simple: a str
             # All of it in one crossing (idem._speedups.once_call()), but
             # for reading a claim not held.
             got = _once_call(self.store, self.tenant_fixed, self.operation, key, arguments,
@@ -1443,12 +1697,12 @@ class _Spec:
                 rc, pair = got
                 try:
                     return _unheld(rc, pair[0], pair[1], self.operation, key.encode("utf-8"),
-                                   self.tenant_fixed)
+                                   self.tenant_fixed or b"")
                 finally:
                     self.store._done(pair)
             key = _key(key) if key.__class__ is not str or "\x00" in key \
                 else key.encode("utf-8")
-            tenant = self.tenant_fixed
+            tenant = self.tenant_fixed or b""
         else:
             tenant, key, arguments = self.prepare(args, kwargs)
         s = self.store
@@ -1463,7 +1717,7 @@ class _Spec:
             if s._closing:
                 s._leave(token)
 
-    async def run_async(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Outcome:
+    async def run_async(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> "Outcome[Any]":
         tenant, key, arguments = self.prepare(args, kwargs)
         request = _arguments_json(arguments, self.writer)
         token = object()
@@ -1474,7 +1728,7 @@ class _Spec:
             self.store._leave(token)
 
     async def _run_async(self, store: Any, tenant: bytes, key: bytes, request: bytes,
-                         args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Outcome:
+                         args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> "Outcome[Any]":
         claims, ends = self.store._executors()
         loop = asyncio.get_running_loop()
         # The claim runs in a thread of the store's; a task cancelled while
@@ -1500,7 +1754,8 @@ class _Spec:
             raise
         if self.writer is not _values.PLAIN:
             value = _Pending(value, self.writer)
-        return await _shielded(loop, ends, _settle, got, value)
+        settled: "Outcome[Any]" = await _shielded(loop, ends, _settle, got, value)
+        return settled
 
 
 def _binder(fn: Callable[..., Any], sig: inspect.Signature,
@@ -1510,7 +1765,9 @@ def _binder(fn: Callable[..., Any], sig: inspect.Signature,
     apply_defaults() give, at a tenth of the cost. The argument named skip
     (a method's self) is bound but not returned."""
     P = inspect.Parameter
-    params, names, env = [], [], {}  # type: ignore[var-annotated]
+    params: List[str] = []
+    names: List[str] = []
+    env: Dict[str, Any] = {}
     seen_kw_only = False
     for i, p in enumerate(sig.parameters.values()):
         if p.kind == P.KEYWORD_ONLY and not seen_kw_only:
@@ -1547,7 +1804,7 @@ async def _shielded(loop: asyncio.AbstractEventLoop, pool: ThreadPoolExecutor,
     return await asyncio.shield(loop.run_in_executor(pool, fn, *args))
 
 
-def _drop(fut: "Future[Union[Outcome, _Claim]]", ends: ThreadPoolExecutor) -> None:
+def _drop(fut: "Future[Union[Outcome[Any], _Claim]]", ends: ThreadPoolExecutor) -> None:
     if fut.cancelled() or fut.exception() is not None:
         return
     got = fut.result()
@@ -1555,9 +1812,28 @@ def _drop(fut: "Future[Union[Outcome, _Claim]]", ends: ThreadPoolExecutor) -> No
         ends.submit(_end, got, _NOT_DONE)
 
 
-def open(url: str, **options: Any) -> Store:  # noqa: A001 - the contract's name
-    """Opens a store: "sqlite:PATH" (or a bare path) or "postgresql://...".
-    Options: synchronous ("full" or "normal", SQLite), busy_timeout,
-    max_connections, group_commit (False turns it off), read_only,
-    replay_cache (entries; 0 turns it off)."""
+def open(url: "Union[str, os.PathLike[str]]",  # noqa: A001 - the contract's name
+         **options: Any) -> Store:
+    """Opens a store: "sqlite:PATH", a bare path or a pathlib.Path (an SQLite
+    file, created 0600 if missing), "postgresql://..." or "postgres://..."
+    (optionally ?idem_schema=NAME), "pg:CONNINFO", or "" for the
+    environment variable IDEM_STORE. Use it as a context manager, or call
+    close(), when done.
+
+    Options, all keywords: synchronous ("full", the default: a completed
+    record survives power loss; or "normal", SQLite only), busy_timeout
+    (how long to wait for a locked store; default 10 s), max_connections
+    (the pool's size; default 16), group_commit (False: each caller
+    commits on its own), read_only (True: calls that write fail with
+    StoreUnavailable), replay_cache (completed records kept in memory;
+    default 4096, 0 turns it off). Durations are seconds, a string such as
+    "10s" or a datetime.timedelta. An unknown option is a TypeError, a URL
+    refused InvalidArgument (IDEM_EURL), a server not reached
+    StoreUnavailable.
+
+    One store per process, shared by its threads. After fork() the child
+    opens a store of its own; an SQLite file that the parent had open at
+    the fork cannot be (SQLite's locks of it are the parent's there):
+    start such workers with multiprocessing's "forkserver" or "spawn"
+    method."""
     return Store(url, **options)

@@ -2,7 +2,7 @@
 inside the transaction that also writes the record."""
 import itertools
 import threading
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, cast
 
 from . import _speedups
 from ._errors import DatabaseError
@@ -41,6 +41,7 @@ class Cursor:
         self.lastrowid = lastrowid
 
     def fetchone(self) -> Optional[Tuple[Any, ...]]:
+        """The next row, or None when there is none left."""
         if self._next >= len(self._rows):
             return None
         row = self._rows[self._next]
@@ -48,12 +49,17 @@ class Cursor:
         return row
 
     def fetchall(self) -> List[Tuple[Any, ...]]:
+        """The rows not read yet."""
         rows = self._rows[self._next:]
         self._next = len(self._rows)
         return rows
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Tuple[Any, ...]]:
         return iter(self.fetchall())
+
+    def __repr__(self) -> str:
+        return "<idem.Cursor rowcount=%d lastrowid=%r rows left=%d>" % (
+            self.rowcount, self.lastrowid, len(self._rows) - self._next)
 
 
 class Statements:
@@ -145,8 +151,9 @@ class Statements:
         reset it): their statements went with them."""
         conn, pid = session
         for d in (self._pg, self._pg_seen, self._pg_forgotten):
-            for k in [k for k in list(d) if k[0] == conn and k[1] != pid]:
-                d.pop(k, None)
+            table = cast(Dict[Tuple[Any, ...], Any], d)
+            for k in [k for k in list(table) if k[0] == conn and k[1] != pid]:
+                table.pop(k, None)
 
     def pg_ran(self, conn: Any, sql: bytes, ok: bool, resets: bool, state: Optional[bytes],
                prepared: bool) -> bool:
@@ -187,6 +194,12 @@ class Transaction:
         self._pg_conn: Any = None
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
+        """Runs one SQL statement in the store's transaction, on its
+        connection, with params bound to its placeholders (? for SQLite,
+        $1, $2... for PostgreSQL): None, bool, int, float, str, bytes. It
+        commits with the record, or rolls back with it when the function
+        raises. Only inside the function given to execute_local(), on its
+        thread; errors are idem.DatabaseError."""
         if not self._open:
             raise DatabaseError("IDEM_ESTATE", "the transaction has ended: use tx "
                                 "only inside the function it was given to")
@@ -237,6 +250,10 @@ class Transaction:
         """The connection as a void * (cdata pointers hash and compare by
         address: it keys the Python way's statement cache)."""
         return ffi.cast("void *", self._addr)
+
+    def __repr__(self) -> str:
+        return "<idem.Transaction %s %s>" % (self.backend, "open" if self._open else
+                                            "ended: use tx only inside its function")
 
     def _close(self) -> None:
         self._open = False
@@ -343,7 +360,7 @@ def _is_dml(sql: bytes) -> bool:
 
 def _sqlite_error(conn: Any) -> str:
     msg = lib.sqlite3_errmsg(ffi.cast("sqlite3 *", conn))
-    return ffi.string(msg).decode("utf-8", "replace")
+    return str(ffi.string(msg).decode("utf-8", "replace"))
 
 
 def _sqlite_row(stmt: Any) -> Tuple[Any, ...]:
@@ -369,7 +386,7 @@ def _sqlite_row(stmt: Any) -> Tuple[Any, ...]:
 
 def _pg_message(res: Any) -> str:
     msg = lib.PQresultErrorMessage(res) if res != ffi.NULL else ffi.NULL
-    return ffi.string(msg).decode("utf-8", "replace").strip() if msg != ffi.NULL \
+    return str(ffi.string(msg).decode("utf-8", "replace").strip()) if msg != ffi.NULL \
         else "no result"
 
 
@@ -428,7 +445,7 @@ def _pg_execute(conn: Any, sql: str, params: Sequence[Any], tx: Transaction) -> 
         rows = []
         types = [lib.PQftype(res, c) for c in range(lib.PQnfields(res))]
         for r in range(lib.PQntuples(res)):
-            row = []
+            row: List[Any] = []
             for c, oid in enumerate(types):
                 if lib.PQgetisnull(res, r, c):
                     row.append(None)

@@ -1,5 +1,5 @@
-"""Ordinary values as JSON, and back, by one rule (docs/python.md,
-"Values"), and release_on's classes and predicates.
+"""Ordinary values as JSON, and back, by one rule, and release_on's
+classes and predicates.
 
 The rule writes what JSON does not hold as a JSON value: a datetime, date
 or time as its ISO 8601 text (isoformat(): a datetime keeps its offset, a
@@ -25,12 +25,17 @@ import json
 import types
 import typing
 import uuid
-from typing import Any, Callable, Dict, Iterable, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 Encoder = Optional[Callable[[Any], Any]]
 Decoder = Optional[Callable[[Any, Any], Any]]
 
-HELP = "(docs/python.md, \"Values\")"
+# What a value with no JSON form is told, after its type: encoder= is a
+# callable that turns such a value into one JSON holds (a dict, say), and
+# decoder=(declared type, JSON value) rebuilds it.
+HELP = ("(encoder=lambda v: {...} returns what JSON holds; decoder=lambda tp, data: ... "
+        "rebuilds the declared type; datetime, date, time, Decimal, UUID, Enum, bytes, "
+        "sets, dataclasses and Pydantic models need neither)")
 
 
 class NoRule(TypeError):
@@ -85,10 +90,12 @@ class Writer:
         self._c = self._make(None)
 
     def _make(self, markers: Optional[Dict[int, Any]]) -> Callable[[Any, int], Any]:
-        if json.encoder.c_make_encoder is not None:
-            return json.encoder.c_make_encoder(  # type: ignore[no-any-return]
-                markers, self.default, json.encoder.encode_basestring, None, ":", ",",
-                False, False, False)
+        c_make = getattr(json.encoder, "c_make_encoder", None)
+        if c_make is not None:
+            made: Callable[[Any, int], Any] = c_make(
+                markers, self.default, getattr(json.encoder, "encode_basestring"), None, ":",
+                ",", False, False, False)
+            return made
         enc = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"),
                                check_circular=markers is not None, default=self.default)
         return lambda value, _: enc.iterencode(value)  # pragma: no cover - CPython has C
@@ -148,7 +155,7 @@ class Writer:
             return [self._sets_sorted(p, j) for p, j in zip(py, js)]
         return js
 
-    def _sorted(self, items: Iterable[Any]) -> list:
+    def _sorted(self, items: Iterable[Any]) -> List[Any]:
         """A set's items in an order of their own, whatever the set's: all
         numbers by value, all str by code point, else (a mix, or other
         types) by each item's JSON text. Two equal sets are one request."""
@@ -194,7 +201,7 @@ class Unresolved(Exception):
 
 def _hints(obj: Any, globalns: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     try:
-        kw = {"include_extras": True} if hasattr(typing, "Annotated") else {}
+        kw: Dict[str, Any] = {"include_extras": True} if hasattr(typing, "Annotated") else {}
         return typing.get_type_hints(obj, globalns=globalns, **kw)
     except NameError as e:
         raise Unresolved(str(e)) from None
@@ -238,12 +245,13 @@ class _Build:
 
     def __init__(self, encoder: Encoder, decoder: Decoder) -> None:
         self.encoder, self.decoder = encoder, decoder
-        self.seen: Dict[Any, list] = {}  # a dataclass being built: its reader, later
+        self.seen: Dict[Any, List[Any]] = {}  # a dataclass being built: its reader, later
 
     def of(self, tp: Any, where: str = "") -> Optional[Reader]:
-        read = self._of(tp, where)
-        if read is None:
+        got = self._of(tp, where)
+        if got is None:
             return None
+        read: Reader = got
         return lambda d: None if d is None else read(d)
 
     def _of(self, tp: Any, where: str) -> Optional[Reader]:
@@ -273,8 +281,11 @@ class _Build:
             return None
         if issubclass(origin, tuple):
             if len(args) == 2 and args[1] is Ellipsis:
-                item = self.of(args[0], where)
-                return lambda d: tuple(d) if item is None else tuple(item(x) for x in d)
+                each = self.of(args[0], where)
+                if each is None:
+                    return tuple
+                one: Reader = each
+                return lambda d: tuple(one(x) for x in d)
             if args == ((),):
                 return lambda d: tuple(d)
             items = [self.of(a, where) for a in args]
@@ -294,8 +305,11 @@ class _Build:
             return lambda d: made(d if item is None else (item(x) for x in d))
         if issubclass(origin, collections.abc.Iterable) and \
                 not issubclass(origin, (str, bytes)):
-            item = self.of(args[0], where) if args else None
-            return None if item is None else (lambda d: [item(x) for x in d])
+            got = self.of(args[0], where) if args else None
+            if got is None:
+                return None
+            elem: Reader = got
+            return lambda d: [elem(x) for x in d]
         return self._class(origin, where)
 
     def _union(self, args: Tuple[Any, ...], where: str) -> Optional[Reader]:
@@ -340,7 +354,7 @@ class _Build:
             return cls.parse_obj  # type: ignore[attr-defined, no-any-return]
         if issubclass(cls, tuple) and hasattr(cls, "_fields"):  # a NamedTuple
             hints = _hints(cls)
-            items = [self.of(hints.get(f), where) for f in cls._fields]  # type: ignore
+            items = [self.of(hints.get(f), where) for f in getattr(cls, "_fields")]
             return lambda d: cls(*(x if r is None else r(x) for r, x in zip(items, d)))
         if issubclass(cls, (str, int, float)) and not issubclass(cls, bool):
             return None if cls in (str, int, float) else cls
@@ -357,9 +371,9 @@ class _Build:
 
     def _dataclass(self, cls: type) -> Reader:
         if cls in self.seen:  # a dataclass that holds itself: read through its cell
-            cell = self.seen[cls]
-            return lambda d: cell[0](d)
-        cell: list = [None]
+            held = self.seen[cls]
+            return lambda d: held[0](d)
+        cell: List[Any] = [None]
         self.seen[cls] = cell
         hints = _hints(cls)
         fields = [(f.name, f.init, self.of(hints.get(f.name, Any),
@@ -400,12 +414,13 @@ def reader(tp: Any, encoder: Encoder, decoder: Decoder, what: str) -> Optional[R
     if read is None:
         return None
     name = _name(tp)
+    known: Reader = read
 
     def rebuild(data: Any) -> Any:
         if data is None:
             return None
         try:
-            return read(data)
+            return known(data)
         except Exception as e:  # noqa: B902 - said with the type it was read as
             raise TypeError("the result as stored cannot be rebuilt as %s, the declared "
                             "type: %s: %s" % (name, type(e).__name__, e)) from e
@@ -445,11 +460,16 @@ def reader_of(fn: Any, returns: Any, encoder: Encoder, decoder: Decoder) -> Opti
     return got
 
 
-def read_outcome(outcome: Any, read: Optional[Reader]) -> Any:
+_O = typing.TypeVar("_O")
+
+
+def read_outcome(outcome: _O, read: Optional[Reader]) -> _O:
     """The Outcome with its value rebuilt by read (as it is without one)."""
     if read is None:
         return outcome
-    return type(outcome)(read(outcome.value), outcome.replayed, outcome.recovered)
+    o: Any = outcome
+    made: _O = type(o)(read(o.value), o.replayed, o.recovered)
+    return made
 
 
 # --- release_on ---------------------------------------------------------------------
@@ -498,7 +518,7 @@ def release_on(given: Any) -> Tuple[Any, ...]:
     elif isinstance(given, (str, bytes)) or not isinstance(given, collections.abc.Iterable):
         raise TypeError("release_on: %r is neither an exception class, a predicate (a "
                         "callable taking the exception), nor a list of them" % (given,))
-    out = []
+    out: List[Any] = []
     for item in given:
         if isinstance(item, type):
             if not issubclass(item, BaseException):

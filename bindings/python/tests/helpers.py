@@ -333,3 +333,22 @@ def act_then_hang(url, operation, key, effects_path, conn):
         conn.recv()  # nothing is ever sent: the test kills this process
 
     create_ticket(TICKET["title"], request_id=key)
+
+
+# --- A pool's workers that open a store of their own (test_fork.py) ----------
+
+_worker_store = None
+
+
+def worker_open(url):
+    """A pool's initializer: the worker's own store."""
+    global _worker_store
+    _worker_store = idem.open(url, busy_timeout="5s")
+
+
+def worker_claim(operation, n):
+    """One claim in a worker: its value, or the code of the error raised."""
+    try:
+        return _worker_store.execute(operation, "w-%d" % n, {"n": n}, lambda: n).value
+    except idem.Error as e:
+        return e.code

@@ -18,8 +18,8 @@ class Opaque:
 
 
 WHEN = Opaque()
-NO_FORM = ("a value of type Opaque has no JSON form: pass encoder= to turn it into one "
-           "(docs/python.md, \"Values\")")
+HELP = idem._values.HELP  # says how, standing alone (no file to look up)
+NO_FORM = "a value of type Opaque has no JSON form: pass encoder= to turn it into one " + HELP
 
 
 def message(excinfo):
@@ -87,8 +87,7 @@ def test_the_same_result_fails_alike_every_time(store, operation, effects):
         got.append(message(e))
     assert got == ["the function acted, but its result cannot be stored as JSON (the key "
                    "is marked unknown): a value of type Opaque has no JSON form: pass "
-                   "encoder= to turn it into one, and decoder= to rebuild it (docs/python.md, "
-                   "\"Values\")"] * 2
+                   "encoder= to turn it into one, and decoder= to rebuild it " + HELP] * 2
     assert effects.lines() == ["opened r-1", "opened r-2"]
     assert sorted((r["key"], r["state"]) for r in records(store.url, operation)) == [
         ("r-1", "unknown"), ("r-2", "unknown")]

@@ -601,8 +601,7 @@ def test_an_argument_with_no_rule_is_refused_before_the_claim(store, operation, 
         call({"at": [Point(1, 2)]}, "k-1")
     assert str(e.value) == (
         "the arguments cannot be written as JSON for the fingerprint: a value of type "
-        "Point has no JSON form: pass encoder= to turn it into one (docs/python.md, "
-        "\"Values\")")
+        "Point has no JSON form: pass encoder= to turn it into one " + idem._values.HELP)
     with pytest.raises(TypeError, match="type Point has no JSON form: pass encoder="):
         store.execute(operation, "k-1", {"at": Point(1, 2)}, lambda: effects.add("x"))
     assert effects.lines() == []
@@ -622,7 +621,7 @@ def test_a_result_with_no_rule_marks_the_key_unknown_and_says_how_to_fix(
     assert str(e.value) == (
         "the function acted, but its result cannot be stored as JSON (the key is marked "
         "unknown): a value of type Point has no JSON form: pass encoder= to turn it into "
-        "one, and decoder= to rebuild it (docs/python.md, \"Values\")")
+        "one, and decoder= to rebuild it " + idem._values.HELP)
     with pytest.raises(idem.OutcomeUnknown):
         call("k-1")
     assert effects.count() == 1
