@@ -135,6 +135,22 @@ int idem_py_begin(idem_store *store, const char *tenant, const char *operation,
                   const char *key, const char *request, size_t request_len,
                   const idem_execute_options *opts, idem_py_claim *claim,
                   char *buf, size_t cap, int64_t *left);
+/* A claim or an ending for an event loop: libidem's asynchronous halves.
+ * When it is answered, on whatever thread, idem_py_wake(handle) runs. */
+typedef struct idem_py_async {
+  idem_py_claim claim;
+  char *buf;
+  size_t cap;
+  void *handle;
+  char errmsg[1024];
+} idem_py_async;
+extern "Python" void idem_py_wake(void *handle);
+int idem_py_begin_async(idem_store *store, const char *tenant,
+                        const char *operation, const char *key,
+                        const char *request, size_t request_len,
+                        const idem_execute_options *opts, idem_py_async *a);
+int idem_py_end_async(idem_exec *exec, int result, const char *body,
+                      size_t len, idem_py_async *a);
 int idem_py_end(idem_exec *exec, int result, const char *body, size_t len);
 int idem_py_local_run(idem_store *store, const char *tenant,
                       const char *operation, const char *key,
@@ -359,6 +375,79 @@ static int idem_py_begin(idem_store *store, const char *tenant,
   }
   idem_py_sliced(claim, left, start);
   return claim->rc;
+}
+
+/*
+ * The asynchronous halves for an event loop (idem_execute_begin_async(),
+ * idem_execute_end_async()): what the answer says is read here, on the
+ * thread that answers, into a (the message too: idem_errmsg() is that
+ * thread's), and then Python is told, which hands it to the loop. A
+ * waiting claim costs no thread: the caller waits on its loop between
+ * claims (wait_ms is 0 here).
+ */
+typedef struct idem_py_async {
+  idem_py_claim claim;
+  char *buf;
+  size_t cap;
+  void *handle;
+  char errmsg[1024];
+} idem_py_async;
+
+static void idem_py_wake(void *handle);
+
+static void idem_py_async_rc(idem_py_async *a, int rc)
+{
+  a->claim.rc = rc;
+  if (rc)
+    snprintf(a->errmsg, sizeof a->errmsg, "%%s", idem_errmsg());
+}
+
+static void idem_py_begun(void *ctx, int rc, idem_exec *exec, idem_call *call)
+{
+  idem_py_async *a = ctx;
+  idem_py_async_rc(a, rc);
+  if (rc == IDEM_OK) {
+    a->claim.exec = exec;
+    a->claim.call = call;
+    idem_py_read(&a->claim);
+    if (!exec)
+      idem_py_done(&a->claim, a->buf, a->cap);
+  }
+  idem_py_wake(a->handle);
+}
+
+static int idem_py_begin_async(idem_store *store, const char *tenant,
+                               const char *operation, const char *key,
+                               const char *request, size_t request_len,
+                               const idem_execute_options *opts,
+                               idem_py_async *a)
+{
+  idem_id id = {tenant, operation, key};
+  idem_execute_options o = *opts;
+  o.call.wait_ms = 0;
+  memset(&a->claim, 0, sizeof a->claim);
+  a->errmsg[0] = 0;
+  return idem_execute_begin_async(store, &id, request, request_len, &o,
+                                  idem_py_begun, a);
+}
+
+static void idem_py_ended(void *ctx, int rc)
+{
+  idem_py_async *a = ctx;
+  idem_py_async_rc(a, rc);
+  idem_py_wake(a->handle);
+}
+
+static int idem_py_end_async(idem_exec *exec, int result, const char *body,
+                             size_t len, idem_py_async *a)
+{
+  idem_response r;
+  memset(&r, 0, sizeof r);
+  r.body = body;
+  r.body_len = len;
+  a->errmsg[0] = 0;
+  return idem_execute_end_async(exec, result, body ? &r : NULL,
+                                idem_py_ended, a);
 }
 
 /* idem_execute_end() with the response's body (body NULL: no response),

@@ -12,7 +12,6 @@ import re
 import shlex
 import threading
 import weakref
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import (Any, Awaitable, Callable, Dict, Generic, Iterable, Iterator, List,
                     Optional, ParamSpec, Protocol, Sequence, Set, Tuple, Type, TypeVar,
                     Union, cast, overload)
@@ -934,7 +933,6 @@ class Store:
         # changes atomically under the GIL, so a call takes no lock.
         self._calls: Set[object] = set()
         self._closing = False
-        self._pools: Optional[Tuple[ThreadPoolExecutor, ThreadPoolExecutor]] = None
         self._statements = Statements()
         # What idem._speedups makes an execute_local() function's tx of.
         self._tx_new = (Transaction, self.backend, self._statements)
@@ -965,10 +963,6 @@ class Store:
             store, self._store = self._store, None  # new calls are refused
             while self._calls:
                 self._idle.wait()
-            pools, self._pools = self._pools, None
-        if pools:
-            for p in pools:
-                p.shutdown(wait=True)
         if store is not None and not self._forked and self._pid == os.getpid():
             self._statements.close()  # SQLite closes no connection with statements left
             lib.idem_store_close(store)
@@ -1022,16 +1016,6 @@ class Store:
         if self._closing and not self._calls:
             with self._lock:
                 self._idle.notify_all()
-
-    def _executors(self) -> Tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
-        """Threads for async callers: claims (which may wait for a key in
-        flight) apart from endings, so that waiting claims never keep a
-        holder from ending its key."""
-        with self._lock:
-            if self._pools is None:
-                self._pools = (ThreadPoolExecutor(256, thread_name_prefix="idem-claim"),
-                               ThreadPoolExecutor(8, thread_name_prefix="idem-end"))
-            return self._pools
 
     # -------------------------------------------------------------- calls
 
@@ -1729,33 +1713,19 @@ class _Spec:
 
     async def _run_async(self, store: Any, tenant: bytes, key: bytes, request: bytes,
                          args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> "Outcome[Any]":
-        claims, ends = self.store._executors()
-        loop = asyncio.get_running_loop()
-        # The claim runs in a thread of the store's; a task cancelled while
-        # it waits there leaves it running, so the thread's own future, not
-        # the event loop (which may be gone by then), releases what it gets.
-        begun = claims.submit(_begin, store, tenant, self.operation, key, request,
-                              self.opts)
-        waited = asyncio.wrap_future(begun, loop=loop)
-        try:
-            got = await asyncio.shield(waited)
-        except asyncio.CancelledError:
-            begun.add_done_callback(lambda f: _drop(f, ends))
-            # Its outcome is the claim's, handled above, not the task's.
-            waited.add_done_callback(lambda f: f.cancelled() or f.exception())
-            raise
-        if isinstance(got, Outcome):
-            return got
+        got = await _begin_async(self.store, store, tenant, self.operation, key, request,
+                                 self.opts)
+        if got.__class__ is Outcome:
+            return got  # type: ignore[no-any-return]
         try:
             value = await self.fn(*args, **kwargs)
         except BaseException as e:
             result = _NOT_DONE if _is_release(e, self.release_on) else _MARK_UNKNOWN
-            await _shielded(loop, ends, _end, got, result)
+            await _end_async(self.store, got, result)
             raise
         if self.writer is not _values.PLAIN:
             value = _Pending(value, self.writer)
-        settled: "Outcome[Any]" = await _shielded(loop, ends, _settle, got, value)
-        return settled
+        return await _settle_async(self.store, got, value)
 
 
 def _binder(fn: Callable[..., Any], sig: inspect.Signature,
@@ -1797,19 +1767,258 @@ def _binder(fn: Callable[..., Any], sig: inspect.Signature,
     return bind  # type: ignore[no-any-return]
 
 
-async def _shielded(loop: asyncio.AbstractEventLoop, pool: ThreadPoolExecutor,
-                    fn: Callable[..., Any], *args: Any) -> Any:
-    """Runs fn in pool; a cancelled caller does not stop it (the key must be
-    ended whatever happens to the task)."""
-    return await asyncio.shield(loop.run_in_executor(pool, fn, *args))
+# ---- async def: libidem's asynchronous halves on the event loop -----------
+#
+# A claim or an ending is handed to libidem (idem_execute_begin_async(),
+# idem_execute_end_async()) and answered on one of its threads, which tells
+# the loop (idem_py_wake()); no thread of Python's waits. A claim that finds
+# its key in flight and may wait (wait=) waits on the loop: one waiter of a
+# key asks the store again, on libidem's schedule (2 ms, doubling to 50 ms,
+# and when the holder's lease ends), the others queue behind it and ask
+# once it has its answer, so that a thousand waiters of one key ask as
+# often as one. A task cancelled while libidem works leaves the operation
+# to end by itself: a key it got is released (nothing ran), and the store
+# stays counted until libidem has answered.
+
+_POLL_FIRST = 0.002
+_POLL_MAX = 0.05
 
 
-def _drop(fut: "Future[Union[Outcome[Any], _Claim]]", ends: ThreadPoolExecutor) -> None:
-    if fut.cancelled() or fut.exception() is not None:
-        return
-    got = fut.result()
-    if isinstance(got, _Claim):
-        ends.submit(_end, got, _NOT_DONE)
+class _AsyncOp:
+    """One asynchronous claim or ending in libidem, kept alive (with its
+    handle, buffers and the store's count) until libidem answers it."""
+
+    __slots__ = ("store", "token", "loop", "future", "a", "buf", "handle", "call",
+                 "__weakref__")
+
+    def __init__(self, store: "Store", loop: Optional[asyncio.AbstractEventLoop],
+                 buf_size: int) -> None:
+        self.store = store
+        self.token = object()
+        self.loop = loop  # None: nobody awaits it
+        self.future: "Optional[asyncio.Future[_AsyncOp]]" = (
+            loop.create_future() if loop else None)
+        self.a = ffi.new("idem_py_async *")
+        self.buf = ffi.new("char[]", buf_size) if buf_size else ffi.NULL
+        self.a.buf = self.buf
+        self.a.cap = buf_size
+        self.handle = ffi.new_handle(self)
+        self.a.handle = self.handle
+        self.call = ffi.NULL  # an ending's call, freed once it is answered
+
+    def arrived(self) -> None:
+        """On the loop (or, when the loop is gone, on libidem's thread)."""
+        _async_ops.discard(self)
+        if self.call:
+            lib.idem_call_free(self.call)
+            self.call = ffi.NULL
+        try:
+            if self.future is None or self.future.cancelled():
+                self.abandon()
+            else:
+                self.future.set_result(self)
+        finally:
+            self.store._leave(self.token)
+
+    def abandon(self) -> None:
+        """Nobody awaits this claim: a key it got is let go (nothing ran)."""
+        c = self.a.claim
+        if c.exec:
+            _end_detached(self.store, _Claim(c.call, c.exec, False), _NOT_DONE)
+            c.exec = c.call = ffi.NULL
+        elif c.call:
+            lib.idem_call_free(c.call)
+            c.call = ffi.NULL
+
+    def error(self) -> Error:
+        """The failure libidem answered, with its message read where it
+        failed."""
+        rc = self.a.claim.rc
+        name = ffi.string(lib.idem_rc_name(rc)).decode()
+        return _errors.from_code(name, ffi.string(self.a.errmsg).decode("utf-8", "replace"),
+                                 None)
+
+
+# Operations libidem has not answered yet (each holds its handle).
+_async_ops: Set[_AsyncOp] = set()
+
+
+@ffi.def_extern()
+def idem_py_wake(handle):  # type: ignore[no-untyped-def]
+    op = ffi.from_handle(handle)
+    if op.loop is not None:
+        try:
+            op.loop.call_soon_threadsafe(op.arrived)
+            return
+        except RuntimeError:  # the loop is closed: nobody awaits it
+            op.future.cancel()
+    op.arrived()
+
+
+def _start(store: "Store", handle: Any, buf_size: int,
+           begin: Callable[[Any], int]) -> _AsyncOp:
+    """An _AsyncOp handed to libidem by begin(op.a); raises what libidem
+    refused at once (read on this thread)."""
+    op = _AsyncOp(store, asyncio.get_running_loop(), buf_size)
+    store._enter(op.token)
+    _async_ops.add(op)
+    try:
+        rc = begin(op.a)
+    except BaseException:
+        _async_ops.discard(op)
+        store._leave(op.token)
+        raise
+    if rc:
+        _async_ops.discard(op)
+        store._leave(op.token)
+        raise _fail(rc)
+    return op
+
+
+async def _claim_once(owner: "Store", store: Any, tenant: bytes, operation: bytes,
+                      key: bytes, request: bytes, opts: "_Options") -> Any:
+    """One claim, not waiting: a _Claim, an Outcome, or an _AsyncOp whose
+    claim was answered IN_FLIGHT (its retry_after_ms read)."""
+    op = _start(owner, store, _BUF_SIZE, lambda a: int(lib.idem_py_begin_async(
+        store, tenant, operation, key, request, len(request), opts.c, a)))
+    await _answer(op)
+    c = op.a.claim
+    if c.rc:
+        raise op.error()
+    if c.exec:
+        claim = _Claim(c.call, c.exec, c.outcome == _RECOVER)
+        c.exec = c.call = ffi.NULL
+        return claim
+    if c.outcome == _IN_FLIGHT:
+        if c.call:
+            lib.idem_call_free(c.call)
+            c.call = ffi.NULL
+        return op
+    return _unheld(0, c, op.buf, operation, key, tenant)
+
+
+async def _answer(op: _AsyncOp) -> None:
+    """Waits for libidem's answer to op. A caller cancelled meanwhile leaves
+    it to end by itself: a key the claim gets is let go."""
+    assert op.future is not None
+    try:
+        await asyncio.shield(op.future)
+    except BaseException:
+        if not op.future.cancel():  # answered already: nobody will take it
+            op.abandon()
+        raise
+
+
+class _KeyQueue:
+    """The waiters of one key on one loop: one asks at a time."""
+
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.users = 0
+
+
+_key_queues: Dict[Tuple[int, int, bytes, bytes, bytes], _KeyQueue] = {}
+
+
+async def _begin_async(owner: "Store", store: Any, tenant: bytes, operation: bytes,
+                       key: bytes, request: bytes, opts: "_Options") -> Any:
+    """_begin() on the event loop: a _Claim, or the Outcome of a replay, or
+    the refusal raised; waits (opts' wait) for a key in flight without a
+    thread."""
+    got = await _claim_once(owner, store, tenant, operation, key, request, opts)
+    wait = opts.c.call.wait_ms / 1000.0
+    if got.__class__ is not _AsyncOp or wait <= 0:
+        return _in_flight(got, operation, key, tenant)
+    loop = asyncio.get_running_loop()
+    until = loop.time() + wait
+    name = (id(loop), id(owner), tenant, operation, key)
+    q = _key_queues.get(name)
+    if q is None:
+        q = _key_queues[name] = _KeyQueue()
+    q.users += 1
+    try:
+        async with q.lock:
+            poll = _POLL_FIRST
+            while True:
+                got = await _claim_once(owner, store, tenant, operation, key, request, opts)
+                left = until - loop.time()
+                if got.__class__ is not _AsyncOp or left <= 0:
+                    return _in_flight(got, operation, key, tenant)
+                after = got.a.claim.retry_after_ms / 1000.0
+                await asyncio.sleep(min(left, poll, after) if after > 0 else min(left, poll))
+                poll = min(poll * 2, _POLL_MAX)
+    finally:
+        q.users -= 1
+        if not q.users and _key_queues.get(name) is q:
+            del _key_queues[name]
+
+
+def _in_flight(got: Any, operation: bytes, key: bytes, tenant: bytes) -> Any:
+    """got, or the refusal of a claim answered IN_FLIGHT."""
+    if got.__class__ is _AsyncOp:
+        raise _refusal(got.a.claim, operation, key, tenant)
+    return got
+
+
+async def _end_async(owner: "Store", claim: _Claim, result: int,
+                     body: Optional[bytes] = None) -> Tuple[int, str]:
+    """_end() on the event loop; a cancelled caller does not stop it (the
+    key must be ended whatever happens to the task)."""
+    exec_, call = claim.exec, claim.call
+    if exec_ is None:
+        return _OK, ""
+    try:
+        op = _start(owner, None, 0, lambda a: int(lib.idem_py_end_async(
+            exec_, result, body if body is not None else ffi.NULL,
+            len(body) if body is not None else 0, a)))
+    except Error:
+        # Refused at once (out of memory, a forked child): the key is still
+        # this call's, ended the blocking way.
+        return _end(claim, result, body)
+    claim.exec = claim.call = None
+    op.call = call
+    assert op.future is not None
+    await asyncio.shield(op.future)  # a cancelled caller: it ends regardless
+    rc = op.a.claim.rc
+    return rc, ffi.string(op.a.errmsg).decode("utf-8", "replace") if rc else ""
+
+
+def _end_detached(owner: "Store", claim: _Claim, result: int) -> None:
+    """Ends a key nobody awaits (a cancelled task's), without waiting; the
+    store stays counted until libidem has answered."""
+    exec_, call = claim.exec, claim.call
+    claim.exec = claim.call = None
+    op = _AsyncOp(owner, None, 0)
+    owner._calls.add(op.token)
+    _async_ops.add(op)
+    op.call = call
+    if lib.idem_py_end_async(exec_, result, ffi.NULL, 0, op.a):
+        _async_ops.discard(op)
+        op.call = ffi.NULL
+        lib.idem_execute_end(exec_, result, ffi.NULL)
+        lib.idem_call_free(call)
+        owner._leave(op.token)
+
+
+async def _settle_async(owner: "Store", claim: _Claim, value: Any) -> "Outcome[Any]":
+    """_settle() on the event loop."""
+    try:
+        body = _result_json(value)
+        decoded = _scan(body.decode("utf-8"), 0)[0]
+    except (TypeError, ValueError) as e:
+        await _end_async(owner, claim, _MARK_UNKNOWN)
+        raise _unstorable(e) from None
+    except BaseException:  # RecursionError, MemoryError: it acted
+        await _end_async(owner, claim, _MARK_UNKNOWN)
+        raise
+    rc, msg = await _end_async(owner, claim, _DONE, body)
+    if rc:
+        err = _errors.from_code(ffi.string(lib.idem_rc_name(rc)).decode(), msg, decoded)
+        err.value = decoded  # the function ran: what it returned is not lost
+        raise err
+    return Outcome(decoded, False, claim.recovered)
 
 
 def open(url: "Union[str, os.PathLike[str]]",  # noqa: A001 - the contract's name
