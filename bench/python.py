@@ -41,6 +41,12 @@ IDEM_BENCH_PG_URL set, the same rounds also run on that PostgreSQL server,
 each run in a new schema of its own (idem_schema, and bench_tickets in the
 search_path), dropped with psql after its round (a URL that sets
 idem_schema or options itself is used as it is, and its rows are left).
+Then each round runs the async path (async_child): an async def beside the
+same function as a plain def, one call at a time, on fresh keys and on
+replays (ratios reported), and 1,000 tasks waiting (wait=) for one held key:
+the threads they add (target 0) and an unrelated call's time with them
+beside its time without.
+
 Then it prints each round, the medians and the ratios Python / C against
 the targets (fresh >= 0.85x, replay >= 0.25x): PASS or MISS. A missed
 target is reported, never a failure; it exits non-zero only when a run
@@ -228,6 +234,137 @@ def child(url: str, seconds: float, warmup: float, floor_url: str = "") -> int:
     return 1 if errors else 0
 
 
+def async_child(url: str, seconds: float) -> int:
+    """The async path against url, one process: async def beside the same
+    function as a plain def (the reference) on fresh keys and on replays,
+    one call at a time; then 1,000 tasks waiting for one held key (wait=):
+    the process's threads before and while they wait, and a call on an
+    unrelated key with and without them. Prints one JSON object."""
+    import asyncio
+
+    import idem
+
+    run_id = "pa%d.%x" % (os.getpid(), time.time_ns() // 1000)
+    store = idem.open(url)
+
+    @store.idempotent(OPERATION, key="request_id", tenant=TENANT)
+    def plain(project, title, priority, request_id):
+        return {"ticket_id": 0}
+
+    @store.idempotent(OPERATION, key="request_id", tenant=TENANT)
+    async def coro(project, title, priority, request_id):
+        return {"ticket_id": 0}
+
+    gate = asyncio.Event()
+
+    @store.idempotent("waited", key="k", tenant=TENANT, wait="60s")
+    async def held(k):
+        if k == "hot":
+            await gate.wait()
+        return {"k": k}
+
+    def os_threads():
+        return len(os.listdir("/proc/self/task"))
+
+    async def arun(call, keys, secs):
+        now = time.perf_counter_ns
+        lat, n = [], 0
+        deadline = now() + int(secs * 1e9)
+        start = now()
+        while now() < deadline:
+            t0 = now()
+            await call(keys(n))
+            lat.append(now() - t0)
+            n += 1
+        elapsed = (now() - start) / 1e9
+        lat.sort()
+        return {"ops_per_s": round(n / elapsed, 1),
+                "p50_us": round(lat[len(lat) // 2] / 1000.0, 1) if lat else 0}
+
+    def args(key):
+        return (REQUEST["project"], REQUEST["title"], REQUEST["priority"], key)
+
+    async def main():
+        out = {}
+        fresh = lambda tag: lambda n: "%s-%s-%d" % (run_id, tag, n)  # noqa: E731
+
+        async def sync_call(key):
+            plain(*args(key))
+
+        async def async_call(key):
+            await coro(*args(key))
+
+        out["sync_fresh"] = await arun(sync_call, fresh("s"), seconds)
+        out["async_fresh"] = await arun(async_call, fresh("a"), seconds)
+        done = ["%s-a-%d" % (run_id, n) for n in range(200)]
+        out["sync_replay"] = await arun(sync_call, lambda n: done[n % 200], seconds)
+        out["async_replay"] = await arun(async_call, lambda n: done[n % 200], seconds)
+
+        async def unrelated(tag, count=20):
+            lat = []
+            for i in range(count):
+                t0 = time.perf_counter_ns()
+                await held("%s-%s-%d" % (run_id, tag, i))
+                lat.append(time.perf_counter_ns() - t0)
+            lat.sort()
+            return lat[len(lat) // 2] / 1000.0
+
+        await asyncio.gather(*(held("%s-warm-%d" % (run_id, i)) for i in range(32)))
+        out["unrelated_alone_us"] = await unrelated("alone")
+        before = os_threads()
+        holder = asyncio.create_task(held("hot"))
+        for _ in range(10):  # the holder claims the key and runs
+            await asyncio.sleep(0)
+        waiters = [asyncio.create_task(held("hot")) for _ in range(1000)]
+        await asyncio.sleep(0.3)
+        during = os_threads()
+        out["unrelated_waiters_us"] = await unrelated("busy")
+        during = max(during, os_threads())
+        pending = sum(not w.done() for w in waiters)
+        gate.set()
+        results = await asyncio.gather(holder, *waiters)
+        out["threads_before"], out["threads_waiting"] = before, during
+        out["waiters_pending"] = pending
+        out["waiters_same_result"] = len({json.dumps(r) for r in results}) == 1
+        return out
+
+    doc = asyncio.run(main())
+    store.close()
+    doc["store"] = "postgresql" if url.startswith("postgres") else "sqlite"
+    print(json.dumps(doc))
+    return 0 if doc["waiters_same_result"] and doc["waiters_pending"] == 1000 else 1
+
+
+def async_report(title, runs):
+    """Prints the async path's medians and its targets; the targets missed."""
+    print()
+    print("%s, async def (medians of %d rounds, one task at a time)" % (title, len(runs)))
+    print()
+    missed = 0
+    rows = []
+    for name in ("fresh", "replay"):
+        a = med([r["async_" + name]["ops_per_s"] for r in runs])
+        b = med([r["sync_" + name]["ops_per_s"] for r in runs])
+        rows.append(("%s: async def / plain def" % name, a, b, a / b if b else 0))
+    # Reported: each async call crosses to libidem's thread and back to the
+    # loop twice (claim, ending), which a plain call, blocking in C, does
+    # not; the price of never blocking the loop.
+    print("%-40s %10s %10s %6s  %s" % ("ratio", "async/s", "plain/s", "x", "result"))
+    for label, a, b, x in rows:
+        print("%-40s %10.0f %10.0f %6.2f  reported" % (label, a, b, x))
+    added = med([r["threads_waiting"] - r["threads_before"] for r in runs])
+    slow = med([r["unrelated_waiters_us"] / r["unrelated_alone_us"] for r in runs])
+    print()
+    print("1,000 tasks waiting for one held key (wait=):")
+    print("  threads added (median)                 %6d    target 0     %s"
+          % (added, "PASS" if added <= 0 else "MISS"))
+    print("  an unrelated call, with them / without %6.2fx   (p50 %.0f us / %.0f us)"
+          % (slow, med([r["unrelated_waiters_us"] for r in runs]),
+             med([r["unrelated_alone_us"] for r in runs])))
+    missed += added > 0
+    return missed
+
+
 def floor(store, prepared, seconds):
     """The least a replay through libidem costs from Python, with none of the
     binding's own work: the arguments written as JSON (the fingerprint needs
@@ -252,7 +389,7 @@ def floor(store, prepared, seconds):
         request = encode(args).encode()
         lib.idem_py_begin(handle, tenant, operation,
                           prepared[n % PREPARED_KEYS].encode(), request, len(request),
-                          opts, claim, buf, cap)
+                          opts, claim, buf, cap, ffi.NULL)  # NULL: no wait sliced
         value = decode(ffi.unpack(claim.body, claim.body_len).decode())
         return claim.outcome == 2 and claim.call == ffi.NULL and isinstance(value, dict)
 
@@ -312,15 +449,19 @@ def floor_fresh(store, payload, keys, seconds, pg):
         kept["stmt"] = out.stmt
         return {"ticket_id": out.last_rowid}
 
+    import contextvars
+
     local = _store._LocalCall()
     local.fn, local.store = insert_pg if pg else insert, store
+    # The caller's context, which the binding runs the function in.
+    local.context = contextvars.copy_context()
     ctx = local.ctx
     args = dict(REQUEST)
 
     def step(n):
         request = encode(args).encode()
         lib.idem_py_local_run(handle, tenant, operation, keys(n).encode(), request,
-                              len(request), opts, ctx, claim, buf, cap)
+                              len(request), opts, ctx, claim, buf, cap, ffi.NULL)
         value = decode(local.body.decode())
         return claim.outcome == 1 and isinstance(value, dict)
 
@@ -488,9 +629,12 @@ def main(argv):
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--warmup", type=float, default=0, help=argparse.SUPPRESS)
     p.add_argument("--floor-store", default="", help=argparse.SUPPRESS)
+    p.add_argument("--async-child", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.child:
         return child(a.child, a.seconds, a.warmup, a.floor_store)
+    if a.async_child:
+        return async_child(a.async_child, a.seconds)
 
     build = os.path.abspath(a.build)
     idem_bin = os.path.join(build, "idem")
@@ -556,13 +700,31 @@ def main(argv):
                 if url:  # and its PostgreSQL schemas
                     pg_drop(url, [pg_fresh(url, "r%d_%s" % (r, side), name=True)
                                   for side in ("c", "py", "floor")])
-            results[label] = (url, runs_c, runs_py)
+            runs_async = []
+            for r in range(1, a.rounds + 1):
+                a_url = url and pg_fresh(url, "r%d_async" % r) or \
+                    "sqlite:" + os.path.join(work, "r%d.async.db" % r)
+                doc = step("r%d.%s_async" % (r, label),
+                           [sys.executable, me, "--async-child", a_url, "--seconds", secs],
+                           env)
+                if doc is None:
+                    failed = True
+                else:
+                    runs_async.append(doc)
+                for f in os.listdir(work):
+                    if f.startswith("r%d.async" % r):
+                        os.unlink(os.path.join(work, f))
+                if url:
+                    pg_drop(url, [pg_fresh(url, "r%d_async" % r, name=True)])
+            results[label] = (url, runs_c, runs_py, runs_async)
 
         missed = 0
-        for label, (url, runs_c, runs_py) in results.items():
+        for label, (url, runs_c, runs_py, runs_async) in results.items():
             title = ("SQLite (a new file per run in TMPDIR, synchronous=FULL, group commit)"
                      if url is None else "PostgreSQL %s (a new schema per run)" % redact(url))
             missed += report(title, runs_c, runs_py, a.rounds)
+            if runs_async:
+                missed += async_report(title, runs_async)
         print()
         print("%d target%s missed" % (missed, "" if missed == 1 else "s"))
         sys.stdout.flush()

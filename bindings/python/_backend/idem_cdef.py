@@ -445,6 +445,7 @@ static int idem_py_end_async(idem_exec *exec, int result, const char *body,
   memset(&r, 0, sizeof r);
   r.body = body;
   r.body_len = len;
+  memset(&a->claim, 0, sizeof a->claim); /* an ending holds no claim */
   a->errmsg[0] = 0;
   return idem_execute_end_async(exec, result, body ? &r : NULL,
                                 idem_py_ended, a);

@@ -1784,51 +1784,51 @@ _POLL_FIRST = 0.002
 _POLL_MAX = 0.05
 
 
+# An _AsyncOp's state, changed under _ops_lock: libidem answers it on its
+# own thread while the task that awaits it may be cancelled on the loop's.
+_PENDING, _ARRIVED, _TAKEN, _GONE = range(4)
+_ops_lock = threading.Lock()
+
+
 class _AsyncOp:
     """One asynchronous claim or ending in libidem, kept alive (with its
-    handle, buffers and the store's count) until libidem answers it."""
+    handle, buffers and the store's count) until libidem answers it and its
+    caller takes the answer, or until it is let go: by whichever of the two
+    comes last, libidem's answer or the caller's leaving."""
 
-    __slots__ = ("store", "token", "loop", "future", "a", "buf", "handle", "call",
-                 "__weakref__")
+    __slots__ = ("store", "token", "loop", "thread", "future", "a", "buf", "handle",
+                 "call", "state", "__weakref__")
 
     def __init__(self, store: "Store", loop: Optional[asyncio.AbstractEventLoop],
                  buf_size: int) -> None:
         self.store = store
         self.token = object()
         self.loop = loop  # None: nobody awaits it
+        self.thread = threading.get_ident()  # the loop's
         self.future: "Optional[asyncio.Future[_AsyncOp]]" = (
             loop.create_future() if loop else None)
-        self.a = ffi.new("idem_py_async *")
-        self.buf = ffi.new("char[]", buf_size) if buf_size else ffi.NULL
+        self.a = _new_raw("idem_py_async *")
+        self.buf = _new_raw("char[]", buf_size) if buf_size else ffi.NULL
         self.a.buf = self.buf
         self.a.cap = buf_size
         self.handle = ffi.new_handle(self)
         self.a.handle = self.handle
         self.call = ffi.NULL  # an ending's call, freed once it is answered
+        self.state = _PENDING
 
-    def arrived(self) -> None:
-        """On the loop (or, when the loop is gone, on libidem's thread)."""
-        _async_ops.discard(self)
-        if self.call:
-            lib.idem_call_free(self.call)
-            self.call = ffi.NULL
+    def let_go(self) -> None:
+        """Nobody takes the answer: a key the claim got is released
+        (nothing ran), and the store is no longer counted for it."""
+        c = self.a.claim
         try:
-            if self.future is None or self.future.cancelled():
-                self.abandon()
-            else:
-                self.future.set_result(self)
+            if c.exec:
+                _end_detached(self.store, _Claim(c.call, c.exec, False), _NOT_DONE)
+                c.exec = c.call = ffi.NULL
+            elif c.call:
+                lib.idem_call_free(c.call)
+                c.call = ffi.NULL
         finally:
             self.store._leave(self.token)
-
-    def abandon(self) -> None:
-        """Nobody awaits this claim: a key it got is let go (nothing ran)."""
-        c = self.a.claim
-        if c.exec:
-            _end_detached(self.store, _Claim(c.call, c.exec, False), _NOT_DONE)
-            c.exec = c.call = ffi.NULL
-        elif c.call:
-            lib.idem_call_free(c.call)
-            c.call = ffi.NULL
 
     def error(self) -> Error:
         """The failure libidem answered, with its message read where it
@@ -1841,18 +1841,40 @@ class _AsyncOp:
 
 # Operations libidem has not answered yet (each holds its handle).
 _async_ops: Set[_AsyncOp] = set()
+# Memory that libidem fills before it is read: not cleared first (a replay's
+# buffer is 64 KiB).
+_new_raw = ffi.new_allocator(should_clear_after_alloc=False)
 
 
 @ffi.def_extern()
 def idem_py_wake(handle):  # type: ignore[no-untyped-def]
+    """libidem answered op: on its thread, or on the loop's before the call
+    returned (a replay it holds in memory)."""
     op = ffi.from_handle(handle)
-    if op.loop is not None:
+    _async_ops.discard(op)
+    if op.call:  # an ending's
+        lib.idem_call_free(op.call)
+        op.call = ffi.NULL
+    with _ops_lock:
+        gone = op.state == _GONE or op.future is None
+        op.state = _ARRIVED
+    if gone:
+        op.let_go()
+    elif op.thread == threading.get_ident():
+        _deliver(op)
+    else:
         try:
-            op.loop.call_soon_threadsafe(op.arrived)
-            return
-        except RuntimeError:  # the loop is closed: nobody awaits it
-            op.future.cancel()
-    op.arrived()
+            op.loop.call_soon_threadsafe(_deliver, op)
+        except RuntimeError:  # the loop is closed: nobody takes it
+            with _ops_lock:
+                op.state = _GONE
+            op.let_go()
+
+
+def _deliver(op: _AsyncOp) -> None:
+    assert op.future is not None
+    if not op.future.done():
+        op.future.set_result(op)
 
 
 def _start(store: "Store", handle: Any, buf_size: int,
@@ -1898,15 +1920,21 @@ async def _claim_once(owner: "Store", store: Any, tenant: bytes, operation: byte
 
 
 async def _answer(op: _AsyncOp) -> None:
-    """Waits for libidem's answer to op. A caller cancelled meanwhile leaves
-    it to end by itself: a key the claim gets is let go."""
+    """Waits for libidem's answer to op, and takes it. A caller cancelled
+    meanwhile leaves it: a key the claim gets is let go."""
     assert op.future is not None
     try:
         await asyncio.shield(op.future)
     except BaseException:
-        if not op.future.cancel():  # answered already: nobody will take it
-            op.abandon()
+        with _ops_lock:
+            arrived = op.state == _ARRIVED
+            op.state = _GONE
+        if arrived:
+            op.let_go()
         raise
+    with _ops_lock:
+        op.state = _TAKEN
+    op.store._leave(op.token)
 
 
 class _KeyQueue:
@@ -1979,8 +2007,7 @@ async def _end_async(owner: "Store", claim: _Claim, result: int,
         return _end(claim, result, body)
     claim.exec = claim.call = None
     op.call = call
-    assert op.future is not None
-    await asyncio.shield(op.future)  # a cancelled caller: it ends regardless
+    await _answer(op)  # a cancelled caller: it ends regardless
     rc = op.a.claim.rc
     return rc, ffi.string(op.a.errmsg).decode("utf-8", "replace") if rc else ""
 
@@ -1995,6 +2022,7 @@ def _end_detached(owner: "Store", claim: _Claim, result: int) -> None:
     _async_ops.add(op)
     op.call = call
     if lib.idem_py_end_async(exec_, result, ffi.NULL, 0, op.a):
+        # Refused at once (out of memory): ended the blocking way.
         _async_ops.discard(op)
         op.call = ffi.NULL
         lib.idem_execute_end(exec_, result, ffi.NULL)
