@@ -20,7 +20,7 @@ _idem_options() {
         --retention --attach-wait --no-store-5xx --on-unknown \
         --keep-requests --max-body --max-response --upstream-timeout \
         --upstream-cacert --admin-listen --admin-token-file \
-        --admin-audit-log --log --threads --store-workers \
+        --console-token-file --console-audit-log --log --threads --store-workers \
         --header-timeout --max-connections --max-connections-per-client \
         --help
       ;;
@@ -122,7 +122,7 @@ _idem_value() {
       ;;
     --methods) COMPREPLY=($(compgen -W "POST PATCH PUT DELETE" -- "$cur")) ;;
     --seal-key | --output | --log | --jwks | --body | --admin-token-file | \
-      --admin-audit-log | --upstream-cacert | --token-file | --audit-log)
+      --console-token-file | --console-audit-log | --upstream-cacert | --token-file | --audit-log)
       compopt -o filenames 2>/dev/null
       COMPREPLY=($(compgen -f -- "$cur"))
       ;;

@@ -168,6 +168,11 @@ char *cli_json_escape_unsafe(const char *json);
  */
 struct json_t *cli_record_json(const idem_record *r);
 
+/* Whether op is the operation of an `idem serve` record, "METHOD /path"
+ * (the gateway protects upper-case methods only), whose status is an HTTP
+ * status. */
+int cli_http_operation(const char *op);
+
 /*
  * Reads a bearer token from the first line of the file at path (opt names
  * the option in messages): 16 to 1022 printable ASCII characters, no

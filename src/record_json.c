@@ -1,6 +1,7 @@
 /*
- * record_json.c -- a record as JSON, as `idem keys --json` prints it and
- * `idem console`'s API answers it.
+ * record_json.c -- what idem keys and idem console share: a record as JSON
+ * (as `idem keys --json` prints it and the console's API answers it), the
+ * kind of a record's operation, and a bearer token read from a file.
  */
 #include "cli.h"
 
@@ -84,4 +85,9 @@ char *cli_read_token(const char *cmd, const char *opt, const char *path) {
     return NULL;
   }
   return strdup(line);
+}
+
+int cli_http_operation(const char *op) {
+  size_t n = strspn(op, "ABCDEFGHIJKLMNOPQRSTUVWXYZ");
+  return n > 0 && op[n] == ' ' && op[n + 1] == '/';
 }

@@ -112,7 +112,7 @@ expect_eq "a bare path" "stores/orders.db" "$got"
 
 # Files for the options that take one.
 for opt in "console --token-file" "console --audit-log" "console --seal-key" \
-  "serve --admin-audit-log" "serve --admin-token-file"; do
+  "serve --console-token-file" "serve --console-audit-log" "serve --admin-token-file"; do
   got=$(cd "$TMP" && complete_line "idem $opt stores/or")
   expect_eq "idem $opt: a file" "stores/orders.db" "$got"
 done

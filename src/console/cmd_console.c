@@ -129,10 +129,12 @@ static int run(int argc, char **argv) {
     struct MHD_OptionItem opts[] = {
         {MHD_OPTION_CONNECTION_TIMEOUT, 30, NULL},
         {MHD_OPTION_CONNECTION_LIMIT, 64, NULL},
+        /* One client holding connections open leaves room for others. */
+        {MHD_OPTION_PER_IP_CONNECTION_LIMIT, 16, NULL},
         {MHD_OPTION_NOTIFY_COMPLETED, 0, NULL},
         {MHD_OPTION_END, 0, NULL},
     };
-    opts[2].value = (intptr_t)console_notify_completed;
+    opts[3].value = (intptr_t)console_notify_completed;
     d = listen_on("console", "--listen", listen,
                   MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
                       MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG,

@@ -55,24 +55,14 @@
 #define COUNT_EVERY_MS 1000
 #define OPERATOR_MAX 64
 #define LOGIN_MAX_BODY 4096
-/* Failed logins and bearer tokens: at most this many a minute from one
- * address; then its logins are refused (429) until the minute ends, so
- * that guessing a token is slow. */
+/* Wrong tokens: at most this many a minute from one client (limiter.c);
+ * then its logins are refused (429) until the minute ends. */
 #define FAILURES_PER_MINUTE 20
 
 static const char csp[] =
     "default-src 'none'; script-src 'self'; style-src 'self'; "
     "connect-src 'self'; img-src 'self'; form-action 'self'; "
     "frame-ancestors 'none'; base-uri 'none'";
-
-/* Failed logins and bearer tokens from one address in one minute
- * (cli_now_ms() / 60000). */
-#define FAILING_ADDRESSES 256
-typedef struct failures_of {
-  char address[INET6_ADDRSTRLEN + 8];
-  long minute;
-  int count;
-} failures_of;
 
 typedef struct session {
   char id[65], csrf[65];
@@ -89,7 +79,7 @@ struct console {
   char csrf[65]; /* without a token: the one the page holds */
   pthread_mutex_t mu;
   session sessions[SESSIONS];
-  failures_of failing[FAILING_ADDRESSES];
+  console_limiter *limiter; /* wrong tokens, per client */
   /* The counts of /api/metrics, at most once a second. */
   pthread_mutex_t count_mu;
   double counted_at;
@@ -320,8 +310,12 @@ static enum MHD_Result redirect(struct MHD_Connection *c, const char *to,
 
 /* ---- the audit log ------------------------------------------------------- */
 
+/* One line of the audit log: who, when, from where, what (action; the
+ * record, the outcome, the status stored, whether forced, and libidem's
+ * error when it was refused). status < 0: none; rc IDEM_OK: no error. */
 static void audit(console *cn, const who *w, const char *action,
-                  const idem_id *id, const char *outcome, int status) {
+                  const idem_id *id, const char *outcome, int status,
+                  int force, int rc) {
   char when[32];
   time_t t = time(NULL);
   struct tm tm;
@@ -348,6 +342,10 @@ static void audit(console *cn, const who *w, const char *action,
     json_object_set_new(j, "outcome", json_string(outcome));
   if (status >= 0)
     json_object_set_new(j, "status", json_integer(status));
+  if (force)
+    json_object_set_new(j, "force", json_true());
+  if (rc != IDEM_OK)
+    json_object_set_new(j, "error", json_string(idem_rc_name(rc)));
   s = json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER);
   json_decref(j);
   if (!s)
@@ -409,45 +407,6 @@ static int foreign(struct MHD_Connection *c) {
   return strcasecmp(origin, host) != 0;
 }
 
-/* The failures of one address in one minute. */
-static failures_of *failures_slot(console *cn, const char *address,
-                                  long minute) {
-  failures_of *free_slot = NULL;
-  for (int i = 0; i < FAILING_ADDRESSES; i++) {
-    failures_of *f = &cn->failing[i];
-    if (f->minute == minute && strcmp(f->address, address) == 0)
-      return f;
-    if (f->minute != minute && !free_slot)
-      free_slot = f;
-  }
-  if (!free_slot)
-    return NULL; /* every slot failing this minute: counted as locked */
-  snprintf(free_slot->address, sizeof free_slot->address, "%s", address);
-  free_slot->minute = minute;
-  free_slot->count = 0;
-  return free_slot;
-}
-
-/* Counts a failed attempt from address. */
-static void failure(console *cn, const char *address) {
-  failures_of *f;
-  pthread_mutex_lock(&cn->mu);
-  if ((f = failures_slot(cn, address, (long)(cli_now_ms() / 60000))))
-    f->count++;
-  pthread_mutex_unlock(&cn->mu);
-}
-
-/* Whether address has used up this minute's attempts. */
-static int locked_out(console *cn, const char *address) {
-  failures_of *f;
-  int out;
-  pthread_mutex_lock(&cn->mu);
-  f = failures_slot(cn, address, (long)(cli_now_ms() / 60000));
-  out = !f || f->count >= FAILURES_PER_MINUTE;
-  pthread_mutex_unlock(&cn->mu);
-  return out;
-}
-
 static void who_is(console *cn, struct MHD_Connection *c, who *w) {
   const char *auth =
       MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
@@ -464,7 +423,7 @@ static void who_is(console *cn, struct MHD_Connection *c, who *w) {
   if (auth && strncasecmp(auth, "Bearer ", 7) == 0) {
     const char *name =
         MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Idem-Operator");
-    if (locked_out(cn, w->address) || !same_secret(auth + 7, cn->token))
+    if (console_limited(cn->limiter, c) || !same_secret(auth + 7, cn->token))
       return; /* counted once, by console_handle() */
     w->ok = w->bearer = 1;
     snprintf(w->operator, sizeof w->operator, "%s",
@@ -796,7 +755,9 @@ static int record_id(struct MHD_Connection *c, json_t *j, idem_id *id) {
   for (int i = 0; i < 3; i++) {
     if (j) {
       json_t *v = json_object_get(j, names[i]);
-      parts[i] = json_is_string(v) ? json_string_value(v) : NULL;
+      if (v && !json_is_string(v))
+        return -1; /* a tenant of 5 is not the default tenant */
+      parts[i] = v ? json_string_value(v) : NULL;
     } else {
       parts[i] = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND,
                                              names[i]);
@@ -833,19 +794,14 @@ static enum MHD_Result api_show(console *cn, struct MHD_Connection *c) {
   return j ? send_json(c, 200, j) : MHD_NO;
 }
 
-/* Whether op is the operation of an `idem serve` record, "METHOD /path". */
-static int http_operation(const char *op) {
-  size_t n = strspn(op, "ABCDEFGHIJKLMNOPQRSTUVWXYZ");
-  return n > 0 && op[n] == ' ' && op[n + 1] == '/';
-}
-
 static json_t *body_json(request *q, struct MHD_Connection *c,
                          enum MHD_Result *sent) {
   json_error_t e;
   json_t *j;
   const char *type =
       MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type");
-  if (!type || strncasecmp(type, "application/json", 16) != 0) {
+  if (!type || strncasecmp(type, "application/json", 16) != 0 ||
+      (type[16] && type[16] != ';' && type[16] != ' ' && type[16] != '\t')) {
     *sent = problem(c, 415, "unsupported-media-type", "JSON expected",
                     "send Content-Type: application/json");
     return NULL;
@@ -922,7 +878,7 @@ static enum MHD_Result api_resolve(console *cn, struct MHD_Connection *c,
     status = (long)json_integer_value(st);
   }
   if (!released) {
-    int http = http_operation(id.operation), run = !strcmp(id.operation, "run");
+    int http = cli_http_operation(id.operation), run = !strcmp(id.operation, "run");
     if (!has_status && strcmp(outcome, "failed") == 0 && (http || run)) {
       has_status = 1;
       status = http ? 502 : 1;
@@ -931,7 +887,8 @@ static enum MHD_Result api_resolve(console *cn, struct MHD_Connection *c,
       sent = problem(c, 400, "invalid", "Invalid request",
                      "status: the status that retries will be answered "
                      "(an HTTP status for the gateway's records, an exit "
-                     "status for idem run's, 0 or 1 for a tool's)");
+                     "status for idem run's; idem mcp's keep 0, or 1 for a "
+                     "tool's error)");
       goto out;
     }
     if ((http && (status < 100 || status > 599)) ||
@@ -961,7 +918,7 @@ static enum MHD_Result api_resolve(console *cn, struct MHD_Connection *c,
   ro.force = json_is_true(force);
   rc = idem_resolve_with(cn->store, &id, released ? NULL : &resp, &ro);
   audit(cn, w, "resolve", &id, rc == IDEM_OK ? outcome : "refused",
-        released || rc != IDEM_OK ? -1 : resp.status);
+        released ? -1 : resp.status, ro.force, rc);
   if (rc != IDEM_OK) {
     sent = store_problem(c, rc, "resolve");
     goto out;
@@ -979,18 +936,37 @@ out:
 static enum MHD_Result api_delete(console *cn, struct MHD_Connection *c,
                                   request *q, const who *w) {
   enum MHD_Result sent = MHD_NO;
-  json_t *j = body_json(q, c, &sent);
+  json_t *j = body_json(q, c, &sent), *force;
+  idem_record *r = NULL;
   idem_id id;
-  int rc;
+  int rc, running;
   if (!j)
     return sent;
-  if (record_id(c, j, &id) != 0) {
+  force = json_object_get(j, "force");
+  if (record_id(c, j, &id) != 0 || (force && !json_is_boolean(force))) {
     json_decref(j);
     return problem(c, 400, "invalid", "Invalid request",
-                   "name the record: tenant, operation and key (strings)");
+                   "name the record: tenant, operation and key (strings); "
+                   "force is true or false");
   }
-  rc = idem_delete(cn->store, &id);
-  audit(cn, w, "delete", &id, rc == IDEM_OK ? "deleted" : "refused", -1);
+  /* A holder still inside its lease may be acting: deleting its record
+   * lets a retry act beside it, so that takes force, as a resolve does. */
+  if ((rc = idem_get(cn->store, &id, &r)) == IDEM_OK) {
+    running = r->state == IDEM_STATE_IN_PROGRESS &&
+              r->lease_expires_ms > wall_ms();
+    idem_record_free(r);
+    if (running && !json_is_true(force)) {
+      audit(cn, w, "delete", &id, "refused", -1, 0, IDEM_ESTATE);
+      json_decref(j);
+      return problem(c, 409, "state", "Not in a state for this",
+                     "delete: a holder's lease still runs, and it may be "
+                     "acting: deleting its record lets a retry act beside "
+                     "it. Send force: true to delete it anyway");
+    }
+    rc = idem_delete(cn->store, &id);
+  }
+  audit(cn, w, "delete", &id, rc == IDEM_OK ? "deleted" : "refused", -1,
+        json_is_true(force), rc);
   sent = rc != IDEM_OK ? store_problem(c, rc, "delete")
                        : send_json(c, 200, json_pack("{s:b}", "deleted", 1));
   json_decref(j);
@@ -1122,8 +1098,8 @@ static enum MHD_Result login(console *cn, struct MHD_Connection *c,
   who_is(cn, c, &w);
   if (!cn->token)
     return redirect(c, "/", NULL);
-  if (locked_out(cn, w.address)) {
-    failure(cn, w.address);
+  if (console_limited(cn->limiter, c)) {
+    console_failed(cn->limiter, c);
     return problem_h(c, 429, "too-many-failures", "Too many failed logins",
                      "too many wrong tokens from this address this minute: "
                      "try again in a minute",
@@ -1137,8 +1113,8 @@ static enum MHD_Result login(console *cn, struct MHD_Connection *c,
                               sizeof operator) == 0 &&
         operator_ok(operator))
       snprintf(w.operator, sizeof w.operator, "%s", operator);
-    audit(cn, &w, "login-failed", NULL, NULL, -1);
-    failure(cn, w.address);
+    audit(cn, &w, "login-failed", NULL, NULL, -1, 0, IDEM_OK);
+    console_failed(cn->limiter, c);
     OPENSSL_cleanse(token, sizeof token);
     return send_page(c, 401, "login.html", error_page, NULL);
   }
@@ -1155,7 +1131,7 @@ static enum MHD_Result login(console *cn, struct MHD_Connection *c,
   if (session_new(cn, operator, cookie, sizeof cookie) != 0)
     return MHD_NO;
   snprintf(w.operator, sizeof w.operator, "%s", operator);
-  audit(cn, &w, "login", NULL, NULL, -1);
+  audit(cn, &w, "login", NULL, NULL, -1, 0, IDEM_OK);
   return redirect(c, "/", cookie);
 }
 
@@ -1211,7 +1187,10 @@ enum MHD_Result console_handle(console *cn, struct MHD_Connection *c,
       q->max = LOGIN_MAX_BODY;
     } else {
       who_is(cn, c, &w);
-      q->max = w.ok ? MAX_BODY : 0;
+      q->max = w.ok && (cn->token || loopback_host(MHD_lookup_connection_value(
+                                         c, MHD_HEADER_KIND, "Host")))
+                   ? MAX_BODY
+                   : 0;
     }
     return MHD_YES;
   }
@@ -1258,8 +1237,14 @@ enum MHD_Result console_handle(console *cn, struct MHD_Connection *c,
   }
   who_is(cn, c, &w);
   if (!w.ok) {
-    if (MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"))
-      failure(cn, w.address);
+    if (MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization")) {
+      /* Said in the audit log at the first wrong token of a minute and
+       * when the client is shut out, not at every guess. */
+      int n = console_failed(cn->limiter, c);
+      if (n == 1 || n == FAILURES_PER_MINUTE)
+        audit(cn, &w, n == 1 ? "auth-failed" : "auth-locked", NULL, NULL,
+              -1, 0, IDEM_OK);
+    }
     return unauthorised(c, url);
   }
   if (post && !csrf_ok(c, &w))
@@ -1279,7 +1264,7 @@ enum MHD_Result console_handle(console *cn, struct MHD_Connection *c,
     if (!post)
       return problem(c, 405, "method-not-allowed", "Method not allowed",
                      "log out with POST");
-    audit(cn, &w, "logout", NULL, NULL, -1);
+    audit(cn, &w, "logout", NULL, NULL, -1, 0, IDEM_OK);
     session_end(cn, &w);
     return redirect(c, "/",
                     COOKIE "=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0");
@@ -1327,7 +1312,8 @@ console *console_new(const console_config *cfg) {
   cn->audit_fd = STDERR_FILENO;
   pthread_mutex_init(&cn->mu, NULL);
   pthread_mutex_init(&cn->count_mu, NULL);
-  if ((cfg->token && !(cn->token = strdup(cfg->token))) ||
+  if (!(cn->limiter = console_limiter_new()) ||
+      (cfg->token && !(cn->token = strdup(cfg->token))) ||
       random_hex(cn->csrf) != 0) {
     cli_error(cfg->cmd, "console: out of memory or random bytes");
     console_free(cn);
@@ -1357,6 +1343,7 @@ void console_free(console *cn) {
     free(cn->token);
   }
   OPENSSL_cleanse(cn->sessions, sizeof cn->sessions);
+  console_limiter_free(cn->limiter);
   pthread_mutex_destroy(&cn->mu);
   pthread_mutex_destroy(&cn->count_mu);
   free(cn);

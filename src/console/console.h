@@ -55,6 +55,16 @@ void console_notify_completed(void *cls, struct MHD_Connection *c,
 /* Whether *con_cls is the console's (set by console_handle()). */
 int console_is_request(void *con_cls);
 
+/* Wrong tokens counted per client (limiter.c): an IPv4 address or an
+ * IPv6 /64, at most 20 a minute. */
+typedef struct console_limiter console_limiter;
+console_limiter *console_limiter_new(void);
+void console_limiter_free(console_limiter *l);
+/* Whether c's client has used up this minute's wrong tokens. */
+int console_limited(console_limiter *l, struct MHD_Connection *c);
+/* Counts a wrong token from c's client; how many it sent this minute. */
+int console_failed(console_limiter *l, struct MHD_Connection *c);
+
 /* The assets served from the binary (console_assets.c, generated from
  * src/console/assets/ at build time). */
 typedef struct console_asset {

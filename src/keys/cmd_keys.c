@@ -418,13 +418,6 @@ static int pick_record(idem_store *s, opts *o, const char *what, found *f,
   return EXIT_OK;
 }
 
-/* Whether op is the operation of an `idem serve` record, "METHOD /path"
- * (the gateway protects upper-case methods only). */
-static int http_operation(const char *op) {
-  size_t n = strspn(op, "ABCDEFGHIJKLMNOPQRSTUVWXYZ");
-  return n > 0 && op[n] == ' ' && op[n + 1] == '/';
-}
-
 static int do_show(idem_store *s, opts *o) {
   idem_record *r = NULL;
   int rc, bad;
@@ -484,7 +477,7 @@ static int do_resolve(idem_store *s, opts *o) {
   /* The status is what later calls replay: an HTTP status for the
    * gateway, whose replay of anything else is an error (a status 0, the
    * default for `idem run`, would answer 500 to every retry). */
-  if (o->completed && http_operation(id.operation) &&
+  if (o->completed && cli_http_operation(id.operation) &&
       (!o->has_status || o->status < 100 || o->status > 599)) {
     if (!o->has_status)
       cli_error("keys", "resolve: '%s' is a record of idem serve (operation "

@@ -8,8 +8,9 @@
  * a readiness check waits for the store, and a store that hangs must not
  * keep /healthz from answering.
  *
- * With --admin-token-file it also serves the operator console (console.c)
- * at / and under /api/, with the same token.
+ * With --console-token-file it also serves the operator console
+ * (console.c) at / and under /api/, with that token. Wrong tokens are
+ * counted per client (limiter.c): 20 a minute, then 429.
  *
  * /healthz is liveness: 200 while the process serves. A store that fails
  * is not a reason to restart the gateway (a restart mends no disk and no
@@ -46,7 +47,8 @@ static idem_store *store;
 static const char *token; /* --admin-token-file's, or NULL */
 static int draining;
 static int not_ready; /* what the last readiness check found */
-static console *cn;   /* with a token: the console, at / and /api/ */
+static console *cn;   /* --console-token-file: the console, at / and /api/ */
+static console_limiter *limiter; /* wrong admin tokens, per client */
 /* What *con_cls holds for a request of the admin listener's own. */
 static int own_request;
 
@@ -247,9 +249,15 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
     *upload_size = 0;
     return MHD_YES;
   }
+  if (token && console_limited(limiter, c))
+    return problem(c, 429, "too-many-failures", "Too many wrong tokens",
+                   "too many wrong tokens from this client this minute: "
+                   "try again in a minute");
   if (token && !authorised(c)) {
     struct MHD_Response *r;
     enum MHD_Result ok;
+    if (MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"))
+      console_failed(limiter, c); /* a guess; no header is none */
     char *body = strdup("{\"type\":\"" PROBLEM_TYPE "unauthorized\","
                         "\"title\":\"Token required\",\"status\":401,"
                         "\"detail\":\"The admin listener answers requests "
@@ -292,21 +300,28 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
 }
 
 struct MHD_Daemon *admin_start(idem_store *s, const char *listen,
-                               const char *t, const char *audit_path,
-                               char *bound, size_t bound_size) {
+                               const char *t, const char *console_token,
+                               const char *audit_path, char *bound,
+                               size_t bound_size) {
   struct MHD_OptionItem opts[] = {
       {MHD_OPTION_CONNECTION_TIMEOUT, 30, NULL},
       /* A thread each: bounded, since probes and scrapes are few. */
       {MHD_OPTION_CONNECTION_LIMIT, 64, NULL},
+      /* So that one client holding connections open (slowly) leaves room
+       * for the load balancer, Prometheus and the operator. */
+      {MHD_OPTION_PER_IP_CONNECTION_LIMIT, 16, NULL},
       {MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)completed, NULL},
       {MHD_OPTION_END, 0, NULL},
   };
   store = s;
   token = t;
-  if (t) {
-    /* The console needs a token here: the admin listener may be bound
-     * where the gateway's clients reach it. */
-    console_config cfg = {s, t, audit_path, "serve", metrics_calls_json};
+  if (t && !(limiter = console_limiter_new()))
+    return NULL;
+  if (console_token) {
+    /* A token of its own: the admin token is handed to scrapers and load
+     * balancers, and the console settles records. */
+    console_config cfg = {s, console_token, audit_path, "serve",
+                          metrics_calls_json};
     if (!(cn = console_new(&cfg)))
       return NULL;
   }

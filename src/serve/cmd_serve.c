@@ -41,7 +41,7 @@ static const char usage[] =
     "                  [--max-body SIZE] [--max-response SIZE]\n"
     "                  [--upstream-timeout DUR] [--upstream-cacert FILE]\n"
     "                  [--admin-listen HOST:PORT] [--admin-token-file FILE]\n"
-    "                  [--admin-audit-log FILE]\n"
+    "                  [--console-token-file FILE] [--console-audit-log FILE]\n"
     "                  [--log FILE] [--threads N] [--store-workers N]\n"
     "                  [--header-timeout DUR] [--max-connections N]\n"
     "                  [--max-connections-per-client N]\n"
@@ -134,10 +134,12 @@ static const char usage[] =
     "                         --admin-token-file\n"
     "  --admin-token-file F   the admin listener answers only requests with\n"
     "                         \"Authorization: Bearer TOKEN\", TOKEN the\n"
-    "                         file's first line (at least 16 characters),\n"
-    "                         and serves the operator console (idem console)\n"
-    "                         at / and /api/, logging in with the token\n"
-    "  --admin-audit-log F    append the console's logins and actions to F\n"
+    "                         file's first line (at least 16 characters)\n"
+    "  --console-token-file F serve the operator console (idem console) at\n"
+    "                         the admin listener's / and /api/, with its own\n"
+    "                         token (not --admin-token-file's: the console\n"
+    "                         resolves and deletes records)\n"
+    "  --console-audit-log F  append the console's logins and actions to F\n"
     "                         (default: standard error)\n"
     "  --log FILE             append one JSON line per request to FILE (-:\n"
     "                         standard output); SIGHUP reopens it\n"
@@ -353,8 +355,10 @@ static int parse(int argc, char **argv, serve_config *c) {
       c->admin_listen = v;
     } else if (strcmp(a, "--admin-token-file") == 0) {
       c->admin_token_file = v;
-    } else if (strcmp(a, "--admin-audit-log") == 0) {
-      c->admin_audit_log = v;
+    } else if (strcmp(a, "--console-token-file") == 0) {
+      c->console_token_file = v;
+    } else if (strcmp(a, "--console-audit-log") == 0) {
+      c->console_audit_log = v;
     } else if (strcmp(a, "--log") == 0) {
       c->log_path = v;
     } else if (strcmp(a, "--threads") == 0) {
@@ -468,7 +472,7 @@ static int run(int argc, char **argv) {
   idem_store_options so;
   struct MHD_Daemon *gw = NULL, *admin = NULL;
   char *upstream = NULL, bound[128] = "", admin_bound[128] = "";
-  char *admin_token = NULL;
+  char *admin_token = NULL, *console_token = NULL;
   char store_name[4200] = ""; /* part 9: the store, named at start */
   char why[600], rule_text[700];
   principal_rule rule = {0};
@@ -514,9 +518,20 @@ static int run(int argc, char **argv) {
   for (size_t n = strlen(upstream); n > 8 && upstream[n - 1] == '/'; n--)
     upstream[n - 1] = 0;
   c.upstream = upstream;
-  if (c.admin_audit_log && !c.admin_token_file) {
-    cli_error("serve", "--admin-audit-log needs --admin-token-file (the "
-                       "console is served with a token only)");
+  if (c.console_audit_log && !c.console_token_file) {
+    cli_error("serve", "--console-audit-log needs --console-token-file");
+    status = EXIT_USAGE;
+    goto out;
+  }
+  if (c.console_token_file && !c.admin_listen) {
+    cli_error("serve", "--console-token-file needs --admin-listen (the "
+                       "console is served there)");
+    status = EXIT_USAGE;
+    goto out;
+  }
+  if (c.console_token_file &&
+      !(console_token = cli_read_token("serve", "--console-token-file",
+                                       c.console_token_file))) {
     status = EXIT_USAGE;
     goto out;
   }
@@ -528,6 +543,15 @@ static int run(int argc, char **argv) {
   if (c.admin_token_file &&
       !(admin_token = cli_read_token("serve", "--admin-token-file",
                                    c.admin_token_file))) {
+    status = EXIT_USAGE;
+    goto out;
+  }
+  if (admin_token && console_token && strcmp(admin_token, console_token) == 0) {
+    /* The admin token is handed to scrapers and load balancers; the
+     * console's settles records. */
+    cli_error("serve", "--console-token-file: the same token as "
+                       "--admin-token-file; give the console a token of its "
+                       "own (it resolves and deletes records)");
     status = EXIT_USAGE;
     goto out;
   }
@@ -576,7 +600,7 @@ static int run(int argc, char **argv) {
   }
   if (c.admin_listen &&
       !(admin = admin_start(store, c.admin_listen, admin_token,
-                            c.admin_audit_log, admin_bound,
+                            console_token, c.console_audit_log, admin_bound,
                             sizeof admin_bound)))
     goto out;
   if (!(gw = gateway_start(&c, store, bound, sizeof bound)))
@@ -630,6 +654,7 @@ out:
   accesslog_close();
   free(upstream);
   free(admin_token);
+  free(console_token);
   if (settled)
     principal_free(&rule);
   if (status == EXIT_OK)

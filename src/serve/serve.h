@@ -33,7 +33,8 @@ typedef struct serve_config {
   int n_seal_keys;
   const char *admin_listen;  /* NULL: no admin listener */
   const char *admin_token_file; /* --admin-token-file: Bearer token */
-  const char *admin_audit_log;  /* --admin-audit-log: the console's */
+  const char *console_token_file; /* --console-token-file */
+  const char *console_audit_log;  /* --console-audit-log */
   const char *log_path;      /* NULL: no access log; "-": stdout */
   const char *upstream_cacert;
   char methods[128]; /* ",POST,PATCH," */
@@ -324,12 +325,14 @@ struct MHD_Daemon *gateway_start(const serve_config *cfg, idem_store *store,
 void gateway_set_draining(void);
 
 /* Starts the admin listener (/healthz, /readyz, /metrics); token not NULL:
- * every request must carry "Authorization: Bearer TOKEN", and the operator
- * console is served at / and /api/ (its audit log appended to audit_path,
- * NULL: standard error). */
+ * every request to them must carry "Authorization: Bearer TOKEN".
+ * console_token not NULL: the operator console is served at / and /api/
+ * with that token (its audit log appended to audit_path, NULL: standard
+ * error). */
 struct MHD_Daemon *admin_start(idem_store *store, const char *listen,
-                               const char *token, const char *audit_path,
-                               char *bound, size_t bound_size);
+                               const char *token, const char *console_token,
+                               const char *audit_path, char *bound,
+                               size_t bound_size);
 /* From now on /readyz answers 503: the gateway is draining. */
 void admin_set_draining(void);
 

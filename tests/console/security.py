@@ -126,10 +126,12 @@ class Resp:
             fail(f"not JSON ({e}): {self.text[:300]!r}")
 
 
-def request(port, method, path, headers=None, body=None, host=None):
+def request(port, method, path, headers=None, body=None, host=None, src=None):
     """One request on a connection of its own, with exactly the headers
-    given (and Host: 127.0.0.1:PORT unless host says otherwise)."""
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=15)
+    given (and Host: 127.0.0.1:PORT unless host says otherwise), from the
+    loopback address src when given."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=15,
+                                   source_address=(src, 0) if src else None)
     c.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
     c.putheader("Host", host if host is not None else f"127.0.0.1:{port}")
     if isinstance(body, (dict, list)):
@@ -337,6 +339,24 @@ try:
         {"tenant": "acme", "operation": "POST /charges", "key": "busy-1",
          "outcome": "released"}), 409)
     unchanged(PORT, AUTH, busy, busy_before, "409")
+    # Deleting it would let a retry act beside its holder: refused as a
+    # resolve is, unless forced, and the refusal is in the audit log.
+    busy_id = {"tenant": "acme", "operation": "POST /charges", "key": "busy-1"}
+    problem("delete of a record whose lease runs, without force", request(
+        PORT, "POST", "/api/records/delete", AUTH, busy_id), 409)
+    unchanged(PORT, AUTH, busy, busy_before, "409 delete")
+    refused = [a for a in audit_lines(AUDIT) if a.get("action") == "delete"
+               and a.get("key") == "busy-1"]
+    eq("audit: the refused delete, with libidem's reason",
+       [("refused", "IDEM_ESTATE")],
+       [(a.get("outcome"), a.get("error")) for a in refused])
+    problem("resolve naming the tenant with a number", request(
+        PORT, "POST", "/api/records/resolve", AUTH,
+        {**resolve_lost2, "tenant": 5}), 400)
+    problem("resolve sent as application/jsonx", request(
+        PORT, "POST", "/api/records/resolve",
+        {**AUTH, "Content-Type": "application/jsonx"},
+        json.dumps(resolve_lost2)), 415)
 
     # --- Origin: a foreign one is refused, even with the token -----------
     lost2_before = record(PORT, lost2, AUTH)
@@ -557,6 +577,22 @@ try:
     eq("guessing: then a login is refused: 429", 429, r.status)
     check("guessing: the 429 says when to retry (Retry-After)",
           r.header("Retry-After").isdigit(), r.header("Retry-After"))
+    # Wrong tokens from 300 other addresses (one each) fill the table of
+    # guessers; nobody else is shut out by it.
+    for i in range(300):
+        r = request(PORT3, "GET", "/api/metrics",
+                    {"Authorization": "Bearer wrong-wrong-wrong"},
+                    src="127.0.%d.%d" % (2 + i // 250, 1 + i % 250))
+        if r.status != 401:
+            break
+    eq("guessing: 300 addresses, one wrong token each: 401", 401, r.status)
+    r = request(PORT3, "GET", "/api/metrics", {"Authorization": f"Bearer {TOKEN}"},
+                src="127.0.9.1")
+    eq("guessing: then the right token from another address: 200", 200, r.status)
+    r = request(PORT3, "GET", "/api/metrics", {"Authorization": f"Bearer {TOKEN}"},
+                src="127.0.2.7")
+    eq("guessing: and from an address that sent one wrong token: 200", 200,
+       r.status)
 except SystemExit:
     raise
 except Exception as e:  # a crash of the test itself is a failure too

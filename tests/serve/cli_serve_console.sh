@@ -1,5 +1,5 @@
 #!/bin/sh
-# The operator console on idem serve's admin listener (--admin-token-file):
+# The operator console on idem serve's admin listener (--console-token-file):
 # a gateway's unknown outcomes, settled through the console's API, and what
 # the client's retry gets after each choice. Every scenario counts the
 # upstream's effects and checks the identifiers the client gets.
@@ -9,6 +9,9 @@
 #  - released: the retry is forwarded and acts once more.
 #  - the console's counts and call rates follow; the audit log names the
 #    operator, the key and the address; without the token nothing is served.
+#  - the console's token and the admin token are two: neither opens the
+#    other's paths, one token for both is refused, and wrong admin tokens
+#    are limited per client as the console's are.
 IDEM=$1
 . "$(dirname "$0")/../lib.sh"
 . "$(dirname "$0")/serve_lib.sh"
@@ -17,6 +20,8 @@ start_upstream up || { finish; exit 1; }
 DB=$TMP/gw.db
 printf 'console-token-0123456789\n' > "$TMP/token"
 T=console-token-0123456789
+printf 'admin-token-9876543210\n' > "$TMP/admin-token"
+A=admin-token-9876543210
 AUDIT=$TMP/audit.log
 
 # api NAME PATH [JSON]: the console's API with the token; the status into
@@ -33,18 +38,26 @@ api() {
   fi
 }
 # tmetric NAME_WITH_LABELS: a value from /metrics, with the token.
-tmetric() { curl -s -H "Authorization: Bearer $T" "$ADMIN/metrics" | grep -F "$1 " | grep -v '^#' | awk '{print $NF}'; }
+tmetric() { curl -s -H "Authorization: Bearer $A" "$ADMIN/metrics" | grep -F "$1 " | grep -v '^#' | awk '{print $NF}'; }
 # field NAME EXPR: a Python expression over the JSON body j.
 field() { python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' "$TMP/$1.b" "$2"; }
 
 start_gateway console --upstream "$UP" --store "$DB" --upstream-timeout 1s \
-  --lease 1s --on-unknown fail --admin-token-file "$TMP/token" \
-  --admin-audit-log "$AUDIT" || { finish; exit 1; }
+  --lease 1s --on-unknown fail --admin-token-file "$TMP/admin-token" \
+  --console-token-file "$TMP/token" --console-audit-log "$AUDIT" || { finish; exit 1; }
 
 # Nothing without the token: the page, the API, the admin's own paths.
 for p in / /api/records /api/metrics /metrics /healthz; do
   expect_eq "no token: $p is 401" 401 "$(curl -s -o /dev/null -w '%{http_code}' "$ADMIN$p")"
 done
+# The admin token (a scraper's, a load balancer's) does not open the
+# console, which settles records; the console's does not open /metrics.
+expect_eq "the admin token on the console's API: 401" 401 \
+  "$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $A" "$ADMIN/api/records")"
+expect_eq "the admin token on /metrics: 200" 200 \
+  "$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $A" "$ADMIN/metrics")"
+expect_eq "the console's token on /metrics: 401" 401 \
+  "$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $T" "$ADMIN/metrics")"
 
 # unknown KEY: a key whose upstream acted and whose answer was lost (held
 # past --upstream-timeout), refused as unknown after its lease.
@@ -124,13 +137,30 @@ expect_eq "audit: three resolutions and two refusals by carol" \
 expect_eq "audit: the keys" "u-done u-fail u-release u-done nope" \
   "$(python3 -c 'import json,sys; print(" ".join(json.loads(l)["key"] for l in open(sys.argv[1]) if json.loads(l)["action"]=="resolve"))' "$AUDIT")"
 
-# The admin listener without a token serves no console.
+# Wrong admin tokens are limited per client: at most 20 in a minute (one
+# was sent above; a minute may begin meanwhile), then 429, the right token
+# too, until the minute ends.
+n=0
+while [ "$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer wrong-$n" "$ADMIN/healthz")" = 401 ] &&
+  [ $n -lt 45 ]; do n=$((n + 1)); done
+# 19 or 20 wrong tokens answered 401 (up to 39 when a minute began among
+# them), then 429.
+[ $n -ge 19 ] && [ $n -lt 40 ] && ok ||
+  fail "wrong admin tokens: $n answered 401 before a 429 (19-39 expected)"
+expect_eq "then the right admin token: 429" 429 \
+  "$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $A" "$ADMIN/healthz")"
+
+# The admin listener without a console token serves no console.
 stop_gateway "$GW_PID"
 start_gateway plain --upstream "$UP" --store "$DB" || { finish; exit 1; }
-expect_eq "no --admin-token-file: no console at /" 404 "$(curl -s -o /dev/null -w '%{http_code}' "$ADMIN/")"
-expect_eq "no --admin-token-file: no console API" 404 "$(curl -s -o /dev/null -w '%{http_code}' "$ADMIN/api/records")"
-out=$("$IDEM" serve --listen 127.0.0.1:0 --upstream "$UP" --store "$DB" --admin-listen 127.0.0.1:0 --admin-audit-log "$TMP/x.log" 2>&1)
-expect_eq "--admin-audit-log without a token: usage error" 2 "$?"
-expect_match "--admin-audit-log without a token: says why" "needs --admin-token-file" "$out"
+expect_eq "no --console-token-file: no console at /" 404 "$(curl -s -o /dev/null -w '%{http_code}' "$ADMIN/")"
+expect_eq "no --console-token-file: no console API" 404 "$(curl -s -o /dev/null -w '%{http_code}' "$ADMIN/api/records")"
+out=$("$IDEM" serve --listen 127.0.0.1:0 --upstream "$UP" --store "$DB" --admin-listen 127.0.0.1:0 --console-audit-log "$TMP/x.log" 2>&1)
+expect_eq "--console-audit-log without a console token: usage error" 2 "$?"
+expect_match "--console-audit-log without a console token: says why" "needs --console-token-file" "$out"
+out=$("$IDEM" serve --listen 127.0.0.1:0 --upstream "$UP" --store "$DB" --admin-listen 127.0.0.1:0 \
+  --admin-token-file "$TMP/token" --console-token-file "$TMP/token" 2>&1)
+expect_eq "one token for the admin listener and the console: usage error" 2 "$?"
+expect_match "one token for both: says why" "same token as --admin-token-file" "$out"
 stop_gateway "$GW_PID"
 finish

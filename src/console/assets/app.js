@@ -213,6 +213,7 @@ async function act(outcome) {
   const d = state.detail;
   if (!d) return;
   const body = { tenant: d.tenant, operation: d.operation, key: d.key };
+  if ($("resolve-force").checked) body.force = true;
   let what;
   if (outcome === "delete") {
     what = "Delete the record of key “" + d.key + "”? A retry then acts again.";
@@ -224,7 +225,6 @@ async function act(outcome) {
       if (s !== "") body.status = Number(s);
       if (b !== "") body.body = b;
     }
-    if ($("resolve-force").checked) body.force = true;
     what = {
       completed: "Resolve key “" + d.key + "” as completed? Its retries will be answered status " + (s || "?") + " and the body given.",
       failed: "Resolve key “" + d.key + "” as failed? Its retries will be answered an error.",
