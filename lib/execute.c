@@ -702,6 +702,15 @@ int idem_execute_begin_async(idem_store *store, const idem_id *id,
       begin_waiting(a);
     return IDEM_OK;
   }
+  /* A replay (or a conflict) the store keeps in memory is answered here,
+   * before the call returns, as a blocking claim answers it: no thread
+   * of the store's is needed for it (the PostgreSQL store queues no
+   * claim, and would run it on a runner thread). */
+  if (store->methods->version >= 6 && store->methods->cached &&
+      store->methods->cached(store->state, &a->op)) {
+    begin_claimed(a, IDEM_OK);
+    return IDEM_OK;
+  }
   a->op.on_done = begin_queued;
   queue_op(a);
   return IDEM_OK;
