@@ -911,9 +911,16 @@ static principal_rule hx_rule;
 int hx_replay_check;
 static int derive_tenant_why(hx *h, char *why, size_t size) {
   char w[600];
-  return principal_tenant(&hx_rule, h->h, h->nh, hx_opts->tenant, h->tenant,
-                          sizeof h->tenant, why ? why : w,
-                          why ? size : sizeof w);
+  int status;
+  /* Derived once per request: a JWT's signature is checked once, not at
+   * each question the request's handling asks. */
+  if (h->tenant_known)
+    return 0;
+  status = principal_tenant(&hx_rule, h->h, h->nh, hx_opts->tenant, h->tenant,
+                            sizeof h->tenant, why ? why : w,
+                            why ? size : sizeof w);
+  h->tenant_known = status == 0;
+  return status;
 }
 static int derive_tenant(hx *h) { return derive_tenant_why(h, NULL, 0); }
 

@@ -34,6 +34,7 @@ typedef struct hx {
   int too_big;
   int started, decided, answered;
   char tenant[300];
+  int tenant_known; /* tenant derived (the headers do not change) */
   char *id; /* a tools/call's request id (JSON text) */
 
   /* The answer; under mu. */
