@@ -499,10 +499,22 @@ static void session_end(console *cn, const who *w) {
 
 /* ---- the records --------------------------------------------------------- */
 
-static const char *state_name(const idem_record *r) {
-  if (r->state == IDEM_STATE_COMPLETED && r->recovered)
-    return "recovered";
-  return idem_state_name(r->state);
+/* What the console adds to a record's JSON: its state as an operator reads
+ * it ("recovered" for a completed record an earlier attempt may also have
+ * acted on), whether a holder's lease has ended, and how long ago it was
+ * last written. */
+static void operator_view(json_t *j, int state, int recovered, int64_t lease,
+                          int64_t updated, int64_t now) {
+  json_object_set_new(
+      j, "state",
+      json_string(state == IDEM_STATE_COMPLETED && recovered
+                      ? "recovered"
+                      : idem_state_name(state)));
+  json_object_set_new(
+      j, "lease_ended",
+      json_boolean(state == IDEM_STATE_IN_PROGRESS && lease <= now));
+  json_object_set_new(j, "age_ms",
+                      json_integer(now > updated ? now - updated : 0));
 }
 
 typedef struct summary {
@@ -579,28 +591,19 @@ static json_t *text_json(const char *s) {
 }
 
 static json_t *summary_json(const summary *s, int64_t now) {
-  const char *state =
-      s->state == IDEM_STATE_COMPLETED && s->recovered
-          ? "recovered"
-          : idem_state_name(s->state);
   json_t *j = json_object();
   if (!j)
     return NULL;
   json_object_set_new(j, "tenant", text_json(s->tenant));
   json_object_set_new(j, "operation", text_json(s->operation));
   json_object_set_new(j, "key", text_json(s->key));
-  json_object_set_new(j, "state", json_string(state));
   json_object_set_new(j, "attempt", json_integer(s->attempt));
   json_object_set_new(j, "created_ms", json_integer(s->created));
   json_object_set_new(j, "updated_ms", json_integer(s->updated));
   json_object_set_new(j, "lease_expires_ms", json_integer(s->lease));
   json_object_set_new(j, "expires_ms", json_integer(s->expires));
   json_object_set_new(j, "recovered", json_boolean(s->recovered));
-  json_object_set_new(j, "lease_ended",
-                      json_boolean(s->state == IDEM_STATE_IN_PROGRESS &&
-                                   s->lease <= now));
-  json_object_set_new(j, "age_ms",
-                      json_integer(now > s->updated ? now - s->updated : 0));
+  operator_view(j, s->state, s->recovered, s->lease, s->updated, now);
   return j;
 }
 
@@ -780,16 +783,9 @@ static enum MHD_Result api_show(console *cn, struct MHD_Connection *c) {
   if ((rc = idem_get(cn->store, &id, &r)) != IDEM_OK)
     return store_problem(c, rc, "show");
   j = cli_record_json(r);
-  if (j) {
-    int64_t now = wall_ms();
-    json_object_set_new(j, "state", json_string(state_name(r)));
-    json_object_set_new(j, "lease_ended",
-                        json_boolean(r->state == IDEM_STATE_IN_PROGRESS &&
-                                     r->lease_expires_ms <= now));
-    json_object_set_new(j, "age_ms", json_integer(now > r->updated_ms
-                                                      ? now - r->updated_ms
-                                                      : 0));
-  }
+  if (j)
+    operator_view(j, r->state, r->recovered, r->lease_expires_ms,
+                  r->updated_ms, wall_ms());
   idem_record_free(r);
   return j ? send_json(c, 200, j) : MHD_NO;
 }
@@ -1323,7 +1319,7 @@ console *console_new(const console_config *cfg) {
     cn->audit_fd = open(cfg->audit_path,
                         O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
     if (cn->audit_fd < 0) {
-      cli_error(cfg->cmd, "--audit-log: %s: %s", cfg->audit_path,
+      cli_error(cfg->cmd, "the audit log %s: %s", cfg->audit_path,
                 strerror(errno));
       cn->audit_fd = STDERR_FILENO;
       console_free(cn);

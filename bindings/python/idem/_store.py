@@ -1877,22 +1877,20 @@ def _deliver(op: _AsyncOp) -> None:
         op.future.set_result(op)
 
 
-def _start(store: "Store", handle: Any, buf_size: int,
-           begin: Callable[[Any], int]) -> _AsyncOp:
+def _start(store: "Store", buf_size: int, begin: Callable[[Any], int]) -> _AsyncOp:
     """An _AsyncOp handed to libidem by begin(op.a); raises what libidem
     refused at once (read on this thread)."""
     op = _AsyncOp(store, asyncio.get_running_loop(), buf_size)
     store._enter(op.token)
     _async_ops.add(op)
+    rc = -1
     try:
         rc = begin(op.a)
-    except BaseException:
-        _async_ops.discard(op)
-        store._leave(op.token)
-        raise
+    finally:
+        if rc:  # refused, or interrupted before libidem took it
+            _async_ops.discard(op)
+            store._leave(op.token)
     if rc:
-        _async_ops.discard(op)
-        store._leave(op.token)
         raise _fail(rc)
     return op
 
@@ -1901,7 +1899,7 @@ async def _claim_once(owner: "Store", store: Any, tenant: bytes, operation: byte
                       key: bytes, request: bytes, opts: "_Options") -> Any:
     """One claim, not waiting: a _Claim, an Outcome, or an _AsyncOp whose
     claim was answered IN_FLIGHT (its retry_after_ms read)."""
-    op = _start(owner, store, _BUF_SIZE, lambda a: int(lib.idem_py_begin_async(
+    op = _start(owner, _BUF_SIZE, lambda a: int(lib.idem_py_begin_async(
         store, tenant, operation, key, request, len(request), opts.c, a)))
     await _answer(op)
     c = op.a.claim
@@ -1998,7 +1996,7 @@ async def _end_async(owner: "Store", claim: _Claim, result: int,
     if exec_ is None:
         return _OK, ""
     try:
-        op = _start(owner, None, 0, lambda a: int(lib.idem_py_end_async(
+        op = _start(owner, 0, lambda a: int(lib.idem_py_end_async(
             exec_, result, body if body is not None else ffi.NULL,
             len(body) if body is not None else 0, a)))
     except Error:
