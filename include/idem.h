@@ -733,6 +733,42 @@ IDEM_API int idem_execute_local(idem_store *store, const idem_id *id,
                                 idem_local_fn fn, void *ctx,
                                 idem_call **out);
 
+/*
+ * A local action inside the caller's own transaction. As
+ * idem_execute_local(), but the record is read and written through conn,
+ * the caller's connection to the store's database (a sqlite3 * on the
+ * store's file, or a PGconn * to the store's database and server), inside
+ * the transaction the caller has open there, and fn runs on this thread
+ * with conn. Nothing is committed: the caller's COMMIT keeps the action
+ * and its record together, its ROLLBACK drops both (the key is then free
+ * again). When no transaction is open on conn, one is begun (BEGIN
+ * IMMEDIATE on SQLite) and left open for the caller to end.
+ *
+ * The record and fn's writes sit in a SAVEPOINT: a non-zero return of fn
+ * rolls back to it (IDEM_EREJECTED, no record) and the caller's
+ * transaction goes on with what it did before. A transaction that has
+ * another record of the same key in flight waits for it in the database:
+ * on PostgreSQL for the other transaction to end, on SQLite for the write
+ * lock (the connection's busy timeout); then the first one's committed
+ * record answers (REPLAY), or, rolled back, this one acts.
+ *
+ * The outcomes are idem_execute_local()'s. IN_FLIGHT (a holder outside the
+ * transaction, such as an idem_claim()) is answered at once: opts'
+ * wait_ms does not apply, as that holder may need locks the transaction
+ * holds. Replays are not answered from the store's memory: the
+ * transaction sees what it sees. Errors: IDEM_EINVAL when conn is not a
+ * connection to the store's database (or its transaction has failed),
+ * IDEM_EBUSY when the database makes the transaction give way (a SQLite
+ * transaction that read before another's commit; a PostgreSQL
+ * serialization failure or deadlock): roll it back and run it again.
+ * fn must not end the transaction; one that does is treated as by
+ * idem_execute_local().
+ */
+IDEM_API int idem_execute_in(idem_store *store, void *conn,
+                             const idem_id *id, const char *fingerprint,
+                             const idem_call_options *opts, idem_local_fn fn,
+                             void *ctx, idem_call **out);
+
 /* ------------------------------------------------------------------ */
 /* Operators                                                            */
 /* ------------------------------------------------------------------ */

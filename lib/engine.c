@@ -986,9 +986,22 @@ int idem__claim_run(idem_store *store, idem__op *op) {
   return rc;
 }
 
+/* idem_execute_in()'s run: on the caller's connection, once, no wait. */
+static int run_in(idem_store *store, idem__op *op) {
+  idem__clear_error();
+  op->rc = IDEM_OK;
+  op->errmsg[0] = '\0';
+  store->methods->run_in(store->state, op);
+  if (op->rc != IDEM_OK)
+    return idem__fail(op->rc, "%s",
+                      op->errmsg[0] ? op->errmsg : idem_strerror(op->rc));
+  return IDEM_OK;
+}
+
+/* conn: idem_execute_in()'s, NULL for the store's own connections. */
 static int start(idem_store *store, idem__op_kind kind, const idem_id *id,
                  const char *fp, const idem_call_options *opts,
-                 idem_local_fn fn, void *ctx, idem_call **out) {
+                 idem_local_fn fn, void *ctx, void *conn, idem_call **out) {
   idem__op op;
   int rc;
   idem__clear_error();
@@ -1007,7 +1020,8 @@ static int start(idem_store *store, idem__op_kind kind, const idem_id *id,
   }
   if ((rc = idem__claim_prepare(store, kind, id, fp, opts, fn, ctx, &op)))
     return rc;
-  rc = idem__claim_run(store, &op);
+  op.conn = conn;
+  rc = conn ? run_in(store, &op) : idem__claim_run(store, &op);
   idem__op_seal_free(&op);
   free(w.buf);
   /* The action's response could not be sealed: its run was rolled back as
@@ -1031,7 +1045,8 @@ static int start(idem_store *store, idem__op_kind kind, const idem_id *id,
 
 int idem_claim(idem_store *store, const idem_id *id, const char *fingerprint,
                const idem_call_options *opts, idem_call **out) {
-  return start(store, IDEM__OP_CLAIM, id, fingerprint, opts, NULL, NULL, out);
+  return start(store, IDEM__OP_CLAIM, id, fingerprint, opts, NULL, NULL, NULL,
+               out);
 }
 
 int idem_claim_cached(idem_store *store, const idem_id *id,
@@ -1069,7 +1084,27 @@ int idem_execute_local(idem_store *store, const idem_id *id,
       *out = NULL;
     return idem__fail(IDEM_EINVAL, "execute_local: NULL function");
   }
-  return start(store, IDEM__OP_LOCAL, id, fingerprint, opts, fn, ctx, out);
+  return start(store, IDEM__OP_LOCAL, id, fingerprint, opts, fn, ctx, NULL,
+               out);
+}
+
+int idem_execute_in(idem_store *store, void *conn, const idem_id *id,
+                    const char *fingerprint, const idem_call_options *opts,
+                    idem_local_fn fn, void *ctx, idem_call **out) {
+  const idem__store_methods *m = store ? store->methods : NULL;
+  if (out)
+    *out = NULL;
+  if (!fn)
+    return idem__fail(IDEM_EINVAL, "execute_in: NULL function");
+  if (!conn)
+    return idem__fail(IDEM_EINVAL, "execute_in: NULL connection");
+  if (m && !(m->version >= 8 && m->run_in))
+    return idem__fail(IDEM_EINVAL,
+                      "execute_in: the %s store cannot join a caller's "
+                      "transaction",
+                      m->name);
+  return start(store, IDEM__OP_LOCAL, id, fingerprint, opts, fn, ctx, conn,
+               out);
 }
 
 /*

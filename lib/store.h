@@ -19,7 +19,7 @@
 
 #include <pthread.h>
 
-#define IDEM__STORE_METHODS_VERSION 7
+#define IDEM__STORE_METHODS_VERSION 8
 
 /* Defaults and rates every backend shares. */
 #define IDEM__DEFAULT_LEASE_MS 30000
@@ -82,6 +82,8 @@ typedef struct idem__op {
   idem_call_options opts; /* defaults filled in */
   idem_local_fn fn;       /* IDEM__OP_LOCAL */
   void *ctx;
+  void *conn; /* idem_execute_in(): the caller's connection, in its own
+                 transaction (the run_in method) */
   const idem_response *response; /* IDEM__OP_COMPLETE */
   int64_t lease_ms;              /* IDEM__OP_RENEW */
   idem_call *claim;             /* filled (claim, local) or read (others) */
@@ -202,6 +204,15 @@ typedef struct idem__store_methods {
    * Any thread. NULL: renewals end by themselves in time.
    */
   void (*interrupt_renewals)(void *state);
+  /*
+   * Version 8. Runs a local action (op->kind IDEM__OP_LOCAL) on op->conn,
+   * the caller's connection to the store's database, inside the
+   * transaction the caller has open there (one begun when none is), within
+   * a savepoint that is released on success and rolled back otherwise.
+   * Commits nothing, caches nothing, waits for no holder. The result is in
+   * op as run() leaves it. NULL: idem_execute_in() is refused.
+   */
+  void (*run_in)(void *state, idem__op *op);
 } idem__store_methods;
 
 /* A store handle. */

@@ -314,7 +314,8 @@ static int schema_read(pg_store *s, conn *c, char *err) {
 
 int idem__pg_read_failed(pg_store *s, conn *c, int rc, char *err) {
   char why[ERR_SIZE];
-  if (rc != IDEM_ESTORE || PQstatus(c->pg) != CONNECTION_OK)
+  /* The caller's own transaction is the caller's to end. */
+  if (c->foreign || rc != IDEM_ESTORE || PQstatus(c->pg) != CONNECTION_OK)
     return rc;
   idem__pg_rollback(c);
   if (schema_read(s, c, why) != IDEM_ESCHEMA)

@@ -605,6 +605,8 @@ int idem__pg_pool_get(pg_store *s, conn **out, char *err) {
 void idem__pg_rollback(conn *c) {
   PGTransactionStatusType ts = PQtransactionStatus(c->pg);
   PGresult *res;
+  if (c->foreign)
+    return; /* the caller's transaction is the caller's to end */
   if (ts == PQTRANS_ACTIVE) {
     int64_t until = idem__pg_deadline(c);
     while ((res = idem__pg_result(c, until)))
@@ -747,11 +749,15 @@ int idem__pg_run_stmt(pg_store *s, conn *c, int which, const params *p,
   ExecStatusType st;
   int rc;
   *out = NULL;
-  if ((rc = prepare(s, c, which, name, err)) != IDEM_OK)
+  if (c->foreign)
+    res = PQexecParams(c->pg, s->sql[which], p->n, NULL, p->v, p->len, p->fmt,
+                       1);
+  else if ((rc = prepare(s, c, which, name, err)) != IDEM_OK)
     return rc;
-  res = PQsendQueryPrepared(c->pg, name, p->n, p->v, p->len, p->fmt, 1)
-            ? idem__pg_results(c, idem__pg_deadline(c))
-            : NULL;
+  else
+    res = PQsendQueryPrepared(c->pg, name, p->n, p->v, p->len, p->fmt, 1)
+              ? idem__pg_results(c, idem__pg_deadline(c))
+              : NULL;
   st = PQresultStatus(res);
   if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {
     rc = idem__pg_fail(c, res, what, err);
@@ -865,7 +871,8 @@ broken:
  * again. When it cannot be, *rc and err say why. */
 int idem__pg_revived(pg_store *s, conn *c, int *rc, char *err) {
   int again;
-  if (*rc != IDEM_EUNAVAILABLE || PQstatus(c->pg) != CONNECTION_BAD ||
+  if (c->foreign || *rc != IDEM_EUNAVAILABLE ||
+      PQstatus(c->pg) != CONNECTION_BAD ||
       PQtransactionStatus(c->pg) != PQTRANS_UNKNOWN)
     return 0;
   if ((again = conn_revive(s, c, err)) == IDEM_OK)

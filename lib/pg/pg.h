@@ -94,6 +94,10 @@ typedef struct conn {
   /* The last statement was given up at its deadline: the server or the
    * network stopped answering (idem__pg_fail() says so). */
   int timed_out;
+  /* The caller's own connection (idem_execute_in()), wrapped for a call:
+   * statements are sent unprepared and waited for as libpq does, and the
+   * connection is never rolled back, reconnected or shut down by idem. */
+  int foreign;
   struct conn *next;
 } conn;
 
@@ -135,6 +139,9 @@ typedef struct pg_store {
    * clock_mu. */
   pthread_mutex_t clock_mu;
   int64_t clock_ahead, clock_asked;
+  /* The database as idem_execute_in() tells it from another: its name and
+   * its server's start time, read once (under mu); NULL until then. */
+  char *identity;
 } pg_store;
 
 /* Text parameters go in text format, bytea in binary (no escaping). */

@@ -393,10 +393,11 @@ static int load_and_decide(pg_store *s, conn *c, idem__op *op, int which,
       PQclear(res);
       return op->rc;
     }
-    idem__cache_put(s->cache, op->id, row->fingerprint,
-                    cache_deadline(sent, row->expires_ms - now), row->attempt,
-                    row->recovered, status, meta_len ? meta : NULL, meta_len,
-                    body, body_len);
+    if (!c->foreign) /* a transaction's view may not be committed yet */
+      idem__cache_put(s->cache, op->id, row->fingerprint,
+                      cache_deadline(sent, row->expires_ms - now), row->attempt,
+                      row->recovered, status, meta_len ? meta : NULL, meta_len,
+                      body, body_len);
   }
   PQclear(res);
   return IDEM_OK;
@@ -1014,6 +1015,215 @@ fail:
   idem__pg_rollback(c);
 }
 
+/* ---- the caller's own transaction (idem_execute_in) ---------------------- */
+
+/* What tells one database from another: its name and its server's start
+ * time. */
+#define IDENTITY_SQL                                                           \
+  "SELECT current_database() || '/' || pg_postmaster_start_time()::text"
+
+/* The store's database as IDENTITY_SQL tells it, read once on one of the
+ * store's own connections. IDEM_OK, or the error with err set. */
+static int store_identity(pg_store *s, char *err) {
+  conn *c = NULL;
+  PGresult *res;
+  char *id = NULL;
+  int rc;
+  pthread_mutex_lock(&s->mu);
+  rc = s->identity ? 1 : 0;
+  pthread_mutex_unlock(&s->mu);
+  if (rc)
+    return IDEM_OK;
+  if ((rc = idem__pg_pool_get(s, &c, err)) != IDEM_OK)
+    return rc;
+  res = idem__pg_exec(c, IDENTITY_SQL);
+  if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1)
+    rc = idem__pg_fail(c, res, "read the database's identity", err);
+  else if (!(id = idem__strdup(PQgetvalue(res, 0, 0))))
+    rc = idem__pg_failf(err, IDEM_ENOMEM, "out of memory");
+  PQclear(res);
+  idem__pg_pool_put(s, c);
+  if (rc != IDEM_OK)
+    return rc;
+  pthread_mutex_lock(&s->mu);
+  if (!s->identity) {
+    s->identity = id;
+    id = NULL;
+  }
+  pthread_mutex_unlock(&s->mu);
+  free(id);
+  return IDEM_OK;
+}
+
+/* Runs a statement without parameters on the caller's connection c. */
+static int in_simple(conn *c, const char *sql, const char *what, char *err) {
+  PGresult *res = PQexec(c->pg, sql);
+  int rc = IDEM_OK;
+  if (PQresultStatus(res) != PGRES_COMMAND_OK &&
+      PQresultStatus(res) != PGRES_TUPLES_OK)
+    rc = idem__pg_fail(c, res, what, err);
+  PQclear(res);
+  return rc;
+}
+
+/* Whether c is a connection to the store's database: IDEM_OK, or
+ * IDEM_EINVAL (another database or server) or the error of the read. */
+static int same_database(pg_store *s, conn *c, idem__op *op) {
+  PGresult *res;
+  int rc;
+  if ((rc = store_identity(s, op->errmsg)) != IDEM_OK)
+    return op->rc = rc;
+  res = PQexec(c->pg, IDENTITY_SQL);
+  if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
+    rc = idem__pg_fail(c, res, "read the database's identity", op->errmsg);
+    PQclear(res);
+    return op->rc = rc;
+  }
+  /* s->identity, once set, never changes. */
+  if (strcmp(PQgetvalue(res, 0, 0), s->identity) != 0)
+    rc = idem__op_fail(op, IDEM_EINVAL,
+                       "execute_in: the connection is to another database "
+                       "or server than the store's (%.120s, not %.120s)",
+                       PQgetvalue(res, 0, 0), s->identity);
+  PQclear(res);
+  return rc;
+}
+
+/* The action on a claimed row of the caller's transaction: runs fn, then
+ * completes the row in the same transaction; no commit. */
+static int run_local_in(pg_store *s, conn *c, idem__op *op) {
+  char sum[IDEM_FINGERPRINT_SIZE];
+  PGresult *res = NULL;
+  params p = {0};
+  idem_response r;
+  if (call_action(c, op, &r) != IDEM_OK) {
+    if (op->rc != IDEM_EUNAVAILABLE &&
+        PQtransactionStatus(c->pg) == PQTRANS_IDLE)
+      mark_self_ended(s, c, op);
+    return op->rc;
+  }
+  if (response_params(op, &r, ST_COMPLETE_LOCAL, &p, sum) != IDEM_OK)
+    return op->rc;
+  if ((op->rc = idem__pg_run_stmt(s, c, ST_COMPLETE_LOCAL, &p, "complete",
+                                  &res, op->errmsg)) != IDEM_OK)
+    return op->rc;
+  PQclear(res);
+  if (idem__claim_set_response(op->claim, r.status, r.meta, r.meta_len, r.body,
+                               r.body_len) != IDEM_OK)
+    return idem__op_fail(op, IDEM_ENOMEM, "out of memory");
+  return IDEM_OK;
+}
+
+/*
+ * The claim inside the caller's transaction, in a savepoint: the record is
+ * inserted in progress first (a transaction that inserted the key and has
+ * not ended makes this insert wait for it: the second of two transactions
+ * on one key waits in the database, then reads the first one's record),
+ * or else the row is locked and decided on, as a claim does; then the
+ * action and the completion, all uncommitted.
+ */
+static void in_claim(pg_store *s, conn *c, idem__op *op) {
+  idem_call *cl = op->claim;
+  int found = 0, inserted = 0;
+  idem__row row;
+  idem__action action = IDEM__ACT_NONE;
+  if (new_token(op) != IDEM_OK)
+    return;
+  for (int tries = 0;; tries++) {
+    if (try_insert(s, c, op, 0, &inserted) != IDEM_OK)
+      return;
+    if (inserted)
+      break;
+    if (load_and_decide(s, c, op, ST_LOCK, 0, &found, &row, &action) !=
+        IDEM_OK)
+      return;
+    if (found)
+      break;
+    if (tries + 1 >= CLAIM_TRIES) {
+      idem__op_fail(op, IDEM_EBUSY,
+                    "key '%s': the record kept changing during the claim; "
+                    "try again",
+                    op->id->key);
+      return;
+    }
+  }
+  if (inserted) {
+    cl->outcome = IDEM_PROCEED;
+    cl->attempt = 1;
+    cl->retry_after_ms = 0;
+    cl->recovered = 0;
+  } else if (action == IDEM__ACT_NONE) {
+    return; /* replay, conflict, in flight, unknown */
+  } else if (write_claim(s, c, op, action) != IDEM_OK) {
+    return;
+  }
+  run_local_in(s, c, op);
+}
+
+static void pg_run_in(void *state, idem__op *op) {
+  pg_store *s = state;
+  conn c;
+  int began = 0, rc;
+  memset(&c, 0, sizeof c);
+  c.pg = op->conn;
+  c.foreign = 1;
+  if (PQstatus(c.pg) != CONNECTION_OK) {
+    idem__op_fail(op, IDEM_EUNAVAILABLE,
+                  "execute_in: the caller's connection is not open");
+    return;
+  }
+  if (PQpipelineStatus(c.pg) != PQ_PIPELINE_OFF) {
+    idem__op_fail(op, IDEM_EINVAL,
+                  "execute_in: the caller's connection is in pipeline mode");
+    return;
+  }
+  switch (PQtransactionStatus(c.pg)) {
+  case PQTRANS_IDLE:
+    began = 1;
+    break;
+  case PQTRANS_INTRANS:
+    break;
+  case PQTRANS_INERROR:
+    idem__op_fail(op, IDEM_EINVAL,
+                  "execute_in: the caller's transaction has failed; roll it "
+                  "back first");
+    return;
+  default:
+    idem__op_fail(op, IDEM_EINVAL,
+                  "execute_in: a query is running on the caller's "
+                  "connection");
+    return;
+  }
+  if (same_database(s, &c, op) != IDEM_OK)
+    goto out;
+  if (began && in_simple(&c, "BEGIN", "begin", op->errmsg) != IDEM_OK) {
+    op->rc = IDEM_ESTORE;
+    goto out;
+  }
+  if ((rc = in_simple(&c, "SAVEPOINT idem_in", "savepoint", op->errmsg))) {
+    op->rc = rc;
+    goto out;
+  }
+  in_claim(s, &c, op);
+  if (op->rc == IDEM_OK) {
+    if ((rc = in_simple(&c, "RELEASE idem_in", "release", op->errmsg)))
+      op->rc = rc;
+  } else if (PQtransactionStatus(c.pg) == PQTRANS_INTRANS ||
+             PQtransactionStatus(c.pg) == PQTRANS_INERROR) {
+    char ignored[ERR_SIZE];
+    if (in_simple(&c, "ROLLBACK TO idem_in", "rollback", ignored) == IDEM_OK)
+      in_simple(&c, "RELEASE idem_in", "release", ignored);
+  }
+out:
+  if (op->rc != IDEM_OK) {
+    idem__pg_scrub(s, op->errmsg, sizeof op->errmsg);
+    if (began && PQtransactionStatus(c.pg) != PQTRANS_IDLE) {
+      char ignored[ERR_SIZE];
+      in_simple(&c, "ROLLBACK", "rollback", ignored);
+    }
+  }
+}
+
 /* Expiries in the cache are deadlines on this process's monotonic clock. */
 static int pg_cached(void *state, idem__op *op) {
   pg_store *s = state;
@@ -1097,6 +1307,7 @@ static void pg_close(void *state) {
   }
   for (int i = 0; i < ST_COUNT; i++)
     free(s->sql[i]);
+  free(s->identity);
   free(s->sql_meta);
   free(s->sql_v1);
   free(s->sql_v2);
@@ -1203,4 +1414,5 @@ const idem__store_methods idem__pg_methods = {
              connection each */
     pg_cached,
     idem__pg_interrupt_renewals,
+    pg_run_in,
 };

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /*
  * Every read that answers from rows also reads the schema version, in the
@@ -705,4 +706,96 @@ int idem__sq_list(void *state, const idem_filter *f, idem_record_fn fn,
   for (int k = 0; k < 3; k++)
     free(after[k]);
   return rc;
+}
+
+/* ---- the caller's own transaction (idem_execute_in) ---------------------- */
+
+/* Runs sql on the caller's connection; SQLITE_OK or SQLite's code. */
+static int exec_on(sqlite3 *db, const char *sql) {
+  return sqlite3_exec(db, sql, NULL, NULL, NULL);
+}
+
+/* Why db is not a writable connection to s's database file; NULL when it
+ * is. */
+static const char *not_ours(sq_store *s, sqlite3 *db) {
+  const char *file = sqlite3_db_filename(db, "main");
+  struct stat st;
+  if (s->o.read_only)
+    return "the store was opened read-only";
+  if (!file || !*file || stat(file, &st) != 0)
+    return "the connection's main database is not a file";
+  if (!s->db_known || st.st_dev != s->db_dev || st.st_ino != s->db_ino)
+    return "the connection's main database is another file than the store's";
+  if (sqlite3_db_readonly(db, "main") != 0)
+    return "the connection is read-only";
+  return NULL;
+}
+
+/*
+ * idem_execute_in() on SQLite: the caller's transaction (begun IMMEDIATE
+ * when none is open) first holds the write lock, so that the read that
+ * decides and the writes after it are one step to every other connection;
+ * a deferred transaction that read before another connection's commit
+ * cannot take it (SQLITE_BUSY_SNAPSHOT) and is told to run again. Then
+ * the decision and the action as in a batch, inside a savepoint of the
+ * caller's transaction. Statements are prepared on the caller's
+ * connection and finalized before returning.
+ */
+void idem__sq_run_in(void *state, idem__op *op) {
+  sq_store *s = state;
+  sqlite3 *db = op->conn;
+  const char *why = not_ours(s, db);
+  int began = 0, src;
+  conn c;
+  char buf[384];
+
+  if (why) {
+    idem__op_fail(op, IDEM_EINVAL, "execute_in: %s (%.200s)", why, s->path);
+    return;
+  }
+  memset(&c, 0, sizeof c);
+  c.db = db;
+  c.store = s;
+  if (sqlite3_get_autocommit(db)) {
+    if ((src = exec_on(db, "BEGIN IMMEDIATE")) != SQLITE_OK) {
+      idem__op_fail(op, idem__sq_map_rc(src), "sqlite: begin: %s",
+                    idem__sq_errtext(db, buf, sizeof buf));
+      return;
+    }
+    began = 1;
+  } else if (sqlite3_txn_state(db, "main") != SQLITE_TXN_WRITE &&
+             (src = exec_on(db, "UPDATE idem_meta SET value = value WHERE "
+                                "0")) != SQLITE_OK) {
+    src = sqlite3_extended_errcode(db);
+    idem__op_fail(op, idem__sq_map_rc(src),
+                  "sqlite: the caller's transaction cannot take the write "
+                  "lock (%s)%s",
+                  idem__sq_errtext(db, buf, sizeof buf),
+                  src == SQLITE_BUSY_SNAPSHOT
+                      ? ": it read before another connection committed; "
+                        "roll it back and run it again"
+                      : "");
+    return;
+  }
+  if ((src = exec_on(db, "SAVEPOINT idem_in")) != SQLITE_OK) {
+    idem__op_fail(op, idem__sq_map_rc(src), "sqlite: savepoint: %s",
+                  idem__sq_errtext(db, buf, sizeof buf));
+  } else {
+    idem__sq_run_one(&c, op, idem__now_ms());
+    /* Nothing of it is cached: the caller's transaction may yet roll
+     * back. */
+    op->cache_it = 0;
+    if (!sqlite3_get_autocommit(db)) {
+      if (op->rc != IDEM_OK)
+        exec_on(db, "ROLLBACK TO idem_in");
+      if ((src = exec_on(db, "RELEASE idem_in")) != SQLITE_OK &&
+          op->rc == IDEM_OK)
+        idem__op_fail(op, idem__sq_map_rc(src), "sqlite: release: %s",
+                      idem__sq_errtext(db, buf, sizeof buf));
+    }
+  }
+  for (int i = 0; i < ST_COUNT; i++)
+    sqlite3_finalize(c.st[i]);
+  if (op->rc != IDEM_OK && began && !sqlite3_get_autocommit(db))
+    exec_on(db, "ROLLBACK");
 }

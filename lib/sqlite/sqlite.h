@@ -186,6 +186,8 @@ int idem__sq_step_once(conn *c, int which);
 int idem__sq_get(void *state, const idem_id *id, idem_record **out);
 int idem__sq_list(void *state, const idem_filter *f, idem_record_fn fn,
                   void *ctx);
+/* idem_execute_in() (store.h's run_in). */
+void idem__sq_run_in(void *state, idem__op *op);
 
 /* ---- writer.c ------------------------------------------------------------ */
 

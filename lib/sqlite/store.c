@@ -217,4 +217,5 @@ const idem__store_methods idem__sqlite_methods = {
     idem__sq_cached,
     NULL, /* interrupt_renewals: a renewal waits for the file's lock at
              most the busy timeout */
+    idem__sq_run_in,
 };
