@@ -11,7 +11,9 @@ case "${1:-build}" in
   # python3-*: the Python binding (bindings/python) is built with cffi and
   # tested with pytest (python3-flask: a Flask app's request context;
   # python3-pydantic: Pydantic models as arguments and results;
-  # python3-mypy: mypy --strict on the package and on a typed program), and
+  # python3-mypy: mypy --strict on the package and on a typed program;
+  # python3-psycopg, python3-sqlalchemy: conn=, the application's own
+  # transaction on a psycopg or SQLAlchemy connection), and
   # installed into venvs by tests/python/install.sh.
   # groff-base, man-db, bsdextrautils (col): the manual pages' tests;
   # bash-completion and zsh: the completions'; systemd: systemd-analyze
@@ -22,7 +24,7 @@ case "${1:-build}" in
   check) want="$want libcmocka-dev postgresql python3 sqlite3 curl openssl
     zlib1g-dev libc6-dev binutils python3-dev python3-cffi python3-pytest
     python3-flask python3-pydantic python3-venv python3-pip python3-mypy
-    groff-base man-db bsdextrautils bash-completion zsh systemd chromium
+    python3-psycopg python3-sqlalchemy groff-base man-db bsdextrautils bash-completion zsh systemd chromium
     fonts-liberation" ;;
   bench) want="$want postgresql postgresql-contrib python3 curl nginx wrk
     python3-dev python3-cffi gnuplot-nox" ;;

@@ -158,6 +158,17 @@ int idem_py_local_run(idem_store *store, const char *tenant,
                       const idem_call_options *opts, void *ctx,
                       idem_py_claim *claim, char *buf, size_t cap,
                       int64_t *left);
+/* idem_py_local_run() in the application's own transaction on conn (its
+ * sqlite3 * or PGconn *): idem_execute_in(). */
+int idem_py_local_in(idem_store *store, void *conn, const char *tenant,
+                     const char *operation, const char *key,
+                     const char *request, size_t request_len,
+                     const idem_call_options *opts, void *ctx,
+                     idem_py_claim *claim, char *buf, size_t cap);
+/* The address of the SQLite library's sqlite3_libversion() that libidem
+ * calls, to tell whether the sqlite3 module uses the same copy; and the
+ * main database file of a connection. */
+void *idem_py_sqlite_lib(void);
 /* What follows is for idem._speedups, which calls it through its
  * addresses (its own callback included): see source(). */
 typedef int (*idem_local_fn)(void *conn, void *ctx, idem_response *response);
@@ -206,6 +217,7 @@ const void *sqlite3_column_blob(sqlite3_stmt *stmt, int i);
 int sqlite3_column_bytes(sqlite3_stmt *stmt, int i);
 int sqlite3_finalize(sqlite3_stmt *stmt);
 const char *sqlite3_errmsg(sqlite3 *db);
+const char *sqlite3_db_filename(sqlite3 *db, const char *name);
 /* The table idem._speedups' tx.execute() calls SQLite through
  * (idem_py_sqlite.h). */
 void *idem_py_sqlite_fns(void);
@@ -244,6 +256,10 @@ PGresult *PQexecPrepared(PGconn *conn, const char *stmtName, int nParams,
                          const int *paramLengths, const int *paramFormats,
                          int resultFormat);
 int PQbackendPID(const PGconn *conn);
+int PQlibVersion(void);
+/* The address of libpq's PQlibVersion() that libidem calls (as
+ * idem_py_sqlite_lib()). */
+void *idem_py_pq_lib(void);
 /* The table idem._speedups' tx.execute() calls libpq through
  * (idem_py_sqlite.h). */
 void *idem_py_pg_fns(void);
@@ -469,12 +485,14 @@ static int idem_py_local(void *conn, void *ctx, idem_response *response);
 
 /* idem_execute_local() for a JSON request: fingerprinted, and kept in its
  * canonical form for operators, as idem_execute() does. */
-static int idem_py_local_with(idem_store *store, const char *tenant,
-                              const char *operation, const char *key,
-                              const char *request, size_t request_len,
-                              const idem_call_options *opts, idem_local_fn fn,
-                              void *ctx, idem_py_claim *claim, char *buf,
-                              size_t cap, int64_t *left)
+/* idem_execute_local(), or idem_execute_in() on conn when it is not NULL
+ * (which waits for nothing: left is then NULL). */
+static int idem_py_local_on(idem_store *store, void *conn, const char *tenant,
+                            const char *operation, const char *key,
+                            const char *request, size_t request_len,
+                            const idem_call_options *opts, idem_local_fn fn,
+                            void *ctx, idem_py_claim *claim, char *buf,
+                            size_t cap, int64_t *left)
 {
   idem_id id = {tenant, operation, key};
   idem_call_options o = *opts;
@@ -492,8 +510,10 @@ static int idem_py_local_with(idem_store *store, const char *tenant,
   o.request = canonical;
   o.request_len = canonical_len;
   o.wait_ms = idem_py_slice(opts->wait_ms, left, &start);
-  claim->rc = idem_execute_local(store, &id, fingerprint, &o, fn, ctx,
-                                 &claim->call);
+  claim->rc = conn ? idem_execute_in(store, conn, &id, fingerprint, &o, fn,
+                                     ctx, &claim->call)
+                   : idem_execute_local(store, &id, fingerprint, &o, fn, ctx,
+                                        &claim->call);
   idem_free(canonical);
   if (claim->rc == IDEM_OK) {
     idem_py_read(claim);
@@ -501,6 +521,17 @@ static int idem_py_local_with(idem_store *store, const char *tenant,
   }
   idem_py_sliced(claim, left, start);
   return claim->rc;
+}
+
+static int idem_py_local_with(idem_store *store, const char *tenant,
+                              const char *operation, const char *key,
+                              const char *request, size_t request_len,
+                              const idem_call_options *opts, idem_local_fn fn,
+                              void *ctx, idem_py_claim *claim, char *buf,
+                              size_t cap, int64_t *left)
+{
+  return idem_py_local_on(store, NULL, tenant, operation, key, request,
+                          request_len, opts, fn, ctx, claim, buf, cap, left);
 }
 
 static int idem_py_local_run(idem_store *store, const char *tenant,
@@ -513,6 +544,22 @@ static int idem_py_local_run(idem_store *store, const char *tenant,
   return idem_py_local_with(store, tenant, operation, key, request,
                             request_len, opts, idem_py_local, ctx, claim, buf,
                             cap, left);
+}
+
+static int idem_py_local_in(idem_store *store, void *conn, const char *tenant,
+                            const char *operation, const char *key,
+                            const char *request, size_t request_len,
+                            const idem_call_options *opts, void *ctx,
+                            idem_py_claim *claim, char *buf, size_t cap)
+{
+  return idem_py_local_on(store, conn, tenant, operation, key, request,
+                          request_len, opts, idem_py_local, ctx, claim, buf,
+                          cap, NULL);
+}
+
+static void *idem_py_sqlite_lib(void)
+{
+  return (void *)sqlite3_libversion;
 }
 
 /*
@@ -758,6 +805,11 @@ _PG_FNS = r"""
 static int idem_py_pq_status(const PGresult *res)
 {
   return (int)PQresultStatus(res); /* an enum, as an int */
+}
+
+static void *idem_py_pq_lib(void)
+{
+  return (void *)PQlibVersion;
 }
 
 static void *idem_py_pg_fns(void)

@@ -16,7 +16,7 @@ from typing import (Any, Awaitable, Callable, Dict, Generic, Iterable, Iterator,
                     Optional, ParamSpec, Protocol, Sequence, Set, Tuple, Type, TypeVar,
                     Union, cast, overload)
 
-from . import _errors, _speedups, _values
+from . import _errors, _joined, _speedups, _values
 from ._errors import Conflict, Error, InFlight, InvalidArgument, NotDone, OutcomeUnknown
 from ._native import ffi, lib
 from ._records import Record, record_of
@@ -800,7 +800,7 @@ class _LocalCall:
     """One execute_local() call run the Python way, as idem_py_local() sees
     it through ctx (a handle made once: spares are kept in _LOCALS)."""
 
-    __slots__ = ("fn", "store", "context", "error", "body", "keep", "ctx")
+    __slots__ = ("fn", "store", "context", "error", "body", "keep", "ctx", "statements")
 
     def __init__(self) -> None:
         self.fn: Any = None
@@ -809,10 +809,12 @@ class _LocalCall:
         self.error: Optional[BaseException] = None
         self.body: Any = None
         self.keep: Any = None
+        self.statements: Optional[Statements] = None  # conn='s: the call's own
         self.ctx = ffi.new_handle(self)
 
     def clear(self) -> None:
         self.fn = self.store = self.context = self.error = self.body = self.keep = None
+        self.statements = None
 
 
 # Spare _LocalCalls, as _SPARES.
@@ -837,7 +839,7 @@ def _local_run(local: "_LocalCall", conn: Any, response: Any) -> int:
     """idem_py_local()'s work, inside the caller's context: 0, the result
     written to response, or 1 with what fn raised kept in local.error."""
     store = local.store
-    tx = Transaction(store.backend, _address(conn), store._statements)
+    tx = Transaction(store.backend, _address(conn), local.statements or store._statements)
     outer = _swap_local(store)  # fn must not call back into its own store
     try:
         body = _local_body(local.fn(tx))
@@ -881,6 +883,15 @@ def _local_python(store: Any, owner: "Store", tenant: bytes, operation: bytes,
         local.clear()  # then another call may take it
         if len(_LOCALS) < 8:
             _LOCALS.append(local)
+
+
+class _Unkept(Statements):
+    """A statement cache for one call on the application's connection:
+    nothing prepared in its PostgreSQL session, SQLite's statements
+    finalized at the end (close())."""
+
+    def pg_name(self, conn: Any, sql: bytes) -> Optional[bytes]:
+        return None
 
 
 _MISSING = object()  # resolve()'s completed= when not given
@@ -1025,7 +1036,7 @@ class Store:
                    release_on: ReleaseOn = (), encoder: "_values.Encoder" = None,
                    decoder: "_values.Decoder" = None, on_expired_lease: str = "take_over",
                    takeover_unknown: bool = False,
-                   max_attempts: Optional[int] = None) -> _Decorator:
+                   max_attempts: Optional[int] = None, conn: Any = None) -> _Decorator:
         """A decorator: the function it decorates runs at most once per key.
 
             @store.idempotent("create_ticket", key="request_id")
@@ -1068,6 +1079,16 @@ class Store:
         marked unknown again. max_attempts: the most attempts a key may
         have (None: no bound).
 
+        conn: join the application's open transaction: the name of the
+        argument holding its connection (a sqlite3.Connection on the
+        store's file, a psycopg.Connection to the store's database, or a
+        SQLAlchemy connection of either), or a callable that returns it
+        (lambda: flask.g.db). The record is then written on that
+        connection, inside its transaction, and the function's writes
+        there commit or roll back with it: the application's commit keeps
+        both, its rollback (or an exception in the function) drops both
+        and frees the key. The connection is no part of the fingerprint.
+
         For tests, idem.disabled() (or IDEM_DISABLED=1 in the environment)
         makes every decorated function a plain call."""
         opts = _Options(lease, retention, wait, payload,  # bad options fail here
@@ -1087,6 +1108,8 @@ class Store:
                 method = _is_method(fn, sig)
             spec = _Spec(self, fn, operation, key, tenant, opts, release_on,
                          _first_name(fn, sig) if method else None, sig, encoder, decoder)
+            if conn is not None:
+                return _joining(self, fn, spec, conn, method, of_class)
             plain = spec.read is None and not spec.later  # the value is the JSON value
             reader = spec.reader
             if inspect.iscoroutinefunction(fn):
@@ -1187,13 +1210,31 @@ class Store:
                       wait: Seconds = None, encoder: "_values.Encoder" = None,
                       decoder: "_values.Decoder" = None, returns: Any = None,
                       on_expired_lease: str = "take_over", takeover_unknown: bool = False,
-                      max_attempts: Optional[int] = None) -> "Outcome[Any]":
+                      max_attempts: Optional[int] = None, conn: Any = None) -> "Outcome[Any]":
         """Runs fn(tx) inside the store's transaction, on its own connection,
         so that what fn writes through tx.execute() commits together with
         the record; an Outcome, its value rebuilt as returns (default: fn's
         return annotation) declares. An exception in fn rolls both back,
-        releases the key and propagates."""
+        releases the key and propagates.
+
+        conn: the application's own connection, whose open transaction the
+        call joins instead (a sqlite3.Connection on the store's file, a
+        psycopg.Connection to the store's database, or a SQLAlchemy
+        connection of either): the record is written there, fn's tx runs
+        there, and the application's commit or rollback decides both.
+        wait= does not apply (InFlight at once)."""
         recovery = _recovery(on_expired_lease, takeover_unknown, max_attempts)
+        if conn is not None:
+            read = _values.reader_of(fn, returns, encoder, decoder)
+            if encoder is not None:
+                writer = _values.writer(encoder)
+                request = _scan(_request(request, writer).decode("utf-8"), 0)[0]
+                fn = _pending(fn, writer)
+            out = self._local_in(_name(operation, "operation"),
+                                 _name(tenant if tenant is not None else "", "tenant"),
+                                 _key(key), _request(request), fn, conn,
+                                 _options(lease, retention, None, None, recovery))
+            return _values.read_outcome(out, read)
         if encoder is not None or decoder is not None or returns is not None or \
                 getattr(fn, "__annotations__", None):
             return self._local_typed(operation, key, request, fn, tenant, lease, retention,
@@ -1233,6 +1274,40 @@ class Store:
                 rc = _local_python(store, self, t, op, k, request, opts, fn, c, buf)
             return _local_answer(rc, c, buf, op, k, t)
         finally:
+            self._done(pair)
+
+    def _local_in(self, op: bytes, tenant: bytes, key: bytes, request: bytes,
+                  fn: Callable[[Transaction], Any], conn: Any,
+                  opts: "_Options") -> "Outcome[Any]":
+        """execute_local() in the application's transaction on conn (its
+        value as JSON reads it)."""
+        addr, raw = _joined.handle(conn, self.backend)
+        pair = _take()
+        c, buf = pair[0], pair[1]
+        self._calls.add(pair[2])
+        try:
+            local = _LOCALS.pop()
+        except IndexError:
+            local = _LocalCall()
+        # Statements of this call only: the application's connection keeps
+        # nothing of idem's (no prepared statement left in its session).
+        statements = _Unkept()
+        local.fn, local.store, local.context = fn, self, contextvars.copy_context()
+        local.statements = statements
+        try:
+            store = self._handle()
+            rc = lib.idem_py_local_in(store, ffi.cast("void *", addr), tenant, op, key,
+                                      request, len(request), opts.call, local.ctx, c, buf,
+                                      _BUF_SIZE)
+            if rc == _EREJECTED and local.error is not None:
+                raise local.error
+            return _local_answer(rc, c, buf, op, key, tenant)
+        finally:
+            statements.close()
+            local.clear()
+            if len(_LOCALS) < 8:
+                _LOCALS.append(local)
+            del raw  # held until the call ended
             self._done(pair)
 
     def _local_typed(self, operation: str, key: str, request: Any,
@@ -1726,6 +1801,49 @@ class _Spec:
         if self.writer is not _values.PLAIN:
             value = _Pending(value, self.writer)
         return await _settle_async(self.store, got, value)
+
+
+def _joining(store: Store, fn: Callable[..., Any], spec: _Spec, conn: Any,
+             method: bool, of_class: bool) -> Any:
+    """The decorated fn with conn=: each call joins the application's
+    transaction on the connection that conn names (an argument) or returns
+    (a callable)."""
+    if inspect.iscoroutinefunction(fn):
+        raise TypeError("conn=: %s is async; a joined transaction runs sync functions "
+                        "(psycopg's AsyncConnection is not supported)" % spec.what)
+    if isinstance(conn, str):
+        if conn not in spec.sig.parameters or conn == spec.self_name:
+            raise TypeError("conn=%r: %s has no argument of that name" % (conn, spec.what))
+        if conn == spec.key_name:
+            raise TypeError("conn=%r: that argument is the key" % conn)
+    elif not callable(conn):
+        raise TypeError("conn must be an argument name or a callable")
+
+    def call(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> "Outcome[Any]":
+        tenant, key, arguments = spec.prepare(args, kwargs)
+        if isinstance(conn, str):
+            connection = arguments.pop(conn)
+        else:
+            connection = conn()
+        request = _arguments_json(arguments, spec.writer)
+        call_fn = spec.call_fn
+        out = store._local_in(spec.operation, tenant, key, request,
+                              lambda tx: call_fn(*args, **kwargs), connection, spec.opts)
+        return _values.read_outcome(out, spec.reader())
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if _DISABLED:
+            return fn(*args, **kwargs)
+        return call(args, kwargs).value
+
+    def outcome(*args: Any, **kwargs: Any) -> "Outcome[Any]":
+        if _DISABLED:
+            return Outcome(fn(*args, **kwargs), False, False)
+        return call(args, kwargs)
+
+    run.outcome = outcome  # type: ignore[attr-defined]
+    return _Method(run, of_class) if method else run
 
 
 def _binder(fn: Callable[..., Any], sig: inspect.Signature,
