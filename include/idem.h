@@ -56,6 +56,9 @@
  *    needs them closes.
  *  - idem_execute_begin() and idem_execute_end(): idem_execute() in two
  *    halves, for actions that do not run on one thread.
+ *  - idem_execute_in(): a local action inside the caller's own open
+ *    transaction, on its own sqlite3 * or PGconn *; its COMMIT or ROLLBACK
+ *    decides the action and the record together.
  *  - idem_store_check(): whether the store can take a write now. An SQLite
  *    handle whose database file is deleted, moved or replaced while it is
  *    open now writes nothing more (IDEM_ESTORE), as one whose -wal file is.
