@@ -441,6 +441,120 @@ static void test_joined_second_acts_after_rollback(void **state) {
   two_transactions(*state, 0);
 }
 
+/* ---- the database makes the transaction give way ------------------------- */
+
+/* A transaction whose snapshot is older than another's commit of the key
+ * cannot decide on it: IDEM_EBUSY, nothing run or written, and the caller's
+ * transaction can roll back and run again (SQLite: a deferred transaction
+ * that read before the commit; PostgreSQL: REPEATABLE READ). */
+static void test_joined_stale_snapshot_gives_way(void **state) {
+  fixture *f = *state;
+  idem_id id = {NULL, OPERATION, KEY};
+  char fp[IDEM_FINGERPRINT_SIZE];
+  ticket_action first = {.payload = PAYLOAD}, act = {.payload = PAYLOAD};
+  void *app = app_open(f->url);
+  idem_call *c = NULL;
+  long long n;
+  fp_of(PAYLOAD, fp);
+  if (backend_from_env() == BACKEND_POSTGRESQL)
+    app_exec(app, "BEGIN ISOLATION LEVEL REPEATABLE READ");
+  else
+    app_exec(app, "BEGIN DEFERRED");
+  /* The snapshot starts here. */
+  app_exec(app, "SELECT COUNT(*) FROM {S}.tickets");
+  c = LOCAL(f->store, &id, fp, NULL, &first, IDEM_PROCEED);
+  idem_call_free(c);
+  c = NULL;
+  EXPECT_RC(IDEM_EBUSY, idem_execute_in(f->store, app, &id, fp, NULL,
+                                        create_ticket, &act, &c));
+  assert_null(c);
+  assert_int_equal(act.runs, 0);
+  app_exec(app, "ROLLBACK");
+  /* Run again, it replays the committed answer. */
+  app_exec(app, "BEGIN");
+  c = IN(f->store, app, &id, fp, &act, IDEM_REPLAY);
+  assert_int_equal(ticket_id_of(idem_call_response(c)), first.ticket_id);
+  idem_call_free(c);
+  app_exec(app, "COMMIT");
+  n = count_tickets(f->url);
+  assert_int_equal(n, 1);
+  assert_int_equal(act.runs, 0);
+  app_close(app);
+}
+
+/* An action that commits the caller's transaction itself breaks the
+ * savepoint: what it wrote is kept without a record, so the key is marked
+ * unknown and a retry does not act again. */
+static int commit_inside(void *conn, void *ctx, idem_response *response) {
+  ticket_action *a = ctx;
+  int rc = create_ticket(conn, ctx, response);
+  (void)a;
+  if (rc == 0 && app_try(conn, "COMMIT") != 0)
+    rc = 3;
+  return rc;
+}
+
+static void test_joined_action_that_commits_marks_unknown(void **state) {
+  fixture *f = *state;
+  idem_id id = {NULL, OPERATION, KEY};
+  char fp[IDEM_FINGERPRINT_SIZE];
+  ticket_action act = {.payload = PAYLOAD}, again = {.payload = PAYLOAD};
+  void *app = app_open(f->url);
+  idem_call *c = NULL;
+  fp_of(PAYLOAD, fp);
+  app_exec(app, "BEGIN");
+  EXPECT_RC(IDEM_ESTORE, idem_execute_in(f->store, app, &id, fp, NULL,
+                                         commit_inside, &act, &c));
+  assert_null(c);
+  assert_false(app_in_tx(app));
+  assert_int_equal(count_tickets(f->url), 1);
+  {
+    idem_record *r = get_record(f->store, &id);
+    assert_int_equal(r->state, IDEM_STATE_UNKNOWN);
+    idem_record_free(r);
+  }
+  c = LOCAL(f->store, &id, fp, NULL, &again, IDEM_UNKNOWN);
+  assert_int_equal(again.runs, 0);
+  idem_call_free(c);
+  assert_int_equal(count_tickets(f->url), 1);
+  app_close(app);
+}
+
+/* On a store that seals its answers, the record written through the
+ * caller's connection is sealed too, and opened on replay. */
+static void test_joined_sealed_store(void **state) {
+  static const unsigned char key[1][IDEM_SEAL_KEY_SIZE] = {{0x5e, 0xa1}};
+  fixture *f = *state;
+  idem_id id = {NULL, OPERATION, KEY};
+  char fp[IDEM_FINGERPRINT_SIZE];
+  ticket_action act = {.payload = PAYLOAD}, again = {.payload = PAYLOAD};
+  void *app = app_open(f->url);
+  idem_call *c;
+  fp_of(PAYLOAD, fp);
+  EXPECT_RC(IDEM_OK, idem_store_seal(f->store, key, 1));
+  app_exec(app, "BEGIN");
+  c = IN(f->store, app, &id, fp, &act, IDEM_PROCEED);
+  /* The caller gets its answer in clear. */
+  assert_int_equal(ticket_id_of(idem_call_response(c)), act.ticket_id);
+  idem_call_free(c);
+  app_exec(app, "COMMIT");
+  /* No ticket body in clear in the store. */
+  assert_int_equal(
+      side_sql(f->url,
+               backend_from_env() == BACKEND_POSTGRESQL
+                   ? "SELECT COUNT(*) FROM {S}.idem_records WHERE "
+                     "position(convert_to('ticket_id', 'UTF8') in body) > 0"
+                   : "SELECT COUNT(*) FROM idem_records WHERE instr(body, "
+                     "CAST('ticket_id' AS BLOB)) > 0",
+               NULL),
+      0);
+  c = LOCAL(f->store, &id, fp, NULL, &again, IDEM_REPLAY);
+  assert_int_equal(ticket_id_of(idem_call_response(c)), act.ticket_id);
+  idem_call_free(c);
+  assert_int_equal(again.runs, 0);
+  app_close(app);
+}
+
 /* ---- refusals ------------------------------------------------------------ */
 
 static void test_joined_refusals(void **state) {
@@ -510,6 +624,9 @@ int main(void) {
       T(test_joined_takes_over_an_expired_lease),
       T(test_joined_second_waits_then_replays),
       T(test_joined_second_acts_after_rollback),
+      T(test_joined_stale_snapshot_gives_way),
+      T(test_joined_action_that_commits_marks_unknown),
+      T(test_joined_sealed_store),
       T(test_joined_refusals),
   };
   int failed = run_engine_tests("joined", both, sizeof both / sizeof *both,
