@@ -44,6 +44,7 @@ def test_the_package_is_mypy_strict_clean(tmp_path):
 
 PROGRAM = '''
 import asyncio
+import sqlite3
 from dataclasses import dataclass
 from typing import Dict
 
@@ -67,6 +68,11 @@ async def fetch(url: str, request_id: str) -> Dict[str, int]:
     return {"status": 200}
 
 
+@store.idempotent("place_order", key="request_id", conn="db")
+def place_order(db: sqlite3.Connection, item: str, request_id: str) -> int:
+    return 1
+
+
 class Tickets:
     @store.idempotent("close_ticket", key="request_id")
     def close(self, ticket_id: int, request_id: str) -> bool:
@@ -83,6 +89,7 @@ reveal_type(create_ticket.outcome("t", request_id="r"))
 reveal_type(create_ticket.outcome("t", request_id="r").value.ticket_id)
 reveal_type(create_ticket.outcome("t", request_id="r").replayed)
 reveal_type(Tickets().close(1, request_id="r"))
+reveal_type(place_order(sqlite3.connect("typed.db"), "book", request_id="r"))
 '''
 
 WRONG = '''
@@ -106,6 +113,7 @@ def test_a_decorated_function_keeps_its_types(tmp_path):
         '"builtins.int"',
         '"builtins.bool"',
         '"builtins.bool"',
+        '"builtins.int"',
     ], out
     assert "error:" not in out, out  # notes only
     assert rc in (0, 1), out  # a newer mypy exits 1 for reveal_type's notes
