@@ -765,8 +765,13 @@ IDEM_API int idem_execute_local(idem_store *store, const idem_id *id,
  * transaction that read before another's commit; a PostgreSQL
  * serialization failure or deadlock): roll it back and run it again.
  * fn must not end the transaction; one that does is treated as by
- * idem_execute_local().
+ * idem_execute_local(). Nor may fn close conn; a binding that cannot
+ * prevent its caller's code from closing it returns IDEM_LOCAL_CLOSED
+ * from fn when it did, and conn is then not touched again (the call
+ * fails with IDEM_ESTATE; the closed connection's transaction ended with
+ * it). conn is used on this thread alone during the call.
  */
+#define IDEM_LOCAL_CLOSED (-0x1d3c)
 IDEM_API int idem_execute_in(idem_store *store, void *conn,
                              const idem_id *id, const char *fingerprint,
                              const idem_call_options *opts, idem_local_fn fn,

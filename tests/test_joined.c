@@ -555,6 +555,108 @@ static void test_joined_sealed_store(void **state) {
   app_close(app);
 }
 
+/* An action that closes the caller's connection says so
+ * (IDEM_LOCAL_CLOSED): the connection is not touched again, nothing is
+ * stored, and the store goes on. */
+static int close_inside(void *conn, void *ctx, idem_response *response) {
+  if (create_ticket(conn, ctx, response) != 0)
+    return 2;
+  if (backend_from_env() == BACKEND_POSTGRESQL)
+    PQfinish(conn);
+  else
+    sqlite3_close_v2(conn);
+  return IDEM_LOCAL_CLOSED;
+}
+
+static void test_joined_action_that_closes_the_connection(void **state) {
+  fixture *f = *state;
+  idem_id id = {NULL, OPERATION, KEY};
+  char fp[IDEM_FINGERPRINT_SIZE];
+  ticket_action act = {.payload = PAYLOAD}, again = {.payload = PAYLOAD};
+  idem_call *c = NULL;
+  fp_of(PAYLOAD, fp);
+  for (int begin = 0; begin < 2; begin++) {
+    void *app = app_open(f->url);
+    if (begin)
+      app_exec(app, "BEGIN");
+    EXPECT_RC(IDEM_ESTATE, idem_execute_in(f->store, app, &id, fp, NULL,
+                                           close_inside, &act, &c));
+    assert_null(c);
+    assert_absent(f->store, &id);
+  }
+  assert_int_equal(act.runs, 2);
+  assert_int_equal(count_tickets(f->url), 0);
+  c = LOCAL(f->store, &id, fp, NULL, &again, IDEM_PROCEED);
+  idem_call_free(c);
+  assert_int_equal(count_tickets(f->url), 1);
+}
+
+/* SQLite: TEMP tables named as idem's do not take the record (every
+ * statement names the main schema). PostgreSQL: a session's TimeZone and
+ * DateStyle do not make its database look like another one. */
+static void test_joined_session_quirks(void **state) {
+  fixture *f = *state;
+  idem_id id = {NULL, OPERATION, KEY};
+  char fp[IDEM_FINGERPRINT_SIZE];
+  ticket_action act = {.payload = PAYLOAD};
+  void *app = app_open(f->url);
+  idem_call *c;
+  fp_of(PAYLOAD, fp);
+  if (backend_from_env() == BACKEND_POSTGRESQL) {
+    app_exec(app, "SET TimeZone = 'America/New_York'");
+    app_exec(app, "SET DateStyle = 'SQL, DMY'");
+  } else {
+    app_exec(app, "CREATE TEMP TABLE idem_records AS SELECT * FROM "
+                  "main.idem_records WHERE 0");
+    app_exec(app, "CREATE UNIQUE INDEX temp.r ON idem_records (tenant, "
+                  "operation, key)");
+    app_exec(app, "CREATE TEMP TABLE idem_meta AS SELECT * FROM main.idem_meta");
+  }
+  app_exec(app, "BEGIN");
+  c = IN(f->store, app, &id, fp, &act, IDEM_PROCEED);
+  idem_call_free(c);
+  app_exec(app, "COMMIT");
+  {
+    idem_record *r = get_record(f->store, &id);
+    assert_int_equal(r->state, IDEM_STATE_COMPLETED);
+    assert_int_equal(ticket_id_of(&r->response), act.ticket_id);
+    idem_record_free(r);
+  }
+  app_close(app);
+}
+
+/* PostgreSQL: an answer that writes nothing leaves no lock on the row: a
+ * holder outside the transaction completes while it is still open. */
+static void test_joined_in_flight_leaves_the_row_unlocked(void **state) {
+  fixture *f = *state;
+  idem_id id = {NULL, OPERATION, KEY};
+  char fp[IDEM_FINGERPRINT_SIZE];
+  ticket_action act = {.payload = PAYLOAD};
+  void *app = app_open(f->url);
+  idem_response done = {201, NULL, 0, "{\"ticket_id\":77}", 16};
+  idem_call *holder, *c;
+  fp_of(PAYLOAD, fp);
+  holder = CLAIM(f->store, &id, fp, NULL, IDEM_PROCEED);
+  app_exec(app, "BEGIN");
+  c = IN(f->store, app, &id, fp, &act, IDEM_IN_FLIGHT);
+  idem_call_free(c);
+  assert_int_equal(
+      side_sql(f->url,
+               "SELECT COUNT(*) FROM (SELECT 1 FROM {S}.idem_records WHERE "
+               "key = $1::text FOR UPDATE SKIP LOCKED) r",
+               KEY),
+      1);
+  EXPECT_RC(IDEM_OK, idem_complete(f->store, holder, &done));
+  idem_call_free(holder);
+  /* The same transaction, asked again, now replays. */
+  c = IN(f->store, app, &id, fp, &act, IDEM_REPLAY);
+  assert_int_equal(ticket_id_of(idem_call_response(c)), 77);
+  idem_call_free(c);
+  app_exec(app, "COMMIT");
+  assert_int_equal(act.runs, 0);
+  app_close(app);
+}
+
 /* ---- refusals ------------------------------------------------------------ */
 
 static void test_joined_refusals(void **state) {
@@ -595,6 +697,13 @@ static void test_joined_refusals(void **state) {
     EXPECT_RC(IDEM_EINVAL, idem_execute_in(f->store, app, &id, fp, NULL,
                                            create_ticket, &act, &c));
     app_exec(app, "ROLLBACK");
+    /* A read-only transaction: refused, and still usable. */
+    app_exec(app, "BEGIN READ ONLY");
+    EXPECT_RC(IDEM_EINVAL, idem_execute_in(f->store, app, &id, fp, NULL,
+                                           create_ticket, &act, &c));
+    assert_true(app_in_tx(app));
+    app_exec(app, "SELECT 1");
+    app_exec(app, "ROLLBACK");
   } else {
     char path[URL_MAX + 16];
     sqlite3 *db = NULL;
@@ -627,10 +736,16 @@ int main(void) {
       T(test_joined_stale_snapshot_gives_way),
       T(test_joined_action_that_commits_marks_unknown),
       T(test_joined_sealed_store),
+      T(test_joined_action_that_closes_the_connection),
+      T(test_joined_session_quirks),
       T(test_joined_refusals),
   };
+  const struct CMUnitTest pg_only[] = {
+      T(test_joined_in_flight_leaves_the_row_unlocked),
+  };
   int failed = run_engine_tests("joined", both, sizeof both / sizeof *both,
-                                NULL, 0, NULL, 0);
+                                NULL, 0, pg_only,
+                                sizeof pg_only / sizeof *pg_only);
   clean_left_over();
   return failed;
 }

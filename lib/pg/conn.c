@@ -78,6 +78,12 @@ int idem__pg_fail(conn *c, const PGresult *res, const char *what, char *err) {
            !strcmp(state, "57P02") || !strcmp(state, "57P03") ||
            !strcmp(state, "53300"))
     rc = IDEM_EUNAVAILABLE;
+  else if (c->foreign && !strcmp(state, "25006"))
+    /* The caller's own transaction (idem_execute_in()) is read-only. */
+    return idem__pg_failf(err, IDEM_EINVAL,
+                          "postgresql: %s: the caller's transaction is "
+                          "read-only (SQLSTATE 25006)",
+                          what);
   else if (!strcmp(state, "25006") || standby(c)) {
     /* A write refused as read-only, or any failure on a server in
      * recovery (which also refuses idem's advisory locks). */

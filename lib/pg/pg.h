@@ -98,6 +98,7 @@ typedef struct conn {
    * statements are sent unprepared and waited for as libpq does, and the
    * connection is never rolled back, reconnected or shut down by idem. */
   int foreign;
+  int gone; /* foreign: the caller's action closed it (IDEM_LOCAL_CLOSED) */
   struct conn *next;
 } conn;
 

@@ -679,6 +679,14 @@ static int call_action(conn *c, idem__op *op, idem_response *r) {
   int fn_rc;
   memset(r, 0, sizeof *r);
   fn_rc = op->fn(c->pg, op->ctx, r);
+  if (c->foreign && fn_rc == IDEM_LOCAL_CLOSED) {
+    c->gone = 1; /* freed, maybe: not touched again */
+    return idem__op_fail(op, IDEM_ESTATE,
+                         "key '%s': the action closed the caller's "
+                         "connection; nothing was stored (its transaction "
+                         "ended with it)",
+                         op->id->key);
+  }
   ts = PQtransactionStatus(c->pg);
   /* A lost connection is checked first: an action that fails because its
    * statement could not reach the server was not rejected, and a retry is
@@ -1018,41 +1026,40 @@ fail:
 /* ---- the caller's own transaction (idem_execute_in) ---------------------- */
 
 /* What tells one database from another: its name and its server's start
- * time. */
+ * time, in microseconds (not as text, which follows each session's
+ * TimeZone and DateStyle). */
 #define IDENTITY_SQL                                                           \
-  "SELECT current_database() || '/' || pg_postmaster_start_time()::text"
+  "SELECT pg_catalog.current_database() || '/' || (extract(epoch FROM "        \
+  "pg_catalog.pg_postmaster_start_time()) * 1000000)::bigint::text"
 
-/* The store's database as IDENTITY_SQL tells it, read once on one of the
- * store's own connections. IDEM_OK, or the error with err set. */
-static int store_identity(pg_store *s, char *err) {
-  conn *c = NULL;
-  PGresult *res;
-  char *id = NULL;
-  int rc;
-  pthread_mutex_lock(&s->mu);
-  rc = s->identity ? 1 : 0;
-  pthread_mutex_unlock(&s->mu);
-  if (rc)
-    return IDEM_OK;
-  if ((rc = idem__pg_pool_get(s, &c, err)) != IDEM_OK)
-    return rc;
-  res = idem__pg_exec(c, IDENTITY_SQL);
+/* Reads the store's database as IDENTITY_SQL tells it, on c (one of the
+ * store's own connections), into s->identity. */
+static int read_identity(pg_store *s, conn *c, char *err) {
+  PGresult *res = idem__pg_exec(c, IDENTITY_SQL);
+  char *id = NULL, *old;
+  int rc = IDEM_OK;
   if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1)
     rc = idem__pg_fail(c, res, "read the database's identity", err);
   else if (!(id = idem__strdup(PQgetvalue(res, 0, 0))))
     rc = idem__pg_failf(err, IDEM_ENOMEM, "out of memory");
   PQclear(res);
-  idem__pg_pool_put(s, c);
   if (rc != IDEM_OK)
     return rc;
   pthread_mutex_lock(&s->mu);
-  if (!s->identity) {
-    s->identity = id;
-    id = NULL;
-  }
+  old = s->identity;
+  s->identity = id;
   pthread_mutex_unlock(&s->mu);
-  free(id);
+  free(old);
   return IDEM_OK;
+}
+
+/* Whether s->identity is text (under mu). */
+static int identity_is(pg_store *s, const char *text) {
+  int same;
+  pthread_mutex_lock(&s->mu);
+  same = s->identity && strcmp(s->identity, text) == 0;
+  pthread_mutex_unlock(&s->mu);
+  return same;
 }
 
 /* Runs a statement without parameters on the caller's connection c. */
@@ -1067,24 +1074,32 @@ static int in_simple(conn *c, const char *sql, const char *what, char *err) {
 }
 
 /* Whether c is a connection to the store's database: IDEM_OK, or
- * IDEM_EINVAL (another database or server) or the error of the read. */
+ * IDEM_EINVAL (another database or server) or the error of the read. The
+ * store's identity, read when it opened, is read again on a mismatch (its
+ * server restarted meanwhile, or failed over). */
 static int same_database(pg_store *s, conn *c, idem__op *op) {
-  PGresult *res;
-  int rc;
-  if ((rc = store_identity(s, op->errmsg)) != IDEM_OK)
-    return op->rc = rc;
-  res = PQexec(c->pg, IDENTITY_SQL);
+  PGresult *res = PQexec(c->pg, IDENTITY_SQL);
+  int rc = IDEM_OK;
   if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
     rc = idem__pg_fail(c, res, "read the database's identity", op->errmsg);
     PQclear(res);
     return op->rc = rc;
   }
-  /* s->identity, once set, never changes. */
-  if (strcmp(PQgetvalue(res, 0, 0), s->identity) != 0)
-    rc = idem__op_fail(op, IDEM_EINVAL,
-                       "execute_in: the connection is to another database "
-                       "or server than the store's (%.120s, not %.120s)",
-                       PQgetvalue(res, 0, 0), s->identity);
+  if (!identity_is(s, PQgetvalue(res, 0, 0))) {
+    conn *own = NULL;
+    if ((rc = idem__pg_pool_get(s, &own, op->errmsg)) == IDEM_OK) {
+      rc = read_identity(s, own, op->errmsg);
+      idem__pg_pool_put(s, own);
+    }
+    if (rc == IDEM_OK && !identity_is(s, PQgetvalue(res, 0, 0)))
+      rc = idem__op_fail(op, IDEM_EINVAL,
+                         "execute_in: the connection is to another database "
+                         "or server than the store's (database/server start: "
+                         "%.120s)",
+                         PQgetvalue(res, 0, 0));
+    else if (rc != IDEM_OK)
+      op->rc = rc;
+  }
   PQclear(res);
   return rc;
 }
@@ -1097,7 +1112,7 @@ static int run_local_in(pg_store *s, conn *c, idem__op *op) {
   params p = {0};
   idem_response r;
   if (call_action(c, op, &r) != IDEM_OK) {
-    if (op->rc != IDEM_EUNAVAILABLE &&
+    if (!c->gone && op->rc != IDEM_EUNAVAILABLE &&
         PQtransactionStatus(c->pg) == PQTRANS_IDLE)
       mark_self_ended(s, c, op);
     return op->rc;
@@ -1162,6 +1177,7 @@ static void in_claim(pg_store *s, conn *c, idem__op *op) {
 
 static void pg_run_in(void *state, idem__op *op) {
   pg_store *s = state;
+  char ignored[ERR_SIZE];
   conn c;
   int began = 0, rc;
   memset(&c, 0, sizeof c);
@@ -1194,33 +1210,41 @@ static void pg_run_in(void *state, idem__op *op) {
                   "connection");
     return;
   }
-  if (same_database(s, &c, op) != IDEM_OK)
-    goto out;
-  if (began && in_simple(&c, "BEGIN", "begin", op->errmsg) != IDEM_OK) {
-    op->rc = IDEM_ESTORE;
+  /* Everything from here runs in the savepoint, so that a failure (the
+   * identity's read too) leaves the caller's transaction as it was. */
+  if (began && (rc = in_simple(&c, "BEGIN", "begin", op->errmsg))) {
+    op->rc = rc;
     goto out;
   }
   if ((rc = in_simple(&c, "SAVEPOINT idem_in", "savepoint", op->errmsg))) {
     op->rc = rc;
     goto out;
   }
-  in_claim(s, &c, op);
-  if (op->rc == IDEM_OK) {
+  if (same_database(s, &c, op) == IDEM_OK)
+    in_claim(s, &c, op);
+  if (c.gone)
+    return; /* the action closed the connection: not touched again */
+  /* A decision that wrote nothing (replay, conflict, in flight, unknown)
+   * is rolled back too: its read locked the row (FOR UPDATE), which would
+   * keep the holder's completion waiting until the transaction ends. */
+  if (op->rc == IDEM_OK && (op->claim->outcome == IDEM_PROCEED ||
+                            op->claim->outcome == IDEM_RECOVER)) {
     if ((rc = in_simple(&c, "RELEASE idem_in", "release", op->errmsg)))
       op->rc = rc;
   } else if (PQtransactionStatus(c.pg) == PQTRANS_INTRANS ||
              PQtransactionStatus(c.pg) == PQTRANS_INERROR) {
-    char ignored[ERR_SIZE];
     if (in_simple(&c, "ROLLBACK TO idem_in", "rollback", ignored) == IDEM_OK)
       in_simple(&c, "RELEASE idem_in", "release", ignored);
+    else if (op->rc == IDEM_OK || op->rc == IDEM_EREJECTED)
+      idem__op_fail(op, IDEM_ESTORE,
+                    "execute_in: the savepoint could not be rolled back; "
+                    "roll the transaction back");
   }
 out:
   if (op->rc != IDEM_OK) {
     idem__pg_scrub(s, op->errmsg, sizeof op->errmsg);
-    if (began && PQtransactionStatus(c.pg) != PQTRANS_IDLE) {
-      char ignored[ERR_SIZE];
+    if (began && PQtransactionStatus(c.pg) != PQTRANS_IDLE)
       in_simple(&c, "ROLLBACK", "rollback", ignored);
-    }
   }
 }
 
@@ -1365,7 +1389,8 @@ static int pg_open(const char *target, const idem_store_options *opts,
     goto nomem;
   if ((rc = idem__pg_conn_open(s, &c, err)) != IDEM_OK ||
       (rc = idem__pg_server_version(s, c, err)) != IDEM_OK ||
-      (rc = idem__pg_ensure_schema(s, c, err)) != IDEM_OK)
+      (rc = idem__pg_ensure_schema(s, c, err)) != IDEM_OK ||
+      (rc = read_identity(s, c, err)) != IDEM_OK)
     goto fail;
   /* A store left below the version that has the recovered mark: the
    * statements that name it are replaced (none is prepared yet). */

@@ -11,6 +11,10 @@
 #include <sys/stat.h>
 
 /*
+ * Tables are named with their schema, main: a connection may have TEMP
+ * tables of the same names (idem_execute_in() runs these statements on the
+ * caller's connection), which would otherwise take the records.
+ *
  * Every read that answers from rows also reads the schema version, in the
  * same statement and so the same snapshot: a store that a newer idem
  * migrated is refused (IDEM_ESCHEMA) instead of having its rows read in a
@@ -18,7 +22,7 @@
  * statement more.
  */
 #define VERSION_SQL                                                            \
-  "(SELECT value FROM idem_meta WHERE name = 'schema_version')"
+  "(SELECT value FROM main.idem_meta WHERE name = 'schema_version')"
 
 /* The columns of a record; rec is the recovered mark's column, or "0" on
  * a store of schema 1 opened read-only (which cannot be migrated). Then
@@ -47,18 +51,18 @@
 #define SELECT_SQL(rec, boot)                                                  \
   "SELECT fingerprint, state, attempt, lease_expires_ms, expires_ms, "         \
   "status, meta, body, checksum, " rec ", " VERSION_SQL ", " boot " FROM "     \
-  "idem_records WHERE tenant = ?1 AND operation = ?2 AND key = ?3"
+  "main.idem_records WHERE tenant = ?1 AND operation = ?2 AND key = ?3"
 #define SELECT_RECOVERED 9
 #define SELECT_VERSION 10
 #define SELECT_EXPIRES_BOOT 11
 
 #define GET_SQL(cols, expired)                                                 \
-  "SELECT " cols " FROM idem_records WHERE tenant = ?2 AND operation = ?3 "    \
+  "SELECT " cols " FROM main.idem_records WHERE tenant = ?2 AND operation = ?3 "    \
   "AND key = ?4 AND NOT " expired
 
 /* One page after the last record of the previous one (?8-?11). */
 #define LIST_SQL(cols, expired)                                                \
-  "SELECT " cols " FROM idem_records WHERE (?2 IS NULL OR "                    \
+  "SELECT " cols " FROM main.idem_records WHERE (?2 IS NULL OR "                    \
   "tenant = ?2) AND (?3 IS NULL OR operation = ?3) AND (?4 = 0 OR state = "    \
   "?4) AND (?5 OR NOT " expired ") AND (?7 = 0 OR " OVERDUE_SQL ") AND "       \
   "(created_ms, tenant, operation, key) > (?8, ?9, ?10, ?11) ORDER BY "        \
@@ -74,56 +78,56 @@
 static const char *const sql_text[ST_COUNT] = {
     [ST_SELECT] = SELECT_SQL("recovered", "expires_boot_ms"),
     [ST_INSERT] =
-        "INSERT OR REPLACE INTO idem_records (tenant, operation, key, "
+        "INSERT OR REPLACE INTO main.idem_records (tenant, operation, key, "
         "fingerprint, request, state, owner, attempt, created_ms, updated_ms, "
         "lease_expires_ms, expires_ms) VALUES (?1, ?2, ?3, ?4, ?5, 1, ?6, 1, "
         "?7, ?7, ?8, ?9)",
-    [ST_TAKEOVER] = "UPDATE idem_records SET state = 1, owner = ?4, attempt = "
+    [ST_TAKEOVER] = "UPDATE main.idem_records SET state = 1, owner = ?4, attempt = "
                     "attempt + 1, updated_ms = ?5, lease_expires_ms = ?6, "
                     "expires_ms = MAX(expires_ms, ?7) WHERE tenant = ?1 AND "
                     "operation = ?2 AND key = ?3",
     [ST_COMPLETE] =
-        "UPDATE idem_records SET state = 2, owner = NULL, lease_expires_ms = "
+        "UPDATE main.idem_records SET state = 2, owner = NULL, lease_expires_ms = "
         "0, updated_ms = ?5, expires_ms = ?6, status = ?7, meta = ?8, body = "
         "?9, checksum = ?10, recovered = attempt > 1, expires_boot_ms = ?11 "
         "WHERE tenant = ?1 AND operation = ?2 AND key = ?3 AND owner = ?4 AND "
         "state = 1",
-    [ST_RELEASE] = "DELETE FROM idem_records WHERE tenant = ?1 AND operation "
+    [ST_RELEASE] = "DELETE FROM main.idem_records WHERE tenant = ?1 AND operation "
                    "= ?2 AND key = ?3 AND owner = ?4 AND state = 1",
-    [ST_UNKNOWN] = "UPDATE idem_records SET state = 3, owner = NULL, "
+    [ST_UNKNOWN] = "UPDATE main.idem_records SET state = 3, owner = NULL, "
                    "lease_expires_ms = 0, updated_ms = ?5 WHERE tenant = ?1 "
                    "AND operation = ?2 AND key = ?3 AND owner = ?4 AND state "
                    "= 1",
-    [ST_RENEW] = "UPDATE idem_records SET lease_expires_ms = ?5, updated_ms = "
+    [ST_RENEW] = "UPDATE main.idem_records SET lease_expires_ms = ?5, updated_ms = "
                  "?6 WHERE tenant = ?1 AND operation = ?2 AND key = ?3 AND "
                  "owner = ?4 AND state = 1",
     [ST_GET] = GET_SQL(RECORD_COLUMNS("recovered"), EXPIRED_SQL),
     [ST_LIST] = LIST_SQL(RECORD_COLUMNS("recovered"), EXPIRED_SQL),
-    [ST_PRUNE] = "DELETE FROM idem_records WHERE " EXPIRED_SQL,
-    [ST_PRUNE_SOME] = "DELETE FROM idem_records WHERE (tenant, operation, "
+    [ST_PRUNE] = "DELETE FROM main.idem_records WHERE " EXPIRED_SQL,
+    [ST_PRUNE_SOME] = "DELETE FROM main.idem_records WHERE (tenant, operation, "
                       "key) IN (SELECT tenant, operation, key FROM "
-                      "idem_records WHERE " EXPIRED_SQL " LIMIT 256)",
+                      "main.idem_records WHERE " EXPIRED_SQL " LIMIT 256)",
     [ST_RESOLVE_DONE] =
-        "UPDATE idem_records SET state = 2, owner = NULL, lease_expires_ms = "
+        "UPDATE main.idem_records SET state = 2, owner = NULL, lease_expires_ms = "
         "0, updated_ms = ?4, expires_ms = MAX(expires_ms, ?5), status = ?6, "
         "meta = ?7, body = ?8, checksum = ?9, recovered = attempt > 1, "
         "expires_boot_ms = ?10 WHERE tenant = ?1 AND operation = ?2 AND key = "
         "?3 AND state <> 2",
-    [ST_RESOLVE_DELETE] = "DELETE FROM idem_records WHERE tenant = ?1 AND "
+    [ST_RESOLVE_DELETE] = "DELETE FROM main.idem_records WHERE tenant = ?1 AND "
                           "operation = ?2 AND key = ?3 AND state <> 2",
-    [ST_DELETE] = "DELETE FROM idem_records WHERE tenant = ?1 AND operation = "
+    [ST_DELETE] = "DELETE FROM main.idem_records WHERE tenant = ?1 AND operation = "
                   "?2 AND key = ?3",
     /* A local action's record, written once, completed, after the action
      * ran: the batch holds the write lock throughout, so no one could have
      * seen it in progress. */
     [ST_INSERT_DONE] =
-        "INSERT OR REPLACE INTO idem_records (tenant, operation, key, "
+        "INSERT OR REPLACE INTO main.idem_records (tenant, operation, key, "
         "fingerprint, request, state, owner, attempt, created_ms, updated_ms, "
         "lease_expires_ms, expires_ms, status, meta, body, checksum, "
         "expires_boot_ms) VALUES (?1, ?2, ?3, ?4, ?5, 2, NULL, 1, ?6, ?6, 0, "
         "?7, ?8, ?9, ?10, ?11, ?12)",
     [ST_TAKEOVER_DONE] =
-        "UPDATE idem_records SET state = 2, owner = NULL, attempt = attempt + "
+        "UPDATE main.idem_records SET state = 2, owner = NULL, attempt = attempt + "
         "1, updated_ms = ?6, lease_expires_ms = 0, expires_ms = ?7, status = "
         "?8, meta = ?9, body = ?10, checksum = ?11, recovered = 1, "
         "expires_boot_ms = ?12 WHERE tenant = ?1 AND operation = ?2 AND key = "
@@ -132,7 +136,7 @@ static const char *const sql_text[ST_COUNT] = {
      * were kept is unknown, and the key must say so (a holder's expired
      * row too; a completed one is left as it is). */
     [ST_INSERT_UNKNOWN] =
-        "INSERT INTO idem_records (tenant, operation, key, fingerprint, "
+        "INSERT INTO main.idem_records (tenant, operation, key, fingerprint, "
         "request, state, owner, attempt, created_ms, updated_ms, "
         "lease_expires_ms, expires_ms) VALUES (?1, ?2, ?3, ?4, ?5, 3, NULL, 1, "
         "?6, ?6, 0, ?7) ON CONFLICT (tenant, operation, key) DO UPDATE SET "
@@ -145,7 +149,7 @@ static const char *const sql_text[ST_COUNT] = {
     [ST_ROLLBACK_SP] = "ROLLBACK TO idem_op",
     [ST_BEGIN] = "BEGIN IMMEDIATE",
     [ST_COMMIT] = "COMMIT",
-    [ST_VERSION] = "SELECT CAST(value AS INTEGER) FROM idem_meta WHERE name "
+    [ST_VERSION] = "SELECT CAST(value AS INTEGER) FROM main.idem_meta WHERE name "
                    "= 'schema_version'",
 };
 
@@ -422,14 +426,23 @@ static void run_local(conn *c, idem__op *op, const idem__row *row,
   int fn_rc;
   memset(&r, 0, sizeof r);
   fn_rc = op->fn(c->db, op->ctx, &r);
+  if (c->foreign && fn_rc == IDEM_LOCAL_CLOSED) {
+    c->gone = 1; /* a zombie until its statements are finalized */
+    idem__op_fail(op, IDEM_ESTATE,
+                  "key '%s': the action closed the caller's connection; "
+                  "nothing was stored (its transaction ended with it)",
+                  op->id->key);
+    return;
+  }
   if (sqlite3_get_autocommit(c->db)) {
     int src = sqlite3_extended_errcode(c->db);
     /* SQLite itself rolls the whole transaction back when a statement
      * meets an I/O error, a full disk or no memory. When nothing committed
-     * meanwhile (the connection's commit hook counts commits), nothing of
-     * the action was kept: the key stays free. */
+     * meanwhile (the connection's commit hook counts commits; the caller's
+     * own connection has none), nothing of the action was kept: the key
+     * stays free. */
     char buf[384];
-    if (c->commits == commits &&
+    if (!c->foreign && c->commits == commits &&
         ((src & 0xff) == SQLITE_IOERR || (src & 0xff) == SQLITE_FULL ||
          (src & 0xff) == SQLITE_NOMEM)) {
       idem__op_fail(op, idem__sq_map_rc(src),
@@ -753,9 +766,14 @@ void idem__sq_run_in(void *state, idem__op *op) {
     idem__op_fail(op, IDEM_EINVAL, "execute_in: %s (%.200s)", why, s->path);
     return;
   }
+  if (!idem__sq_files_intact(s, op->errmsg, sizeof op->errmsg)) {
+    op->rc = IDEM_ESTORE;
+    return;
+  }
   memset(&c, 0, sizeof c);
   c.db = db;
   c.store = s;
+  c.foreign = 1;
   if (sqlite3_get_autocommit(db)) {
     if ((src = exec_on(db, "BEGIN IMMEDIATE")) != SQLITE_OK) {
       idem__op_fail(op, idem__sq_map_rc(src), "sqlite: begin: %s",
@@ -764,7 +782,7 @@ void idem__sq_run_in(void *state, idem__op *op) {
     }
     began = 1;
   } else if (sqlite3_txn_state(db, "main") != SQLITE_TXN_WRITE &&
-             (src = exec_on(db, "UPDATE idem_meta SET value = value WHERE "
+             (src = exec_on(db, "UPDATE main.idem_meta SET value = value WHERE "
                                 "0")) != SQLITE_OK) {
     src = sqlite3_extended_errcode(db);
     idem__op_fail(op, idem__sq_map_rc(src),
@@ -785,17 +803,29 @@ void idem__sq_run_in(void *state, idem__op *op) {
     /* Nothing of it is cached: the caller's transaction may yet roll
      * back. */
     op->cache_it = 0;
-    if (!sqlite3_get_autocommit(db)) {
-      if (op->rc != IDEM_OK)
-        exec_on(db, "ROLLBACK TO idem_in");
-      if ((src = exec_on(db, "RELEASE idem_in")) != SQLITE_OK &&
-          op->rc == IDEM_OK)
+    if (c.gone) {
+      /* Closed by the action: finalizing idem's statements frees it. */
+    } else if (sqlite3_get_autocommit(db)) {
+      /* The action ended the transaction itself (run_local() said so). */
+    } else if (op->rc == IDEM_OK && (op->claim->outcome == IDEM_PROCEED ||
+                                     op->claim->outcome == IDEM_RECOVER)) {
+      if ((src = exec_on(db, "RELEASE idem_in")) != SQLITE_OK)
         idem__op_fail(op, idem__sq_map_rc(src), "sqlite: release: %s",
                       idem__sq_errtext(db, buf, sizeof buf));
+    } else if (exec_on(db, "ROLLBACK TO idem_in") == SQLITE_OK) {
+      exec_on(db, "RELEASE idem_in");
+    } else if (op->rc == IDEM_OK || op->rc == IDEM_EREJECTED) {
+      /* What the action wrote may still be in the transaction. */
+      idem__op_fail(op, IDEM_ESTORE,
+                    "execute_in: the savepoint could not be rolled back (%s); "
+                    "roll the transaction back",
+                    idem__sq_errtext(db, buf, sizeof buf));
     }
   }
+  if (!c.gone && op->rc != IDEM_OK && began && !sqlite3_get_autocommit(db))
+    exec_on(db, "ROLLBACK");
+  /* Last: a connection that the action closed is a zombie that the last
+   * of these frees. */
   for (int i = 0; i < ST_COUNT; i++)
     sqlite3_finalize(c.st[i]);
-  if (op->rc != IDEM_OK && began && !sqlite3_get_autocommit(db))
-    exec_on(db, "ROLLBACK");
 }

@@ -89,6 +89,10 @@ typedef struct conn {
   sqlite3 *db;
   struct sq_store *store;
   unsigned commits; /* counted by a commit hook: see run_local() */
+  /* The caller's own connection (idem_execute_in()), wrapped for a call:
+   * no commit hook counts its commits; gone: the caller's action closed it
+   * (IDEM_LOCAL_CLOSED), so it is not touched again. */
+  int foreign, gone;
   sqlite3_stmt *st[ST_COUNT];
   struct conn *next;
 } conn;

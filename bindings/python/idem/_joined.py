@@ -12,7 +12,7 @@ import ctypes
 import importlib
 import sqlite3
 import sys
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 from ._errors import InvalidArgument
 from ._native import ffi, lib
@@ -129,6 +129,19 @@ def _psycopg_handle(conn: Any) -> int:
                       "use `with conn.transaction():`, so that its end decides")
     pgconn: Any = conn.pgconn
     return int(pgconn.pgconn_ptr)
+
+
+def closed_check(raw: Any) -> Callable[[], bool]:
+    """A function telling whether the DB-API connection raw was closed."""
+    if isinstance(raw, sqlite3.Connection):
+        def sqlite_closed() -> bool:
+            try:
+                raw.total_changes
+            except sqlite3.ProgrammingError:
+                return True
+            return False
+        return sqlite_closed
+    return lambda: bool(raw.closed)
 
 
 def handle(conn: Any, backend: str) -> Tuple[int, Any]:

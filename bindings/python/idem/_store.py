@@ -34,7 +34,8 @@ TenantSpec = Union[str, Callable[[Dict[str, Any]], str], None]
 # idem_outcome and idem_exec_result, as in idem.h.
 _PROCEED, _REPLAY, _CONFLICT, _IN_FLIGHT, _RECOVER, _UNKNOWN = 1, 2, 3, 4, 5, 6
 _DONE, _NOT_DONE, _MARK_UNKNOWN = 0, 1, 2
-_OK, _EREJECTED = 0, 18
+_OK, _EREJECTED, _ESTATE = 0, 18, 19
+_LOCAL_CLOSED = int(lib.IDEM_LOCAL_CLOSED)
 
 _UNITS = {"ms": 1, "s": 1000, "m": 60000, "h": 3600000, "d": 86400000}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
@@ -800,7 +801,8 @@ class _LocalCall:
     """One execute_local() call run the Python way, as idem_py_local() sees
     it through ctx (a handle made once: spares are kept in _LOCALS)."""
 
-    __slots__ = ("fn", "store", "context", "error", "body", "keep", "ctx", "statements")
+    __slots__ = ("fn", "store", "context", "error", "body", "keep", "ctx", "statements",
+                 "closed")
 
     def __init__(self) -> None:
         self.fn: Any = None
@@ -810,11 +812,12 @@ class _LocalCall:
         self.body: Any = None
         self.keep: Any = None
         self.statements: Optional[Statements] = None  # conn='s: the call's own
+        self.closed: Optional[Callable[[], bool]] = None  # conn='s: whether fn closed it
         self.ctx = ffi.new_handle(self)
 
     def clear(self) -> None:
         self.fn = self.store = self.context = self.error = self.body = self.keep = None
-        self.statements = None
+        self.statements = self.closed = None
 
 
 # Spare _LocalCalls, as _SPARES.
@@ -845,10 +848,14 @@ def _local_run(local: "_LocalCall", conn: Any, response: Any) -> int:
         body = _local_body(local.fn(tx))
     except BaseException as e:  # noqa: B902 - everything rolls back
         local.error = e
-        return 1
+        return _LOCAL_CLOSED if local.closed is not None and local.closed() else 1
     finally:
         tx._close()
         _swap_local(outer)
+    if local.closed is not None and local.closed():
+        # The application's connection, closed by fn: libidem must not
+        # touch it again (its handle may be freed already).
+        return _LOCAL_CLOSED
     local.error = None
     local.body = body
     local.keep = ffi.from_buffer(body)
@@ -1294,12 +1301,13 @@ class Store:
         statements = _Unkept()
         local.fn, local.store, local.context = fn, self, contextvars.copy_context()
         local.statements = statements
+        local.closed = _joined.closed_check(raw)
         try:
             store = self._handle()
             rc = lib.idem_py_local_in(store, ffi.cast("void *", addr), tenant, op, key,
                                       request, len(request), opts.call, local.ctx, c, buf,
                                       _BUF_SIZE)
-            if rc == _EREJECTED and local.error is not None:
+            if local.error is not None and rc in (_EREJECTED, _ESTATE):
                 raise local.error
             return _local_answer(rc, c, buf, op, key, tenant)
         finally:

@@ -402,5 +402,110 @@ def test_what_conn_refuses(backend, store_url, store, orders, operation, tmp_pat
         with psycopg.connect(store_url.replace("/postgres?", "/template1?")) as elsewhere:
             with pytest.raises(idem.InvalidArgument, match="another database"):
                 store.execute_local(operation, "x", {}, lambda tx: 1, conn=elsewhere)
+        with psycopg.connect(store_url) as reader:
+            with reader.transaction():
+                reader.execute("SET TRANSACTION READ ONLY")
+                with pytest.raises(idem.InvalidArgument, match="read-only"):
+                    store.execute_local(operation, "x", {}, lambda tx: 1, conn=reader)
+                assert reader.execute("SELECT 1").fetchone()[0] == 1  # still usable
     assert store.get(operation, "x") is None
     assert count() == 0
+
+
+def test_a_function_that_closes_the_connection_fails_cleanly(
+        backend, store_url, store, orders, operation):
+    # A use of the connection's handle after it was freed would crash (or
+    # corrupt memory): the call fails instead, and nothing is stored.
+    table, count = orders
+    for begin in (False, True):
+        db = connect(backend, store_url)
+        if begin:
+            db.execute(q(backend, "INSERT INTO %s (item) VALUES (?)" % table), ("before",))
+
+        def place(tx):
+            db.execute(q(backend, "INSERT INTO %s (item) VALUES (?)" % table), ("book",))
+            db.close()
+            return {"order_id": 1}
+        with pytest.raises(idem.Error, match="closed the caller's connection"):
+            store.execute_local(operation, "c-%s" % begin, {}, place, conn=db)
+        assert store.get(operation, "c-%s" % begin) is None
+    assert count() == 0
+    # The store goes on.
+    db = connect(backend, store_url)
+    try:
+        assert store.execute_local(operation, "c-ok", {}, lambda tx: 7, conn=db).value == 7
+        db.commit()
+    finally:
+        db.close()
+    assert store.get(operation, "c-ok").value == 7
+
+
+def test_an_answer_without_action_leaves_the_holder_s_row_unlocked(operation):
+    # IN_FLIGHT inside a transaction must not keep the holder's row locked
+    # until that transaction ends: the holder could not complete meanwhile.
+    # (PostgreSQL: SQLite's write lock is the transaction's by nature.)
+    psycopg = psycopg_or_fail()
+    store_url = pg_url()
+    store = idem.open(store_url)
+    started, finish = threading.Event(), threading.Event()
+
+    def slow():
+        started.set()
+        assert finish.wait(60)
+        return {"done": True}
+    holder = threading.Thread(target=lambda: store.execute(operation, "h-1", {}, slow))
+    holder.start()
+    try:
+        assert started.wait(60)
+        with psycopg.connect(store_url) as db:
+            with pytest.raises(idem.InFlight):
+                store.execute_local(operation, "h-1", {}, lambda tx: 1, conn=db)
+            assert db.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+            with psycopg.connect(store_url, autocommit=True) as side:
+                locked = side.execute(
+                    "SELECT COUNT(*) FROM (SELECT 1 FROM idem.idem_records WHERE "
+                    "operation = %s AND key = 'h-1' FOR UPDATE SKIP LOCKED) r",
+                    (operation,)).fetchone()[0]
+            assert locked == 1  # not skipped: nobody holds its lock
+            finish.set()
+            holder.join(60)
+            assert not holder.is_alive()
+            db.rollback()
+        assert store.get(operation, "h-1").value == {"done": True}
+    finally:
+        finish.set()
+        holder.join(60)
+        store.close()
+
+
+def test_a_session_s_time_zone_and_date_style_change_nothing(operation):
+    psycopg = psycopg_or_fail()
+    store = idem.open(pg_url())
+    try:
+        with psycopg.connect(pg_url()) as db:
+            db.execute("SET TimeZone = 'America/New_York'")
+            db.execute("SET DateStyle = 'SQL, DMY'")
+            db.commit()
+            assert store.execute_local(operation, "tz", {}, lambda tx: 3, conn=db).value == 3
+            db.commit()
+        assert store.get(operation, "tz").value == 3
+    finally:
+        store.close()
+
+
+def test_temp_tables_of_idem_s_names_do_not_take_the_record(tmp_path, operation):
+    store_url = "sqlite:%s" % (tmp_path / "idem.db")
+    store = idem.open(store_url)
+    db = connect("sqlite", store_url)
+    try:
+        db.execute("CREATE TEMP TABLE idem_records AS SELECT * FROM main.idem_records "
+                   "WHERE 0")
+        db.execute("CREATE UNIQUE INDEX temp.r ON idem_records (tenant, operation, key)")
+        db.execute("CREATE TEMP TABLE idem_meta AS SELECT * FROM main.idem_meta")
+        assert store.execute_local(operation, "t-1", {}, lambda tx: 5, conn=db).value == 5
+        db.commit()
+        assert db.execute("SELECT COUNT(*) FROM temp.idem_records").fetchone()[0] == 0
+        assert store.get(operation, "t-1").value == 5
+    finally:
+        db.close()
+        store.close()
