@@ -4,7 +4,9 @@ behind them.
 
 A holder task runs its function until the test sets a gate; a thousand
 tasks then call the same key with wait=, and while they wait the test
-counts the process's threads (/proc/self/task) and makes a call on an
+counts the process's threads (/proc/self/task), against the count after a
+first round of the same on another key (the store's pools, which have
+fixed bounds, grown as far as that load takes them), and makes a call on an
 unrelated key, which must finish while the holder still holds. Then the
 gate opens: every waiter gets the holder's result, replayed, and the
 function ran once for the key. Cancelled waiters and a cancelled holder
@@ -35,20 +37,28 @@ async def until(pred, what, timeout=30):
 
 def test_thousand_waiters_take_no_thread(store, operation):
     runs = []
-    gate = None
+    gates = {}
 
     @store.idempotent(operation, key="order_id", wait="60s")
     async def place(order_id):
         runs.append(order_id)
-        if order_id == "hot":
-            await gate.wait()
+        if order_id in gates:
+            await gates[order_id].wait()
         return {"order_id": order_id, "n": len(runs)}
 
     async def main():
-        nonlocal gate
-        gate = asyncio.Event()
-        # Warm: the store's own threads (group commit, runners) exist.
+        gate = gates["hot"] = asyncio.Event()
+        # Warm: the store's own threads (group commit, its runners, at most
+        # a fixed number each) exist, grown as far as this load takes them:
+        # a first round of the same thousand waiters on another key.
         await asyncio.gather(*(place("warm-%d" % i) for i in range(32)))
+        warm_gate = gates["warm-hot"] = asyncio.Event()
+        warm_holder = asyncio.create_task(place("warm-hot"))
+        await until(lambda: "warm-hot" in runs, "the warm holder runs")
+        warm = [asyncio.create_task(place("warm-hot")) for _ in range(1000)]
+        await asyncio.sleep(0.5)
+        warm_gate.set()
+        await asyncio.gather(warm_holder, *warm)
         before = os_threads()
         holder = asyncio.create_task(place("hot"))
         await until(lambda: "hot" in runs, "the holder runs")
