@@ -351,6 +351,49 @@ static void add_line(lines *l, const char *p0, const char *p1, const char *p2,
   l->n++;
 }
 
+/* The console's session cookie (src/console): a browser sends it to every
+ * port of the console's host name, the gateway's too, and it opens the
+ * console to whoever holds it. It is never passed on. */
+#define CONSOLE_COOKIE "idem_console"
+
+/* Whether the Cookie value v ("a=1; b=2", RFC 6265) has a pair named
+ * name. */
+static int cookie_named(const char *v, const char *name) {
+  size_t n = strlen(name);
+  for (const char *p = v; *p;) {
+    p += strspn(p, " \t;");
+    if (strncmp(p, name, n) == 0 && (p[n] == '=' || p[n] == ';' || !p[n] ||
+                                     p[n] == ' ' || p[n] == '\t'))
+      return 1;
+    p += strcspn(p, ";");
+  }
+  return 0;
+}
+
+/* The Cookie value v without its pairs named name, joined by "; ", in
+ * out (at least strlen(v) + 1 bytes). */
+static void cookie_without(const char *v, const char *name, char *out) {
+  size_t n = strlen(name), o = 0;
+  for (const char *p = v; *p;) {
+    size_t len;
+    p += strspn(p, " \t;");
+    len = strcspn(p, ";");
+    while (len && (p[len - 1] == ' ' || p[len - 1] == '\t'))
+      len--;
+    if (len && !(strncmp(p, name, n) == 0 &&
+                 (len == n || p[n] == '=' || p[n] == ' ' || p[n] == '\t'))) {
+      if (o) {
+        memcpy(out + o, "; ", 2);
+        o += 2;
+      }
+      memcpy(out + o, p, len);
+      o += len;
+    }
+    p += strcspn(p, ";");
+  }
+  out[o] = '\0';
+}
+
 void up_each_forwarded(const up_request *rq,
                        void (*fn)(void *ctx, const char *name,
                                   const char *value, const char *append),
@@ -366,6 +409,20 @@ void up_each_forwarded(const up_request *rq,
               header_named_by(rq->headers[k].value, h->name);
     if (header_is_hop_by_hop(h->name) || named)
       continue;
+    if (strcasecmp(h->name, "Cookie") == 0 &&
+        cookie_named(h->value, CONSOLE_COOKIE)) {
+      /* Left out; the rest of the line, if any, goes on. Callers count
+       * a request's bytes in one pass and write them in another, so this
+       * must come out the same each time: no allocation, and a line too
+       * long for the buffer goes whole. */
+      char rest[8192];
+      if (strlen(h->value) < sizeof rest) {
+        cookie_without(h->value, CONSOLE_COOKIE, rest);
+        if (*rest)
+          fn(ctx, h->name, rest, NULL);
+      }
+      continue;
+    }
     if (strcasecmp(h->name, "X-Forwarded-For") == 0 && rq->client_addr) {
       had_xff = 1;
       fn(ctx, h->name, h->value, rq->client_addr);

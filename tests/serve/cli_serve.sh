@@ -193,6 +193,15 @@ expect_eq "hop-by-hop: not passed on, not replayed" "201  true " \
 expect_eq "hop-by-hop: the client's named header stays here" "None 1" \
   "$(upstream_field last_headers | python3 -c 'import json,sys; h=json.load(sys.stdin); print(h.get("X-Client-Hop"), h.get("X-End-To-End"))')"
 
+# 7c. The console's session cookie is never passed on (a browser sends it
+# to every port of the console's host name); the other cookies are.
+post ck1 ck-1 '{"title":"C"}' -H 'Cookie: a=1; idem_console=SECRET1; b=2' -H 'Cookie: idem_console=SECRET2'
+expect_eq "Cookie: the console's session is not passed on" "201 a=1; b=2 0" \
+  "$(code ck1) $(upstream_field last_headers | python3 -c 'import json,sys; h=json.load(sys.stdin); print(h.get("Cookie"), json.dumps(h).count("SECRET"))')"
+post ck2 ck-2 '{"title":"C"}' -H 'Cookie: idem_console_x=1;idem_console ; c=3'
+expect_eq "Cookie: only the console's own name" "201 idem_console_x=1; c=3" \
+  "$(code ck2) $(upstream_field last_headers | python3 -c 'import json,sys; print(json.load(sys.stdin).get("Cookie"))')"
+
 # 8. Transfer-Encoding: chunked and Expect: 100-continue request bodies.
 post e1 chunked-1 '{"title":"chunks"}' -H 'Transfer-Encoding: chunked'
 post e2 chunked-1 '{"title":"chunks"}'
