@@ -13,7 +13,7 @@ if [ -z "${IDEM_TEST_PG_URL:-}" ]; then
   trap 'pg_stop' EXIT INT TERM
 fi
 # The store contract programs (tests/CMakeLists.txt, idem_store_test()).
-TESTS="engine records concurrency stores leases execute holding api recovered schema clock seal"
+TESTS="engine records concurrency stores leases execute holding api recovered schema clock seal joined"
 targets=""
 names=""
 for t in $TESTS; do
