@@ -804,11 +804,13 @@ static idem_call *new_claim(const idem_id *id, const char *fp,
 }
 
 /* Runs op on the backend and carries its detail into this thread. */
+/* Runs op on the store's connections, or with op->conn (idem_execute_in())
+ * on the caller's, once. */
 static int run_op(idem_store *store, idem__op *op) {
   idem__clear_error();
   op->rc = IDEM_OK;
   op->errmsg[0] = '\0';
-  store->methods->run(store->state, op);
+  (op->conn ? store->methods->run_in : store->methods->run)(store->state, op);
   if (op->rc != IDEM_OK)
     return idem__fail(op->rc, "%s",
                       op->errmsg[0] ? op->errmsg : idem_strerror(op->rc));
@@ -986,18 +988,6 @@ int idem__claim_run(idem_store *store, idem__op *op) {
   return rc;
 }
 
-/* idem_execute_in()'s run: on the caller's connection, once, no wait. */
-static int run_in(idem_store *store, idem__op *op) {
-  idem__clear_error();
-  op->rc = IDEM_OK;
-  op->errmsg[0] = '\0';
-  store->methods->run_in(store->state, op);
-  if (op->rc != IDEM_OK)
-    return idem__fail(op->rc, "%s",
-                      op->errmsg[0] ? op->errmsg : idem_strerror(op->rc));
-  return IDEM_OK;
-}
-
 /* conn: idem_execute_in()'s, NULL for the store's own connections. */
 static int start(idem_store *store, idem__op_kind kind, const idem_id *id,
                  const char *fp, const idem_call_options *opts,
@@ -1021,7 +1011,7 @@ static int start(idem_store *store, idem__op_kind kind, const idem_id *id,
   if ((rc = idem__claim_prepare(store, kind, id, fp, opts, fn, ctx, &op)))
     return rc;
   op.conn = conn;
-  rc = conn ? run_in(store, &op) : idem__claim_run(store, &op);
+  rc = conn ? run_op(store, &op) : idem__claim_run(store, &op);
   idem__op_seal_free(&op);
   free(w.buf);
   /* The action's response could not be sealed: its run was rolled back as

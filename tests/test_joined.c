@@ -103,6 +103,19 @@ static idem_call *in_expect(idem_store *s, void *conn, const idem_id *id,
   return c;
 }
 
+/* After the caller's commit: one ticket, and a call through the store's
+ * own connection replays the ticket want without acting. */
+static void assert_kept(fixture *f, const idem_id *id, const char *fp,
+                        long long want) {
+  ticket_action again = {.payload = PAYLOAD};
+  idem_call *c;
+  assert_int_equal(count_tickets(f->url), 1);
+  c = LOCAL(f->store, id, fp, NULL, &again, IDEM_REPLAY);
+  assert_int_equal(again.runs, 0);
+  assert_int_equal(ticket_id_of(idem_call_response(c)), want);
+  idem_call_free(c);
+}
+
 /* The caller's COMMIT keeps the ticket and the record together; until
  * then nobody else sees either. */
 static void test_joined_commit_keeps_both(void **state) {
@@ -133,10 +146,7 @@ static void test_joined_commit_keeps_both(void **state) {
     idem_record_free(r);
   }
   /* A retry through the store's own connection replays it. */
-  c = LOCAL(f->store, &id, fp, NULL, &again, IDEM_REPLAY);
-  assert_int_equal(again.runs, 0);
-  assert_int_equal(ticket_id_of(idem_call_response(c)), act.ticket_id);
-  idem_call_free(c);
+  assert_kept(f, &id, fp, act.ticket_id);
   /* And so does one through the application's connection. */
   c = IN(f->store, app, &id, fp, &again, IDEM_REPLAY);
   assert_int_equal(again.runs, 0);
@@ -172,11 +182,8 @@ static void test_joined_rollback_drops_both(void **state) {
   assert_int_equal(ticket_id_of(idem_call_response(c)), second.ticket_id);
   idem_call_free(c);
   app_exec(app, "COMMIT");
-  assert_int_equal(count_tickets(f->url), 1);
-  c = LOCAL(f->store, &id, fp, NULL, &act, IDEM_REPLAY);
+  assert_kept(f, &id, fp, second.ticket_id);
   assert_int_equal(act.runs, 1);
-  assert_int_equal(ticket_id_of(idem_call_response(c)), second.ticket_id);
-  idem_call_free(c);
   app_close(app);
 }
 
@@ -226,11 +233,8 @@ static void test_joined_begins_when_none_is_open(void **state) {
   assert_true(app_in_tx(app));
   assert_int_equal(count_tickets(f->url), 0);
   app_exec(app, "COMMIT");
-  assert_int_equal(count_tickets(f->url), 1);
-  c = LOCAL(f->store, &id, fp, NULL, &act, IDEM_REPLAY);
+  assert_kept(f, &id, fp, act.ticket_id);
   assert_int_equal(act.runs, 1);
-  assert_int_equal(ticket_id_of(idem_call_response(c)), act.ticket_id);
-  idem_call_free(c);
   app_close(app);
 }
 
@@ -418,11 +422,7 @@ static void two_transactions(fixture *f, int commit_first) {
     assert_int_equal(t.act.runs, 1);
     assert_int_equal(t.ticket, t.act.ticket_id);
   }
-  assert_int_equal(count_tickets(f->url), 1);
-  c = LOCAL(f->store, &id, fp, NULL, &act, IDEM_REPLAY);
-  assert_int_equal(ticket_id_of(idem_call_response(c)),
-                   commit_first ? first : t.act.ticket_id);
-  idem_call_free(c);
+  assert_kept(f, &id, fp, commit_first ? first : t.act.ticket_id);
   assert_int_equal(act.runs, 1);
   app_close(t.app);
   app_close(app);
