@@ -1826,6 +1826,9 @@ def _joining(store: Store, fn: Callable[..., Any], spec: _Spec, conn: Any,
             raise TypeError("conn=%r: that argument is the key" % conn)
     elif not callable(conn):
         raise TypeError("conn must be an argument name or a callable")
+    if spec.opts._keep:
+        raise TypeError("conn=: payload= is not taken with it; every argument but the key "
+                        "and the connection makes the fingerprint")
 
     def call(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> "Outcome[Any]":
         tenant, key, arguments = spec.prepare(args, kwargs)

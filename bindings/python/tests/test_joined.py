@@ -373,6 +373,9 @@ def test_what_conn_refuses(backend, store_url, store, orders, operation, tmp_pat
         store.execute_local(operation, "x", {}, lambda tx: 1, conn=object())
     with pytest.raises(TypeError, match="no argument"):
         store.idempotent(operation, key="k", conn="database")(lambda db, k: 1)
+    with pytest.raises(TypeError, match="payload="):
+        store.idempotent(operation, key="k", conn="db", payload=["/item"])(
+            lambda db, item, k: 1)
     with pytest.raises(TypeError, match="async"):
         @store.idempotent(operation, key="k", conn="db")
         async def later(db, k):
