@@ -803,9 +803,8 @@ static idem_call *new_claim(const idem_id *id, const char *fp,
   return c;
 }
 
-/* Runs op on the backend and carries its detail into this thread. */
-/* Runs op on the store's connections, or with op->conn (idem_execute_in())
- * on the caller's, once. */
+/* Runs op on the backend (on the caller's connection when op->conn is set:
+ * idem_execute_in()) and carries its detail into this thread. */
 static int run_op(idem_store *store, idem__op *op) {
   idem__clear_error();
   op->rc = IDEM_OK;

@@ -709,16 +709,19 @@ PGresult *idem__pg_results(conn *c, int64_t until) {
 }
 
 PGresult *idem__pg_exec(conn *c, const char *sql) {
-  int64_t until = idem__pg_deadline(c);
+  if (c->foreign) /* the caller's: waited for as libpq does, never cut */
+    return PQexec(c->pg, sql);
   if (!PQsendQuery(c->pg, sql))
     return NULL;
-  return idem__pg_results(c, until);
+  return idem__pg_results(c, idem__pg_deadline(c));
 }
 
 PGresult *idem__pg_exec_params(conn *c, const char *sql, int n,
                                const char *const *values, const int *lengths,
                                const int *formats, int binary) {
   int64_t until = idem__pg_deadline(c);
+  if (c->foreign)
+    return PQexecParams(c->pg, sql, n, NULL, values, lengths, formats, binary);
   if (!PQsendQueryParams(c->pg, sql, n, NULL, values, lengths, formats,
                          binary))
     return NULL;
@@ -756,8 +759,8 @@ int idem__pg_run_stmt(pg_store *s, conn *c, int which, const params *p,
   int rc;
   *out = NULL;
   if (c->foreign)
-    res = PQexecParams(c->pg, s->sql[which], p->n, NULL, p->v, p->len, p->fmt,
-                       1);
+    res = idem__pg_exec_params(c, s->sql[which], p->n, p->v, p->len, p->fmt,
+                               1);
   else if ((rc = prepare(s, c, which, name, err)) != IDEM_OK)
     return rc;
   else

@@ -141,7 +141,8 @@ typedef struct pg_store {
   pthread_mutex_t clock_mu;
   int64_t clock_ahead, clock_asked;
   /* The database as idem_execute_in() tells it from another: its name and
-   * its server's start time, read once (under mu); NULL until then. */
+   * its server's start time, read at open and again after a mismatch
+   * (under mu). */
   char *identity;
 } pg_store;
 

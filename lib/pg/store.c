@@ -1032,17 +1032,25 @@ fail:
   "SELECT pg_catalog.current_database() || '/' || (extract(epoch FROM "        \
   "pg_catalog.pg_postmaster_start_time()) * 1000000)::bigint::text"
 
-/* Reads the store's database as IDENTITY_SQL tells it, on c (one of the
- * store's own connections), into s->identity. */
-static int read_identity(pg_store *s, conn *c, char *err) {
+/* The database c is connected to, as IDENTITY_SQL tells it: *out, the
+ * caller's to free. */
+static int identity_of(conn *c, char **out, char *err) {
   PGresult *res = idem__pg_exec(c, IDENTITY_SQL);
-  char *id = NULL, *old;
   int rc = IDEM_OK;
+  *out = NULL;
   if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1)
     rc = idem__pg_fail(c, res, "read the database's identity", err);
-  else if (!(id = idem__strdup(PQgetvalue(res, 0, 0))))
+  else if (!(*out = idem__strdup(PQgetvalue(res, 0, 0))))
     rc = idem__pg_failf(err, IDEM_ENOMEM, "out of memory");
   PQclear(res);
+  return rc;
+}
+
+/* Reads the store's database on c (one of the store's own connections)
+ * into s->identity. */
+static int read_identity(pg_store *s, conn *c, char *err) {
+  char *id, *old;
+  int rc = identity_of(c, &id, err);
   if (rc != IDEM_OK)
     return rc;
   pthread_mutex_lock(&s->mu);
@@ -1062,46 +1070,28 @@ static int identity_is(pg_store *s, const char *text) {
   return same;
 }
 
-/* Runs a statement without parameters on the caller's connection c. */
-static int in_simple(conn *c, const char *sql, const char *what, char *err) {
-  PGresult *res = PQexec(c->pg, sql);
-  int rc = IDEM_OK;
-  if (PQresultStatus(res) != PGRES_COMMAND_OK &&
-      PQresultStatus(res) != PGRES_TUPLES_OK)
-    rc = idem__pg_fail(c, res, what, err);
-  PQclear(res);
-  return rc;
-}
-
 /* Whether c is a connection to the store's database: IDEM_OK, or
  * IDEM_EINVAL (another database or server) or the error of the read. The
  * store's identity, read when it opened, is read again on a mismatch (its
  * server restarted meanwhile, or failed over). */
 static int same_database(pg_store *s, conn *c, idem__op *op) {
-  PGresult *res = PQexec(c->pg, IDENTITY_SQL);
-  int rc = IDEM_OK;
-  if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
-    rc = idem__pg_fail(c, res, "read the database's identity", op->errmsg);
-    PQclear(res);
-    return op->rc = rc;
-  }
-  if (!identity_is(s, PQgetvalue(res, 0, 0))) {
+  char *theirs;
+  int rc = identity_of(c, &theirs, op->errmsg);
+  if (rc == IDEM_OK && !identity_is(s, theirs)) {
     conn *own = NULL;
     if ((rc = idem__pg_pool_get(s, &own, op->errmsg)) == IDEM_OK) {
       rc = read_identity(s, own, op->errmsg);
       idem__pg_pool_put(s, own);
     }
-    if (rc == IDEM_OK && !identity_is(s, PQgetvalue(res, 0, 0)))
+    if (rc == IDEM_OK && !identity_is(s, theirs))
       rc = idem__op_fail(op, IDEM_EINVAL,
                          "execute_in: the connection is to another database "
                          "or server than the store's (database/server start: "
                          "%.120s)",
-                         PQgetvalue(res, 0, 0));
-    else if (rc != IDEM_OK)
-      op->rc = rc;
+                         theirs);
   }
-  PQclear(res);
-  return rc;
+  free(theirs);
+  return op->rc = rc;
 }
 
 /* The action on a claimed row of the caller's transaction: runs fn, then
@@ -1212,11 +1202,13 @@ static void pg_run_in(void *state, idem__op *op) {
   }
   /* Everything from here runs in the savepoint, so that a failure (the
    * identity's read too) leaves the caller's transaction as it was. */
-  if (began && (rc = in_simple(&c, "BEGIN", "begin", op->errmsg))) {
+  if (began &&
+      (rc = idem__pg_run_simple(&c, "BEGIN", "begin", op->errmsg))) {
     op->rc = rc;
     goto out;
   }
-  if ((rc = in_simple(&c, "SAVEPOINT idem_in", "savepoint", op->errmsg))) {
+  if ((rc = idem__pg_run_simple(&c, "SAVEPOINT idem_in", "savepoint",
+                                op->errmsg))) {
     op->rc = rc;
     goto out;
   }
@@ -1229,12 +1221,14 @@ static void pg_run_in(void *state, idem__op *op) {
    * keep the holder's completion waiting until the transaction ends. */
   if (op->rc == IDEM_OK && (op->claim->outcome == IDEM_PROCEED ||
                             op->claim->outcome == IDEM_RECOVER)) {
-    if ((rc = in_simple(&c, "RELEASE idem_in", "release", op->errmsg)))
+    if ((rc = idem__pg_run_simple(&c, "RELEASE idem_in", "release",
+                                  op->errmsg)))
       op->rc = rc;
   } else if (PQtransactionStatus(c.pg) == PQTRANS_INTRANS ||
              PQtransactionStatus(c.pg) == PQTRANS_INERROR) {
-    if (in_simple(&c, "ROLLBACK TO idem_in", "rollback", ignored) == IDEM_OK)
-      in_simple(&c, "RELEASE idem_in", "release", ignored);
+    if (idem__pg_run_simple(&c, "ROLLBACK TO idem_in", "rollback", ignored) ==
+        IDEM_OK)
+      idem__pg_run_simple(&c, "RELEASE idem_in", "release", ignored);
     else if (op->rc == IDEM_OK || op->rc == IDEM_EREJECTED)
       idem__op_fail(op, IDEM_ESTORE,
                     "execute_in: the savepoint could not be rolled back; "
@@ -1244,7 +1238,7 @@ out:
   if (op->rc != IDEM_OK) {
     idem__pg_scrub(s, op->errmsg, sizeof op->errmsg);
     if (began && PQtransactionStatus(c.pg) != PQTRANS_IDLE)
-      in_simple(&c, "ROLLBACK", "rollback", ignored);
+      idem__pg_run_simple(&c, "ROLLBACK", "rollback", ignored);
   }
 }
 

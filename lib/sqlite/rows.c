@@ -57,12 +57,13 @@
 #define SELECT_EXPIRES_BOOT 11
 
 #define GET_SQL(cols, expired)                                                 \
-  "SELECT " cols " FROM main.idem_records WHERE tenant = ?2 AND operation = ?3 "    \
+  "SELECT " cols                                                               \
+  " FROM main.idem_records WHERE tenant = ?2 AND operation = ?3 "              \
   "AND key = ?4 AND NOT " expired
 
 /* One page after the last record of the previous one (?8-?11). */
 #define LIST_SQL(cols, expired)                                                \
-  "SELECT " cols " FROM main.idem_records WHERE (?2 IS NULL OR "                    \
+  "SELECT " cols " FROM main.idem_records WHERE (?2 IS NULL OR "               \
   "tenant = ?2) AND (?3 IS NULL OR operation = ?3) AND (?4 = 0 OR state = "    \
   "?4) AND (?5 OR NOT " expired ") AND (?7 = 0 OR " OVERDUE_SQL ") AND "       \
   "(created_ms, tenant, operation, key) > (?8, ?9, ?10, ?11) ORDER BY "        \
@@ -82,25 +83,29 @@ static const char *const sql_text[ST_COUNT] = {
         "fingerprint, request, state, owner, attempt, created_ms, updated_ms, "
         "lease_expires_ms, expires_ms) VALUES (?1, ?2, ?3, ?4, ?5, 1, ?6, 1, "
         "?7, ?7, ?8, ?9)",
-    [ST_TAKEOVER] = "UPDATE main.idem_records SET state = 1, owner = ?4, attempt = "
-                    "attempt + 1, updated_ms = ?5, lease_expires_ms = ?6, "
-                    "expires_ms = MAX(expires_ms, ?7) WHERE tenant = ?1 AND "
-                    "operation = ?2 AND key = ?3",
+    [ST_TAKEOVER] =
+        "UPDATE main.idem_records SET state = 1, owner = ?4, attempt = "
+        "attempt + 1, updated_ms = ?5, lease_expires_ms = ?6, "
+        "expires_ms = MAX(expires_ms, ?7) WHERE tenant = ?1 AND "
+        "operation = ?2 AND key = ?3",
     [ST_COMPLETE] =
-        "UPDATE main.idem_records SET state = 2, owner = NULL, lease_expires_ms = "
+        "UPDATE main.idem_records SET state = 2, owner = NULL, "
+        "lease_expires_ms = "
         "0, updated_ms = ?5, expires_ms = ?6, status = ?7, meta = ?8, body = "
         "?9, checksum = ?10, recovered = attempt > 1, expires_boot_ms = ?11 "
         "WHERE tenant = ?1 AND operation = ?2 AND key = ?3 AND owner = ?4 AND "
         "state = 1",
-    [ST_RELEASE] = "DELETE FROM main.idem_records WHERE tenant = ?1 AND operation "
-                   "= ?2 AND key = ?3 AND owner = ?4 AND state = 1",
+    [ST_RELEASE] =
+        "DELETE FROM main.idem_records WHERE tenant = ?1 AND operation "
+        "= ?2 AND key = ?3 AND owner = ?4 AND state = 1",
     [ST_UNKNOWN] = "UPDATE main.idem_records SET state = 3, owner = NULL, "
                    "lease_expires_ms = 0, updated_ms = ?5 WHERE tenant = ?1 "
                    "AND operation = ?2 AND key = ?3 AND owner = ?4 AND state "
                    "= 1",
-    [ST_RENEW] = "UPDATE main.idem_records SET lease_expires_ms = ?5, updated_ms = "
-                 "?6 WHERE tenant = ?1 AND operation = ?2 AND key = ?3 AND "
-                 "owner = ?4 AND state = 1",
+    [ST_RENEW] =
+        "UPDATE main.idem_records SET lease_expires_ms = ?5, updated_ms = "
+        "?6 WHERE tenant = ?1 AND operation = ?2 AND key = ?3 AND "
+        "owner = ?4 AND state = 1",
     [ST_GET] = GET_SQL(RECORD_COLUMNS("recovered"), EXPIRED_SQL),
     [ST_LIST] = LIST_SQL(RECORD_COLUMNS("recovered"), EXPIRED_SQL),
     [ST_PRUNE] = "DELETE FROM main.idem_records WHERE " EXPIRED_SQL,
@@ -108,15 +113,17 @@ static const char *const sql_text[ST_COUNT] = {
                       "key) IN (SELECT tenant, operation, key FROM "
                       "main.idem_records WHERE " EXPIRED_SQL " LIMIT 256)",
     [ST_RESOLVE_DONE] =
-        "UPDATE main.idem_records SET state = 2, owner = NULL, lease_expires_ms = "
+        "UPDATE main.idem_records SET state = 2, owner = NULL, "
+        "lease_expires_ms = "
         "0, updated_ms = ?4, expires_ms = MAX(expires_ms, ?5), status = ?6, "
         "meta = ?7, body = ?8, checksum = ?9, recovered = attempt > 1, "
         "expires_boot_ms = ?10 WHERE tenant = ?1 AND operation = ?2 AND key = "
         "?3 AND state <> 2",
     [ST_RESOLVE_DELETE] = "DELETE FROM main.idem_records WHERE tenant = ?1 AND "
                           "operation = ?2 AND key = ?3 AND state <> 2",
-    [ST_DELETE] = "DELETE FROM main.idem_records WHERE tenant = ?1 AND operation = "
-                  "?2 AND key = ?3",
+    [ST_DELETE] =
+        "DELETE FROM main.idem_records WHERE tenant = ?1 AND operation = "
+        "?2 AND key = ?3",
     /* A local action's record, written once, completed, after the action
      * ran: the batch holds the write lock throughout, so no one could have
      * seen it in progress. */
@@ -127,7 +134,8 @@ static const char *const sql_text[ST_COUNT] = {
         "expires_boot_ms) VALUES (?1, ?2, ?3, ?4, ?5, 2, NULL, 1, ?6, ?6, 0, "
         "?7, ?8, ?9, ?10, ?11, ?12)",
     [ST_TAKEOVER_DONE] =
-        "UPDATE main.idem_records SET state = 2, owner = NULL, attempt = attempt + "
+        "UPDATE main.idem_records SET state = 2, owner = NULL, attempt = "
+        "attempt + "
         "1, updated_ms = ?6, lease_expires_ms = 0, expires_ms = ?7, status = "
         "?8, meta = ?9, body = ?10, checksum = ?11, recovered = 1, "
         "expires_boot_ms = ?12 WHERE tenant = ?1 AND operation = ?2 AND key = "
@@ -149,8 +157,9 @@ static const char *const sql_text[ST_COUNT] = {
     [ST_ROLLBACK_SP] = "ROLLBACK TO idem_op",
     [ST_BEGIN] = "BEGIN IMMEDIATE",
     [ST_COMMIT] = "COMMIT",
-    [ST_VERSION] = "SELECT CAST(value AS INTEGER) FROM main.idem_meta WHERE name "
-                   "= 'schema_version'",
+    [ST_VERSION] =
+        "SELECT CAST(value AS INTEGER) FROM main.idem_meta WHERE name "
+        "= 'schema_version'",
 };
 
 /* The reads as they are on a store of schema 1, which a read-only handle
@@ -324,8 +333,8 @@ static int write_complete(conn *c, idem__op *op, const idem_response *r,
   sqlite3_bind_blob(q, 9, r->body_len ? r->body : "", (int)r->body_len,
                     SQLITE_STATIC);
   sqlite3_bind_text(q, 10, sum, -1, SQLITE_STATIC);
-  sqlite3_bind_int64(q, 11, idem__deadline(idem__boot_ms(),
-                                           op->opts.retention_ms));
+  sqlite3_bind_int64(q, 11,
+                     idem__deadline(idem__boot_ms(), op->opts.retention_ms));
   if (sqlite3_step(q) != SQLITE_DONE) {
     idem__sq_op_sqlite_fail(op, c, "complete");
     sqlite3_reset(q);
@@ -488,8 +497,8 @@ static void run_local(conn *c, idem__op *op, const idem__row *row,
   sqlite3_bind_blob(q, 10, r.body_len ? r.body : "", (int)r.body_len,
                     SQLITE_STATIC);
   sqlite3_bind_text(q, 11, sum, -1, SQLITE_STATIC);
-  sqlite3_bind_int64(q, 12, idem__deadline(idem__boot_ms(),
-                                           op->opts.retention_ms));
+  sqlite3_bind_int64(q, 12,
+                     idem__deadline(idem__boot_ms(), op->opts.retention_ms));
   if (sqlite3_step(q) != SQLITE_DONE) {
     idem__sq_op_sqlite_fail(op, c, "write record");
     sqlite3_reset(q);

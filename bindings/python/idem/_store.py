@@ -1231,21 +1231,10 @@ class Store:
         there, and the application's commit or rollback decides both.
         wait= does not apply (InFlight at once)."""
         recovery = _recovery(on_expired_lease, takeover_unknown, max_attempts)
-        if conn is not None:
-            read = _values.reader_of(fn, returns, encoder, decoder)
-            if encoder is not None:
-                writer = _values.writer(encoder)
-                request = _scan(_request(request, writer).decode("utf-8"), 0)[0]
-                fn = _pending(fn, writer)
-            out = self._local_in(_name(operation, "operation"),
-                                 _name(tenant if tenant is not None else "", "tenant"),
-                                 _key(key), _request(request), fn, conn,
-                                 _options(lease, retention, None, None, recovery))
-            return _values.read_outcome(out, read)
-        if encoder is not None or decoder is not None or returns is not None or \
-                getattr(fn, "__annotations__", None):
+        if conn is not None or encoder is not None or decoder is not None or \
+                returns is not None or getattr(fn, "__annotations__", None):
             return self._local_typed(operation, key, request, fn, tenant, lease, retention,
-                                     wait, encoder, decoder, returns, recovery)
+                                     wait, encoder, decoder, returns, recovery, conn)
         if lease is None and retention is None and wait is None and \
                 recovery is _NO_RECOVERY:
             # As it is mostly called: all of it in one crossing
@@ -1322,16 +1311,24 @@ class Store:
                      fn: Callable[[Transaction], Any], tenant: Optional[str],
                      lease: Seconds, retention: Seconds, wait: Seconds,
                      encoder: "_values.Encoder", decoder: "_values.Decoder",
-                     returns: Any, recovery: "_Recovery") -> "Outcome[Any]":
-        """execute_local() with a declared result type or hooks: the request
-        written by the encoder's Writer (its JSON handed on, for C to write
-        again), fn's result handed on as a _Pending of it, the Outcome's
-        value rebuilt."""
+                     returns: Any, recovery: "_Recovery",
+                     conn: Any = None) -> "Outcome[Any]":
+        """execute_local() with a declared result type or hooks, or on the
+        application's connection conn: the request written by the
+        encoder's Writer (its JSON handed on, for C to write again), fn's
+        result handed on as a _Pending of it, the Outcome's value
+        rebuilt."""
         read = _values.reader_of(fn, returns, encoder, decoder)
         if encoder is not None:
             writer = _values.writer(encoder)
             request = _scan(_request(request, writer).decode("utf-8"), 0)[0]
             fn = _pending(fn, writer)
+        if conn is not None:
+            out = self._local_in(_name(operation, "operation"),
+                                 _name(tenant if tenant is not None else "", "tenant"),
+                                 _key(key), _request(request), fn, conn,
+                                 _options(lease, retention, None, None, recovery))
+            return _values.read_outcome(out, read)
         act = fn
         out = self.execute_local(operation, key, request, lambda tx: act(tx), tenant=tenant,
                                  lease=lease, retention=retention, wait=wait,
